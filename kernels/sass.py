@@ -1,0 +1,139 @@
+"""Compile a CuTe DSL ``@cute.jit`` function for sm_90a on a CPU-only machine and read its SASS.
+
+How the cubin is obtained (nvidia-cutlass-dsl 4.8.1):
+
+* ``cute.compile(fn, *args, options="--gpu-arch=sm_90a --keep-cubin --keep-ptx --dump-dir=D")``
+  builds host + device code without a GPU (the ``--gpu-arch`` option does what the environment
+  variable ``CUTE_DSL_ARCH=sm_90a`` does; either one works).  Tensor arguments are fake tensors
+  from ``cutlass.cute.runtime.make_fake_compact_tensor`` / ``make_fake_tensor``.
+* ``--keep-cubin`` fills ``compiled.artifacts.CUBIN`` (``bytes``) and ``--keep-ptx`` fills
+  ``compiled.artifacts.PTX`` (``str``).  Both also write ``*.sm_90a.cubin`` / ``*.ptx`` files into
+  the dump directory, which defaults to the *current working directory*, so we always pass a
+  temporary ``--dump-dir``.
+* ``nvdisasm -c <cubin>`` prints the SASS.  nvdisasm comes from the pip package
+  ``nvidia-cuda-nvdisasm`` (``site-packages/nvidia/cu13/bin/nvdisasm``); ``$NVDISASM`` or PATH
+  override the search.  (``--keep-sass`` exists too but needs nvdisasm on PATH.)
+
+Example::
+
+    from flash_attn_poly.kernels import sass
+    text = sass.sass_of(my_jit_fn, fake_a, fake_b)
+    print(sass.count_opcodes(text))   # {"HGMMA": .., "MUFU.EX2": .., "HFMA2.BF16": .., ...}
+"""
+from __future__ import annotations
+
+import collections
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ARCH = "sm_90a"
+
+# Opcode families the benches and tests look at.  Each key counts SASS instructions whose
+# opcode (mnemonic plus dot modifiers) matches the regex.
+FAMILIES = {
+    "HGMMA": r"HGMMA(\..*)?",
+    "MUFU.EX2": r"MUFU\.EX2(\..*)?",
+    "MUFU.TANH": r"MUFU\.TANH(\..*)?",
+    "MUFU.RCP": r"MUFU\.RCP(\..*)?",
+    "MUFU": r"MUFU(\..*)?",
+    "HFMA2": r"HFMA2(\..*)?",                        # all packed 16-bit FMAs (f16 and bf16)
+    "HFMA2.BF16": r"HFMA2(\.MMA)?\.BF16(_V2)?(\..*)?",  # bf16x2: HFMA2.BF16_V2 / HFMA2.MMA.BF16_V2
+    "HMUL2": r"HMUL2(\..*)?",
+    "HADD2": r"HADD2(\..*)?",
+    "HMNMX2": r"HMNMX2(\..*)?",
+    "HSET2": r"HSET2(\..*)?",
+    "LOP3": r"LOP3(\..*)?",
+    "F2FP": r"F2FP(\..*)?",
+    "FFMA": r"FFMA(\..*)?",
+    "LDG.E.128": r"LDG\.E\.128(\..*)?",
+    "STG.E.128": r"STG\.E\.128(\..*)?",
+    "STL": r"STL(\..*)?",   # local stores: register spills
+    "LDL": r"LDL(\..*)?",   # local loads: spill reloads
+}
+
+# "/*0090*/   @!P0 F2FP.BF16.F32.PACK_AB R0, R7, R0 ;" -> "F2FP.BF16.F32.PACK_AB"
+_INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def nvdisasm_path() -> str:
+    """Path of nvdisasm: $NVDISASM, then PATH, then the pip wheel under site-packages/nvidia."""
+    env = os.environ.get("NVDISASM")
+    if env:
+        return env
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    for root in sys.path:
+        hits = sorted(glob.glob(os.path.join(root, "nvidia", "*", "bin", "nvdisasm")))
+        hits += sorted(glob.glob(os.path.join(root, "nvidia", "cuda_nvdisasm", "bin", "nvdisasm")))
+        if hits:
+            return hits[-1]
+    raise FileNotFoundError("nvdisasm not found: pip install nvidia-cuda-nvdisasm or set $NVDISASM")
+
+
+def compile_sm90(fn, *args, options: str = ""):
+    """cute.compile ``fn`` for sm_90a keeping cubin and PTX in ``compiled.artifacts``."""
+    import cutlass.cute as cute
+
+    dump = tempfile.mkdtemp(prefix="fap_sass_")
+    opts = f"--gpu-arch={ARCH} --keep-cubin --keep-ptx --dump-dir={dump} {options}".strip()
+    try:
+        return cute.compile(fn, *args, options=opts)
+    finally:
+        shutil.rmtree(dump, ignore_errors=True)
+
+
+def disassemble(cubin: bytes) -> str:
+    """SASS text of a cubin (``nvdisasm -c``: code sections only)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([nvdisasm_path(), "-c", f.name], check=True,
+                             capture_output=True, text=True)
+    return out.stdout
+
+
+def sass_of(fn, *args, options: str = "") -> str:
+    """Compile ``fn(*args)`` for sm_90a on the CPU and return its SASS."""
+    compiled = compile_sm90(fn, *args, options=options)
+    cubin = compiled.artifacts.CUBIN
+    if not cubin:
+        raise RuntimeError("cute.compile returned no cubin (is --keep-cubin honoured?)")
+    return disassemble(cubin)
+
+
+def opcodes(sass: str) -> list[str]:
+    """Every instruction's opcode with its modifiers, in program order."""
+    return [m.group(1) for m in _INSTR.finditer(sass)]
+
+
+def histogram(sass: str) -> collections.Counter:
+    return collections.Counter(opcodes(sass))
+
+
+def count_opcodes(sass: str, families: dict[str, str] | None = None) -> dict[str, int]:
+    """Counts per family (see FAMILIES); an instruction may count in several families."""
+    fams = {k: re.compile(v + r"$") for k, v in (families or FAMILIES).items()}
+    hist = histogram(sass)
+    return {k: sum(n for op, n in hist.items() if rx.match(op)) for k, rx in fams.items()}
+
+
+def main(argv=None) -> int:
+    """``python -m flash_attn_poly.kernels.sass FILE.cubin``: print opcode family counts."""
+    import json
+
+    argv = sys.argv[1:] if argv is None else argv
+    for path in argv:
+        with open(path, "rb") as f:
+            text = disassemble(f.read())
+        print(json.dumps({path: count_opcodes(text)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
