@@ -1,0 +1,157 @@
+"""Public attention entry point: validation, dispatch, autograd.
+
+Everything a user can get wrong is checked here, before any kernel is compiled, with a
+message that names the problem. Kernels live in `flash_attn_poly.kernels`; this module
+only decides which one runs.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import reference
+
+MODES = ("softmax", "softcap", "sigmoid")
+EVALUATORS = ("poly", "native")
+BACKENDS = ("auto", "cuda", "reference")
+DTYPES = (torch.bfloat16, torch.float16)
+HEAD_DIMS = (64, 128)
+
+
+@dataclass(frozen=True)
+class AttnArgs:
+    """Validated call: everything a kernel needs besides the tensors."""
+    mode: str
+    evaluator: str
+    causal: bool
+    softcap: Optional[float]
+    sigmoid_bias: Optional[float]
+    softmax_scale: float
+    window_size: tuple[int, int]
+
+
+def _check_tensors(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: torch.bfloat16, torch.float16")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension, got strides {t.stride()}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    b, s_q, h_q, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != b:
+        raise ValueError(f"batch mismatch: q has {b}, k/v have {k.shape[0]}")
+    if k.shape[3] != d:
+        raise ValueError(f"head_dim mismatch: q has {d}, k/v have {k.shape[3]}")
+    h_kv = k.shape[2]
+    if h_kv == 0 or h_q % h_kv != 0:
+        raise ValueError(f"number of query heads ({h_q}) must be a multiple of key/value heads ({h_kv})")
+
+
+def _check_options(mode, evaluator, softcap, sigmoid_bias, window_size) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if evaluator not in EVALUATORS:
+        raise ValueError(f"evaluator must be one of {EVALUATORS}, got {evaluator!r}")
+    if mode == "softcap":
+        if softcap is None or not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap > 0):
+            raise ValueError(f"mode='softcap' needs a finite softcap > 0 (Gemma-2 uses 50.0), got {softcap!r}")
+    elif softcap is not None:
+        raise ValueError(f"softcap={softcap!r} is only meaningful with mode='softcap' (got mode={mode!r})")
+    if sigmoid_bias is not None:
+        if mode != "sigmoid":
+            raise ValueError(f"sigmoid_bias is only meaningful with mode='sigmoid' (got mode={mode!r})")
+        if not math.isfinite(sigmoid_bias):
+            raise ValueError(f"sigmoid_bias must be finite, got {sigmoid_bias!r}")
+    if len(window_size) != 2 or any(not isinstance(w, int) or w < -1 for w in window_size):
+        raise ValueError(f"window_size must be (left, right) ints >= -1 (-1 = unbounded), got {window_size!r}")
+
+
+def validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale,
+             window_size=(-1, -1)) -> AttnArgs:
+    _check_tensors(q, k, v)
+    _check_options(mode, evaluator, softcap, sigmoid_bias, tuple(window_size))
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale!r}")
+    return AttnArgs(mode, evaluator, bool(causal), None if softcap is None else float(softcap),
+                    None if sigmoid_bias is None else float(sigmoid_bias), scale, tuple(window_size))
+
+
+def _pick_backend(q: torch.Tensor, backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "auto":
+        return backend
+    if q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0):
+        return "cuda"
+    warnings.warn(
+        f"flash_attn_poly: no sm_90 GPU for tensors on {q.device}; running the slow torch reference "
+        "(exact functions, not the polynomial programs). Pass backend='reference' to silence this.",
+        stacklevel=3)
+    return "reference"
+
+
+def _check_cuda_support(q: torch.Tensor, a: AttnArgs) -> None:
+    if not q.is_cuda:
+        raise ValueError(f"backend='cuda' needs CUDA tensors, got {q.device}")
+    cap = torch.cuda.get_device_capability(q.device)
+    if cap != (9, 0):
+        raise RuntimeError(f"the CUDA kernels are built for sm_90 (Hopper); this GPU is sm_{cap[0]}{cap[1]}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head_dim {q.shape[-1]} is not supported by the CUDA kernels; supported: {HEAD_DIMS}")
+    if a.window_size != (-1, -1):
+        raise NotImplementedError("window_size (sliding-window attention) is not implemented in the CUDA kernels yet")
+
+
+def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: Optional[float] = None,
+              sigmoid_bias: Optional[float] = None, evaluator: str = "poly",
+              softmax_scale: Optional[float] = None, window_size=(-1, -1),
+              backend: str = "auto", return_lse: bool = False):
+    """Attention over q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D); returns O (B, S_q, H_q, D).
+
+    mode: "softmax" | "softcap" (Gemma-2: logits = softcap * tanh(logits / softcap)) |
+    "sigmoid" (O_i = sum_j sigmoid(scale * q_i.k_j + sigmoid_bias) v_j, bias default -ln S_k).
+    evaluator: "poly" runs the packed-BF16 polynomial program, "native" the MUFU instruction.
+    return_lse: also return the FP32 log-sum-exp (B, H_q, S_q) (softmax modes only).
+    """
+    a = validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size)
+    if return_lse and a.mode == "sigmoid":
+        raise ValueError("return_lse: sigmoid attention has no log-sum-exp")
+    which = _pick_backend(q, backend)
+    if which == "reference":
+        out, lse = _reference_forward(q, k, v, a)
+    else:
+        _check_cuda_support(q, a)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise NotImplementedError(
+                "flash_attn_poly.attention: the CUDA backward is not available yet; call under "
+                "torch.no_grad() or use backend='reference' for gradients")
+        out, lse = _cuda_forward(q, k, v, a)
+    return (out, lse) if return_lse else out
+
+
+def _reference_forward(q, k, v, a: AttnArgs):
+    out, lse = reference.attention_ref(
+        q, k, v, a.mode, causal=a.causal, softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
+        softmax_scale=a.softmax_scale, window_size=a.window_size, dtype=torch.float32)
+    return out.to(q.dtype), None if lse is None else lse.float()
+
+
+def _cuda_forward(q, k, v, a: AttnArgs):
+    from .kernels import attn_fwd_sm90
+    return attn_fwd_sm90.attn_fwd(q, k, v, mode=a.mode, evaluator=a.evaluator, causal=a.causal,
+                                  softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
+                                  softmax_scale=a.softmax_scale)

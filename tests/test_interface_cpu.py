@@ -1,0 +1,84 @@
+"""Input validation of flash_attn_poly.attention and its CPU reference backend."""
+import math
+
+import pytest
+import torch
+
+import flash_attn_poly.interface as fi
+from flash_attn_poly.reference import attention_ref
+
+
+def _qkv(b=1, s=16, hq=4, hkv=2, d=64, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda h: torch.randn(b, s, h, d, generator=g).to(dtype)
+    return mk(hq), mk(hkv), mk(hkv)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(dtype=torch.float32), "dtype"),
+    (dict(hq=3, hkv=2), "multiple"),
+])
+def test_rejects_bad_tensors(bad, match):
+    q, k, v = _qkv(**bad)
+    with pytest.raises((TypeError, ValueError), match=match):
+        fi.attention(q, k, v, backend="reference")
+
+
+def test_rejects_mismatched_shapes_and_layouts():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="4-D"):
+        fi.attention(q[0], k, v, backend="reference")
+    with pytest.raises(ValueError, match="head_dim mismatch"):
+        fi.attention(q, k[..., :32], v[..., :32], backend="reference")
+    with pytest.raises(ValueError, match="same shape"):
+        fi.attention(q, k, v[:, :8], backend="reference")
+    with pytest.raises(ValueError, match="contiguous in its last"):
+        fi.attention(q.transpose(1, 3).contiguous().transpose(1, 3), k, v, backend="reference")
+    with pytest.raises(TypeError, match="share one dtype"):
+        fi.attention(q, k.half(), v, backend="reference")
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(mode="relu"), "mode must be"),
+    (dict(evaluator="fast"), "evaluator must be"),
+    (dict(mode="softcap"), "softcap > 0"),
+    (dict(mode="softcap", softcap=-1.0), "softcap > 0"),
+    (dict(mode="softcap", softcap=float("inf")), "softcap > 0"),
+    (dict(mode="softmax", softcap=50.0), "only meaningful"),
+    (dict(mode="softmax", sigmoid_bias=-1.0), "only meaningful"),
+    (dict(softmax_scale=0.0), "softmax_scale"),
+    (dict(window_size=(-2, 0)), "window_size"),
+    (dict(backend="tpu"), "backend must be"),
+    (dict(mode="sigmoid", return_lse=True), "no log-sum-exp"),
+])
+def test_rejects_bad_options(kw, match):
+    q, k, v = _qkv()
+    kw.setdefault("backend", "reference")
+    with pytest.raises(ValueError, match=match):
+        fi.attention(q, k, v, **kw)
+
+
+def test_cuda_backend_rejects_cpu_tensors():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        fi.attention(q, k, v, backend="cuda")
+
+
+def test_auto_backend_warns_without_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    q, k, v = _qkv()
+    with pytest.warns(UserWarning, match="slow torch reference"):
+        fi.attention(q, k, v)
+
+
+@pytest.mark.parametrize("mode, kw", [("softmax", {}), ("softcap", {"softcap": 5.0}), ("sigmoid", {})])
+def test_reference_backend_matches_fp64_and_has_gradients(mode, kw):
+    q, k, v = _qkv(s=24, seed=1)
+    q.requires_grad_(True)
+    out = fi.attention(q, k, v, mode, backend="reference", **kw)
+    ref, _ = attention_ref(q.detach(), k, v, mode, **kw)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert (out.double() - ref).abs().max() < 2e-2
+    out.float().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()

@@ -1,0 +1,63 @@
+"""The torch references themselves, checked against a naive per-head loop."""
+import math
+
+import pytest
+import torch
+
+from flash_attn_poly.reference import attention_ref, attention_ref_lowprec, causal_mask, window_mask
+from flash_attn_poly.testing import assert_close_rule
+
+
+def _naive(q, k, v, mode, causal, softcap=None, bias=None):
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    out = torch.zeros(b, sq, hq, d, dtype=torch.float64)
+    for bi in range(b):
+        for h in range(hq):
+            kh = h // (hq // hkv)
+            for i in range(sq):
+                x = (q[bi, i, h].double() @ k[bi, :, kh].double().T) / math.sqrt(d)
+                ok = torch.ones(sk, dtype=torch.bool)
+                if causal:
+                    ok = torch.arange(sk) <= i + sk - sq
+                if mode == "sigmoid":
+                    p = torch.sigmoid(x + (-math.log(sk) if bias is None else bias)) * ok
+                else:
+                    if mode == "softcap":
+                        x = softcap * torch.tanh(x / softcap)
+                    x = x.masked_fill(~ok, -math.inf)
+                    p = torch.softmax(x, 0).nan_to_num(0.0) if ok.any() else torch.zeros(sk, dtype=torch.float64)
+                out[bi, i, h] = p @ v[bi, :, kh].double()
+    return out
+
+
+@pytest.mark.parametrize("mode", ["softmax", "softcap", "sigmoid"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("sq, sk", [(7, 7), (5, 9), (9, 5)])
+def test_reference_matches_naive_loop(mode, causal, sq, sk):
+    g = torch.Generator().manual_seed(sq * 100 + sk)
+    q = torch.randn(2, sq, 4, 16, generator=g)
+    k = torch.randn(2, sk, 2, 16, generator=g)
+    v = torch.randn(2, sk, 2, 16, generator=g)
+    out, _ = attention_ref(q, k, v, mode, causal=causal, softcap=2.0 if mode == "softcap" else None)
+    exp = _naive(q, k, v, mode, causal, softcap=2.0)
+    assert torch.allclose(out, exp, atol=1e-10), (out - exp).abs().max()
+
+
+def test_masks():
+    assert causal_mask(2, 4).tolist() == [[True, True, True, False], [True, True, True, True]]
+    assert window_mask(3, 3, 1, 0).tolist() == [[True, False, False], [True, True, False], [False, True, True]]
+
+
+def test_tolerance_rule_rejects_nan_and_large_errors():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 16, 2, 32, generator=g).bfloat16() for _ in range(3))
+    ref, _ = attention_ref(q, k, v)
+    low, _ = attention_ref_lowprec(q, k, v)
+    assert_close_rule(low, ref, low)  # the low-precision result passes its own rule
+    bad = low.clone()
+    bad[0, 3, 1, 5] = float("nan")
+    with pytest.raises(AssertionError, match="non-finite"):
+        assert_close_rule(bad, ref, low)
+    with pytest.raises(AssertionError, match="max abs error"):
+        assert_close_rule(low + 0.05, ref, low)
