@@ -1,0 +1,230 @@
+"""Causal GQA attention benchmark (the seed's B2/B3 shape): ours vs named baselines.
+
+Default shape: B=1, S=4096, H_q=32, H_kv=8, D=128, causal, BF16. Every row is timed side
+by side in one run with the protocol in bench/protocol.py; forward and backward are
+timed separately (backward: `torch.autograd.grad` on a retained graph, forward excluded).
+
+    python bench/gqa_4096.py --json bench/results/gqa_4096.json     # on the H200
+    python bench/gqa_4096.py --compile-only                         # CPU: SASS counts per kernel
+
+Baselines (skipped, saying so, when not installed): flash-attn-4 4.0.0b36 softmax and
+softcap, torch SDPA with the cuDNN backend, FlexAttention softcap (torch.compile), and
+sigmoid attention written in torch and compiled with torch.compile.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import protocol  # noqa: E402
+
+SOFTCAP = 50.0
+
+
+@dataclass
+class Row:
+    impl: str
+    mode: str
+    evaluator: str
+    make: Callable  # (q, k, v) -> forward callable returning the output tensor
+
+
+def ours(mode: str, evaluator: str) -> Row:
+    import flash_attn_poly
+    kw = {"softcap": SOFTCAP} if mode == "softcap" else {}
+    return Row("ours", mode, evaluator, lambda q, k, v: (
+        lambda: flash_attn_poly.attention(q, k, v, mode, causal=True, evaluator=evaluator, **kw)))
+
+
+def fa4(mode: str) -> Optional[Row]:
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # noqa: BLE001 - any import failure means the baseline is absent
+        print(f"skip FA4 {mode}: flash-attn-4 not importable ({type(e).__name__}: {e})")
+        return None
+    cap = SOFTCAP if mode == "softcap" else 0.0
+    return Row("fa4", mode, "native", lambda q, k, v: (
+        lambda: flash_attn_func(q, k, v, causal=True, softcap=cap)))
+
+
+def sdpa_cudnn() -> Row:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def make(q, k, v):
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+        def f():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=True, enable_gqa=True)
+        return f
+    return Row("sdpa_cudnn", "softmax", "native", make)
+
+
+def flex_softcap() -> Row:
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    flex = torch.compile(flex_attention, dynamic=False)
+
+    def make(q, k, v):
+        s = q.shape[1]
+        mask = create_block_mask(lambda b, h, i, j: j <= i, None, None, s, s, device=q.device)
+        cap = lambda score, b, h, i, j: SOFTCAP * torch.tanh(score / SOFTCAP)
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        return lambda: flex(qt, kt, vt, score_mod=cap, block_mask=mask, enable_gqa=True)
+    return Row("flex_compiled", "softcap", "native", make)
+
+
+def compiled_sigmoid() -> Row:
+    import torch
+
+    def sigmoid_attn(q, k, v):
+        b, s, hq, d = q.shape
+        g = hq // k.shape[2]
+        qt = q.transpose(1, 2).float()
+        kt = k.transpose(1, 2).repeat_interleave(g, 1).float()
+        vt = v.transpose(1, 2).repeat_interleave(g, 1)
+        x = qt @ kt.transpose(-1, -2) * d ** -0.5 - math.log(s)
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        p = torch.sigmoid(x).masked_fill(~mask, 0).to(v.dtype)
+        return (p @ vt).transpose(1, 2)
+    fn = torch.compile(sigmoid_attn)
+    return Row("torch_compile", "sigmoid", "native", lambda q, k, v: (lambda: fn(q, k, v)))
+
+
+def all_rows() -> list[Row]:
+    rows = [ours("softmax", "native"), ours("softcap", "native"), ours("softcap", "poly"),
+            ours("sigmoid", "native"), ours("sigmoid", "poly")]
+    rows += [r for r in (fa4("softmax"), fa4("softcap")) if r is not None]
+    rows += [sdpa_cudnn(), flex_softcap(), compiled_sigmoid()]
+    return rows
+
+
+def _inputs(args, requires_grad: bool):
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda h: torch.randn(args.batch, args.seqlen, h, args.headdim, device="cuda",
+                               dtype=torch.bfloat16, generator=g).requires_grad_(requires_grad)
+    return mk(args.hq), mk(args.hkv), mk(args.hkv)
+
+
+def _prepare(rows, args, backward: bool):
+    """Build each row's timed callable; a row that fails to run is reported and dropped."""
+    import torch
+    fns = {}
+    for row in rows:
+        key = f"{row.impl}/{row.mode}/{row.evaluator}"
+        try:
+            q, k, v = _inputs(args, backward)
+            if not backward:
+                with torch.no_grad():
+                    fwd = row.make(q, k, v)
+                    fwd()
+                fns[key] = lambda fwd=fwd: _no_grad(fwd)
+            else:
+                out = row.make(q, k, v)()
+                dout = torch.randn_like(out)
+                fns[key] = lambda out=out, q=q, k=k, v=v, dout=dout: torch.autograd.grad(
+                    out, (q, k, v), dout, retain_graph=True)
+                fns[key]()
+        except Exception as e:  # noqa: BLE001 - report and keep benchmarking the rest
+            print(f"skip {key} {'bwd' if backward else 'fwd'}: {type(e).__name__}: {str(e)[:200]}")
+    return fns
+
+
+def _no_grad(fn):
+    import torch
+    with torch.no_grad():
+        return fn()
+
+
+def flops(args, backward: bool) -> float:
+    f = 4 * args.batch * args.hq * args.seqlen ** 2 * args.headdim / 2  # causal half
+    return f * (2.5 if backward else 1.0)
+
+
+def run(args) -> dict:
+    rows = all_rows()
+    timing = protocol.Timing(args.warmup, args.rounds, args.iters)
+    fwd = protocol.time_alternating(_prepare(rows, args, False), timing)
+    bwd = protocol.time_alternating(_prepare(rows, args, True), timing) if not args.fwd_only else {}
+    out_rows = []
+    for row in rows:
+        key = f"{row.impl}/{row.mode}/{row.evaluator}"
+        f, b = fwd.get(key), bwd.get(key)
+        out_rows.append({"impl": row.impl, "mode": row.mode, "evaluator": row.evaluator,
+                         "fwd_ms": f, "bwd_ms": b,
+                         "fwd_tflops": None if f is None else flops(args, False) / f / 1e9,
+                         "bwd_tflops": None if b is None else flops(args, True) / b / 1e9})
+    shape = dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv,
+                 headdim=args.headdim, causal=True, dtype="bfloat16", softcap=SOFTCAP)
+    return {**protocol.header(timing), "shape": shape, "rows": out_rows, "ratios": ratios(out_rows)}
+
+
+def ratios(rows: list[dict]) -> dict:
+    """Speedups (baseline time / our time) for the pairs the issues set goals on."""
+    t = {(r["impl"], r["mode"], r["evaluator"]): r for r in rows}
+    pairs = {"softcap poly vs ours native": (("ours", "softcap", "native"), ("ours", "softcap", "poly")),
+             "softcap poly vs FA4 softcap": (("fa4", "softcap", "native"), ("ours", "softcap", "poly")),
+             "sigmoid poly vs ours native": (("ours", "sigmoid", "native"), ("ours", "sigmoid", "poly")),
+             "sigmoid poly vs FA4 softmax": (("fa4", "softmax", "native"), ("ours", "sigmoid", "poly")),
+             "ours softmax vs FA4 softmax": (("fa4", "softmax", "native"), ("ours", "softmax", "native"))}
+    out = {}
+    for name, (base, mine) in pairs.items():
+        for d in ("fwd", "bwd"):
+            a, b = t.get(base, {}).get(f"{d}_ms"), t.get(mine, {}).get(f"{d}_ms")
+            if a and b:
+                out[f"{name} ({d})"] = a / b
+    return out
+
+
+def compile_only() -> dict:
+    from flash_attn_poly.kernels import attn_fwd_sm90
+    return attn_fwd_sm90.sass_report()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seqlen", type=int, default=4096)
+    p.add_argument("--hq", type=int, default=32)
+    p.add_argument("--hkv", type=int, default=8)
+    p.add_argument("--headdim", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=25)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--fwd-only", action="store_true")
+    p.add_argument("--compile-only", action="store_true", help="CPU: compile every kernel, print SASS counts as JSON")
+    p.add_argument("--json", help="write results here")
+    args = p.parse_args(argv)
+    if args.compile_only:
+        print(json.dumps(compile_only(), indent=2))
+        return
+    res = run(args)
+    if args.json:
+        protocol.write_json(args.json, res)
+        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
+            f.write(markdown(res))
+    print(markdown(res))
+
+
+def markdown(res: dict) -> str:
+    lines = [f"# Attention benchmark: {res['shape']}", "",
+             f"device {res['device']}, {res['date']}, commit {res['commit']}, torch {res['torch']}", "",
+             f"Protocol: {res['protocol']}.", "",
+             protocol.markdown_table(res["rows"], ["impl", "mode", "evaluator", "fwd_ms", "bwd_ms",
+                                                   "fwd_tflops", "bwd_tflops"]), "",
+             "| ratio (baseline time / ours) | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.3f} |" for k, v in res["ratios"].items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The benchmark protocol shared by every bench script (the seed's component protocol).
+
+Warm up every implementation, then run `rounds` rounds; in each round every
+implementation is timed over `iters` back-to-back calls between two CUDA events, and the
+order of implementations alternates between rounds (listed order, then reversed), so
+that neither side of a native/poly pair always runs on a cooler or warmer GPU. A row's
+time is the median over rounds of the per-round mean; a speedup is the ratio of two such
+medians measured in the same run.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import statistics
+import subprocess
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+PROTOCOL = ("{warmup} warm-up calls per implementation, then {rounds} rounds of {iters} "
+            "CUDA-event-timed back-to-back calls; implementation order alternates between rounds "
+            "(listed, reversed); a row is the median over rounds of the per-round mean time")
+
+
+@dataclass
+class Timing:
+    warmup: int = 25
+    rounds: int = 5
+    iters: int = 100
+
+    def describe(self) -> str:
+        return PROTOCOL.format(warmup=self.warmup, rounds=self.rounds, iters=self.iters)
+
+
+def _time_once(fn: Callable[[], object], iters: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def time_alternating(fns: dict[str, Callable[[], object]], timing: Timing) -> dict[str, float]:
+    """Median per-round mean time in ms for each named callable, timed side by side."""
+    names = list(fns)
+    for name in names:
+        for _ in range(timing.warmup):
+            fns[name]()
+    torch.cuda.synchronize()
+    per_round: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(timing.rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            per_round[name].append(_time_once(fns[name], timing.iters))
+    return {n: statistics.median(v) for n, v in per_round.items()}
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def header(timing: Timing) -> dict:
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"device": dev, "date": _dt.date.today().isoformat(), "commit": git_commit(),
+            "torch": torch.__version__, "protocol": timing.describe()}
+
+
+def write_json(path: str, payload: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+        f.write("\n")
+
+
+def markdown_table(rows: list[dict], cols: list[str]) -> str:
+    def fmt(x):
+        return f"{x:.3f}" if isinstance(x, float) else ("—" if x is None else str(x))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
