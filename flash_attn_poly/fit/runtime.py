@@ -1,0 +1,319 @@
+"""Runtime semantics of every polynomial program, in numpy.
+
+This module is the specification the PTX generator (asm/) must match bit for bit.
+Values travel as float64 arrays that hold exactly representable bf16/f16/f32
+numbers; rounding is done here, never by casting through float32 (which would
+round twice).
+
+Orders (``replay(program, x, order)``):
+
+* ``"real"``     stored (rounded) coefficients, float64 arithmetic, input unrounded.
+* ``"separate"`` input rounded once; every multiply and every add rounded to the
+                 program dtype (the seed's search emulator).
+* ``"fused"``    the deployed PTX, op by op (see ``FUSED_OPS``): input rounded
+                 once (cvt.rn), abs/clamp/sign/select exact, one rounding per
+                 fma.rn, one rounding per other arithmetic op.
+
+Forms (t = min(|x|, L_c), q(t) = sum_k c_k t^k, Horner from c_D down):
+
+* ``odd``           y = offset + sign(x) * q(t), c0 = 0.  sigmoid (offset 1/2), tanh,
+                    softcap residual rho, derivatives of SiLU/GELU (offset 1/2).
+* ``residual_odd``  same evaluation as ``odd`` (name records the 1/2 + odd residual).
+* ``even``          y = q(t).  sigmoid'/tanh' and differentiated odd programs.
+* ``residual_even`` y = x/2 + q(t) for |x| <= L_c, exact tail max(x, 0) beyond (SiLU, GELU).
+* ``piecewise2``    sigmoid attention: xc = min(max(x, lo), hi); region r = (xc >= thr);
+                    u = xc - shift[r]; y = q_r(u)  (D3, coefficients absorb -ln n).
+* ``piecewise2_factored``  derivative surrogate dy = P * (a_r + b_r * u), P the
+                    forward Horner value of the same u.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# (significand bits incl. hidden, min normal exponent, max exponent)
+FORMATS = {"bf16": (8, -126, 127), "f16": (11, -14, 15), "f32": (24, -126, 127)}
+BITS = {"bf16": 16, "f16": 16, "f32": 32}
+ORDERS = ("real", "separate", "fused")
+
+FUSED_OPS = {
+    "odd": [
+        "xb = cvt.rn(x)                      # input rounded once (identity for bf16 inputs)",
+        "a  = xb & 0x7fff                    # abs, exact",
+        "a  = min(a, L_c)                    # PTX min: NaN operand -> the other operand",
+        "h  = c_D; h = fma.rn(h, a, c_k) for k = D-1 .. 1   # one rounding each",
+        "q  = mul.rn(h, a)                   # c0 = 0: last Horner step is a multiply",
+        "y  = q ^ (xb & 0x8000)              # sign restore, exact (xor)",
+        "y  = add.rn(y, offset)              # only when offset != 0, one rounding",
+    ],
+    "even": [
+        "xb = cvt.rn(x); a = min(xb & 0x7fff, L_c)",
+        "h  = c_D; h = fma.rn(h, a, c_k) for k = D-1 .. 0",
+        "y  = add.rn(h, offset)              # only when offset != 0",
+    ],
+    "residual_even": [
+        "xb = cvt.rn(x); a = xb & 0x7fff; ac = min(a, L_c)",
+        "h  = c_D; h = fma.rn(h, ac, c_k) for k = D-1 .. 1; q = mul.rn(h, ac)",
+        "p  = fma.rn(xb, 0.5, q)             # x/2 + residual, one rounding",
+        "m  = set.gt(a, L_c)                 # NaN -> false",
+        "y  = m ? max(xb, 0) : p             # exact tail, lop3 0xca select",
+    ],
+    "piecewise2": [
+        "xb = cvt.rn.bf16x2.f32(x)",
+        "xc = min(max(xb, lo), hi)           # constants via mov.b32; PTX NaN rule",
+        "m  = set.ge.u32(xc, thr)            # 0xffff per lane where xc >= thr",
+        "u  = sub.rn(xc, shift_r)            # only if shift present: lop3 select + one rounding",
+        "c_k = lop3(m, c_k[hi], c_k[lo], 0xca) for k = 0..3",
+        "h  = c3; h = fma.rn(h, u, c2); h = fma.rn(h, u, c1); y = fma.rn(h, u, c0)",
+    ],
+    "piecewise2_factored": [
+        "(forward ops above give u and P = y)",
+        "a = lop3(m, a[hi], a[lo], 0xca); b = lop3(m, b[hi], b[lo], 0xca)",
+        "g  = fma.rn(b, u, a)",
+        "dy = mul.rn(P, g)",
+    ],
+}
+FUSED_OPS["residual_odd"] = FUSED_OPS["odd"]
+
+
+def round_to(x, dtype: str, sticky=None) -> np.ndarray:
+    """Round float64 values to the nearest `dtype` value, ties to even (IEEE RNE).
+
+    Handles NaN, +-inf, overflow to inf and subnormals of the target.  `sticky`
+    (same shape, optional) is the sign of a residual the float64 value dropped
+    (x_exact = x + tiny): it breaks exact ties the way the exact value would.
+    """
+    p, emin, emax = FORMATS[dtype]
+    x = np.asarray(x, dtype=np.float64)
+    finite = np.isfinite(x) & (x != 0)
+    xs = np.where(finite, x, 1.0)
+    _, e = np.frexp(xs)  # xs = m * 2**e, 0.5 <= |m| < 1
+    quantum = np.ldexp(1.0, np.maximum(e - 1, emin) - (p - 1))
+    y = xs / quantum  # exact: power-of-two scaling
+    r = np.rint(y)  # ties to even
+    if sticky is not None:
+        tie = np.abs(y - np.trunc(y)) == 0.5
+        s = np.sign(np.broadcast_to(sticky, y.shape))
+        r = np.where(tie & (s > 0), np.ceil(y), np.where(tie & (s < 0), np.floor(y), r))
+    out = r * quantum
+    max_finite = (2.0 - 2.0 ** (1 - p)) * 2.0**emax
+    out = np.where(np.abs(out) > max_finite, np.copysign(np.inf, out), out)
+    return np.where(finite, out, x)  # NaN, inf, and signed zero pass through
+
+
+def fma(a, b, c, dtype: str) -> np.ndarray:
+    """fma.rn: a*b + c with a single rounding.
+
+    a*b of two 16-bit values is exact in float64; the sum's dropped part is
+    recovered with TwoSum so the final rounding is correct even at ties."""
+    prod = np.asarray(a, np.float64) * np.asarray(b, np.float64)
+    c = np.asarray(c, np.float64)
+    s = prod + c
+    bb = s - prod
+    err = (prod - (s - bb)) + (c - bb)
+    err = np.where(np.isfinite(err), err, 0.0)
+    return round_to(s, dtype, sticky=err)
+
+
+def mul(a, b, dtype: str) -> np.ndarray:
+    return round_to(np.asarray(a, np.float64) * np.asarray(b, np.float64), dtype)
+
+
+def add(a, b, dtype: str) -> np.ndarray:
+    return fma(a, 1.0, b, dtype)
+
+
+def pmin(a, b):
+    """PTX min.{bf16,f16}x2: a NaN operand yields the other operand."""
+    return np.fmin(a, b)
+
+
+def pmax(a, b):
+    return np.fmax(a, b)
+
+
+def to_bits(y, dtype: str) -> np.ndarray:
+    """Bit patterns of exactly representable values; NaN -> canonical 0x7fff (bf16) /
+    0x7fff (f16) as PTX produces."""
+    y = np.asarray(y, np.float64)
+    if dtype == "bf16":
+        b = (y.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        return np.where(np.isnan(y), np.uint16(0x7FFF), b)
+    if dtype == "f16":
+        b = y.astype(np.float16).view(np.uint16)
+        return np.where(np.isnan(y), np.uint16(0x7FFF), b)
+    if dtype == "f32":
+        b = y.astype(np.float32).view(np.uint32)
+        return np.where(np.isnan(y), np.uint32(0x7FFFFFFF), b)
+    raise ValueError(dtype)
+
+
+def from_bits(bits, dtype: str) -> np.ndarray:
+    bits = np.asarray(bits)
+    if dtype == "bf16":
+        return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if dtype == "f16":
+        return bits.astype(np.uint16).view(np.float16).astype(np.float64)
+    if dtype == "f32":
+        return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+    raise ValueError(dtype)
+
+
+def all_inputs(dtype: str = "bf16") -> np.ndarray:
+    """All 65,536 16-bit patterns as float64 values (NaNs included)."""
+    return from_bits(np.arange(1 << 16, dtype=np.uint32), dtype)
+
+
+# ---------------------------------------------------------------------------
+# Arithmetic back-ends: one object per order, so each form is written once.
+
+class _Arith:
+    def __init__(self, order: str, dtype: str):
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        self.order, self.dtype = order, dtype
+
+    def inp(self, x):
+        if self.order == "real":
+            return np.asarray(x, np.float64)
+        # Kernels hand FP32 (or already-16-bit) values to cvt.rn: round to f32 first.
+        return round_to(round_to(x, "f32"), self.dtype)
+
+    def fma(self, a, b, c):
+        if self.order == "real":
+            return a * b + c
+        if self.order == "separate":
+            return add(round_to(a * b, self.dtype), c, self.dtype)
+        return fma(a, b, c, self.dtype)
+
+    def mul(self, a, b):
+        return a * b if self.order == "real" else mul(a, b, self.dtype)
+
+    def add(self, a, b):
+        return a + b if self.order == "real" else add(a, b, self.dtype)
+
+
+def _coeffs(program, fp64: bool):
+    return program["coeffs_fp64"] if fp64 else program["coeffs"]
+
+
+def horner(ar: _Arith, coeffs, t, zero_c0: bool):
+    """Horner from the top; with zero_c0 the last step is a multiply (no add of 0)."""
+    c = [float(v) for v in coeffs]
+    h = np.full_like(t, c[-1])
+    last = 1 if zero_c0 else 0
+    for k in range(len(c) - 2, last - 1, -1):
+        h = ar.fma(h, t, c[k])
+    return ar.mul(h, t) if zero_c0 else h
+
+
+def _odd(program, ar, x, fp64):
+    xb = ar.inp(x)
+    a = pmin(np.abs(xb), program["L_c"])
+    q = horner(ar, _coeffs(program, fp64), a, zero_c0=True)
+    y = np.where(np.signbit(xb), -q, q)
+    off = program.get("offset", 0.0)
+    return ar.add(y, off) if off != 0.0 else y
+
+
+def _even(program, ar, x, fp64):
+    xb = ar.inp(x)
+    a = pmin(np.abs(xb), program["L_c"])
+    y = horner(ar, _coeffs(program, fp64), a, zero_c0=False)
+    off = program.get("offset", 0.0)
+    return ar.add(y, off) if off != 0.0 else y
+
+
+def _residual_even(program, ar, x, fp64):
+    xb = ar.inp(x)
+    a = np.abs(xb)
+    ac = pmin(a, program["L_c"])
+    q = horner(ar, _coeffs(program, fp64), ac, zero_c0=True)
+    if ar.order == "separate":
+        p = ar.add(ar.mul(xb, 0.5), q)
+    else:
+        p = ar.fma(xb, 0.5, q)
+    return np.where(a > program["L_c"], pmax(xb, 0.0), p)
+
+
+def _pw_u(program, ar, x):
+    """Shared front of the piecewise2 forms: clamp, region mask, region-local u."""
+    pr = program["params"]
+    xb = ar.inp(x)
+    xc = pmin(pmax(xb, pr["lo"]), pr["hi"])
+    m = xc >= pr["thr"]
+    shift = pr.get("shift")
+    if shift:
+        s = np.where(m, shift[1], shift[0])
+        u = xc - s if ar.order == "real" else round_to(xc - s, ar.dtype)
+    else:
+        u = xc
+    return m, u
+
+
+def _pw_value(program, ar, m, u, fp64):
+    cs = _coeffs(program, fp64)
+    c = [np.where(m, hi, lo) for lo, hi in zip(cs[0], cs[1])]
+    h = c[3]
+    for k in (2, 1, 0):
+        h = ar.fma(h, u, c[k])
+    return h
+
+
+def _piecewise2(program, ar, x, fp64):
+    m, u = _pw_u(program, ar, x)
+    return _pw_value(program, ar, m, u, fp64)
+
+
+def _piecewise2_factored(program, ar, x, fp64):
+    m, u = _pw_u(program, ar, x)
+    P = _pw_value(program, ar, m, u, fp64)
+    pr = program["params"]
+    key_a, key_b = ("a_fp64", "b_fp64") if fp64 else ("a", "b")
+    a = np.where(m, pr[key_a][1], pr[key_a][0])
+    b = np.where(m, pr[key_b][1], pr[key_b][0])
+    g = ar.fma(b, u, a)
+    return ar.mul(P, g)
+
+
+_FORMS = {
+    "odd": _odd,
+    "residual_odd": _odd,
+    "even": _even,
+    "residual_even": _residual_even,
+    "piecewise2": _piecewise2,
+    "piecewise2_factored": _piecewise2_factored,
+}
+
+
+def replay(program: dict, x, order: str = "fused", fp64_coeffs: bool = False) -> np.ndarray:
+    """Evaluate `program` at x in the given order (see module docstring).
+
+    Returns float64 values; for "separate"/"fused" they are exact dtype values.
+    fp64_coeffs=True uses the unrounded solution (only meaningful with "real")."""
+    form = program["form"]
+    if form not in _FORMS:
+        raise ValueError(f"unknown form {form!r}")
+    ar = _Arith(order, program.get("dtype", "bf16"))
+    return _FORMS[form](program, ar, np.asarray(x, np.float64), fp64_coeffs)
+
+
+def softcap_logit(program: dict, x, order: str = "fused") -> np.ndarray:
+    """Full softcap chain in logit units for a residual-form program (target softcap).
+
+    Kernel (FP32 except the packed rho block):
+        x32 = x (FP32 score); xc = min(max(x32, -c*L_c), c*L_c)      # FP32, exact
+        u   = mul.rn.f32(xc, rn32(1/c))
+        rho = block(u)  -- the odd-form program (cvt.rn.bf16, |.|, Horner, sign)
+        out = fma.rn.f32(-c, rho, xc)                               # logit = xc - c*rho
+    """
+    c = float(program["params"]["c"])
+    lc = program["L_c"] * c
+    x = np.asarray(x, np.float64)
+    if order == "real":
+        xc = np.clip(x, -lc, lc)
+        return xc - c * replay(program, xc / c, "real")
+    x32 = round_to(x, "f32")
+    xc = pmin(pmax(x32, -lc), lc)
+    u = mul(xc, round_to(1.0 / c, "f32"), "f32")
+    rho = replay(program, u, order)
+    return fma(-c, rho, xc, "f32")
