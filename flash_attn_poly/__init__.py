@@ -1,4 +1,6 @@
 """flash_attn_poly: attention and activation kernels whose transcendental functions run as
 packed-BF16 polynomial programs on the FMA pipe instead of the SFU (MUFU) pipe."""
+from .interface import attention
 
 __version__ = "0.1.0"
+__all__ = ["attention"]

@@ -125,33 +125,110 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     mode: "softmax" | "softcap" (Gemma-2: logits = softcap * tanh(logits / softcap)) |
     "sigmoid" (O_i = sum_j sigmoid(scale * q_i.k_j + sigmoid_bias) v_j, bias default -ln S_k).
     evaluator: "poly" runs the packed-BF16 polynomial program, "native" the MUFU instruction.
-    return_lse: also return the FP32 log-sum-exp (B, H_q, S_q) (softmax modes only).
+    backend: "auto" (CUDA kernels on sm_90, else the torch reference with a warning),
+    "cuda", or "reference" (exact functions in FP32 torch; slow, any device).
+    return_lse: also return the FP32 natural-log LSE (B, H_q, S_q) (softmax modes only).
+    Differentiable, and a torch custom op (`torch.ops.flash_attn_poly.attn_fwd`), so
+    torch.compile traces it without graph breaks.
     """
     a = validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size)
     if return_lse and a.mode == "sigmoid":
         raise ValueError("return_lse: sigmoid attention has no log-sum-exp")
     which = _pick_backend(q, backend)
-    if which == "reference":
-        out, lse = _reference_forward(q, k, v, a)
-    else:
+    if which == "cuda":
         _check_cuda_support(q, a)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-            raise NotImplementedError(
-                "flash_attn_poly.attention: the CUDA backward is not available yet; call under "
-                "torch.no_grad() or use backend='reference' for gradients")
-        out, lse = _cuda_forward(q, k, v, a)
+    bias = a.sigmoid_bias if a.sigmoid_bias is not None else reference.default_sigmoid_bias(k.shape[1])
+    out, lse = torch.ops.flash_attn_poly.attn_fwd(
+        q, k, v, a.mode, a.evaluator, a.causal, a.softcap or 0.0, bias, a.softmax_scale,
+        list(a.window_size), which)
     return (out, lse) if return_lse else out
+
+
+def _args_from_op(mode, evaluator, causal, softcap, bias, scale, window) -> AttnArgs:
+    return AttnArgs(mode, evaluator, causal, softcap if mode == "softcap" else None,
+                    bias if mode == "sigmoid" else None, scale, tuple(window))
+
+
+@torch.library.custom_op("flash_attn_poly::attn_fwd", mutates_args=())
+def _attn_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, evaluator: str,
+                 causal: bool, softcap: float, sigmoid_bias: float, softmax_scale: float,
+                 window_size: list[int], backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    a = _args_from_op(mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size)
+    out, lse = _reference_forward(q, k, v, a) if backend == "reference" else _cuda_forward(q, k, v, a)
+    return out, _lse_or_empty(q, lse)
+
+
+@_attn_fwd_op.register_fake
+def _attn_fwd_fake(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale,
+                   window_size, backend):
+    b, s_q, h_q, _ = q.shape
+    lse_shape = (0,) if mode == "sigmoid" else (b, h_q, s_q)
+    return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("flash_attn_poly::attn_bwd", mutates_args=())
+def _attn_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 out: torch.Tensor, lse: torch.Tensor, mode: str, evaluator: str, causal: bool,
+                 softcap: float, sigmoid_bias: float, softmax_scale: float, window_size: list[int],
+                 backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a = _args_from_op(mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size)
+    if backend == "reference":
+        return _reference_backward(dout, q, k, v, a)
+    return _cuda_backward(dout, q, k, v, out, lse, a)
+
+
+@_attn_bwd_op.register_fake
+def _attn_bwd_fake(dout, q, k, v, out, lse, *args):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *rest = inputs
+    ctx.rest = rest
+    ctx.save_for_backward(q, k, v, *output)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _attn_bwd_op(dout.contiguous(), q, k, v, out, lse, *ctx.rest)
+    need = ctx.needs_input_grad
+    return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (None,) * 8
+
+
+_attn_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _lse_or_empty(q, lse):
+    return q.new_empty((0,), dtype=torch.float32) if lse is None else lse
 
 
 def _reference_forward(q, k, v, a: AttnArgs):
     out, lse = reference.attention_ref(
         q, k, v, a.mode, causal=a.causal, softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
         softmax_scale=a.softmax_scale, window_size=a.window_size, dtype=torch.float32)
-    return out.to(q.dtype), None if lse is None else lse.float()
+    return out.to(q.dtype).contiguous(), None if lse is None else lse.float().contiguous()
+
+
+def _reference_backward(dout, q, k, v, a: AttnArgs):
+    """Gradients by the reference's explicit backward formulas, in FP32."""
+    grads = reference.attention_ref_backward(
+        dout, q, k, v, a.mode, causal=a.causal, softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
+        softmax_scale=a.softmax_scale, window_size=a.window_size, dtype=torch.float32)
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
 
 
 def _cuda_forward(q, k, v, a: AttnArgs):
     from .kernels import attn_fwd_sm90
     return attn_fwd_sm90.attn_fwd(q, k, v, mode=a.mode, evaluator=a.evaluator, causal=a.causal,
                                   softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
+                                  softmax_scale=a.softmax_scale)
+
+
+def _cuda_backward(dout, q, k, v, out, lse, a: AttnArgs):
+    try:
+        from .kernels import attn_bwd_sm90
+    except ImportError as e:
+        raise NotImplementedError("the CUDA attention backward is not available in this build") from e
+    return attn_bwd_sm90.attn_bwd(dout, q, k, v, out, lse, mode=a.mode, evaluator=a.evaluator,
+                                  causal=a.causal, softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
                                   softmax_scale=a.softmax_scale)

@@ -132,3 +132,57 @@ def attention_ref_lowprec(q, k, v, mode="softmax", *, causal=True, softcap=None,
 def to_bhsd(t: torch.Tensor) -> torch.Tensor:
     """(B, S, H, D) -> (B, H, S, D) view, for callers that think in the transformers layout."""
     return rearrange(t, "b s h d -> b h s d")
+
+
+def attention_ref_backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str = "softmax", *,
+    causal: bool = True, softcap: Optional[float] = None, sigmoid_bias: Optional[float] = None,
+    softmax_scale: Optional[float] = None, window_size: tuple[int, int] = (-1, -1),
+    score_fn: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+    score_grad_fn: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+    dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in `dtype` by the explicit backward formulas (no autograd needed).
+
+    score_grad_fn(x) is the derivative the kernel uses for the score function: the
+    capped-logit derivative d(softcap)/dx for softcap, the probability derivative for
+    sigmoid (bias included). Defaults are the exact derivatives. With the polynomial
+    programs plugged in, this is the math a poly backward kernel implements.
+    """
+    s_q, s_k = q.shape[1], k.shape[1]
+    h_q, h_kv = q.shape[2], k.shape[2]
+    grp = h_q // h_kv
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    x = scores(q, k, scale, dtype)
+    allowed = window_mask(s_q, s_k, *window_size, device=q.device)
+    if causal:
+        allowed &= causal_mask(s_q, s_k, device=q.device)
+    k_up = repeat(k, "b s h d -> b s (h g) d", g=grp).to(dtype)
+    v_up = repeat(v, "b s h d -> b s (h g) d", g=grp).to(dtype)
+    do = dout.to(dtype)
+    dp = torch.einsum("bqhd,bkhd->bhqk", do, v_up)
+    if mode == "sigmoid":
+        bias = sigmoid_bias if sigmoid_bias is not None else default_sigmoid_bias(s_k)
+        p = (score_fn(x).to(dtype) if score_fn is not None else torch.sigmoid(x + bias)).masked_fill(~allowed, 0)
+        if score_grad_fn is not None:
+            dpdx = score_grad_fn(x).to(dtype)
+        else:
+            sig = torch.sigmoid(x + bias)
+            dpdx = sig * (1 - sig)
+        dx = (dp * dpdx).masked_fill(~allowed, 0)
+    else:
+        logits, dcap = x, None
+        if mode == "softcap":
+            logits = score_fn(x).to(dtype) if score_fn is not None else softcap * torch.tanh(x / softcap)
+            dcap = score_grad_fn(x).to(dtype) if score_grad_fn is not None else 1 - torch.tanh(x / softcap) ** 2
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        p = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+        d_row = (p * dp).sum(-1, keepdim=True)  # = rowsum(dO * O)
+        dx = p * (dp - d_row)
+        if dcap is not None:
+            dx = dx * dcap
+    dq = torch.einsum("bhqk,bkhd->bqhd", dx, k_up) * scale
+    dk = torch.einsum("bhqk,bqhd->bkhd", dx, q.to(dtype)) * scale
+    dv = torch.einsum("bhqk,bqhd->bkhd", p, do)
+    fold = lambda t: t.reshape(t.shape[0], t.shape[1], h_kv, grp, t.shape[3]).sum(3)
+    return dq.contiguous(), fold(dk).contiguous(), fold(dv).contiguous()

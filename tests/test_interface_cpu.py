@@ -82,3 +82,29 @@ def test_reference_backend_matches_fp64_and_has_gradients(mode, kw):
     assert (out.double() - ref).abs().max() < 2e-2
     out.float().sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_custom_op_traces_under_torch_compile_with_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    q, k, v = _qkv(s=8)
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        out = fi.attention(fq, fk, fv, "softcap", softcap=10.0, backend="reference")
+        assert out.shape == q.shape and out.dtype == q.dtype
+    torch.library.opcheck(torch.ops.flash_attn_poly.attn_fwd.default,
+                          (q, k, v, "softmax", "poly", True, 0.0, 0.0, 0.125, [-1, -1], "reference"))
+
+
+def test_torch_compile_no_graph_break_and_gradients():
+    q, k, v = _qkv(s=8, seed=3)
+    q.requires_grad_(True)
+
+    def f(q, k, v):
+        return fi.attention(q, k, v, "sigmoid", backend="reference").float().square().sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    loss = compiled(q, k, v)
+    (g,) = torch.autograd.grad(loss, q)
+    q2 = q.detach().clone().requires_grad_(True)
+    (g_ref,) = torch.autograd.grad(f(q2, k, v), q2)
+    assert torch.allclose(g.float(), g_ref.float(), atol=1e-2)
