@@ -1,0 +1,395 @@
+"""Attention forward for Hopper (sm_90a) in CuTe DSL, with pluggable score stages.
+
+O = stage(Q K^T) V for q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D) (flash_attn_func layout),
+H_q a multiple of H_kv (GQA/MQA), D in {64, 128, 256}, BF16 or FP16, any S and B,
+causal (bottom-right aligned, see kernels/mask.py) or not.  Softmax-type stages also
+write LSE (FP32, (B, H_q, S_q), natural log; -inf for a row that sees no key).
+
+Structure (one CTA = one 128-row query tile of one head):
+  * warpgroup 0 is the producer: one warp issues TMA loads of Q (once) and of K, V
+    tiles into `num_stages`-deep shared-memory rings (separate K and V mbarrier
+    pipelines, so QK^T of a block can start before its V has landed); it gives its
+    registers away (setmaxnreg 24).
+  * warpgroups 1 and 2 are consumers (setmaxnreg 240), 64 query rows each: per key
+    block S = Q K^T (wgmma, SS, FP32 accumulators), the score stage turns S into P in
+    registers, O += P V (wgmma with A = P from registers).
+  * key blocks run from the diagonal down to 0: the first block and the ones crossing
+    the causal diagonal are masked, interior blocks are not; blocks above the diagonal
+    are never loaded.
+
+Usage: `attn_fwd(q, k, v, mode="softmax", causal=True)` -> (o, lse).
+Compile-only (no GPU): CUTE_DSL_ARCH=sm_90a python -m flash_attn_poly.kernels.attn_fwd_sm90
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.utils import LayoutEnum
+
+try:  # installed package layout
+    from flash_attn_poly.kernels import mask as mask_mod
+    from flash_attn_poly.kernels import score_stages as stages
+    from flash_attn_poly.kernels.tile_scheduler import SingleTileScheduler
+except ImportError:  # running from the repository root
+    from kernels import mask as mask_mod
+    from kernels import score_stages as stages
+    from kernels.tile_scheduler import SingleTileScheduler
+
+_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+
+
+@dataclass(frozen=True)
+class AttnFwdConfig:
+    """Everything that changes the compiled code (the compile-cache key)."""
+
+    stage: object                 # a frozen stage from score_stages (mode, evaluator, program)
+    dtype: str = "bf16"           # "bf16" | "fp16"
+    head_dim: int = 128
+    causal: bool = True
+    tile_m: int = 128             # 2 consumer warpgroups x 64 rows (wgmma M = 64)
+    tile_n: int = 128
+    num_stages: int = 2
+
+    @staticmethod
+    def default(stage, dtype="bf16", head_dim=128, causal=True):
+        # smem: Q tile_m*D + 2 stages * (K + V) tile_n*D, 16-bit:
+        #   D=64/128: tile_n 128 -> 32 + 128 KB at D=128;  D=256: tile_n 64 -> 64 + 128 KB
+        tile_n = 128 if head_dim <= 128 else 64
+        return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, 2)
+
+
+class AttnFwdSm90:
+    num_threads_per_wg = 128
+    num_mma_wg = 2
+    num_producer_regs = 24    # 24 + 2*240 = 504 <= 512 regs/thread budget per SM quadrant
+    num_mma_regs = 240
+
+    def __init__(self, cfg: AttnFwdConfig):
+        self.cfg = cfg
+        self.stage = cfg.stage
+        self.dtype = _DTYPES[cfg.dtype]
+        self.is_bf16 = cfg.dtype == "bf16"
+        self.head_dim = cfg.head_dim
+        self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
+        self.num_stages = cfg.num_stages
+        self.causal = cfg.causal
+        self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
+        assert self.tile_m == 64 * self.num_mma_wg
+
+    # ------------------------------------------------------------------ host side
+    def _smem_layout(self, rows: int, stages_: Optional[int]):
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim),
+            self.dtype)
+        shape = (rows, self.head_dim) if stages_ is None else (rows, self.head_dim, stages_)
+        return cute.tile_to_shape(atom, shape, (0, 1) if stages_ is None else (0, 1, 2))
+
+    def _tiled_mmas(self):
+        qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            Float32, (self.num_mma_wg, 1, 1), (64, self.tile_n))
+        pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
+            Float32, (self.num_mma_wg, 1, 1), (64, self.head_dim), warpgroup.OperandSource.RMEM)
+        return qk, pv
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                 mLSE: cute.Tensor, p0: Float32, p1: Float32, p2: Float32, p3: Float32,
+                 stream):
+        # torch (B, S, H, D) -> (S, D, H, B); LSE (B, H, S) -> (S, H, B)
+        mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
+                          for t in (mQ, mK, mV, mO)]
+        mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+        tiled_mma_qk, tiled_mma_pv = self._tiled_mmas()
+        sQ_layout = self._smem_layout(self.tile_m, None)
+        sK_layout = self._smem_layout(self.tile_n, self.num_stages)
+        sV_layout = self._smem_layout(self.tile_n, self.num_stages)
+        load_op = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, mQ_tma = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_layout, (self.tile_m, self.head_dim))
+        sK_one = cute.select(sK_layout, mode=[0, 1])
+        tma_k, mK_tma = cpasync.make_tiled_tma_atom(load_op, mK, sK_one, (self.tile_n, self.head_dim))
+        tma_v, mV_tma = cpasync.make_tiled_tma_atom(load_op, mV, sK_one, (self.tile_n, self.head_dim))
+        self.bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
+        self.bytes_kv = cute.size_in_bytes(self.dtype, sK_one)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
+        sched = SingleTileScheduler(longest_first=self.causal)
+        self.kernel(mQ_tma, mK_tma, mV_tma, mO, mLSE, tma_q, tma_k, tma_v,
+                    tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
+                    (p0, p1, p2, p3), sched).launch(
+            grid=SingleTileScheduler.grid(num_m_blocks, mQ.shape[2], mQ.shape[3]),
+            block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+               mLSE: cute.Tensor, tma_q: cute.CopyAtom, tma_k: cute.CopyAtom, tma_v: cute.CopyAtom,
+               tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sV_layout: cute.ComposedLayout, params, sched: cutlass.Constexpr):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for atom in (tma_q, tma_k, tma_v):
+                cpasync.prefetch_descriptor(atom)
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        pipe_q, pipe_k, pipe_v = self._make_pipelines(storage)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        m_block, head, batch = sched.work_tile()
+        blocks = mask_mod.BlockRange(self.tile_m, self.tile_n, self.causal)
+        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        n_max = blocks.n_block_max(m_block, seqlen_q, seqlen_k)
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.num_producer_regs)
+            if warp_idx == 0:
+                head_kv = head // (mQ.shape[2] // mK.shape[2])
+                self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v,
+                          m_block, head, head_kv, batch, n_max)
+        else:
+            cute.arch.setmaxregister_increase(self.num_mma_regs)
+            self.mma(mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
+                     params, blocks, m_block, head, batch, n_max, seqlen_q, seqlen_k)
+
+    def _make_pipelines(self, storage):
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        # one release arrive per consumer warp (PipelineTmaAsync signals from lane 0)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_wg * 4)
+        make = lambda bar, n, nbytes: pipeline.PipelineTmaAsync.create(
+            barrier_storage=bar.data_ptr(), num_stages=n, producer_group=producer,
+            consumer_group=consumers, tx_count=nbytes, defer_sync=True)
+        return (make(storage.mbar_q, 1, self.bytes_q), make(storage.mbar_k, self.num_stages, self.bytes_kv),
+                make(storage.mbar_v, self.num_stages, self.bytes_kv))
+
+    @cute.jit
+    def load(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v,
+             m_block: Int32, head: Int32, head_kv: Int32, batch: Int32, n_max: Int32):
+        """Producer warp: Q once, then (K, V) for key blocks n_max-1 .. 0."""
+        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+        one = cute.make_layout(1)
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        if n_max > 0:
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipe_q.producer_acquire(q_state)
+            cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+            for i in cutlass.range(n_max, unroll=1):
+                n_block = n_max - 1 - i
+                pipe_k.producer_acquire(kv_state)
+                cute.copy(tma_k, tKgK[None, n_block], tKsK[None, kv_state.index],
+                          tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                pipe_v.producer_acquire(kv_state)
+                cute.copy(tma_v, tVgV[None, n_block], tVsV[None, kv_state.index],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                kv_state.advance()
+
+    @cute.jit
+    def mma(self, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
+            params, blocks, m_block: Int32, head: Int32, batch: Int32, n_max: Int32,
+            seqlen_q: Int32, seqlen_k: Int32):
+        """Consumer warpgroups: the main loop over key blocks, then the epilogue."""
+        tidx = cute.arch.thread_idx()[0] - self.num_threads_per_wg
+        wg = cute.arch.make_warp_uniform(tidx // self.num_threads_per_wg)
+        wg_mma_qk = tiled_mma_qk.get_slice(wg * self.num_threads_per_wg)
+        wg_mma_pv = tiled_mma_pv.get_slice(wg * self.num_threads_per_wg)
+        thr_mma_qk = tiled_mma_qk.get_slice(tidx)
+        # V is (tile_n, D) row-major in smem; PV wants B = V^T (D, tile_n), MN-major
+        sVt = cute.composition(sV, cute.make_ordered_layout(
+            (self.head_dim, self.tile_n, self.num_stages), order=(1, 0, 2)))
+        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+        tOrV = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
+        acc_O = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+        tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
+        s_shape = wg_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
+        tScS_mn = stages.acc_mn_view(thr_mma_qk.partition_C(
+            cute.make_identity_tensor((self.tile_m, self.tile_n))))
+        num_rows = cute.size(tScS_mn, mode=[0])
+        softmax = stages.OnlineSoftmax(num_rows)
+        row_scale = cute.make_rmem_tensor((num_rows,), Float32)
+        acc_O.fill(0.0)
+
+        n_unmasked = cutlass.min(blocks.n_unmasked_end(m_block, seqlen_q, seqlen_k), n_max)
+        kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        step = lambda kv, n, first, masked: self.one_block(
+            kv, n, first, masked, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_O,
+            s_shape, tScS_mn, softmax, row_scale, params, pipe_k, pipe_v, m_block,
+            seqlen_q, seqlen_k)
+        # a dynamic `for` of 0 or 1 trips instead of an `if`: the first block (tail and
+        # diagonal, always masked) is skipped when the tile sees no key (n_max <= 0)
+        for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
+            pipe_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+            kv = step(kv, n_max - 1, True, True)
+        # blocks crossing the causal diagonal (none when not causal)
+        n_diag = n_max - 1 - cutlass.max(n_unmasked, 0)
+        for i in cutlass.range(n_diag, unroll=1):
+            kv = step(kv, n_max - 2 - i, False, True)
+        n_inner = cutlass.min(n_unmasked, n_max - 1)
+        for i in cutlass.range(n_inner, unroll=1):
+            kv = step(kv, n_inner - 1 - i, False, False)
+        self.epilogue(acc_O, softmax, params, mO, mLSE, tiled_mma_pv, tidx, m_block, head, batch,
+                      seqlen_q, n_max)
+
+    @cute.jit
+    def one_block(self, kv, n_block: Int32, is_first: cutlass.Constexpr[bool],
+                  masked: cutlass.Constexpr[bool], tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV,
+                  tOrP, acc_O, s_shape, tScS_mn, softmax, row_scale, params, pipe_k, pipe_v,
+                  m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """S = Q K_n^T; P = stage(S); O = O*row_scale + P V_n."""
+        acc_S = cute.make_rmem_tensor(s_shape, Float32)
+        pipe_k.consumer_wait(kv)
+        self.wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv.index], True)
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(kv)
+        self.stage.transform(acc_S, params)
+        if cutlass.const_expr(masked):
+            mask_mod.apply_mask(stages.acc_mn_view(acc_S), tScS_mn, m_block, n_block, seqlen_q,
+                                seqlen_k, self.tile_m, self.tile_n, self.causal)
+        self.stage.probs(acc_S, tOrP, softmax, params, is_first, masked, row_scale, self.is_bf16)
+        if cutlass.const_expr(self.stage.uses_online_softmax and not is_first):
+            o_mn = stages.acc_mn_view(acc_O)
+            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                    o_mn[r, c] = o_mn[r, c] * row_scale[r]
+        pipe_v.consumer_wait(kv)
+        self.wgmma(tiled_mma_pv, acc_O, tOrP, tOrV[None, None, None, kv.index], False)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(kv)
+        kv.advance()
+        return kv
+
+    @cute.jit
+    def wgmma(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr[bool]):
+        """acc (+)= A B over the k-blocks of the fragments; one commit group."""
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
+            cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def epilogue(self, acc_O, softmax, params, mO, mLSE, tiled_mma_pv, tidx: Int32,
+                 m_block: Int32, head: Int32, batch: Int32, seqlen_q: Int32, n_max: Int32):
+        """Normalise O (softmax modes), write O (rows < S_q) and LSE straight from registers."""
+        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+        tOcO_mn = stages.acc_mn_view(thr_mma_pv.partition_C(
+            cute.make_identity_tensor((self.tile_m, self.head_dim))))
+        o_mn = stages.acc_mn_view(acc_O)
+        num_rows = cute.size(o_mn, mode=[0])
+        if cutlass.const_expr(self.stage.uses_online_softmax):
+            o_scale = cute.make_rmem_tensor((num_rows,), Float32)
+            lse = cute.make_rmem_tensor((num_rows,), Float32)
+            softmax.finalize(self.stage.lse_scale(params), o_scale, lse)
+            for r in cutlass.range_constexpr(num_rows):
+                for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                    o_mn[r, c] = o_mn[r, c] * o_scale[r]
+            gLSE = mLSE[None, head, batch]
+            for r in cutlass.range_constexpr(num_rows):
+                row = m_block * self.tile_m + tOcO_mn[r, 0][0]
+                if tOcO_mn[0, 0][1] == 0 and row < seqlen_q:
+                    gLSE[row] = lse[r]
+        gO = mO[None, None, head, batch]
+        for r in cutlass.range_constexpr(num_rows):
+            row = m_block * self.tile_m + tOcO_mn[r, 0][0]
+            if row < seqlen_q:
+                for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                    gO[row, tOcO_mn[0, c][1]] = o_mn[r, c].to(self.dtype)
+
+
+# ---------------------------------------------------------------------- compile + torch entry
+def _fake_args(cfg: AttnFwdConfig):
+    """Fake tensors with symbolic B/S/H and strides (D static), matching what
+    from_dlpack(...).mark_layout_dynamic(leading_dim) produces at run time."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    dt = _DTYPES[cfg.dtype]
+    sym = lambda: cute.sym_int()
+    def qkv():
+        return make_fake_tensor(dt, (sym(), sym(), sym(), sym()), (sym(), sym(), sym(), 1), assumed_align=16)
+    lse = make_fake_tensor(Float32, (sym(), sym(), sym()), (sym(), sym(), 1), assumed_align=16)
+    return (qkv(), qkv(), qkv(), qkv(), lse, Float32(1.0), Float32(1.0), Float32(1.0), Float32(1.0))
+
+
+def compile_attn_fwd(cfg: AttnFwdConfig, *, options: str = ""):
+    """cute.compile the kernel for cfg against fake tensors (works on a CPU machine with
+    CUTE_DSL_ARCH=sm_90a).  Returns the compiled callable."""
+    from cutlass.cute.runtime import make_fake_stream
+
+    return cute.compile(AttnFwdSm90(cfg), *_fake_args(cfg), make_fake_stream(), options=options)
+
+
+@lru_cache(maxsize=None)
+def _compiled(cfg: AttnFwdConfig):
+    return compile_attn_fwd(cfg)
+
+
+def _to_cute(t, leading_dim):
+    from cutlass.cute.runtime import from_dlpack
+
+    return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=leading_dim)
+
+
+def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causal: bool = True,
+             softmax_scale: Optional[float] = None, softcap: Optional[float] = None,
+             sigmoid_bias: Optional[float] = None, stage=None, out=None, lse=None):
+    """Torch entry: q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D), CUDA, bf16/fp16, last dim
+    contiguous.  Returns (o like q, lse (B, H_q, S_q) FP32 or None for sigmoid)."""
+    import torch
+    import cuda.bindings.driver as cuda
+
+    b, s_q, h_q, d = q.shape
+    s_k = k.shape[1]
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype]
+    if stage is None:
+        kw = {}
+        stage = stages.make_stage(mode, evaluator, **kw)
+    cfg = AttnFwdConfig.default(stage, dtype, d, causal)
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    params = stage.host_scalars(scale, s_k, softcap=softcap if softcap is not None else 50.0,
+                                sigmoid_bias=sigmoid_bias)
+    if out is None:
+        out = torch.empty_like(q)
+    lse_t = lse if lse is not None else torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
+    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    _compiled(cfg)(_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(out, 3),
+                   _to_cute(lse_t, 2), *[Float32(x) for x in params], stream)
+    return out, (lse_t if stage.has_lse else None)
+
+
+if __name__ == "__main__":
+    import os, sys, time
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    t0 = time.time()
+    mode = sys.argv[1] if len(sys.argv) > 1 else "softmax"
+    ev = sys.argv[2] if len(sys.argv) > 2 else "native"
+    compile_attn_fwd(AttnFwdConfig.default(stages.make_stage(mode, ev)))
+    print(f"compiled {mode}/{ev} in {time.time() - t0:.1f}s")

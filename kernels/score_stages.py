@@ -1,0 +1,385 @@
+"""Score stages: what the attention kernels do between S = Q K^T and O += P V.
+
+A stage is a frozen dataclass whose fields are compile-time constants (mode, evaluator,
+program name and coefficient bits); its hash is its content, so it can key the compile
+cache.  Runtime numbers (softmax scale, softcap value, sigmoid bias) travel as four FP32
+kernel arguments computed by `host_scalars`, so one compiled kernel serves every value.
+
+Forward side, called by `attn_fwd_sm90` on each FP32 score fragment (acc_S):
+  1. `transform(acc_S, params)`  before masking (softcap: s -> tanh(s*scale/c)),
+  2. the kernel masks (-inf) on diagonal / tail blocks,
+  3. `probs(acc_S, tOrP, state, params, is_first, masked)` writes P (packed 16-bit pairs,
+     the A operand of the PV wgmma) and returns the per-row O rescale factor or None.
+`finalize(state, params)` returns (per-row O scale, per-row LSE or None).
+
+Backward sides are added by the backward kernel's engineer in this same module.
+
+Evaluators: "native" uses MUFU (ex2.approx / tanh.approx); "poly" runs the packed bf16x2
+PTX blocks generated in `flash_attn_poly.asm` from the coefficient table.  Until those
+blocks exist the "poly" paths run TEMPORARY STAND-INS (see `_poly_*` below) with the same
+data flow (FP32 pair in, packed bf16x2 out) built from native MUFU ops.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+MODES = ("softmax", "softcap", "sigmoid")
+EVALUATORS = ("native", "poly")
+
+
+# ----------------------------------------------------------------------------------------
+# small PTX helpers (one instruction each)
+# ----------------------------------------------------------------------------------------
+def _asm(ret, args, text, constraints):
+    return llvm.inline_asm(ret, args, text, constraints, has_side_effects=False,
+                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def tanh_approx(x: Float32, *, loc=None, ip=None) -> Float32:
+    """MUFU.TANH: abs error ~5e-4 (2^-10.7), one SFU issue."""
+    return Float32(_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)],
+                        "tanh.approx.f32 $0, $1;", "=f,f"))
+
+
+@dsl_user_op
+def exp2_approx(x: Float32, *, loc=None, ip=None) -> Float32:
+    """MUFU.EX2 with flush-to-zero; ex2(-inf) = +0 exactly."""
+    return Float32(_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)],
+                        "ex2.approx.ftz.f32 $0, $1;", "=f,f"))
+
+
+@dsl_user_op
+def pack_f32x2(lo: Float32, hi: Float32, is_bf16: cutlass.Constexpr[bool], *, loc=None, ip=None) -> Int32:
+    """cvt.rn.{bf16x2,f16x2}.f32: one F2FP packs two scores; lo lands in bits 0..15."""
+    kind = "bf16x2" if is_bf16 else "f16x2"
+    return Int32(_asm(T.i32(), [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip)],
+                      f"cvt.rn.{kind}.f32 $0, $2, $1;", "=r,f,f"))
+
+
+@dsl_user_op
+def unpack_bf16x2(p: Int32, *, loc=None, ip=None):
+    """bf16x2 -> two FP32 (exact): shift / mask, one integer op each."""
+    v = Int32(p).ir_value(loc=loc, ip=ip)
+    lo = Float32(_asm(T.f32(), [v], "shl.b32 $0, $1, 16;", "=f,r"))
+    hi = Float32(_asm(T.f32(), [v], "and.b32 $0, $1, 0xffff0000;", "=f,r"))
+    return lo, hi
+
+
+@dsl_user_op
+def select_u32(keep: cutlass.Boolean, a: Int32, *, loc=None, ip=None) -> Int32:
+    return cutlass.select_(keep, a, Int32(0))
+
+
+# ----------------------------------------------------------------------------------------
+# fragment views
+# ----------------------------------------------------------------------------------------
+def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
+    """wgmma C fragment ((2, 2, N/8), MMA_M, MMA_N) viewed as (rows, cols) of this thread:
+    ((2 rows 8 apart, MMA_M), (2 adjacent cols, N/8 col groups, MMA_N))."""
+    l = cute.make_layout(acc.layout.shape)
+    sh, st = l.shape, l.stride
+    mn = cute.make_layout(
+        ((sh[0][1], sh[1]), (sh[0][0], sh[0][2], sh[2])),
+        stride=((st[0][1], st[1]), (st[0][0], st[0][2], st[2])),
+    )
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
+
+
+def acc_as_frag_a(acc: cute.Tensor) -> cute.Tensor:
+    """The same registers viewed as the A operand of the next (RS) wgmma:
+    ((2, 2, N/8), M, N') -> ((2, 2, 2), M, (N/16, N')) for 16-bit A (k = 16 per wgmma)."""
+    l = cute.logical_divide(acc.layout, ((None, None, 2), None, None))
+    frag = cute.make_layout(
+        ((l.shape[0][0], l.shape[0][1], l.shape[0][2][0]), l.shape[1], (l.shape[0][2][1], l.shape[2])),
+        stride=((l.stride[0][0], l.stride[0][1], l.stride[0][2][0]), l.stride[1],
+                (l.stride[0][2][1], l.stride[2])),
+    )
+    return cute.make_tensor(acc.iterator, frag)
+
+
+@cute.jit
+def quad_allreduce(x: Float32, op: cutlass.Constexpr[str]) -> Float32:
+    """A row of the wgmma C fragment lives in 4 consecutive lanes: 2 butterfly shuffles."""
+    for off in cutlass.range_constexpr(2):
+        y = cute.arch.shuffle_sync_bfly(x, offset=1 << off)
+        if cutlass.const_expr(op == "max"):
+            x = cute.arch.fmax(x, y)
+        else:
+            x = x + y
+    return x
+
+
+@cute.jit
+def write_p_native(acc_S: cute.Tensor, tOrP: cute.Tensor, is_bf16: cutlass.Constexpr[bool]):
+    """FP32 probabilities -> packed 16-bit A fragment (one F2FP per pair)."""
+    src = acc_as_frag_a(acc_S)
+    dst = cute.recast_tensor(tOrP, Int32)
+    for i in cutlass.range_constexpr(cute.size(dst)):
+        dst[i] = pack_f32x2(src[2 * i], src[2 * i + 1], is_bf16)
+
+
+# ----------------------------------------------------------------------------------------
+# online softmax state (shared by softmax and softcap)
+# ----------------------------------------------------------------------------------------
+class OnlineSoftmax:
+    """Per-thread running row max (in the stage's score units) and partial row sum.
+
+    The row sum stays thread-local (each thread sums its own columns) and is reduced over
+    the quad once in `finalize`: that saves 2 shuffles per row per key block."""
+
+    def __init__(self, num_rows: int):
+        self.row_max = cute.make_rmem_tensor((num_rows,), Float32)
+        self.row_sum = cute.make_rmem_tensor((num_rows,), Float32)
+        # an empty tile (no key visible) finalises to O = 0, LSE = -inf
+        self.row_max.fill(-Float32.inf)
+        self.row_sum.fill(0.0)
+
+    @cute.jit
+    def step(self, acc_S: cute.Tensor, scale_log2: Float32, is_first: cutlass.Constexpr[bool],
+             row_scale: cute.Tensor):
+        """P = exp2(s*scale_log2 - max*scale_log2) in place; row_scale gets the O rescale."""
+        s_mn = acc_mn_view(acc_S)
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            m = s_mn[r, 0]
+            for c in cutlass.range_constexpr(1, cute.size(s_mn, mode=[1])):
+                m = cute.arch.fmax(m, s_mn[r, c])
+            m = quad_allreduce(m, "max")
+            if cutlass.const_expr(not is_first):
+                m = cute.arch.fmax(m, self.row_max[r])
+            # a row with every score masked keeps max = -inf: use 0 so exp2(-inf - 0) = 0
+            m_safe = m if m != -Float32.inf else Float32(0.0)
+            neg_m = -m_safe * scale_log2
+            if cutlass.const_expr(is_first):
+                row_scale[r] = Float32(1.0)
+            else:
+                old = self.row_max[r]
+                old_safe = old if old != -Float32.inf else Float32(0.0)
+                row_scale[r] = exp2_approx(old_safe * scale_log2 + neg_m)
+            self.row_max[r] = m
+            acc = Float32(0.0)
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                p = exp2_approx(s_mn[r, c] * scale_log2 + neg_m)
+                s_mn[r, c] = p
+                acc = acc + p
+            if cutlass.const_expr(is_first):
+                self.row_sum[r] = acc
+            else:
+                self.row_sum[r] = self.row_sum[r] * row_scale[r] + acc
+
+    @cute.jit
+    def finalize(self, lse_scale: Float32, o_scale: cute.Tensor, lse: cute.Tensor):
+        """o_scale = 1/sum (0 for an empty row); lse = max*lse_scale + ln(sum) (-inf if empty)."""
+        for r in cutlass.range_constexpr(cute.size(self.row_sum)):
+            s = quad_allreduce(self.row_sum[r], "sum")
+            empty = s == Float32(0.0) or s != s
+            o_scale[r] = Float32(0.0) if empty else cute.arch.rcp_approx(s)
+            lse[r] = -Float32.inf if empty else (
+                self.row_max[r] * lse_scale + cute.math.log2(s, fastmath=True) * LN2)
+
+
+# ----------------------------------------------------------------------------------------
+# TEMPORARY STAND-INS for the asm blocks (flash_attn_poly.asm.cute_ops), same signatures:
+# two FP32 inputs -> one packed bf16x2.  Built from MUFU ops, so their SASS still shows
+# MUFU; they exist only so the poly data flow compiles and runs before the blocks land.
+# ----------------------------------------------------------------------------------------
+def _cute_ops():
+    try:
+        from flash_attn_poly.asm import cute_ops  # type: ignore
+        return cute_ops
+    except Exception:
+        return None
+
+
+@cute.jit
+def _standin_sigmoid_fwd(s0: Float32, s1: Float32, n_log: Float32):
+    # sigma(x - ln n) = 0.5 * tanh(0.5 x - 0.5 ln n) + 0.5
+    p0 = tanh_approx(s0 * 0.5 - n_log * 0.5) * 0.5 + 0.5
+    p1 = tanh_approx(s1 * 0.5 - n_log * 0.5) * 0.5 + 0.5
+    return pack_f32x2(p0, p1, True)
+
+
+@cute.jit
+def _standin_softcap_fwd(u0: Float32, u1: Float32):
+    # residual rho(u) = u - tanh(u)
+    return pack_f32x2(u0 - tanh_approx(u0), u1 - tanh_approx(u1), True)
+
+
+# ----------------------------------------------------------------------------------------
+# stages
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SoftmaxStage:
+    """softmax(s * scale): p = exp2(s*scale*log2e - max)."""
+
+    mode: str = field(default="softmax", init=False)
+    evaluator: str = "native"
+    has_lse = True
+    uses_online_softmax = True
+
+    def host_scalars(self, softmax_scale: float, seqlen_k: int, **_):
+        return (softmax_scale * LOG2E, softmax_scale, 0.0, 0.0)
+
+    @cute.jit
+    def transform(self, acc_S: cute.Tensor, params):
+        pass
+
+    @cute.jit
+    def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
+              masked: cutlass.Constexpr[bool], row_scale, is_bf16: cutlass.Constexpr[bool]):
+        state.step(acc_S, params[0], is_first, row_scale)
+        write_p_native(acc_S, tOrP, is_bf16)
+
+    def lse_scale(self, params):
+        return params[1]
+
+
+@dataclass(frozen=True)
+class SoftcapStage:
+    """Gemma-2 softcap: logit = c * tanh(x / c), x = s * scale, then softmax over logits.
+
+    native: t = tanh.approx(s * scale/c) (one MUFU), softmax over t with scale c*log2e,
+            so each score costs 2 MUFU (tanh + ex2).
+    poly:   residual form logit = x_c - c * rho(u), x_c = clamp(x, +-c*L_c), u = x_c / c,
+            rho(u) = u - tanh(u) from the packed bf16x2 block `softcap_fwd` (program
+            tanh_d4): the tanh leaves the MUFU pipe; ex2 stays.
+    """
+
+    mode: str = field(default="softcap", init=False)
+    evaluator: str = "native"
+    program: str = "tanh_d4"
+    coeff_bits: tuple = ()
+    clamp_l: float = 3.25   # L_c of the program: |u| is clamped to it (tanh(3.25) = 0.997)
+    has_lse = True
+    uses_online_softmax = True
+
+    def host_scalars(self, softmax_scale: float, seqlen_k: int, softcap: float = 50.0, **_):
+        if self.evaluator == "native":
+            return (softmax_scale / softcap, softcap * LOG2E, softcap, 0.0)
+        return (softmax_scale, LOG2E, softcap, 1.0 / softcap)
+
+    @cute.jit
+    def transform(self, acc_S: cute.Tensor, params):
+        if cutlass.const_expr(self.evaluator == "native"):
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                acc_S[i] = tanh_approx(acc_S[i] * params[0])
+        else:
+            self._transform_poly(acc_S, params)
+
+    @cute.jit
+    def _transform_poly(self, acc_S: cute.Tensor, params):
+        ops = _cute_ops()
+        x_max = params[2] * self.clamp_l
+        for i in cutlass.range_constexpr(cute.size(acc_S) // 2):
+            x0 = cute.arch.fmin(cute.arch.fmax(acc_S[2 * i] * params[0], -x_max), x_max)
+            x1 = cute.arch.fmin(cute.arch.fmax(acc_S[2 * i + 1] * params[0], -x_max), x_max)
+            u0 = x0 * params[3]
+            u1 = x1 * params[3]
+            if cutlass.const_expr(ops is not None and hasattr(ops, "softcap_fwd")):
+                rho = ops.softcap_fwd(u0, u1)[0]
+            else:
+                rho = _standin_softcap_fwd(u0, u1)
+            r0, r1 = unpack_bf16x2(rho)
+            acc_S[2 * i] = x0 - params[2] * r0
+            acc_S[2 * i + 1] = x1 - params[2] * r1
+
+    @cute.jit
+    def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
+              masked: cutlass.Constexpr[bool], row_scale, is_bf16: cutlass.Constexpr[bool]):
+        state.step(acc_S, params[1], is_first, row_scale)
+        write_p_native(acc_S, tOrP, is_bf16)
+
+    def lse_scale(self, params):
+        # native: max is in tanh units (logit = c*t); poly: max is already a logit
+        return params[2] if self.evaluator == "native" else Float32(1.0)
+
+
+@dataclass(frozen=True)
+class SigmoidStage:
+    """Sigmoid attention: P = sigma(x + b), x = s * scale, no max, no normalisation.
+
+    native: p = 0.5 * tanh.approx(0.5 x + 0.5 b) + 0.5: one MUFU and 2 FFMA per score;
+            a masked score (-inf) gives tanh = -1, p = +0 exactly.
+    poly:   the 17-instruction block `sigmoid_fwd` (program sigmoid_attn_n{n}) computes
+            sigma(x' - ln n) on two FP32 inputs and returns packed bf16x2 P, which is the
+            PV A operand directly; we feed x' = x + b + ln n, so any bias works (exact for
+            b = -ln n).  Masked lanes are zeroed afterwards with a select.
+    """
+
+    mode: str = field(default="sigmoid", init=False)
+    evaluator: str = "native"
+    program: str = "sigmoid_attn_n4096"
+    coeff_bits: tuple = ()
+    program_n: int = 4096
+    has_lse = False
+    uses_online_softmax = False
+
+    def host_scalars(self, softmax_scale: float, seqlen_k: int, sigmoid_bias=None, **_):
+        b = -math.log(seqlen_k) if sigmoid_bias is None else float(sigmoid_bias)
+        if self.evaluator == "native":
+            return (0.5 * softmax_scale, 0.5 * b, 0.0, 0.0)
+        return (softmax_scale, b + math.log(self.program_n), math.log(self.program_n), 0.0)
+
+    @cute.jit
+    def transform(self, acc_S: cute.Tensor, params):
+        pass
+
+    @cute.jit
+    def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
+              masked: cutlass.Constexpr[bool], row_scale, is_bf16: cutlass.Constexpr[bool]):
+        if cutlass.const_expr(self.evaluator == "native"):
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                acc_S[i] = tanh_approx(acc_S[i] * params[0] + params[1]) * 0.5 + 0.5
+            write_p_native(acc_S, tOrP, is_bf16)
+        else:
+            self._probs_poly(acc_S, tOrP, params, masked)
+
+    @cute.jit
+    def _probs_poly(self, acc_S, tOrP, params, masked: cutlass.Constexpr[bool]):
+        ops = _cute_ops()
+        src = acc_as_frag_a(acc_S)
+        dst = cute.recast_tensor(tOrP, Int32)
+        for i in cutlass.range_constexpr(cute.size(dst)):
+            s0 = src[2 * i]
+            s1 = src[2 * i + 1]
+            x0 = s0 * params[0] + params[1]
+            x1 = s1 * params[0] + params[1]
+            if cutlass.const_expr(ops is not None and hasattr(ops, "sigmoid_fwd")):
+                p = Int32(ops.sigmoid_fwd(x0, x1)[0])
+            else:
+                p = _standin_sigmoid_fwd(x0, x1, params[2])
+            if cutlass.const_expr(masked):
+                # masked scores are -inf: force exact zeros whatever the block returns
+                keep = Int32(0)
+                if s0 != -Float32.inf:
+                    keep = keep | Int32(0xFFFF)
+                if s1 != -Float32.inf:
+                    keep = keep | Int32(-65536)   # 0xFFFF0000
+                p = p & keep
+            dst[i] = p
+
+    def lse_scale(self, params):
+        return None
+
+
+def make_stage(mode: str, evaluator: str = "native", **kw):
+    """Build the stage for (mode, evaluator); kw overrides program fields."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if evaluator not in EVALUATORS:
+        raise ValueError(f"evaluator must be one of {EVALUATORS}, got {evaluator!r}")
+    if mode == "softmax":
+        return SoftmaxStage(evaluator="native")
+    if mode == "softcap":
+        return SoftcapStage(evaluator=evaluator, **kw)
+    return SigmoidStage(evaluator=evaluator, **kw)
