@@ -1,0 +1,482 @@
+"""Attention backward for Hopper (sm_90a) in CuTe DSL: dQ, dK, dV from Q, K, V, O, dO (+ LSE).
+
+One CTA per (KV block of tile_n keys, query head, batch), iterating over the query blocks
+that the causal mask leaves (tile skipping).  384 threads: warp 0 issues TMA (K, V once;
+Q+LSE and dO+D per query block, 2-stage pipelines); two MMA warpgroups each own 64 of the
+tile_n key rows and compute, per query block,
+
+    S^T  = K Q^T          (wgmma SS)      P^T = stage.prob(S^T)       in registers
+    dP^T = V dO^T         (wgmma SS)      dS^T = stage.dscore(P, dP)  in registers
+    dV  += P^T dO         (wgmma RS: P^T straight from the accumulator registers)
+    dK  += dS^T Q         (wgmma RS)
+    dQ   = dS K           (wgmma SS: dS^T goes to smem by stmatrix.trans) -> FP32 atomics
+
+Computing the transposed scores puts the key index on the wgmma M axis, so P^T and dS^T
+are already A operands of the dV/dK products (no smem round trip for P).  dK, dV are
+accumulated over all query blocks in registers and added with FP32 atomics into
+(B, S_k, H_kv, D) buffers, which reduces the GQA query heads of a KV head; dQ likewise
+into (B, S_q, H_q, D).  The host scales by softmax_scale and casts (attn_bwd_prepost.py).
+
+Constraints: D in {64, 128}; BF16/FP16; any S_q, S_k (TMA zero-fills tails; LSE padded
+with +inf so out-of-range query rows have P = 0); causal is bottom-right aligned.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Type
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+NUM_THREADS = 384          # 1 producer warpgroup + 2 MMA warpgroups
+PRODUCER_REGS = 24         # producer only issues TMA
+MMA_REGS = 240             # 2*240 + 24 <= 504 (65536 regs / 128 threads per warpgroup)
+PDS_BARRIER_ID = 1         # named barrier: dS tile complete in smem (256 MMA threads)
+
+
+@dsl_user_op
+def red_add_v2_f32(addr: cutlass.Int64, a: Float32, b: Float32, *, loc=None, ip=None):
+    """red.global.add.v2.f32 (sm_90): one 8-byte reduction instead of two 4-byte ones."""
+    llvm.inline_asm(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip),
+                           Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+                    "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f",
+                    has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def acc_mn_view(t: cute.Tensor) -> cute.Tensor:
+    """View a wgmma C fragment ((2,2,V),M,N) as (rows, cols) = ((2,M), (2,V,N))."""
+    s, d = t.layout.shape, t.layout.stride
+    lay = cute.make_layout(((s[0][1], s[1]), (s[0][0], s[0][2], s[2])),
+                           stride=((d[0][1], d[1]), (d[0][0], d[0][2], d[2])))
+    return cute.make_tensor(t.iterator, lay)
+
+
+def transpose_view(t: cute.Tensor) -> cute.Tensor:
+    """Swap the first two modes of a (possibly swizzled, staged) smem tensor."""
+    modes = [1, 0] + list(range(2, cute.rank(t.layout)))
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
+
+
+@dataclass(frozen=True)
+class BwdTile:
+    """Compile-time tiling; tile_m = 64 keeps P^T/dS^T at 32 regs per thread for D=128."""
+    tile_m: int
+    tile_n: int
+    stages: int = 2
+
+    @staticmethod
+    def for_head_dim(d: int) -> "BwdTile":
+        # D=64: dQ N-split over 2 warpgroups would give 32-wide B slices, narrower than the
+        # 64-element 128B swizzle atom, so split dQ along M instead (needs tile_m = 128).
+        return BwdTile(64, 128) if d == 128 else BwdTile(128, 128)
+
+
+class AttnBwdSm90:
+    def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile):
+        assert head_dim in (64, 128), "D must be 64 or 128"
+        self.dtype = dtype
+        self.D = head_dim
+        self.is_causal = is_causal
+        self.stage = stage
+        self.tile_m, self.tile_n, self.stages = tile.tile_m, tile.tile_n, tile.stages
+        self.dq_split_n = head_dim == 128   # dQ warpgroups split D (else split M)
+
+    # ---------------------------------------------------------------- host side
+    def _smem_layout(self, rows: int, stages: int | None):
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.dtype)
+        shape = (rows, self.D) if stages is None else (rows, self.D, stages)
+        return cute.tile_to_shape(atom, shape, (0, 1, 2) if stages else (0, 1))
+
+    def _tiled_mmas(self):
+        K, MN = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        dt = self.dtype
+        mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (2, 1, 1), (64, self.tile_m))
+        mma_dkv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, self.D),
+                                                    warpgroup.OperandSource.RMEM)
+        if self.dq_split_n:
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 2, 1), (64, self.D // 2))
+        else:
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, self.D))
+        return mma_sdp, mma_dkv, mma_dq
+
+    def _smem_layouts(self):
+        """(sQ/sdO staged, sK/sV, sdS double-buffered): all K-major, 128B swizzle."""
+        sds_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.dtype)
+        sdS = cute.tile_to_shape(sds_atom, (self.tile_m, self.tile_n, 2), (0, 1, 2))
+        return self._smem_layout(self.tile_m, self.stages), self._smem_layout(self.tile_n, None), sdS
+
+    def _storage(self):
+        dt, st = self.dtype, self.stages
+        self.sQ_layout, self.sK_layout, self.sdS_layout = self._smem_layouts()
+
+        @cute.struct
+        class Storage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, st * 2]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, st * 2]
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * st], 128]
+            sDsum: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * st], 128]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sdS_layout)], 1024]
+        return Storage
+
+    @staticmethod
+    def _seq_major(t: cute.Tensor, order) -> cute.Tensor:
+        return cute.make_tensor(t.iterator, cute.select(t.layout, mode=order))
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                 mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
+                 mdVacc: cute.Tensor, arg0: Float32, arg1: Float32, stream):
+        # (B, S, H, D) -> (S, D, H, B); stats (B, H, S_pad) -> (S_pad, H, B)
+        mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc = [
+            self._seq_major(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc)]
+        mLSE, mDsum = [self._seq_major(t, [2, 1, 0]) for t in (mLSE, mDsum)]
+        mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
+        Storage = self._storage()
+        sQ1 = cute.select(self.sQ_layout, mode=[0, 1])
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tQ = cpasync.make_tiled_tma_atom(g2s, mQ, sQ1, (self.tile_m, self.D))
+        tma_do, tdO = cpasync.make_tiled_tma_atom(g2s, mdO, sQ1, (self.tile_m, self.D))
+        tma_k, tK = cpasync.make_tiled_tma_atom(g2s, mK, self.sK_layout, (self.tile_n, self.D))
+        tma_v, tV = cpasync.make_tiled_tma_atom(g2s, mV, self.sK_layout, (self.tile_n, self.D))
+        stat_layout = cute.make_layout((self.tile_m,))
+        tma_lse, tLSE = cpasync.make_tiled_tma_atom(g2s, mLSE, stat_layout, (self.tile_m,))
+        tma_dsum, tDsum = cpasync.make_tiled_tma_atom(g2s, mDsum, stat_layout, (self.tile_m,))
+        elt = self.dtype.width // 8
+        self.bytes_q = self.tile_m * self.D * elt
+        self.bytes_kv = 2 * self.tile_n * self.D * elt
+        self.bytes_stat = self.tile_m * 4
+        n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
+        grid = (n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        self.kernel(tQ, tK, tV, tdO, tLSE, tDsum, mdQacc, mdKacc, mdVacc,
+                    tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
+                    mma_sdp, mma_dkv, mma_dq, arg0, arg1, Storage).launch(
+            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    # ---------------------------------------------------------------- device side
+    @cute.jit
+    def m_block_range(self, n_block, seqlen_q, seqlen_k):
+        """Query blocks that see key block n_block (causal: rows m with m + S_k - S_q >= n0)."""
+        m_max = cute.ceil_div(seqlen_q, self.tile_m)
+        m_min = Int32(0)
+        if const_expr(self.is_causal):
+            first_row = n_block * self.tile_n - (seqlen_k - seqlen_q)
+            if first_row > 0:
+                m_min = first_row // self.tile_m
+        return m_min, m_max
+
+    @cute.kernel
+    def kernel(self, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc,
+               tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
+               mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
+               arg0: Float32, arg1: Float32, Storage: cutlass.Constexpr):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        n_block, head, batch = cute.arch.block_idx()
+        if warp_idx == 0:
+            for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum):
+                cpasync.prefetch_descriptor(atom)
+        smem = cutlass.utils.SmemAllocator()
+        st = smem.allocate(Storage)
+        prod = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        cons = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)   # 8 MMA warps arrive
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.mbar_q.data_ptr(), num_stages=self.stages, producer_group=prod,
+            consumer_group=cons, tx_count=self.bytes_q + self.bytes_stat, defer_sync=True)
+        pipe_do = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.mbar_do.data_ptr(), num_stages=self.stages, producer_group=prod,
+            consumer_group=cons, tx_count=self.bytes_q + self.bytes_stat, defer_sync=True)
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.mbar_kv.data_ptr(), num_stages=1, producer_group=prod,
+            consumer_group=cons, tx_count=self.bytes_kv, defer_sync=False)
+        # layouts are rebuilt here: values made on the host side cannot enter the kernel region
+        sQ_l, sK_l, sdS_l = self._smem_layouts()
+        sQ = st.sQ.get_tensor(sQ_l.outer, swizzle=sQ_l.inner)
+        sdO = st.sdO.get_tensor(sQ_l.outer, swizzle=sQ_l.inner)
+        sK = st.sK.get_tensor(sK_l.outer, swizzle=sK_l.inner)
+        sV = st.sV.get_tensor(sK_l.outer, swizzle=sK_l.inner)
+        sdS = st.sdS.get_tensor(sdS_l.outer, swizzle=sdS_l.inner)
+        stat_l = cute.make_layout((self.tile_m, self.stages))
+        sLSE = st.sLSE.get_tensor(stat_l)
+        sDsum = st.sDsum.get_tensor(stat_l)
+
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        head_kv = head // (mQ.shape[2] // mK.shape[2])
+        m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k)
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            if warp_idx == 0:
+                self.load(mQ, mK, mV, mdO, mLSE, mDsum, sQ, sK, sV, sdO, sLSE, sDsum,
+                          tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum, pipe_q, pipe_do, pipe_kv,
+                          n_block, head, head_kv, batch, m_min, m_max)
+        else:
+            cute.arch.setmaxregister_increase(MMA_REGS)
+            self.mma(mma_sdp, mma_dkv, mma_dq, sQ, sK, sV, sdO, sdS, sLSE, sDsum,
+                     pipe_q, pipe_do, pipe_kv, mdQacc, mdKacc, mdVacc, tidx - 128,
+                     n_block, head, head_kv, batch, m_min, m_max, seqlen_q, seqlen_k, arg0, arg1)
+
+    @cute.jit
+    def _tma_tiles(self, atom, mX, sX, tile, coord):
+        """TMA-partition global tiles of mX (indexed by coord) against the staged smem sX."""
+        gX = cute.local_tile(mX, tile, coord)
+        rank = len(tile)
+        return cpasync.tma_partition(atom, 0, cute.make_layout(1),
+                                     cute.group_modes(sX, 0, rank), cute.group_modes(gX, 0, rank))
+
+    @cute.jit
+    def load(self, mQ, mK, mV, mdO, mLSE, mDsum, sQ, sK, sV, sdO, sLSE, sDsum,
+             tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum, pipe_q, pipe_do, pipe_kv,
+             n_block, head, head_kv, batch, m_min, m_max):
+        qd = (self.tile_m, self.D)
+        tKs, tKg = self._tma_tiles(tma_k, mK[None, None, head_kv, batch], sK, (self.tile_n, self.D), (n_block, 0))
+        tVs, tVg = self._tma_tiles(tma_v, mV[None, None, head_kv, batch], sV, (self.tile_n, self.D), (n_block, 0))
+        tQs, tQg = self._tma_tiles(tma_q, mQ[None, None, head, batch], sQ, qd, (None, 0))
+        tOs, tOg = self._tma_tiles(tma_do, mdO[None, None, head, batch], sdO, qd, (None, 0))
+        tLs, tLg = self._tma_tiles(tma_lse, mLSE[None, head, batch], sLSE, (self.tile_m,), (None,))
+        tDs, tDg = self._tma_tiles(tma_dsum, mDsum[None, head, batch], sDsum, (self.tile_m,), (None,))
+        if m_min < m_max:
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipe_kv.producer_acquire(kv_state)
+            bar = pipe_kv.producer_get_barrier(kv_state)
+            cute.copy(tma_k, tKg, tKs, tma_bar_ptr=bar)
+            cute.copy(tma_v, tVg, tVs, tma_bar_ptr=bar)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            for m_block in cutlass.range(m_min, m_max, unroll=1):
+                pipe_q.producer_acquire(state)
+                bar = pipe_q.producer_get_barrier(state)
+                cute.copy(tma_q, tQg[None, m_block], tQs[None, state.index], tma_bar_ptr=bar)
+                cute.copy(tma_lse, tLg[None, m_block], tLs[None, state.index], tma_bar_ptr=bar)
+                pipe_do.producer_acquire(state)
+                bar = pipe_do.producer_get_barrier(state)
+                cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
+                cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
+                state.advance()
+
+    @cute.jit
+    def gemm(self, tiled_mma, acc, tA, tB, zero_init):
+        """acc (+)= A B over all k blocks; one wgmma per k block (async, caller commits)."""
+        for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, (not zero_init) or k != 0)
+            cute.gemm(tiled_mma, acc, tA[None, None, k], tB[None, None, k], acc)
+
+    @cute.jit
+    def gemm_acc(self, tiled_mma, acc, tA, tB, accumulate):
+        for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+            if const_expr(k == 0):
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, accumulate)
+            else:
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            cute.gemm(tiled_mma, acc, tA[None, None, k], tB[None, None, k], acc)
+
+    @cute.jit
+    def mma(self, mma_sdp, mma_dkv, mma_dq, sQ, sK, sV, sdO, sdS, sLSE, sDsum,
+            pipe_q, pipe_do, pipe_kv, mdQacc, mdKacc, mdVacc, tidx,
+            n_block, head, head_kv, batch, m_min, m_max, seqlen_q, seqlen_k, arg0, arg1):
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        wg_layout = cute.make_layout(2, stride=128)
+        wg_sdp = mma_sdp.get_slice(wg_layout(wg))
+        wg_dkv = mma_dkv.get_slice(wg_layout(wg))
+        wg_dq = mma_dq.get_slice(wg_layout(wg))
+        thr_sdp = mma_sdp.get_slice(tidx)
+        # S^T = K Q^T and dP^T = V dO^T: A = K/V rows of this warpgroup, B = Q/dO (K-major)
+        tSrK = mma_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+        tSrV = mma_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+        tSrQ = mma_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+        tSrdO = mma_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        # dV += P^T dO, dK += dS^T Q: B = dO^T / Q^T (MN-major views of the same smem)
+        tVrdOt = mma_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sdO)))
+        tKrQt = mma_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sQ)))
+        # dQ = dS K: A = dS (smem, K-major), B = K^T
+        tQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(sdS))
+        tQrKt = mma_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sK)))
+
+        shape_s = (self.tile_n, self.tile_m)
+        acc_dV = cute.make_rmem_tensor(mma_dkv.get_slice(tidx).partition_shape_C((self.tile_n, self.D)), Float32)
+        acc_dK = cute.make_rmem_tensor(mma_dkv.get_slice(tidx).partition_shape_C((self.tile_n, self.D)), Float32)
+        acc_dV.fill(0.0)
+        acc_dK.fill(0.0)
+        # registers of P^T / dS^T as RS-wgmma A operands: same flat order as the C fragment
+        shape_a = mma_dkv.get_slice(tidx).partition_shape_A((self.tile_n, self.tile_m))
+        tScS = thr_sdp.partition_C(cute.make_identity_tensor(shape_s))
+        # stmatrix.trans writes the (n, m) register tile into the m-major... n-contiguous sdS
+        r2s = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype),
+            mma_sdp)
+        thr_r2s = r2s.get_slice(tidx)
+        tRSsdS = thr_r2s.partition_D(transpose_view(sdS))
+        pds_barrier = pipeline.NamedBarrier(barrier_id=PDS_BARRIER_ID, num_threads=256)
+
+        # the loop sets ACCUMULATE on mma_dkv; partition the epilogue with an untouched copy
+        mma_dkv_epi = self._tiled_mmas()[1]
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        if m_min < m_max:
+            pipe_kv.consumer_wait(kv_state)
+            for m_block in cutlass.range(m_min, m_max, unroll=1):
+                self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
+                                 tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
+                                 sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
+                                 n_block, m_block, head, batch, seqlen_q, seqlen_k, arg0, arg1,
+                                 m_block != m_min)
+                state.advance()
+            self.epilogue_dkv(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch, seqlen_k)
+
+    @cute.jit
+    def one_m_block(self, mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
+                    tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
+                    sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
+                    n_block, m_block, head, batch, seqlen_q, seqlen_k, arg0, arg1, accumulate):
+        idx = state.index
+        buf = m_block % 2
+        acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
+        acc_dP = cute.make_rmem_tensor(tScS.shape, Float32)
+        pipe_q.consumer_wait(state)
+        warpgroup.fence()
+        self.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, idx], True)
+        warpgroup.commit_group()
+        pipe_do.consumer_wait(state)
+        self.gemm(mma_sdp, acc_dP, tSrV, tSrdO[None, None, None, idx], True)
+        warpgroup.commit_group()
+        warpgroup.wait_group(1)
+        aux = cute.make_rmem_tensor(tScS.shape, Float32)
+        self.probs(acc_S, aux, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, arg0, arg1)
+        rP = cute.make_rmem_tensor(shape_a, self.dtype)
+        cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+        warpgroup.fence()
+        self.gemm_acc(mma_dkv, acc_dV, rP, tVrdOt[None, None, None, idx], accumulate)
+        warpgroup.commit_group()
+        warpgroup.wait_group(1)   # dP^T ready (the dV product may still run)
+        self.dscores(acc_S, acc_dP, aux, tScS, sDsum, idx)
+        rdS = cute.make_rmem_tensor(shape_a, self.dtype)
+        cute.make_tensor(rdS.iterator, acc_dP.layout).store(acc_dP.load().to(self.dtype))
+        cute.copy(r2s, thr_r2s.retile(cute.make_tensor(rdS.iterator, acc_dP.layout)), tRSsdS[None, None, None, buf])
+        cute.arch.fence_view_async_shared()
+        pds_barrier.arrive_and_wait()   # both warpgroups' halves of dS are in smem
+        warpgroup.fence()
+        self.gemm_acc(mma_dkv, acc_dK, rdS, tKrQt[None, None, None, idx], accumulate)
+        warpgroup.commit_group()
+        acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, self.D)), Float32)
+        self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt, True)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+        pipe_q.consumer_release(state)
+        pipe_do.consumer_release(state)
+        self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, self.D),
+                         m_block, seqlen_q, tidx)
+
+    @cute.jit
+    def probs(self, acc_S, aux, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, arg0, arg1):
+        """acc_S (raw S^T) -> P^T in place, aux <- stage factor; causal-masked scores -> 0."""
+        s_mn, a_mn, c_mn = acc_mn_view(acc_S), acc_mn_view(aux), acc_mn_view(tScS)
+        args = (arg0, arg1)
+        for c in cutlass.range_constexpr(0, cute.size(s_mn, mode=[1]), 2):
+            m0 = c_mn[0, c][1]
+            lse0 = sLSE[m0, idx] if const_expr(self.stage.needs_lse) else Float32(0.0)
+            lse1 = sLSE[m0 + 1, idx] if const_expr(self.stage.needs_lse) else Float32(0.0)
+            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                p0, p1, a0, a1 = self.stage.prob2(s_mn[r, c], s_mn[r, c + 1], lse0, lse1, args)
+                s_mn[r, c], s_mn[r, c + 1], a_mn[r, c], a_mn[r, c + 1] = p0, p1, a0, a1
+        if const_expr(self.is_causal):
+            # key n visible from query m iff n <= m + S_k - S_q; only diagonal tiles need it
+            shift = seqlen_k - seqlen_q
+            n0 = n_block * self.tile_n
+            m0 = m_block * self.tile_m
+            if m0 + shift < n0 + self.tile_n - 1:
+                for i in cutlass.range_constexpr(cute.size(acc_S)):
+                    if n0 + tScS[i][0] > m0 + tScS[i][1] + shift:
+                        acc_S[i] = Float32(0.0)
+                        aux[i] = Float32(0.0)
+
+    @cute.jit
+    def dscores(self, acc_P, acc_dP, aux, tScS, sDsum, idx):
+        """acc_dP (dP^T) -> dS^T / scale in place."""
+        p_mn, dp_mn, a_mn, c_mn = acc_mn_view(acc_P), acc_mn_view(acc_dP), acc_mn_view(aux), acc_mn_view(tScS)
+        for c in cutlass.range_constexpr(0, cute.size(p_mn, mode=[1]), 2):
+            m0 = c_mn[0, c][1]
+            d0 = sDsum[m0, idx] if const_expr(self.stage.needs_dsum) else Float32(0.0)
+            d1 = sDsum[m0 + 1, idx] if const_expr(self.stage.needs_dsum) else Float32(0.0)
+            for r in cutlass.range_constexpr(cute.size(p_mn, mode=[0])):
+                g0, g1 = self.stage.dscore2(p_mn[r, c], p_mn[r, c + 1], dp_mn[r, c], dp_mn[r, c + 1],
+                                            d0, d1, a_mn[r, c], a_mn[r, c + 1])
+                dp_mn[r, c], dp_mn[r, c + 1] = g0, g1
+
+    @cute.jit
+    def atomic_tile(self, tiled_mma, acc, mX, tile, block, seqlen, tidx):
+        """FP32 reduction of a C fragment into rows [block*tile[0], ...) of mX (rows < seqlen)."""
+        thr = tiled_mma.get_slice(tidx)
+        gX = cute.local_tile(mX, tile, (block, 0))
+        tXgX = acc_mn_view(thr.partition_C(gX))
+        tXcX = acc_mn_view(thr.partition_C(cute.make_identity_tensor(tile)))
+        acc_mn = acc_mn_view(acc)
+        row0 = block * tile[0]
+        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            if row0 + tXcX[r, 0][0] < seqlen:
+                for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
+                    ptr = tXgX.iterator + cute.crd2idx((r, c), tXgX.layout)
+                    red_add_v2_f32(ptr.toint(), acc_mn[r, c], acc_mn[r, c + 1])
+
+    @cute.jit
+    def epilogue_dkv(self, mma_dkv, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch, seqlen_k):
+        tile = (self.tile_n, self.D)
+        self.atomic_tile(mma_dkv, acc_dK, mdKacc[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx)
+        self.atomic_tile(mma_dkv, acc_dV, mdVacc[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx)
+
+
+# -------------------------------------------------------------------- compile cache + torch entry
+@dataclass(frozen=True)
+class BwdKey:
+    """Everything that changes the generated code (shapes B, S, H are runtime values)."""
+    dtype: str            # "bf16" | "f16"
+    head_dim: int
+    causal: bool
+    stage: object         # frozen score_stages_bwd side (hash = content)
+    tile: BwdTile
+
+
+_CACHE: dict = {}
+
+
+def _cutlass_dtype(name: str):
+    return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
+
+
+def fake_args(key: BwdKey):
+    """Fake tensors (symbolic B, S, H) for cute.compile without a GPU."""
+    from cutlass.cute.runtime import make_fake_compact_tensor
+    dt = _cutlass_dtype(key.dtype)
+    b, sq, sk, hq, hkv, sp = (cute.sym_int() for _ in range(6))
+    d = key.head_dim
+
+    def mk(t, shape):   # row-major, like contiguous torch tensors
+        return make_fake_compact_tensor(t, shape, stride_order=tuple(range(len(shape)))[::-1],
+                                        assumed_align=16)
+    q, do = mk(dt, (b, sq, hq, d)), mk(dt, (b, sq, hq, d))
+    k, v = mk(dt, (b, sk, hkv, d)), mk(dt, (b, sk, hkv, d))
+    lse, dsum = mk(Float32, (b, hq, sp)), mk(Float32, (b, hq, sp))
+    dq = mk(Float32, (b, sq, hq, d))
+    dk, dv = mk(Float32, (b, sk, hkv, d)), mk(Float32, (b, sk, hkv, d))
+    return (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0))
+
+
+def kernel_for(key: BwdKey) -> AttnBwdSm90:
+    return AttnBwdSm90(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile)
+
+
+def compile_bwd(key: BwdKey, options: str = ""):
+    """Compile (cached) for the current device (or CUTE_DSL_ARCH on a CPU machine)."""
+    if key not in _CACHE:
+        fake_stream = cute.runtime.make_fake_stream()
+        _CACHE[key] = cute.compile(kernel_for(key), *fake_args(key), fake_stream, options=options)
+    return _CACHE[key]
