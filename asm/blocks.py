@@ -1,0 +1,236 @@
+"""PTX inline-asm blocks generated from the coefficient table (flash_attn_poly/data/programs.json).
+
+``get_block(name, table=None) -> PtxBlock``.  Operands: outputs ``$0..``, then inputs; lane 0
+is the low 16 bits and comes from the first input.  Each block evaluates its program(s) in the
+op order of ``fit/runtime.py`` so ``fit.runtime.replay(..., "fused")`` predicts its bits.
+Pure Python: no cutlass import (``cute_ops.py`` wraps these for CuTe DSL kernels).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from . import ptxgen as g
+
+SIGMOID_D3 = "sigmoid_d3"          # B1/B4 SiLU, SwiGLU and the sigmoid_bf16x2 block
+SIGMOID_ATTN = "sigmoid_attn_n4096"  # B3 (with "_grad" for the coupled block)
+SOFTCAP_TANH = "tanh_d4"             # B2 (with "_grad": the differentiated D3)
+F16_FUNCTIONS = ("sigmoid", "tanh", "silu", "gelu")
+F16_DEGREES = (3, 4, 5, 6)
+F16_DEFAULT_DEGREE = 4               # the seed's standalone sweep uses D4 derivative programs
+
+TABLE_PATH = os.path.join(os.path.dirname(__file__), os.pardir, "flash_attn_poly", "data",
+                          "programs.json")
+
+
+@dataclass(frozen=True)
+class PtxBlock:
+    name: str
+    in_types: tuple[str, ...]      # "f32" or "b32" (packed pair) per input
+    out_types: tuple[str, ...]     # "b32" per output
+    lines: tuple[str, ...]         # one PTX instruction per entry, no trailing ';'
+    regs: tuple[str, ...] = ()     # b32 temporaries declared by asm_text
+    programs: tuple[str, ...] = field(default=())   # table entries the block was built from
+
+    def asm_text(self) -> str:
+        decl = f".reg .b32 {', '.join(self.regs)};\n" if self.regs else ""
+        return "{\n" + decl + "".join(f"{ln};\n" for ln in self.lines) + "}"
+
+    def constraints(self) -> str:
+        ins = ["f" if t == "f32" else "r" for t in self.in_types]
+        return ",".join(["=r"] * len(self.out_types) + ins)
+
+    @property
+    def n_instructions(self) -> int:
+        return len(self.lines)
+
+    @property
+    def n_fma(self) -> int:
+        return sum(ln.startswith("fma.") for ln in self.lines)
+
+
+# ----------------------------------------------------------------------------- table
+def _table_path() -> str:
+    return os.environ.get("FLASH_ATTN_POLY_TABLE", os.path.normpath(TABLE_PATH))
+
+
+@lru_cache(maxsize=4)
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_table(path: str | None = None) -> dict:
+    return _load(path or _table_path())
+
+
+def program(table: dict, name: str) -> dict:
+    progs = table["programs"]
+    if name not in progs:
+        raise KeyError(f"program {name!r} missing from the coefficient table")
+    return progs[name]
+
+
+# ----------------------------------------------------------------------------- finishing
+def finish(name, b: g.Builder, in_types, results, programs) -> PtxBlock:
+    """Copy each result into its output operand with a final ``mov.b32 $k, r``.
+
+    Why: outputs are then written exactly once, after every input has been read and no
+    instruction reads an output operand, so the block stays correct even if a caller's
+    constraints let an output share an input's register (tied/"+r" operands).  ptxas
+    coalesces these copies (the SASS has no extra MOV), and with them the B3 blocks land on
+    the seed's counts: 16 + 1 = 17 (forward) and 20 + 2 = 22 (coupled).
+    """
+    lines = list(b.lines) + [f"mov.b32 ${k}, {r}" for k, r in enumerate(results)]
+    regs = tuple(f"r{i}" for i in range(b.n_regs))
+    return PtxBlock(name, tuple(in_types), ("b32",) * len(results), tuple(lines), regs,
+                    tuple(programs))
+
+
+def inputs(n_out: int, n_in: int) -> list[str]:
+    return [f"${n_out + i}" for i in range(n_in)]
+
+
+# ----------------------------------------------------------------------------- block builders
+def _packed_input(b: g.Builder, in_types, ins) -> str:
+    """The packed operand: cvt.rn of two f32 inputs, or the b32 input itself."""
+    return b.cvt_pack(ins[0], ins[1]) if in_types[0] == "f32" else ins[0]
+
+
+def unary(name: str, prog_name: str, ptype: str, in_f32: bool):
+    """One program applied lane-wise: forms odd / residual_odd / even / residual_even."""
+    def build(table):
+        prog = program(table, prog_name)
+        in_types = ("f32", "f32") if in_f32 else ("b32",)
+        b = g.Builder(ptype)
+        x = _packed_input(b, in_types, inputs(1, len(in_types)))
+        if prog["form"] not in g.FORMS:
+            raise ValueError(f"{prog_name}: form {prog['form']!r} has no lane-wise block")
+        return finish(name, b, in_types, [g.FORMS[prog["form"]](b, prog, x)], [prog_name])
+    return build
+
+
+SHARED_KEYS = ("lo", "hi", "thr", "shift")
+
+
+def _check_shared(fwd: dict, grad: dict) -> None:
+    """The coupled block reuses clamp, mask, u and Horner value: the table must agree."""
+    bad = [k for k in SHARED_KEYS if fwd["params"].get(k) != grad["params"].get(k)]
+    if fwd["coeffs"] != grad["coeffs"]:
+        bad.append("coeffs")
+    if bad:
+        raise ValueError(f"sigmoid_attn forward/grad programs disagree on {bad}")
+
+
+def sigmoid_attn(name: str, prog_name: str, with_grad: bool):
+    def build(table):
+        fwd = program(table, prog_name)
+        b = g.Builder("bf16x2")
+        n_out = 2 if with_grad else 1
+        xb = b.cvt_pack(*inputs(n_out, 2))
+        m, u = g.piecewise_front(b, fwd, xb)
+        P = g.piecewise_value(b, fwd, m, u)
+        if not with_grad:
+            return finish(name, b, ("f32", "f32"), [P], [prog_name])
+        grad = program(table, prog_name + "_grad")
+        _check_shared(fwd, grad)
+        dy = g.piecewise_factored(b, grad, m, u, P)
+        return finish(name, b, ("f32", "f32"), [P, dy], [prog_name, prog_name + "_grad"])
+    return build
+
+
+def _sigmoid_p(b: g.Builder, table, x: str) -> str:
+    return g.odd(b, program(table, SIGMOID_D3), x)
+
+
+def _silu_grad(b: g.Builder, p: str, s: str) -> str:
+    """p + s * (1 - p) with s = x * p (seed B1/B4 backward rule), two roundings."""
+    one_minus_p = b.sub(b.value(1.0), p)
+    return b.fma(s, one_minus_p, p)
+
+
+def silu_fwd(table):
+    b = g.Builder("bf16x2")
+    (x,) = inputs(1, 1)
+    return finish("silu_fwd_bf16x2", b, ("b32",), [b.mul(x, _sigmoid_p(b, table, x))],
+                  [SIGMOID_D3])
+
+
+def silu_bwd(table):
+    b = g.Builder("bf16x2")
+    (x,) = inputs(1, 1)
+    p = _sigmoid_p(b, table, x)
+    return finish("silu_bwd_bf16x2", b, ("b32",), [_silu_grad(b, p, b.mul(x, p))],
+                  [SIGMOID_D3])
+
+
+def swiglu_fwd(table):
+    """silu(gate) * up."""
+    b = g.Builder("bf16x2")
+    gate, up = inputs(1, 2)
+    s = b.mul(gate, _sigmoid_p(b, table, gate))
+    return finish("swiglu_fwd_bf16x2", b, ("b32", "b32"), [b.mul(s, up)], [SIGMOID_D3])
+
+
+def swiglu_bwd(table):
+    """Inputs gate, up, dy; outputs d_gate = dy*up*silu'(gate), d_up = dy*silu(gate)."""
+    b = g.Builder("bf16x2")
+    gate, up, dy = inputs(2, 3)
+    p = _sigmoid_p(b, table, gate)
+    s = b.mul(gate, p)
+    d_up = b.mul(dy, s)
+    d_gate = b.mul(b.mul(dy, up), _silu_grad(b, p, s))
+    return finish("swiglu_bwd_bf16x2", b, ("b32", "b32", "b32"), [d_gate, d_up], [SIGMOID_D3])
+
+
+def _f16_program(table: dict, fn: str, degree: int, grad: bool) -> str:
+    """Name of the FP16 program for fn: '<fn>_d<D>[_grad]_f16' or a '<fn>_d<D>[_grad]' entry
+    whose dtype is f16."""
+    base = f"{fn}_d{degree}" + ("_grad" if grad else "")
+    for cand in (base + "_f16", f"{fn}_f16_d{degree}" + ("_grad" if grad else ""), base):
+        prog = table["programs"].get(cand)
+        if prog is not None and prog.get("dtype") == "f16":
+            return cand
+    raise KeyError(f"no f16 program for {base} in the coefficient table")
+
+
+def f16_block(fn: str, direction: str, degree: int):
+    name = f"{fn}_{direction}_f16x2" + ("" if degree == F16_DEFAULT_DEGREE else f"_d{degree}")
+
+    def build(table):
+        prog_name = _f16_program(table, fn, degree, direction == "bwd")
+        blk = unary(name, prog_name, "f16x2", in_f32=False)(table)
+        return blk
+    return name, build
+
+
+BUILDERS = {
+    "sigmoid_fwd": sigmoid_attn("sigmoid_fwd", SIGMOID_ATTN, with_grad=False),
+    "sigmoid_fwd_bwd": sigmoid_attn("sigmoid_fwd_bwd", SIGMOID_ATTN, with_grad=True),
+    "softcap_fwd": unary("softcap_fwd", SOFTCAP_TANH, "bf16x2", in_f32=True),
+    "softcap_bwd": unary("softcap_bwd", SOFTCAP_TANH + "_grad", "bf16x2", in_f32=True),
+    "sigmoid_bf16x2": unary("sigmoid_bf16x2", SIGMOID_D3, "bf16x2", in_f32=False),
+    "silu_fwd_bf16x2": silu_fwd,
+    "silu_bwd_bf16x2": silu_bwd,
+    "swiglu_fwd_bf16x2": swiglu_fwd,
+    "swiglu_bwd_bf16x2": swiglu_bwd,
+}
+for _fn in F16_FUNCTIONS:
+    for _dir in ("fwd", "bwd"):
+        for _deg in F16_DEGREES:
+            _name, _build = f16_block(_fn, _dir, _deg)
+            BUILDERS[_name] = _build
+
+# Blocks listed by `python -m flash_attn_poly.asm count` (the per-degree f16 variants are
+# reachable by name for the sweeps).
+MAIN_BLOCKS = tuple(n for n in BUILDERS if not re.search(r"_d\d$", n))
+
+
+def get_block(name: str, table: dict | None = None) -> PtxBlock:
+    """Build block ``name`` from ``table`` (default: the committed programs.json)."""
+    if name not in BUILDERS:
+        raise KeyError(f"unknown block {name!r}; known: {sorted(BUILDERS)}")
+    return BUILDERS[name](load_table() if table is None else table)
