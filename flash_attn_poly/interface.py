@@ -18,7 +18,8 @@ from . import reference
 MODES = ("softmax", "softcap", "sigmoid")
 EVALUATORS = ("poly", "native")
 BACKENDS = ("auto", "cuda", "reference")
-DTYPES = (torch.bfloat16, torch.float16)
+DTYPES = (torch.bfloat16, torch.float16)          # what the CUDA kernels take
+REFERENCE_DTYPES = DTYPES + (torch.float32,)       # the reference backend also takes FP32
 HEAD_DIMS = (64, 128)
 
 
@@ -40,8 +41,9 @@ def _check_tensors(q, k, v) -> None:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: torch.bfloat16, torch.float16")
+        if t.dtype not in REFERENCE_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: torch.bfloat16, torch.float16 "
+                            "(and torch.float32 with backend='reference')")
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension, got strides {t.stride()}")
     if not (q.dtype == k.dtype == v.dtype):
@@ -107,6 +109,9 @@ def _pick_backend(q: torch.Tensor, backend: str) -> str:
 def _check_cuda_support(q: torch.Tensor, a: AttnArgs) -> None:
     if not q.is_cuda:
         raise ValueError(f"backend='cuda' needs CUDA tensors, got {q.device}")
+    if q.dtype not in DTYPES:
+        raise TypeError(f"the CUDA kernels take torch.bfloat16 or torch.float16, got {q.dtype}; "
+                        "use backend='reference' for FP32")
     cap = torch.cuda.get_device_capability(q.device)
     if cap != (9, 0):
         raise RuntimeError(f"the CUDA kernels are built for sm_90 (Hopper); this GPU is sm_{cap[0]}{cap[1]}")

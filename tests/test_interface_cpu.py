@@ -15,7 +15,7 @@ def _qkv(b=1, s=16, hq=4, hkv=2, d=64, dtype=torch.bfloat16, seed=0):
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(dtype=torch.float32), "dtype"),
+    (dict(dtype=torch.float64), "dtype"),
     (dict(hq=3, hkv=2), "multiple"),
 ])
 def test_rejects_bad_tensors(bad, match):

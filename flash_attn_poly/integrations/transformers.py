@@ -1,0 +1,113 @@
+"""Hugging Face transformers integration: `attn_implementation="poly_attention"`.
+
+    import flash_attn_poly.integrations.transformers as fap_hf
+    fap_hf.register()                       # once; evaluator="poly" by default
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="poly_attention")
+
+The name is not "flash_attn_poly": transformers 5.x treats every implementation name
+that contains "flash" as a FlashAttention build to be loaded from its kernel hub
+(`is_flash_attention_requested` is a substring test) and fails to find ours.
+
+Gemma-2's `softcap`, `scaling` and `sliding_window` map onto `flash_attn_poly.attention`
+(mode="softcap", softmax_scale, window_size=(sliding_window - 1, 0)). transformers hands
+us q/k/v as (B, H, S, D); we pass transposed views (no copy: the kernels need only a unit
+stride along D) and return (B, S, H, D) as transformers' other implementations do.
+
+What we cannot express falls back, with a one-time warning naming the reason, to an
+explicit masked torch computation: padding masks, dropout during training, and cases
+the CUDA kernels do not support (head dims, windows shorter than the sequence).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional
+
+import torch
+
+from .. import interface, reference
+
+NAME = "poly_attention"
+_warned: set[str] = set()
+
+
+def _warn_once(reason: str) -> None:
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"flash_attn_poly: falling back to the masked torch path: {reason}", stacklevel=3)
+
+
+def _window(sliding_window: Optional[int], s_k: int) -> tuple[int, int]:
+    """transformers' sliding window w lets query i see keys j with i - j < w: left = w - 1."""
+    if sliding_window is None or sliding_window <= 0 or sliding_window >= s_k:
+        return (-1, -1)
+    return (int(sliding_window) - 1, 0)
+
+
+def _fallback_reason(module, query, attention_mask, dropout, window, backend) -> Optional[str]:
+    if attention_mask is not None:
+        return "an explicit attention mask (padding) is not expressible as causal/window"
+    if dropout and module.training:
+        return "attention dropout in training is not implemented"
+    if backend == "reference":
+        return None
+    if query.is_cuda and query.shape[-1] not in interface.HEAD_DIMS:
+        return f"head_dim {query.shape[-1]} is not supported by the CUDA kernels {interface.HEAD_DIMS}"
+    if query.is_cuda and window != (-1, -1):
+        return "sliding windows shorter than the sequence are not implemented in the CUDA kernels"
+    return None
+
+
+def _masked_torch(query, key, value, attention_mask, scaling, softcap, window, dropout, training):
+    """(B, H, S, D) inputs; explicit boolean mask; softcap; returns (B, S, H, D)."""
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    s_q, s_k = q.shape[1], k.shape[1]
+    allowed = reference.causal_mask(s_q, s_k, q.device) & reference.window_mask(s_q, s_k, *window, q.device)
+    x = reference.scores(q, k, scaling, torch.float32)
+    if softcap:
+        x = softcap * torch.tanh(x / softcap)
+    mask = allowed[None, None]
+    if attention_mask is not None:
+        mask = mask & _as_bool_mask(attention_mask, s_k)
+    p = torch.softmax(x.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
+    p = torch.nn.functional.dropout(p, dropout, training).to(v.dtype)
+    grp = q.shape[2] // k.shape[2]
+    out = torch.einsum("bhqk,bkhd->bqhd", p.float(), v.repeat_interleave(grp, 2).float())
+    return out.to(query.dtype).contiguous()
+
+
+def _as_bool_mask(mask: torch.Tensor, s_k: int) -> torch.Tensor:
+    mask = mask[..., -s_k:]
+    if mask.dtype != torch.bool:  # additive float mask: 0 keeps, large negative drops
+        mask = mask > torch.finfo(mask.dtype).min / 2
+    return mask if mask.dim() == 4 else mask[:, None, None, :]
+
+
+def make_attention_forward(evaluator: str = "poly", backend: str = "auto"):
+    """A function with transformers' attention-interface signature."""
+    def flash_attn_poly_forward(module, query, key, value, attention_mask, dropout=0.0,
+                                scaling=None, softcap=None, sliding_window=None, **kwargs):
+        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+        window = _window(sliding_window, key.shape[2])
+        reason = _fallback_reason(module, query, attention_mask, dropout, window, backend)
+        if reason is not None:
+            _warn_once(reason)
+            return _masked_torch(query, key, value, attention_mask, scaling, softcap, window,
+                                 dropout, module.training), None
+        mode = "softcap" if softcap else "softmax"
+        out = interface.attention(
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), mode,
+            causal=getattr(module, "is_causal", True), softcap=softcap or None,
+            evaluator=evaluator, softmax_scale=scaling, window_size=window, backend=backend)
+        return out, None
+    return flash_attn_poly_forward
+
+
+def register(evaluator: str = "poly", backend: str = "auto", name: str = NAME) -> str:
+    """Register with transformers' AttentionInterface (and a mask function that returns None
+    for plain causal/sliding masks, so padding is the only mask we are ever handed)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    AttentionInterface.register(name, make_attention_forward(evaluator, backend))
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return name
