@@ -453,20 +453,18 @@ def _cutlass_dtype(name: str):
 
 
 def fake_args(key: BwdKey):
-    """Fake tensors (symbolic B, S, H) for cute.compile without a GPU."""
-    from cutlass.cute.runtime import make_fake_compact_tensor
+    """Fake tensors with dynamic shapes and strides (unit innermost stride), matching what
+    from_dlpack(t).mark_layout_dynamic(leading_dim=last) gives at run time."""
+    from cutlass.cute.runtime import make_fake_tensor
     dt = _cutlass_dtype(key.dtype)
-    b, sq, sk, hq, hkv, sp = (cute.sym_int() for _ in range(6))
-    d = key.head_dim
 
-    def mk(t, shape):   # row-major, like contiguous torch tensors
-        return make_fake_compact_tensor(t, shape, stride_order=tuple(range(len(shape)))[::-1],
-                                        assumed_align=16)
-    q, do = mk(dt, (b, sq, hq, d)), mk(dt, (b, sq, hq, d))
-    k, v = mk(dt, (b, sk, hkv, d)), mk(dt, (b, sk, hkv, d))
-    lse, dsum = mk(Float32, (b, hq, sp)), mk(Float32, (b, hq, sp))
-    dq = mk(Float32, (b, sq, hq, d))
-    dk, dv = mk(Float32, (b, sk, hkv, d)), mk(Float32, (b, sk, hkv, d))
+    def mk(t, rank):
+        sym = [cute.sym_int() for _ in range(2 * rank - 1)]
+        return make_fake_tensor(t, tuple(sym[:rank]), tuple(sym[rank:]) + (1,), assumed_align=16)
+
+    q, k, v, do = (mk(dt, 4) for _ in range(4))
+    lse, dsum = mk(Float32, 3), mk(Float32, 3)
+    dq, dk, dv = (mk(Float32, 4) for _ in range(3))
     return (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0))
 
 
@@ -480,3 +478,41 @@ def compile_bwd(key: BwdKey, options: str = ""):
         fake_stream = cute.runtime.make_fake_stream()
         _CACHE[key] = cute.compile(kernel_for(key), *fake_args(key), fake_stream, options=options)
     return _CACHE[key]
+
+
+def _dl(t):
+    from cutlass.cute.runtime import from_dlpack
+    return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=t.dim() - 1)
+
+
+def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
+             causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
+             lse_base: str = "e"):
+    """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
+
+    q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
+    lse (B, H_q, S_q) FP32 from the forward (natural log unless lse_base="2"); ignored (may
+    be None) for mode="sigmoid".  out is only used by the softmax modes (D = rowsum(dO o O)).
+    """
+    import torch
+    from . import attn_bwd_prepost as pp
+    from .score_stages_bwd import bwd_side
+    b, s_q, h_q, d = q.shape
+    s_k = k.shape[1]
+    scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
+    stage = bwd_side(mode, evaluator)
+    if mode == "sigmoid" and sigmoid_bias is None:
+        sigmoid_bias = -math.log(s_k)
+    if mode == "softcap" and not softcap:
+        raise ValueError("softcap mode needs softcap > 0")
+    tile = BwdTile.for_head_dim(d)
+    key = BwdKey({torch.bfloat16: "bf16", torch.float16: "f16"}[q.dtype], d, bool(causal), stage, tile)
+    kern = compile_bwd(key)
+    lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128)
+    dq_acc, dk_acc, dv_acc = pp.accumulators(q, k)
+    a0, a1 = stage.host_args(scale, softcap, sigmoid_bias)
+    stream = torch.cuda.current_stream().cuda_stream
+    import cuda.bindings.driver as cuda
+    kern(*(_dl(t) for t in (q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc)),
+         Float32(a0), Float32(a1), cuda.CUstream(stream))
+    return pp.postprocess(dq_acc, dk_acc, dv_acc, scale, q.dtype)

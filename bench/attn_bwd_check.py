@@ -1,0 +1,116 @@
+"""Backward correctness + timing in one GPU call (owner: attention backward).
+
+python bench/attn_bwd_check.py [--cases quick|all] [--time]
+Errors: max |kernel - ref| / max |ref| per gradient, ref = FP64 autograd of
+flash_attn_poly.reference.attention_ref on the same BF16 inputs, with the kernel fed the
+reference's own O (rounded to BF16) and LSE.  Timing: CUDA events, median of 30 after 5
+warm-ups, backward alone (pre/post-processing included), FA4 side by side when importable.
+"""
+import argparse
+import math
+import statistics
+import sys
+
+import torch
+
+from flash_attn_poly import reference
+from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
+
+QUICK = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode)
+    (1, 128, 128, 2, 2, 128, False, "softmax"),
+    (1, 256, 256, 4, 1, 128, True, "softmax"),
+    (2, 200, 200, 8, 2, 128, True, "softmax"),
+    (1, 333, 333, 8, 1, 64, True, "softmax"),
+    (1, 177, 301, 4, 4, 64, False, "softmax"),
+    (1, 301, 177, 4, 2, 128, True, "softmax"),
+    (1, 257, 257, 8, 8, 128, True, "softcap"),
+    (1, 257, 257, 8, 2, 128, True, "sigmoid"),
+]
+
+
+def grads_ref(q, k, v, do, mode, causal, softcap):
+    qs, ks, vs = (t.double().requires_grad_() for t in (q, k, v))
+    o, lse = reference.attention_ref(qs, ks, vs, mode, causal=causal, softcap=softcap)
+    o.backward(do.double())
+    return o, lse, qs.grad, ks.grad, vs.grad
+
+
+def run_case(case, dtype=torch.bfloat16):
+    b, sq, sk, hq, hkv, d, causal, mode = case
+    g = torch.Generator(device="cuda").manual_seed(hash(case) % 2**31)
+    mk = lambda s, h: torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+    q, k, v, do = mk(sq, hq), mk(sk, hkv), mk(sk, hkv), mk(sq, hq)
+    softcap = 50.0 if mode == "softcap" else None
+    o, lse, dq_r, dk_r, dv_r = grads_ref(q, k, v, do, mode, causal, softcap)
+    lse_in = None if lse is None else lse.float()
+    dq, dk, dv = attn_bwd(do, q, k, v, o.to(dtype), lse_in, mode=mode, causal=causal, softcap=softcap)
+    torch.cuda.synchronize()
+    errs = [((a.double() - r).abs().max() / r.abs().max()).item() for a, r in ((dq, dq_r), (dk, dk_r), (dv, dv_r))]
+    finite = all(torch.isfinite(t).all().item() for t in (dq, dk, dv))
+    return errs, finite
+
+
+def bench(fn, n=30, warm=5):
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(n):
+        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); fn(); e.record(); torch.cuda.synchronize()
+        ts.append(a.elapsed_time(e))
+    return statistics.median(ts)
+
+
+def time_anchor(modes):
+    b, s, hq, hkv, d = 1, 4096, 32, 8, 128
+    mk = lambda h: torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    q, k, v, do = mk(hq), mk(hkv), mk(hkv), mk(hq)
+    o = torch.randn_like(q)
+    lse = torch.randn(b, hq, s, device="cuda") + 10.0
+    rows = []
+    for mode in modes:
+        sc = 50.0 if mode == "softcap" else None
+        ms = bench(lambda: attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc))
+        flops = 2.5 * 4 * b * hq * s * s * d / 2
+        rows.append((f"ours {mode}", ms, flops / ms / 1e9))
+    try:
+        from flash_attn.cute.interface import flash_attn_func
+        for sc in (0.0, 50.0):
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            out = flash_attn_func(qq, kk, vv, causal=True, softcap=sc)
+            out = out[0] if isinstance(out, tuple) else out
+            ms = bench(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True))
+            rows.append((f"FA4 softcap={sc}", ms, flops / ms / 1e9))
+    except Exception as e:  # noqa: BLE001
+        print("FA4 unavailable:", repr(e)[:200])
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--time", action="store_true")
+    ap.add_argument("--modes", default="softmax")
+    ap.add_argument("--skip-check", action="store_true")
+    a = ap.parse_args()
+    ok = True
+    if not a.skip_check:
+        print("| case | dq | dk | dv | finite |")
+        for case in QUICK:
+            try:
+                errs, finite = run_case(case)
+                good = finite and max(errs) < 2e-2
+                ok &= good
+                print(f"| {case} | {errs[0]:.2e} | {errs[1]:.2e} | {errs[2]:.2e} | {finite} {'ok' if good else 'FAIL'} |")
+            except Exception as e:  # noqa: BLE001
+                ok = False
+                print(f"| {case} | ERROR {repr(e)[:300]} |")
+            sys.stdout.flush()
+    if a.time:
+        print("| anchor B=1 S=4096 Hq=32 Hkv=8 D=128 causal | bwd ms | TFLOP/s |")
+        for name, ms, tf in time_anchor(a.modes.split(",")):
+            print(f"| {name} | {ms:.3f} | {tf:.0f} |")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
