@@ -1,0 +1,310 @@
+"""Polynomial SiLU and fused SwiGLU for torch: validation, custom ops, autograd, modules.
+
+``silu(x, evaluator="poly")``: x * p(x) with the packed D3 sigmoid program ``sigmoid_d3``
+(BF16); backward recomputes p and applies dx = g * (p + x*p*(1-p)).
+``evaluator="native"`` runs the same kernel with the SFU sigmoid (tanh.approx), the
+comparator that isolates the evaluator.
+
+``swiglu(gate, up)`` / ``swiglu(gate_up)``: silu(gate) * up in one kernel, no
+intermediate; the backward writes d_gate and d_up in one kernel.  ``gate_up`` is the
+concatenated ``[..., 2H]`` output of a fused gate-up projection (gate first).
+
+The public functions are torch custom ops (``flash_attn_poly::*``) with fake
+implementations, so ``torch.compile`` traces them without graph breaks.  Inputs must be
+CUDA, BF16, contiguous; anything else raises ``ValueError``/``TypeError`` naming the
+problem.  A contiguous view that is not 16-byte aligned (e.g. ``x[1:]``) is copied once
+to an aligned buffer.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor, nn
+
+_LIB = "flash_attn_poly"
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+_MAX_NUMEL = 2**31 - 1     # the kernels index with 32-bit integers
+_ALIGN = 16                # bytes: one 128-bit load per 8 values
+
+
+# ---- validation ------------------------------------------------------------------------
+
+def _check(name: str, t, dtypes=(torch.bfloat16,)) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        allowed = ", ".join(str(d) for d in dtypes)
+        raise ValueError(f"{name} has dtype {t.dtype}; supported: {allowed}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} is on {t.device}; the polynomial kernels need a CUDA tensor")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous (strides {tuple(t.stride())}); call "
+                         ".contiguous() first, or pass the fused [gate | up] tensor to swiglu")
+    if t.numel() > _MAX_NUMEL:
+        raise ValueError(f"{name} has {t.numel()} elements; at most {_MAX_NUMEL} are supported")
+
+
+def _same_shape(a_name: str, a: Tensor, b_name: str, b: Tensor) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"{a_name} {tuple(a.shape)} and {b_name} {tuple(b.shape)} differ in shape")
+    if a.device != b.device:
+        raise ValueError(f"{a_name} is on {a.device} but {b_name} is on {b.device}")
+
+
+def _evaluator(evaluator: str) -> str:
+    if evaluator not in ("poly", "native"):
+        raise ValueError(f"evaluator must be 'poly' or 'native', got {evaluator!r}")
+    return evaluator
+
+
+# ---- launching -------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _aligned(t: Tensor) -> Tensor:
+    t = t.contiguous()
+    return t if t.data_ptr() % _ALIGN == 0 else t.clone()
+
+
+def launch(kind: str, dtype: str, evaluator: str, ins: list, outs: list,
+           layout: str = "flat", h: int = 0) -> None:
+    """Run the compiled kernel for (kind, dtype, evaluator, layout) on flat views.
+
+    `ins`/`outs`: contiguous tensors (any shape); `h`: half-row width for concat."""
+    from flash_attn_poly.kernels import elementwise as ew
+
+    key = ew.ElementwiseKey(kind, dtype, evaluator, layout,
+                            ew.program_bits(kind, dtype, evaluator))
+    fn = ew.get_compiled(key)
+    n = outs[0].numel() if layout == "flat" else outs[0].numel() // (2 if kind.endswith("bwd") else 1)
+    if n == 0:
+        return
+    unroll = ew.ElementwiseKernel.unroll_for(kind)
+    grid = ew.grid_size(n // ew.CHUNK, unroll, _sm_count(outs[0].device.index or 0))
+    flat_in = [_aligned(t).view(-1) for t in ins]
+    flat_out = [t.view(-1) for t in outs]
+    flat_in += [flat_in[0]] * (3 - len(flat_in))      # unused slots: never touched
+    flat_out += [flat_out[0]] * (2 - len(flat_out))
+    fn(*flat_in, *flat_out, n, max(h // ew.CHUNK, 1), grid)
+
+
+def _concat_ok(gate_up: Tensor) -> bool:
+    """The concat kernel needs H % 8 == 0 so both halves stay 16-byte aligned."""
+    return (gate_up.shape[-1] // 2) % 8 == 0
+
+
+# ---- custom ops ------------------------------------------------------------------------
+
+@torch.library.custom_op(f"{_LIB}::silu_fwd", mutates_args=())
+def _silu_fwd(x: Tensor, evaluator: str) -> Tensor:
+    y = torch.empty_like(x)
+    launch("silu_fwd", "bf16", evaluator, [x], [y])
+    return y
+
+
+@_silu_fwd.register_fake
+def _(x, evaluator):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op(f"{_LIB}::silu_bwd", mutates_args=())
+def _silu_bwd(x: Tensor, grad: Tensor, evaluator: str) -> Tensor:
+    dx = torch.empty_like(x)
+    launch("silu_bwd", "bf16", evaluator, [x, grad], [dx])
+    return dx
+
+
+@_silu_bwd.register_fake
+def _(x, grad, evaluator):
+    return torch.empty_like(x)
+
+
+def _silu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.evaluator = inputs[1]
+
+
+def _silu_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return _silu_bwd(x, grad.contiguous(), ctx.evaluator), None
+
+
+torch.library.register_autograd(f"{_LIB}::silu_fwd", _silu_backward, setup_context=_silu_setup)
+
+
+@torch.library.custom_op(f"{_LIB}::swiglu_fwd", mutates_args=())
+def _swiglu_fwd(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
+    y = torch.empty_like(gate)
+    launch("swiglu_fwd", "bf16", evaluator, [gate, up], [y])
+    return y
+
+
+@_swiglu_fwd.register_fake
+def _(gate, up, evaluator):
+    return torch.empty_like(gate)
+
+
+@torch.library.custom_op(f"{_LIB}::swiglu_bwd", mutates_args=())
+def _swiglu_bwd(gate: Tensor, up: Tensor, grad: Tensor, evaluator: str) -> tuple[Tensor, Tensor]:
+    d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
+    launch("swiglu_bwd", "bf16", evaluator, [gate, up, grad], [d_gate, d_up])
+    return d_gate, d_up
+
+
+@_swiglu_bwd.register_fake
+def _(gate, up, grad, evaluator):
+    return torch.empty_like(gate), torch.empty_like(up)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.evaluator = inputs[2]
+
+
+def _swiglu_backward(ctx, grad):
+    gate, up = ctx.saved_tensors
+    d_gate, d_up = _swiglu_bwd(gate, up, grad.contiguous(), ctx.evaluator)
+    return d_gate, d_up, None
+
+
+torch.library.register_autograd(f"{_LIB}::swiglu_fwd", _swiglu_backward,
+                                setup_context=_swiglu_setup)
+
+
+def _half_shape(gate_up: Tensor):
+    return (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+
+
+@torch.library.custom_op(f"{_LIB}::swiglu_concat_fwd", mutates_args=())
+def _swiglu_concat_fwd(gate_up: Tensor, evaluator: str) -> Tensor:
+    y = gate_up.new_empty(_half_shape(gate_up))
+    launch("swiglu_fwd", "bf16", evaluator, [gate_up, gate_up], [y], "concat",
+           gate_up.shape[-1] // 2)
+    return y
+
+
+@_swiglu_concat_fwd.register_fake
+def _(gate_up, evaluator):
+    return gate_up.new_empty(_half_shape(gate_up))
+
+
+@torch.library.custom_op(f"{_LIB}::swiglu_concat_bwd", mutates_args=())
+def _swiglu_concat_bwd(gate_up: Tensor, grad: Tensor, evaluator: str) -> Tensor:
+    d_gate_up = torch.empty_like(gate_up)
+    launch("swiglu_bwd", "bf16", evaluator, [gate_up, gate_up, grad], [d_gate_up, d_gate_up],
+           "concat", gate_up.shape[-1] // 2)
+    return d_gate_up
+
+
+@_swiglu_concat_bwd.register_fake
+def _(gate_up, grad, evaluator):
+    return torch.empty_like(gate_up)
+
+
+def _swiglu_concat_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.evaluator = inputs[1]
+
+
+def _swiglu_concat_backward(ctx, grad):
+    (gate_up,) = ctx.saved_tensors
+    return _swiglu_concat_bwd(gate_up, grad.contiguous(), ctx.evaluator), None
+
+
+torch.library.register_autograd(f"{_LIB}::swiglu_concat_fwd", _swiglu_concat_backward,
+                                setup_context=_swiglu_concat_setup)
+
+
+# ---- public API ------------------------------------------------------------------------
+
+def silu(x: Tensor, evaluator: str = "poly") -> Tensor:
+    """SiLU of a contiguous CUDA BF16 tensor with the packed D3 sigmoid polynomial
+    (``evaluator="poly"``) or the SFU sigmoid (``"native"``); differentiable."""
+    _check("x", x)
+    return _silu_fwd(x, _evaluator(evaluator))
+
+
+def swiglu(gate: Tensor, up: Tensor | None = None, evaluator: str = "poly") -> Tensor:
+    """silu(gate) * up in one kernel; differentiable (one backward kernel for both grads).
+
+    ``swiglu(gate, up)``: two tensors of one shape.  ``swiglu(gate_up)``: the
+    concatenated ``[..., 2H]`` fused projection (gate = first H columns), result ``[..., H]``.
+    """
+    evaluator = _evaluator(evaluator)
+    if up is None:
+        _check("gate_up", gate)
+        if gate.dim() == 0 or gate.shape[-1] % 2:
+            raise ValueError(f"gate_up must have an even last dimension [..., 2H], got "
+                             f"{tuple(gate.shape)}")
+        if not _concat_ok(gate):
+            # H % 8 != 0: the halves are not 16-byte aligned; run the two-tensor kernel on
+            # contiguous copies (correct, one extra read+write of the input).
+            g, u = gate.chunk(2, dim=-1)
+            return _swiglu_fwd(g.contiguous(), u.contiguous(), evaluator)
+        return _swiglu_concat_fwd(gate, evaluator)
+    _check("gate", gate)
+    _check("up", up)
+    _same_shape("gate", gate, "up", up)
+    return _swiglu_fwd(gate, up, evaluator)
+
+
+class PolySiLU(nn.Module):
+    """Drop-in ``nn.SiLU`` replacement (BF16 CUDA inputs)."""
+
+    def __init__(self, evaluator: str = "poly"):
+        super().__init__()
+        self.evaluator = _evaluator(evaluator)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return silu(x, self.evaluator)
+
+    def extra_repr(self) -> str:
+        return f"evaluator={self.evaluator!r}"
+
+
+class PolySwiGLU(nn.Module):
+    """The activation of a SwiGLU MLP: ``forward(gate, up)`` or ``forward(gate_up)``.
+
+    Llama: ``down(PolySwiGLU()(gate_proj(x), up_proj(x)))``; fused gate-up projections
+    (DeepSeek experts): ``down(PolySwiGLU()(gate_up_proj(x)))``."""
+
+    def __init__(self, evaluator: str = "poly"):
+        super().__init__()
+        self.evaluator = _evaluator(evaluator)
+
+    def forward(self, gate: Tensor, up: Tensor | None = None) -> Tensor:
+        return swiglu(gate, up, self.evaluator)
+
+    def extra_repr(self) -> str:
+        return f"evaluator={self.evaluator!r}"
+
+
+# ---- FP16 standalone sweep (bench/elementwise.py) ----------------------------------------
+
+SWEEP_FNS = ("sigmoid", "tanh", "silu", "gelu")
+
+
+def sweep_forward(fn: str, x: Tensor) -> Tensor:
+    """Packed FP16 polynomial forward of `fn` (sigmoid, tanh, silu, gelu); no autograd."""
+    _check("x", x, (torch.float16,))
+    if fn not in SWEEP_FNS:
+        raise ValueError(f"fn must be one of {SWEEP_FNS}, got {fn!r}")
+    y = torch.empty_like(x)
+    launch(f"{fn}_fwd", "f16", "poly", [x], [y])
+    return y
+
+
+def sweep_backward(fn: str, x: Tensor, grad: Tensor) -> Tensor:
+    """g * f'(x) from x with the direct FP16 derivative program of `fn`; no autograd."""
+    _check("x", x, (torch.float16,))
+    _check("grad", grad, (torch.float16,))
+    _same_shape("x", x, "grad", grad)
+    if fn not in SWEEP_FNS:
+        raise ValueError(f"fn must be one of {SWEEP_FNS}, got {fn!r}")
+    dx = torch.empty_like(x)
+    launch(f"{fn}_bwd", "f16", "poly", [x, grad], [dx])
+    return dx

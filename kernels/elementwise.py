@@ -1,0 +1,242 @@
+"""Packed 16-bit elementwise kernels (CuTe DSL): B1 SiLU, B4 fused SwiGLU, FP16 sweep.
+
+What it does: streams 1..3 contiguous BF16/FP16 inputs to 1..2 outputs.  Each thread
+moves 16-byte chunks (8 values = four packed pairs) with 128-bit loads/stores and runs
+one inline PTX block per pair (``kernels/elementwise_ops.py``): the packed polynomial
+(``poly``: fma.rn.{bf16,f16}x2, no MUFU) or the SFU comparator (``native``).
+
+Layouts:
+* ``flat``   every tensor is the same n elements (any contiguous shape, flattened);
+             n % 8 leftover elements are done by a scalar tail (one pair word per
+             element, upper lane a copy) with the same block, so tail and body agree.
+* ``concat`` SwiGLU on a fused gate-up projection ``[rows, 2H]`` (gate = columns
+             0..H-1, up = H..2H-1); needs H % 8 == 0 so both halves stay 16-byte
+             aligned.  Outputs/grad are ``[rows, H]``; the backward writes
+             ``d_gate_up`` ``[rows, 2H]`` in the same layout.
+
+Grid: ``min(ceil(chunks / (256*U)), SMs * 8)`` blocks of 256 threads, grid-stride
+(8 blocks x 256 = the 2,048-thread maximum per Hopper SM).  Each thread keeps U chunks
+per input in flight before any math (U*16 B; U = 4 for one input, 2 for more) so the
+loads overlap: at ~4 TB/s and ~1 us latency an SM needs ~30 KB in flight.
+
+Constraints: n < 2**31 (32-bit indexing), tensors 16-byte aligned (the Python side
+checks).  Compile: ``ElementwiseKernel(key).compile()``; run via the torch API in
+``flash_attn_poly/activations.py``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Uint32
+
+from flash_attn_poly.kernels import elementwise_ops as ops
+
+THREADS = 256
+BLOCKS_PER_SM = 8          # 8 x 256 = 2,048 resident threads per SM on sm_90
+CHUNK = 8                  # values per 16-byte chunk
+
+# Index roles of each tensor per layout: which chunk of the tensor belongs to output chunk c.
+_ROLES = {
+    ("flat", 1, 1): (("flat",), ("flat",)),
+    ("flat", 2, 1): (("flat", "flat"), ("flat",)),
+    ("flat", 3, 2): (("flat", "flat", "flat"), ("flat", "flat")),
+    ("concat", 2, 1): (("gate", "up"), ("flat",)),
+    ("concat", 3, 2): (("gate", "up", "flat"), ("gate", "up")),
+}
+
+
+@dataclass(frozen=True)
+class ElementwiseKey:
+    """Everything a compiled kernel depends on; its hash is its content."""
+    kind: str                 # see elementwise_ops.ARITY
+    dtype: str                # "bf16" | "f16"
+    evaluator: str = "poly"   # "poly" | "native"
+    layout: str = "flat"      # "flat" | "concat"
+    program_bits: tuple = field(default=())  # coefficient bits the poly block embeds
+
+    def __post_init__(self):
+        if self.kind not in ops.ARITY:
+            raise ValueError(f"unknown elementwise kind {self.kind!r}; known: {sorted(ops.ARITY)}")
+        if self.dtype not in ("bf16", "f16"):
+            raise ValueError(f"dtype must be 'bf16' or 'f16', got {self.dtype!r}")
+        if self.evaluator not in ("poly", "native"):
+            raise ValueError(f"evaluator must be 'poly' or 'native', got {self.evaluator!r}")
+        if self.dtype == "bf16" and self.kind not in ops.BF16_KINDS:
+            raise ValueError(f"BF16 kernels are {ops.BF16_KINDS}, not {self.kind!r}")
+        if self.dtype == "f16" and (self.kind.split("_")[0] not in ops.SWEEP_FNS
+                                    or self.evaluator != "poly"):
+            raise ValueError(f"FP16 kernels are the poly sweep kinds <fn>_fwd/<fn>_bwd for fn in "
+                             f"{ops.SWEEP_FNS}, not {self.kind!r}/{self.evaluator!r}")
+        if self.layout not in ("flat", "concat"):
+            raise ValueError(f"layout must be 'flat' or 'concat', got {self.layout!r}")
+        if self.layout == "concat" and not self.kind.startswith("swiglu"):
+            raise ValueError("the concatenated [gate | up] layout is for swiglu kinds only")
+
+    @property
+    def cutlass_dtype(self):
+        return cutlass.BFloat16 if self.dtype == "bf16" else cutlass.Float16
+
+
+def grid_size(n_chunks: int, unroll: int, sm_count: int) -> int:
+    return max(1, min(math.ceil(n_chunks / (THREADS * unroll)), sm_count * BLOCKS_PER_SM))
+
+
+class ElementwiseKernel:
+    """One compiled streaming kernel for an ``ElementwiseKey`` (compile-time config only)."""
+
+    def __init__(self, key: ElementwiseKey):
+        self.key = key
+        self.n_in, self.n_out = ops.ARITY[key.kind]
+        self.in_roles, self.out_roles = _ROLES[(key.layout, self.n_in, self.n_out)]
+        self.ptx, self.constraints, n_out = ops.block(key.kind, key.dtype, key.evaluator)
+        assert n_out == self.n_out
+        self.unroll = self.unroll_for(key.kind)
+
+    @staticmethod
+    def unroll_for(kind: str) -> int:
+        """Chunks per input in flight per thread: 16 B each; 4 for one input, 2 for more
+        keeps the live registers under ~64 per thread (no spills, >= 50% occupancy)."""
+        return 4 if ops.ARITY[kind][0] == 1 else 2
+
+    # ---- device side ----------------------------------------------------------------
+
+    @cute.jit
+    def _chunk_index(self, role: cutlass.Constexpr, c: Int32, h8) -> Int32:
+        """Chunk of a tensor that output chunk c reads or writes (concat: row-major [rows, 2H]).
+
+        h8 (chunks per half row) is a host-built FastDivmod divisor: a runtime integer
+        division would cost ~20 instructions and a MUFU.RCP per chunk."""
+        idx = c
+        if cutlass.const_expr(role != "flat"):
+            row = c // h8
+            idx = c + row * h8.divisor    # gate: row*2*h8 + (c - row*h8)
+            if cutlass.const_expr(role == "up"):
+                idx = idx + h8.divisor
+        return idx
+
+    @cute.jit
+    def _load(self, gT: cute.Tensor, idx: Int32) -> cute.Tensor:
+        rT = cute.make_rmem_tensor((CHUNK,), self.key.cutlass_dtype)
+        cute.autovec_copy(gT[(None, idx)], rT)   # one LDG.E.128
+        return rT
+
+    @cute.jit
+    def _compute(self, r_ins: list, r_outs: list):
+        """Four packed pairs per chunk, one PTX block each."""
+        w_ins = [cute.recast_tensor(r, Uint32) for r in r_ins]
+        w_outs = [cute.recast_tensor(r, Uint32) for r in r_outs]
+        for i in cutlass.range_constexpr(CHUNK // 2):
+            res = ops.run_ptx(self.ptx, self.constraints, self.n_out, *[w[i] for w in w_ins])
+            for j in cutlass.range_constexpr(self.n_out):
+                w_outs[j][i] = res[j]
+
+    @cute.jit
+    def _do_chunks(self, g_ins: list, g_outs: list, first: Int32, stride: Int32,
+                   count: cutlass.Constexpr, h8):
+        """`count` chunks first, first+stride, ...: all loads issued before any math."""
+        loaded = []
+        for k in cutlass.range_constexpr(count):
+            c = first + k * stride
+            loaded.append([self._load(g, self._chunk_index(role, c, h8))
+                           for g, role in zip(g_ins, self.in_roles)])
+        for k in cutlass.range_constexpr(count):
+            c = first + k * stride
+            r_outs = [cute.make_rmem_tensor((CHUNK,), self.key.cutlass_dtype)
+                      for _ in range(self.n_out)]
+            self._compute(loaded[k], r_outs)
+            for r, g, role in zip(r_outs, g_outs, self.out_roles):
+                cute.autovec_copy(r, g[(None, self._chunk_index(role, c, h8))])  # STG.E.128
+
+    @cute.jit
+    def _tail_element(self, m_ins: list, m_outs: list, idx: Int32):
+        """One element through the same pair block (upper lane = a copy, discarded)."""
+        w_ins = []
+        for m in m_ins:
+            r = cute.make_rmem_tensor((2,), self.key.cutlass_dtype)
+            r[0] = m[idx]
+            r[1] = m[idx]
+            w_ins.append(cute.recast_tensor(r, Uint32)[0])
+        res = ops.run_ptx(self.ptx, self.constraints, self.n_out, *w_ins)
+        for j in cutlass.range_constexpr(self.n_out):
+            w = cute.make_rmem_tensor((1,), Uint32)
+            w[0] = res[j]
+            m_outs[j][idx] = cute.recast_tensor(w, self.key.cutlass_dtype)[0]
+
+    @cute.kernel
+    def kernel(self, mI0: cute.Tensor, mI1: cute.Tensor, mI2: cute.Tensor,
+               mO0: cute.Tensor, mO1: cute.Tensor, n: Int32, n_chunks: Int32,
+               n_groups: Int32, h8):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        m_ins = [mI0, mI1, mI2][: self.n_in]
+        m_outs = [mO0, mO1][: self.n_out]
+        g_ins = [cute.zipped_divide(m, (CHUNK,)) for m in m_ins]
+        g_outs = [cute.zipped_divide(m, (CHUNK,)) for m in m_outs]
+
+        tid = bidx * THREADS + tidx
+        n_threads = gdim * THREADS
+        group = n_threads * self.unroll
+        for g in cutlass.range(n_groups):           # full groups: U chunks, no predicates
+            self._do_chunks(g_ins, g_outs, g * group + tid, n_threads, self.unroll, h8)
+        for c in cutlass.range(n_groups * group + tid, n_chunks, n_threads):
+            self._do_chunks(g_ins, g_outs, c, n_threads, 1, h8)
+        if cutlass.const_expr(self.key.layout == "flat"):
+            if tid < n - n_chunks * CHUNK:        # n % 8 scalar tail
+                self._tail_element(m_ins, m_outs, n_chunks * CHUNK + tid)
+
+    # ---- host side ------------------------------------------------------------------
+
+    @cute.jit
+    def __call__(self, mI0: cute.Tensor, mI1: cute.Tensor, mI2: cute.Tensor,
+                 mO0: cute.Tensor, mO1: cute.Tensor, n: Int32, h8: Int32, grid: Int32,
+                 stream):
+        # Divisions on the host side of the launch: none of them reaches the kernel.
+        n_chunks = n // CHUNK
+        n_groups = n_chunks // (grid * THREADS * self.unroll)
+        h8_div = cute.fast_divmod_create_divisor_v2(h8)
+        self.kernel(mI0, mI1, mI2, mO0, mO1, n, n_chunks, n_groups, h8_div).launch(
+            grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    def fake_args(self):
+        """Fake 16-byte-aligned 1-D tensors of symbolic length (one symbol per tensor)."""
+        dt = self.key.cutlass_dtype
+
+        def fake():
+            return cute.runtime.make_fake_tensor(dt, (cute.sym_int(),), stride=(1,),
+                                                 assumed_align=16)
+        return [fake() for _ in range(5)] + [Int32(0), Int32(0), Int32(1)]
+
+    def compile(self, tvm_ffi: bool = True, options: str = ""):
+        """cute.compile against fake tensors; with tvm_ffi the result takes torch tensors
+        and launches on torch's current stream."""
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
+        opts = (options + (" --enable-tvm-ffi" if tvm_ffi else "")).strip()
+        return cute.compile(self, *self.fake_args(), stream, options=opts)
+
+
+_CACHE: dict = {}
+
+
+def get_compiled(key: ElementwiseKey):
+    """Compiled kernel for `key`, built once per process."""
+    fn = _CACHE.get(key)
+    if fn is None:
+        fn = _CACHE[key] = ElementwiseKernel(key).compile()
+    return fn
+
+
+def program_bits(kind: str, dtype: str, evaluator: str) -> tuple:
+    """Coefficient bits that the poly block embeds (part of the cache key)."""
+    if evaluator != "poly":
+        return ()
+    name = "sigmoid_d3" if dtype == "bf16" else None
+    names = [name] if name else [f"{kind.split('_')[0]}_d4" + ("_grad" if kind.endswith("bwd") else "")]
+    out = []
+    for nm in names:
+        prog = ops.standin.program(nm)
+        out.append((nm, tuple(prog.get("coeffs_bits") or prog["coeffs"]), prog["L_c"]))
+    return tuple(out)
