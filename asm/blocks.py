@@ -7,6 +7,7 @@ Pure Python: no cutlass import (``cute_ops.py`` wraps these for CuTe DSL kernels
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -22,8 +23,6 @@ F16_FUNCTIONS = ("sigmoid", "tanh", "silu", "gelu")
 F16_DEGREES = (3, 4, 5, 6)
 F16_DEFAULT_DEGREE = 4               # the seed's standalone sweep uses D4 derivative programs
 
-TABLE_PATH = os.path.join(os.path.dirname(__file__), os.pardir, "flash_attn_poly", "data",
-                          "programs.json")
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,13 @@ class PtxBlock:
 
 # ----------------------------------------------------------------------------- table
 def _table_path() -> str:
-    return os.environ.get("FLASH_ATTN_POLY_TABLE", os.path.normpath(TABLE_PATH))
+    """$FLASH_ATTN_POLY_TABLE, else data/programs.json of the flash_attn_poly package (found
+    without importing it, so this module stays free of torch)."""
+    env = os.environ.get("FLASH_ATTN_POLY_TABLE")
+    if env:
+        return env
+    spec = importlib.util.find_spec("flash_attn_poly")
+    return os.path.join(list(spec.submodule_search_locations)[0], "data", "programs.json")
 
 
 @lru_cache(maxsize=4)
@@ -64,7 +69,11 @@ def _load(path: str) -> dict:
 
 
 def load_table(path: str | None = None) -> dict:
-    return _load(path or _table_path())
+    path = path or _table_path()
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"coefficient table {path} missing: run "
+                                "`python -m flash_attn_poly.fit write` or pass --table")
+    return _load(path)
 
 
 def program(table: dict, name: str) -> dict:

@@ -1,0 +1,96 @@
+"""What each block must return, built from ``fit.runtime`` (the semantics spec), plus the
+standard all-patterns test inputs shared by the CPU emulator test, the GPU self-test and
+its script.
+
+Lane 0 of every input word walks all 65,536 16-bit patterns; lane 1 walks them in a fixed
+pseudo-random order, so both lanes see every pattern and lane mixing bugs show up.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from flash_attn_poly.fit import runtime as rt
+
+from . import blocks as B
+from . import fpbits as fb
+
+N = 1 << 16
+
+
+def patterns(seed: int) -> np.ndarray:
+    """A permutation of all 16-bit patterns (seed 0: identity)."""
+    pats = np.arange(N, dtype=np.uint32)
+    return pats if seed == 0 else np.random.default_rng(seed).permutation(pats)
+
+
+def lane_inputs(n_inputs: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per input: (lane0 patterns, lane1 patterns); input i uses seeds 2i and 2i+1."""
+    return [(patterns(2 * i), patterns(2 * i + 1)) for i in range(n_inputs)]
+
+
+def block_inputs(block: B.PtxBlock, dtype: str) -> list[np.ndarray]:
+    """Emulator/kernel operands: packed uint32 words, or float32 arrays for f32 inputs.
+
+    An f32 input is the exact value of the 16-bit pattern (cvt.rn is then the identity), so
+    lane k of input i carries pattern lane_inputs(...)[i][k]."""
+    ins = lane_inputs(len(block.in_types) if block.in_types[0] == "b32" else 1)
+    if block.in_types[0] == "f32":
+        lo, hi = ins[0]
+        return [rt.from_bits(lo, dtype).astype(np.float32),
+                rt.from_bits(hi, dtype).astype(np.float32)]
+    return [fb.pack(lo, hi) for lo, hi in ins]
+
+
+def _sigmoid_chain(table, x):
+    """p, s = x*p as the bf16x2 SiLU blocks compute them."""
+    p = rt.replay(B.program(table, B.SIGMOID_D3), x, "fused")
+    return p, rt.mul(x, p, "bf16")
+
+
+def _silu_grad(p, s):
+    return rt.fma(s, rt.add(1.0, -p, "bf16"), p, "bf16")
+
+
+def expected_values(name: str, table: dict, xs: list[np.ndarray]) -> list[np.ndarray]:
+    """float64 lane values block ``name`` must produce for lane values xs (one per input)."""
+    blk = B.get_block(name, table)
+    progs = [B.program(table, p) for p in blk.programs]
+    if name in ("sigmoid_fwd", "sigmoid_fwd_bwd"):
+        return [rt.replay(p, xs[0], "fused") for p in progs]
+    if name == "silu_fwd_bf16x2":
+        return [_sigmoid_chain(table, xs[0])[1]]
+    if name == "silu_bwd_bf16x2":
+        return [_silu_grad(*_sigmoid_chain(table, xs[0]))]
+    if name == "swiglu_fwd_bf16x2":
+        return [rt.mul(_sigmoid_chain(table, xs[0])[1], xs[1], "bf16")]
+    if name == "swiglu_bwd_bf16x2":
+        gate, up, dy = xs
+        p, s = _sigmoid_chain(table, gate)
+        d_gate = rt.mul(rt.mul(dy, up, "bf16"), _silu_grad(p, s), "bf16")
+        return [d_gate, rt.mul(dy, s, "bf16")]
+    (prog,) = progs                      # lane-wise single-program blocks
+    return [rt.replay(prog, xs[0], "fused")]
+
+
+def block_dtype(block: B.PtxBlock) -> str:
+    return "f16" if "_f16x2" in block.name else "bf16"
+
+
+def expected_words(block: B.PtxBlock, table: dict) -> tuple[list[np.ndarray], np.ndarray]:
+    """(expected packed output words, per-element mask of lanes the spec covers).
+
+    f32-input blocks: lanes whose input is NaN are excluded, because cvt.rn makes every NaN
+    the canonical positive 0x7fff while runtime.replay keeps the NaN's sign bit (kernels
+    never pass NaN scores: softcap clamps first)."""
+    dtype = block_dtype(block)
+    ins = lane_inputs(len(block.in_types) if block.in_types[0] == "b32" else 1)
+    lanes_out = []
+    for k in (0, 1):
+        xs = [rt.from_bits(pair[k], dtype) for pair in ins]
+        lanes_out.append([rt.to_bits(v, dtype) for v in expected_values(block.name, table, xs)])
+    words = [fb.pack(lanes_out[0][j], lanes_out[1][j]) for j in range(len(block.out_types))]
+    valid = np.ones(N, bool)
+    if block.in_types[0] == "f32":
+        for k in (0, 1):
+            valid &= ~np.isnan(rt.from_bits(ins[0][k], dtype))
+    return words, valid
