@@ -92,6 +92,9 @@ class ElementwiseKernel:
         self.n_in, self.n_out = ops.ARITY[key.kind]
         self.in_roles, self.out_roles = _ROLES[(key.layout, self.n_in, self.n_out)]
         self.ptx, self.constraints, n_out = ops.block(key.kind, key.dtype, key.evaluator)
+        self.grad_mul = ops.grad_mul(key.kind, key.dtype, key.evaluator)
+        if self.grad_mul:  # the block sees x only; g * f'(x) is one more packed multiply
+            self.constraints = "=r,r"
         assert n_out == self.n_out
         self.unroll = self.unroll_for(key.kind)
 
@@ -123,13 +126,20 @@ class ElementwiseKernel:
         cute.autovec_copy(gT[(None, idx)], rT)   # one LDG.E.128
         return rT
 
+    def _evaluate(self, words: list) -> tuple:
+        """One pair through the block (plus the g multiply for (x, g) poly kinds)."""
+        if self.grad_mul:
+            (d,) = ops.run_ptx(self.ptx, self.constraints, 1, words[0])
+            return ops.run_ptx(self.grad_mul, "=r,r,r", 1, d, words[1])
+        return ops.run_ptx(self.ptx, self.constraints, self.n_out, *words)
+
     @cute.jit
     def _compute(self, r_ins: list, r_outs: list):
         """Four packed pairs per chunk, one PTX block each."""
         w_ins = [cute.recast_tensor(r, Uint32) for r in r_ins]
         w_outs = [cute.recast_tensor(r, Uint32) for r in r_outs]
         for i in cutlass.range_constexpr(CHUNK // 2):
-            res = ops.run_ptx(self.ptx, self.constraints, self.n_out, *[w[i] for w in w_ins])
+            res = self._evaluate([w[i] for w in w_ins])
             for j in cutlass.range_constexpr(self.n_out):
                 w_outs[j][i] = res[j]
 
@@ -159,7 +169,7 @@ class ElementwiseKernel:
             r[0] = m[idx]
             r[1] = m[idx]
             w_ins.append(cute.recast_tensor(r, Uint32)[0])
-        res = ops.run_ptx(self.ptx, self.constraints, self.n_out, *w_ins)
+        res = self._evaluate(w_ins)
         for j in cutlass.range_constexpr(self.n_out):
             w = cute.make_rmem_tensor((1,), Uint32)
             w[0] = res[j]
@@ -230,13 +240,8 @@ def get_compiled(key: ElementwiseKey):
 
 
 def program_bits(kind: str, dtype: str, evaluator: str) -> tuple:
-    """Coefficient bits that the poly block embeds (part of the cache key)."""
+    """Coefficient bits and clamp of the programs the poly block embeds (cache key part)."""
     if evaluator != "poly":
         return ()
-    name = "sigmoid_d3" if dtype == "bf16" else None
-    names = [name] if name else [f"{kind.split('_')[0]}_d4" + ("_grad" if kind.endswith("bwd") else "")]
-    out = []
-    for nm in names:
-        prog = ops.standin.program(nm)
-        out.append((nm, tuple(prog.get("coeffs_bits") or prog["coeffs"]), prog["L_c"]))
-    return tuple(out)
+    progs = ops.poly_block(kind, dtype)[3]
+    return tuple((tuple(p.get("coeffs_bits") or p["coeffs"]), p["L_c"]) for p in progs)

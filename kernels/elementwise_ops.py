@@ -56,11 +56,31 @@ def block_name(kind: str, dtype: str) -> str:
     return f"{kind}_{'bf16x2' if dtype == 'bf16' else 'f16x2'}"
 
 
-def poly_block(kind: str, dtype: str) -> tuple[str, str, int]:
-    """(PTX, constraints, n_out) of the packed polynomial block for `kind`.
+def poly_block(kind: str, dtype: str) -> tuple[str, str, int, tuple]:
+    """(PTX, constraints, n_out, program dicts) of the packed polynomial block for `kind`.
 
-    TEMPORARY: from kernels/elementwise_standin.py until asm/cute_ops.py lands."""
-    return standin.block_text(block_name(kind, dtype))
+    From asm/blocks.py when the coefficient table exists; otherwise (TEMPORARY) from
+    kernels/elementwise_standin.py.  Backward blocks of (x, g) kinds return f'(x); the
+    kernel multiplies by g (GRAD_MUL)."""
+    name = block_name(kind, dtype)
+    try:
+        from flash_attn_poly.asm import blocks
+        blk = blocks.get_block(name)
+        table = blocks.load_table()
+        progs = tuple(blocks.program(table, p) for p in blk.programs)
+        return blk.asm_text(), blk.constraints(), len(blk.out_types), progs
+    except (ImportError, FileNotFoundError, KeyError):
+        text, cons, n_out = standin.block_text(name)
+        prog = "sigmoid_d3" if dtype == "bf16" else (
+            f"{kind.split('_')[0]}_d4" + ("_grad" if kind.endswith("_bwd") else ""))
+        return text, cons, n_out, (standin.program(prog),)
+
+
+def grad_mul(kind: str, dtype: str, evaluator: str) -> str | None:
+    """PTX of the packed g * f'(x) step for (x, g) kinds with a poly block, else None."""
+    if evaluator == "poly" and ARITY[kind] == (2, 1) and kind != "swiglu_fwd":
+        return f"mul.rn.{'bf16x2' if dtype == 'bf16' else 'f16x2'} $0, $1, $2;"
+    return None
 
 
 # ---- native (SFU) blocks --------------------------------------------------------------
@@ -119,7 +139,7 @@ def native_block(kind: str, dtype: str) -> tuple[str, str, int]:
 
 def block(kind: str, dtype: str, evaluator: str) -> tuple[str, str, int]:
     if evaluator == "poly":
-        return poly_block(kind, dtype)
+        return poly_block(kind, dtype)[:3]
     if evaluator == "native":
         return native_block(kind, dtype)
     raise ValueError(f"evaluator must be 'poly' or 'native', got {evaluator!r}")
