@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from functools import lru_cache
 from typing import Optional
 
@@ -58,13 +59,15 @@ class AttnFwdConfig:
     tile_m: int = 128             # 2 consumer warpgroups x 64 rows (wgmma M = 64)
     tile_n: int = 128
     num_stages: int = 2
+    overlap: bool = True          # S_{n} GEMM and P_{n-1} V GEMM in flight together
+    pingpong: bool = True         # consumer warpgroups alternate GEMM issue
 
     @staticmethod
-    def default(stage, dtype="bf16", head_dim=128, causal=True):
+    def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
         # smem: Q tile_m*D + 2 stages * (K + V) tile_n*D, 16-bit:
         #   D=64/128: tile_n 128 -> 32 + 128 KB at D=128;  D=256: tile_n 64 -> 64 + 128 KB
         tile_n = 128 if head_dim <= 128 else 64
-        return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, 2)
+        return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, 2, **kw)
 
 
 class AttnFwdSm90:
@@ -82,6 +85,7 @@ class AttnFwdSm90:
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
         self.causal = cfg.causal
+        self.overlap, self.pingpong = cfg.overlap, cfg.pingpong
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
         assert self.tile_m == 64 * self.num_mma_wg
 
@@ -236,52 +240,146 @@ class AttnFwdSm90:
         row_scale = cute.make_rmem_tensor((num_rows,), Float32)
         acc_O.fill(0.0)
 
+        ctx = SimpleNamespace(
+            tiled_mma_qk=tiled_mma_qk, tiled_mma_pv=tiled_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrV=tOrV,
+            tOrP=tOrP, acc_O=acc_O, s_shape=s_shape, tScS_mn=tScS_mn, softmax=softmax,
+            row_scale=row_scale, params=params, pipe_k=pipe_k, pipe_v=pipe_v, m_block=m_block,
+            seqlen_q=seqlen_q, seqlen_k=seqlen_k, wg=wg)
         n_unmasked = cutlass.min(blocks.n_unmasked_end(m_block, seqlen_q, seqlen_k), n_max)
+        # key blocks: first = n_max-1 (tail + diagonal, masked); then the ones crossing the
+        # causal diagonal (masked; none when not causal); then the interior (mask-free)
+        n_diag = n_max - 1 - cutlass.max(n_unmasked, 0)
+        n_inner = cutlass.min(n_unmasked, n_max - 1)
         kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        step = lambda kv, n, first, masked: self.one_block(
-            kv, n, first, masked, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_O,
-            s_shape, tScS_mn, softmax, row_scale, params, pipe_k, pipe_v, m_block,
-            seqlen_q, seqlen_k)
-        # a dynamic `for` of 0 or 1 trips instead of an `if`: the first block (tail and
-        # diagonal, always masked) is skipped when the tile sees no key (n_max <= 0)
+        if cutlass.const_expr(self.pingpong):
+            if wg == 1:  # warpgroup 0 issues its first GEMM first
+                self.pingpong_arrive(0)
+        # dynamic `for` loops of 0 or 1 trips stand in for `if n_max > 0` (a tile that sees
+        # no key skips all work and still writes O = 0, LSE = -inf)
         for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
             pipe_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-            kv = step(kv, n_max - 1, True, True)
-        # blocks crossing the causal diagonal (none when not causal)
-        n_diag = n_max - 1 - cutlass.max(n_unmasked, 0)
+            if cutlass.const_expr(self.overlap):
+                kv = self.first_block_overlap(ctx, kv, n_max - 1)
+            else:
+                kv = self.one_block(ctx, kv, n_max - 1, True, True)
         for i in cutlass.range(n_diag, unroll=1):
-            kv = step(kv, n_max - 2 - i, False, True)
-        n_inner = cutlass.min(n_unmasked, n_max - 1)
+            kv = self.next_block(ctx, kv, n_max - 2 - i, True)
         for i in cutlass.range(n_inner, unroll=1):
-            kv = step(kv, n_inner - 1 - i, False, False)
+            kv = self.next_block(ctx, kv, n_inner - 1 - i, False)
+        if cutlass.const_expr(self.overlap):
+            for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
+                kv = self.last_pv(ctx, kv)
+        if cutlass.const_expr(self.pingpong):
+            if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced
+                self.pingpong_sync(0)
         self.epilogue(acc_O, softmax, params, mO, mLSE, tiled_mma_pv, tidx, m_block, head, batch,
                       seqlen_q, n_max)
 
+    # ---- warpgroup ping-pong: the two consumer warpgroups take turns issuing GEMMs, so one
+    # runs its score stage (MUFU/FMA) while the other's wgmma keep the tensor cores busy.
+    # Named barrier 1 + w gates warpgroup w; 256 = its 128 waiting + 128 arriving threads.
+    def pingpong_sync(self, wg):
+        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=2 * self.num_threads_per_wg)
+
+    def pingpong_arrive(self, wg):
+        cute.arch.barrier_arrive(barrier_id=1 + wg, number_of_threads=2 * self.num_threads_per_wg)
+
     @cute.jit
-    def one_block(self, kv, n_block: Int32, is_first: cutlass.Constexpr[bool],
-                  masked: cutlass.Constexpr[bool], tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV,
-                  tOrP, acc_O, s_shape, tScS_mn, softmax, row_scale, params, pipe_k, pipe_v,
-                  m_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
-        """S = Q K_n^T; P = stage(S); O = O*row_scale + P V_n."""
-        acc_S = cute.make_rmem_tensor(s_shape, Float32)
-        pipe_k.consumer_wait(kv)
-        self.wgmma(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv.index], True)
-        warpgroup.wait_group(0)
-        pipe_k.consumer_release(kv)
-        self.stage.transform(acc_S, params)
+    def next_block(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool]):
+        if cutlass.const_expr(self.overlap):
+            return self.block_overlap(ctx, kv, n_block, masked)
+        return self.one_block(ctx, kv, n_block, False, masked)
+
+    @cute.jit
+    def scores_to_p(self, ctx, acc_S, n_block: Int32, is_first: cutlass.Constexpr[bool],
+                    masked: cutlass.Constexpr[bool], tOrP_dst):
+        """Score stage on S: transform, mask (diagonal/tail blocks only), P into tOrP."""
+        self.stage.transform(acc_S, ctx.params)
         if cutlass.const_expr(masked):
-            mask_mod.apply_mask(stages.acc_mn_view(acc_S), tScS_mn, m_block, n_block, seqlen_q,
-                                seqlen_k, self.tile_m, self.tile_n, self.causal)
-        self.stage.probs(acc_S, tOrP, softmax, params, is_first, masked, row_scale, self.is_bf16)
-        if cutlass.const_expr(self.stage.uses_online_softmax and not is_first):
-            o_mn = stages.acc_mn_view(acc_O)
+            mask_mod.apply_mask(stages.acc_mn_view(acc_S), ctx.tScS_mn, ctx.m_block, n_block,
+                                ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.causal)
+        self.stage.probs(acc_S, tOrP_dst, ctx.softmax, ctx.params, is_first, masked,
+                         ctx.row_scale, self.is_bf16)
+
+    @cute.jit
+    def rescale_o(self, ctx):
+        if cutlass.const_expr(self.stage.uses_online_softmax):
+            o_mn = stages.acc_mn_view(ctx.acc_O)
             for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
                 for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                    o_mn[r, c] = o_mn[r, c] * row_scale[r]
+                    o_mn[r, c] = o_mn[r, c] * ctx.row_scale[r]
+
+    @cute.jit
+    def one_block(self, ctx, kv, n_block: Int32, is_first: cutlass.Constexpr[bool],
+                  masked: cutlass.Constexpr[bool]):
+        """No overlap: S = Q K_n^T; P = stage(S); O = O*row_scale + P V_n."""
+        acc_S = cute.make_rmem_tensor(ctx.s_shape, Float32)
+        pipe_k, pipe_v = ctx.pipe_k, ctx.pipe_v
+        pipe_k.consumer_wait(kv)
+        if cutlass.const_expr(self.pingpong):
+            self.pingpong_sync(ctx.wg)
+        self.wgmma(ctx.tiled_mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, kv.index], True)
+        if cutlass.const_expr(self.pingpong):
+            self.pingpong_arrive(1 - ctx.wg)
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(kv)
+        self.scores_to_p(ctx, acc_S, n_block, is_first, masked, ctx.tOrP)
+        if cutlass.const_expr(not is_first):
+            self.rescale_o(ctx)
         pipe_v.consumer_wait(kv)
-        self.wgmma(tiled_mma_pv, acc_O, tOrP, tOrV[None, None, None, kv.index], False)
+        self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv.index], False)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(kv)
+        kv.advance()
+        return kv
+
+    @cute.jit
+    def first_block_overlap(self, ctx, kv, n_block: Int32):
+        """Overlap prologue: S and P of the first block; its PV waits for the next step."""
+        acc_S = cute.make_rmem_tensor(ctx.s_shape, Float32)
+        ctx.pipe_k.consumer_wait(kv)
+        if cutlass.const_expr(self.pingpong):
+            self.pingpong_sync(ctx.wg)
+        self.wgmma(ctx.tiled_mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, kv.index], True)
+        if cutlass.const_expr(self.pingpong):
+            self.pingpong_arrive(1 - ctx.wg)
+        warpgroup.wait_group(0)
+        ctx.pipe_k.consumer_release(kv)
+        self.scores_to_p(ctx, acc_S, n_block, True, True, ctx.tOrP)
+        return kv
+
+    @cute.jit
+    def block_overlap(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool]):
+        """Issue S_n = Q K_n^T and O += P_prev V_prev together; the score stage of S_n runs
+        while PV is still on the tensor cores; O is rescaled once PV has landed."""
+        kv_prev = kv.clone()
+        kv.advance()
+        acc_S = cute.make_rmem_tensor(ctx.s_shape, Float32)
+        ctx.pipe_k.consumer_wait(kv)
+        if cutlass.const_expr(self.pingpong):
+            self.pingpong_sync(ctx.wg)
+        self.wgmma(ctx.tiled_mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, kv.index], True)
+        ctx.pipe_v.consumer_wait(kv_prev)
+        self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv_prev.index], False)
+        if cutlass.const_expr(self.pingpong):
+            self.pingpong_arrive(1 - ctx.wg)
+        warpgroup.wait_group(1)
+        ctx.pipe_k.consumer_release(kv)
+        # P_n goes to a second fragment: tOrP is still being read by the PV wgmma in flight
+        tOrP_next = cute.make_rmem_tensor_like(ctx.tOrP)
+        self.scores_to_p(ctx, acc_S, n_block, False, masked, tOrP_next)
+        warpgroup.wait_group(0)
+        ctx.pipe_v.consumer_release(kv_prev)
+        ctx.tOrP.store(tOrP_next.load())
+        self.rescale_o(ctx)
+        return kv
+
+    @cute.jit
+    def last_pv(self, ctx, kv):
+        ctx.pipe_v.consumer_wait(kv)
+        self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv.index], False)
+        warpgroup.wait_group(0)
+        ctx.pipe_v.consumer_release(kv)
         kv.advance()
         return kv
 
@@ -360,9 +458,11 @@ def _to_cute(t, leading_dim):
 
 def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causal: bool = True,
              softmax_scale: Optional[float] = None, softcap: Optional[float] = None,
-             sigmoid_bias: Optional[float] = None, stage=None, out=None, lse=None):
+             sigmoid_bias: Optional[float] = None, stage=None, out=None, lse=None,
+             tuning: Optional[dict] = None):
     """Torch entry: q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D), CUDA, bf16/fp16, last dim
-    contiguous.  Returns (o like q, lse (B, H_q, S_q) FP32 or None for sigmoid)."""
+    contiguous.  Returns (o like q, lse (B, H_q, S_q) FP32 or None for sigmoid).
+    tuning: AttnFwdConfig field overrides (tile_n, num_stages, overlap, pingpong)."""
     import torch
     import cuda.bindings.driver as cuda
 
@@ -372,7 +472,7 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
     if stage is None:
         kw = {}
         stage = stages.make_stage(mode, evaluator, **kw)
-    cfg = AttnFwdConfig.default(stage, dtype, d, causal)
+    cfg = AttnFwdConfig.default(stage, dtype, d, causal, **(tuning or {}))
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
     params = stage.host_scalars(scale, s_k, softcap=softcap if softcap is not None else 50.0,
                                 sigmoid_bias=sigmoid_bias)
