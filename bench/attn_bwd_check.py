@@ -42,11 +42,16 @@ def run_case(case, dtype=torch.bfloat16):
     q, k, v, do = mk(sq, hq), mk(sk, hkv), mk(sk, hkv), mk(sq, hq)
     softcap = 50.0 if mode == "softcap" else None
     o, lse, dq_r, dk_r, dv_r = grads_ref(q, k, v, do, mode, causal, softcap)
-    lse_in = None if lse is None else lse.float()
-    dq, dk, dv = attn_bwd(do, q, k, v, o.to(dtype), lse_in, mode=mode, causal=causal, softcap=softcap)
+    lse_in = None if lse is None else lse.detach().float()
+    dq, dk, dv = attn_bwd(do, q, k, v, o.detach().to(dtype), lse_in, mode=mode, causal=causal, softcap=softcap)
     torch.cuda.synchronize()
     errs = [((a.double() - r).abs().max() / r.abs().max()).item() for a, r in ((dq, dq_r), (dk, dk_r), (dv, dv_r))]
     finite = all(torch.isfinite(t).all().item() for t in (dq, dk, dv))
+    if max(errs) > 2e-2:  # diagnostics: norm ratios and where the worst dv error sits
+        ratio = [(a.double().norm() / r.norm()).item() for a, r in ((dq, dq_r), (dk, dk_r), (dv, dv_r))]
+        bad = (dv.double() - dv_r).abs()
+        print("  norm ratios dq dk dv", ["%.3g" % x for x in ratio], "worst dv at", list(bad.flatten().argmax().unravel_index(bad.shape) if hasattr(bad.flatten().argmax(), 'unravel_index') else [int(bad.argmax())]),
+              "dv row err", bad.amax(dim=(0, 2, 3))[:: max(1, sk // 16)].tolist()[:16])
     return errs, finite
 
 

@@ -414,17 +414,20 @@ class AttnBwdSm90:
 
     @cute.jit
     def atomic_tile(self, tiled_mma, acc, mX, tile, block, seqlen, tidx):
-        """FP32 reduction of a C fragment into rows [block*tile[0], ...) of mX (rows < seqlen)."""
+        """FP32 reduction of a C fragment into rows [block*tile[0], ...) of mX (rows < seqlen).
+
+        Addresses come from the fragment's identity coordinates and mX's row stride."""
         thr = tiled_mma.get_slice(tidx)
-        gX = cute.local_tile(mX, tile, (block, 0))
-        tXgX = acc_mn_view(thr.partition_C(gX))
         tXcX = acc_mn_view(thr.partition_C(cute.make_identity_tensor(tile)))
         acc_mn = acc_mn_view(acc)
         row0 = block * tile[0]
+        row_stride = mX.stride[0]
         for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-            if row0 + tXcX[r, 0][0] < seqlen:
+            row = row0 + tXcX[r, 0][0]
+            if row < seqlen:
+                row_ptr = mX.iterator + row * row_stride
                 for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
-                    ptr = tXgX.iterator + cute.crd2idx((r, c), tXgX.layout)
+                    ptr = row_ptr + tXcX[r, c][1]
                     red_add_v2_f32(ptr.toint(), acc_mn[r, c], acc_mn[r, c + 1])
 
     @cute.jit
