@@ -147,6 +147,7 @@ def to_bits(y, dtype: str) -> np.ndarray:
     raise ValueError(dtype)
 
 
+@np.errstate(invalid="ignore")  # signalling-NaN patterns warn on the widening cast
 def from_bits(bits, dtype: str) -> np.ndarray:
     bits = np.asarray(bits)
     if dtype == "bf16":

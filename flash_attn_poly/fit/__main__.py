@@ -1,0 +1,67 @@
+"""CLI: python -m flash_attn_poly.fit search|write|table|sweep"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m flash_attn_poly.fit")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("search", help="search one target and print (or store) the best program")
+    s.add_argument("--target", required=True, help="sigmoid|tanh|silu|gelu[_grad]|softcap|sigmoid_attn")
+    s.add_argument("--degree", type=int, default=4)
+    s.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
+    s.add_argument("--n", type=int, default=4096, help="keys, for sigmoid_attn")
+    s.add_argument("--write", action="store_true", help="add/replace the entry in programs.json")
+    w = sub.add_parser("write", help="regenerate flash_attn_poly/data/programs.json")
+    w.add_argument("--out", default=None)
+    t = sub.add_parser("table", help="Table 2: ours vs Sollya fpminimax")
+    t.add_argument("--json", required=True)
+    sw = sub.add_parser("sweep", help="figures like the seed's 4/5 (PNG)")
+    sw.add_argument("--out", required=True)
+    sw.add_argument("--dtype", default="f16", choices=["bf16", "f16"])
+    a = ap.parse_args(argv)
+    cmd = "python -m flash_attn_poly.fit " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    from . import programs as P
+    if a.cmd == "write":
+        table = P.build(command=cmd, progress=True)
+        P.write(table, a.out or P.TABLE_PATH)
+        print(f"wrote {len(table['programs'])} programs to {a.out or P.TABLE_PATH}")
+    elif a.cmd == "search":
+        entries = _search(a, cmd, P)
+        print(json.dumps(P._clean(entries), indent=1))
+        if a.write:
+            table = P.load_table()
+            table["programs"].update(P._clean(entries))
+            table["programs"] = dict(sorted(table["programs"].items()))
+            P.write(table)
+    elif a.cmd == "table":
+        from .table2 import table_rows
+        rows = table_rows(progress=True)
+        with open(a.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+        print(json.dumps(rows, indent=1))
+    elif a.cmd == "sweep":
+        from .sweep import sweep
+        for path in sweep(a.out, a.dtype):
+            print(path)
+
+
+def _search(a, cmd, P):
+    if a.target == "sigmoid_attn":
+        return P.sigmoid_attn_entries(a.n, cmd, progress=True)
+    if a.target == "softcap":
+        from . import softcap
+        p = softcap.search(progress=True)
+        return {"softcap_c50": p, "softcap_c50_grad": softcap.make_grad(p)}
+    p = P.searched(a.target, a.degree, a.dtype, cmd, progress=True)
+    fn, grad = a.target.replace("_grad", ""), a.target.endswith("_grad")
+    name = f"{fn}_d{a.degree}" + ("_grad" if grad else "") + ("_f16" if a.dtype == "f16" else "")
+    return {name: p}
+
+
+if __name__ == "__main__":
+    main()
