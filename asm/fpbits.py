@@ -9,7 +9,6 @@ addend is folded in with TwoSum, so ``hi + lo`` is the exact sum; the final roun
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,18 +36,20 @@ M32 = np.uint32(0xFFFFFFFF)
 def decode(bits: np.ndarray, fmt: Fmt) -> np.ndarray:
     """16-bit patterns -> exact float64 values."""
     b = np.asarray(bits).astype(np.uint32) & 0xFFFF
-    if fmt is BF16:
-        return (b << 16).view(np.float32).astype(np.float64)
-    return b.astype(np.uint16).view(np.float16).astype(np.float64)
+    with np.errstate(invalid="ignore"):         # NaN patterns are legitimate inputs
+        if fmt is BF16:
+            return (b << 16).view(np.float32).astype(np.float64)
+        return b.astype(np.uint16).view(np.float16).astype(np.float64)
 
 
 def encode(x: np.ndarray, fmt: Fmt) -> np.ndarray:
     """float64 values already representable in ``fmt`` -> uint32 holding the 16-bit pattern."""
     x = np.asarray(x, dtype=np.float64)
-    if fmt is BF16:
-        out = x.astype(np.float32).view(np.uint32) >> 16
-    else:
-        out = x.astype(np.float16).view(np.uint16).astype(np.uint32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if fmt is BF16:
+            out = x.astype(np.float32).view(np.uint32) >> 16
+        else:
+            out = x.astype(np.float16).view(np.uint16).astype(np.uint32)
     return np.where(np.isnan(x), np.uint32(fmt.nan), out).astype(np.uint32)
 
 
@@ -64,14 +65,16 @@ def round_to_format(hi: np.ndarray, lo: np.ndarray, fmt: Fmt) -> np.ndarray:
     finite = np.isfinite(ax) & (ax > 0)
     _, e = np.frexp(np.where(finite, ax, 1.0))           # ax = m * 2**e, m in [0.5, 1)
     quantum = np.ldexp(1.0, np.maximum(e - 1, fmt.emin) - (fmt.p - 1))
-    r = ax / quantum                                      # exact: power-of-two scaling
-    fl = np.floor(r)
-    n = np.rint(r)                                        # ties to even
-    tie = (r - fl) == 0.5
+    with np.errstate(invalid="ignore"):                   # inf/NaN lanes are masked below
+        r = ax / quantum                                  # exact: power-of-two scaling
+        fl = np.floor(r)
+        n = np.rint(r)                                    # ties to even
+        tie = (r - fl) == 0.5
     toward = np.sign(lo) * np.sign(hi)                    # +1: exact |value| above the tie
     n = np.where(tie & (toward > 0), fl + 1, np.where(tie & (toward < 0), fl, n))
-    mag = n * quantum
-    mag = np.where(mag >= np.ldexp(1.0, fmt.emax + 1), np.inf, mag)
+    with np.errstate(invalid="ignore"):
+        mag = n * quantum
+        mag = np.where(mag >= np.ldexp(1.0, fmt.emax + 1), np.inf, mag)
     return np.where(finite, np.copysign(mag, hi), hi)
 
 
