@@ -70,26 +70,34 @@ def _aligned(t: Tensor) -> Tensor:
     return t if t.data_ptr() % _ALIGN == 0 else t.clone()
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled(kind: str, dtype: str, evaluator: str, layout: str):
+    """(compiled kernel, unroll) per configuration.  Cached here because building the key
+    (program bits from the table) costs ~100 us, more than a 4M-element kernel runs."""
+    from flash_attn_poly.kernels import elementwise as ew
+
+    key = ew.ElementwiseKey(kind, dtype, evaluator, layout,
+                            ew.program_bits(kind, dtype, evaluator))
+    return ew.get_compiled(key), ew.ElementwiseKernel.unroll_for(kind)
+
+
 def launch(kind: str, dtype: str, evaluator: str, ins: list, outs: list,
            layout: str = "flat", h: int = 0) -> None:
     """Run the compiled kernel for (kind, dtype, evaluator, layout) on flat views.
 
     `ins`/`outs`: contiguous tensors (any shape); `h`: half-row width for concat."""
-    from flash_attn_poly.kernels import elementwise as ew
+    from flash_attn_poly.kernels.elementwise import CHUNK, grid_size
 
-    key = ew.ElementwiseKey(kind, dtype, evaluator, layout,
-                            ew.program_bits(kind, dtype, evaluator))
-    fn = ew.get_compiled(key)
+    fn, unroll = _compiled(kind, dtype, evaluator, layout)
     n = outs[0].numel() if layout == "flat" else outs[0].numel() // (2 if kind.endswith("bwd") else 1)
     if n == 0:
         return
-    unroll = ew.ElementwiseKernel.unroll_for(kind)
-    grid = ew.grid_size(n // ew.CHUNK, unroll, _sm_count(outs[0].device.index or 0))
+    grid = grid_size(n // CHUNK, unroll, _sm_count(outs[0].device.index or 0))
     flat_in = [_aligned(t).view(-1) for t in ins]
     flat_out = [t.view(-1) for t in outs]
     flat_in += [flat_in[0]] * (3 - len(flat_in))      # unused slots: never touched
     flat_out += [flat_out[0]] * (2 - len(flat_out))
-    fn(*flat_in, *flat_out, n, max(h // ew.CHUNK, 1), grid)
+    fn(*flat_in, *flat_out, n, max(h // CHUNK, 1), grid)
 
 
 def _concat_ok(gate_up: Tensor) -> bool:

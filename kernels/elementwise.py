@@ -3,7 +3,8 @@
 What it does: streams 1..3 contiguous BF16/FP16 inputs to 1..2 outputs.  Each thread
 moves 16-byte chunks (8 values = four packed pairs) with 128-bit loads/stores and runs
 one inline PTX block per pair (``kernels/elementwise_ops.py``): the packed polynomial
-(``poly``: fma.rn.{bf16,f16}x2, no MUFU) or the SFU comparator (``native``).
+block generated in asm/ (``poly``: fma.rn.{bf16,f16}x2, no MUFU) or the SFU comparator
+(``native``).
 
 Layouts:
 * ``flat``   every tensor is the same n elements (any contiguous shape, flattened);
@@ -91,11 +92,13 @@ class ElementwiseKernel:
         self.key = key
         self.n_in, self.n_out = ops.ARITY[key.kind]
         self.in_roles, self.out_roles = _ROLES[(key.layout, self.n_in, self.n_out)]
-        self.ptx, self.constraints, n_out = ops.block(key.kind, key.dtype, key.evaluator)
+        if key.evaluator == "poly":
+            self.poly = ops.poly_block(key.kind, key.dtype)
+        else:
+            self.poly = None
+            self.ptx, self.constraints, _ = ops.native_block(key.kind, key.dtype)
+        # (x, g) poly kinds: the block sees x only; g * f'(x) is one more packed multiply.
         self.grad_mul = ops.grad_mul(key.kind, key.dtype, key.evaluator)
-        if self.grad_mul:  # the block sees x only; g * f'(x) is one more packed multiply
-            self.constraints = "=r,r"
-        assert n_out == self.n_out
         self.unroll = self.unroll_for(key.kind)
 
     @staticmethod
@@ -128,10 +131,12 @@ class ElementwiseKernel:
 
     def _evaluate(self, words: list) -> tuple:
         """One pair through the block (plus the g multiply for (x, g) poly kinds)."""
+        if self.poly is None:
+            return ops.run_ptx(self.ptx, self.constraints, self.n_out, *words)
         if self.grad_mul:
-            (d,) = ops.run_ptx(self.ptx, self.constraints, 1, words[0])
+            (d,) = ops.run_poly(self.poly, words[0])
             return ops.run_ptx(self.grad_mul, "=r,r,r", 1, d, words[1])
-        return ops.run_ptx(self.ptx, self.constraints, self.n_out, *words)
+        return ops.run_poly(self.poly, *words)
 
     @cute.jit
     def _compute(self, r_ins: list, r_outs: list):
@@ -243,5 +248,5 @@ def program_bits(kind: str, dtype: str, evaluator: str) -> tuple:
     """Coefficient bits and clamp of the programs the poly block embeds (cache key part)."""
     if evaluator != "poly":
         return ()
-    progs = ops.poly_block(kind, dtype)[3]
+    progs = ops.poly_programs(kind, dtype)
     return tuple((tuple(p.get("coeffs_bits") or p["coeffs"]), p["L_c"]) for p in progs)

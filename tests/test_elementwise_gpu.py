@@ -7,7 +7,7 @@ import torch
 from flash_attn_poly import activations as act
 from flash_attn_poly.fit import runtime
 from flash_attn_poly.kernels import elementwise_ops as ops
-from flash_attn_poly.kernels import elementwise_standin as standin
+from flash_attn_poly.asm import blocks, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -25,14 +25,13 @@ def _f64(t):
 
 
 def expected(kind, dtype, ins):
-    """Replay of the block (plus g * f'(x) for (x, g) kinds) on CPU, float64 exact values."""
-    progs = ops.poly_block(kind, dtype)[3]
+    """fit.runtime replay of the block (asm/reference.py), plus g * f'(x) for (x, g) kinds."""
     vals = [_f64(t) for t in ins]
-    name = ops.block_name(kind, dtype)
+    name, table = ops.block_name(kind, dtype), blocks.load_table()
     if ops.grad_mul(kind, dtype, "poly"):
-        (d,) = standin.reference(name, list(progs), vals[0])
+        (d,) = reference.expected_values(name, table, vals[:1])
         return (runtime.mul(d, vals[1], dtype),)
-    return standin.reference(name, list(progs), *vals)
+    return reference.expected_values(name, table, vals)
 
 
 def _run(kind, dtype, evaluator, ins, poison=True):
@@ -80,8 +79,9 @@ def test_native_close_to_torch(kind, n):
     x = [t.float() for t in ins]
     s = torch.sigmoid(x[0])
     d = s * (1 + x[0] * (1 - s))
-    refs = {"silu_fwd": [x[0] * s], "silu_bwd": [x[1] * d], "swiglu_fwd": [x[0] * s * x[1]],
-            "swiglu_bwd": [x[2] * x[1] * d, x[2] * x[0] * s]}[kind]
+    refs = {"silu_fwd": lambda: [x[0] * s], "silu_bwd": lambda: [x[1] * d],
+            "swiglu_fwd": lambda: [x[0] * s * x[1]],
+            "swiglu_bwd": lambda: [x[2] * x[1] * d, x[2] * x[0] * s]}[kind]()
     for out, ref in zip(outs, refs):
         torch.testing.assert_close(out.float(), ref, rtol=2**-7, atol=2e-3)
 
