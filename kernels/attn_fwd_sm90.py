@@ -430,10 +430,15 @@ def _fake_args(cfg: AttnFwdConfig):
     from cutlass.cute.runtime import make_fake_tensor
 
     dt = _DTYPES[cfg.dtype]
-    sym = lambda: cute.sym_int()
+    # from_dlpack's dynamic layouts carry 32-bit shapes and 64-bit strides: the fake
+    # signature must match bit for bit (a 32-bit stride here read garbage strides at run
+    # time: illegal address).  q/k/v/o strides are multiples of 8 elements (16 B, a TMA rule
+    # that attn_fwd checks).
+    shp = lambda: cute.sym_int(32)
+    st = lambda div=1: cute.sym_int64(divisibility=div)
     def qkv():
-        return make_fake_tensor(dt, (sym(), sym(), sym(), sym()), (sym(), sym(), sym(), 1), assumed_align=16)
-    lse = make_fake_tensor(Float32, (sym(), sym(), sym()), (sym(), sym(), 1), assumed_align=16)
+        return make_fake_tensor(dt, (shp(), shp(), shp(), shp()), (st(8), st(8), st(8), 1), assumed_align=16)
+    lse = make_fake_tensor(Float32, (shp(), shp(), shp()), (st(), st(), 1), assumed_align=16)
     return (qkv(), qkv(), qkv(), qkv(), lse, Float32(1.0), Float32(1.0), Float32(1.0), Float32(1.0))
 
 

@@ -194,8 +194,14 @@ class OnlineSoftmax:
 # MUFU; they exist only so the poly data flow compiles and runs before the blocks land.
 # ----------------------------------------------------------------------------------------
 def _cute_ops():
+    """flash_attn_poly.asm.cute_ops if it and the coefficient table are usable, else None."""
     try:
-        from flash_attn_poly.asm import cute_ops  # type: ignore
+        try:
+            from flash_attn_poly.asm import cute_ops  # type: ignore
+        except ImportError:
+            from asm import cute_ops  # type: ignore  (repository root on sys.path)
+        cute_ops.block("sigmoid_fwd")
+        cute_ops.block("softcap_fwd")
         return cute_ops
     except Exception:
         return None
@@ -257,9 +263,9 @@ class SoftcapStage:
 
     mode: str = field(default="softcap", init=False)
     evaluator: str = "native"
-    program: str = "tanh_d4"
+    program: str = "softcap_c50"
     coeff_bits: tuple = ()
-    clamp_l: float = 3.25   # L_c of the program: |u| is clamped to it (tanh(3.25) = 0.997)
+    clamp_l: float = 1.75   # the program's L_c: the block clamps |u| there, so x is clamped to c*L_c
     has_lse = True
     uses_online_softmax = True
 
@@ -286,7 +292,7 @@ class SoftcapStage:
             u0 = x0 * params[3]
             u1 = x1 * params[3]
             if cutlass.const_expr(ops is not None and hasattr(ops, "softcap_fwd")):
-                rho = ops.softcap_fwd(u0, u1)[0]
+                rho = Int32(ops.softcap_fwd(u0, u1))
             else:
                 rho = _standin_softcap_fwd(u0, u1)
             r0, r1 = unpack_bf16x2(rho)
@@ -355,7 +361,7 @@ class SigmoidStage:
             x0 = s0 * params[0] + params[1]
             x1 = s1 * params[0] + params[1]
             if cutlass.const_expr(ops is not None and hasattr(ops, "sigmoid_fwd")):
-                p = Int32(ops.sigmoid_fwd(x0, x1)[0])
+                p = Int32(ops.sigmoid_fwd(x0, x1))
             else:
                 p = _standin_sigmoid_fwd(x0, x1, params[2])
             if cutlass.const_expr(masked):
@@ -372,8 +378,30 @@ class SigmoidStage:
         return None
 
 
+def _program(name: str):
+    """The program's entry in flash_attn_poly/data/programs.json, or None if absent."""
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "flash_attn_poly", "data", "programs.json")
+    try:
+        from importlib import resources
+        text = resources.files("flash_attn_poly").joinpath("data/programs.json").read_text()
+    except Exception:
+        if not os.path.exists(path):
+            return None
+        text = open(path).read()
+    return json.loads(text)["programs"].get(name)
+
+
+def _bits(prog) -> tuple:
+    bits = prog.get("coeffs_bits", ())
+    return tuple(tuple(b) if isinstance(b, list) else b for b in bits)
+
+
 def make_stage(mode: str, evaluator: str = "native", **kw):
-    """Build the stage for (mode, evaluator); kw overrides program fields."""
+    """Build the stage for (mode, evaluator); poly stages take program name, coefficient
+    bits and clamp from the coefficient table (kw overrides)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if evaluator not in EVALUATORS:
@@ -381,5 +409,13 @@ def make_stage(mode: str, evaluator: str = "native", **kw):
     if mode == "softmax":
         return SoftmaxStage(evaluator="native")
     if mode == "softcap":
+        if evaluator == "poly":
+            prog = _program(kw.get("program", SoftcapStage.program))
+            if prog is not None:
+                kw = dict(dict(coeff_bits=_bits(prog), clamp_l=float(prog["L_c"])), **kw)
         return SoftcapStage(evaluator=evaluator, **kw)
+    if evaluator == "poly":
+        prog = _program(kw.get("program", SigmoidStage.program))
+        if prog is not None:
+            kw = dict(dict(coeff_bits=_bits(prog), program_n=int(prog["params"]["n"])), **kw)
     return SigmoidStage(evaluator=evaluator, **kw)
