@@ -456,18 +456,21 @@ def _cutlass_dtype(name: str):
 
 
 def fake_args(key: BwdKey):
-    """Fake tensors with dynamic shapes and strides (unit innermost stride), matching what
-    from_dlpack(t).mark_layout_dynamic(leading_dim=last) gives at run time."""
+    """Fake tensors for cute.compile: 32-bit symbolic shapes and 64-bit symbolic strides with a
+    unit innermost stride, exactly what from_dlpack(t).mark_layout_dynamic(leading_dim=last)
+    passes at run time (32-bit fake strides misread the kernel-parameter struct: the first
+    GPU run added every dQ row at the batch stride)."""
     from cutlass.cute.runtime import make_fake_tensor
     dt = _cutlass_dtype(key.dtype)
 
-    def mk(t, rank):
-        sym = [cute.sym_int() for _ in range(2 * rank - 1)]
-        return make_fake_tensor(t, tuple(sym[:rank]), tuple(sym[rank:]) + (1,), assumed_align=16)
+    def mk(t, rank, div):
+        shape = tuple(cute.sym_int(32) for _ in range(rank))
+        stride = tuple(cute.sym_int64(divisibility=div) for _ in range(rank - 1)) + (1,)
+        return make_fake_tensor(t, shape, stride, assumed_align=16)
 
-    q, k, v, do = (mk(dt, 4) for _ in range(4))
-    lse, dsum = mk(Float32, 3), mk(Float32, 3)
-    dq, dk, dv = (mk(Float32, 4) for _ in range(3))
+    q, k, v, do = (mk(dt, 4, 8) for _ in range(4))      # TMA: strides multiple of 16 bytes
+    lse, dsum = mk(Float32, 3, 4), mk(Float32, 3, 4)
+    dq, dk, dv = (mk(Float32, 4, 2) for _ in range(3))  # red.v2: 8-byte aligned rows
     return (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0))
 
 
@@ -499,6 +502,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     """
     import torch
     from . import attn_bwd_prepost as pp
+    dout, q, k, v = (t.contiguous() for t in (dout, q, k, v))
     from .score_stages_bwd import bwd_side
     b, s_q, h_q, d = q.shape
     s_k = k.shape[1]
