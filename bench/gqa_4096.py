@@ -53,6 +53,19 @@ def fa4(mode: str) -> Optional[Row]:
         lambda: flash_attn_func(q, k, v, causal=True, softcap=cap)))
 
 
+def fa4_poly_softcap() -> Optional[Row]:
+    """FA4 with our polynomial softcap plugged in through its score_mod hook (flash_attn_poly.fa4)."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # noqa: BLE001
+        print(f"skip FA4+poly softcap: flash-attn-4 not importable ({type(e).__name__})")
+        return None
+    from flash_attn_poly.fa4 import softcap_score_mods
+    fwd, bwd = softcap_score_mods(SOFTCAP)
+    return Row("fa4_score_mod", "softcap", "poly", lambda q, k, v: (
+        lambda: flash_attn_func(q, k, v, causal=True, score_mod=fwd, score_mod_bwd=bwd)))
+
+
 def sdpa_cudnn() -> Row:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -102,7 +115,7 @@ def compiled_sigmoid() -> Row:
 def all_rows() -> list[Row]:
     rows = [ours("softmax", "native"), ours("softcap", "native"), ours("softcap", "poly"),
             ours("sigmoid", "native"), ours("sigmoid", "poly")]
-    rows += [r for r in (fa4("softmax"), fa4("softcap")) if r is not None]
+    rows += [r for r in (fa4("softmax"), fa4("softcap"), fa4_poly_softcap()) if r is not None]
     rows += [sdpa_cudnn(), flex_softcap(), compiled_sigmoid()]
     return rows
 
@@ -175,7 +188,8 @@ def ratios(rows: list[dict]) -> dict:
              "softcap poly vs FA4 softcap": (("fa4", "softcap", "native"), ("ours", "softcap", "poly")),
              "sigmoid poly vs ours native": (("ours", "sigmoid", "native"), ("ours", "sigmoid", "poly")),
              "sigmoid poly vs FA4 softmax": (("fa4", "softmax", "native"), ("ours", "sigmoid", "poly")),
-             "ours softmax vs FA4 softmax": (("fa4", "softmax", "native"), ("ours", "softmax", "native"))}
+             "ours softmax vs FA4 softmax": (("fa4", "softmax", "native"), ("ours", "softmax", "native")),
+             "FA4+poly score_mod vs FA4 softcap": (("fa4", "softcap", "native"), ("fa4_score_mod", "softcap", "poly"))}
     out = {}
     for name, (base, mine) in pairs.items():
         for d in ("fwd", "bwd"):
