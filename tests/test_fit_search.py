@@ -107,9 +107,9 @@ def test_sigmoid_attn_grad_uses_forward_value(table):
 
 def test_softcap_residual_chain(table):
     p = table["programs"]["softcap_c50"]
-    x = np.linspace(-60, 60, 2001)
+    x = np.linspace(-40, 40, 2001)
     out = rt.softcap_logit(p, x, "fused")
-    assert np.abs(out - 50 * np.tanh(x / 50)).max() < 0.25      # bulk, logit units
+    assert np.abs(out - 50 * np.tanh(x / 50)).max() < 0.15      # bulk |x| <= 40: 0.11 logits
     assert np.array_equal(rt.round_to(out, "f32"), out)
 
 
@@ -118,3 +118,11 @@ def test_differentiated_tanh_grad_matches_forward(table):
     c = np.asarray(fwd["coeffs"])
     assert grad["degree"] == 3 and grad["form"] == "even"
     assert np.array_equal(grad["coeffs"], rt.round_to(np.arange(1, 5) * c[1:], "bf16"))
+
+
+def test_sweep_writes_pngs(tmp_path):
+    pytest.importorskip("matplotlib")
+    from flash_attn_poly.fit.sweep import FUNCS, sweep
+    small = {fn + s: ([3.0], [3.0]) for fn in FUNCS for s in ("", "_grad")}
+    paths = sweep(tmp_path, "bf16", degrees=(3, 4), grids=small)
+    assert len(paths) == 2 and all((tmp_path / p.split("/")[-1]).stat().st_size > 10_000 for p in paths)
