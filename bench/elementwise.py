@@ -91,6 +91,17 @@ def bench_b4(timing, copy_gbps):
         rows = _rows("B4 SwiGLU fwd", time_alternating(fwd, timing), dict.fromkeys(fwd, 3 * n),
                      copy_gbps, "torch eager silu(g)*u")
 
+    # Backward kernels alone, from saved tensors (what autograd runs after the forward):
+    # torch eager = mul backward (dy*up, dy*silu_saved) + aten.silu_backward.
+    s_saved = F.silu(gate.detach())
+    g_d, u_d = gate.detach(), up.detach()
+    bwd = {"torch eager ops": lambda: (torch.ops.aten.silu_backward(dy * u_d, g_d), dy * s_saved),
+           "native (SFU) kernel": lambda: act._swiglu_bwd(g_d, u_d, dy, "native"),
+           "poly kernel (gate, up)": lambda: act._swiglu_bwd(g_d, u_d, dy, "poly"),
+           "poly kernel [gate|up]": lambda: act._swiglu_concat_bwd(gate_up.detach(), dy, "poly")}
+    rows += _rows("B4 SwiGLU bwd only", time_alternating(bwd, timing),
+                  dict.fromkeys(bwd, 5 * n), copy_gbps, "torch eager ops")
+
     def step(fn, *args):
         def run():
             for a in args:
