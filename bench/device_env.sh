@@ -11,5 +11,9 @@ ln -s "$_fap_root/kernels" "$_fap_site/flash_attn_poly/kernels"
 ln -s "$_fap_root/asm" "$_fap_site/flash_attn_poly/asm"
 export PYTHONPATH="$_fap_site:$_fap_root:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1
+# Without this, `python -c`/`python -m` run from the repository root put the root first on
+# sys.path and import the source flash_attn_poly/, which has no kernels/ or asm/ inside.
+export PYTHONSAFEPATH=1
 python3 -c "import flash_attn_poly, flash_attn_poly.kernels, flash_attn_poly.asm" || return 1
-echo "flash_attn_poly from $_fap_root (commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+# The copied tree has no .git: pass the commit in as FAP_COMMIT=<sha> before sourcing this.
+echo "flash_attn_poly from $_fap_root (commit ${FAP_COMMIT:-unknown})"

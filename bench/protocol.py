@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import statistics
 import subprocess
 from dataclasses import dataclass
@@ -58,6 +59,9 @@ def time_alternating(fns: dict[str, Callable[[], object]], timing: Timing) -> di
 
 
 def git_commit() -> str:
+    """The checkout's commit; on the device machine (no .git) the caller exports FAP_COMMIT."""
+    if os.environ.get("FAP_COMMIT"):
+        return os.environ["FAP_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
