@@ -78,6 +78,13 @@ def time_anchor(modes):
         ms = bench(lambda: attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc))
         flops = 2.5 * 4 * b * hq * s * s * d / 2
         rows.append((f"ours {mode}", ms, flops / ms / 1e9))
+    from flash_attn_poly.kernels import attn_bwd_prepost as pp
+
+    def prepost():
+        pp.preprocess(do, o, lse, True, True, "e", 128)
+        acc = pp.accumulators(q, k)
+        pp.postprocess(*acc, 0.1, q.dtype)
+    rows.append(("torch pre+post only (in ours softmax)", bench(prepost), 0.0))
     try:
         from flash_attn.cute.interface import flash_attn_func
         for sc in (0.0, 50.0):
