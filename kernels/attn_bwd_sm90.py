@@ -137,7 +137,7 @@ class AttnBwdSm90:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
-                 mdVacc: cute.Tensor, arg0: Float32, arg1: Float32, stream):
+                 mdVacc: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32, stream):
         # (B, S, H, D) -> (S, D, H, B); stats (B, H, S_pad) -> (S_pad, H, B)
         mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc = [
             self._seq_major(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc)]
@@ -161,7 +161,7 @@ class AttnBwdSm90:
         grid = (n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
         self.kernel(tQ, tK, tV, tdO, tLSE, tDsum, mdQacc, mdKacc, mdVacc,
                     tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
-                    mma_sdp, mma_dkv, mma_dq, arg0, arg1, Storage).launch(
+                    mma_sdp, mma_dkv, mma_dq, (arg0, arg1, arg2), Storage).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     # ---------------------------------------------------------------- device side
@@ -180,7 +180,7 @@ class AttnBwdSm90:
     def kernel(self, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc,
                tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
                mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
-               arg0: Float32, arg1: Float32, Storage: cutlass.Constexpr):
+               args, Storage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head, batch = cute.arch.block_idx()
@@ -225,7 +225,7 @@ class AttnBwdSm90:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.mma(mma_sdp, mma_dkv, mma_dq, sQ, sK, sV, sdO, sdS, sLSE, sDsum,
                      pipe_q, pipe_do, pipe_kv, mdQacc, mdKacc, mdVacc, tidx - 128,
-                     n_block, head, head_kv, batch, m_min, m_max, seqlen_q, seqlen_k, arg0, arg1)
+                     n_block, head, head_kv, batch, m_min, m_max, seqlen_q, seqlen_k, args)
 
     @cute.jit
     def _tma_tiles(self, atom, mX, sX, tile, coord):
@@ -283,7 +283,7 @@ class AttnBwdSm90:
     @cute.jit
     def mma(self, mma_sdp, mma_dkv, mma_dq, sQ, sK, sV, sdO, sdS, sLSE, sDsum,
             pipe_q, pipe_do, pipe_kv, mdQacc, mdKacc, mdVacc, tidx,
-            n_block, head, head_kv, batch, m_min, m_max, seqlen_q, seqlen_k, arg0, arg1):
+            n_block, head, head_kv, batch, m_min, m_max, seqlen_q, seqlen_k, args):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_layout = cute.make_layout(2, stride=128)
         wg_sdp = mma_sdp.get_slice(wg_layout(wg))
@@ -328,7 +328,7 @@ class AttnBwdSm90:
                 self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
                                  tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
                                  sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
-                                 n_block, m_block, head, batch, seqlen_q, seqlen_k, arg0, arg1,
+                                 n_block, m_block, head, batch, seqlen_q, seqlen_k, args,
                                  m_block != m_min)
                 state.advance()
             self.epilogue_dkv(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch, seqlen_k)
@@ -337,7 +337,7 @@ class AttnBwdSm90:
     def one_m_block(self, mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
                     tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
                     sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
-                    n_block, m_block, head, batch, seqlen_q, seqlen_k, arg0, arg1, accumulate):
+                    n_block, m_block, head, batch, seqlen_q, seqlen_k, args, accumulate):
         idx = state.index
         buf = m_block % 2
         acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
@@ -351,7 +351,7 @@ class AttnBwdSm90:
         warpgroup.commit_group()
         warpgroup.wait_group(1)
         aux = cute.make_rmem_tensor(tScS.shape, Float32)
-        self.probs(acc_S, aux, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, arg0, arg1)
+        self.probs(acc_S, aux, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args)
         rP = cute.make_rmem_tensor(shape_a, self.dtype)
         cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
         warpgroup.fence()
@@ -377,10 +377,9 @@ class AttnBwdSm90:
                          m_block, seqlen_q, tidx)
 
     @cute.jit
-    def probs(self, acc_S, aux, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, arg0, arg1):
+    def probs(self, acc_S, aux, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args):
         """acc_S (raw S^T) -> P^T in place, aux <- stage factor; causal-masked scores -> 0."""
         s_mn, a_mn, c_mn = acc_mn_view(acc_S), acc_mn_view(aux), acc_mn_view(tScS)
-        args = (arg0, arg1)
         for c in cutlass.range_constexpr(0, cute.size(s_mn, mode=[1]), 2):
             m0 = c_mn[0, c][1]
             lse0 = sLSE[m0, idx] if const_expr(self.stage.needs_lse) else Float32(0.0)
@@ -471,7 +470,7 @@ def fake_args(key: BwdKey):
     q, k, v, do = (mk(dt, 4, 8) for _ in range(4))      # TMA: strides multiple of 16 bytes
     lse, dsum = mk(Float32, 3, 4), mk(Float32, 3, 4)
     dq, dk, dv = (mk(Float32, 4, 2) for _ in range(3))  # red.v2: 8-byte aligned rows
-    return (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0))
+    return (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0), Float32(0.0))
 
 
 def kernel_for(key: BwdKey) -> AttnBwdSm90:
@@ -517,9 +516,9 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     kern = compile_bwd(key)
     lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128)
     dq_acc, dk_acc, dv_acc = pp.accumulators(q, k)
-    a0, a1 = stage.host_args(scale, softcap, sigmoid_bias)
+    a0, a1, a2 = stage.host_args(scale, softcap, sigmoid_bias)
     stream = torch.cuda.current_stream().cuda_stream
     import cuda.bindings.driver as cuda
     kern(*(_dl(t) for t in (q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc)),
-         Float32(a0), Float32(a1), cuda.CUstream(stream))
+         Float32(a0), Float32(a1), Float32(a2), cuda.CUstream(stream))
     return pp.postprocess(dq_acc, dk_acc, dv_acc, scale, q.dtype)

@@ -12,9 +12,9 @@ applied) and needs two things per score from the stage:
 Methods work on lane pairs because the polynomial PTX blocks are two-lane (bf16x2).
 A stage is keyed by content: ``bwd_side(mode, evaluator)`` returns a frozen dataclass.
 
-The forward stage objects live in kernels/score_stages.py (forward engineer).  Until that
-module and the asm blocks (flash_attn_poly.asm.cute_ops: softcap_bwd, sigmoid_fwd_bwd)
-land, the "poly" sides below are STAND-INS that raise at compile time.
+The forward stage objects live in kernels/score_stages.py (forward engineer); the "poly"
+sides call the asm.cute_ops blocks softcap_fwd/softcap_bwd and sigmoid_fwd_bwd with the
+forward's argument conventions, so P is recomputed bit-identically to the forward.
 """
 
 import math
@@ -51,7 +51,7 @@ class SoftmaxBwd:
     needs_dsum: bool = True
 
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
-        return (softmax_scale * LOG2_E, 0.0)
+        return (softmax_scale * LOG2_E, 0.0, 0.0)
 
     @cute.jit
     def prob2(self, s0, s1, lse0, lse1, args):
@@ -76,18 +76,40 @@ class SoftcapBwd:
     needs_lse: bool = True
     needs_dsum: bool = True
 
+    clamp_l: float = 1.75   # L_c of programs softcap_c50(_grad): |u| clamped there
+
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
-        return (softmax_scale / softcap, softcap * LOG2_E)
+        if self.evaluator == "native":
+            return (softmax_scale / softcap, softcap * LOG2_E, 0.0)
+        return (softmax_scale, softcap, 1.0 / softcap)
 
     @cute.jit
     def prob2(self, s0, s1, lse0, lse1, args):
-        if cutlass.const_expr(self.evaluator != "native"):
-            raise NotImplementedError("STAND-IN: softcap poly backward waits for asm softcap_fwd/_bwd")
+        if cutlass.const_expr(self.evaluator == "poly"):
+            return self._prob2_poly(s0, s1, lse0, lse1, args)
         t0 = tanh_approx(s0 * args[0])
         t1 = tanh_approx(s1 * args[0])
         p0 = _exp2(t0 * args[1] - lse0)
         p1 = _exp2(t1 * args[1] - lse1)
         return p0, p1, 1.0 - t0 * t0, 1.0 - t1 * t1
+
+    @cute.jit
+    def _prob2_poly(self, s0, s1, lse0, lse1, args):
+        """The forward's residual form (score_stages.SoftcapStage, poly): logit = xc - c rho(u),
+        xc = clamp(x, +-c L_c), u = xc/c, rho from block softcap_fwd; d logit/dx = 1 - rho'(u)
+        from block softcap_bwd (the differentiated D3 program, packed bf16x2, no MUFU)."""
+        from flash_attn_poly.asm import cute_ops
+        from .score_stages import unpack_bf16x2
+        x_max = args[1] * self.clamp_l
+        x0 = cute.arch.fmin(cute.arch.fmax(s0 * args[0], -x_max), x_max)
+        x1 = cute.arch.fmin(cute.arch.fmax(s1 * args[0], -x_max), x_max)
+        u0 = x0 * args[2]
+        u1 = x1 * args[2]
+        r0, r1 = unpack_bf16x2(cutlass.Int32(cute_ops.softcap_fwd(u0, u1)))
+        g0, g1 = unpack_bf16x2(cutlass.Int32(cute_ops.softcap_bwd(u0, u1)))
+        p0 = _exp2((x0 - args[1] * r0) * LOG2_E - lse0)
+        p1 = _exp2((x1 - args[1] * r1) * LOG2_E - lse1)
+        return p0, p1, g0, g1
 
     @cute.jit
     def dscore2(self, p0, p1, dp0, dp1, dsum0, dsum1, a0, a1):
@@ -102,18 +124,34 @@ class SigmoidBwd:
     needs_lse: bool = False
     needs_dsum: bool = False
 
+    program_n: int = 4096   # sigmoid_attn_n4096: the block evaluates sigma(x' - ln n)
+
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
-        # exp2(-(s*scale + b) log2e) = exp2(-s*k0 - k1)
-        return (softmax_scale * LOG2_E, sigmoid_bias * LOG2_E)
+        if self.evaluator == "native":
+            # exp2(-(s*scale + b) log2e) = exp2(-s*k0 - k1)
+            return (softmax_scale * LOG2_E, sigmoid_bias * LOG2_E, 0.0)
+        # x' = s*scale + b + ln n, exactly what the forward feeds block sigmoid_fwd
+        return (softmax_scale, sigmoid_bias + math.log(self.program_n), 0.0)
 
     @cute.jit
     def prob2(self, s0, s1, lse0, lse1, args):
-        if cutlass.const_expr(self.evaluator != "native"):
-            raise NotImplementedError("STAND-IN: sigmoid poly backward waits for asm sigmoid_fwd_bwd")
+        if cutlass.const_expr(self.evaluator == "poly"):
+            return self._prob2_poly(s0, s1, args)
         # sigma = 1 / (1 + 2^-x2): MUFU.EX2 + MUFU.RCP per score
         p0 = cute.arch.rcp_approx(1.0 + _exp2(-(s0 * args[0] + args[1])))
         p1 = cute.arch.rcp_approx(1.0 + _exp2(-(s1 * args[0] + args[1])))
         return p0, p1, p0 * (1.0 - p0), p1 * (1.0 - p1)
+
+    @cute.jit
+    def _prob2_poly(self, s0, s1, args):
+        """Coupled 22-instruction block: bf16x2 P (the forward's values, for dV) and the
+        factored derivative surrogate d sigma/dx' from one clamp/mask/Horner chain."""
+        from flash_attn_poly.asm import cute_ops
+        from .score_stages import unpack_bf16x2
+        p, dp = cute_ops.sigmoid_fwd_bwd(s0 * args[0] + args[1], s1 * args[0] + args[1])
+        p0, p1 = unpack_bf16x2(cutlass.Int32(p))
+        d0, d1 = unpack_bf16x2(cutlass.Int32(dp))
+        return p0, p1, d0, d1
 
     @cute.jit
     def dscore2(self, p0, p1, dp0, dp1, dsum0, dsum1, a0, a1):

@@ -36,8 +36,17 @@ def test_native_stage_bwd_builds(mode):
 
 
 @pytest.mark.compile
-@pytest.mark.xfail(reason="poly backward blocks (asm softcap_bwd / sigmoid_fwd_bwd) not wired yet", strict=False)
-@pytest.mark.parametrize("mode,banned", [("softcap", "MUFU.TANH"), ("sigmoid", "MUFU")])
+@pytest.mark.parametrize("mode,banned", [("softcap", ("MUFU.TANH",)), ("sigmoid", ("MUFU.TANH", "MUFU.EX2"))])
 def test_poly_stage_bwd_has_no_sfu(mode, banned):
+    # the 2 MUFU.RCP left in every variant are the once-per-CTA integer division
+    # head // (H_q / H_kv), not per-score work
     n = _sass(mode, "poly")
-    assert n[banned] == 0, n
+    assert n["HFMA2.BF16"] > 0, n
+    assert all(n[b] == 0 for b in banned), n
+
+
+@pytest.mark.compile
+@pytest.mark.xfail(reason="softcap/poly backward spills 43 STL (P, aux and the two blocks' live ranges)", strict=True)
+def test_softcap_poly_bwd_no_spills():
+    n = _sass("softcap", "poly")
+    assert n["STL"] == 0, n
