@@ -1,0 +1,56 @@
+"""Score functions that replay the deployed polynomial programs, for the torch references.
+
+`attention_ref(..., score_fn=...)` with these computes the math a "poly" kernel runs (the
+program in its fused BF16 order, from fit.runtime, with the kernel's FP32 data flow around
+it), so a kernel can be checked tightly against that and loosely against the exact
+function. The replay is numpy on the CPU: meant for test-sized problems.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .fit import runtime
+
+SIGMOID_PROGRAM_N = 4096          # the sigmoid-attention program the kernels inline
+SOFTCAP_PROGRAM = "softcap_c50"
+
+
+def _program(name: str) -> dict:
+    from .asm import blocks
+    return blocks.program(blocks.load_table(), name)
+
+
+def _apply(fn: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> torch.Tensor:
+    # scores arrive as float64 in the reference; the kernels hold them in FP32
+    x32 = x.detach().to(torch.float32).cpu().numpy().astype(np.float64)
+    return torch.from_numpy(fn(x32)).to(device=x.device, dtype=torch.float64)
+
+
+def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N):
+    """(score_fn, score_grad_fn): the block sigmoid_fwd(_bwd) on x' = x + bias + ln n."""
+    p_fwd, p_grad = _program(f"sigmoid_attn_n{n}"), _program(f"sigmoid_attn_n{n}_grad")
+    shift = bias + math.log(n)
+
+    def shifted(x):
+        return runtime.round_to(x + shift, "f32")  # the kernel's FP32 fma(s, scale, shift)
+
+    return (lambda x: _apply(lambda a: runtime.replay(p_fwd, shifted(a), "fused"), x),
+            lambda x: _apply(lambda a: runtime.replay(p_grad, shifted(a), "fused"), x))
+
+
+def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM):
+    """(score_fn, score_grad_fn): logit = x_c - c*rho(x_c/c) and d logit/dx from the _grad program."""
+    prog, grad = _program(program), _program(program + "_grad")
+    prog = {**prog, "params": {**prog["params"], "c": softcap}}
+    lim = softcap * prog["L_c"]
+
+    def dlogit(a):
+        u = runtime.mul(np.clip(a, -lim, lim), runtime.round_to(1.0 / softcap, "f32"), "f32")
+        return runtime.replay(grad, u, "fused")
+
+    return (lambda x: _apply(lambda a: runtime.softcap_logit(prog, a, "fused"), x),
+            lambda x: _apply(dlogit, x))
