@@ -35,6 +35,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.utils import LayoutEnum
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 try:  # installed package layout
     from flash_attn_poly.kernels import mask as mask_mod
@@ -48,6 +50,39 @@ except ImportError:  # running from the repository root
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
 
+@dsl_user_op
+def _pin_f32(x: Float32, *, loc=None, ip=None) -> Float32:
+    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "", "=f,0",
+                                   has_side_effects=True, is_align_stack=False,
+                                   asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def _pin_b32(x: Int32, *, loc=None, ip=None) -> Int32:
+    return Int32(llvm.inline_asm(T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "", "=r,0",
+                                 has_side_effects=True, is_align_stack=False,
+                                 asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@cute.jit
+def fence_fragment(t: cute.Tensor):
+    """Pin every register of a wgmma fragment at this point of the program.
+
+    LLVM sees a wgmma as an ordinary asm statement that reads its operands and writes its
+    accumulators on the spot; it may move arithmetic on the accumulators above the
+    wgmma.wait_group that really makes them valid, or build the next P in the registers
+    an in-flight wgmma still reads.  An empty volatile asm that 'modifies' each register,
+    placed right after the wait, orders every later use after the wait.  (Without it
+    ptxas saw such moves and serialised all wgmma of the kernel, C7513.)"""
+    if cutlass.const_expr(t.element_type == Float32):
+        for i in cutlass.range_constexpr(cute.size(t)):
+            t[i] = _pin_f32(t[i])
+    else:
+        u = cute.recast_tensor(t, Int32)
+        for i in cutlass.range_constexpr(cute.size(u)):
+            u[i] = _pin_b32(u[i])
+
+
 @dataclass(frozen=True)
 class AttnFwdConfig:
     """Everything that changes the compiled code (the compile-cache key)."""
@@ -59,7 +94,7 @@ class AttnFwdConfig:
     tile_m: int = 128             # 2 consumer warpgroups x 64 rows (wgmma M = 64)
     tile_n: int = 128
     num_stages: int = 2
-    overlap: bool = True          # S_{n} GEMM and P_{n-1} V GEMM in flight together
+    overlap: bool = False         # S_n and P_{n-1} V GEMMs in flight together (ptxas C7513: serialised, see NOTES)
     pingpong: bool = True         # consumer warpgroups alternate GEMM issue
 
     @staticmethod
@@ -238,13 +273,12 @@ class AttnFwdSm90:
         num_rows = cute.size(tScS_mn, mode=[0])
         softmax = stages.OnlineSoftmax(num_rows)
         row_scale = cute.make_rmem_tensor((num_rows,), Float32)
-        acc_O.fill(0.0)
 
         ctx = SimpleNamespace(
             tiled_mma_qk=tiled_mma_qk, tiled_mma_pv=tiled_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrV=tOrV,
             tOrP=tOrP, acc_O=acc_O, s_shape=s_shape, tScS_mn=tScS_mn, softmax=softmax,
             row_scale=row_scale, params=params, pipe_k=pipe_k, pipe_v=pipe_v, m_block=m_block,
-            seqlen_q=seqlen_q, seqlen_k=seqlen_k, wg=wg)
+            seqlen_q=seqlen_q, seqlen_k=seqlen_k, wg=wg, n_max=n_max)
         n_unmasked = cutlass.min(blocks.n_unmasked_end(m_block, seqlen_q, seqlen_k), n_max)
         # key blocks: first = n_max-1 (tail + diagonal, masked); then the ones crossing the
         # causal diagonal (masked; none when not causal); then the interior (mask-free)
@@ -254,21 +288,31 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.pingpong):
             if wg == 1:  # warpgroup 0 issues its first GEMM first
                 self.pingpong_arrive(0)
-        # dynamic `for` loops of 0 or 1 trips stand in for `if n_max > 0` (a tile that sees
-        # no key skips all work and still writes O = 0, LSE = -inf)
+        # dynamic `for` loops of 0 or 1 trips stand in for `if` (a tile that sees no key
+        # skips all work and still writes O = 0, LSE = -inf)
         for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
             pipe_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
             if cutlass.const_expr(self.overlap):
                 kv = self.first_block_overlap(ctx, kv, n_max - 1)
             else:
                 kv = self.one_block(ctx, kv, n_max - 1, True, True)
+        if cutlass.const_expr(self.overlap):
+            # The first PV product must overwrite O (zero-init is a compile-time flag: a
+            # runtime one puts a predicate move inside the wgmma stage and ptxas then
+            # serialises every wgmma, C7513), so the second block is peeled (kept masked).
+            for _ in cutlass.range(cutlass.min(cutlass.max(n_max - 1, 0), 1), unroll=1):
+                kv = self.block_overlap(ctx, kv, n_max - 2, True, True)
+            n_diag = n_diag - 1
+            n_inner = cutlass.min(n_inner, n_max - 2)
         for i in cutlass.range(n_diag, unroll=1):
-            kv = self.next_block(ctx, kv, n_max - 2 - i, True)
+            kv = self.next_block(ctx, kv, n_unmasked + n_diag - 1 - i, True)
         for i in cutlass.range(n_inner, unroll=1):
             kv = self.next_block(ctx, kv, n_inner - 1 - i, False)
         if cutlass.const_expr(self.overlap):
-            for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
-                kv = self.last_pv(ctx, kv)
+            for _ in cutlass.range(cutlass.min(n_max, 1) - cutlass.min(cutlass.max(n_max - 1, 0), 1), unroll=1):
+                kv = self.last_pv(ctx, kv, True)    # n_max == 1: O = P V
+            for _ in cutlass.range(cutlass.min(cutlass.max(n_max - 1, 0), 1), unroll=1):
+                kv = self.last_pv(ctx, kv, False)   # n_max >= 2: O += P V
         if cutlass.const_expr(self.pingpong):
             if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced
                 self.pingpong_sync(0)
@@ -287,7 +331,7 @@ class AttnFwdSm90:
     @cute.jit
     def next_block(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool]):
         if cutlass.const_expr(self.overlap):
-            return self.block_overlap(ctx, kv, n_block, masked)
+            return self.block_overlap(ctx, kv, n_block, masked, False)
         return self.one_block(ctx, kv, n_block, False, masked)
 
     @cute.jit
@@ -322,13 +366,15 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.pingpong):
             self.pingpong_arrive(1 - ctx.wg)
         warpgroup.wait_group(0)
+        fence_fragment(acc_S)
         pipe_k.consumer_release(kv)
         self.scores_to_p(ctx, acc_S, n_block, is_first, masked, ctx.tOrP)
         if cutlass.const_expr(not is_first):
             self.rescale_o(ctx)
         pipe_v.consumer_wait(kv)
-        self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv.index], False)
+        self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv.index], is_first)
         warpgroup.wait_group(0)
+        fence_fragment(ctx.acc_O)
         pipe_v.consumer_release(kv)
         kv.advance()
         return kv
@@ -344,12 +390,14 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.pingpong):
             self.pingpong_arrive(1 - ctx.wg)
         warpgroup.wait_group(0)
+        fence_fragment(acc_S)
         ctx.pipe_k.consumer_release(kv)
         self.scores_to_p(ctx, acc_S, n_block, True, True, ctx.tOrP)
         return kv
 
     @cute.jit
-    def block_overlap(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool]):
+    def block_overlap(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool],
+                      first_pv: cutlass.Constexpr[bool]):
         """Issue S_n = Q K_n^T and O += P_prev V_prev together; the score stage of S_n runs
         while PV is still on the tensor cores; O is rescaled once PV has landed."""
         kv_prev = kv.clone()
@@ -360,7 +408,8 @@ class AttnFwdSm90:
             self.pingpong_sync(ctx.wg)
         self.wgmma(ctx.tiled_mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, kv.index], True)
         ctx.pipe_v.consumer_wait(kv_prev)
-        self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv_prev.index], False)
+        self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv_prev.index],
+                   first_pv)
         if cutlass.const_expr(self.pingpong):
             self.pingpong_arrive(1 - ctx.wg)
         warpgroup.wait_group(1)
@@ -369,23 +418,31 @@ class AttnFwdSm90:
         tOrP_next = cute.make_rmem_tensor_like(ctx.tOrP)
         self.scores_to_p(ctx, acc_S, n_block, False, masked, tOrP_next)
         warpgroup.wait_group(0)
+        # pin O and the P just consumed here: keeps LLVM from building P_n in the registers
+        # the PV wgmma was still reading (it thinks the wgmma read them at issue)
+        fence_fragment(ctx.acc_O)
+        fence_fragment(ctx.tOrP)
         ctx.pipe_v.consumer_release(kv_prev)
         ctx.tOrP.store(tOrP_next.load())
         self.rescale_o(ctx)
         return kv
 
     @cute.jit
-    def last_pv(self, ctx, kv):
+    def last_pv(self, ctx, kv, first_pv: cutlass.Constexpr[bool]):
         ctx.pipe_v.consumer_wait(kv)
-        self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv.index], False)
+        self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv.index],
+                   first_pv)
         warpgroup.wait_group(0)
+        fence_fragment(ctx.acc_O)
         ctx.pipe_v.consumer_release(kv)
         kv.advance()
         return kv
 
     @cute.jit
     def wgmma(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr[bool]):
-        """acc (+)= A B over the k-blocks of the fragments; one commit group."""
+        """acc (+)= A B over the k-blocks of the fragments; one commit group.  O is never
+        zero-filled with register moves: its first PV product overwrites it (moves that
+        define wgmma inputs inside a wgmma stage make ptxas serialise every wgmma, C7513)."""
         warpgroup.fence()
         atom = cute.make_mma_atom(tiled_mma.op)
         atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
@@ -403,6 +460,9 @@ class AttnFwdSm90:
             cute.make_identity_tensor((self.tile_m, self.head_dim))))
         o_mn = stages.acc_mn_view(acc_O)
         num_rows = cute.size(o_mn, mode=[0])
+        # a tile that sees no key never ran a PV product: acc_O is undefined, write zeros
+        for i in cutlass.range_constexpr(cute.size(acc_O)):
+            acc_O[i] = acc_O[i] if n_max > 0 else Float32(0.0)
         if cutlass.const_expr(self.stage.uses_online_softmax):
             o_scale = cute.make_rmem_tensor((num_rows,), Float32)
             lse = cute.make_rmem_tensor((num_rows,), Float32)
