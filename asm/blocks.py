@@ -101,6 +101,31 @@ def finish(name, b: g.Builder, in_types, results, programs) -> PtxBlock:
                     tuple(programs))
 
 
+def finish_direct(name, b: g.Builder, in_types, results, programs) -> PtxBlock:
+    """Rename each result register to its output operand (no trailing mov).
+
+    Safe because the B3 blocks read their inputs only in the first instruction (the
+    cvt.rn.bf16x2.f32): every output is written after every input has been read, so an
+    output sharing an input's register cannot corrupt the block (checked here).  Every
+    instruction of the block then does real work (the 17/22 counts have no copies)."""
+    n_out = len(results)
+    ins = tuple(f"${n_out + i}" for i in range(len(in_types)))
+    ren = {r: f"${k}" for k, r in enumerate(results)}
+    if len(set(results)) != n_out:
+        raise ValueError(f"{name}: two outputs share one register")
+    lines, first_write = [], None
+    for i, ln in enumerate(b.lines):
+        op, rest = ln.split(" ", 1)
+        ops = [ren.get(t, t) for t in (x.strip() for x in rest.split(","))]
+        if ops[0].startswith("$") and first_write is None:
+            first_write = i
+        if first_write is not None and any(t in ins for t in ops[1:]):
+            raise ValueError(f"{name}: input read after an output write: {ln}")
+        lines.append(f"{op} {', '.join(ops)}")
+    regs = tuple(f"r{i}" for i in range(b.n_regs) if f"r{i}" not in ren)
+    return PtxBlock(name, tuple(in_types), ("b32",) * n_out, tuple(lines), regs, tuple(programs))
+
+
 def inputs(n_out: int, n_in: int) -> list[str]:
     return [f"${n_out + i}" for i in range(n_in)]
 
@@ -124,7 +149,7 @@ def unary(name: str, prog_name: str, ptype: str, in_f32: bool):
     return build
 
 
-SHARED_KEYS = ("lo", "hi", "thr", "shift")
+SHARED_KEYS = ("lo", "hi", "thr", "shift", "squarings")
 
 
 def _check_shared(fwd: dict, grad: dict) -> None:
@@ -145,11 +170,11 @@ def sigmoid_attn(name: str, prog_name: str, with_grad: bool):
         m, u = g.piecewise_front(b, fwd, xb)
         P = g.piecewise_value(b, fwd, m, u)
         if not with_grad:
-            return finish(name, b, ("f32", "f32"), [P], [prog_name])
+            return finish_direct(name, b, ("f32", "f32"), [P], [prog_name])
         grad = program(table, prog_name + "_grad")
         _check_shared(fwd, grad)
         dy = g.piecewise_factored(b, grad, m, u, P)
-        return finish(name, b, ("f32", "f32"), [P, dy], [prog_name, prog_name + "_grad"])
+        return finish_direct(name, b, ("f32", "f32"), [P, dy], [prog_name, prog_name + "_grad"])
     return build
 
 

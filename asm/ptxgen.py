@@ -144,6 +144,9 @@ def piecewise_front(b: Builder, prog: dict, xb: str):
     m = b.set("ge", xc, b.value(pr["thr"]))
     shift = pr.get("shift")
     if shift:
+        if shift[0] == shift[1]:
+            # one shared shift: no select; b.value reuses the lo/thr/hi register when equal
+            return m, b.sub(xc, b.value(shift[0]))
         s = b.select(m, imm(splat(half_bits(shift[1], b.fmt))),
                      imm(splat(half_bits(shift[0], b.fmt))))
         return m, b.sub(xc, s)
@@ -161,12 +164,17 @@ def piecewise_value(b: Builder, prog: dict, m: str, u: str) -> str:
     h = c[-1]
     for k in range(len(c) - 2, -1, -1):
         h = b.fma(h, u, c[k])
+    for _ in range(int(prog["params"].get("squarings") or 0)):
+        h = b.mul(h, h)          # p = q^(2^s)
     return h
 
 
 def piecewise_factored(b: Builder, grad: dict, m: str, u: str, P: str) -> str:
-    """dy = P * (a_r + b_r * u)."""
+    """dy = P * g, g = a_r + b_r * u (params.g_squared: dy = P * (g * g))."""
     pr = grad["params"]
     a = select_pair(b, m, *pr["a"])
     bb = select_pair(b, m, *pr["b"])
-    return b.mul(P, b.fma(bb, u, a))
+    gv = b.fma(bb, u, a)
+    if pr.get("g_squared"):
+        gv = b.mul(gv, gv)
+    return b.mul(P, gv)

@@ -212,14 +212,20 @@ def test_unsupported_is_named(text, needle):
 
 # ----------------------------------------------------------------------------- blocks
 def _b3_counts_or_xfail(table):
-    """17/3 and 22/4 hold when the B3 program has the region shift of runtime.FUSED_OPS
-    (lop3 + sub.rn: 16 + 1 output mov, 20 + 2).  Without it the block is 2 shorter; report
-    that as an expected failure naming the counts instead of padding the block."""
+    """17/3 and 22/4 with the committed design (runtime.FUSED_OPS["piecewise2"]): cvt, 2 mov
+    + max/min clamp, mov + set mask, sub (u = xc - thr, reusing the thr register), 4 lop3,
+    3 fma, 2 squarings; coupled: + 2 lop3, fma, mul (g*g), mul (P*g^2).  No output movs.
+    A table without the shared shift or the squarings is shorter: expected failure."""
     fwd, both = B.get_block("sigmoid_fwd", table), B.get_block("sigmoid_fwd_bwd", table)
-    if not B.program(table, B.SIGMOID_ATTN)["params"].get("shift"):
-        pytest.xfail(f"{B.SIGMOID_ATTN} has no shift: {fwd.n_instructions}/{fwd.n_fma} and "
+    pr = B.program(table, B.SIGMOID_ATTN)["params"]
+    if not pr.get("shift") or not pr.get("squarings"):
+        pytest.xfail(f"{B.SIGMOID_ATTN} lacks shift/squarings: {fwd.n_instructions}/{fwd.n_fma} and "
                      f"{both.n_instructions}/{both.n_fma}, not 17/3 and 22/4")
     return fwd, both
+
+
+def fwd_squarings(table):
+    return int(B.program(table, B.SIGMOID_ATTN)["params"].get("squarings") or 0)
 
 
 @pytest.mark.parametrize("table", tables())
@@ -232,6 +238,8 @@ def test_b3_counts(table):
     assert {"min.bf16x2", "max.bf16x2"} <= set(ops)
     assert [ln.split()[-1] for ln in fwd.lines if ln.startswith("lop3")].count("0xca") >= 4
     assert fwd.constraints() == "=r,f,f" and both.constraints() == "=r,=r,f,f"
+    assert not any(ln.startswith("mov.b32 $") for ln in fwd.lines + both.lines)   # no copies
+    assert ops.count("mul.rn.bf16x2") == fwd_squarings(table)
 
 
 @pytest.mark.parametrize("table", tables())
@@ -266,7 +274,8 @@ def test_piecewise_coefficients_decode_from_lop3_immediates(table):
     sel = [_words(ln) for ln in blk.lines if ln.startswith("lop3") and ln.endswith("0xca")]
     pairs = [(w[1] & 0xFFFF, w[0] & 0xFFFF) for w in sel]      # (lo region, hi region)
     assert all(w[0] >> 16 == w[0] & 0xFFFF and w[1] >> 16 == w[1] & 0xFFFF for w in sel)
-    n_shift = 1 if fwd["params"].get("shift") else 0
+    sh = fwd["params"].get("shift")
+    n_shift = 1 if sh and sh[0] != sh[1] else 0     # a shared shift needs no select
     coeff_pairs = pairs[n_shift:n_shift + 4]
     assert [p[0] for p in coeff_pairs] == _bits(fwd["coeffs_bits"][0])
     assert [p[1] for p in coeff_pairs] == _bits(fwd["coeffs_bits"][1])

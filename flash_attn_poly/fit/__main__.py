@@ -22,6 +22,15 @@ def main(argv=None):
     sw = sub.add_parser("sweep", help="figures like the seed's 4/5 (PNG)")
     sw.add_argument("--out", required=True)
     sw.add_argument("--dtype", default="f16", choices=["bf16", "f16"])
+    am = sub.add_parser("attn-metric", help="attention-output error of the poly programs vs native (CPU, FP64 ref)")
+    am.add_argument("--modes", nargs="+", default=["sigmoid", "softcap"], choices=["sigmoid", "softcap"])
+    am.add_argument("--seeds", type=int, default=3)
+    am.add_argument("--S", type=int, default=1024)
+    am.add_argument("--H", type=int, default=2)
+    am.add_argument("--D", type=int, default=128)
+    am.add_argument("--tanh-eps", type=float, default=0.0, help="native softcap: tanh.approx relative error model (e.g. 4.9e-4)")
+    am.add_argument("--json", default=None, help="write the results here (and PATH.md)")
+    am.add_argument("--update-table", action="store_true", help="store the summary in the programs' errors")
     a = ap.parse_args(argv)
     cmd = "python -m flash_attn_poly.fit " + " ".join(argv if argv is not None else sys.argv[1:])
 
@@ -44,6 +53,20 @@ def main(argv=None):
         with open(a.json, "w") as fh:
             json.dump(rows, fh, indent=1)
         print(json.dumps(rows, indent=1))
+    elif a.cmd == "attn-metric":
+        from . import attn_metric
+        a.program = None
+        out, md = attn_metric.main(a)
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump({"command": cmd, **out}, fh, indent=1)
+            with open(a.json.rsplit(".", 1)[0] + ".md", "w") as fh:
+                fh.write(f"# Attention-output error, poly vs native\n\nCommand: `{cmd}`\n\n" + "\n".join(md))
+        if a.update_table:
+            table = P.load_table()
+            for mode, r in out.items():
+                table["programs"][r["program"]]["errors"].update(r["summary"])
+            P.write(table)
     elif a.cmd == "sweep":
         from .sweep import sweep
         for path in sweep(a.out, a.dtype):

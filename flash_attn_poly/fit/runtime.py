@@ -22,9 +22,14 @@ Forms (t = min(|x|, L_c), q(t) = sum_k c_k t^k, Horner from c_D down):
 * ``even``          y = q(t).  sigmoid'/tanh' and differentiated odd programs.
 * ``residual_even`` y = x/2 + q(t) for |x| <= L_c, exact tail max(x, 0) beyond (SiLU, GELU).
 * ``piecewise2``    sigmoid attention: xc = min(max(x, lo), hi); region r = (xc >= thr);
-                    u = xc - shift[r]; y = q_r(u)  (D3, coefficients absorb -ln n).
-* ``piecewise2_factored``  derivative surrogate dy = P * (a_r + b_r * u), P the
-                    forward Horner value of the same u.
+                    u = xc - shift[r] (one rounding; a single sub of a shared constant when
+                    shift[0] == shift[1]); q = q_r(u) (D3, coefficients absorb -ln n);
+                    y = q^(2^s) by s = params.squarings packed squarings (mul.rn each).
+                    q approximates sigma(x - ln n)^(1/2^s): the squarings let a D3 follow
+                    e^x in relative terms.
+* ``piecewise2_factored``  derivative surrogate dy = P * g, g = a_r + b_r * u, P the
+                    forward value (after the squarings) of the same u; with
+                    params.g_squared: dy = P * (g * g) (two roundings).
 """
 from __future__ import annotations
 
@@ -61,14 +66,17 @@ FUSED_OPS = {
         "xb = cvt.rn.bf16x2.f32(x)",
         "xc = min(max(xb, lo), hi)           # constants via mov.b32; PTX NaN rule",
         "m  = set.ge.u32(xc, thr)            # 0xffff per lane where xc >= thr",
-        "u  = sub.rn(xc, shift_r)            # only if shift present: lop3 select + one rounding",
+        "u  = sub.rn(xc, shift_r)            # only if shift present: lop3 select (skipped when",
+        "                                    #   both shifts are equal) + one rounding",
         "c_k = lop3(m, c_k[hi], c_k[lo], 0xca) for k = 0..3",
         "h  = c3; h = fma.rn(h, u, c2); h = fma.rn(h, u, c1); y = fma.rn(h, u, c0)",
+        "y  = mul.rn(y, y)                   # params.squarings times (0 if absent)",
     ],
     "piecewise2_factored": [
         "(forward ops above give u and P = y)",
         "a = lop3(m, a[hi], a[lo], 0xca); b = lop3(m, b[hi], b[lo], 0xca)",
         "g  = fma.rn(b, u, a)",
+        "g  = mul.rn(g, g)                   # only with params.g_squared",
         "dy = mul.rn(P, g)",
     ],
 }
@@ -257,6 +265,8 @@ def _pw_value(program, ar, m, u, fp64):
     h = c[3]
     for k in (2, 1, 0):
         h = ar.fma(h, u, c[k])
+    for _ in range(int(program["params"].get("squarings") or 0)):
+        h = ar.mul(h, h)
     return h
 
 
@@ -273,6 +283,8 @@ def _piecewise2_factored(program, ar, x, fp64):
     a = np.where(m, pr[key_a][1], pr[key_a][0])
     b = np.where(m, pr[key_b][1], pr[key_b][0])
     g = ar.fma(b, u, a)
+    if pr.get("g_squared"):
+        g = ar.mul(g, g)
     return ar.mul(P, g)
 
 
