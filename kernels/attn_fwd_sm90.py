@@ -102,6 +102,12 @@ class AttnFwdConfig:
         # smem: Q tile_m*D + 2 stages * (K + V) tile_n*D, 16-bit:
         #   D=64/128: tile_n 128 -> 32 + 128 KB at D=128;  D=256: tile_n 64 -> 64 + 128 KB
         tile_n = 128 if head_dim <= 128 else 64
+        # measured on H200 (B=1 S=4096 Hq=32 Hkv=8 D=128 causal, docs/NOTES_attn_fwd.md):
+        # softmax is fastest with the overlapped loop and no ping-pong (0.375 ms vs 0.401 /
+        # 0.531); the MUFU/FMA-heavy stages were measured only without overlap, where
+        # ping-pong helps sigmoid/poly (0.784 vs 0.835 ms) and is neutral for softcap.
+        overlap = getattr(stage, "mode", "") == "softmax"
+        kw = dict(dict(overlap=overlap, pingpong=not overlap), **kw)
         return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, 2, **kw)
 
 
@@ -534,6 +540,13 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
     b, s_q, h_q, d = q.shape
     s_k = k.shape[1]
     dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype]
+    if d not in (64, 128, 256) or h_q % k.shape[2]:
+        raise ValueError(f"need D in (64, 128, 256) and H_q % H_kv == 0, got D={d}, H={h_q}/{k.shape[2]}")
+    if mode == "sigmoid" and evaluator == "poly" and dtype != "bf16":
+        raise ValueError("sigmoid/poly writes packed bf16 P: BF16 inputs only")
+    # TMA: last dim contiguous, other strides multiples of 16 bytes
+    q, k, v = [t if t.stride(-1) == 1 and all(st % 8 == 0 for st in t.stride()[:-1]) else t.contiguous()
+               for t in (q, k, v)]
     if stage is None:
         kw = {}
         stage = stages.make_stage(mode, evaluator, **kw)
