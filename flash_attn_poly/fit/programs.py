@@ -90,6 +90,12 @@ def build(command="python -m flash_attn_poly.fit write", progress=False, grids=N
     scg["errors"] = {"units": "abs (dtanh/du)", **{k: float(v[0]) for k, v in e.items()}}
     scg["fit"] = {"command": command}
     progs["softcap_c50_grad"] = scg
+    # direct even D4 fit of dtanh/du (the scale c cancels): the tanh_d4_grad_direct program
+    scd = dict(progs["tanh_d4_grad_direct"], target="softcap")
+    scd["params"] = {"c": softcap.C, "backward": "direct", "of": "tanh_d4_grad_direct"}
+    scd["errors"] = {**scd["errors"], **{k.replace("<=", "_le_"): v
+                                         for k, v in softcap.grad_errors(scd).items()}}
+    progs["softcap_c50_grad_direct"] = scd
     progs.update(sigmoid_attn_entries(4096, command, progress))
     return {"version": 1, "generated_by": command,
             "generated_on": datetime.date.today().isoformat(),

@@ -90,3 +90,36 @@ def make_grad(forward: dict) -> dict:
         "params": {"c": forward["params"]["c"], "backward": "differentiated",
                    "evaluates": "dtanh/du = 1 - rho'(u) at u = x/c (x clamped: rho' of L_c beyond)"},
     }
+
+
+def make_joint(L_i, L_c, lam, c=C, degree=DEGREE, dtype="bf16", n_nodes=2000):
+    """Forward fit built for differentiation: q(t) = sum_{k=2..D} c_k t^k (c1 = 0, so the
+    differentiated program's constant is exactly 1 = tanh'(0)), least squares over
+    [0, L_i] of the logit error c*(q - rho) and, with weight lam, of the derivative error
+    q' - rho' (dtanh/du units), both weighted by sqrt(Gemma score density) + 5% floor."""
+    t = np.linspace(0.0, L_i, n_nodes)
+    w = np.sqrt(gemma_weight(c * t) / gemma_weight(0.0)) + 0.05
+    ks = range(2, degree + 1)
+    Av = np.stack([c * t**k for k in ks], 1) * w[:, None]
+    Ad = np.stack([k * t ** (k - 1) for k in ks], 1) * (np.sqrt(lam) * w)[:, None]
+    drho = 1.0 - 1.0 / np.cosh(t) ** 2
+    A = np.vstack([Av, Ad])
+    b = np.concatenate([c * rho(t) * w, drho * np.sqrt(lam) * w])
+    beta, *_ = np.linalg.lstsq(A, b, rcond=None)
+    c64 = np.concatenate([[0.0, 0.0], beta])
+    p = make(L_i, L_c, c, degree, dtype)
+    cr = rt.round_to(c64, dtype)
+    p.update(coeffs=[float(v) for v in cr], coeffs_bits=as_bits(cr, dtype),
+             coeffs_fp64=[float(v) for v in c64])
+    p["params"].update(weighted_fit=True, joint_lambda=float(lam), c1_zero=True)
+    return p
+
+
+def grad_errors(grad, U=(0.8, 1.2)):
+    """Max |error| of dtanh/du (fused) for |u| <= each U (|x| <= c*U), and beyond L_c."""
+    u = np.linspace(0.0, 3.0, 6001)
+    e = np.abs(rt.replay(grad, u, "fused") - (1.0 - np.tanh(u) ** 2))
+    out = {f"bf16_fused_u<={Ui}": float(e[u <= Ui].max()) for Ui in U}
+    out["bf16_fused_u<=L_c"] = float(e[u <= grad["L_c"]].max())
+    out["bf16_fused_all"] = float(e.max())
+    return out
