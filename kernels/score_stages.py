@@ -15,9 +15,19 @@ Forward side, called by `attn_fwd_sm90` on each FP32 score fragment (acc_S):
 Backward sides are added by the backward kernel's engineer in this same module.
 
 Evaluators: "native" uses MUFU (ex2.approx / tanh.approx); "poly" runs the packed bf16x2
-PTX blocks generated in `flash_attn_poly.asm` from the coefficient table.  Until those
-blocks exist the "poly" paths run TEMPORARY STAND-INS (see `_poly_*` below) with the same
-data flow (FP32 pair in, packed bf16x2 out) built from native MUFU ops.
+PTX blocks generated in `flash_attn_poly.asm` from the coefficient table.
+
+Poly split (`poly_split = (j, k)`, compile time): a poly stage sends the score pair of key
+column group g = key_index // 8 through the block when g % k < j and through MUFU tanh
+otherwise (native numerics, in the poly stage's units).  Why: on Hopper MUFU issues 16/clk/SM
+and a packed block is ~9 FMA/ALU-pipe instructions per score, so all-poly overloads the FMA
+and ALU pipes while all-native overloads MUFU; a fraction balances them.  The rule depends
+only on the key index, so a backward recompute that calls `poly_pair(key_index // 8)` gets
+the same P bit for bit.  (1, 1) = all pairs poly, (0, k) = all MUFU.
+
+Program facts (name, clamp L_c, n) come from the coefficient table through
+`flash_attn_poly.asm.blocks.load_table()/program()` at stage construction, the same table
+the blocks are generated from: the FP32 clamp of the kernel always equals the block's.
 """
 from __future__ import annotations
 
@@ -189,36 +199,59 @@ class OnlineSoftmax:
 
 
 # ----------------------------------------------------------------------------------------
-# TEMPORARY STAND-INS for the asm blocks (flash_attn_poly.asm.cute_ops), same signatures:
-# two FP32 inputs -> one packed bf16x2.  Built from MUFU ops, so their SASS still shows
-# MUFU; they exist only so the poly data flow compiles and runs before the blocks land.
+# coefficient table and blocks (flash_attn_poly.asm)
 # ----------------------------------------------------------------------------------------
-def _cute_ops():
-    """flash_attn_poly.asm.cute_ops if it and the coefficient table are usable, else None."""
+def _asm_pkg():
     try:
-        try:
-            from flash_attn_poly.asm import cute_ops  # type: ignore
-        except ImportError:
-            from asm import cute_ops  # type: ignore  (repository root on sys.path)
-        cute_ops.block("sigmoid_fwd")
-        cute_ops.block("softcap_fwd")
-        return cute_ops
-    except Exception:
-        return None
+        import flash_attn_poly.asm as pkg  # installed layout
+        from flash_attn_poly.asm import blocks  # noqa: F401
+    except ImportError:
+        import asm as pkg  # type: ignore  (repository root on sys.path)
+        from asm import blocks  # type: ignore  # noqa: F401
+    return pkg
 
 
-@cute.jit
-def _standin_sigmoid_fwd(s0: Float32, s1: Float32, n_log: Float32):
-    # sigma(x - ln n) = 0.5 * tanh(0.5 x - 0.5 ln n) + 0.5
-    p0 = tanh_approx(s0 * 0.5 - n_log * 0.5) * 0.5 + 0.5
-    p1 = tanh_approx(s1 * 0.5 - n_log * 0.5) * 0.5 + 0.5
-    return pack_f32x2(p0, p1, True)
+def _cute_ops():
+    """flash_attn_poly.asm.cute_ops (the inlined PTX blocks); imports cutlass."""
+    pkg = _asm_pkg()
+    import importlib
+    return importlib.import_module(pkg.__name__ + ".cute_ops")
 
 
-@cute.jit
-def _standin_softcap_fwd(u0: Float32, u1: Float32):
-    # residual rho(u) = u - tanh(u)
-    return pack_f32x2(u0 - tanh_approx(u0), u1 - tanh_approx(u1), True)
+def _program(name: str) -> dict:
+    """Table entry `name` via asm.blocks.load_table()/program(): the blocks' own source."""
+    b = _asm_pkg().blocks
+    return b.program(b.load_table(), name)
+
+
+def _bits(prog) -> tuple:
+    bits = prog.get("coeffs_bits", ())
+    return tuple(tuple(b) if isinstance(b, list) else b for b in bits)
+
+
+def _check_split(split) -> tuple:
+    j, k = (int(v) for v in split)
+    if not (k >= 1 and 0 <= j <= k and 16 % k == 0):
+        # k | 16: the rule then repeats inside every key block (tile_n/8 = 16 or 8 groups)
+        raise ValueError(f"poly_split (j, k) needs 0 <= j <= k, k in (1, 2, 4, 8, 16); got {split}")
+    return (j, k)
+
+
+def poly_pair(split: tuple, col_group: int) -> bool:
+    """Does key column group `col_group` (= key index // 8) go through the block?"""
+    j, k = split
+    return col_group % k < j
+
+
+def frag_a_col_group(shape, e: int) -> int:
+    """Key column group (within the block) of element e of the PV A-fragment view
+    ((2 cols, 2 rows, 2 groups), M, (N/16, N')) of acc_S (see acc_as_frag_a)."""
+    flat = [shape[0][0], shape[0][1], shape[0][2], shape[1], shape[2][0], shape[2][1]]
+    crd = []
+    for n in flat:
+        crd.append(e % n)
+        e //= n
+    return crd[2] + 2 * (crd[4] + flat[4] * crd[5])
 
 
 # ----------------------------------------------------------------------------------------
@@ -258,16 +291,30 @@ class SoftcapStage:
             so each score costs 2 MUFU (tanh + ex2).
     poly:   residual form logit = x_c - c * rho(u), x_c = clamp(x, +-c*L_c), u = x_c / c,
             rho(u) = u - tanh(u) from the packed bf16x2 block `softcap_fwd` (program
-            tanh_d4): the tanh leaves the MUFU pipe; ex2 stays.
+            softcap_c50): the tanh leaves the MUFU pipe; ex2 stays.  With poly_split
+            (j, k), pairs outside the split take logit = c * tanh.approx(x / c) (MUFU);
+            softmax runs over logits in both cases (LSE scale 1).
+    clamp_l (L_c), coeff_bits come from the table in __post_init__, never from a literal.
     """
 
     mode: str = field(default="softcap", init=False)
     evaluator: str = "native"
     program: str = "softcap_c50"
-    coeff_bits: tuple = ()
-    clamp_l: float = 1.75   # the program's L_c: the block clamps |u| there, so x is clamped to c*L_c
+    poly_split: tuple = (1, 1)
+    coeff_bits: tuple = field(default=(), init=False)
+    clamp_l: float = field(default=0.0, init=False)   # the program's L_c: |u| clamped there
     has_lse = True
     uses_online_softmax = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "poly_split", _check_split(self.poly_split))
+        if self.evaluator == "poly":
+            prog = _program(self.program)
+            object.__setattr__(self, "coeff_bits", _bits(prog))
+            object.__setattr__(self, "clamp_l", float(prog["L_c"]))
+
+    def poly_pair(self, col_group: int) -> bool:
+        return self.evaluator == "poly" and poly_pair(self.poly_split, col_group)
 
     def host_scalars(self, softmax_scale: float, seqlen_k: int, softcap: float = 50.0, **_):
         if self.evaluator == "native":
@@ -284,20 +331,26 @@ class SoftcapStage:
 
     @cute.jit
     def _transform_poly(self, acc_S: cute.Tensor, params):
-        ops = _cute_ops()
+        s_mn = acc_mn_view(acc_S)
         x_max = params[2] * self.clamp_l
-        for i in cutlass.range_constexpr(cute.size(acc_S) // 2):
-            x0 = cute.arch.fmin(cute.arch.fmax(acc_S[2 * i] * params[0], -x_max), x_max)
-            x1 = cute.arch.fmin(cute.arch.fmax(acc_S[2 * i + 1] * params[0], -x_max), x_max)
-            u0 = x0 * params[3]
-            u1 = x1 * params[3]
-            if cutlass.const_expr(ops is not None and hasattr(ops, "softcap_fwd")):
-                rho = Int32(ops.softcap_fwd(u0, u1))
-            else:
-                rho = _standin_softcap_fwd(u0, u1)
-            r0, r1 = unpack_bf16x2(rho)
-            acc_S[2 * i] = x0 - params[2] * r0
-            acc_S[2 * i + 1] = x1 - params[2] * r1
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            for g in cutlass.range_constexpr(cute.size(s_mn, mode=[1]) // 2):
+                # s_mn columns (2 adjacent, N/8 groups): flat column 2g, 2g+1 = group g
+                if cutlass.const_expr(self.poly_pair(g)):
+                    self._pair_poly(s_mn, r, 2 * g, x_max, params)
+                else:
+                    for c in cutlass.range_constexpr(2 * g, 2 * g + 2):
+                        u = s_mn[r, c] * params[0] * params[3]
+                        s_mn[r, c] = params[2] * tanh_approx(u)
+
+    @cute.jit
+    def _pair_poly(self, s_mn, r, c, x_max, params):
+        x0 = cute.arch.fmin(cute.arch.fmax(s_mn[r, c] * params[0], -x_max), x_max)
+        x1 = cute.arch.fmin(cute.arch.fmax(s_mn[r, c + 1] * params[0], -x_max), x_max)
+        rho = Int32(_cute_ops().softcap_fwd(x0 * params[3], x1 * params[3]))
+        r0, r1 = unpack_bf16x2(rho)
+        s_mn[r, c] = x0 - params[2] * r0
+        s_mn[r, c + 1] = x1 - params[2] * r1
 
     @cute.jit
     def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
@@ -319,22 +372,35 @@ class SigmoidStage:
     poly:   the 17-instruction block `sigmoid_fwd` (program sigmoid_attn_n{n}) computes
             sigma(x' - ln n) on two FP32 inputs and returns packed bf16x2 P, which is the
             PV A operand directly; we feed x' = x + b + ln n, so any bias works (exact for
-            b = -ln n).  Masked lanes are zeroed afterwards with a select.
+            b = -ln n).  Masked lanes are zeroed afterwards with a select.  Pairs outside
+            poly_split run the native formula (params[2] = scale/2, params[3] = b/2).
+    program_n, coeff_bits come from the table in __post_init__.
     """
 
     mode: str = field(default="sigmoid", init=False)
     evaluator: str = "native"
     program: str = "sigmoid_attn_n4096"
-    coeff_bits: tuple = ()
-    program_n: int = 4096
+    poly_split: tuple = (1, 1)
+    coeff_bits: tuple = field(default=(), init=False)
+    program_n: int = field(default=0, init=False)
     has_lse = False
     uses_online_softmax = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "poly_split", _check_split(self.poly_split))
+        if self.evaluator == "poly":
+            prog = _program(self.program)
+            object.__setattr__(self, "coeff_bits", _bits(prog))
+            object.__setattr__(self, "program_n", int(prog["params"]["n"]))
+
+    def poly_pair(self, col_group: int) -> bool:
+        return self.evaluator == "poly" and poly_pair(self.poly_split, col_group)
 
     def host_scalars(self, softmax_scale: float, seqlen_k: int, sigmoid_bias=None, **_):
         b = -math.log(seqlen_k) if sigmoid_bias is None else float(sigmoid_bias)
         if self.evaluator == "native":
             return (0.5 * softmax_scale, 0.5 * b, 0.0, 0.0)
-        return (softmax_scale, b + math.log(self.program_n), math.log(self.program_n), 0.0)
+        return (softmax_scale, b + math.log(self.program_n), 0.5 * softmax_scale, 0.5 * b)
 
     @cute.jit
     def transform(self, acc_S: cute.Tensor, params):
@@ -352,70 +418,49 @@ class SigmoidStage:
 
     @cute.jit
     def _probs_poly(self, acc_S, tOrP, params, masked: cutlass.Constexpr[bool]):
-        ops = _cute_ops()
         src = acc_as_frag_a(acc_S)
         dst = cute.recast_tensor(tOrP, Int32)
         for i in cutlass.range_constexpr(cute.size(dst)):
-            s0 = src[2 * i]
-            s1 = src[2 * i + 1]
-            x0 = s0 * params[0] + params[1]
-            x1 = s1 * params[0] + params[1]
-            if cutlass.const_expr(ops is not None and hasattr(ops, "sigmoid_fwd")):
-                p = Int32(ops.sigmoid_fwd(x0, x1))
+            if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
+                dst[i] = self._pair_poly(src[2 * i], src[2 * i + 1], params, masked)
             else:
-                p = _standin_sigmoid_fwd(x0, x1, params[2])
-            if cutlass.const_expr(masked):
-                # masked scores are -inf: force exact zeros whatever the block returns
-                keep = Int32(0)
-                if s0 != -Float32.inf:
-                    keep = keep | Int32(0xFFFF)
-                if s1 != -Float32.inf:
-                    keep = keep | Int32(-65536)   # 0xFFFF0000
-                p = p & keep
-            dst[i] = p
+                # native sigma = 0.5 tanh(0.5 x + 0.5 b) + 0.5; masked -inf gives +0 exactly
+                p0 = tanh_approx(src[2 * i] * params[2] + params[3]) * 0.5 + 0.5
+                p1 = tanh_approx(src[2 * i + 1] * params[2] + params[3]) * 0.5 + 0.5
+                dst[i] = pack_f32x2(p0, p1, True)
+
+    @cute.jit
+    def _pair_poly(self, s0, s1, params, masked: cutlass.Constexpr[bool]):
+        p = Int32(_cute_ops().sigmoid_fwd(s0 * params[0] + params[1], s1 * params[0] + params[1]))
+        if cutlass.const_expr(masked):
+            # masked scores are -inf: force exact zeros whatever the block returns
+            keep = Int32(0)
+            if s0 != -Float32.inf:
+                keep = keep | Int32(0xFFFF)
+            if s1 != -Float32.inf:
+                keep = keep | Int32(-65536)   # 0xFFFF0000
+            p = p & keep
+        return p
 
     def lse_scale(self, params):
         return None
 
 
-def _program(name: str):
-    """The program's entry in flash_attn_poly/data/programs.json, or None if absent."""
-    import json
-    import os
-
-    path = os.path.join(os.path.dirname(__file__), "..", "flash_attn_poly", "data", "programs.json")
-    try:
-        from importlib import resources
-        text = resources.files("flash_attn_poly").joinpath("data/programs.json").read_text()
-    except Exception:
-        if not os.path.exists(path):
-            return None
-        text = open(path).read()
-    return json.loads(text)["programs"].get(name)
-
-
-def _bits(prog) -> tuple:
-    bits = prog.get("coeffs_bits", ())
-    return tuple(tuple(b) if isinstance(b, list) else b for b in bits)
-
-
 def make_stage(mode: str, evaluator: str = "native", **kw):
-    """Build the stage for (mode, evaluator); poly stages take program name, coefficient
-    bits and clamp from the coefficient table (kw overrides)."""
+    """Build the stage for (mode, evaluator); poly stages read program facts (L_c, n,
+    coefficient bits) from the coefficient table themselves.  kw: program, poly_split."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if evaluator not in EVALUATORS:
         raise ValueError(f"evaluator must be one of {EVALUATORS}, got {evaluator!r}")
     if mode == "softmax":
         return SoftmaxStage(evaluator="native")
-    if mode == "softcap":
-        if evaluator == "poly":
-            prog = _program(kw.get("program", SoftcapStage.program))
-            if prog is not None:
-                kw = dict(dict(coeff_bits=_bits(prog), clamp_l=float(prog["L_c"])), **kw)
-        return SoftcapStage(evaluator=evaluator, **kw)
-    if evaluator == "poly":
-        prog = _program(kw.get("program", SigmoidStage.program))
-        if prog is not None:
-            kw = dict(dict(coeff_bits=_bits(prog), program_n=int(prog["params"]["n"])), **kw)
-    return SigmoidStage(evaluator=evaluator, **kw)
+    if evaluator == "poly" and "poly_split" not in kw:
+        kw["poly_split"] = DEFAULT_POLY_SPLIT[mode]
+    cls = SoftcapStage if mode == "softcap" else SigmoidStage
+    return cls(evaluator=evaluator, **kw)
+
+
+# Measured default split per mode (docs/NOTES_attn_fwd.md, "Poly split"): (j, k) = fraction
+# j/k of the key column groups through the block.
+DEFAULT_POLY_SPLIT = {"softcap": (1, 1), "sigmoid": (1, 1)}

@@ -76,7 +76,14 @@ class SoftcapBwd:
     needs_lse: bool = True
     needs_dsum: bool = True
 
-    clamp_l: float = 1.75   # L_c of programs softcap_c50(_grad): |u| clamped there
+    @property
+    def clamp_l(self) -> float:
+        """L_c of program softcap_c50 from the coefficient table (the forward stage and the
+        blocks read the same entry): |u| is clamped there.  Backward poly_split: not yet
+        (a forward split stage's poly_pair(key // 8) is the rule to follow)."""
+        from .score_stages import _program
+        return float(_program("softcap_c50")["L_c"])
+
 
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
         if self.evaluator == "native":
