@@ -199,9 +199,29 @@ def ratios(rows: list[dict]) -> dict:
     return out
 
 
-def compile_only() -> dict:
-    from flash_attn_poly.kernels import attn_fwd_sm90
-    return attn_fwd_sm90.sass_report()
+SASS_FAMILIES = ("HGMMA", "MUFU.EX2", "MUFU.TANH", "MUFU.RCP", "HFMA2.BF16", "HMUL2", "FFMA", "STL", "LDL")
+MODES = (("softmax", "native"), ("softcap", "native"), ("softcap", "poly"),
+         ("sigmoid", "native"), ("sigmoid", "poly"))
+
+
+def compile_only(head_dim: int = 128, causal: bool = True) -> dict:
+    """Build every forward and backward kernel for sm_90a (no GPU) and count SASS opcodes."""
+    import os
+    import tempfile
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from flash_attn_poly.kernels import attn_bwd_sm90 as bwd, attn_fwd_sm90 as fwd, sass
+    from flash_attn_poly.kernels import score_stages as st, score_stages_bwd as stb
+    report = {}
+    for mode, ev in MODES:
+        dump = tempfile.mkdtemp(prefix="fap_sass_")
+        cfg = fwd.AttnFwdConfig.default(st.make_stage(mode, ev), "bf16", head_dim, causal)
+        kf = fwd.compile_attn_fwd(cfg, options=f"--keep-cubin --dump-dir={dump}")
+        key = bwd.BwdKey("bf16", head_dim, causal, stb.bwd_side(mode, ev), bwd.BwdTile.for_head_dim(head_dim))
+        kb = bwd.compile_bwd(key, options=f"--keep-cubin --dump-dir={dump}")
+        for d, k in (("fwd", kf), ("bwd", kb)):
+            counts = sass.count_opcodes(sass.disassemble(k.artifacts.CUBIN))
+            report[f"{mode}/{ev}/{d}"] = {f: counts.get(f, 0) for f in SASS_FAMILIES}
+    return report
 
 
 def main(argv=None):
