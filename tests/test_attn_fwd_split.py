@@ -1,0 +1,215 @@
+"""Poly split (score_stages.poly_split): CPU unit tests, the split reference, and the one-call
+device driver that compiles and times the split x overlap variants.
+
+Device run (one call; compiles in parallel processes, then times one process at a time):
+    python tests/test_attn_fwd_split.py --out $OUT
+Each worker: compile, correctness on a small GQA case against the per-column reference
+(poly columns: the program replay; MUFU columns: the exact function), then, after every
+worker has compiled (so CPU load cannot delay launches), time B=1 S=4096 Hq=32 Hkv=8 D=128
+causal BF16 under a file lock: 5 warm-ups, 25 rounds of 10 back-to-back launches between
+CUDA events, median per-call time.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+try:
+    import pytest
+except ImportError:  # the device machine may lack pytest: the driver below does not need it
+    pytest = None
+
+# (name, mode, evaluator, poly_split, overlap)
+VARIANTS = [
+    ("softmax", "softmax", "native", None, True),
+    ("softcap native", "softcap", "native", None, False),
+    ("sigmoid native", "sigmoid", "native", None, False),
+    ("softcap poly 1/1", "softcap", "poly", (1, 1), False),
+    ("softcap poly 3/4", "softcap", "poly", (3, 4), False),
+    ("softcap poly 1/2", "softcap", "poly", (1, 2), False),
+    ("softcap poly 1/4", "softcap", "poly", (1, 4), False),
+    ("softcap poly 1/2 ov", "softcap", "poly", (1, 2), True),
+    ("sigmoid poly 1/1", "sigmoid", "poly", (1, 1), False),
+    ("sigmoid poly 3/4", "sigmoid", "poly", (3, 4), False),
+    ("sigmoid poly 1/2", "sigmoid", "poly", (1, 2), False),
+    ("sigmoid poly 1/4", "sigmoid", "poly", (1, 4), False),
+    ("sigmoid poly 1/2 ov", "sigmoid", "poly", (1, 2), True),
+]
+
+
+def _stages():
+    from flash_attn_poly.kernels import score_stages as S
+    return S
+
+
+# ------------------------------------------------------------------------------ CPU tests
+def test_softcap_clamp_from_table():
+    S = _stages()
+    from flash_attn_poly.asm import blocks
+    L_c = blocks.program(blocks.load_table(), "softcap_c50")["L_c"]
+    assert S.make_stage("softcap", "poly").clamp_l == L_c
+    with pytest.raises(TypeError):
+        S.SoftcapStage(evaluator="poly", clamp_l=3.25)   # no second source of truth
+
+
+def test_split_rule():
+    S = _stages()
+    st = S.make_stage("sigmoid", "poly", poly_split=(1, 4))
+    assert [st.poly_pair(g) for g in range(8)] == [True, False, False, False] * 2
+    assert not S.make_stage("sigmoid", "native").poly_pair(0)
+    with pytest.raises(ValueError):
+        S.make_stage("softcap", "poly", poly_split=(1, 3))
+
+
+def test_frag_a_col_group():
+    S = _stages()
+    # ((2 cols, 2 rows, 2 groups), M=1, (N/16=8, 1)): element 4 is group 1, element 8 group 2
+    shape = ((2, 2, 2), 1, (8, 1))
+    assert [S.frag_a_col_group(shape, e) for e in (0, 2, 4, 6, 8, 12, 60)] == [0, 0, 1, 1, 2, 3, 15]
+
+
+def split_score_fn(mode, stage, s_k, softcap=50.0):
+    """Per-key-column reference of a poly stage: key columns n with stage.poly_pair(n // 8)
+    get the program replay (poly_reference), the others the exact function (the MUFU path's
+    target).  Scores x (B, H, S_q, S_k) are scaled scores; key index is the last dim."""
+    import torch
+    from flash_attn_poly import poly_reference as PR
+
+    if mode == "softcap":
+        poly, _ = PR.softcap_fns(softcap, stage.program)
+        exact = lambda x: softcap * torch.tanh(x / softcap)
+    else:
+        b = -math.log(s_k)
+        poly, _ = PR.sigmoid_fns(b, stage.program_n)
+        exact = lambda x: torch.sigmoid(x + b)
+    cols = torch.tensor([stage.poly_pair(n // 8) for n in range(s_k)])
+
+    def fn(x):
+        sel = cols.to(x.device)
+        return torch.where(sel, poly(x).to(x.dtype), exact(x))
+    return fn
+
+
+# ------------------------------------------------------------------------------ device driver
+def _check(mode, stage, tuning):
+    import torch
+    from flash_attn_poly import reference, testing
+    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
+
+    b, s, h_q, h_kv, d = 1, 333, 8, 2, 128
+    torch.manual_seed(0)
+    q = (torch.randn(b, s, h_q, d, device="cuda") * (8.0 if mode == "softcap" else 1.0)).bfloat16()
+    k = torch.randn(b, s, h_kv, d, device="cuda").bfloat16()
+    v = torch.randn(b, s, h_kv, d, device="cuda").bfloat16()
+    kw = dict(causal=True, softcap=50.0 if mode == "softcap" else None)
+    out = testing.poison_(torch.empty_like(q))
+    o, _ = attn_fwd(q, k, v, mode=mode, stage=stage, out=out, tuning=tuning, **kw)
+    torch.cuda.synchronize()
+    exact, _ = reference.attention_ref(q, k, v, mode, **kw)
+    fn = split_score_fn(mode, stage, s) if getattr(stage, "evaluator", "") == "poly" else None
+    ref, _ = reference.attention_ref(q, k, v, mode, score_fn=fn, **kw)
+    low, _ = reference.attention_ref_lowprec(q, k, v, mode, score_fn=fn, **kw)
+    st = testing.assert_close_rule(o, ref, low, factor=2.0, floor=1e-3, name="O")
+    st["exact_err"] = testing.max_abs_err(o, exact)
+    return st
+
+
+def _time(mode, stage, tuning, reps=25, inner=10):
+    import torch
+    from cutlass import Float32
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A
+
+    b, s, h_q, h_kv, d = 1, 4096, 32, 8, 128
+    q = torch.randn(b, s, h_q, d, device="cuda").bfloat16()
+    k = torch.randn(b, s, h_kv, d, device="cuda").bfloat16()
+    v = torch.randn(b, s, h_kv, d, device="cuda").bfloat16()
+    o = torch.empty_like(q)
+    lse = torch.empty(b, h_q, s, device="cuda")
+    import cuda.bindings.driver as cuda
+    cfg = A.AttnFwdConfig.default(stage, "bf16", d, True, **tuning)
+    params = stage.host_scalars(d ** -0.5, s, softcap=50.0, sigmoid_bias=None)
+    args = [A._to_cute(t, 3) for t in (q, k, v, o)] + [A._to_cute(lse, 2)]
+    args += [Float32(x) for x in params] + [cuda.CUstream(torch.cuda.current_stream().cuda_stream)]
+    fn = A._compiled(cfg)
+    for _ in range(5):
+        fn(*args)
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(inner):
+            fn(*args)
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) / inner)
+    return sorted(ts)[len(ts) // 2]
+
+
+def worker(idx, out_dir, n_workers):
+    name, mode, ev, split, overlap = VARIANTS[idx]
+    S = _stages()
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A
+    rec = dict(name=name, mode=mode, evaluator=ev, split=split, overlap=overlap)
+    stage = S.make_stage(mode, ev, **({"poly_split": split} if split else {}))
+    tuning = dict(overlap=overlap, pingpong=not overlap)
+    t0 = time.time()
+    try:
+        A._compiled(A.AttnFwdConfig.default(stage, "bf16", 128, True, **tuning))
+        rec["compile_s"] = round(time.time() - t0, 1)
+        print(f"[{name}] compiled {rec['compile_s']}s", flush=True)
+    except Exception as e:
+        rec["error"] = f"compile: {type(e).__name__}: {str(e)[:300]}"
+    open(os.path.join(out_dir, f"ready_{idx}"), "w").close()
+    deadline = time.time() + 150   # wait until all workers compiled (CPU quiet), bounded
+    while time.time() < deadline and sum(f.startswith("ready_") for f in os.listdir(out_dir)) < n_workers:
+        time.sleep(0.5)
+    if "error" not in rec:
+        with open(os.path.join(out_dir, "gpu.lock"), "w") as lk:
+            fcntl.flock(lk, fcntl.LOCK_EX)
+            try:
+                st = _check(mode, stage, tuning)
+                rec.update(err=st["max_abs_err"], lowprec=st["lowprec_err"], exact_err=st["exact_err"], ok=True)
+            except Exception as e:
+                rec.update(ok=False, check=f"{type(e).__name__}: {str(e)[:300]}")
+            try:
+                rec["ms"] = _time(mode, stage, tuning)
+            except Exception as e:
+                rec["error"] = f"time: {type(e).__name__}: {str(e)[:300]}"
+            print(f"[{name}] {json.dumps(rec)}", flush=True)
+    with open(os.path.join(out_dir, f"result_{idx}.json"), "w") as f:
+        json.dump(rec, f)
+
+
+def main(argv):
+    out_dir = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/split_out"
+    if "--worker" in argv:
+        return worker(int(argv[argv.index("--worker") + 1]), out_dir, int(argv[argv.index("--n") + 1]))
+    os.makedirs(out_dir, exist_ok=True)
+    n = len(VARIANTS)
+    procs = []
+    for i in range(n):
+        log = open(os.path.join(out_dir, f"worker_{i}.log"), "w")
+        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", str(i), "--n", str(n),
+                                       "--out", out_dir], stdout=log, stderr=subprocess.STDOUT))
+    for p in procs:
+        p.wait()
+    rows = []
+    for i in range(n):
+        path = os.path.join(out_dir, f"result_{i}.json")
+        rows.append(json.load(open(path)) if os.path.exists(path) else dict(name=VARIANTS[i][0], error="no result"))
+    json.dump(rows, open(os.path.join(out_dir, "split_results.json"), "w"), indent=1)
+    print(f"\n{'variant':22s} {'ms':>7s} {'err':>9s} {'lowprec':>9s} {'exact':>9s} ok")
+    for r in rows:
+        print(f"{r['name']:22s} {r.get('ms', float('nan')):7.3f} {r.get('err', float('nan')):9.2e} "
+              f"{r.get('lowprec', float('nan')):9.2e} {r.get('exact_err', float('nan')):9.2e} "
+              f"{r.get('ok', '-')} {r.get('error', '')}{r.get('check', '')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
