@@ -94,7 +94,7 @@ class AttnFwdConfig:
     tile_m: int = 128             # 2 consumer warpgroups x 64 rows (wgmma M = 64)
     tile_n: int = 128
     num_stages: int = 2
-    overlap: bool = False         # S_n and P_{n-1} V GEMMs in flight together (ptxas C7513: serialised, see NOTES)
+    overlap: bool = False         # S_n and P_{n-1} V GEMMs in flight together (ptxas C7513 warns; still fastest for softmax, softcap/poly)
     pingpong: bool = True         # consumer warpgroups alternate GEMM issue
 
     @staticmethod
@@ -103,10 +103,11 @@ class AttnFwdConfig:
         #   D=64/128: tile_n 128 -> 32 + 128 KB at D=128;  D=256: tile_n 64 -> 64 + 128 KB
         tile_n = 128 if head_dim <= 128 else 64
         # measured on H200 (B=1 S=4096 Hq=32 Hkv=8 D=128 causal, docs/NOTES_attn_fwd.md):
-        # softmax is fastest with the overlapped loop and no ping-pong (0.375 ms vs 0.401 /
-        # 0.531); the MUFU/FMA-heavy stages were measured only without overlap, where
-        # ping-pong helps sigmoid/poly (0.784 vs 0.835 ms) and is neutral for softcap.
-        overlap = getattr(stage, "mode", "") == "softmax"
+        # softmax is fastest with the overlapped loop and no ping-pong; softcap/poly (split
+        # 1/2) too: 0.365 ms vs 0.400 ping-pong; sigmoid/poly (split 1/2) is not: 0.280 vs
+        # 0.271 ping-pong.  Native softcap/sigmoid were measured only without overlap.
+        mode, ev = getattr(stage, "mode", ""), getattr(stage, "evaluator", "")
+        overlap = mode == "softmax" or (mode, ev) == ("softcap", "poly")
         kw = dict(dict(overlap=overlap, pingpong=not overlap), **kw)
         return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, 2, **kw)
 

@@ -56,23 +56,15 @@ def _inputs(dtype, b, s_q, s_k, h_q, h_kv, d, scale_scores=1.0):
 
 
 def _program_score_fn(mode, s_k):
-    """The deployed polynomial program as a torch score function (numpy replay, exact
-    bf16 rounding), for the reference that applies the same math as the kernel."""
-    import numpy as np
-    from flash_attn_poly.fit import runtime
+    """The math the default poly stage runs, per key column: the program replay (exact bf16
+    rounding) for the columns its poly_split sends through the block, the exact function
+    for its MUFU columns (tests/test_attn_fwd_split.split_score_fn)."""
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_attn_fwd_split import split_score_fn
     from flash_attn_poly.kernels import score_stages as S
 
-    st = S.make_stage(mode, "poly")
-    prog = S._program(st.program)
-
-    def fn(x):
-        xn = x.detach().double().cpu().numpy()
-        if mode == "softcap":
-            y = runtime.softcap_logit(prog, xn, "fused")
-        else:  # kernel feeds x + b + ln n into sigma(. - ln n), b = -ln S_k
-            y = runtime.replay(prog, xn - math.log(s_k) + math.log(st.program_n), "fused")
-        return torch.from_numpy(np.asarray(y)).to(x.device, x.dtype)
-    return fn
+    return split_score_fn(mode, S.make_stage(mode, "poly"), s_k)
 
 
 def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal):

@@ -17,6 +17,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 try:
@@ -190,6 +191,7 @@ def main(argv):
     if "--worker" in argv:
         return worker(int(argv[argv.index("--worker") + 1]), out_dir, int(argv[argv.index("--n") + 1]))
     os.makedirs(out_dir, exist_ok=True)
+    final_dir, out_dir = out_dir, tempfile.mkdtemp(prefix="split_")   # $OUT returns few files
     n = len(VARIANTS)
     procs = []
     for i in range(n):
@@ -202,7 +204,10 @@ def main(argv):
     for i in range(n):
         path = os.path.join(out_dir, f"result_{i}.json")
         rows.append(json.load(open(path)) if os.path.exists(path) else dict(name=VARIANTS[i][0], error="no result"))
-    json.dump(rows, open(os.path.join(out_dir, "split_results.json"), "w"), indent=1)
+    json.dump(rows, open(os.path.join(final_dir, "split_results.json"), "w"), indent=1)
+    with open(os.path.join(final_dir, "workers.log"), "w") as f:
+        for i in range(n):
+            f.write(open(os.path.join(out_dir, f"worker_{i}.log")).read())
     print(f"\n{'variant':22s} {'ms':>7s} {'err':>9s} {'lowprec':>9s} {'exact':>9s} ok")
     for r in rows:
         print(f"{r['name']:22s} {r.get('ms', float('nan')):7.3f} {r.get('err', float('nan')):9.2e} "
