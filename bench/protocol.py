@@ -58,6 +58,38 @@ def time_alternating(fns: dict[str, Callable[[], object]], timing: Timing) -> di
     return {n: statistics.median(v) for n, v in per_round.items()}
 
 
+def graph_time(fn: Callable[[], object], timing: Timing) -> float | None:
+    """GPU-only time per call (ms): `iters` calls captured into one CUDA graph and replayed, so
+    host-side launch cost is excluded. None when the callable cannot be captured."""
+    try:
+        fn()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(timing.iters):
+                fn()
+        for _ in range(3):
+            graph.replay()
+        times = []
+        for _ in range(timing.rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / timing.iters)
+        return statistics.median(times)
+    except Exception as e:  # noqa: BLE001 - capture is best effort per implementation
+        print(f"graph capture failed: {type(e).__name__}: {str(e)[:160]}")
+        torch.cuda.synchronize()
+        return None
+
+
 def git_commit() -> str:
     """The checkout's commit; on the device machine (no .git) the caller exports FAP_COMMIT."""
     if os.environ.get("FAP_COMMIT"):

@@ -117,6 +117,9 @@ def _check_cuda_support(q: torch.Tensor, a: AttnArgs) -> None:
         raise RuntimeError(f"the CUDA kernels are built for sm_90 (Hopper); this GPU is sm_{cap[0]}{cap[1]}")
     if q.shape[-1] not in HEAD_DIMS:
         raise ValueError(f"head_dim {q.shape[-1]} is not supported by the CUDA kernels; supported: {HEAD_DIMS}")
+    if a.mode == "sigmoid" and a.evaluator == "poly" and q.dtype != torch.bfloat16:
+        raise TypeError("mode='sigmoid' with evaluator='poly' writes packed BF16 probabilities into the "
+                        f"PV product: it needs torch.bfloat16 inputs, got {q.dtype} (use evaluator='native')")
     if a.window_size != (-1, -1):
         raise NotImplementedError("window_size (sliding-window attention) is not implemented in the CUDA kernels yet")
 
