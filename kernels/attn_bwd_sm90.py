@@ -84,6 +84,9 @@ class AttnBwdSm90:
         self.dtype = dtype
         self.D = head_dim
         self.is_causal = is_causal
+        # block sigmoid_fwd_bwd returns packed bf16 P, written to the dV operand as is
+        assert not (stage.mode == "sigmoid" and stage.evaluator == "poly" and dtype is not cutlass.BFloat16), \
+            "sigmoid/poly backward: BF16 only"
         self.stage = stage
         self.tile_m, self.tile_n, self.stages = tile.tile_m, tile.tile_n, tile.stages
         self.dq_split_n = head_dim == 128   # dQ warpgroups split D (else split M)
@@ -350,15 +353,15 @@ class AttnBwdSm90:
         self.gemm(mma_sdp, acc_dP, tSrV, tSrdO[None, None, None, idx], True)
         warpgroup.commit_group()
         warpgroup.wait_group(1)
-        aux = cute.make_rmem_tensor(tScS.shape, Float32)
-        self.probs(acc_S, aux, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args)
+        # rP: packed P^T (dV operand); acc_S keeps one FP32 dS factor per score, not P plus
+        # an aux derivative (32 more live regs across the dP wait spilled 36-43 STL)
         rP = cute.make_rmem_tensor(shape_a, self.dtype)
-        cute.make_tensor(rP.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+        self.probs(acc_S, rP, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args)
         warpgroup.fence()
         self.gemm_acc(mma_dkv, acc_dV, rP, tVrdOt[None, None, None, idx], accumulate)
         warpgroup.commit_group()
         warpgroup.wait_group(1)   # dP^T ready (the dV product may still run)
-        self.dscores(acc_S, acc_dP, aux, tScS, sDsum, idx)
+        self.dscores(acc_S, acc_dP, tScS, sDsum, idx)
         rdS = cute.make_rmem_tensor(shape_a, self.dtype)
         cute.make_tensor(rdS.iterator, acc_dP.layout).store(acc_dP.load().to(self.dtype))
         cute.copy(r2s, thr_r2s.retile(cute.make_tensor(rdS.iterator, acc_dP.layout)), tRSsdS[None, None, None, buf])
@@ -377,38 +380,78 @@ class AttnBwdSm90:
                          m_block, seqlen_q, tidx)
 
     @cute.jit
-    def probs(self, acc_S, aux, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args):
-        """acc_S (raw S^T) -> P^T in place, aux <- stage factor; causal-masked scores -> 0."""
-        s_mn, a_mn, c_mn = acc_mn_view(acc_S), acc_mn_view(aux), acc_mn_view(tScS)
+    def probs(self, acc_S, rP, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args):
+        """acc_S (raw S^T) -> dS factor f in place, rP <- packed P^T; causal-masked -> 0."""
+        rP32 = cute.recast_tensor(rP, Int32)   # word i = 16-bit elements 2i, 2i+1 of acc_S
+        c_mn = acc_mn_view(tScS)
+        rows = cute.size(c_mn, mode=[0])
+        if const_expr(self._static_rows()):
+            self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, tuple(range(rows)))
+        else:
+            for r in cutlass.range_constexpr(rows):
+                # S^T rows are keys: group (key // 8) % k differs between the warps of a
+                # warpgroup for k >= 4 (a warp's 16 rows hold groups 2w, 2w+1): uniform branch
+                if self.stage.uses_block((n_block * self.tile_n + c_mn[r, 0][0]) // 8):
+                    self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), True)
+                else:
+                    self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), False)
+        if const_expr(self.is_causal):
+            self.mask_causal(acc_S, rP32, tScS, n_block, m_block, seqlen_q, seqlen_k)
+
+    def _static_rows(self) -> bool:
+        """Is the evaluator of every row known at compile time?  Rows r of the C fragment are
+        keys lane/4 + 8 (r % 2) of a 16-aligned slice, so key group = r (mod 2): static for
+        k <= 2 (and for all-block / all-MUFU splits)."""
+        j, k = getattr(self.stage, "poly_split", (0, 1))
+        return self.stage.evaluator != "poly" or j in (0, k) or k <= 2
+
+    def _row_block(self, r: int) -> bool:
+        return self.stage.uses_block(r % 2)   # valid when _static_rows()
+
+    @cute.jit
+    def probs_rows(self, acc_S, rP32, c_mn, sLSE, idx, args, rows, block=None):
+        """stage.prob2 on every column pair of the given rows (LSE loaded once per pair)."""
+        s_mn = acc_mn_view(acc_S)
+        is_bf16 = self.dtype is cutlass.BFloat16
         for c in cutlass.range_constexpr(0, cute.size(s_mn, mode=[1]), 2):
             m0 = c_mn[0, c][1]
             lse0 = sLSE[m0, idx] if const_expr(self.stage.needs_lse) else Float32(0.0)
             lse1 = sLSE[m0 + 1, idx] if const_expr(self.stage.needs_lse) else Float32(0.0)
-            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-                p0, p1, a0, a1 = self.stage.prob2(s_mn[r, c], s_mn[r, c + 1], lse0, lse1, args)
-                s_mn[r, c], s_mn[r, c + 1], a_mn[r, c], a_mn[r, c + 1] = p0, p1, a0, a1
-        if const_expr(self.is_causal):
-            # key n visible from query m iff n <= m + S_k - S_q; only diagonal tiles need it
-            shift = seqlen_k - seqlen_q
-            n0 = n_block * self.tile_n
-            m0 = m_block * self.tile_m
-            if m0 + shift < n0 + self.tile_n - 1:
-                for i in cutlass.range_constexpr(cute.size(acc_S)):
-                    if n0 + tScS[i][0] > m0 + tScS[i][1] + shift:
-                        acc_S[i] = Float32(0.0)
-                        aux[i] = Float32(0.0)
+            for i in cutlass.range_constexpr(len(rows)):
+                r = rows[i]
+                blk = self._row_block(r) if const_expr(block is None) else block
+                p, f0, f1 = self.stage.prob2(s_mn[r, c], s_mn[r, c + 1], lse0, lse1, args, blk, is_bf16)
+                rP32[cute.crd2idx((r, c), s_mn.layout) // 2] = p
+                s_mn[r, c], s_mn[r, c + 1] = f0, f1
 
     @cute.jit
-    def dscores(self, acc_P, acc_dP, aux, tScS, sDsum, idx):
-        """acc_dP (dP^T) -> dS^T / scale in place."""
-        p_mn, dp_mn, a_mn, c_mn = acc_mn_view(acc_P), acc_mn_view(acc_dP), acc_mn_view(aux), acc_mn_view(tScS)
-        for c in cutlass.range_constexpr(0, cute.size(p_mn, mode=[1]), 2):
+    def mask_causal(self, acc_S, rP32, tScS, n_block, m_block, seqlen_q, seqlen_k):
+        """Key n visible from query m iff n <= m + S_k - S_q; only diagonal tiles need it.
+        Masked scores: f = 0 and the P half-word = 0 (lo half = element 2i)."""
+        shift = seqlen_k - seqlen_q
+        n0 = n_block * self.tile_n
+        m0 = m_block * self.tile_m
+        if m0 + shift < n0 + self.tile_n - 1:
+            for i in cutlass.range_constexpr(cute.size(acc_S) // 2):
+                keep = Int32(-1)
+                if n0 + tScS[2 * i][0] > m0 + tScS[2 * i][1] + shift:
+                    acc_S[2 * i] = Float32(0.0)
+                    keep = keep & Int32(-65536)   # 0xFFFF0000
+                if n0 + tScS[2 * i + 1][0] > m0 + tScS[2 * i + 1][1] + shift:
+                    acc_S[2 * i + 1] = Float32(0.0)
+                    keep = keep & Int32(0xFFFF)
+                rP32[i] = rP32[i] & keep
+
+    @cute.jit
+    def dscores(self, acc_F, acc_dP, tScS, sDsum, idx):
+        """acc_dP (dP^T) -> dS^T / scale in place, from the dS factors acc_F."""
+        f_mn, dp_mn, c_mn = acc_mn_view(acc_F), acc_mn_view(acc_dP), acc_mn_view(tScS)
+        for c in cutlass.range_constexpr(0, cute.size(f_mn, mode=[1]), 2):
             m0 = c_mn[0, c][1]
             d0 = sDsum[m0, idx] if const_expr(self.stage.needs_dsum) else Float32(0.0)
             d1 = sDsum[m0 + 1, idx] if const_expr(self.stage.needs_dsum) else Float32(0.0)
-            for r in cutlass.range_constexpr(cute.size(p_mn, mode=[0])):
-                g0, g1 = self.stage.dscore2(p_mn[r, c], p_mn[r, c + 1], dp_mn[r, c], dp_mn[r, c + 1],
-                                            d0, d1, a_mn[r, c], a_mn[r, c + 1])
+            for r in cutlass.range_constexpr(cute.size(f_mn, mode=[0])):
+                g0, g1 = self.stage.dscore2(f_mn[r, c], f_mn[r, c + 1], dp_mn[r, c], dp_mn[r, c + 1], d0, d1)
                 dp_mn[r, c], dp_mn[r, c + 1] = g0, g1
 
     @cute.jit

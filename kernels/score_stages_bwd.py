@@ -1,41 +1,38 @@
 """Backward sides of the attention score stages (device code for kernels/attn_bwd_sm90.py).
 
 The backward kernel recomputes the raw score s = q.k (FP32 accumulator, softmax scale not
-applied) and needs two things per score from the stage:
+applied) and needs two things per score pair (same key, two adjacent queries) from the stage:
 
-* ``prob2(s0, s1, lse0, lse1, args)`` -> (p0, p1, a0, a1): the probability P that the
-  forward used (it feeds dV = P^T dO) and an auxiliary factor ``a`` kept for the gradient;
-* ``dscore2(p0, p1, dp0, dp1, dsum0, dsum1, a0, a1)`` -> (g0, g1): the gradient with
-  respect to the raw score divided by the softmax scale (dQ = scale * g K and
-  dK = scale * g^T Q; the kernel's epilogue/conversion applies ``scale`` once).
+* ``prob2(s0, s1, lse0, lse1, args, block, is_bf16)`` -> (p, f0, f1): ``p`` the probability
+  pair the forward used, packed 16-bit (the A operand of dV += P^T dO), and the dS factor
+  ``f`` in FP32, so that the kernel keeps one FP32 value per score across the dP wgmma
+  instead of two (P and an auxiliary derivative: 32 more registers per thread at
+  tile 128x64, which made the softcap backward spill 36-43 STL);
+* ``dscore2(f0, f1, dp0, dp1, dsum0, dsum1)`` -> (g0, g1): the gradient with respect to the
+  raw score divided by the softmax scale (the kernel's conversion applies ``scale`` once).
 
-Methods work on lane pairs because the polynomial PTX blocks are two-lane (bf16x2).
-A stage is keyed by content: ``bwd_side(mode, evaluator)`` returns a frozen dataclass.
+  softmax  f = P            g = f (dP - D)
+  softcap  f = P dlogit/dx  g = f (dP - D)     (P (dP - D) dlogit/dx, regrouped)
+  sigmoid  f = dsigma/dx    g = f dP           (no D, no LSE)
 
-The forward stage objects live in kernels/score_stages.py (forward engineer); the "poly"
-sides call the asm.cute_ops blocks softcap_fwd/softcap_bwd and sigmoid_fwd_bwd with the
-forward's argument conventions, so P is recomputed bit-identically to the forward.
+Poly split: a poly stage evaluates the key column group g = key_index // 8 with the block
+when ``score_stages.poly_pair(poly_split, g)`` holds and with MUFU otherwise, exactly as the
+forward stage does (same function, same split: ``bwd_side_for(forward_stage)``), so P is
+recomputed bit for bit.  ``block`` (compile time) says which evaluator a call runs; the
+kernel decides it per key row.  MUFU formulas are the forward's, operand for operand.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass import Float32, Int32
+
+from .score_stages import (DEFAULT_POLY_SPLIT, _check_split, _cute_ops, _program, pack_f32x2,
+                           poly_pair, tanh_approx, unpack_bf16x2)
 
 LOG2_E = math.log2(math.e)
-
-
-@dsl_user_op
-def tanh_approx(x: Float32, *, loc=None, ip=None) -> Float32:
-    """MUFU.TANH (tanh.approx.f32, max rel. error ~2^-11): the native softcap evaluator."""
-    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)],
-                                   "tanh.approx.f32 $0, $1;", "=f,f",
-                                   has_side_effects=False, is_align_stack=False,
-                                   asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 def _exp2(x):
@@ -45,133 +42,181 @@ def _exp2(x):
 @dataclass(frozen=True)
 class SoftmaxBwd:
     """dS = P (dP - D), D = rowsum(dO o O); P = exp2(s * scale*log2e - LSE*log2e)."""
-    mode: str = "softmax"
     evaluator: str = "native"
-    needs_lse: bool = True
-    needs_dsum: bool = True
+    mode = "softmax"
+    needs_lse = True
+    needs_dsum = True
+
+    def uses_block(self, col_group) -> bool:
+        return False
 
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
         return (softmax_scale * LOG2_E, 0.0, 0.0)
 
     @cute.jit
-    def prob2(self, s0, s1, lse0, lse1, args):
+    def prob2(self, s0, s1, lse0, lse1, args, block: cutlass.Constexpr[bool],
+              is_bf16: cutlass.Constexpr[bool]):
         p0 = _exp2(s0 * args[0] - lse0)
         p1 = _exp2(s1 * args[0] - lse1)
-        return p0, p1, Float32(1.0), Float32(1.0)
+        return pack_f32x2(p0, p1, is_bf16), p0, p1
 
     @cute.jit
-    def dscore2(self, p0, p1, dp0, dp1, dsum0, dsum1, a0, a1):
-        return p0 * (dp0 - dsum0), p1 * (dp1 - dsum1)
+    def dscore2(self, f0, f1, dp0, dp1, dsum0, dsum1):
+        return f0 * (dp0 - dsum0), f1 * (dp1 - dsum1)
+
+
+class _PolySplit:
+    """Split bookkeeping shared by the poly-capable sides (fields evaluator, poly_split)."""
+
+    def _init_split(self):
+        split = self.poly_split
+        if split is None:
+            split = DEFAULT_POLY_SPLIT[self.mode] if self.evaluator == "poly" else (0, 1)
+        object.__setattr__(self, "poly_split", _check_split(split))
+
+    def uses_block(self, col_group):
+        """Block or MUFU for key column group `col_group` (Python int or runtime Int32):
+        the forward stage's rule, score_stages.poly_pair."""
+        return self.evaluator == "poly" and poly_pair(self.poly_split, col_group)
 
 
 @dataclass(frozen=True)
-class SoftcapBwd:
-    """logit = c tanh(u), u = s*scale/c; P = softmax(logit); d logit/du = c (1 - tanh^2 u).
+class SoftcapBwd(_PolySplit):
+    """logit = c tanh(u), u = s*scale/c; P = softmax(logit); d logit/dx = 1 - tanh^2 u.
 
-    g = P (dP - D) (1 - t^2): the c of the chain rule cancels the 1/c of u, leaving the
-    softmax scale that the kernel applies at the end.
+    The c of the chain rule cancels the 1/c of u, leaving the softmax scale that the kernel
+    applies at the end.  poly block columns: the forward's residual form logit = xc - c rho(u),
+    xc = clamp(x, +-c L_c), u = xc/c, rho from block softcap_fwd, d logit/dx = 1 - rho'(u)
+    from block softcap_bwd (packed bf16x2, no MUFU).  clamp_l is the table's L_c.
     """
-    mode: str = "softcap"
     evaluator: str = "native"
-    needs_lse: bool = True
-    needs_dsum: bool = True
+    poly_split: tuple = None
+    program: str = "softcap_c50"
+    clamp_l: float = field(default=0.0, init=False)
+    mode = "softcap"
+    needs_lse = True
+    needs_dsum = True
 
-    @property
-    def clamp_l(self) -> float:
-        """L_c of program softcap_c50 from the coefficient table (the forward stage and the
-        blocks read the same entry): |u| is clamped there.  Backward poly_split: not yet
-        (a forward split stage's poly_pair(key // 8) is the rule to follow)."""
-        from .score_stages import _program
-        return float(_program("softcap_c50")["L_c"])
-
+    def __post_init__(self):
+        self._init_split()
+        if self.evaluator == "poly":
+            object.__setattr__(self, "clamp_l", float(_program(self.program)["L_c"]))
 
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
+        # native: the forward's (scale/c, c log2e); poly: (scale, c, 1/c) as its params 0, 2, 3
         if self.evaluator == "native":
             return (softmax_scale / softcap, softcap * LOG2_E, 0.0)
         return (softmax_scale, softcap, 1.0 / softcap)
 
     @cute.jit
-    def prob2(self, s0, s1, lse0, lse1, args):
-        if cutlass.const_expr(self.evaluator == "poly"):
-            return self._prob2_poly(s0, s1, lse0, lse1, args)
-        t0 = tanh_approx(s0 * args[0])
-        t1 = tanh_approx(s1 * args[0])
-        p0 = _exp2(t0 * args[1] - lse0)
-        p1 = _exp2(t1 * args[1] - lse1)
-        return p0, p1, 1.0 - t0 * t0, 1.0 - t1 * t1
+    def prob2(self, s0, s1, lse0, lse1, args, block: cutlass.Constexpr[bool],
+              is_bf16: cutlass.Constexpr[bool]):
+        if cutlass.const_expr(self.evaluator == "native"):
+            # the forward's native P = exp2(t * c log2e - max), t = tanh.approx(s * scale/c)
+            t0, t1 = tanh_approx(s0 * args[0]), tanh_approx(s1 * args[0])
+            e0, e1, a0, a1 = t0 * args[1], t1 * args[1], 1.0 - t0 * t0, 1.0 - t1 * t1
+        else:
+            if cutlass.const_expr(block):
+                l0, l1, a0, a1 = self._logit2_block(s0, s1, args)
+            else:
+                l0, l1, a0, a1 = self._logit2_mufu(s0, s1, args)
+            e0, e1 = l0 * LOG2_E, l1 * LOG2_E   # poly stage: softmax over logits (LSE scale 1)
+        p0 = _exp2(e0 - lse0)
+        p1 = _exp2(e1 - lse1)
+        return pack_f32x2(p0, p1, is_bf16), p0 * a0, p1 * a1
 
     @cute.jit
-    def _prob2_poly(self, s0, s1, lse0, lse1, args):
-        """The forward's residual form (score_stages.SoftcapStage, poly): logit = xc - c rho(u),
-        xc = clamp(x, +-c L_c), u = xc/c, rho from block softcap_fwd; d logit/dx = 1 - rho'(u)
-        from block softcap_bwd (the differentiated D3 program, packed bf16x2, no MUFU)."""
-        from flash_attn_poly.asm import cute_ops
-        from .score_stages import unpack_bf16x2
+    def _logit2_mufu(self, s0, s1, args):
+        """Poly stage, MUFU column: the forward's logit = c * tanh.approx((s*scale) * (1/c))."""
+        t0 = tanh_approx(s0 * args[0] * args[2])
+        t1 = tanh_approx(s1 * args[0] * args[2])
+        return args[1] * t0, args[1] * t1, 1.0 - t0 * t0, 1.0 - t1 * t1
+
+    @cute.jit
+    def _logit2_block(self, s0, s1, args):
         x_max = args[1] * self.clamp_l
         x0 = cute.arch.fmin(cute.arch.fmax(s0 * args[0], -x_max), x_max)
         x1 = cute.arch.fmin(cute.arch.fmax(s1 * args[0], -x_max), x_max)
-        u0 = x0 * args[2]
-        u1 = x1 * args[2]
-        r0, r1 = unpack_bf16x2(cutlass.Int32(cute_ops.softcap_fwd(u0, u1)))
-        g0, g1 = unpack_bf16x2(cutlass.Int32(cute_ops.softcap_bwd(u0, u1)))
-        p0 = _exp2((x0 - args[1] * r0) * LOG2_E - lse0)
-        p1 = _exp2((x1 - args[1] * r1) * LOG2_E - lse1)
-        return p0, p1, g0, g1
+        u0, u1 = x0 * args[2], x1 * args[2]
+        r0, r1 = unpack_bf16x2(Int32(_cute_ops().softcap_fwd(u0, u1)))
+        g0, g1 = unpack_bf16x2(Int32(_cute_ops().softcap_bwd(u0, u1)))
+        return x0 - args[1] * r0, x1 - args[1] * r1, g0, g1
 
     @cute.jit
-    def dscore2(self, p0, p1, dp0, dp1, dsum0, dsum1, a0, a1):
-        return p0 * (dp0 - dsum0) * a0, p1 * (dp1 - dsum1) * a1
+    def dscore2(self, f0, f1, dp0, dp1, dsum0, dsum1):
+        return f0 * (dp0 - dsum0), f1 * (dp1 - dsum1)
 
 
 @dataclass(frozen=True)
-class SigmoidBwd:
-    """P = sigma(x), x = s*scale + b; no normalisation, no LSE, no D: g = dP sigma'(x)."""
-    mode: str = "sigmoid"
-    evaluator: str = "native"
-    needs_lse: bool = False
-    needs_dsum: bool = False
+class SigmoidBwd(_PolySplit):
+    """P = sigma(x + b), x = s*scale; no normalisation, no LSE, no D: g = dP sigma'(x + b).
 
-    program_n: int = 4096   # sigmoid_attn_n4096: the block evaluates sigma(x' - ln n)
+    MUFU (native, and poly-stage MUFU columns): the forward's p = 0.5 tanh.approx(0.5 x +
+    0.5 b) + 0.5 (one MUFU.TANH, not EX2 + RCP) and sigma' = p (1 - p).  poly block columns:
+    the coupled 22-instruction block sigmoid_fwd_bwd on x' = x + b + ln n gives packed bf16 P
+    (the forward's values, written to the dV operand unchanged) and d sigma/dx'.
+    program_n (n) comes from the table.
+    """
+    evaluator: str = "native"
+    poly_split: tuple = None
+    program: str = "sigmoid_attn_n4096"
+    program_n: int = field(default=0, init=False)
+    mode = "sigmoid"
+    needs_lse = False
+    needs_dsum = False
+
+    def __post_init__(self):
+        self._init_split()
+        if self.evaluator == "poly":
+            object.__setattr__(self, "program_n", int(_program(self.program)["params"]["n"]))
 
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
         if self.evaluator == "native":
-            # exp2(-(s*scale + b) log2e) = exp2(-s*k0 - k1)
-            return (softmax_scale * LOG2_E, sigmoid_bias * LOG2_E, 0.0)
-        # x' = s*scale + b + ln n, exactly what the forward feeds block sigmoid_fwd
-        return (softmax_scale, sigmoid_bias + math.log(self.program_n), 0.0)
+            return (0.5 * softmax_scale, 0.5 * sigmoid_bias, 0.0)
+        # block: x' = s*scale + (b + ln n) as the forward feeds sigmoid_fwd; MUFU columns use
+        # scale*0.5 (exact: power of two) and 0.5 b, the forward's params[2], params[3]
+        return (softmax_scale, sigmoid_bias + math.log(self.program_n), 0.5 * sigmoid_bias)
 
     @cute.jit
-    def prob2(self, s0, s1, lse0, lse1, args):
+    def prob2(self, s0, s1, lse0, lse1, args, block: cutlass.Constexpr[bool],
+              is_bf16: cutlass.Constexpr[bool]):
+        if cutlass.const_expr(block):
+            p, dp = _cute_ops().sigmoid_fwd_bwd(s0 * args[0] + args[1], s1 * args[0] + args[1])
+            d0, d1 = unpack_bf16x2(Int32(dp))
+            return Int32(p), d0, d1
+        k0, k1 = args[0], args[1]
         if cutlass.const_expr(self.evaluator == "poly"):
-            return self._prob2_poly(s0, s1, args)
-        # sigma = 1 / (1 + 2^-x2): MUFU.EX2 + MUFU.RCP per score
-        p0 = cute.arch.rcp_approx(1.0 + _exp2(-(s0 * args[0] + args[1])))
-        p1 = cute.arch.rcp_approx(1.0 + _exp2(-(s1 * args[0] + args[1])))
-        return p0, p1, p0 * (1.0 - p0), p1 * (1.0 - p1)
+            k0, k1 = args[0] * 0.5, args[2]
+        p0 = tanh_approx(s0 * k0 + k1) * 0.5 + 0.5
+        p1 = tanh_approx(s1 * k0 + k1) * 0.5 + 0.5
+        return pack_f32x2(p0, p1, is_bf16), p0 * (1.0 - p0), p1 * (1.0 - p1)
 
     @cute.jit
-    def _prob2_poly(self, s0, s1, args):
-        """Coupled 22-instruction block: bf16x2 P (the forward's values, for dV) and the
-        factored derivative surrogate d sigma/dx' from one clamp/mask/Horner chain."""
-        from flash_attn_poly.asm import cute_ops
-        from .score_stages import unpack_bf16x2
-        p, dp = cute_ops.sigmoid_fwd_bwd(s0 * args[0] + args[1], s1 * args[0] + args[1])
-        p0, p1 = unpack_bf16x2(cutlass.Int32(p))
-        d0, d1 = unpack_bf16x2(cutlass.Int32(dp))
-        return p0, p1, d0, d1
-
-    @cute.jit
-    def dscore2(self, p0, p1, dp0, dp1, dsum0, dsum1, a0, a1):
-        return dp0 * a0, dp1 * a1
+    def dscore2(self, f0, f1, dp0, dp1, dsum0, dsum1):
+        return f0 * dp0, f1 * dp1
 
 
 _SIDES = {"softmax": SoftmaxBwd, "softcap": SoftcapBwd, "sigmoid": SigmoidBwd}
 
 
-def bwd_side(mode: str, evaluator: str = "native"):
-    """Backward side for a score stage (mode in softmax|softcap|sigmoid, evaluator native|poly)."""
+def bwd_side(mode: str, evaluator: str = "native", poly_split=None):
+    """Backward side for (mode, evaluator); a poly side takes poly_split (default: the
+    forward's score_stages.DEFAULT_POLY_SPLIT[mode], what make_stage builds)."""
     if mode not in _SIDES:
         raise ValueError(f"unknown mode {mode!r}")
     if evaluator not in ("native", "poly"):
         raise ValueError(f"unknown evaluator {evaluator!r}")
-    return _SIDES[mode](evaluator="native" if mode == "softmax" else evaluator)
+    if mode == "softmax":
+        return SoftmaxBwd()
+    return _SIDES[mode](evaluator=evaluator, poly_split=poly_split)
+
+
+def bwd_side_for(stage):
+    """The backward side of a forward score stage (score_stages.make_stage): same mode,
+    evaluator, program and poly_split, hence the same P."""
+    if stage.mode == "softmax":
+        return SoftmaxBwd()
+    kw = dict(evaluator=stage.evaluator, poly_split=stage.poly_split)
+    if stage.evaluator == "poly":
+        kw["program"] = stage.program
+    return _SIDES[stage.mode](**kw)
