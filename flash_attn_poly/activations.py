@@ -71,33 +71,58 @@ def _aligned(t: Tensor) -> Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(kind: str, dtype: str, evaluator: str, layout: str):
-    """(compiled kernel, unroll) per configuration.  Cached here because building the key
-    (program bits from the table) costs ~100 us, more than a 4M-element kernel runs."""
+def _compiled(kind: str, dtype: str, evaluator: str, layout: str, tvm_ffi: bool = True):
+    """(compiled kernel, unroll) per configuration and launch path.  Cached here because
+    building the key (program bits from the table) costs ~100 us, more than a
+    4M-element kernel runs."""
     from flash_attn_poly.kernels import elementwise as ew
 
     key = ew.ElementwiseKey(kind, dtype, evaluator, layout,
                             ew.program_bits(kind, dtype, evaluator))
-    return ew.get_compiled(key), ew.ElementwiseKernel.unroll_for(kind)
+    return ew.get_compiled(key, tvm_ffi), ew.ElementwiseKernel.unroll_for(kind)
+
+
+@functools.lru_cache(maxsize=4096)   # per (n, kind, device): bounded, n varies
+def _grid(n: int, kind: str, device_index: int) -> int:
+    from flash_attn_poly.kernels.elementwise import CHUNK, ElementwiseKernel, grid_size
+
+    return grid_size(n // CHUNK, ElementwiseKernel.unroll_for(kind), _sm_count(device_index))
+
+
+def _launch_dlpack(cfg: tuple, tensors: list, ints: tuple) -> None:
+    """The original marshalling (from_dlpack per tensor, Int32, explicit stream), kept as
+    the fallback and for side-by-side timing (FLASH_ATTN_POLY_LAUNCH=dlpack)."""
+    import cuda.bindings.driver as cuda
+    from cutlass import Int32
+    from cutlass.cute.runtime import from_dlpack
+
+    fn, _ = _compiled(*cfg, tvm_ffi=False)
+    stream = cuda.CUstream(torch.cuda.current_stream(tensors[0].device).cuda_stream)
+    fn(*(from_dlpack(t, assumed_align=_ALIGN).mark_layout_dynamic() for t in tensors),
+       *(Int32(i) for i in ints), stream)
 
 
 def launch(kind: str, dtype: str, evaluator: str, ins: list, outs: list,
            layout: str = "flat", h: int = 0) -> None:
     """Run the compiled kernel for (kind, dtype, evaluator, layout) on flat views.
 
-    `ins`/`outs`: contiguous tensors (any shape); `h`: half-row width for concat."""
-    from flash_attn_poly.kernels.elementwise import CHUNK, grid_size
+    `ins`/`outs`: contiguous tensors (any shape); `h`: half-row width for concat.
+    Launch path: FLASH_ATTN_POLY_LAUNCH (kernels/launch.py)."""
+    from flash_attn_poly.kernels import launch as lp
+    from flash_attn_poly.kernels.elementwise import CHUNK
 
-    fn, unroll = _compiled(kind, dtype, evaluator, layout)
+    cfg = (kind, dtype, evaluator, layout)
     n = outs[0].numel() if layout == "flat" else outs[0].numel() // (2 if kind.endswith("bwd") else 1)
     if n == 0:
         return
-    grid = grid_size(n // CHUNK, unroll, _sm_count(outs[0].device.index or 0))
+    ints = (n, max(h // CHUNK, 1), _grid(n, kind, outs[0].device.index or 0))
     flat_in = [_aligned(t).view(-1) for t in ins]
     flat_out = [t.view(-1) for t in outs]
     flat_in += [flat_in[0]] * (3 - len(flat_in))      # unused slots: never touched
     flat_out += [flat_out[0]] * (2 - len(flat_out))
-    fn(*flat_in, *flat_out, n, max(h // CHUNK, 1), grid)
+    tensors = flat_in + flat_out
+    lp.run(("elementwise",) + cfg, lambda: _compiled(*cfg)[0](*tensors, *ints),
+           lambda: _launch_dlpack(cfg, tensors, ints))
 
 
 def _concat_ok(gate_up: Tensor) -> bool:

@@ -520,12 +520,15 @@ def kernel_for(key: BwdKey) -> AttnBwdSm90:
     return AttnBwdSm90(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile)
 
 
-def compile_bwd(key: BwdKey, options: str = ""):
-    """Compile (cached) for the current device (or CUTE_DSL_ARCH on a CPU machine)."""
-    if key not in _CACHE:
-        fake_stream = cute.runtime.make_fake_stream()
-        _CACHE[key] = cute.compile(kernel_for(key), *fake_args(key), fake_stream, options=options)
-    return _CACHE[key]
+def compile_bwd(key: BwdKey, options: str = "", tvm_ffi: bool = False):
+    """Compile (cached) for the current device (or CUTE_DSL_ARCH on a CPU machine).
+    tvm_ffi=True: the fast-launch variant taking torch tensors and Python floats directly,
+    on torch's current stream (kernels/launch.py); same device code."""
+    from . import launch
+    if (key, tvm_ffi) not in _CACHE:
+        stream, opts = launch.compile_kwargs(tvm_ffi, options)
+        _CACHE[(key, tvm_ffi)] = cute.compile(kernel_for(key), *fake_args(key), stream, options=opts)
+    return _CACHE[(key, tvm_ffi)]
 
 
 def _dl(t):
@@ -556,12 +559,20 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
         raise ValueError("softcap mode needs softcap > 0")
     tile = BwdTile.for_head_dim(d)
     key = BwdKey({torch.bfloat16: "bf16", torch.float16: "f16"}[q.dtype], d, bool(causal), stage, tile)
-    kern = compile_bwd(key)
+    from . import launch
     lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128)
     dq_acc, dk_acc, dv_acc = pp.accumulators(q, k)
-    a0, a1, a2 = stage.host_args(scale, softcap, sigmoid_bias)
-    stream = torch.cuda.current_stream().cuda_stream
-    import cuda.bindings.driver as cuda
-    kern(*(_dl(t) for t in (q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc)),
-         Float32(a0), Float32(a1), Float32(a2), cuda.CUstream(stream))
+    tensors = (q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc)
+    scalars = [float(a) for a in stage.host_args(scale, softcap, sigmoid_bias)]
+    launch.run(("attn_bwd", key),
+               lambda: compile_bwd(key, tvm_ffi=True)(*tensors, *scalars),
+               lambda: _launch_dlpack(key, tensors, scalars))
     return pp.postprocess(dq_acc, dk_acc, dv_acc, scale, q.dtype)
+
+
+def _launch_dlpack(key, tensors, scalars):
+    """The original path: from_dlpack + mark_layout_dynamic for 9 tensors per call."""
+    import torch
+    import cuda.bindings.driver as cuda
+    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    compile_bwd(key)(*(_dl(t) for t in tensors), *[Float32(a) for a in scalars], stream)

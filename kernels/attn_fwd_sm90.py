@@ -42,10 +42,12 @@ try:  # installed package layout
     from flash_attn_poly.kernels import mask as mask_mod
     from flash_attn_poly.kernels import score_stages as stages
     from flash_attn_poly.kernels.tile_scheduler import SingleTileScheduler
+    from flash_attn_poly.kernels import launch
 except ImportError:  # running from the repository root
     from kernels import mask as mask_mod
     from kernels import score_stages as stages
     from kernels.tile_scheduler import SingleTileScheduler
+    from kernels import launch
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
@@ -509,17 +511,26 @@ def _fake_args(cfg: AttnFwdConfig):
     return (qkv(), qkv(), qkv(), qkv(), lse, Float32(1.0), Float32(1.0), Float32(1.0), Float32(1.0))
 
 
-def compile_attn_fwd(cfg: AttnFwdConfig, *, options: str = ""):
+def compile_attn_fwd(cfg: AttnFwdConfig, *, options: str = "", tvm_ffi: bool = False):
     """cute.compile the kernel for cfg against fake tensors (works on a CPU machine with
-    CUTE_DSL_ARCH=sm_90a).  Returns the compiled callable."""
-    from cutlass.cute.runtime import make_fake_stream
-
-    return cute.compile(AttnFwdSm90(cfg), *_fake_args(cfg), make_fake_stream(), options=options)
+    CUTE_DSL_ARCH=sm_90a).  Returns the compiled callable.  tvm_ffi=True builds the
+    fast-launch variant (kernels/launch.py): it takes the torch tensors and Python floats
+    directly and runs on torch's current stream; the device code is identical."""
+    stream, opts = launch.compile_kwargs(tvm_ffi, options)
+    return cute.compile(AttnFwdSm90(cfg), *_fake_args(cfg), stream, options=opts)
 
 
 @lru_cache(maxsize=None)
-def _compiled(cfg: AttnFwdConfig):
-    return compile_attn_fwd(cfg)
+def _compiled(cfg: AttnFwdConfig, tvm_ffi: bool = False):
+    return compile_attn_fwd(cfg, tvm_ffi=tvm_ffi)
+
+
+@lru_cache(maxsize=None)
+def _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items):
+    """Stage + config per call signature: building them costs ~7 us a call (CPU timing,
+    docs/NOTES.md), a few % of a 0.27 ms kernel when calls run back to back."""
+    stage = stages.make_stage(mode, evaluator)
+    return stage, AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
 
 
 def _to_cute(t, leading_dim):
@@ -528,15 +539,25 @@ def _to_cute(t, leading_dim):
     return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=leading_dim)
 
 
+def _launch_dlpack(cfg, tensors, params, device):
+    """The original path: ~62 us of from_dlpack/mark_layout_dynamic for 5 tensors."""
+    import torch
+    import cuda.bindings.driver as cuda
+
+    stream = cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
+    _compiled(cfg, False)(*(_to_cute(t, t.dim() - 1) for t in tensors),
+                          *[Float32(x) for x in params], stream)
+
+
 def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causal: bool = True,
              softmax_scale: Optional[float] = None, softcap: Optional[float] = None,
              sigmoid_bias: Optional[float] = None, stage=None, out=None, lse=None,
              tuning: Optional[dict] = None):
     """Torch entry: q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D), CUDA, bf16/fp16, last dim
     contiguous.  Returns (o like q, lse (B, H_q, S_q) FP32 or None for sigmoid).
-    tuning: AttnFwdConfig field overrides (tile_n, num_stages, overlap, pingpong)."""
+    tuning: AttnFwdConfig field overrides (tile_n, num_stages, overlap, pingpong).
+    Launch path: FLASH_ATTN_POLY_LAUNCH (kernels/launch.py)."""
     import torch
-    import cuda.bindings.driver as cuda
 
     b, s_q, h_q, d = q.shape
     s_k = k.shape[1]
@@ -548,19 +569,21 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
     # TMA: last dim contiguous, other strides multiples of 16 bytes
     q, k, v = [t if t.stride(-1) == 1 and all(st % 8 == 0 for st in t.stride()[:-1]) else t.contiguous()
                for t in (q, k, v)]
+    tuning_items = tuple(sorted((tuning or {}).items()))
     if stage is None:
-        kw = {}
-        stage = stages.make_stage(mode, evaluator, **kw)
-    cfg = AttnFwdConfig.default(stage, dtype, d, causal, **(tuning or {}))
+        stage, cfg = _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items)
+    else:
+        cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    params = stage.host_scalars(scale, s_k, softcap=softcap if softcap is not None else 50.0,
-                                sigmoid_bias=sigmoid_bias)
+    params = [float(x) for x in stage.host_scalars(
+        scale, s_k, softcap=softcap if softcap is not None else 50.0, sigmoid_bias=sigmoid_bias)]
     if out is None:
         out = torch.empty_like(q)
     lse_t = lse if lse is not None else torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
-    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-    _compiled(cfg)(_to_cute(q, 3), _to_cute(k, 3), _to_cute(v, 3), _to_cute(out, 3),
-                   _to_cute(lse_t, 2), *[Float32(x) for x in params], stream)
+    tensors = (q, k, v, out, lse_t)
+    launch.run(("attn_fwd", cfg),
+               lambda: _compiled(cfg, True)(*tensors, *params),
+               lambda: _launch_dlpack(cfg, tensors, params, q.device))
     return out, (lse_t if stage.has_lse else None)
 
 

@@ -236,11 +236,12 @@ class ElementwiseKernel:
 _CACHE: dict = {}
 
 
-def get_compiled(key: ElementwiseKey):
-    """Compiled kernel for `key`, built once per process."""
-    fn = _CACHE.get(key)
+def get_compiled(key: ElementwiseKey, tvm_ffi: bool = True):
+    """Compiled kernel for `key`, built once per process and launch path (tvm_ffi: torch
+    tensors in directly; False: the from_dlpack path, kernels/launch.py)."""
+    fn = _CACHE.get((key, tvm_ffi))
     if fn is None:
-        fn = _CACHE[key] = ElementwiseKernel(key).compile()
+        fn = _CACHE[(key, tvm_ffi)] = ElementwiseKernel(key).compile(tvm_ffi=tvm_ffi)
     return fn
 
 
