@@ -54,3 +54,24 @@ def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM):
 
     return (lambda x: _apply(lambda a: runtime.softcap_logit(prog, a, "fused"), x),
             lambda x: _apply(dlogit, x))
+
+
+def split_fns(mode: str, stage, s_k: int, softcap: float = 50.0, sigmoid_bias=None):
+    """(score_fn, score_grad_fn) of a poly stage with poly_split, per key column: column n
+    uses the program replay when stage.poly_pair(n // 8) (the kernels' block columns) and
+    the exact function otherwise (the MUFU columns' target).  Scores x (..., S_k) are scaled
+    scores, key index last; the same rule serves the forward and the backward reference."""
+    if mode == "softcap":
+        poly, poly_grad = softcap_fns(softcap, stage.program)
+        exact = lambda x: softcap * torch.tanh(x / softcap)
+        exact_grad = lambda x: 1 - torch.tanh(x / softcap) ** 2
+    else:
+        b = -math.log(s_k) if sigmoid_bias is None else float(sigmoid_bias)
+        poly, poly_grad = sigmoid_fns(b, stage.program_n)
+        exact = lambda x: torch.sigmoid(x + b)
+        exact_grad = lambda x: torch.sigmoid(x + b) * (1 - torch.sigmoid(x + b))
+    cols = torch.tensor([bool(stage.poly_pair(n // 8)) for n in range(s_k)])
+
+    def per_column(fn_poly, fn_exact):
+        return lambda x: torch.where(cols.to(x.device), fn_poly(x).to(x.dtype), fn_exact(x))
+    return per_column(poly, exact), per_column(poly_grad, exact_grad)

@@ -75,25 +75,10 @@ def test_frag_a_col_group():
 
 
 def split_score_fn(mode, stage, s_k, softcap=50.0):
-    """Per-key-column reference of a poly stage: key columns n with stage.poly_pair(n // 8)
-    get the program replay (poly_reference), the others the exact function (the MUFU path's
-    target).  Scores x (B, H, S_q, S_k) are scaled scores; key index is the last dim."""
-    import torch
+    """Per-key-column reference of a poly stage (poly_reference.split_fns): key columns n
+    with stage.poly_pair(n // 8) get the program replay, the others the exact function."""
     from flash_attn_poly import poly_reference as PR
-
-    if mode == "softcap":
-        poly, _ = PR.softcap_fns(softcap, stage.program)
-        exact = lambda x: softcap * torch.tanh(x / softcap)
-    else:
-        b = -math.log(s_k)
-        poly, _ = PR.sigmoid_fns(b, stage.program_n)
-        exact = lambda x: torch.sigmoid(x + b)
-    cols = torch.tensor([stage.poly_pair(n // 8) for n in range(s_k)])
-
-    def fn(x):
-        sel = cols.to(x.device)
-        return torch.where(sel, poly(x).to(x.dtype), exact(x))
-    return fn
+    return PR.split_fns(mode, stage, s_k, softcap)[0]
 
 
 # ------------------------------------------------------------------------------ device driver
