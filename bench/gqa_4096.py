@@ -142,7 +142,7 @@ def _prepare(rows, args, backward: bool):
                     fwd()
                 fns[key] = lambda fwd=fwd: _no_grad(fwd)
             else:
-                out = row.make(q, k, v)()
+                out = _first(row.make(q, k, v)())
                 dout = torch.randn_like(out)
                 fns[key] = lambda out=out, q=q, k=k, v=v, dout=dout: torch.autograd.grad(
                     out, (q, k, v), dout, retain_graph=True)
@@ -150,6 +150,11 @@ def _prepare(rows, args, backward: bool):
         except Exception as e:  # noqa: BLE001 - report and keep benchmarking the rest
             print(f"skip {key} {'bwd' if backward else 'fwd'}: {type(e).__name__}: {str(e)[:200]}")
     return fns
+
+
+def _first(x):
+    """Some libraries return (out, lse): keep the output."""
+    return x[0] if isinstance(x, tuple) else x
 
 
 def _no_grad(fn):

@@ -24,12 +24,13 @@ for s in $steps; do
     fwd)    run_step fwd 240 python3 -m pytest -q -m gpu tests/test_attn_fwd_gpu.py tests/test_attn_fwd_split.py ;;
     bwd)    run_step bwd 240 python3 -m pytest -q -m gpu tests/test_attn_bwd_gpu.py ;;
     gqa)    run_step gqa 300 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json" ;;
+    final)  run_step final 420 python3 bench/h200_final.py --graph --json "$OUT/gqa_4096.json" ;;
     launch) run_step launch 120 python3 bench/launch_overhead.py ;;
     elem)   run_step elem 200 python3 -m pytest -q -m gpu tests/test_elementwise_gpu.py ;;
     *) echo "unknown step $s" >> "$OUT/summary.txt" ;;
   esac
 done
 for f in asm launch; do [ -f "$OUT/$f.log" ] && { echo "== $f"; tail -n 25 "$OUT/$f.log"; }; done
-[ -f "$OUT/api.log" ] && { echo "== api"; grep -E "rel L2 vs exact|passed|failed|Error" "$OUT/api.log" | tail -n 30; }
+for f in api final; do [ -f "$OUT/$f.log" ] && { echo "== $f"; grep -E "rel L2|PASS|FAIL|passed|failed|Error|skip" "$OUT/$f.log" | tail -n 40; }; done
 [ -f "$OUT/gqa_4096.md" ] && { echo "== gqa"; cat "$OUT/gqa_4096.md"; }
 echo "== summary"; cat "$OUT/summary.txt"
