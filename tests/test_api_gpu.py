@@ -36,11 +36,12 @@ def _kw(mode):
 
 
 def _score_fns(mode, evaluator, s_k):
+    """The math the kernel runs: per key column, the program replay on the columns the
+    default poly split sends through the block, the exact function on the MUFU columns."""
     if evaluator == "native":
         return None, None
-    if mode == "softcap":
-        return pr.softcap_fns(50.0)
-    return pr.sigmoid_fns(-math.log(s_k))
+    from flash_attn_poly.kernels.score_stages import make_stage
+    return pr.split_fns(mode, make_stage(mode, "poly"), s_k)
 
 
 @pytest.mark.parametrize("mode, evaluator", MODES)
@@ -54,7 +55,7 @@ def test_forward_and_backward(mode, evaluator, case):
     out = flash_attn_poly.attention(qg, kg, vg, mode, evaluator=evaluator, **kw)
     ref, _ = attention_ref(q, k, v, mode, score_fn=fn, **kw)
     low, _ = attention_ref_lowprec(q, k, v, mode, score_fn=fn, **kw)
-    stats = assert_close_rule(out, ref, low, name=f"{mode}/{evaluator} out")
+    stats = assert_close_rule(out, ref, low, floor=1e-3, name=f"{mode}/{evaluator} out")
     exact, _ = attention_ref(q, k, v, mode, **kw)
     loose = rel_l2_err(out, exact)
     print(f"\n{mode}/{evaluator} {case}: out vs same-program ref {stats['max_abs_err']:.2e} "
@@ -76,7 +77,7 @@ def test_sigmoid_poly_at_program_length():
     case = (1, 4096, 4096, 2, 1, 128, True)
     q, k, v = _inputs(case, 7, "sigmoid")
     out = flash_attn_poly.attention(q, k, v, "sigmoid", evaluator="poly")
-    fn, _ = pr.sigmoid_fns(-math.log(4096))
+    fn, _ = _score_fns("sigmoid", "poly", 4096)
     ref, _ = attention_ref(q.float(), k.float(), v.float(), "sigmoid", score_fn=fn, dtype=torch.float32)
     low, _ = attention_ref_lowprec(q, k, v, "sigmoid", score_fn=fn)
     assert_close_rule(out, ref, low, floor=1e-4, name="sigmoid/poly S=4096")
