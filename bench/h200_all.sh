@@ -19,12 +19,12 @@ run_step() {  # name seconds command...
 
 for s in $steps; do
   case $s in
-    asm)    run_step asm 150 python3 tests/test_asm_gpu.py ;;
+    asm)    run_step asm 100 python3 tests/test_asm_gpu.py ;;
     api)    run_step api 240 python3 -m pytest -q -m gpu -s tests/test_api_gpu.py ;;
     fwd)    run_step fwd 240 python3 -m pytest -q -m gpu tests/test_attn_fwd_gpu.py tests/test_attn_fwd_split.py ;;
     bwd)    run_step bwd 240 python3 -m pytest -q -m gpu tests/test_attn_bwd_gpu.py ;;
     gqa)    run_step gqa 300 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json" ;;
-    final)  run_step final 420 python3 bench/h200_final.py --graph --json "$OUT/gqa_4096.json" ;;
+    final)  run_step final 400 python3 bench/h200_final.py --graph --json "$OUT/gqa_4096.json" ;;
     launch) run_step launch 120 python3 bench/launch_overhead.py ;;
     elem)   run_step elem 200 python3 -m pytest -q -m gpu tests/test_elementwise_gpu.py ;;
     *) echo "unknown step $s" >> "$OUT/summary.txt" ;;
