@@ -125,6 +125,50 @@ def launch(kind: str, dtype: str, evaluator: str, ins: list, outs: list,
            lambda: _launch_dlpack(cfg, tensors, ints))
 
 
+_FAST: dict = {}    # (kind, dtype, evaluator, layout, n, h, device index) -> (cfg, ints)
+
+
+def _launch_fast(kind: str, dtype: str, evaluator: str, ins: list, outs: list,
+                 layout: str = "flat", h: int = 0) -> None:
+    """launch() with the per-shape work cached: grid, ints and the compiled-kernel lookup
+    are computed once per (config, numel, h, device); per call only the alignment test
+    of the inputs, the flat views and the launch-path dispatch remain."""
+    out0 = outs[0]
+    numel = out0.numel()
+    if numel == 0:
+        return
+    dev = out0.get_device()
+    key = (kind, dtype, evaluator, layout, numel, h, dev)
+    hit = _FAST.get(key)
+    if hit is None:
+        from flash_attn_poly.kernels.elementwise import CHUNK
+
+        n = numel if layout == "flat" else numel // (2 if kind.endswith("bwd") else 1)
+        hit = ((kind, dtype, evaluator, layout),
+               (n, max(h // CHUNK, 1), _grid(n, kind, max(dev, 0))))
+        _FAST[key] = hit
+    cfg, ints = hit
+    # inputs are contiguous (checked / .contiguous() by the callers); views only when
+    # not already 1-D, and one view per distinct tensor (concat passes gate_up twice)
+    flat_in = [t if t.data_ptr() % _ALIGN == 0 else t.clone() for t in ins]
+    if ins[0].dim() != 1:
+        flat_in = [flat_in[0].view(-1)] * 2 if len(ins) == 2 and ins[0] is ins[1] \
+            else [t.view(-1) for t in flat_in]
+        outs = [outs[0].view(-1)] * 2 if len(outs) == 2 and outs[0] is outs[1] \
+            else [t.view(-1) for t in outs]
+    flat_in = flat_in + [flat_in[0]] * (3 - len(flat_in))      # unused slots: never touched
+    tensors = flat_in + (outs if len(outs) == 2 else [outs[0], outs[0]])
+    _lp().run(("elementwise",) + cfg, lambda: _compiled(*cfg)[0](*tensors, *ints),
+              lambda: _launch_dlpack(cfg, tensors, ints))
+
+
+@functools.lru_cache(maxsize=None)
+def _lp():
+    from flash_attn_poly.kernels import launch as lp
+
+    return lp
+
+
 def _concat_ok(gate_up: Tensor) -> bool:
     """The concat kernel needs H % 8 == 0 so both halves stay 16-byte aligned."""
     return (gate_up.shape[-1] // 2) % 8 == 0
@@ -252,13 +296,118 @@ torch.library.register_autograd(f"{_LIB}::swiglu_concat_fwd", _swiglu_concat_bac
                                 setup_context=_swiglu_concat_setup)
 
 
+# ---- eager fast path ---------------------------------------------------------------------
+# The custom ops above are what torch.compile / export trace (fake impls, no graph break).
+# In eager mode their dispatch (custom-op wrapper, dispatcher, Python autograd kernel) is
+# most of the per-call host cost, so eager calls on plain tensors go through these
+# autograd.Functions instead, which launch the same compiled kernels directly.  Same
+# kernels, same saved tensors, same results.
+
+def _eager(t: Tensor) -> bool:
+    """Plain tensor outside tracing: FakeTensor / functional / other subclasses, and
+    anything under torch.compile or export, take the custom-op path."""
+    return type(t) is Tensor and not torch.compiler.is_compiling()
+
+
+def _needs_grad(*ts: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+
+
+def _silu_fwd_eager(x: Tensor, evaluator: str) -> Tensor:
+    y = torch.empty_like(x)
+    _launch_fast("silu_fwd", "bf16", evaluator, [x], [y])
+    return y
+
+
+def _swiglu_fwd_eager(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
+    y = torch.empty_like(gate)
+    _launch_fast("swiglu_fwd", "bf16", evaluator, [gate, up], [y])
+    return y
+
+
+def _swiglu_concat_fwd_eager(gate_up: Tensor, evaluator: str) -> Tensor:
+    y = gate_up.new_empty(_half_shape(gate_up))
+    _launch_fast("swiglu_fwd", "bf16", evaluator, [gate_up, gate_up], [y], "concat",
+                 gate_up.shape[-1] // 2)
+    return y
+
+
+class _SiLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, evaluator):
+        ctx.save_for_backward(x)          # backward recomputes p(x): x is all it needs
+        ctx.evaluator = evaluator
+        return _silu_fwd_eager(x, evaluator)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        dx = torch.empty_like(x)
+        _launch_fast("silu_bwd", "bf16", ctx.evaluator, [x, grad.contiguous()], [dx])
+        return dx, None
+
+
+class _SwiGLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, evaluator):
+        ctx.save_for_backward(gate, up)   # inputs only; no intermediate, no output
+        ctx.evaluator = evaluator
+        return _swiglu_fwd_eager(gate, up, evaluator)
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
+        _launch_fast("swiglu_bwd", "bf16", ctx.evaluator, [gate, up, grad.contiguous()],
+                     [d_gate, d_up])
+        return d_gate, d_up, None
+
+
+class _SwiGLUConcatFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate_up, evaluator):
+        ctx.save_for_backward(gate_up)
+        ctx.evaluator = evaluator
+        return _swiglu_concat_fwd_eager(gate_up, evaluator)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (gate_up,) = ctx.saved_tensors
+        d = torch.empty_like(gate_up)
+        _launch_fast("swiglu_bwd", "bf16", ctx.evaluator, [gate_up, gate_up, grad.contiguous()],
+                     [d, d], "concat", gate_up.shape[-1] // 2)
+        return d, None
+
+
+def _silu_any(x: Tensor, evaluator: str) -> Tensor:
+    if _eager(x):
+        return _SiLUFn.apply(x, evaluator) if _needs_grad(x) else _silu_fwd_eager(x, evaluator)
+    return _silu_fwd(x, evaluator)
+
+
+def _swiglu_any(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
+    if _eager(gate) and type(up) is Tensor:
+        if _needs_grad(gate, up):
+            return _SwiGLUFn.apply(gate, up, evaluator)
+        return _swiglu_fwd_eager(gate, up, evaluator)
+    return _swiglu_fwd(gate, up, evaluator)
+
+
+def _swiglu_concat_any(gate_up: Tensor, evaluator: str) -> Tensor:
+    if _eager(gate_up):
+        if _needs_grad(gate_up):
+            return _SwiGLUConcatFn.apply(gate_up, evaluator)
+        return _swiglu_concat_fwd_eager(gate_up, evaluator)
+    return _swiglu_concat_fwd(gate_up, evaluator)
+
+
 # ---- public API ------------------------------------------------------------------------
 
 def silu(x: Tensor, evaluator: str = "poly") -> Tensor:
     """SiLU of a contiguous CUDA BF16 tensor with the packed D3 sigmoid polynomial
     (``evaluator="poly"``) or the SFU sigmoid (``"native"``); differentiable."""
     _check("x", x)
-    return _silu_fwd(x, _evaluator(evaluator))
+    return _silu_any(x, _evaluator(evaluator))
 
 
 def swiglu(gate: Tensor, up: Tensor | None = None, evaluator: str = "poly") -> Tensor:
@@ -277,12 +426,12 @@ def swiglu(gate: Tensor, up: Tensor | None = None, evaluator: str = "poly") -> T
             # H % 8 != 0: the halves are not 16-byte aligned; run the two-tensor kernel on
             # contiguous copies (correct, one extra read+write of the input).
             g, u = gate.chunk(2, dim=-1)
-            return _swiglu_fwd(g.contiguous(), u.contiguous(), evaluator)
-        return _swiglu_concat_fwd(gate, evaluator)
+            return _swiglu_any(g.contiguous(), u.contiguous(), evaluator)
+        return _swiglu_concat_any(gate, evaluator)
     _check("gate", gate)
     _check("up", up)
     _same_shape("gate", gate, "up", up)
-    return _swiglu_fwd(gate, up, evaluator)
+    return _swiglu_any(gate, up, evaluator)
 
 
 class PolySiLU(nn.Module):
