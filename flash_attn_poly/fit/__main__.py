@@ -1,4 +1,4 @@
-"""CLI: python -m flash_attn_poly.fit search|write|table|sweep"""
+"""CLI: python -m flash_attn_poly.fit search|write|table|sweep|attn-metric|identities"""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +31,8 @@ def main(argv=None):
     am.add_argument("--tanh-eps", type=float, default=0.0, help="native softcap: tanh.approx relative error model (e.g. 4.9e-4)")
     am.add_argument("--json", default=None, help="write the results here (and PATH.md)")
     am.add_argument("--update-table", action="store_true", help="store the summary in the programs' errors")
+    idn = sub.add_parser("identities", help="identity backward rules vs direct/differentiated programs")
+    idn.add_argument("--json", default=None, help="write rows here (and PATH.md)")
     a = ap.parse_args(argv)
     cmd = "python -m flash_attn_poly.fit " + " ".join(argv if argv is not None else sys.argv[1:])
 
@@ -67,6 +69,16 @@ def main(argv=None):
             for mode, r in out.items():
                 table["programs"][r["program"]]["errors"].update(r["summary"])
             P.write(table)
+    elif a.cmd == "identities":
+        from . import identities as I
+        rows = I.comparison(P.load_table())
+        md = I.markdown(rows, cmd)
+        print(md, end="")
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump({"command": cmd, "rows": rows}, fh, indent=1)
+            with open(a.json.rsplit(".", 1)[0] + ".md", "w") as fh:
+                fh.write(md)
     elif a.cmd == "sweep":
         from .sweep import sweep
         for path in sweep(a.out, a.dtype):
