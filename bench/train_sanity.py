@@ -35,7 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The repository root goes LAST: first on sys.path it would shadow an installed (or, on the
+# device machine, laid-out) flash_attn_poly whose kernels/ and asm/ live inside the package.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from flash_attn_poly import PolySwiGLU, attention  # noqa: E402
 
 ARMS = ("softmax_native", "softcap_native", "softcap_poly", "sigmoid_native", "sigmoid_poly",
@@ -203,7 +205,7 @@ def summarize(arm, losses, times):
 def add_gaps(results):
     by = {r["arm"]: r for r in results}
     for arm, ref in PAIRS.items():
-        if arm in by and ref in by:
+        if arm in by and ref in by and "ema_all" in by[arm] and "ema_all" in by[ref]:  # failed arms have none
             a, b = by[arm]["ema_all"], by[ref]["ema_all"]
             n = min(len(a), len(b))
             by[arm]["vs"] = ref
