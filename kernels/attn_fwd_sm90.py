@@ -98,6 +98,7 @@ class AttnFwdConfig:
     num_stages: int = 2
     overlap: bool = False         # S_n and P_{n-1} V GEMMs in flight together (ptxas C7513 warns; still fastest for softmax, softcap/poly)
     pingpong: bool = True         # consumer warpgroups alternate GEMM issue
+    overlap_v2: bool = False      # overlap without C7513: P packed after wait_group(0) (block_overlap_v2); no ping-pong; unmeasured on GPU
 
     @staticmethod
     def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
@@ -130,6 +131,9 @@ class AttnFwdSm90:
         self.num_stages = cfg.num_stages
         self.causal = cfg.causal
         self.overlap, self.pingpong = cfg.overlap, cfg.pingpong
+        # sigmoid/poly's block writes packed P (no FP32 P to pack later): keeps the v1 step
+        packed_p = (getattr(cfg.stage, "mode", ""), getattr(cfg.stage, "evaluator", "")) == ("sigmoid", "poly")
+        self.overlap_v2 = cfg.overlap and cfg.overlap_v2 and not cfg.pingpong and not packed_p
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
         assert self.tile_m == 64 * self.num_mma_wg
 
@@ -409,6 +413,8 @@ class AttnFwdSm90:
                       first_pv: cutlass.Constexpr[bool]):
         """Issue S_n = Q K_n^T and O += P_prev V_prev together; the score stage of S_n runs
         while PV is still on the tensor cores; O is rescaled once PV has landed."""
+        if cutlass.const_expr(self.overlap_v2):
+            return self.block_overlap_v2(ctx, kv, n_block, masked, first_pv)
         kv_prev = kv.clone()
         kv.advance()
         acc_S = cute.make_rmem_tensor(ctx.s_shape, Float32)
@@ -433,6 +439,35 @@ class AttnFwdSm90:
         fence_fragment(ctx.tOrP)
         ctx.pipe_v.consumer_release(kv_prev)
         ctx.tOrP.store(tOrP_next.load())
+        self.rescale_o(ctx)
+        return kv
+
+    @cute.jit
+    def block_overlap_v2(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool],
+                         first_pv: cutlass.Constexpr[bool]):
+        """block_overlap without C7513: the score stage leaves FP32 P_n in acc_S and P_n is
+        packed into tOrP only after wait_group(0).  Root cause of v1's C7513 (found by
+        bisecting a wait_group 0 through the kept PTX under ptxas -v): v1 packed P_n (cvt)
+        while P_{n-1} V was in flight and ptxas copy-coalesced P_n into the A registers of
+        that wgmma through the loop-back mov.  Same instruction count as v1 minus the
+        32 movs per block, and no second 32-register P fragment."""
+        kv_prev = kv.clone()
+        kv.advance()
+        acc_S = cute.make_rmem_tensor(ctx.s_shape, Float32)
+        ctx.pipe_k.consumer_wait(kv)
+        self.wgmma(ctx.tiled_mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, kv.index], True)
+        ctx.pipe_v.consumer_wait(kv_prev)
+        self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv_prev.index],
+                   first_pv)
+        warpgroup.wait_group(1)
+        fence_fragment(acc_S)   # the score stage must not rise above wait_group(1); no PTX
+        ctx.pipe_k.consumer_release(kv)
+        self.scores_to_p(ctx, acc_S, n_block, False, masked, None)
+        warpgroup.wait_group(0)
+        fence_fragment(ctx.acc_O)
+        ctx.pipe_v.consumer_release(kv_prev)
+        fence_fragment(acc_S)   # the packs (non-volatile asm) must stay below wait_group(0)
+        stages.write_p_native(acc_S, ctx.tOrP, self.is_bf16)
         self.rescale_o(ctx)
         return kv
 

@@ -25,9 +25,14 @@ try:
 except ImportError:  # the device machine may lack pytest: the driver below does not need it
     pytest = None
 
-# (name, mode, evaluator, poly_split, overlap)
+# (name, mode, evaluator, poly_split, overlap); overlap "v2" = AttnFwdConfig.overlap_v2 (no C7513)
 VARIANTS = [
     ("softmax", "softmax", "native", None, True),
+    ("softmax v2", "softmax", "native", None, "v2"),
+    ("softcap native ov", "softcap", "native", None, True),
+    ("softcap native v2", "softcap", "native", None, "v2"),
+    ("softcap poly 1/2 v2", "softcap", "poly", (1, 2), "v2"),
+    ("sigmoid native v2", "sigmoid", "native", None, "v2"),
     ("softcap native", "softcap", "native", None, False),
     ("sigmoid native", "sigmoid", "native", None, False),
     ("softcap poly 1/1", "softcap", "poly", (1, 1), False),
@@ -142,7 +147,9 @@ def worker(idx, out_dir, n_workers):
     from flash_attn_poly.kernels import attn_fwd_sm90 as A
     rec = dict(name=name, mode=mode, evaluator=ev, split=split, overlap=overlap)
     stage = S.make_stage(mode, ev, **({"poly_split": split} if split else {}))
-    tuning = dict(overlap=overlap, pingpong=not overlap)
+    tuning = dict(overlap=bool(overlap), pingpong=not overlap)
+    if overlap == "v2":
+        tuning["overlap_v2"] = True
     t0 = time.time()
     try:
         A._compiled(A.AttnFwdConfig.default(stage, "bf16", 128, True, **tuning))
