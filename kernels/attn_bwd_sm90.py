@@ -34,6 +34,11 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+try:  # installed package layout
+    from flash_attn_poly.kernels import mask as mask_mod
+except ImportError:  # running from the repository root
+    from kernels import mask as mask_mod
+
 NUM_THREADS = 384          # 1 producer warpgroup + 2 MMA warpgroups
 PRODUCER_REGS = 24         # producer only issues TMA
 MMA_REGS = 240             # 2*240 + 24 <= 504 (65536 regs / 128 threads per warpgroup)
@@ -79,11 +84,14 @@ class BwdTile:
 
 
 class AttnBwdSm90:
-    def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile):
+    def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile,
+                 window: tuple = (False, False)):
         assert head_dim in (64, 128), "D must be 64 or 128"
         self.dtype = dtype
         self.D = head_dim
         self.is_causal = is_causal
+        # sliding window: (has left bound, has right bound) compiled in, sizes are args[3:5]
+        self.has_left, self.has_right = window[0], window[1] and not is_causal
         # block sigmoid_fwd_bwd returns packed bf16 P, written to the dV operand as is
         assert not (stage.mode == "sigmoid" and stage.evaluator == "poly" and dtype is not cutlass.BFloat16), \
             "sigmoid/poly backward: BF16 only"
@@ -140,7 +148,8 @@ class AttnBwdSm90:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
-                 mdVacc: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32, stream):
+                 mdVacc: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32,
+                 win_left: Int32, win_right: Int32, stream):
         # (B, S, H, D) -> (S, D, H, B); stats (B, H, S_pad) -> (S_pad, H, B)
         mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc = [
             self._seq_major(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc)]
@@ -164,20 +173,23 @@ class AttnBwdSm90:
         grid = (n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
         self.kernel(tQ, tK, tV, tdO, tLSE, tDsum, mdQacc, mdKacc, mdVacc,
                     tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
-                    mma_sdp, mma_dkv, mma_dq, (arg0, arg1, arg2), Storage).launch(
+                    mma_sdp, mma_dkv, mma_dq, (arg0, arg1, arg2) + self._window_param(win_left, win_right), Storage).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    def _window_param(self, win_left, win_right):
+        """Window sizes reach the kernel only in windowed builds (unused kernel parameters
+        still shift the parameter block and change the unwindowed SASS)."""
+        if self.has_left or self.has_right:
+            return (win_left, win_right)
+        return (0, 0)
 
     # ---------------------------------------------------------------- device side
     @cute.jit
-    def m_block_range(self, n_block, seqlen_q, seqlen_k):
-        """Query blocks that see key block n_block (causal: rows m with m + S_k - S_q >= n0)."""
-        m_max = cute.ceil_div(seqlen_q, self.tile_m)
-        m_min = Int32(0)
-        if const_expr(self.is_causal):
-            first_row = n_block * self.tile_n - (seqlen_k - seqlen_q)
-            if first_row > 0:
-                m_min = first_row // self.tile_m
-        return m_min, m_max
+    def m_block_range(self, n_block, seqlen_q, seqlen_k, args):
+        """Query blocks that see key block n_block (causal: rows m with m + S_k - S_q >= n0;
+        sliding window: kernels/mask.py)."""
+        return mask_mod.query_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n,
+                                          self.is_causal, self.has_left, self.has_right, args[3], args[4])
 
     @cute.kernel
     def kernel(self, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc,
@@ -217,7 +229,7 @@ class AttnBwdSm90:
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         head_kv = head // (mQ.shape[2] // mK.shape[2])
-        m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k)
+        m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, args)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp_idx == 0:
@@ -395,8 +407,8 @@ class AttnBwdSm90:
                     self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), True)
                 else:
                     self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), False)
-        if const_expr(self.is_causal):
-            self.mask_causal(acc_S, rP32, tScS, n_block, m_block, seqlen_q, seqlen_k)
+        if const_expr(self.is_causal or self.has_left or self.has_right):
+            self.mask_causal(acc_S, rP32, tScS, n_block, m_block, seqlen_q, seqlen_k, args)
 
     def _static_rows(self) -> bool:
         """Is the evaluator of every row known at compile time?  Rows r of the C fragment are
@@ -425,19 +437,21 @@ class AttnBwdSm90:
                 s_mn[r, c], s_mn[r, c + 1] = f0, f1
 
     @cute.jit
-    def mask_causal(self, acc_S, rP32, tScS, n_block, m_block, seqlen_q, seqlen_k):
-        """Key n visible from query m iff n <= m + S_k - S_q; only diagonal tiles need it.
+    def mask_causal(self, acc_S, rP32, tScS, n_block, m_block, seqlen_q, seqlen_k, args):
+        """Key n visible from query m iff n <= m + S_k - S_q (and inside the sliding window,
+        kernels/mask.py); only diagonal / window-edge tiles need it.
         Masked scores: f = 0 and the P half-word = 0 (lo half = element 2i)."""
         shift = seqlen_k - seqlen_q
         n0 = n_block * self.tile_n
         m0 = m_block * self.tile_m
-        if m0 + shift < n0 + self.tile_n - 1:
+        win = (self.is_causal, self.has_left, self.has_right, args[3], args[4])
+        if mask_mod.tile_needs_mask(n0, m0, shift, self.tile_m, self.tile_n, *win):
             for i in cutlass.range_constexpr(cute.size(acc_S) // 2):
                 keep = Int32(-1)
-                if n0 + tScS[2 * i][0] > m0 + tScS[2 * i][1] + shift:
+                if mask_mod.key_hidden(n0 + tScS[2 * i][0], m0 + tScS[2 * i][1] + shift, *win):
                     acc_S[2 * i] = Float32(0.0)
                     keep = keep & Int32(-65536)   # 0xFFFF0000
-                if n0 + tScS[2 * i + 1][0] > m0 + tScS[2 * i + 1][1] + shift:
+                if mask_mod.key_hidden(n0 + tScS[2 * i + 1][0], m0 + tScS[2 * i + 1][1] + shift, *win):
                     acc_S[2 * i + 1] = Float32(0.0)
                     keep = keep & Int32(0xFFFF)
                 rP32[i] = rP32[i] & keep
@@ -488,6 +502,8 @@ class BwdKey:
     causal: bool
     stage: object         # frozen score_stages_bwd side (hash = content)
     tile: BwdTile
+    window_left: bool = False    # sliding window bounds compiled in; sizes are runtime Int32
+    window_right: bool = False
 
 
 _CACHE: dict = {}
@@ -513,11 +529,13 @@ def fake_args(key: BwdKey):
     q, k, v, do = (mk(dt, 4, 8) for _ in range(4))      # TMA: strides multiple of 16 bytes
     lse, dsum = mk(Float32, 3, 4), mk(Float32, 3, 4)
     dq, dk, dv = (mk(Float32, 4, 2) for _ in range(3))  # red.v2: 8-byte aligned rows
-    return (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0), Float32(0.0))
+    return (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0), Float32(0.0),
+            Int32(0), Int32(0))   # window (left, right) sizes
 
 
 def kernel_for(key: BwdKey) -> AttnBwdSm90:
-    return AttnBwdSm90(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile)
+    return AttnBwdSm90(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile,
+                       (key.window_left, key.window_right))
 
 
 def compile_bwd(key: BwdKey, options: str = "", tvm_ffi: bool = False):
@@ -538,12 +556,13 @@ def _dl(t):
 
 def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
-             lse_base: str = "e"):
+             lse_base: str = "e", window_size=(-1, -1)):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
     lse (B, H_q, S_q) FP32 from the forward (natural log unless lse_base="2"); ignored (may
     be None) for mode="sigmoid".  out is only used by the softmax modes (D = rowsum(dO o O)).
+    window_size: (left, right) sliding window as in the forward (-1 = unbounded).
     """
     import torch
     from . import attn_bwd_prepost as pp
@@ -558,21 +577,24 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     if mode == "softcap" and not softcap:
         raise ValueError("softcap mode needs softcap > 0")
     tile = BwdTile.for_head_dim(d)
-    key = BwdKey({torch.bfloat16: "bf16", torch.float16: "f16"}[q.dtype], d, bool(causal), stage, tile)
+    (has_l, has_r), window = mask_mod.window_args(window_size, bool(causal), s_q, s_k)
+    key = BwdKey({torch.bfloat16: "bf16", torch.float16: "f16"}[q.dtype], d, bool(causal), stage, tile,
+                 has_l, has_r)
     from . import launch
     lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128)
     dq_acc, dk_acc, dv_acc = pp.accumulators(q, k)
     tensors = (q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc)
     scalars = [float(a) for a in stage.host_args(scale, softcap, sigmoid_bias)]
     launch.run(("attn_bwd", key),
-               lambda: compile_bwd(key, tvm_ffi=True)(*tensors, *scalars),
-               lambda: _launch_dlpack(key, tensors, scalars))
+               lambda: compile_bwd(key, tvm_ffi=True)(*tensors, *scalars, *window),
+               lambda: _launch_dlpack(key, tensors, scalars, window))
     return pp.postprocess(dq_acc, dk_acc, dv_acc, scale, q.dtype)
 
 
-def _launch_dlpack(key, tensors, scalars):
+def _launch_dlpack(key, tensors, scalars, window=(0, 0)):
     """The original path: from_dlpack + mark_layout_dynamic for 9 tensors per call."""
     import torch
     import cuda.bindings.driver as cuda
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    compile_bwd(key)(*(_dl(t) for t in tensors), *[Float32(a) for a in scalars], stream)
+    compile_bwd(key)(*(_dl(t) for t in tensors), *[Float32(a) for a in scalars],
+                     *[Int32(w) for w in window], stream)

@@ -99,6 +99,8 @@ class AttnFwdConfig:
     overlap: bool = False         # S_n and P_{n-1} V GEMMs in flight together (ptxas C7513 warns; still fastest for softmax, softcap/poly)
     pingpong: bool = True         # consumer warpgroups alternate GEMM issue
     overlap_v2: bool = False      # overlap without C7513: P packed after wait_group(0) (block_overlap_v2); no ping-pong; unmeasured on GPU
+    window_left: bool = False     # sliding window has a left bound (size: runtime Int32, kernels/mask.py)
+    window_right: bool = False    # ... a right bound (non-causal only; causal is right = 0)
 
     @staticmethod
     def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
@@ -157,7 +159,7 @@ class AttnFwdSm90:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, p0: Float32, p1: Float32, p2: Float32, p3: Float32,
-                 stream):
+                 win_left: Int32, win_right: Int32, stream):
         # torch (B, S, H, D) -> (S, D, H, B); LSE (B, H, S) -> (S, H, B)
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
@@ -188,9 +190,16 @@ class AttnFwdSm90:
         sched = SingleTileScheduler(longest_first=self.causal)
         self.kernel(mQ_tma, mK_tma, mV_tma, mO, mLSE, tma_q, tma_k, tma_v,
                     tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
-                    (p0, p1, p2, p3), sched).launch(
+                    (p0, p1, p2, p3), self._window_param(win_left, win_right), sched).launch(
             grid=SingleTileScheduler.grid(num_m_blocks, mQ.shape[2], mQ.shape[3]),
             block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    def _window_param(self, win_left, win_right):
+        """Window sizes reach the kernel only in windowed builds: unused kernel parameters
+        still shift the parameter block and changed the unwindowed SASS (+1 LDC, reordering)."""
+        if self.cfg.window_left or self.cfg.window_right:
+            return (win_left, win_right)
+        return (0, 0)
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -198,7 +207,7 @@ class AttnFwdSm90:
                mLSE: cute.Tensor, tma_q: cute.CopyAtom, tma_k: cute.CopyAtom, tma_v: cute.CopyAtom,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout, params, sched: cutlass.Constexpr):
+               sV_layout: cute.ComposedLayout, params, window, sched: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             for atom in (tma_q, tma_k, tma_v):
@@ -212,19 +221,22 @@ class AttnFwdSm90:
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         m_block, head, batch = sched.work_tile()
-        blocks = mask_mod.BlockRange(self.tile_m, self.tile_n, self.causal)
+        blocks = mask_mod.BlockRange(self.tile_m, self.tile_n, self.causal,
+                                     self.cfg.window_left, self.cfg.window_right)
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
-        n_max = blocks.n_block_max(m_block, seqlen_q, seqlen_k)
+        n_max = blocks.n_block_max(m_block, seqlen_q, seqlen_k, window[1])
+        # key blocks [n_min, n_max) are visited; n_cnt is n_max itself without a left window
+        n_cnt = mask_mod.sub0(n_max, blocks.n_block_min(m_block, seqlen_q, seqlen_k, window[0]))
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.num_producer_regs)
             if warp_idx == 0:
                 head_kv = head // (mQ.shape[2] // mK.shape[2])
                 self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v,
-                          m_block, head, head_kv, batch, n_max)
+                          m_block, head, head_kv, batch, n_max, n_cnt)
         else:
             cute.arch.setmaxregister_increase(self.num_mma_regs)
             self.mma(mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
-                     params, blocks, m_block, head, batch, n_max, seqlen_q, seqlen_k)
+                     params, blocks, m_block, head, batch, n_max, seqlen_q, seqlen_k, window, n_cnt)
 
     def _make_pipelines(self, storage):
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
@@ -238,8 +250,8 @@ class AttnFwdSm90:
 
     @cute.jit
     def load(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v,
-             m_block: Int32, head: Int32, head_kv: Int32, batch: Int32, n_max: Int32):
-        """Producer warp: Q once, then (K, V) for key blocks n_max-1 .. 0."""
+             m_block: Int32, head: Int32, head_kv: Int32, batch: Int32, n_max: Int32, n_cnt: Int32):
+        """Producer warp: Q once, then (K, V) for key blocks n_max-1 .. n_max-n_cnt."""
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
         gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
         gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
@@ -252,7 +264,7 @@ class AttnFwdSm90:
             pipe_q.producer_acquire(q_state)
             cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-            for i in cutlass.range(n_max, unroll=1):
+            for i in cutlass.range(n_cnt, unroll=1):
                 n_block = n_max - 1 - i
                 pipe_k.producer_acquire(kv_state)
                 cute.copy(tma_k, tKgK[None, n_block], tKsK[None, kv_state.index],
@@ -265,7 +277,7 @@ class AttnFwdSm90:
     @cute.jit
     def mma(self, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
             params, blocks, m_block: Int32, head: Int32, batch: Int32, n_max: Int32,
-            seqlen_q: Int32, seqlen_k: Int32):
+            seqlen_q: Int32, seqlen_k: Int32, window, n_cnt: Int32):
         """Consumer warpgroups: the main loop over key blocks, then the epilogue."""
         tidx = cute.arch.thread_idx()[0] - self.num_threads_per_wg
         wg = cute.arch.make_warp_uniform(tidx // self.num_threads_per_wg)
@@ -291,12 +303,17 @@ class AttnFwdSm90:
             tiled_mma_qk=tiled_mma_qk, tiled_mma_pv=tiled_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrV=tOrV,
             tOrP=tOrP, acc_O=acc_O, s_shape=s_shape, tScS_mn=tScS_mn, softmax=softmax,
             row_scale=row_scale, params=params, pipe_k=pipe_k, pipe_v=pipe_v, m_block=m_block,
-            seqlen_q=seqlen_q, seqlen_k=seqlen_k, wg=wg, n_max=n_max)
-        n_unmasked = cutlass.min(blocks.n_unmasked_end(m_block, seqlen_q, seqlen_k), n_max)
+            seqlen_q=seqlen_q, seqlen_k=seqlen_k, wg=wg, n_max=n_max, window=window)
+        n_unmasked = cutlass.min(blocks.n_unmasked_end(m_block, seqlen_q, seqlen_k, window[1]), n_max)
         # key blocks: first = n_max-1 (tail + diagonal, masked); then the ones crossing the
-        # causal diagonal (masked; none when not causal); then the interior (mask-free)
-        n_diag = n_max - 1 - cutlass.max(n_unmasked, 0)
-        n_inner = cutlass.min(n_unmasked, n_max - 1)
+        # causal diagonal / right window edge (masked; none when not bounded); then the
+        # interior [n_lo, ..) (mask-free); then the left window edge [n_min, n_lo) (masked).
+        # Without a left window n_min = n_lo = 0 (Python ints: the unwindowed code as is).
+        n_min = blocks.n_block_min(m_block, seqlen_q, seqlen_k, window[0])
+        n_lo = blocks.n_left_clean(m_block, seqlen_q, seqlen_k, window[0])
+        n_diag = n_max - 1 - cutlass.max(n_unmasked, n_min)
+        n_diag_lo = cutlass.max(n_unmasked, n_min) if cutlass.const_expr(blocks.has_left) else n_unmasked
+        n_inner = mask_mod.sub0(cutlass.min(n_unmasked, n_max - 1), n_lo)
         kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         if cutlass.const_expr(self.pingpong):
             if wg == 1:  # warpgroup 0 issues its first GEMM first
@@ -313,18 +330,22 @@ class AttnFwdSm90:
             # The first PV product must overwrite O (zero-init is a compile-time flag: a
             # runtime one puts a predicate move inside the wgmma stage and ptxas then
             # serialises every wgmma, C7513), so the second block is peeled (kept masked).
-            for _ in cutlass.range(cutlass.min(cutlass.max(n_max - 1, 0), 1), unroll=1):
+            for _ in cutlass.range(cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
                 kv = self.block_overlap(ctx, kv, n_max - 2, True, True)
             n_diag = n_diag - 1
-            n_inner = cutlass.min(n_inner, n_max - 2)
+            n_inner = cutlass.min(n_inner, mask_mod.sub0(n_max - 2, n_lo))
         for i in cutlass.range(n_diag, unroll=1):
-            kv = self.next_block(ctx, kv, n_unmasked + n_diag - 1 - i, True)
+            kv = self.next_block(ctx, kv, n_diag_lo + n_diag - 1 - i, True)
         for i in cutlass.range(n_inner, unroll=1):
-            kv = self.next_block(ctx, kv, n_inner - 1 - i, False)
+            kv = self.next_block(ctx, kv, mask_mod.add0(n_lo, n_inner) - 1 - i, False)
+        if cutlass.const_expr(blocks.has_left):
+            n_left_top = cutlass.min(n_lo, n_lo + n_inner)   # n_inner < 0: no interior
+            for i in cutlass.range(n_left_top - n_min, unroll=1):
+                kv = self.next_block(ctx, kv, n_left_top - 1 - i, True)
         if cutlass.const_expr(self.overlap):
-            for _ in cutlass.range(cutlass.min(n_max, 1) - cutlass.min(cutlass.max(n_max - 1, 0), 1), unroll=1):
+            for _ in cutlass.range(cutlass.min(n_cnt, 1) - cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
                 kv = self.last_pv(ctx, kv, True)    # n_max == 1: O = P V
-            for _ in cutlass.range(cutlass.min(cutlass.max(n_max - 1, 0), 1), unroll=1):
+            for _ in cutlass.range(cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
                 kv = self.last_pv(ctx, kv, False)   # n_max >= 2: O += P V
         if cutlass.const_expr(self.pingpong):
             if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced
@@ -354,7 +375,8 @@ class AttnFwdSm90:
         self.stage.transform(acc_S, ctx.params)
         if cutlass.const_expr(masked):
             mask_mod.apply_mask(stages.acc_mn_view(acc_S), ctx.tScS_mn, ctx.m_block, n_block,
-                                ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.causal)
+                                ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.causal,
+                                self.cfg.window_left, self.cfg.window_right, ctx.window[0], ctx.window[1])
         self.stage.probs(acc_S, tOrP_dst, ctx.softmax, ctx.params, is_first, masked,
                          ctx.row_scale, self.is_bf16)
 
@@ -543,7 +565,8 @@ def _fake_args(cfg: AttnFwdConfig):
     def qkv():
         return make_fake_tensor(dt, (shp(), shp(), shp(), shp()), (st(8), st(8), st(8), 1), assumed_align=16)
     lse = make_fake_tensor(Float32, (shp(), shp(), shp()), (st(), st(), 1), assumed_align=16)
-    return (qkv(), qkv(), qkv(), qkv(), lse, Float32(1.0), Float32(1.0), Float32(1.0), Float32(1.0))
+    return (qkv(), qkv(), qkv(), qkv(), lse, Float32(1.0), Float32(1.0), Float32(1.0), Float32(1.0),
+            Int32(0), Int32(0))   # window (left, right) sizes
 
 
 def compile_attn_fwd(cfg: AttnFwdConfig, *, options: str = "", tvm_ffi: bool = False):
@@ -574,23 +597,25 @@ def _to_cute(t, leading_dim):
     return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=leading_dim)
 
 
-def _launch_dlpack(cfg, tensors, params, device):
+def _launch_dlpack(cfg, tensors, params, device, window=(0, 0)):
     """The original path: ~62 us of from_dlpack/mark_layout_dynamic for 5 tensors."""
     import torch
     import cuda.bindings.driver as cuda
 
     stream = cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
     _compiled(cfg, False)(*(_to_cute(t, t.dim() - 1) for t in tensors),
-                          *[Float32(x) for x in params], stream)
+                          *[Float32(x) for x in params], *[Int32(w) for w in window], stream)
 
 
 def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causal: bool = True,
              softmax_scale: Optional[float] = None, softcap: Optional[float] = None,
              sigmoid_bias: Optional[float] = None, stage=None, out=None, lse=None,
-             tuning: Optional[dict] = None):
+             tuning: Optional[dict] = None, window_size=(-1, -1)):
     """Torch entry: q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D), CUDA, bf16/fp16, last dim
     contiguous.  Returns (o like q, lse (B, H_q, S_q) FP32 or None for sigmoid).
     tuning: AttnFwdConfig field overrides (tile_n, num_stages, overlap, pingpong).
+    window_size: (left, right) sliding window, flash-attn semantics (-1 = unbounded); only
+    "bounded or not" is compiled in, the sizes are runtime arguments (kernels/mask.py).
     Launch path: FLASH_ATTN_POLY_LAUNCH (kernels/launch.py)."""
     import torch
 
@@ -604,7 +629,10 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
     # TMA: last dim contiguous, other strides multiples of 16 bytes
     q, k, v = [t if t.stride(-1) == 1 and all(st % 8 == 0 for st in t.stride()[:-1]) else t.contiguous()
                for t in (q, k, v)]
-    tuning_items = tuple(sorted((tuning or {}).items()))
+    (has_l, has_r), window = mask_mod.window_args(window_size, causal, s_q, s_k)
+    # window flags join the key only when set: the unwindowed key (and cache entry) is unchanged
+    win_kw = {k: True for k, on in (("window_left", has_l), ("window_right", has_r)) if on}
+    tuning_items = tuple(sorted(dict(tuning or {}, **win_kw).items()))
     if stage is None:
         stage, cfg = _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items)
     else:
@@ -617,8 +645,8 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
     lse_t = lse if lse is not None else torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     tensors = (q, k, v, out, lse_t)
     launch.run(("attn_fwd", cfg),
-               lambda: _compiled(cfg, True)(*tensors, *params),
-               lambda: _launch_dlpack(cfg, tensors, params, q.device))
+               lambda: _compiled(cfg, True)(*tensors, *params, *window),
+               lambda: _launch_dlpack(cfg, tensors, params, q.device, window))
     return out, (lse_t if stage.has_lse else None)
 
 

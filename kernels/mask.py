@@ -9,6 +9,14 @@ Key blocks are visited from the highest index down (n_max - 1, ..., n_min), so t
 first block handled is the one holding the sequence tail and the causal diagonal:
 only the first block and the blocks crossing the diagonal pay for the mask
 (`n_unmasked_end` below), the interior blocks run mask-free.
+
+Sliding window (flash-attn's window_size=(left, right), -1 = unbounded): with the same
+shift s = S_k - S_q, row i sees key j iff i + s - left <= j <= i + s + right; causal is
+right = 0 (the reference ANDs the two masks, so causal wins over any right >= 0).  Only
+"is there a left / right bound" is compile-time (`has_left`, `has_right`); the sizes are
+runtime Int32, so one build serves every window.  With a left bound the low key blocks
+are skipped too (`n_block_min`) and the blocks at the window's left edge are masked
+(`n_left_clean`).  Without a window every helper emits exactly the unwindowed code.
 """
 from __future__ import annotations
 
@@ -26,29 +34,79 @@ class BlockRange:
     tile_m: int
     tile_n: int
     causal: bool
+    has_left: bool = False    # window_size[0] >= 0
+    has_right: bool = False   # window_size[1] >= 0 and not causal (causal already bounds at 0)
+
+    @property
+    def bounds_right(self) -> bool:
+        return self.causal or self.has_right
 
     @cute.jit
-    def n_block_max(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
+    def n_block_max(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32,
+                    win_right: Int32 = 0) -> Int32:
         """One past the last key block that any row of m_block may see (can be <= 0)."""
         n_max = cute.ceil_div(seqlen_k, self.tile_n)
-        if cutlass.const_expr(self.causal):
+        if cutlass.const_expr(self.bounds_right):
             # last visible column of the tile's last row, + 1
             col_end = (m_block + 1) * self.tile_m + seqlen_k - seqlen_q
+            if cutlass.const_expr(self.has_right):
+                col_end = col_end + win_right
             n_max = cutlass.min(n_max, cute.ceil_div(cutlass.max(col_end, 0), self.tile_n))
         return n_max
 
     @cute.jit
-    def n_unmasked_end(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32) -> Int32:
-        """Key blocks [0, n_unmasked_end) need no causal mask for any row of m_block.
+    def n_unmasked_end(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32,
+                       win_right: Int32 = 0) -> Int32:
+        """Key blocks [0, n_unmasked_end) need no causal/right-window mask for any row of m_block.
 
         Block n is mask-free iff its last column (n+1)*tile_n - 1 is visible to the tile's
-        first row m_block*tile_m, i.e. n < (m_block*tile_m + S_k - S_q + 1) / tile_n.
+        first row m_block*tile_m, i.e. n < (m_block*tile_m + S_k - S_q + right + 1) / tile_n.
         """
         n_end = cute.ceil_div(seqlen_k, self.tile_n)
-        if cutlass.const_expr(self.causal):
+        if cutlass.const_expr(self.bounds_right):
             first_row_end = m_block * self.tile_m + seqlen_k - seqlen_q + 1
+            if cutlass.const_expr(self.has_right):
+                first_row_end = first_row_end + win_right
             n_end = cutlass.max(first_row_end, 0) // self.tile_n
         return n_end
+
+    def n_block_min(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, win_left: Int32):
+        """First key block any row of m_block may see: the tile's first row sees columns
+        >= m_block*tile_m + S_k - S_q - left.  The Python int 0 without a left bound, so
+        offsets by it fold away at trace time."""
+        if not self.has_left:
+            return 0
+        col_start = m_block * self.tile_m + seqlen_k - seqlen_q - win_left
+        return cutlass.max(col_start, 0) // self.tile_n
+
+    def n_left_clean(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, win_left: Int32):
+        """Key blocks >= n_left_clean need no left-window mask: their first column is seen by
+        the tile's last row, n*tile_n >= m_block*tile_m + tile_m - 1 + S_k - S_q - left.
+        Always >= n_block_min.  The Python int 0 without a left bound."""
+        if not self.has_left:
+            return 0
+        col = (m_block + 1) * self.tile_m - 1 + seqlen_k - seqlen_q - win_left
+        return cute.ceil_div(cutlass.max(col, 0), self.tile_n)
+
+def sub0(a, b):
+    """a - b, and just a when b is the literal 0 of an unwindowed build (keeps its code as is)."""
+    return a if isinstance(b, int) and b == 0 else a - b
+
+
+def add0(a, b):
+    """a + b, and just b when a is the literal 0 of an unwindowed build."""
+    return b if isinstance(a, int) and a == 0 else a + b
+
+
+def window_args(window_size, causal: bool, seqlen_q: int, seqlen_k: int):
+    """Host side: ((has_left, has_right) for the compile key, (left, right) runtime Int32 values).
+
+    Sizes are clamped to S_q + S_k: a larger window is unbounded in effect, and the clamp keeps
+    i + s + right inside Int32.  Causal makes the right bound 0 (compiled in), so its flag is off."""
+    left, right = (-1, -1) if window_size is None else (int(window_size[0]), int(window_size[1]))
+    has_left, has_right = left >= 0, right >= 0 and not causal
+    cap = seqlen_q + seqlen_k
+    return (has_left, has_right), (min(left, cap) if has_left else 0, min(right, cap) if has_right else 0)
 
 
 @cute.jit
@@ -62,16 +120,87 @@ def apply_mask(
     tile_m: cutlass.Constexpr[int],
     tile_n: cutlass.Constexpr[int],
     causal: cutlass.Constexpr[bool],
+    has_left: cutlass.Constexpr[bool] = False,
+    has_right: cutlass.Constexpr[bool] = False,
+    win_left: Int32 = 0,
+    win_right: Int32 = 0,
 ):
     """Set masked scores to -inf. acc_S_mn: (rows, cols) view of the S accumulator;
-    tScS_mn: the same view of its (row, col) coordinates inside the tile."""
+    tScS_mn: the same view of its (row, col) coordinates inside the tile.  Window bounds as
+    in the module docstring (has_right is ignored when causal: the causal bound is tighter)."""
     col_base = n_block * tile_n
     for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
         col_end = seqlen_k
-        if cutlass.const_expr(causal):
+        if cutlass.const_expr(causal or has_right or has_left):
             row = m_block * tile_m + tScS_mn[r, 0][0]
+        if cutlass.const_expr(causal):
             col_end = cutlass.min(row + 1 + seqlen_k - seqlen_q, seqlen_k)
+        elif cutlass.const_expr(has_right):
+            col_end = cutlass.min(row + 1 + seqlen_k - seqlen_q + win_right, seqlen_k)
         col_end = col_end - col_base
-        for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-            if tScS_mn[0, c][1] >= col_end:
-                acc_S_mn[r, c] = -Float32.inf
+        if cutlass.const_expr(has_left):
+            # first visible column, tile-relative; one more compare per score on masked blocks
+            col_start = row + seqlen_k - seqlen_q - win_left - col_base
+            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                if tScS_mn[0, c][1] >= col_end or tScS_mn[0, c][1] < col_start:
+                    acc_S_mn[r, c] = -Float32.inf
+        else:
+            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                if tScS_mn[0, c][1] >= col_end:
+                    acc_S_mn[r, c] = -Float32.inf
+
+
+# ------------------------------------------------------------------ backward (key-major tiles)
+@cute.jit
+def query_block_range(n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+                      tile_n: cutlass.Constexpr[int], causal: cutlass.Constexpr[bool],
+                      has_left: cutlass.Constexpr[bool] = False, has_right: cutlass.Constexpr[bool] = False,
+                      win_left: Int32 = 0, win_right: Int32 = 0):
+    """Query blocks [m_min, m_max) that see key block n_block (the backward's tile skipping).
+
+    Key j is seen by rows j - s - right <= i <= j - s + left (s = S_k - S_q, causal: right
+    = 0): the block's first key bounds m_min, its last key (+ left) bounds m_max."""
+    m_max = cute.ceil_div(seqlen_q, tile_m)
+    m_min = Int32(0)
+    if cutlass.const_expr(causal or has_right):
+        first_row = n_block * tile_n - (seqlen_k - seqlen_q)
+        if cutlass.const_expr(has_right and not causal):
+            first_row = first_row - win_right
+        if first_row > 0:
+            m_min = first_row // tile_m
+    if cutlass.const_expr(has_left):
+        rows_end = (n_block + 1) * tile_n - (seqlen_k - seqlen_q) + win_left   # last row + 1
+        m_max = cutlass.min(m_max, cute.ceil_div(cutlass.max(rows_end, 0), tile_m))
+    return m_min, m_max
+
+
+@cute.jit
+def tile_needs_mask(n0: Int32, m0: Int32, shift: Int32, tile_m: cutlass.Constexpr[int],
+                    tile_n: cutlass.Constexpr[int], causal: cutlass.Constexpr[bool],
+                    has_left: cutlass.Constexpr[bool], has_right: cutlass.Constexpr[bool],
+                    win_left: Int32, win_right: Int32):
+    """Does the (query rows m0.., keys n0..) tile hold a hidden (row, key) pair?  Right
+    bound: the first row must see the last key; left bound: the last row must see the first."""
+    need = False
+    if cutlass.const_expr(causal):
+        need = m0 + shift < n0 + tile_n - 1
+    elif cutlass.const_expr(has_right):
+        need = m0 + shift + win_right < n0 + tile_n - 1
+    if cutlass.const_expr(has_left):
+        need = need or n0 < m0 + tile_m - 1 + shift - win_left
+    return need
+
+
+@cute.jit
+def key_hidden(key: Int32, row_s: Int32, causal: cutlass.Constexpr[bool],
+               has_left: cutlass.Constexpr[bool], has_right: cutlass.Constexpr[bool],
+               win_left: Int32, win_right: Int32):
+    """Is key hidden from the query row whose shifted index is row_s = row + S_k - S_q?"""
+    hidden = False
+    if cutlass.const_expr(causal):
+        hidden = key > row_s
+    elif cutlass.const_expr(has_right):
+        hidden = key > row_s + win_right
+    if cutlass.const_expr(has_left):
+        hidden = hidden or key < row_s - win_left
+    return hidden

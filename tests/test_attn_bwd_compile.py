@@ -93,3 +93,19 @@ def test_poly_stage_bwd_sfu_counts(mode, split):
 def test_softcap_poly_bwd_quarter_split_no_spills():
     n = _sass("softcap", "poly", poly_split=(1, 4))
     assert n["STL"] == 0, n
+
+
+# ------------------------------------------------------------------------------ sliding window
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator,causal", [
+    ("softmax", "native", True), ("softcap", "native", False), ("softcap", "poly", True),
+    ("sigmoid", "poly", False)])
+def test_window_bwd_builds_hgmma_no_spills(mode, evaluator, causal):
+    """Left + right window bounds compiled in (sizes runtime): HGMMA, no spills, the same
+    SFU work per score as the unwindowed build (masking is integer compares + selects)."""
+    key = K.BwdKey("bf16", 128, causal, bwd_side(mode, evaluator), K.BwdTile.for_head_dim(128), True, True)
+    c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
+    n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN))
+    base = _sass(mode, evaluator, causal=causal)
+    assert n["HGMMA"] == base["HGMMA"] and n["STL"] == 0 and n["LDL"] == 0, n
+    assert n["MUFU.TANH"] == base["MUFU.TANH"] and n["MUFU.EX2"] == base["MUFU.EX2"], (n, base)

@@ -25,7 +25,8 @@ def test_attn_fwd_tvm_ffi_signature():
     cfg = A.AttnFwdConfig.default(S.make_stage("softmax", "native"))
     fn = A.compile_attn_fwd(cfg, tvm_ffi=True)
     q = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16)
-    _rejects_cpu_tensor(fn, q, q, q, q, torch.zeros(1, 4, 256), 1.0, 1.0, 1.0, 1.0)
+    _rejects_cpu_tensor(fn, q, q, q, q, torch.zeros(1, 4, 256), 1.0, 1.0, 1.0, 1.0,
+                       0, 0)   # window (left, right) sizes: Python ints for Int32
 
 
 @pytest.mark.compile
@@ -38,7 +39,7 @@ def test_attn_bwd_tvm_ffi_signature():
     fn = K.compile_bwd(key, tvm_ffi=True)
     x = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16)
     st, acc = torch.zeros(1, 4, 256), torch.zeros(1, 256, 4, 128)
-    _rejects_cpu_tensor(fn, x, x, x, x, st, st, acc, acc, acc, 1.0, 0.0, 0.0)
+    _rejects_cpu_tensor(fn, x, x, x, x, st, st, acc, acc, acc, 1.0, 0.0, 0.0, 0, 0)   # + window sizes
 
 
 @pytest.mark.compile

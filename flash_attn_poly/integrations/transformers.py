@@ -20,6 +20,7 @@ the CUDA kernels do not support (head dims, windows shorter than the sequence).
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from typing import Optional
 
@@ -53,8 +54,9 @@ def _fallback_reason(module, query, attention_mask, dropout, window, backend) ->
         return None
     if query.is_cuda and query.shape[-1] not in interface.HEAD_DIMS:
         return f"head_dim {query.shape[-1]} is not supported by the CUDA kernels {interface.HEAD_DIMS}"
-    if query.is_cuda and window != (-1, -1):
-        return "sliding windows shorter than the sequence are not implemented in the CUDA kernels"
+    if query.is_cuda and window != (-1, -1) and os.environ.get(interface.WINDOW_ENV) != "1":
+        return ("sliding windows shorter than the sequence are not GPU-verified in the CUDA kernels "
+                f"yet ({interface.WINDOW_ENV}=1 enables them)")
     return None
 
 
