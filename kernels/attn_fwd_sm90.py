@@ -392,17 +392,8 @@ class AttnFwdSm90:
     def one_block(self, ctx, kv, n_block: Int32, is_first: cutlass.Constexpr[bool],
                   masked: cutlass.Constexpr[bool]):
         """No overlap: S = Q K_n^T; P = stage(S); O = O*row_scale + P V_n."""
-        acc_S = cute.make_rmem_tensor(ctx.s_shape, Float32)
-        pipe_k, pipe_v = ctx.pipe_k, ctx.pipe_v
-        pipe_k.consumer_wait(kv)
-        if cutlass.const_expr(self.pingpong):
-            self.pingpong_sync(ctx.wg)
-        self.wgmma(ctx.tiled_mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, kv.index], True)
-        if cutlass.const_expr(self.pingpong):
-            self.pingpong_arrive(1 - ctx.wg)
-        warpgroup.wait_group(0)
-        fence_fragment(acc_S)
-        pipe_k.consumer_release(kv)
+        pipe_v = ctx.pipe_v
+        acc_S = self.qk_waited(ctx, kv)
         self.scores_to_p(ctx, acc_S, n_block, is_first, masked, ctx.tOrP)
         if cutlass.const_expr(not is_first):
             self.rescale_o(ctx)
@@ -415,8 +406,9 @@ class AttnFwdSm90:
         return kv
 
     @cute.jit
-    def first_block_overlap(self, ctx, kv, n_block: Int32):
-        """Overlap prologue: S and P of the first block; its PV waits for the next step."""
+    def qk_waited(self, ctx, kv):
+        """S = Q K_kv^T, completed (wait_group 0) and K stage released; the ping-pong
+        handshake brackets the issue so the other warpgroup's softmax overlaps it."""
         acc_S = cute.make_rmem_tensor(ctx.s_shape, Float32)
         ctx.pipe_k.consumer_wait(kv)
         if cutlass.const_expr(self.pingpong):
@@ -427,6 +419,12 @@ class AttnFwdSm90:
         warpgroup.wait_group(0)
         fence_fragment(acc_S)
         ctx.pipe_k.consumer_release(kv)
+        return acc_S
+
+    @cute.jit
+    def first_block_overlap(self, ctx, kv, n_block: Int32):
+        """Overlap prologue: S and P of the first block; its PV waits for the next step."""
+        acc_S = self.qk_waited(ctx, kv)
         self.scores_to_p(ctx, acc_S, n_block, True, True, ctx.tOrP)
         return kv
 
