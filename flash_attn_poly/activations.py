@@ -200,9 +200,10 @@ def _(x, grad, evaluator):
     return torch.empty_like(x)
 
 
-def _silu_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])
-    ctx.evaluator = inputs[1]
+def _save_tensors_and_evaluator(ctx, inputs, output):
+    """Every activation op is (tensor inputs..., evaluator): backward needs exactly the inputs."""
+    ctx.save_for_backward(*inputs[:-1])
+    ctx.evaluator = inputs[-1]
 
 
 def _silu_backward(ctx, grad):
@@ -210,7 +211,7 @@ def _silu_backward(ctx, grad):
     return _silu_bwd(x, grad.contiguous(), ctx.evaluator), None
 
 
-torch.library.register_autograd(f"{_LIB}::silu_fwd", _silu_backward, setup_context=_silu_setup)
+torch.library.register_autograd(f"{_LIB}::silu_fwd", _silu_backward, setup_context=_save_tensors_and_evaluator)
 
 
 @torch.library.custom_op(f"{_LIB}::swiglu_fwd", mutates_args=())
@@ -237,11 +238,6 @@ def _(gate, up, grad, evaluator):
     return torch.empty_like(gate), torch.empty_like(up)
 
 
-def _swiglu_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], inputs[1])
-    ctx.evaluator = inputs[2]
-
-
 def _swiglu_backward(ctx, grad):
     gate, up = ctx.saved_tensors
     d_gate, d_up = _swiglu_bwd(gate, up, grad.contiguous(), ctx.evaluator)
@@ -249,7 +245,7 @@ def _swiglu_backward(ctx, grad):
 
 
 torch.library.register_autograd(f"{_LIB}::swiglu_fwd", _swiglu_backward,
-                                setup_context=_swiglu_setup)
+                                setup_context=_save_tensors_and_evaluator)
 
 
 def _half_shape(gate_up: Tensor):
@@ -282,18 +278,13 @@ def _(gate_up, grad, evaluator):
     return torch.empty_like(gate_up)
 
 
-def _swiglu_concat_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])
-    ctx.evaluator = inputs[1]
-
-
 def _swiglu_concat_backward(ctx, grad):
     (gate_up,) = ctx.saved_tensors
     return _swiglu_concat_bwd(gate_up, grad.contiguous(), ctx.evaluator), None
 
 
 torch.library.register_autograd(f"{_LIB}::swiglu_concat_fwd", _swiglu_concat_backward,
-                                setup_context=_swiglu_concat_setup)
+                                setup_context=_save_tensors_and_evaluator)
 
 
 # ---- eager fast path ---------------------------------------------------------------------
