@@ -8,6 +8,7 @@ warm-ups, backward alone (pre/post-processing included), FA4 side by side when i
 """
 import argparse
 import math
+import os
 import statistics
 import sys
 
@@ -16,18 +17,10 @@ import torch
 from flash_attn_poly import reference
 from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
 
-QUICK = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode)
-    (1, 128, 128, 2, 2, 128, False, "softmax"),
-    (1, 256, 256, 4, 1, 128, True, "softmax"),
-    (2, 200, 200, 8, 2, 128, True, "softmax"),
-    (1, 333, 333, 8, 1, 64, True, "softmax"),
-    (1, 177, 301, 4, 4, 64, False, "softmax"),
-    (1, 301, 177, 4, 2, 128, True, "softmax"),
-    (1, 257, 257, 8, 8, 128, True, "softcap"),
-    (1, 257, 257, 8, 2, 128, True, "sigmoid"),
-    (1, 257, 257, 8, 8, 128, True, "softcap", "poly"),
-    (1, 257, 257, 8, 2, 128, True, "sigmoid", "poly"),
-]
+# One list of check cases: the GPU test's (poly modes are judged there against the
+# per-column split reference, which this exact-function check cannot do).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from test_attn_bwd_gpu import CASES as QUICK  # noqa: E402
 
 
 def grads_ref(q, k, v, do, mode, causal, softcap):
@@ -114,7 +107,7 @@ def main():
         for case in QUICK:
             try:
                 errs, finite = run_case(case)
-                good = finite and max(errs) < (2e-2 if len(case) == 8 else 1e-1)
+                good = finite and max(errs) < 2e-2
                 ok &= good
                 print(f"| {case} | {errs[0]:.2e} | {errs[1]:.2e} | {errs[2]:.2e} | {finite} {'ok' if good else 'FAIL'} |")
             except Exception as e:  # noqa: BLE001
