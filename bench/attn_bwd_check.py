@@ -1,6 +1,6 @@
 """Backward correctness + timing in one GPU call (owner: attention backward).
 
-python bench/attn_bwd_check.py [--cases quick|all] [--time]
+python bench/attn_bwd_check.py [--time] [--modes softmax,softcap,sigmoid] [--skip-check]
 Errors: max |kernel - ref| / max |ref| per gradient, ref = FP64 autograd of
 flash_attn_poly.reference.attention_ref on the same BF16 inputs, with the kernel fed the
 reference's own O (rounded to BF16) and LSE.  Timing: CUDA events, median of 30 after 5
