@@ -39,6 +39,20 @@ def test_attn_bwd_matches_fp64_autograd(case):
     assert max(errs) < 2e-2, errs
 
 
+
+FP16_CASES = [CASES[1], CASES[3], CASES[5], CASES[6]]   # softmax causal/non-causal, softcap, sigmoid
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FP16_CASES, ids=str)
+def test_attn_bwd_fp16_matches_fp64_autograd(case):
+    import sys, os
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    from attn_bwd_check import run_case
+    errs, finite = run_case(case, dtype=torch.float16)
+    assert finite
+    assert max(errs) < 2e-2, errs
+
 def _split_grads(q, k, v, do, mode, causal, softcap):
     """FP64 (dq, dk, dv) of the split reference of the default poly forward stage."""
     from flash_attn_poly import poly_reference as PR, reference
