@@ -251,9 +251,10 @@ def markdown(out) -> str:
 def _meta():
     import datetime
     import subprocess
+    commit = os.environ.get("FAP_COMMIT")   # the device copy has no reliable .git
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                          text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     except Exception:  # noqa: BLE001
         commit = "?"
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
