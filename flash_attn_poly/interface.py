@@ -7,7 +7,6 @@ only decides which one runs.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -21,8 +20,8 @@ EVALUATORS = ("poly", "native")
 BACKENDS = ("auto", "cuda", "reference")
 DTYPES = (torch.bfloat16, torch.float16)          # what the CUDA kernels take
 REFERENCE_DTYPES = DTYPES + (torch.float32,)       # the reference backend also takes FP32
-HEAD_DIMS = (64, 128)
-WINDOW_ENV = "FLASH_ATTN_POLY_WINDOW"   # "1": window_size reaches the CUDA kernels (unverified)
+HEAD_DIMS = (64, 128, 256)     # forward
+HEAD_DIMS_BWD = (64, 128)      # backward: D = 256 does not fit the registers (docs/NOTES_attn_bwd.md)
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,11 @@ def _pick_backend(q: torch.Tensor, backend: str) -> str:
     return "reference"
 
 
-def _check_cuda_support(q: torch.Tensor, a: AttnArgs) -> None:
+def needs_grad(*ts) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+
+
+def _check_cuda_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttnArgs) -> None:
     if not q.is_cuda:
         raise ValueError(f"backend='cuda' needs CUDA tensors, got {q.device}")
     if q.dtype not in DTYPES:
@@ -119,14 +122,13 @@ def _check_cuda_support(q: torch.Tensor, a: AttnArgs) -> None:
         raise RuntimeError(f"the CUDA kernels are built for sm_90 (Hopper); this GPU is sm_{cap[0]}{cap[1]}")
     if q.shape[-1] not in HEAD_DIMS:
         raise ValueError(f"head_dim {q.shape[-1]} is not supported by the CUDA kernels; supported: {HEAD_DIMS}")
+    if q.shape[-1] not in HEAD_DIMS_BWD and needs_grad(q, k, v):
+        raise NotImplementedError(
+            f"head_dim {q.shape[-1]}: the CUDA kernels run its forward only (backward: {HEAD_DIMS_BWD}); "
+            "call under torch.no_grad() / inference_mode(), or use backend='reference' for gradients")
     if a.mode == "sigmoid" and a.evaluator == "poly" and q.dtype != torch.bfloat16:
         raise TypeError("mode='sigmoid' with evaluator='poly' writes packed BF16 probabilities into the "
                         f"PV product: it needs torch.bfloat16 inputs, got {q.dtype} (use evaluator='native')")
-    if a.window_size != (-1, -1) and os.environ.get(WINDOW_ENV) != "1":
-        # the kernels take window_size (kernels/mask.py) and compile for sm_90a, but no GPU
-        # run has checked them yet; enabled by default after GPU verification
-        raise NotImplementedError("window_size (sliding-window attention) in the CUDA kernels is not "
-                                  f"GPU-verified yet; set {WINDOW_ENV}=1 to try it")
 
 
 def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: Optional[float] = None,
@@ -149,7 +151,7 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
         raise ValueError("return_lse: sigmoid attention has no log-sum-exp")
     which = _pick_backend(q, backend)
     if which == "cuda":
-        _check_cuda_support(q, a)
+        _check_cuda_support(q, k, v, a)
     bias = a.sigmoid_bias if a.sigmoid_bias is not None else reference.default_sigmoid_bias(k.shape[1])
     out, lse = torch.ops.flash_attn_poly.attn_fwd(
         q, k, v, a.mode, a.evaluator, a.causal, a.softcap or 0.0, bias, a.softmax_scale,

@@ -22,7 +22,6 @@ Compile-only (no GPU): CUTE_DSL_ARCH=sm_90a python -m flash_attn_poly.kernels.at
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from functools import lru_cache
@@ -96,9 +95,9 @@ class AttnFwdConfig:
     tile_m: int = 128             # 2 consumer warpgroups x 64 rows (wgmma M = 64)
     tile_n: int = 128
     num_stages: int = 2
-    overlap: bool = False         # S_n and P_{n-1} V GEMMs in flight together (ptxas C7513 warns; still fastest for softmax, softcap/poly)
+    overlap: bool = False         # S_n and P_{n-1} V GEMMs in flight together (v1 alone: ptxas C7513 serialises the wgmma)
     pingpong: bool = True         # consumer warpgroups alternate GEMM issue
-    overlap_v2: bool = False      # overlap without C7513: P packed after wait_group(0) (block_overlap_v2); no ping-pong; unmeasured on GPU
+    overlap_v2: bool = False      # overlap without C7513: P packed after wait_group(0) (block_overlap_v2); no ping-pong; default() turns it on
     window_left: bool = False     # sliding window has a left bound (size: runtime Int32, kernels/mask.py)
     window_right: bool = False    # ... a right bound (non-causal only; causal is right = 0)
 
@@ -107,13 +106,14 @@ class AttnFwdConfig:
         # smem: Q tile_m*D + 2 stages * (K + V) tile_n*D, 16-bit:
         #   D=64/128: tile_n 128 -> 32 + 128 KB at D=128;  D=256: tile_n 64 -> 64 + 128 KB
         tile_n = 128 if head_dim <= 128 else 64
-        # measured on H200 (B=1 S=4096 Hq=32 Hkv=8 D=128 causal, docs/NOTES_attn_fwd.md):
-        # softmax is fastest with the overlapped loop and no ping-pong; softcap/poly (split
-        # 1/2) too: 0.365 ms vs 0.400 ping-pong; sigmoid/poly (split 1/2) is not: 0.280 vs
-        # 0.271 ping-pong.  Native softcap/sigmoid were measured only without overlap.
+        # measured on H200 (B=1 S=4096 Hq=32 Hkv=8 D=128 causal, bench/results/fwd_overlap_v2.md):
+        # the C7513-free overlapped loop (overlap_v2) is fastest wherever the stage leaves FP32 P:
+        # softmax 0.268 (v1 overlap) -> 0.255 ms, softcap native 0.367 (ping-pong) -> 0.316,
+        # softcap poly 1/4 0.337, sigmoid native 0.264 (ping-pong) -> 0.228.  sigmoid/poly's
+        # block returns packed P, so it keeps ping-pong without overlap (0.263).
         mode, ev = getattr(stage, "mode", ""), getattr(stage, "evaluator", "")
-        overlap = mode == "softmax" or (mode, ev) == ("softcap", "poly")
-        kw = dict(dict(overlap=overlap, pingpong=not overlap), **kw)
+        packed_p = (mode, ev) == ("sigmoid", "poly")
+        kw = dict(dict(overlap=not packed_p, pingpong=packed_p, overlap_v2=not packed_p), **kw)
         return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, 2, **kw)
 
 

@@ -470,8 +470,9 @@ def make_stage(mode: str, evaluator: str = "native", **kw):
     return cls(evaluator=evaluator, **kw)
 
 
-# Measured default split per mode (docs/NOTES_attn_fwd.md, "Poly split", H200, B=1 S=4096
-# Hq=32 Hkv=8 D=128 causal): (j, k) = fraction j/k of the key column groups through the block.
-#   softcap: 1/2 with the overlapped loop 0.365 ms (= native 0.365; all-poly 0.458, 1/4 0.383
-#            without overlap);  sigmoid: 1/4 0.270 ms (1/2 0.271, all-poly 0.336, native 0.268).
-DEFAULT_POLY_SPLIT = {"softcap": (1, 2), "sigmoid": (1, 4)}
+# Measured default split per mode (H200, B=1 S=4096 Hq=32 Hkv=8 D=128 causal; history in
+# docs/NOTES_attn_fwd.md): (j, k) = fraction j/k of the key column groups through the block.
+#   softcap, overlap_v2 loop: 1/4 0.337 ms, 1/2 0.354, 3/4 0.376 (native 0.316: on Hopper the
+#            MUFU pipe keeps up once the loop overlaps; bench/results/fwd_overlap_v2.md);
+#   sigmoid, ping-pong loop: 1/4 0.263 ms, 1/2 0.273 (all-poly 0.336 earlier).
+DEFAULT_POLY_SPLIT = {"softcap": (1, 4), "sigmoid": (1, 4)}

@@ -81,3 +81,17 @@ def test_sigmoid_poly_at_program_length():
     ref, _ = attention_ref(q.float(), k.float(), v.float(), "sigmoid", score_fn=fn, dtype=torch.float32)
     low, _ = attention_ref_lowprec(q, k, v, "sigmoid", score_fn=fn)
     assert_close_rule(out, ref, low, floor=1e-4, name="sigmoid/poly S=4096")
+
+
+def test_head_dim_256_forward_only():
+    """Gemma-2's head_dim: forward (inference) runs on the kernels; asking for gradients
+    raises a clear error instead of returning an output without a gradient."""
+    case = (1, 300, 300, 8, 4, 256, True)
+    q, k, v = _inputs(case, 11, "softcap")
+    with torch.no_grad():
+        out = flash_attn_poly.attention(q, k, v, "softcap", softcap=50.0, evaluator="native")
+    ref, _ = attention_ref(q, k, v, "softcap", causal=True, softcap=50.0)
+    low, _ = attention_ref_lowprec(q, k, v, "softcap", causal=True, softcap=50.0)
+    assert_close_rule(out, ref, low, floor=1e-3, name="O d256")
+    with pytest.raises(NotImplementedError, match="head_dim 256"):
+        flash_attn_poly.attention(q.requires_grad_(), k, v, "softcap", softcap=50.0)

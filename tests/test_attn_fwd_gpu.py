@@ -42,6 +42,11 @@ CASES = [
     ("sigmoid", "native", "bf16", 1, 333, 333, 8, 2, 128, True),
     ("sigmoid", "poly", "bf16", 1, 333, 333, 8, 2, 128, True),
     ("sigmoid", "native", "bf16", 1, 300, 411, 4, 4, 128, False),
+    # head_dim 256 (Gemma-2; forward only, tile 128 x 64)
+    ("softmax", "native", "bf16", 1, 333, 333, 8, 4, 256, True),
+    ("softcap", "native", "bf16", 1, 333, 333, 8, 4, 256, True),
+    ("softcap", "poly", "bf16", 1, 517, 517, 8, 4, 256, True),
+    ("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 256, False),
 ]
 
 QUICK = {0, 2, 3, 4, 7, 8, 9, 10}

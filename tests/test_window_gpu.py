@@ -37,8 +37,14 @@ def _score_fns(mode, evaluator, s_k):
     return PR.split_fns(mode, S.make_stage(mode, "poly"), s_k, 50.0)
 
 
-def _rel(got, ref):
-    return ((got.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-6)).item()
+def _rel(got, ref, scale=None):
+    """max |got - ref| / max |ref|; scale (the largest gradient of the set) floors the
+    denominator at 1e-2 * scale: with window (0, 0) every row sees one key, so P = 1 and the
+    exact dq = dk = 0 while the kernel's dS = P (dP - D) keeps FP32 rounding residue."""
+    den = ref.double().abs().max().clamp_min(1e-6)
+    if scale is not None:
+        den = den.clamp_min(1e-2 * scale)
+    return ((got.double() - ref.double()).abs().max() / den).item()
 
 
 @pytest.mark.gpu
@@ -68,16 +74,16 @@ def test_window_fwd_bwd_match_reference(case, mode, evaluator):
         assert torch.equal(seen, torch.isfinite(lse)), "rows without keys differ"
         assert (lse[seen].double() - lse_ref[seen]).abs().max().item() < 5e-2
     refs = reference.attention_ref_backward(do, q, k, v, mode, score_grad_fn=grad_fn, **kw)
+    scale = max(r.abs().max().item() for r in refs)
     for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
         assert torch.isfinite(got).all(), name
-        assert _rel(got, ref) < 2e-2, (name, _rel(got, ref))
+        assert _rel(got, ref, scale) < 2e-2, (name, _rel(got, ref, scale))
 
 
 @pytest.mark.gpu
-def test_window_through_the_public_api(monkeypatch):
-    """attention(..., window_size=) with FLASH_ATTN_POLY_WINDOW=1: forward and autograd."""
+def test_window_through_the_public_api():
+    """attention(..., window_size=) through the public API: forward and autograd."""
     from flash_attn_poly import attention, reference
-    monkeypatch.setenv("FLASH_ATTN_POLY_WINDOW", "1")
     case = (1, 600, 600, 8, 4, 128, True, (255, 0))
     q, k, v, do = _inputs(case, "softcap")
     q, k, v = (t.requires_grad_() for t in (q, k, v))

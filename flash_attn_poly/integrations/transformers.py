@@ -19,8 +19,6 @@ the CUDA kernels do not support (head dims, windows shorter than the sequence).
 """
 from __future__ import annotations
 
-import math
-import os
 import warnings
 from typing import Optional
 
@@ -45,7 +43,8 @@ def _window(sliding_window: Optional[int], s_k: int) -> tuple[int, int]:
     return (int(sliding_window) - 1, 0)
 
 
-def _fallback_reason(module, query, attention_mask, dropout, window, backend) -> Optional[str]:
+def _fallback_reason(module, query, key, value, attention_mask, dropout, window,
+                     backend) -> Optional[str]:
     if attention_mask is not None:
         return "an explicit attention mask (padding) is not expressible as causal/window"
     if dropout and module.training:
@@ -54,9 +53,10 @@ def _fallback_reason(module, query, attention_mask, dropout, window, backend) ->
         return None
     if query.is_cuda and query.shape[-1] not in interface.HEAD_DIMS:
         return f"head_dim {query.shape[-1]} is not supported by the CUDA kernels {interface.HEAD_DIMS}"
-    if query.is_cuda and window != (-1, -1) and os.environ.get(interface.WINDOW_ENV) != "1":
-        return ("sliding windows shorter than the sequence are not GPU-verified in the CUDA kernels "
-                f"yet ({interface.WINDOW_ENV}=1 enables them)")
+    if (query.is_cuda and query.shape[-1] not in interface.HEAD_DIMS_BWD
+            and interface.needs_grad(query, key, value)):
+        return (f"head_dim {query.shape[-1]} runs forward only in the CUDA kernels (backward: "
+                f"{interface.HEAD_DIMS_BWD}); gradients go through transformers' eager path")
     return None
 
 
@@ -91,7 +91,7 @@ def make_attention_forward(evaluator: str = "poly", backend: str = "auto"):
                                 scaling=None, softcap=None, sliding_window=None, **kwargs):
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         window = _window(sliding_window, key.shape[2])
-        reason = _fallback_reason(module, query, attention_mask, dropout, window, backend)
+        reason = _fallback_reason(module, query, key, value, attention_mask, dropout, window, backend)
         if reason is not None:
             _warn_once(reason)
             return _masked_torch(query, key, value, attention_mask, scaling, softcap, window,
