@@ -97,7 +97,7 @@ class AttnFwdConfig:
     num_stages: int = 2
     overlap: bool = False         # S_n and P_{n-1} V GEMMs in flight together (v1 alone: ptxas C7513 serialises the wgmma)
     pingpong: bool = True         # consumer warpgroups alternate GEMM issue
-    overlap_v2: bool = False      # overlap without C7513: P packed after wait_group(0) (block_overlap_v2); no ping-pong; default() turns it on
+    overlap_v2: bool = False      # overlap without C7513: P packed after wait_group(0) (block_overlap_v2); default() turns it on
     window_left: bool = False     # sliding window has a left bound (size: runtime Int32, kernels/mask.py)
     window_right: bool = False    # ... a right bound (non-causal only; causal is right = 0)
 
@@ -135,7 +135,7 @@ class AttnFwdSm90:
         self.overlap, self.pingpong = cfg.overlap, cfg.pingpong
         # sigmoid/poly's block writes packed P (no FP32 P to pack later): keeps the v1 step
         packed_p = (getattr(cfg.stage, "mode", ""), getattr(cfg.stage, "evaluator", "")) == ("sigmoid", "poly")
-        self.overlap_v2 = cfg.overlap and cfg.overlap_v2 and not cfg.pingpong and not packed_p
+        self.overlap_v2 = cfg.overlap and cfg.overlap_v2 and not packed_p
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
         assert self.tile_m == 64 * self.num_mma_wg
 
@@ -475,10 +475,14 @@ class AttnFwdSm90:
         kv.advance()
         acc_S = cute.make_rmem_tensor(ctx.s_shape, Float32)
         ctx.pipe_k.consumer_wait(kv)
+        if cutlass.const_expr(self.pingpong):
+            self.pingpong_sync(ctx.wg)
         self.wgmma(ctx.tiled_mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, kv.index], True)
         ctx.pipe_v.consumer_wait(kv_prev)
         self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv_prev.index],
                    first_pv)
+        if cutlass.const_expr(self.pingpong):
+            self.pingpong_arrive(1 - ctx.wg)
         warpgroup.wait_group(1)
         fence_fragment(acc_S)   # the score stage must not rise above wait_group(1); no PTX
         ctx.pipe_k.consumer_release(kv)

@@ -472,7 +472,9 @@ def make_stage(mode: str, evaluator: str = "native", **kw):
 
 # Measured default split per mode (H200, B=1 S=4096 Hq=32 Hkv=8 D=128 causal; history in
 # docs/NOTES_attn_fwd.md): (j, k) = fraction j/k of the key column groups through the block.
-#   softcap, overlap_v2 loop: 1/4 0.337 ms, 1/2 0.354, 3/4 0.376 (native 0.316: on Hopper the
-#            MUFU pipe keeps up once the loop overlaps; bench/results/fwd_overlap_v2.md);
+#   softcap, overlap_v2 loop: fwd 1/4 0.337 ms, 1/2 0.354, 3/4 0.376 (native 0.316: on Hopper
+#            the MUFU pipe keeps up once the loop overlaps; bench/results/fwd_overlap_v2.md);
+#            the backward follows the split: bwd 1/2 1.224 ms, 1/4 1.343 (gqa_4096 runs), so
+#            1/2 gives the faster training step (fwd + bwd 1.58 vs 1.70 ms);
 #   sigmoid, ping-pong loop: 1/4 0.263 ms, 1/2 0.273 (all-poly 0.336 earlier).
-DEFAULT_POLY_SPLIT = {"softcap": (1, 4), "sigmoid": (1, 4)}
+DEFAULT_POLY_SPLIT = {"softcap": (1, 2), "sigmoid": (1, 4)}
