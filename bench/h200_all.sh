@@ -3,7 +3,8 @@
 #   source .payload/setup.sh || exit 3; export FAP_COMMIT=<sha>; source bench/device_env.sh || exit 4;
 #   bash bench/h200_all.sh [steps...]
 # Each step writes $OUT/<step>.log under its own time limit; a one-line summary per step
-# and the short result tables come last. Steps: asm api fwd bwd gqa launch elem.
+# and the short result tables come last. Steps: asm api fwd bwd window gqa final launch elem
+# split (forward loop variants) gemma2 elembench.
 set -u
 OUT=${OUT:-/tmp/fap_out}
 mkdir -p "$OUT"
@@ -27,6 +28,11 @@ for s in $steps; do
     final)  run_step final 400 python3 bench/h200_final.py --graph --json "$OUT/gqa_4096.json" ;;
     launch) run_step launch 120 python3 bench/launch_overhead.py ;;
     elem)   run_step elem 200 python3 -m pytest -q -m gpu tests/test_elementwise_gpu.py ;;
+    window) run_step window 300 python3 -m pytest -q -m gpu tests/test_window_gpu.py ;;
+    split)  run_step split 240 python3 tests/test_attn_fwd_split.py --out "$OUT/split" ;;
+    gemma2) run_step gemma2_d128 150 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"
+            run_step gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json" ;;
+    elembench) run_step elembench 300 python3 bench/elementwise.py --json "$OUT/elementwise.json" ;;
     *) echo "unknown step $s" >> "$OUT/summary.txt" ;;
   esac
 done
