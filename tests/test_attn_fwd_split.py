@@ -39,6 +39,8 @@ VARIANTS = [   # the defaults today ("ov" = v1 overlap, False = ping-pong) besid
     ("sigmoid native v2", "sigmoid", "native", None, "v2"),
     ("sigmoid poly 1/4", "sigmoid", "poly", (1, 4), False),
     ("sigmoid poly 1/2", "sigmoid", "poly", (1, 2), False),
+    ("sigmoid poly 1/4 v2", "sigmoid", "poly", (1, 4), "v2"),
+    ("sigmoid poly 1/2 v2", "sigmoid", "poly", (1, 2), "v2"),
 ]
 
 
