@@ -117,10 +117,11 @@ def finish_direct(name, b: g.Builder, in_types, results, programs) -> PtxBlock:
     for i, ln in enumerate(b.lines):
         op, rest = ln.split(" ", 1)
         ops = [ren.get(t, t) for t in (x.strip() for x in rest.split(","))]
-        if ops[0].startswith("$") and first_write is None:
-            first_write = i
+        # an instruction may read an input and write an output (reads come first)
         if first_write is not None and any(t in ins for t in ops[1:]):
             raise ValueError(f"{name}: input read after an output write: {ln}")
+        if ops[0].startswith("$") and first_write is None:
+            first_write = i
         lines.append(f"{op} {', '.join(ops)}")
     regs = tuple(f"r{i}" for i in range(b.n_regs) if f"r{i}" not in ren)
     return PtxBlock(name, tuple(in_types), ("b32",) * n_out, tuple(lines), regs, tuple(programs))
@@ -175,6 +176,29 @@ def sigmoid_attn(name: str, prog_name: str, with_grad: bool):
         _check_shared(fwd, grad)
         dy = g.piecewise_factored(b, grad, m, u, P)
         return finish_direct(name, b, ("f32", "f32"), [P, dy], [prog_name, prog_name + "_grad"])
+    return build
+
+
+def sigmoid_attn_part(name: str, prog_name: str, part: str):
+    """The forward block cut before its last squaring, for a caller that must define P
+    later than the rest (attn_fwd overlap_v2: P is a wgmma A operand, and defining it while
+    the previous P V is in flight serialises every wgmma, ptxas C7513).
+    head: the forward block less its last squaring; in 2 f32 scores, out q^(2^(s-1)) packed.
+    tail: that last squaring alone; in the head's word, out P.  Both come from
+    piecewise_value/square, the code of the full block: head then tail is the full block
+    instruction for instruction (16 + 1 = 17 with the committed table), bit for bit."""
+    def build(table):
+        fwd = program(table, prog_name)
+        if g.squarings(fwd) < 1:
+            raise ValueError(f"{prog_name} has no squaring to split off")
+        b = g.Builder("bf16x2")
+        if part == "tail":
+            (q,) = inputs(1, 1)
+            return finish_direct(name, b, ("b32",), [g.square(b, q, 1)], [prog_name])
+        xb = b.cvt_pack(*inputs(1, 2))
+        m, u = g.piecewise_front(b, fwd, xb)
+        q = g.piecewise_value(b, fwd, m, u, held_back=1)
+        return finish_direct(name, b, ("f32", "f32"), [q], [prog_name])
     return build
 
 
@@ -246,6 +270,8 @@ def f16_block(fn: str, direction: str, degree: int):
 BUILDERS = {
     "sigmoid_fwd": sigmoid_attn("sigmoid_fwd", SIGMOID_ATTN, with_grad=False),
     "sigmoid_fwd_bwd": sigmoid_attn("sigmoid_fwd_bwd", SIGMOID_ATTN, with_grad=True),
+    "sigmoid_fwd_head": sigmoid_attn_part("sigmoid_fwd_head", SIGMOID_ATTN, "head"),
+    "sigmoid_fwd_tail": sigmoid_attn_part("sigmoid_fwd_tail", SIGMOID_ATTN, "tail"),
     "softcap_fwd": unary("softcap_fwd", SOFTCAP, "bf16x2", in_f32=True),
     "softcap_bwd": unary("softcap_bwd", SOFTCAP + "_grad", "bf16x2", in_f32=True),
     "sigmoid_bf16x2": unary("sigmoid_bf16x2", SIGMOID_D3, "bf16x2", in_f32=False),
@@ -260,9 +286,12 @@ for _fn in F16_FUNCTIONS:
             _name, _build = f16_block(_fn, _dir, _deg)
             BUILDERS[_name] = _build
 
+# Parts of a main block (head + tail = sigmoid_fwd): reachable by name, tested against it.
+PART_BLOCKS = ("sigmoid_fwd_head", "sigmoid_fwd_tail")
+
 # Blocks listed by `python -m flash_attn_poly.asm count` (the per-degree f16 variants are
 # reachable by name for the sweeps).
-MAIN_BLOCKS = tuple(n for n in BUILDERS if not re.search(r"_d\d$", n))
+MAIN_BLOCKS = tuple(n for n in BUILDERS if not re.search(r"_d\d$", n) and n not in PART_BLOCKS)
 
 
 def get_block(name: str, table: dict | None = None) -> PtxBlock:

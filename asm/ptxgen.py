@@ -158,15 +158,26 @@ def select_pair(b: Builder, m: str, lo_v: float, hi_v: float) -> str:
     return b.select(m, imm(splat(half_bits(hi_v, b.fmt))), imm(splat(half_bits(lo_v, b.fmt))))
 
 
-def piecewise_value(b: Builder, prog: dict, m: str, u: str) -> str:
+def squarings(prog: dict) -> int:
+    return int(prog["params"].get("squarings") or 0)
+
+
+def square(b: Builder, h: str, n: int) -> str:
+    """n packed squarings: q -> q^(2^n) (each one mul, rounded)."""
+    for _ in range(n):
+        h = b.mul(h, h)
+    return h
+
+
+def piecewise_value(b: Builder, prog: dict, m: str, u: str, held_back: int = 0) -> str:
+    """Horner value q in region-local u, then the program's squarings p = q^(2^s) except
+    the last `held_back` (a split block applies those later with `square`)."""
     lo_c, hi_c = prog["coeffs"]
     c = [select_pair(b, m, lo_v, hi_v) for lo_v, hi_v in zip(lo_c, hi_c)]
     h = c[-1]
     for k in range(len(c) - 2, -1, -1):
         h = b.fma(h, u, c[k])
-    for _ in range(int(prog["params"].get("squarings") or 0)):
-        h = b.mul(h, h)          # p = q^(2^s)
-    return h
+    return square(b, h, squarings(prog) - held_back)
 
 
 def piecewise_factored(b: Builder, grad: dict, m: str, u: str, P: str) -> str:

@@ -51,11 +51,7 @@ except ImportError:  # running from the repository root
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
 
-@dsl_user_op
-def _pin_f32(x: Float32, *, loc=None, ip=None) -> Float32:
-    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "", "=f,0",
-                                   has_side_effects=True, is_align_stack=False,
-                                   asm_dialect=llvm.AsmDialect.AD_ATT))
+_pin_f32 = stages.pin_f32   # the stages pin what their write_p reads (overlap_v2)
 
 
 @dsl_user_op
@@ -133,9 +129,7 @@ class AttnFwdSm90:
         self.num_stages = cfg.num_stages
         self.causal = cfg.causal
         self.overlap, self.pingpong = cfg.overlap, cfg.pingpong
-        # sigmoid/poly's block writes packed P (no FP32 P to pack later): keeps the v1 step
-        packed_p = (getattr(cfg.stage, "mode", ""), getattr(cfg.stage, "evaluator", "")) == ("sigmoid", "poly")
-        self.overlap_v2 = cfg.overlap and cfg.overlap_v2 and not packed_p
+        self.overlap_v2 = cfg.overlap and cfg.overlap_v2
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
         assert self.tile_m == 64 * self.num_mma_wg
 
@@ -490,8 +484,10 @@ class AttnFwdSm90:
         warpgroup.wait_group(0)
         fence_fragment(ctx.acc_O)
         ctx.pipe_v.consumer_release(kv_prev)
-        fence_fragment(acc_S)   # the packs (non-volatile asm) must stay below wait_group(0)
-        stages.write_p_native(acc_S, ctx.tOrP, self.is_bf16)
+        # P_n into the A fragment now that nothing reads it: the stage pins the acc_S
+        # registers it reads (keeps its non-volatile asm below the wait) and packs them
+        # (sigmoid/poly: the block's last squaring on its block pairs)
+        self.stage.write_p(acc_S, ctx.tOrP, self.is_bf16)
         self.rescale_o(ctx)
         return kv
 

@@ -10,6 +10,9 @@ Forward side, called by `attn_fwd_sm90` on each FP32 score fragment (acc_S):
   2. the kernel masks (-inf) on diagonal / tail blocks,
   3. `probs(acc_S, tOrP, state, params, is_first, masked)` writes P (packed 16-bit pairs,
      the A operand of the PV wgmma) and returns the per-row O rescale factor or None.
+   With tOrP=None (overlap_v2) probs leaves its result in acc_S and
+  4. `write_p(acc_S, tOrP, is_bf16)`, called after the PV wgmma in flight has retired,
+     defines the A fragment (see write_p_pinned for why).
 `finalize(state, params)` returns (per-row O scale, per-row LSE or None).
 
 Backward sides are added by the backward kernel's engineer in this same module.
@@ -87,6 +90,27 @@ def unpack_bf16x2(p: Int32, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def pin_f32(x: Float32, *, loc=None, ip=None) -> Float32:
+    """Empty volatile asm that 'modifies' x: every later use of x stays below this point
+    (volatile asm keeps its order against the wgmma waits, which are volatile too)."""
+    return Float32(llvm.inline_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "", "=f,0",
+                                   has_side_effects=True, is_align_stack=False,
+                                   asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def f32_as_b32(x: Float32, *, loc=None, ip=None) -> Int32:
+    """The bits of an FP32 register as Int32 (no instruction)."""
+    return Int32(llvm.bitcast(T.i32(), Float32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def b32_as_f32(x: Int32, *, loc=None, ip=None) -> Float32:
+    """A packed word kept in an FP32 register of acc_S (no instruction)."""
+    return Float32(llvm.bitcast(T.f32(), Int32(x).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
 def select_u32(keep: cutlass.Boolean, a: Int32, *, loc=None, ip=None) -> Int32:
     return cutlass.select_(keep, a, Int32(0))
 
@@ -141,6 +165,17 @@ def write_p_native(acc_S: cute.Tensor, tOrP: cute.Tensor, is_bf16: cutlass.Const
     dst = cute.recast_tensor(tOrP, Int32)
     for i in cutlass.range_constexpr(cute.size(dst)):
         dst[i] = pack_f32x2(src[2 * i], src[2 * i + 1], is_bf16)
+
+
+@cute.jit
+def write_p_pinned(acc_S: cute.Tensor, tOrP: cute.Tensor, is_bf16: cutlass.Constexpr[bool]):
+    """overlap_v2's P step for stages that leave FP32 P in acc_S: pin all of acc_S, then pack.
+
+    Called right after wait_group(0): the pins keep the packs (non-volatile asm) below the
+    wait, so no instruction defines a wgmma A register while a wgmma is in flight."""
+    for i in cutlass.range_constexpr(cute.size(acc_S)):
+        acc_S[i] = pin_f32(acc_S[i])
+    write_p_native(acc_S, tOrP, is_bf16)
 
 
 # ----------------------------------------------------------------------------------------
@@ -284,6 +319,10 @@ class SoftmaxStage:
         if cutlass.const_expr(tOrP is not None):   # None: FP32 P stays in acc_S (overlap_v2)
             write_p_native(acc_S, tOrP, is_bf16)
 
+    @cute.jit
+    def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
+        write_p_pinned(acc_S, tOrP, is_bf16)
+
     def lse_scale(self, params):
         return params[1]
 
@@ -364,6 +403,10 @@ class SoftcapStage:
         if cutlass.const_expr(tOrP is not None):   # None: FP32 P stays in acc_S (overlap_v2)
             write_p_native(acc_S, tOrP, is_bf16)
 
+    @cute.jit
+    def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
+        write_p_pinned(acc_S, tOrP, is_bf16)
+
     def lse_scale(self, params):
         # native: max is in tanh units (logit = c*t); poly: max is already a logit
         return params[2] if self.evaluator == "native" else Float32(1.0)
@@ -380,6 +423,9 @@ class SigmoidStage:
             PV A operand directly; we feed x' = x + b + ln n, so any bias works (exact for
             b = -ln n).  Masked lanes are zeroed afterwards with a select.  Pairs outside
             poly_split run the native formula (params[2] = scale/2, params[3] = b/2).
+            overlap_v2 (tOrP=None) runs the block in two parts: sigmoid_fwd_head (16 instr.)
+            in the stage, its packed q kept in acc_S, then write_p's sigmoid_fwd_tail
+            (P = q*q, one mul) after the wait: same instructions, same bits as the block.
     program_n, coeff_bits come from the table in __post_init__.
     """
 
@@ -421,28 +467,41 @@ class SigmoidStage:
             if cutlass.const_expr(tOrP is not None):
                 write_p_native(acc_S, tOrP, is_bf16)
         else:
-            # the block returns packed P: no FP32 P to leave in acc_S
-            assert tOrP is not None, "sigmoid/poly has no FP32 P (overlap_v2 keeps the v1 step)"
             self._probs_poly(acc_S, tOrP, params, masked)
 
     @cute.jit
     def _probs_poly(self, acc_S, tOrP, params, masked: cutlass.Constexpr[bool]):
+        """P of every pair into tOrP; tOrP=None (overlap_v2): block pairs leave the head's
+        packed q (P = q*q) in their even acc_S register, MUFU pairs FP32 P in both."""
         src = acc_as_frag_a(acc_S)
-        dst = cute.recast_tensor(tOrP, Int32)
-        for i in cutlass.range_constexpr(cute.size(dst)):
+        dst = None
+        if cutlass.const_expr(tOrP is not None):
+            dst = cute.recast_tensor(tOrP, Int32)
+        for i in cutlass.range_constexpr(cute.size(src) // 2):
             if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
-                dst[i] = self._pair_poly(src[2 * i], src[2 * i + 1], params, masked)
+                if cutlass.const_expr(tOrP is None):
+                    src[2 * i] = b32_as_f32(self._pair_poly(src[2 * i], src[2 * i + 1], params,
+                                                            masked, "sigmoid_fwd_head"))
+                else:
+                    dst[i] = self._pair_poly(src[2 * i], src[2 * i + 1], params, masked,
+                                             "sigmoid_fwd")
             else:
                 # native sigma = 0.5 tanh(0.5 x + 0.5 b) + 0.5; masked -inf gives +0 exactly
                 p0 = tanh_approx(src[2 * i] * params[2] + params[3]) * 0.5 + 0.5
                 p1 = tanh_approx(src[2 * i + 1] * params[2] + params[3]) * 0.5 + 0.5
-                dst[i] = pack_f32x2(p0, p1, True)
+                if cutlass.const_expr(tOrP is None):
+                    src[2 * i], src[2 * i + 1] = p0, p1
+                else:
+                    dst[i] = pack_f32x2(p0, p1, True)
 
     @cute.jit
-    def _pair_poly(self, s0, s1, params, masked: cutlass.Constexpr[bool]):
-        p = Int32(_cute_ops().sigmoid_fwd(s0 * params[0] + params[1], s1 * params[0] + params[1]))
+    def _pair_poly(self, s0, s1, params, masked: cutlass.Constexpr[bool], block: cutlass.Constexpr[str]):
+        """Block `block` (sigmoid_fwd: P; sigmoid_fwd_head: q, P = q*q) on one score pair."""
+        blk = getattr(_cute_ops(), block)
+        p = Int32(blk(s0 * params[0] + params[1], s1 * params[0] + params[1]))
         if cutlass.const_expr(masked):
-            # masked scores are -inf: force exact zeros whatever the block returns
+            # masked scores are -inf: force exact zeros whatever the block returns (on q the
+            # tail's 0 * 0 = +0 gives the same P bits: tests/test_asm_emulator.py)
             keep = Int32(0)
             if s0 != -Float32.inf:
                 keep = keep | Int32(0xFFFF)
@@ -450,6 +509,31 @@ class SigmoidStage:
                 keep = keep | Int32(-65536)   # 0xFFFF0000
             p = p & keep
         return p
+
+    @cute.jit
+    def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
+        """overlap_v2, after wait_group(0): P into tOrP from what probs(tOrP=None) left."""
+        if cutlass.const_expr(self.evaluator == "native"):
+            write_p_pinned(acc_S, tOrP, is_bf16)
+        else:
+            self._write_p_poly(acc_S, tOrP)
+
+    @cute.jit
+    def _write_p_poly(self, acc_S, tOrP):
+        """Block pairs: the tail (one mul.bf16x2) on the head's q; MUFU pairs: the pack.
+        Only the registers read are pinned: an odd register of a block pair holds a dead
+        score, and pinning it would keep it live through the stage (+1 reg per block pair)."""
+        src = acc_as_frag_a(acc_S)
+        dst = cute.recast_tensor(tOrP, Int32)
+        for i in cutlass.range_constexpr(cute.size(dst)):
+            src[2 * i] = pin_f32(src[2 * i])
+            if cutlass.const_expr(not self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
+                src[2 * i + 1] = pin_f32(src[2 * i + 1])
+        for i in cutlass.range_constexpr(cute.size(dst)):
+            if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
+                dst[i] = Int32(_cute_ops().sigmoid_fwd_tail(f32_as_b32(src[2 * i])))
+            else:
+                dst[i] = pack_f32x2(src[2 * i], src[2 * i + 1], True)
 
     def lse_scale(self, params):
         return None

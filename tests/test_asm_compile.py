@@ -23,7 +23,7 @@ def _table():
 def _names():
     from flash_attn_poly.asm import blocks as B
 
-    return list(B.MAIN_BLOCKS)
+    return list(B.MAIN_BLOCKS) + list(B.PART_BLOCKS)
 
 
 @pytest.mark.parametrize("name", _names())

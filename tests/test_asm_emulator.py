@@ -242,6 +242,34 @@ def test_b3_counts(table):
     assert ops.count("mul.rn.bf16x2") == fwd_squarings(table)
 
 
+def _head_tail_or_xfail(table):
+    full, _ = _b3_counts_or_xfail(table)
+    return full, B.get_block("sigmoid_fwd_head", table), B.get_block("sigmoid_fwd_tail", table)
+
+
+@pytest.mark.parametrize("table", tables())
+def test_sigmoid_fwd_head_then_tail_is_the_block(table):
+    """attn_fwd overlap_v2 runs sigmoid_fwd as head (before P V retires) and tail (after):
+    the pair must be the full block op for op, and bit for bit on all 65,536 patterns per
+    lane, masked lanes included (the stage zeroes q, then 0 * 0 = +0 like the zeroed P)."""
+    full, head, tail = _head_tail_or_xfail(table)
+    assert (head.n_instructions, head.n_fma, tail.n_instructions, tail.n_fma) == (16, 3, 1, 0)
+    assert tail.lines == ("mul.rn.bf16x2 $0, $1, $1",) and tail.constraints() == "=r,r"
+    ops = lambda blk: [ln.split(" ", 1)[0] for ln in blk.lines]
+    assert ops(head) + ops(tail) == ops(full)
+    assert head.lines[:-1] == full.lines[:-2]     # same registers, immediates, order
+    ins = R.block_inputs(full, "bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (p,) = em.run_block(full, *ins)
+        (q,) = em.run_block(head, *ins)
+        (pq,) = em.run_block(tail, q)
+        for keep in (0xFFFF, 0xFFFF0000, 0):
+            (pm,) = em.run_block(tail, q & np.uint32(keep))
+            assert np.array_equal(pm, p & np.uint32(keep)), hex(keep)
+    assert np.array_equal(pq, p)
+
+
 @pytest.mark.parametrize("table", tables())
 def test_cli_counts_cover_every_block(table, capsys):
     from flash_attn_poly.asm.__main__ import count

@@ -39,6 +39,9 @@ VARIANTS = [   # "v2" = overlap_v2 (the default where P stays FP32), "v2pp" = v2
     ("sigmoid native v2", "sigmoid", "native", None, "v2"),
     ("sigmoid native v2 pp", "sigmoid", "native", None, "v2pp"),
     ("sigmoid poly 1/4", "sigmoid", "poly", (1, 4), False),
+    ("sigmoid poly 1/4 v2", "sigmoid", "poly", (1, 4), "v2"),
+    ("sigmoid poly 1/4 v2 pp", "sigmoid", "poly", (1, 4), "v2pp"),
+    ("sigmoid poly 1/2 v2", "sigmoid", "poly", (1, 2), "v2"),
 ]
 
 
