@@ -103,13 +103,13 @@ class AttnFwdConfig:
         #   D=64/128: tile_n 128 -> 32 + 128 KB at D=128;  D=256: tile_n 64 -> 64 + 128 KB
         tile_n = 128 if head_dim <= 128 else 64
         # measured on H200 (B=1 S=4096 Hq=32 Hkv=8 D=128 causal, bench/results/fwd_overlap_v2.md):
-        # the C7513-free overlapped loop (overlap_v2) is fastest wherever the stage leaves FP32 P:
-        # softmax 0.268 (v1 overlap) -> 0.255 ms, softcap native 0.367 (ping-pong) -> 0.316,
-        # softcap poly 1/4 0.337, sigmoid native 0.264 (ping-pong) -> 0.228.  sigmoid/poly's
-        # block returns packed P, so it keeps ping-pong without overlap (0.263).
-        mode, ev = getattr(stage, "mode", ""), getattr(stage, "evaluator", "")
-        packed_p = (mode, ev) == ("sigmoid", "poly")
-        kw = dict(dict(overlap=not packed_p, pingpong=packed_p, overlap_v2=not packed_p), **kw)
+        # the C7513-free overlapped loop (overlap_v2) is fastest for every stage: softmax 0.268
+        # (v1 overlap) -> 0.250 ms, softcap native 0.367 (ping-pong) -> 0.316, sigmoid native
+        # 0.264 -> 0.231, sigmoid poly 1/4 0.263 -> 0.242.  Ping-pong on top helps the poly
+        # stages (sigmoid poly 0.235, softcap poly 1/2 0.349 vs 0.356) and is noise (+-1%)
+        # for the native ones, which keep it off.
+        ev = getattr(stage, "evaluator", "")
+        kw = dict(dict(overlap=True, pingpong=ev == "poly", overlap_v2=True), **kw)
         return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, 2, **kw)
 
 
