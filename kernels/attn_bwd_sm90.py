@@ -286,6 +286,10 @@ class AttnBwdSm90:
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         head_kv = head // (mQ.shape[2] // mK.shape[2])
+        if const_expr(self.deterministic):
+            # args[6]: rank of this query head in its GQA group, from the division above
+            # (recomputing it from other shape values costs a second integer division)
+            args = args + (head - head_kv * (mQ.shape[2] // mK.shape[2]),)
         m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, args)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
@@ -561,7 +565,8 @@ class AttnBwdSm90:
         builds add the GQA group's query heads in ascending order."""
         tile = (self.tile_n, self.D)
         if const_expr(self.deterministic):
-            sem, rank = self.dkv_turn(args[5], mdQacc, mdKacc, n_block, head, head_kv, batch, seqlen_q, seqlen_k)
+            sem = self.dkv_turn(args[5], mdQacc, mdKacc, n_block, head_kv, batch, seqlen_q, seqlen_k)
+            rank = args[6]
             self.turn_wait(sem, rank, tidx)
         self.atomic_tile(mma_dkv, acc_dK, mdKacc[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx)
         self.atomic_tile(mma_dkv, acc_dV, mdVacc[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx)
@@ -581,14 +586,14 @@ class AttnBwdSm90:
         return (mSem.iterator + slot).toint(), n_end - 1 - n_block
 
     @cute.jit
-    def dkv_turn(self, mSem, mdQacc, mdKacc, n_block, head, head_kv, batch, seqlen_q, seqlen_k):
-        """(counter address, rank) of this CTA's dK/dV add: counters of (n_block, head_kv,
-        batch) follow the B * H_q * ceil(S_q / tile_m) dQ counters; rank = query head within
-        its group (every head of a group visits the same query blocks, so all of them add)."""
+    def dkv_turn(self, mSem, mdQacc, mdKacc, n_block, head_kv, batch, seqlen_q, seqlen_k):
+        """Counter address of this CTA's dK/dV add: counters of (n_block, head_kv, batch)
+        follow the B * H_q * ceil(S_q / tile_m) dQ counters.  The rank is the query head's
+        place in its group (args[6]): every head of a group visits the same query blocks,
+        so all of them add."""
         dq_slots = mdQacc.shape[3] * mdQacc.shape[2] * cute.ceil_div(seqlen_q, self.tile_m)
         slot = dq_slots + (batch * mdKacc.shape[2] + head_kv) * cute.ceil_div(seqlen_k, self.tile_n) + n_block
-        group = mdQacc.shape[2] // mdKacc.shape[2]
-        return (mSem.iterator + slot).toint(), head - head_kv * group
+        return (mSem.iterator + slot).toint()
 
     @cute.jit
     def turn_wait(self, sem_addr, rank, tidx):
@@ -612,7 +617,8 @@ class AttnBwdSm90:
 
 class AttnBwdSm90Det(AttnBwdSm90):
     """Deterministic build: the host entry also takes the zeroed Int32 turn counters
-    (attn_bwd_prepost.accumulators, n_counters) and passes them to the kernel as args[5]."""
+    (attn_bwd_prepost.accumulators, n_counters) and passes them to the kernel as args[5]
+    (args[0:3] stage scalars, args[3:5] window sizes)."""
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
