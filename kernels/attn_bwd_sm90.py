@@ -100,6 +100,18 @@ def red_release_add_s32(addr: cutlass.Int64, v: Int32, *, loc=None, ip=None):
                     asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+@cute.jit
+def dq_rank(n_block: Int32, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+            tile_n: cutlass.Constexpr[int], causal: cutlass.Constexpr[bool], has_left: cutlass.Constexpr[bool],
+            has_right: cutlass.Constexpr[bool], win_right: Int32):
+    """Turn of key block n_block among the key blocks that add into query block m_block, from
+    the highest down.  Those blocks are [n_lo, n_hi) with n_hi = BlockRange.n_block_max (the
+    forward's bound): query_block_range's m_min(n) <= m <=> n < n_hi, m < m_max(n) <=> n >= n_lo.
+    Module-level so that a CPU test can run it against query_block_range on the host."""
+    rng = mask_mod.BlockRange(tile_m, tile_n, causal, has_left, has_right)
+    return rng.n_block_max(m_block, seqlen_q, seqlen_k, win_right) - 1 - n_block
+
+
 def acc_mn_view(t: cute.Tensor) -> cute.Tensor:
     """View a wgmma C fragment ((2,2,V),M,N) as (rows, cols) = ((2,M), (2,V,N))."""
     s, d = t.layout.shape, t.layout.stride
@@ -581,9 +593,9 @@ class AttnBwdSm90:
         query ranges of kernels/mask.py grow with n); they add from the highest block down."""
         m_blocks = cute.ceil_div(seqlen_q, self.tile_m)
         slot = (batch * mdQacc.shape[2] + head) * m_blocks + m_block
-        rng = mask_mod.BlockRange(self.tile_m, self.tile_n, self.is_causal, self.has_left, self.has_right)
-        n_end = rng.n_block_max(m_block, seqlen_q, seqlen_k, args[4])
-        return (mSem.iterator + slot).toint(), n_end - 1 - n_block
+        rank = dq_rank(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.is_causal,
+                       self.has_left, self.has_right, args[4])
+        return (mSem.iterator + slot).toint(), rank
 
     @cute.jit
     def dkv_turn(self, mSem, mdQacc, mdKacc, n_block, head_kv, batch, seqlen_q, seqlen_k):
