@@ -1,10 +1,12 @@
 """Backward correctness + timing in one GPU call (owner: attention backward).
 
-python bench/attn_bwd_check.py [--time] [--modes softmax,softcap,sigmoid] [--skip-check]
+python bench/attn_bwd_check.py [--time] [--modes softmax,softcap,sigmoid] [--skip-check] [--deterministic]
 Errors: max |kernel - ref| / max |ref| per gradient, ref = FP64 autograd of
 flash_attn_poly.reference.attention_ref on the same BF16 inputs, with the kernel fed the
 reference's own O (rounded to BF16) and LSE.  Timing: CUDA events, median of 30 after 5
 warm-ups, backward alone (pre/post-processing included), FA4 side by side when importable.
+--deterministic (with --time): also time the deterministic build (attn_bwd(deterministic=True))
+next to the default one per mode, and check that two of its runs are bitwise equal.
 """
 import argparse
 import math
@@ -63,7 +65,12 @@ def bench(fn, n=30, warm=5):
     return statistics.median(ts)
 
 
-def time_anchor(modes):
+def _bitwise_repeat(fn):
+    a, b = fn(), fn()
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def time_anchor(modes, deterministic=False):
     b, s, hq, hkv, d = 1, 4096, 32, 8, 128
     mk = lambda h: torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
     q, k, v, do = mk(hq), mk(hkv), mk(hkv), mk(hq)
@@ -72,9 +79,12 @@ def time_anchor(modes):
     rows = []
     for mode in modes:
         sc = 50.0 if mode == "softcap" else None
-        ms = bench(lambda: attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc))
         flops = 2.5 * 4 * b * hq * s * s * d / 2
-        rows.append((f"ours {mode}", ms, flops / ms / 1e9))
+        for det in (False, True) if deterministic else (False,):
+            fn = lambda: attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, deterministic=det)
+            ms = bench(fn)
+            tag = f" deterministic (bitwise repeat: {_bitwise_repeat(fn)})" if det else ""
+            rows.append((f"ours {mode}{tag}", ms, flops / ms / 1e9))
     from flash_attn_poly.kernels import attn_bwd_prepost as pp
 
     def prepost():
@@ -100,6 +110,7 @@ def main():
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--modes", default="softmax")
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--deterministic", action="store_true", help="time the deterministic build too")
     a = ap.parse_args()
     ok = True
     if not a.skip_check:
@@ -116,7 +127,7 @@ def main():
             sys.stdout.flush()
     if a.time:
         print("| anchor B=1 S=4096 Hq=32 Hkv=8 D=128 causal | bwd ms | TFLOP/s |")
-        for name, ms, tf in time_anchor(a.modes.split(",")):
+        for name, ms, tf in time_anchor(a.modes.split(","), a.deterministic):
             print(f"| {name} | {ms:.3f} | {tf:.0f} |")
     return 0 if ok else 1
 

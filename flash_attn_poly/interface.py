@@ -34,6 +34,7 @@ class AttnArgs:
     sigmoid_bias: Optional[float]
     softmax_scale: float
     window_size: tuple[int, int]
+    deterministic: bool = False   # backward adds in a fixed order (CUDA backend)
 
 
 def _check_tensors(q, k, v) -> None:
@@ -83,14 +84,18 @@ def _check_options(mode, evaluator, softcap, sigmoid_bias, window_size) -> None:
 
 
 def validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale,
-             window_size=(-1, -1)) -> AttnArgs:
+             window_size=(-1, -1), deterministic=False) -> AttnArgs:
     _check_tensors(q, k, v)
     _check_options(mode, evaluator, softcap, sigmoid_bias, tuple(window_size))
+    if not isinstance(deterministic, bool):
+        # a truthy string or tensor here is almost surely a misplaced argument
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale!r}")
     return AttnArgs(mode, evaluator, bool(causal), None if softcap is None else float(softcap),
-                    None if sigmoid_bias is None else float(sigmoid_bias), scale, tuple(window_size))
+                    None if sigmoid_bias is None else float(sigmoid_bias), scale, tuple(window_size),
+                    deterministic)
 
 
 def _pick_backend(q: torch.Tensor, backend: str) -> str:
@@ -134,7 +139,7 @@ def _check_cuda_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: At
 def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: Optional[float] = None,
               sigmoid_bias: Optional[float] = None, evaluator: str = "poly",
               softmax_scale: Optional[float] = None, window_size=(-1, -1),
-              backend: str = "auto", return_lse: bool = False):
+              backend: str = "auto", return_lse: bool = False, deterministic: bool = False):
     """Attention over q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D); returns O (B, S_q, H_q, D).
 
     mode: "softmax" | "softcap" (Gemma-2: logits = softcap * tanh(logits / softcap)) |
@@ -143,10 +148,15 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     backend: "auto" (CUDA kernels on sm_90, else the torch reference with a warning),
     "cuda", or "reference" (exact functions in FP32 torch; slow, any device).
     return_lse: also return the FP32 natural-log LSE (B, H_q, S_q) (softmax modes only).
+    deterministic: the CUDA backward adds its FP32 partial sums in a fixed order, so the
+    gradients are bitwise reproducible run to run (a separate kernel build; slower where
+    CTAs wait for their turn).  The forward and the reference backend are deterministic
+    already and ignore it.
     Differentiable, and a torch custom op (`torch.ops.flash_attn_poly.attn_fwd`), so
     torch.compile traces it without graph breaks.
     """
-    a = validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size)
+    a = validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size,
+                 deterministic)
     if return_lse and a.mode == "sigmoid":
         raise ValueError("return_lse: sigmoid attention has no log-sum-exp")
     which = _pick_backend(q, backend)
@@ -155,19 +165,21 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     bias = a.sigmoid_bias if a.sigmoid_bias is not None else reference.default_sigmoid_bias(k.shape[1])
     out, lse = torch.ops.flash_attn_poly.attn_fwd(
         q, k, v, a.mode, a.evaluator, a.causal, a.softcap or 0.0, bias, a.softmax_scale,
-        list(a.window_size), which)
+        list(a.window_size), which, a.deterministic)
     return (out, lse) if return_lse else out
 
 
-def _args_from_op(mode, evaluator, causal, softcap, bias, scale, window) -> AttnArgs:
+def _args_from_op(mode, evaluator, causal, softcap, bias, scale, window, deterministic=False) -> AttnArgs:
     return AttnArgs(mode, evaluator, causal, softcap if mode == "softcap" else None,
-                    bias if mode == "sigmoid" else None, scale, tuple(window))
+                    bias if mode == "sigmoid" else None, scale, tuple(window), deterministic)
 
 
 @torch.library.custom_op("flash_attn_poly::attn_fwd", mutates_args=())
 def _attn_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, evaluator: str,
                  causal: bool, softcap: float, sigmoid_bias: float, softmax_scale: float,
-                 window_size: list[int], backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+                 window_size: list[int], backend: str,
+                 deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    # deterministic only matters to the backward op (it gets it via the autograd context)
     a = _args_from_op(mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size)
     out, lse = _reference_forward(q, k, v, a) if backend == "reference" else _cuda_forward(q, k, v, a)
     return out, _lse_or_empty(q, lse)
@@ -175,7 +187,7 @@ def _attn_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, e
 
 @_attn_fwd_op.register_fake
 def _attn_fwd_fake(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale,
-                   window_size, backend):
+                   window_size, backend, deterministic=False):
     b, s_q, h_q, _ = q.shape
     lse_shape = (0,) if mode == "sigmoid" else (b, h_q, s_q)
     return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
@@ -185,21 +197,23 @@ def _attn_fwd_fake(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, soft
 def _attn_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor, lse: torch.Tensor, mode: str, evaluator: str, causal: bool,
                  softcap: float, sigmoid_bias: float, softmax_scale: float, window_size: list[int],
-                 backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    a = _args_from_op(mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size)
+                 backend: str, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a = _args_from_op(mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size,
+                      deterministic)
     if backend == "reference":
         return _reference_backward(dout, q, k, v, a)
     return _cuda_backward(dout, q, k, v, out, lse, a)
 
 
 @_attn_bwd_op.register_fake
-def _attn_bwd_fake(dout, q, k, v, out, lse, *args):
+def _attn_bwd_fake(dout, q, k, v, out, lse, mode, evaluator, causal, softcap, sigmoid_bias,
+                   softmax_scale, window_size, backend, deterministic=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, *rest = inputs
-    ctx.rest = rest
+    ctx.rest = rest   # the forward op's options (deterministic last): the backward op's tail
     ctx.save_for_backward(q, k, v, *output)
 
 
@@ -207,7 +221,7 @@ def _backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = _attn_bwd_op(dout.contiguous(), q, k, v, out, lse, *ctx.rest)
     need = ctx.needs_input_grad
-    return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (None,) * 8
+    return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (None,) * len(ctx.rest)
 
 
 _attn_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -246,4 +260,5 @@ def _cuda_backward(dout, q, k, v, out, lse, a: AttnArgs):
         raise NotImplementedError("the CUDA attention backward is not available in this build") from e
     return attn_bwd_sm90.attn_bwd(dout, q, k, v, out, lse, mode=a.mode, evaluator=a.evaluator,
                                   causal=a.causal, softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
-                                  softmax_scale=a.softmax_scale, window_size=a.window_size)
+                                  softmax_scale=a.softmax_scale, window_size=a.window_size,
+                                  deterministic=a.deterministic)

@@ -62,13 +62,16 @@ def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str,
     return lse2, dsum
 
 
-def accumulators(q, k):
+def accumulators(q, k, n_counters: int = 0):
     """dQ, dK, dV FP32 accumulators as views of one zeroed buffer: one memset kernel
     instead of three.  Every view starts at a multiple of D * 4 >= 256 bytes (D >= 64),
-    above the kernel's 16-byte alignment assumption."""
+    above the kernel's 16-byte alignment assumption.
+    n_counters > 0 (deterministic backward): a 4th view, n_counters Int32 turn counters
+    after dV, zeroed by the same memset."""
     nq, nk = q.numel(), k.numel()
-    buf = torch.zeros(nq + 2 * nk, dtype=torch.float32, device=q.device)
-    return buf[:nq].view(q.shape), buf[nq:nq + nk].view(k.shape), buf[nq + nk:].view(k.shape)
+    buf = torch.zeros(nq + 2 * nk + n_counters, dtype=torch.float32, device=q.device)
+    views = (buf[:nq].view(q.shape), buf[nq:nq + nk].view(k.shape), buf[nq + nk:nq + 2 * nk].view(k.shape))
+    return views + (buf[nq + 2 * nk:].view(torch.int32),) if n_counters else views
 
 
 def postprocess(dq_acc, dk_acc, dv_acc, scale: float, dtype):

@@ -19,6 +19,31 @@ into (B, S_q, H_q, D).  The host scales by softmax_scale and casts (attn_bwd_pre
 
 Constraints: D in {64, 128}; BF16/FP16; any S_q, S_k (TMA zero-fills tails; LSE padded
 with +inf so out-of-range query rows have P = 0); causal is bottom-right aligned.
+
+Deterministic mode (BwdKey.deterministic, attn_bwd(deterministic=True)).  FP32 atomics
+commute only up to rounding, so the order in which CTAs reach a shared tile decides the
+low bits.  The deterministic build fixes that order with one Int32 turn counter per
+output tile (zeroed by the host with the accumulators, same memset):
+  * dQ tile (m, h, b): the key blocks that visit query block m form one contiguous range
+    [n_lo, n_hi) (kernels/mask.py: a key block's query range [m_min, m_max) moves up with
+    n), and they add from n_hi - 1 down: rank = n_hi - 1 - n.
+  * dK/dV tile (n, h_kv, b): the query heads of the GQA group add in ascending head order
+    (all of them visit the same query blocks, the range depends on n only).
+A CTA waits until the counter equals its rank (MMA thread 0 spins on ld.acquire.gpu, a
+named barrier holds the other 255 MMA threads), adds, passes a second barrier and
+increments with red.release.gpu.  The key blocks launch in reverse (blockIdx.x = 0 is the
+last key block), which makes the descending dQ order match the pace of the causal
+staircase: block n + 1 starts its query range no lower than block n, so it reaches every
+shared query block earlier and the next rank rarely waits.  (Non-causal dQ: every key
+block starts at query block 0, so rank r first waits r query blocks; lockstep after that.)
+Deadlock freedom: every wait is on CTAs with a lower linear block index (x fastest, then
+y = head, then z = batch).  dQ waits on key blocks n' > n of the same (h, b), which have
+blockIdx.x = N - 1 - n' smaller; dK/dV waits on heads h' < h of the same (n, b), which
+have a smaller blockIdx.y.  The hardware dispatches CTAs in linear index order, so the
+lowest-index unfinished CTA is resident; all of its predecessors have finished (their
+increments are done), so its waits are satisfied and it finishes; by induction every CTA
+does, however few CTAs fit on the GPU at once.  The producer warp never waits on a counter.
+The non-deterministic build is unchanged: every step above is behind const_expr.
 """
 
 import math
@@ -43,6 +68,7 @@ NUM_THREADS = 384          # 1 producer warpgroup + 2 MMA warpgroups
 PRODUCER_REGS = 24         # producer only issues TMA
 MMA_REGS = 240             # 2*240 + 24 <= 504 (65536 regs / 128 threads per warpgroup)
 PDS_BARRIER_ID = 1         # named barrier: dS tile complete in smem (256 MMA threads)
+TURN_BARRIER_ID = 2        # deterministic builds: counter seen / adds issued (256 MMA threads)
 
 
 @dsl_user_op
@@ -53,6 +79,37 @@ def red_add_v2_f32(addr: cutlass.Int64, a: Float32, b: Float32, *, loc=None, ip=
                     "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f",
                     has_side_effects=True, is_align_stack=False,
                     asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def ld_acquire_s32(addr: cutlass.Int64, *, loc=None, ip=None) -> Int32:
+    """ld.acquire.gpu: a counter read that orders this thread's later accesses after it."""
+    return Int32(llvm.inline_asm(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
+                                 "ld.acquire.gpu.global.s32 $0, [$1];", "=r,l",
+                                 has_side_effects=True, is_align_stack=False,
+                                 asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def red_release_add_s32(addr: cutlass.Int64, v: Int32, *, loc=None, ip=None):
+    """red.release.gpu add: publishes every access ordered before it (the CTA's barrier
+    included) to whoever acquires the new counter value."""
+    llvm.inline_asm(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip), Int32(v).ir_value(loc=loc, ip=ip)],
+                    "red.release.gpu.global.add.s32 [$0], $1;", "l,r",
+                    has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@cute.jit
+def dq_rank(n_block: Int32, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+            tile_n: cutlass.Constexpr[int], causal: cutlass.Constexpr[bool], has_left: cutlass.Constexpr[bool],
+            has_right: cutlass.Constexpr[bool], win_right: Int32):
+    """Turn of key block n_block among the key blocks that add into query block m_block, from
+    the highest down.  Those blocks are [n_lo, n_hi) with n_hi = BlockRange.n_block_max (the
+    forward's bound): query_block_range's m_min(n) <= m <=> n < n_hi, m < m_max(n) <=> n >= n_lo.
+    Module-level so that a CPU test can run it against query_block_range on the host."""
+    rng = mask_mod.BlockRange(tile_m, tile_n, causal, has_left, has_right)
+    return rng.n_block_max(m_block, seqlen_q, seqlen_k, win_right) - 1 - n_block
 
 
 def acc_mn_view(t: cute.Tensor) -> cute.Tensor:
@@ -85,8 +142,10 @@ class BwdTile:
 
 class AttnBwdSm90:
     def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile,
-                 window: tuple = (False, False)):
+                 window: tuple = (False, False), deterministic: bool = False):
         assert head_dim in (64, 128), "D must be 64 or 128"
+        # ordered (bitwise reproducible) dQ/dK/dV adds; module docstring, "Deterministic mode"
+        self.deterministic = deterministic
         self.dtype = dtype
         self.D = head_dim
         self.is_causal = is_causal
@@ -150,6 +209,12 @@ class AttnBwdSm90:
                  mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
                  mdVacc: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32,
                  win_left: Int32, win_right: Int32, stream):
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (arg0, arg1, arg2),
+                     win_left, win_right, (), stream)
+
+    def _launch(self, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, scalars,
+                win_left, win_right, extra, stream):
+        """Host-side body of __call__ (traced inside it); extra: kernel args after the window."""
         # (B, S, H, D) -> (S, D, H, B); stats (B, H, S_pad) -> (S_pad, H, B)
         mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc = [
             self._seq_major(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc)]
@@ -173,7 +238,8 @@ class AttnBwdSm90:
         grid = (n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
         self.kernel(tQ, tK, tV, tdO, tLSE, tDsum, mdQacc, mdKacc, mdVacc,
                     tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
-                    mma_sdp, mma_dkv, mma_dq, (arg0, arg1, arg2) + self._window_param(win_left, win_right), Storage).launch(
+                    mma_sdp, mma_dkv, mma_dq, scalars + self._window_param(win_left, win_right) + extra,
+                    Storage).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     def _window_param(self, win_left, win_right):
@@ -199,6 +265,9 @@ class AttnBwdSm90:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head, batch = cute.arch.block_idx()
+        if const_expr(self.deterministic):
+            # key blocks launch from the last one down: every turn wait targets an earlier CTA
+            n_block = cute.ceil_div(mK.shape[0], self.tile_n) - 1 - n_block
         if warp_idx == 0:
             for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum):
                 cpasync.prefetch_descriptor(atom)
@@ -229,6 +298,10 @@ class AttnBwdSm90:
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         head_kv = head // (mQ.shape[2] // mK.shape[2])
+        if const_expr(self.deterministic):
+            # args[6]: rank of this query head in its GQA group, from the division above
+            # (recomputing it from other shape values costs a second integer division)
+            args = args + (head - head_kv * (mQ.shape[2] // mK.shape[2]),)
         m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, args)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
@@ -346,7 +419,8 @@ class AttnBwdSm90:
                                  n_block, m_block, head, batch, seqlen_q, seqlen_k, args,
                                  m_block != m_min)
                 state.advance()
-            self.epilogue_dkv(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch, seqlen_k)
+            self.epilogue_dkv(mma_dkv_epi, acc_dK, acc_dV, mdQacc, mdKacc, mdVacc, tidx,
+                              n_block, head, head_kv, batch, seqlen_q, seqlen_k, args)
 
     @cute.jit
     def one_m_block(self, mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
@@ -388,8 +462,18 @@ class AttnBwdSm90:
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
         pipe_do.consumer_release(state)
+        self.add_dq(mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, seqlen_q, seqlen_k, args)
+
+    @cute.jit
+    def add_dq(self, mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, seqlen_q, seqlen_k, args):
+        """dQ tile of (m_block, head, batch) += acc_dQ; in order of the key blocks when deterministic."""
+        if const_expr(self.deterministic):
+            sem, rank = self.dq_turn(args[5], mdQacc, n_block, m_block, head, batch, seqlen_q, seqlen_k, args)
+            self.turn_wait(sem, rank, tidx)
         self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, self.D),
                          m_block, seqlen_q, tidx)
+        if const_expr(self.deterministic):
+            self.turn_done(sem, tidx)
 
     @cute.jit
     def probs(self, acc_S, rP, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args):
@@ -487,10 +571,74 @@ class AttnBwdSm90:
                     red_add_v2_f32(ptr.toint(), acc_mn[r, c], acc_mn[r, c + 1])
 
     @cute.jit
-    def epilogue_dkv(self, mma_dkv, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch, seqlen_k):
+    def epilogue_dkv(self, mma_dkv, acc_dK, acc_dV, mdQacc, mdKacc, mdVacc, tidx,
+                     n_block, head, head_kv, batch, seqlen_q, seqlen_k, args):
+        """dK, dV tiles of (n_block, head_kv, batch) += this query head's sums; deterministic
+        builds add the GQA group's query heads in ascending order."""
         tile = (self.tile_n, self.D)
+        if const_expr(self.deterministic):
+            sem = self.dkv_turn(args[5], mdQacc, mdKacc, n_block, head_kv, batch, seqlen_q, seqlen_k)
+            rank = args[6]
+            self.turn_wait(sem, rank, tidx)
         self.atomic_tile(mma_dkv, acc_dK, mdKacc[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx)
         self.atomic_tile(mma_dkv, acc_dV, mdVacc[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx)
+        if const_expr(self.deterministic):
+            self.turn_done(sem, tidx)
+
+    # ---------------------------------------------------------------- deterministic mode
+    @cute.jit
+    def dq_turn(self, mSem, mdQacc, n_block, m_block, head, batch, seqlen_q, seqlen_k, args):
+        """(counter address, rank) of this CTA's dQ add into query block m_block.  The key
+        blocks visiting m_block are one contiguous range [n_block_min, n_block_max) (the
+        query ranges of kernels/mask.py grow with n); they add from the highest block down."""
+        m_blocks = cute.ceil_div(seqlen_q, self.tile_m)
+        slot = (batch * mdQacc.shape[2] + head) * m_blocks + m_block
+        rank = dq_rank(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.is_causal,
+                       self.has_left, self.has_right, args[4])
+        return (mSem.iterator + slot).toint(), rank
+
+    @cute.jit
+    def dkv_turn(self, mSem, mdQacc, mdKacc, n_block, head_kv, batch, seqlen_q, seqlen_k):
+        """Counter address of this CTA's dK/dV add: counters of (n_block, head_kv, batch)
+        follow the B * H_q * ceil(S_q / tile_m) dQ counters.  The rank is the query head's
+        place in its group (args[6]): every head of a group visits the same query blocks,
+        so all of them add."""
+        dq_slots = mdQacc.shape[3] * mdQacc.shape[2] * cute.ceil_div(seqlen_q, self.tile_m)
+        slot = dq_slots + (batch * mdKacc.shape[2] + head_kv) * cute.ceil_div(seqlen_k, self.tile_n) + n_block
+        return (mSem.iterator + slot).toint()
+
+    @cute.jit
+    def turn_wait(self, sem_addr, rank, tidx):
+        """Block the 256 MMA threads until the counter at sem_addr equals rank.  One thread
+        spins with acquire loads; the named barrier then orders every thread's adds after
+        that acquire (a barrier is CTA-wide synchronisation, the acquire makes it GPU-wide)."""
+        if tidx == 0:
+            seen = ld_acquire_s32(sem_addr)
+            while seen != rank:
+                seen = ld_acquire_s32(sem_addr)
+        pipeline.NamedBarrier(barrier_id=TURN_BARRIER_ID, num_threads=256).arrive_and_wait()
+
+    @cute.jit
+    def turn_done(self, sem_addr, tidx):
+        """Pass the turn on: after the barrier every MMA thread's reductions precede thread
+        0's release increment, so the next rank's acquire sees all of them applied."""
+        pipeline.NamedBarrier(barrier_id=TURN_BARRIER_ID, num_threads=256).arrive_and_wait()
+        if tidx == 0:
+            red_release_add_s32(sem_addr, Int32(1))
+
+
+class AttnBwdSm90Det(AttnBwdSm90):
+    """Deterministic build: the host entry also takes the zeroed Int32 turn counters
+    (attn_bwd_prepost.accumulators, n_counters) and passes them to the kernel as args[5]
+    (args[0:3] stage scalars, args[3:5] window sizes)."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                 mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
+                 mdVacc: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32,
+                 win_left: Int32, win_right: Int32, mSem: cute.Tensor, stream):
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (arg0, arg1, arg2),
+                     win_left, win_right, (mSem,), stream)
 
 
 # -------------------------------------------------------------------- compile cache + torch entry
@@ -504,6 +652,7 @@ class BwdKey:
     tile: BwdTile
     window_left: bool = False    # sliding window bounds compiled in; sizes are runtime Int32
     window_right: bool = False
+    deterministic: bool = False  # ordered adds (AttnBwdSm90Det): bitwise reproducible gradients
 
 
 _CACHE: dict = {}
@@ -529,13 +678,17 @@ def fake_args(key: BwdKey):
     q, k, v, do = (mk(dt, 4, 8) for _ in range(4))      # TMA: strides multiple of 16 bytes
     lse, dsum = mk(Float32, 3, 4), mk(Float32, 3, 4)
     dq, dk, dv = (mk(Float32, 4, 2) for _ in range(3))  # red.v2: 8-byte aligned rows
-    return (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0), Float32(0.0),
+    args = (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0), Float32(0.0),
             Int32(0), Int32(0))   # window (left, right) sizes
+    if key.deterministic:   # turn counters: a view into the zeroed accumulator buffer
+        args += (make_fake_tensor(Int32, (cute.sym_int(32),), (1,), assumed_align=16),)
+    return args
 
 
 def kernel_for(key: BwdKey) -> AttnBwdSm90:
-    return AttnBwdSm90(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile,
-                       (key.window_left, key.window_right))
+    cls = AttnBwdSm90Det if key.deterministic else AttnBwdSm90
+    return cls(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile,
+               (key.window_left, key.window_right), key.deterministic)
 
 
 def compile_bwd(key: BwdKey, options: str = "", tvm_ffi: bool = False):
@@ -556,13 +709,15 @@ def _dl(t):
 
 def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
-             lse_base: str = "e", window_size=(-1, -1)):
+             lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
     lse (B, H_q, S_q) FP32 from the forward (natural log unless lse_base="2"); ignored (may
     be None) for mode="sigmoid".  out is only used by the softmax modes (D = rowsum(dO o O)).
     window_size: (left, right) sliding window as in the forward (-1 = unbounded).
+    deterministic: add the dQ/dK/dV partial sums in a fixed order (bitwise reproducible
+    gradients, at some speed cost); a separate compiled build (BwdKey.deterministic).
     """
     import torch
     from . import attn_bwd_prepost as pp
@@ -579,22 +734,31 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     tile = BwdTile.for_head_dim(d)
     (has_l, has_r), window = mask_mod.window_args(window_size, bool(causal), s_q, s_k)
     key = BwdKey({torch.bfloat16: "bf16", torch.float16: "f16"}[q.dtype], d, bool(causal), stage, tile,
-                 has_l, has_r)
+                 has_l, has_r, bool(deterministic))
     from . import launch
     lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128)
-    dq_acc, dk_acc, dv_acc = pp.accumulators(q, k)
+    accs = pp.accumulators(q, k, turn_counters(b, s_q, s_k, h_q, k.shape[2], tile) if deterministic else 0)
+    dq_acc, dk_acc, dv_acc = accs[:3]
     tensors = (q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc)
     scalars = [float(a) for a in stage.host_args(scale, softcap, sigmoid_bias)]
+    counters = accs[3:]   # (Int32 turn counters,) in deterministic builds, else ()
     launch.run(("attn_bwd", key),
-               lambda: compile_bwd(key, tvm_ffi=True)(*tensors, *scalars, *window),
-               lambda: _launch_dlpack(key, tensors, scalars, window))
+               lambda: compile_bwd(key, tvm_ffi=True)(*tensors, *scalars, *window, *counters),
+               lambda: _launch_dlpack(key, tensors, scalars, window, counters))
     return pp.postprocess(dq_acc, dk_acc, dv_acc, scale, q.dtype)
 
 
-def _launch_dlpack(key, tensors, scalars, window=(0, 0)):
-    """The original path: from_dlpack + mark_layout_dynamic for 9 tensors per call."""
+def turn_counters(b: int, s_q: int, s_k: int, h_q: int, h_kv: int, tile: BwdTile) -> int:
+    """Int32 counters of a deterministic backward: one per (query block, query head, batch)
+    for dQ, then one per (key block, KV head, batch) for dK/dV (kernel: dq_turn, dkv_turn)."""
+    return b * h_q * -(-s_q // tile.tile_m) + b * h_kv * -(-s_k // tile.tile_n)
+
+
+def _launch_dlpack(key, tensors, scalars, window=(0, 0), counters=()):
+    """The original path: from_dlpack + mark_layout_dynamic for 9 tensors per call (10 with
+    the deterministic build's turn counters)."""
     import torch
     import cuda.bindings.driver as cuda
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     compile_bwd(key)(*(_dl(t) for t in tensors), *[Float32(a) for a in scalars],
-                     *[Int32(w) for w in window], stream)
+                     *[Int32(w) for w in window], *(_dl(t) for t in counters), stream)

@@ -108,3 +108,28 @@ def test_torch_compile_no_graph_break_and_gradients():
     q2 = q.detach().clone().requires_grad_(True)
     (g_ref,) = torch.autograd.grad(f(q2, k, v), q2)
     assert torch.allclose(g.float(), g_ref.float(), atol=1e-2)
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_deterministic_must_be_bool(bad):
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        fi.attention(q, k, v, backend="reference", deterministic=bad)
+
+
+def test_deterministic_reaches_the_backward_op(monkeypatch):
+    """attention(deterministic=True) -> forward op -> autograd context -> backward op; the
+    reference backend ignores the flag (it is deterministic already)."""
+    seen = []
+    real = fi._reference_backward
+    monkeypatch.setattr(fi, "_reference_backward", lambda dout, q, k, v, a: seen.append(a) or real(dout, q, k, v, a))
+    q, k, v = _qkv(s=12, seed=2)
+    grads = {}
+    for det in (False, True):
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        fi.attention(qq, kk, vv, backend="reference", deterministic=det).float().sum().backward()
+        grads[det] = (qq.grad, kk.grad, vv.grad)
+    assert [a.deterministic for a in seen] == [False, True]
+    assert all(torch.equal(a, b) for a, b in zip(grads[False], grads[True]))
+    torch.library.opcheck(torch.ops.flash_attn_poly.attn_fwd.default,
+                          (q, k, v, "softmax", "poly", True, 0.0, 0.0, 0.125, [-1, -1], "reference", True))
