@@ -2,7 +2,7 @@
 # One device call: every GPU test tier in parallel processes (correctness only; compile is
 # CPU-bound and the H200 has 16 cores), then the timed benchmarks one at a time.
 #   source .payload/setup.sh || exit 3; export FAP_COMMIT=<sha>; source bench/device_env.sh || exit 4
-#   bash bench/h200_round.sh        # logs, JSON and Markdown under $OUT; summary last
+#   bash bench/h200_round.sh        # logs, JSON and Markdown in $OUT/round.tgz; summary last
 set -u
 OUT=${OUT:-/tmp/fap_out}; mkdir -p "$OUT"; S=$SECONDS
 t() { local n=$1 s=$2; shift 2; timeout "$s" "$@" > "$OUT/$n.log" 2>&1
@@ -24,3 +24,5 @@ t elembench $(( ${BUDGET_S:-560} - (SECONDS - S) )) python3 bench/elementwise.py
 grep -h -E "^(FAILED|ERROR)" "$OUT"/*.log | head -20
 tail -n 12 "$OUT/det_time.log"
 echo "== summary"; cat "$OUT/summary.txt"
+# the device tool returns only a few files per call: everything travels in one archive
+(cd "$OUT" && tar czf /tmp/round.tgz --exclude=round.tgz . && rm -rf "$OUT"/* && mv /tmp/round.tgz "$OUT/")
