@@ -15,7 +15,8 @@ stride along D) and return (B, S, H, D) as transformers' other implementations d
 
 What we cannot express falls back, with a one-time warning naming the reason, to an
 explicit masked torch computation: padding masks, dropout during training, and cases
-the CUDA kernels do not support (head dims, windows shorter than the sequence).
+the CUDA kernels do not support (head dims other than 64/128/256; head_dim 256 when
+gradients are needed: its backward is not implemented).
 """
 from __future__ import annotations
 

@@ -1,0 +1,72 @@
+"""GPU tier (issue 6): a tiny random Gemma-2 through our kernels vs transformers' eager path.
+
+Both layer kinds run (sequence 200 > sliding window 64). Reference: eager in FP32; the
+BF16 eager run measures what BF16 costs, and ours (BF16 autocast) must stay within 2x that
+error + a floor (the tolerance rule of flash_attn_poly.testing, in rel L2 of the logits and
+of one training step's parameter gradients).  head_dim 128 runs forward and backward on the
+kernels; Gemma-2's own head_dim 256 runs the forward on the kernels and falls back (with a
+warning) when gradients are needed.
+Run on the H200: python -m pytest -q -m gpu tests/test_transformers_gpu.py"""
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.gpu
+
+import flash_attn_poly.integrations.transformers as fap_hf  # noqa: E402
+
+
+def _gemma2(attn, head_dim):
+    cfg = transformers.Gemma2Config(
+        vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, sliding_window=64,
+        query_pre_attn_scalar=head_dim, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+        max_position_embeddings=512)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).cuda()
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _run(model, ids, bf16, grad):
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16), torch.set_grad_enabled(grad):
+        logits = model(ids).logits.float()
+    if not grad:
+        return logits, None
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    return logits.detach(), torch.cat([g.flatten().float() for g in grads])
+
+
+def _models(evaluator, head_dim):
+    name = fap_hf.register(evaluator=evaluator, backend="cuda")
+    eager, ours = _gemma2("eager", head_dim), _gemma2(name, head_dim)
+    ours.load_state_dict(eager.state_dict())
+    return eager, ours
+
+
+@pytest.mark.parametrize("evaluator", ["native", "poly"])
+def test_gemma2_d128_logits_and_gradients_match_eager(evaluator):
+    eager, ours = _models(evaluator, 128)
+    ids = torch.randint(0, 256, (2, 200), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    ref_l, ref_g = _run(eager, ids, bf16=False, grad=True)    # FP32 eager: the reference
+    low_l, low_g = _run(eager, ids, bf16=True, grad=True)     # BF16 eager: what BF16 costs
+    got_l, got_g = _run(ours, ids, bf16=True, grad=True)
+    assert torch.isfinite(got_l).all() and torch.isfinite(got_g).all()
+    assert _rel(got_l, ref_l) <= 2 * _rel(low_l, ref_l) + 2e-3, (_rel(got_l, ref_l), _rel(low_l, ref_l))
+    assert _rel(got_g, ref_g) <= 2 * _rel(low_g, ref_g) + 1e-2, (_rel(got_g, ref_g), _rel(low_g, ref_g))
+
+
+def test_gemma2_d256_inference_on_kernels_training_falls_back():
+    eager, ours = _models("poly", 256)
+    ids = torch.randint(0, 256, (2, 200), device="cuda", generator=torch.Generator("cuda").manual_seed(2))
+    ref_l, _ = _run(eager, ids, bf16=False, grad=False)
+    low_l, _ = _run(eager, ids, bf16=True, grad=False)
+    got_l, _ = _run(ours, ids, bf16=True, grad=False)
+    assert _rel(got_l, ref_l) <= 2 * _rel(low_l, ref_l) + 2e-3, (_rel(got_l, ref_l), _rel(low_l, ref_l))
+    fap_hf._warned.clear()
+    with pytest.warns(UserWarning, match="head_dim 256 runs forward only"):
+        _, grads = _run(ours, ids, bf16=True, grad=True)
+    assert torch.isfinite(grads).all()
