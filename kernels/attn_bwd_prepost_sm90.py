@@ -15,10 +15,13 @@ pre (one launch): for every (batch, head, query row)
     A buffer the score stage does not need is written as zeros (the backward only reads
     it); with neither needed (sigmoid) the host allocates one zeroed buffer, no launch.
   Grid (S_pad / rows, H, B), 128 threads.  A row of D 16-bit values is split over
-  D / 16 lanes (8 for D=128, 4 for D=64), each loading 2 chunks of 16 bytes of dO and of
-  O per row (LDG.E.128); each thread does 2 rows (passes), all 8 loads issued before any
-  math.  One CTA = 32 rows (D=128) or 64 rows (D=64) of one head; thread t < rows also
-  converts LSE of row t (coalesced 4-byte reads and writes).
+  D / 32 adjacent lanes (4 for D=128, 2 for D=64), each loading 4 chunks of 16 bytes of
+  dO and of O (8 LDG.E.128; chunk c of lane l is c * lanes + l, so the lanes of a row read
+  adjacent 16 bytes per instruction); each lane sums its 32 products in order, then a
+  shuffle butterfly (2 or 1 steps) adds the lanes.  One CTA = 32 rows (D=128) or 64 rows
+  (D=64) of one head, so the dsum writes of a warp are consecutive floats; thread t < rows
+  also converts LSE of row t (coalesced 4-byte reads and writes).  A two-rows-per-thread
+  variant was dropped: ptxas put the first row's math before the second row's loads.
 
 post (one launch for all three gradients): dq = dq_acc * scale, dk = dk_acc * scale,
     dv = dv_acc, each product in FP32 rounded once to the output dtype (cvt.rn, as
@@ -45,8 +48,7 @@ CHUNK16 = 8          # 16-bit values per 16-byte load
 CHUNK32 = 8          # FP32 accumulator values per post chunk (two 16-byte loads)
 
 PRE_THREADS = 128
-PRE_CHUNKS = 4       # 16-byte chunks of dO (and of O) per lane per row
-PRE_PASSES = 1       # rows per thread (2 passes: ptxas put pass 0 math before pass 1 loads)
+PRE_CHUNKS = 4       # 16-byte chunks of dO (and of O) per lane: 8 loads per thread
 
 POST_THREADS = 256
 POST_UNROLL = 4      # chunks per thread per block (4 x 32 bytes in flight)
@@ -56,13 +58,13 @@ def _dtype(name: str):
     return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
 
 
-def _fake(dt, rank: int, last=None, div: int = 1):
-    """rank-D fake tensor: 32-bit symbolic shape (innermost `last` if given), 64-bit
-    symbolic strides, unit innermost stride, 16-byte aligned base (what from_dlpack +
+def _fake(dt, rank: int, div: int = 1, align: int = 16):
+    """rank-D fake tensor: 32-bit symbolic shape, 64-bit symbolic strides (multiples of
+    div), unit innermost stride, `align`-byte aligned base (what from_dlpack +
     mark_layout_dynamic passes, see attn_bwd_sm90.fake_args)."""
-    shape = tuple(cute.sym_int(32) for _ in range(rank - 1)) + (last or cute.sym_int(32),)
+    shape = tuple(cute.sym_int(32) for _ in range(rank))
     stride = tuple(cute.sym_int64(divisibility=div) for _ in range(rank - 1)) + (1,)
-    return cute.runtime.make_fake_tensor(dt, shape, stride, assumed_align=16)
+    return cute.runtime.make_fake_tensor(dt, shape, stride, assumed_align=align)
 
 
 # ------------------------------------------------------------------------------- pre
@@ -84,9 +86,8 @@ class PreKernel:
         self.key = key
         self.dtype = _dtype(key.dtype)
         self.D = key.head_dim
-        self.lanes = self.D // (CHUNK16 * PRE_CHUNKS)          # threads per row
-        self.rows_per_pass = PRE_THREADS // self.lanes
-        self.rows = self.rows_per_pass * PRE_PASSES            # rows per CTA
+        self.lanes = self.D // (CHUNK16 * PRE_CHUNKS)          # threads per row: 4 or 2
+        self.rows = PRE_THREADS // self.lanes                  # rows per CTA: 32 or 64
 
     @cute.kernel
     def kernel(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
@@ -97,50 +98,41 @@ class PreKernel:
         s_pad = mDsum.shape[2]
         s0 = s_blk * self.rows
 
-        # ---- dsum: lanes of one row sit next to each other in the warp
+        # ---- dsum: the lanes of one row sit next to each other in the warp
         lane = tidx % self.lanes
-        r = tidx // self.lanes
+        s = s0 + tidx // self.lanes
         if cutlass.const_expr(self.key.needs_dsum):
-            loaded = []
-            for p in cutlass.range_constexpr(PRE_PASSES):
-                # Rows past S_q load row S_q - 1 (in bounds) and are zeroed after the sum:
-                # no branch around the loads, so both passes' 8 loads are in flight at once
-                # (with an `if s < s_q` the compiler put pass 0's math before pass 1's loads).
-                s = cutlass.min(s0 + p * self.rows_per_pass + r, s_q - 1)
-                rows = [cute.zipped_divide(cute.make_tensor(m[b, s, h, None].iterator,
-                                                            cute.make_layout(self.D)), (CHUNK16,))
-                        for m in (mdO, mO)]
-                regs = []
-                for c in cutlass.range_constexpr(PRE_CHUNKS):
-                    idx = c * self.lanes + lane   # the lanes of a row read adjacent 16 bytes
-                    for g in rows:
-                        t = cute.make_rmem_tensor((CHUNK16,), self.dtype)
-                        cute.autovec_copy(g[(None, idx)], t)
-                        regs.append(t)
-                loaded.append(regs)
-            for p in cutlass.range_constexpr(PRE_PASSES):
-                s = s0 + p * self.rows_per_pass + r
+            # Rows past S_q load row S_q - 1 (in bounds) and are zeroed after the sum: no
+            # branch around the loads.  (ptxas issues 4, then the other 4 during the first
+            # FFMAs, at 34 registers; 12 CTAs per SM keep ~100 KB in flight per SM.)
+            s_in = cutlass.min(s, s_q - 1)
+            rows = [cute.zipped_divide(cute.make_tensor(m[b, s_in, h, None].iterator,
+                                                        cute.make_layout(self.D)), (CHUNK16,))
+                    for m in (mdO, mO)]
+            regs = []
+            for c in cutlass.range_constexpr(PRE_CHUNKS):
+                idx = c * self.lanes + lane       # the lanes of a row read adjacent 16 bytes
+                for g in rows:
+                    t = cute.make_rmem_tensor((CHUNK16,), self.dtype)
+                    cute.autovec_copy(g[(None, idx)], t)          # LDG.E.128
+                    regs.append(t)
+            acc = Float32(0.0)
+            for c in cutlass.range_constexpr(PRE_CHUNKS):       # in order, one lane's 32 values
+                prod = cute.make_rmem_tensor((CHUNK16,), Float32)
+                # exact in FP32 (8- or 11-bit significands): only the summation order differs
+                prod.store(regs[2 * c].load().to(Float32) * regs[2 * c + 1].load().to(Float32))
+                for i in cutlass.range_constexpr(CHUNK16):
+                    acc = acc + prod[i]
+            for i in cutlass.range_constexpr(int(math.log2(self.lanes))):
+                # butterfly over the row's lanes: every lane ends with the row sum
+                acc = acc + cute.arch.shuffle_sync_bfly(acc, self.lanes >> (i + 1))
+            if s >= s_q:
                 acc = Float32(0.0)
-                for c in cutlass.range_constexpr(PRE_CHUNKS):
-                    do_ = loaded[p][2 * c].load().to(Float32)
-                    o_ = loaded[p][2 * c + 1].load().to(Float32)
-                    prod = cute.make_rmem_tensor((CHUNK16,), Float32)
-                    prod.store(do_ * o_)       # exact: 8/11-bit significands, 16/22-bit product
-                    for i in cutlass.range_constexpr(CHUNK16):
-                        acc = acc + prod[i]
-                for i in cutlass.range_constexpr(int(math.log2(self.lanes))):
-                    # butterfly over the row's lanes: every lane ends with the row sum
-                    acc = acc + cute.arch.shuffle_sync_bfly(acc, self.lanes >> (i + 1))
-                if s >= s_q:
-                    acc = Float32(0.0)
-                if lane == 0 and s < s_pad:
-                    mDsum[b, h, s] = acc
+            if lane == 0 and s < s_pad:
+                mDsum[b, h, s] = acc
         else:
-            if lane == 0:
-                for p in cutlass.range_constexpr(PRE_PASSES):
-                    s = s0 + p * self.rows_per_pass + r
-                    if s < s_pad:
-                        mDsum[b, h, s] = Float32(0.0)
+            if lane == 0 and s < s_pad:
+                mDsum[b, h, s] = Float32(0.0)
 
         # ---- lse2: thread t converts row s0 + t
         if tidx < self.rows:
@@ -166,7 +158,8 @@ class PreKernel:
 
     def fake_args(self):
         io = [_fake(self.dtype, 4, div=8) for _ in range(2)]      # (B, S, H, D) dO, O
-        return io + [_fake(Float32, 3) for _ in range(3)]         # LSE, lse2, dsum (B, H, S)
+        lse = _fake(Float32, 3, align=4)                          # (B, H, S), read per value
+        return io + [lse] + [_fake(Float32, 3) for _ in range(2)]  # lse2, dsum (B, H, S_pad)
 
     def compile(self, tvm_ffi: bool = True, options: str = ""):
         from . import launch
@@ -262,11 +255,11 @@ def _dtype_name(t) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "f16"}[t]
 
 
-def _check(*ts):
+def _check(*ts, align: int = 16):
     for t in ts:
-        if not t.is_contiguous() or t.data_ptr() % 16 or t.numel() >= 2**31:
-            raise ValueError(f"prepost_sm90 needs contiguous 16-byte aligned tensors with < 2**31 "
-                             f"elements; got shape {tuple(t.shape)} stride {t.stride()}")
+        if not t.is_contiguous() or t.data_ptr() % align or t.numel() >= 2**31:
+            raise ValueError(f"attn_bwd_prepost_sm90 needs contiguous {align}-byte aligned tensors "
+                             f"with < 2**31 elements; got shape {tuple(t.shape)} stride {t.stride()}")
 
 
 def _run(key, args, scalars=()):
@@ -287,16 +280,21 @@ def _run(key, args, scalars=()):
 def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str, pad_to: int):
     """Drop-in for attn_bwd_prepost.preprocess: (lse2, dsum), both (B, H, S_pad) FP32."""
     import torch
+    from . import attn_bwd_prepost as reference
     b, s_q, h_q, d = dout.shape
     s_pad = -(-s_q // pad_to) * pad_to
+    if dout.numel() == 0 or (needs_dsum and out.dtype != dout.dtype):
+        # empty grid / mixed-precision O (e.g. FP32): the torch reference handles these
+        return reference.preprocess(dout, out, lse, needs_lse, needs_dsum, lse_base, pad_to)
     if not (needs_lse or needs_dsum):      # nothing to compute: one zeroed buffer for both
         zeros = torch.zeros(b, h_q, s_pad, dtype=torch.float32, device=dout.device)
         return zeros, zeros
     lse2 = torch.empty(b, h_q, s_pad, dtype=torch.float32, device=dout.device)
     dsum = torch.empty_like(lse2)
-    out = out if needs_dsum else dout      # not read: any tensor of the right type
+    out = out.contiguous() if needs_dsum else dout    # not read: any tensor of the right type
     lse = lse.float().contiguous() if needs_lse else lse2
-    _check(dout, out, lse)
+    _check(dout, out)
+    _check(lse, align=4)
     key = PreKey(_dtype_name(dout.dtype), d, bool(needs_lse), bool(needs_dsum), lse_base)
     _run(key, (dout, out, lse, lse2, dsum))
     return lse2, dsum
@@ -305,6 +303,9 @@ def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str,
 def postprocess(dq_acc, dk_acc, dv_acc, scale: float, dtype):
     """Drop-in for attn_bwd_prepost.postprocess: (dq, dk, dv) in dtype, bit-identical."""
     import torch
+    if dq_acc.numel() == 0 or dk_acc.numel() == 0:
+        from . import attn_bwd_prepost as reference
+        return reference.postprocess(dq_acc, dk_acc, dv_acc, scale, dtype)
     dq = torch.empty(dq_acc.shape, dtype=dtype, device=dq_acc.device)
     dk = torch.empty(dk_acc.shape, dtype=dtype, device=dk_acc.device)
     dv = torch.empty(dv_acc.shape, dtype=dtype, device=dv_acc.device)
