@@ -33,8 +33,9 @@ post (one launch for all three gradients): dq = dq_acc * scale, dk = dk_acc * sc
 
 Compile: PreKernel(PreKey).compile() / PostKernel(PostKey).compile(); the torch entries
 preprocess() / postprocess() below launch through kernels/launch.py (tvm-ffi fast path,
-dlpack fallback) like the other kernels.  Limits: tensors 16-byte aligned, contiguous,
-element counts < 2**31 (32-bit indexing); the entries check and raise otherwise.
+dlpack fallback) like the other kernels.  Limits: tensors 16-byte aligned (LSE 4),
+contiguous, element counts < 2**31 (32-bit indexing); the entries check and raise
+otherwise.  Empty tensors and an O whose dtype differs from dO go to the torch reference.
 """
 import math
 from dataclasses import dataclass
