@@ -1,12 +1,16 @@
 """Backward correctness + timing in one GPU call (owner: attention backward).
 
 python bench/attn_bwd_check.py [--time] [--modes softmax,softcap,sigmoid] [--skip-check] [--deterministic]
+                                [--prepost]
 Errors: max |kernel - ref| / max |ref| per gradient, ref = FP64 autograd of
 flash_attn_poly.reference.attention_ref on the same BF16 inputs, with the kernel fed the
 reference's own O (rounded to BF16) and LSE.  Timing: CUDA events, median of 30 after 5
 warm-ups, backward alone (pre/post-processing included), FA4 side by side when importable.
 --deterministic (with --time): also time the deterministic build (attn_bwd(deterministic=True))
 next to the default one per mode, and check that two of its runs are bitwise equal.
+--prepost: anchor shape, the backward per mode with FLASH_ATTN_POLY_PREPOST=torch and =cute
+side by side, and the pre+post work alone (preprocess, accumulator memset, postprocess) for
+both, plus a check that the two paths' outputs agree (post bitwise, lse2 bitwise, dsum error).
 """
 import argparse
 import math
@@ -105,12 +109,59 @@ def time_anchor(modes, deterministic=False):
     return rows
 
 
+def time_prepost(modes):
+    """Rows (what, torch ms, cute ms) at the anchor shape; env var read per call."""
+    from flash_attn_poly.kernels import attn_bwd_prepost as pp_t, attn_bwd_prepost_sm90 as pp_c
+    from flash_attn_poly.kernels.attn_bwd_sm90 import PREPOST_ENV
+    b, s, hq, hkv, d = 1, 4096, 32, 8, 128
+    mk = lambda h: torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    q, k, v, do, o = mk(hq), mk(hkv), mk(hkv), mk(hq), mk(hq)
+    lse = torch.randn(b, hq, s, device="cuda") + 10.0
+    old = os.environ.get(PREPOST_ENV)
+    rows = []
+    for mode in modes:
+        sc = 50.0 if mode == "softcap" else None
+        ms = []
+        for impl in ("torch", "cute"):
+            os.environ[PREPOST_ENV] = impl
+            ms.append(bench(lambda: attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc)))
+        rows.append((f"bwd {mode} (incl. pre/post)", *ms))
+    if old is None:
+        os.environ.pop(PREPOST_ENV, None)
+    else:
+        os.environ[PREPOST_ENV] = old
+
+    def prepost(pp):
+        def fn():
+            pp.preprocess(do, o, lse, True, True, "e", 128)
+            acc = pp_t.accumulators(q, k)
+            pp.postprocess(*acc, 0.1, q.dtype)
+        return fn
+    rows.append(("pre + memset + post", bench(prepost(pp_t)), bench(prepost(pp_c))))
+    rows.append(("pre only", bench(lambda: pp_t.preprocess(do, o, lse, True, True, "e", 128)),
+                 bench(lambda: pp_c.preprocess(do, o, lse, True, True, "e", 128))))
+    acc = pp_t.accumulators(q, k)
+    for a in acc:
+        a.normal_()
+    rows.append(("post only", bench(lambda: pp_t.postprocess(*acc, 0.1, q.dtype)),
+                 bench(lambda: pp_c.postprocess(*acc, 0.1, q.dtype))))
+    # agreement of the two paths on these inputs
+    (lt, dt), (lc, dc) = (pp.preprocess(do, o, lse, True, True, "e", 128) for pp in (pp_t, pp_c))
+    same_post = all(torch.equal(x, y) for x, y in zip(pp_t.postprocess(*acc, 0.1, q.dtype),
+                                                       pp_c.postprocess(*acc, 0.1, q.dtype)))
+    print(f"agreement: lse2 bitwise {torch.equal(lt, lc)}, post bitwise {same_post}, "
+          f"dsum max |diff| {(dt - dc).abs().max().item():.3g} (max |dsum| {dt.abs().max().item():.3g})")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--modes", default="softmax")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--deterministic", action="store_true", help="time the deterministic build too")
+    ap.add_argument("--prepost", action="store_true",
+                    help="time FLASH_ATTN_POLY_PREPOST=torch vs cute (backward and pre/post alone)")
     a = ap.parse_args()
     ok = True
     if not a.skip_check:
@@ -129,6 +180,10 @@ def main():
         print("| anchor B=1 S=4096 Hq=32 Hkv=8 D=128 causal | bwd ms | TFLOP/s |")
         for name, ms, tf in time_anchor(a.modes.split(","), a.deterministic):
             print(f"| {name} | {ms:.3f} | {tf:.0f} |")
+    if a.prepost:
+        print("| anchor B=1 S=4096 Hq=32 Hkv=8 D=128 causal | torch ms | cute ms | torch/cute |")
+        for name, t_ms, c_ms in time_prepost(a.modes.split(",")):
+            print(f"| {name} | {t_ms:.3f} | {c_ms:.3f} | {t_ms / c_ms:.2f} |")
     return 0 if ok else 1
 
 

@@ -720,7 +720,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     gradients, at some speed cost); a separate compiled build (BwdKey.deterministic).
     """
     import torch
-    from . import attn_bwd_prepost as pp
+    from . import attn_bwd_prepost
+    pp = prepost_module()
     dout, q, k, v = (t.contiguous() for t in (dout, q, k, v))
     from .score_stages_bwd import bwd_side
     b, s_q, h_q, d = q.shape
@@ -737,7 +738,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
                  has_l, has_r, bool(deterministic))
     from . import launch
     lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128)
-    accs = pp.accumulators(q, k, turn_counters(b, s_q, s_k, h_q, k.shape[2], tile) if deterministic else 0)
+    accs = attn_bwd_prepost.accumulators(q, k, turn_counters(b, s_q, s_k, h_q, k.shape[2], tile) if deterministic else 0)
     dq_acc, dk_acc, dv_acc = accs[:3]
     tensors = (q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc)
     scalars = [float(a) for a in stage.host_args(scale, softcap, sigmoid_bias)]
@@ -746,6 +747,25 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
                lambda: compile_bwd(key, tvm_ffi=True)(*tensors, *scalars, *window, *counters),
                lambda: _launch_dlpack(key, tensors, scalars, window, counters))
     return pp.postprocess(dq_acc, dk_acc, dv_acc, scale, q.dtype)
+
+
+PREPOST_ENV = "FLASH_ATTN_POLY_PREPOST"
+
+
+def prepost_module():
+    """Pre/post-processing implementation, read on every call (one process can time both):
+    FLASH_ATTN_POLY_PREPOST unset / "torch": attn_bwd_prepost (torch ops, the reference);
+    "cute": attn_bwd_prepost_sm90 (two CuTe DSL launches; compile-checked, not yet verified
+    on a GPU: the default stays torch until tests/test_attn_bwd_prepost_gpu.py passes there)."""
+    import os
+    choice = os.environ.get(PREPOST_ENV, "torch").strip().lower() or "torch"
+    if choice == "torch":
+        from . import attn_bwd_prepost
+        return attn_bwd_prepost
+    if choice == "cute":
+        from . import attn_bwd_prepost_sm90
+        return attn_bwd_prepost_sm90
+    raise ValueError(f"{PREPOST_ENV}={choice!r}; expected 'torch' or 'cute'")
 
 
 def turn_counters(b: int, s_q: int, s_k: int, h_q: int, h_kv: int, tile: BwdTile) -> int:

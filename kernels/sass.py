@@ -123,6 +123,33 @@ def count_opcodes(sass: str, families: dict[str, str] | None = None) -> dict[str
     return {k: sum(n for op, n in hist.items() if rx.match(op)) for k, rx in fams.items()}
 
 
+def registers(cubin: bytes) -> dict[str, int]:
+    """Registers per thread of every kernel in a cubin (what ``cuobjdump -res-usage`` shows):
+    EIATTR_REGCOUNT (0x2f) records of the ``.nv.info`` section, (symbol index, count)."""
+    import struct
+
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+
+    def cstr(base, off):
+        return cubin[base + off:cubin.index(b"\0", base + off)].decode()
+
+    secs = {cstr(heads[shstrndx][4], h[0]): h for h in heads}
+    strtab, symtab = secs[".strtab"][4], secs[".symtab"]
+    sym_names = [cstr(strtab, struct.unpack_from("<I", cubin, symtab[4] + i * 24)[0])
+                 for i in range(symtab[5] // 24)]
+    out, i = {}, secs[".nv.info"][4]
+    end = i + secs[".nv.info"][5]
+    while i < end:                  # records: format, attribute, then a u16 size + payload
+        fmt, attr = cubin[i], cubin[i + 1]
+        size = struct.unpack_from("<H", cubin, i + 2)[0] if fmt == 0x04 else 0
+        if attr == 0x2F:
+            sym, regs = struct.unpack_from("<II", cubin, i + 4)
+            out[sym_names[sym]] = regs
+        i += 4 + size
+    return out
+
 def main(argv=None) -> int:
     """``python -m flash_attn_poly.kernels.sass FILE.cubin``: print opcode family counts."""
     import json

@@ -1,0 +1,317 @@
+"""Pre- and post-processing of the attention backward as CuTe DSL kernels (sm_90a).
+
+Same contract as the torch reference in kernels/attn_bwd_prepost.py, which stays the
+default: attn_bwd() reads FLASH_ATTN_POLY_PREPOST on every call, "torch" (default) or
+"cute".  The default flips to "cute" only after the GPU tests
+(tests/test_attn_bwd_prepost_gpu.py) and the timing (bench/attn_bwd_check.py --prepost)
+have been run on an H200; so far these kernels are compile-checked on the CPU only.
+
+pre (one launch): for every (batch, head, query row)
+    dsum[b, h, s] = sum_d dO[b, s, h, d] * O[b, s, h, d]   (FP32; products of 16-bit
+                    values are exact in FP32, so only the summation order differs from
+                    torch: per thread in order, then a butterfly over the row's lanes)
+    lse2[b, h, s] = LSE * log2(e) (or LSE as is for lse_base "2"), -inf -> +inf
+    both (B, H, S_pad) FP32 including the tail [S, S_pad): dsum 0, lse2 +inf.
+    A buffer the score stage does not need is written as zeros (the backward only reads
+    it); with neither needed (sigmoid) the host allocates one zeroed buffer, no launch.
+  Grid (S_pad / rows, H, B), 128 threads.  A row of D 16-bit values is split over
+  D / 32 adjacent lanes (4 for D=128, 2 for D=64), each loading 4 chunks of 16 bytes of
+  dO and of O (8 LDG.E.128; chunk c of lane l is c * lanes + l, so the lanes of a row read
+  adjacent 16 bytes per instruction); each lane sums its 32 products in order, then a
+  shuffle butterfly (2 or 1 steps) adds the lanes.  One CTA = 32 rows (D=128) or 64 rows
+  (D=64) of one head, so the dsum writes of a warp are consecutive floats; thread t < rows
+  also converts LSE of row t (coalesced 4-byte reads and writes).  A two-rows-per-thread
+  variant was dropped: ptxas put the first row's math before the second row's loads.
+
+post (one launch for all three gradients): dq = dq_acc * scale, dk = dk_acc * scale,
+    dv = dv_acc, each product in FP32 rounded once to the output dtype (cvt.rn, as
+    torch.mul(acc, scale, out=bf16) does: the scale is rounded to FP32 first there too).
+  The accumulators and outputs are treated as flat arrays of 8-value chunks (32 bytes
+  in = 2 LDG.E.128, 16 bytes out = 1 STG.E.128).  Blocks [0, g_q) do dQ, the next g_k
+  dK, the last g_k dV: one launch instead of three, no per-chunk segment test.  256
+  threads x 4 chunks per thread per block, loads first.
+
+Compile: PreKernel(PreKey).compile() / PostKernel(PostKey).compile(); the torch entries
+preprocess() / postprocess() below launch through kernels/launch.py (tvm-ffi fast path,
+dlpack fallback) like the other kernels.  Limits: tensors 16-byte aligned (LSE 4),
+contiguous, element counts < 2**31 (32-bit indexing); the entries check and raise
+otherwise.  Empty tensors and an O whose dtype differs from dO go to the torch reference.
+"""
+import math
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+LOG2_E = math.log2(math.e)
+CHUNK16 = 8          # 16-bit values per 16-byte load
+CHUNK32 = 8          # FP32 accumulator values per post chunk (two 16-byte loads)
+
+PRE_THREADS = 128
+PRE_CHUNKS = 4       # 16-byte chunks of dO (and of O) per lane: 8 loads per thread
+
+POST_THREADS = 256
+POST_UNROLL = 4      # chunks per thread per block (4 x 32 bytes in flight)
+
+
+def _dtype(name: str):
+    return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
+
+
+def _fake(dt, rank: int, div: int = 1, align: int = 16):
+    """rank-D fake tensor: 32-bit symbolic shape, 64-bit symbolic strides (multiples of
+    div), unit innermost stride, `align`-byte aligned base (what from_dlpack +
+    mark_layout_dynamic passes, see attn_bwd_sm90.fake_args)."""
+    shape = tuple(cute.sym_int(32) for _ in range(rank))
+    stride = tuple(cute.sym_int64(divisibility=div) for _ in range(rank - 1)) + (1,)
+    return cute.runtime.make_fake_tensor(dt, shape, stride, assumed_align=align)
+
+
+# ------------------------------------------------------------------------------- pre
+@dataclass(frozen=True)
+class PreKey:
+    dtype: str           # "bf16" | "f16"
+    head_dim: int        # 64 | 128
+    needs_lse: bool
+    needs_dsum: bool
+    lse_base: str = "e"  # "e": multiply by log2(e); "2": as is
+
+    def __post_init__(self):
+        if self.head_dim not in (64, 128) or self.dtype not in ("bf16", "f16") or self.lse_base not in ("e", "2"):
+            raise ValueError(f"unsupported {self}")
+
+
+class PreKernel:
+    def __init__(self, key: PreKey):
+        self.key = key
+        self.dtype = _dtype(key.dtype)
+        self.D = key.head_dim
+        self.lanes = self.D // (CHUNK16 * PRE_CHUNKS)          # threads per row: 4 or 2
+        self.rows = PRE_THREADS // self.lanes                  # rows per CTA: 32 or 64
+
+    @cute.kernel
+    def kernel(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               mLSE2: cute.Tensor, mDsum: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        s_blk, h, b = cute.arch.block_idx()
+        s_q = mdO.shape[1]
+        s_pad = mDsum.shape[2]
+        s0 = s_blk * self.rows
+
+        # ---- dsum: the lanes of one row sit next to each other in the warp
+        lane = tidx % self.lanes
+        s = s0 + tidx // self.lanes
+        if cutlass.const_expr(self.key.needs_dsum):
+            # Rows past S_q load row S_q - 1 (in bounds) and are zeroed after the sum: no
+            # branch around the loads.  (ptxas issues 4, then the other 4 during the first
+            # FFMAs, at 34 registers; 12 CTAs per SM keep ~100 KB in flight per SM.)
+            s_in = cutlass.min(s, s_q - 1)
+            rows = [cute.zipped_divide(cute.make_tensor(m[b, s_in, h, None].iterator,
+                                                        cute.make_layout(self.D)), (CHUNK16,))
+                    for m in (mdO, mO)]
+            regs = []
+            for c in cutlass.range_constexpr(PRE_CHUNKS):
+                idx = c * self.lanes + lane       # the lanes of a row read adjacent 16 bytes
+                for g in rows:
+                    t = cute.make_rmem_tensor((CHUNK16,), self.dtype)
+                    cute.autovec_copy(g[(None, idx)], t)          # LDG.E.128
+                    regs.append(t)
+            acc = Float32(0.0)
+            for c in cutlass.range_constexpr(PRE_CHUNKS):       # in order, one lane's 32 values
+                prod = cute.make_rmem_tensor((CHUNK16,), Float32)
+                # exact in FP32 (8- or 11-bit significands): only the summation order differs
+                prod.store(regs[2 * c].load().to(Float32) * regs[2 * c + 1].load().to(Float32))
+                for i in cutlass.range_constexpr(CHUNK16):
+                    acc = acc + prod[i]
+            for i in cutlass.range_constexpr(int(math.log2(self.lanes))):
+                # butterfly over the row's lanes: every lane ends with the row sum
+                acc = acc + cute.arch.shuffle_sync_bfly(acc, self.lanes >> (i + 1))
+            if s >= s_q:
+                acc = Float32(0.0)
+            if lane == 0 and s < s_pad:
+                mDsum[b, h, s] = acc
+        else:
+            if lane == 0 and s < s_pad:
+                mDsum[b, h, s] = Float32(0.0)
+
+        # ---- lse2: thread t converts row s0 + t
+        if tidx < self.rows:
+            row = s0 + tidx
+            if row < s_pad:
+                v = Float32(0.0)
+                if cutlass.const_expr(self.key.needs_lse):
+                    v = Float32(math.inf)
+                    if row < s_q:
+                        lse = mLSE[b, h, row]
+                        if cutlass.const_expr(self.key.lse_base == "e"):
+                            lse = lse * Float32(LOG2_E)
+                        if lse != Float32(-math.inf):   # NaN and +inf kept
+                            v = lse
+                mLSE2[b, h, row] = v
+
+    @cute.jit
+    def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 mLSE2: cute.Tensor, mDsum: cute.Tensor, stream):
+        grid = (cute.ceil_div(mDsum.shape[2], self.rows), mDsum.shape[1], mDsum.shape[0])
+        self.kernel(mdO, mO, mLSE, mLSE2, mDsum).launch(
+            grid=grid, block=[PRE_THREADS, 1, 1], stream=stream)
+
+    def fake_args(self):
+        io = [_fake(self.dtype, 4, div=8) for _ in range(2)]      # (B, S, H, D) dO, O
+        lse = _fake(Float32, 3, align=4)                          # (B, H, S), read per value
+        return io + [lse] + [_fake(Float32, 3) for _ in range(2)]  # lse2, dsum (B, H, S_pad)
+
+    def compile(self, tvm_ffi: bool = True, options: str = ""):
+        from . import launch
+        stream, opts = launch.compile_kwargs(tvm_ffi, options)
+        return cute.compile(self, *self.fake_args(), stream, options=opts)
+
+
+# ------------------------------------------------------------------------------ post
+@dataclass(frozen=True)
+class PostKey:
+    dtype: str           # output dtype "bf16" | "f16"
+
+
+class PostKernel:
+    def __init__(self, key: PostKey):
+        self.key = key
+        self.dtype = _dtype(key.dtype)
+        self.per_block = POST_THREADS * POST_UNROLL     # chunks per block
+
+    @cute.jit
+    def _segment(self, mAcc: cute.Tensor, mOut: cute.Tensor, n_chunks: Int32, blk: Int32,
+                 scale: Float32, scaled: cutlass.Constexpr):
+        """Chunks blk * per_block + tidx + k * THREADS, k < UNROLL, of one gradient."""
+        tidx, _, _ = cute.arch.thread_idx()
+        flat = cute.make_layout(n_chunks * CHUNK32)
+        gA = cute.zipped_divide(cute.make_tensor(mAcc.iterator, flat), (CHUNK32,))
+        gO = cute.zipped_divide(cute.make_tensor(mOut.iterator, flat), (CHUNK32,))
+        first = blk * self.per_block + tidx
+        regs = []
+        for k in cutlass.range_constexpr(POST_UNROLL):
+            c = first + k * POST_THREADS
+            t = cute.make_rmem_tensor((CHUNK32,), Float32)
+            if c < n_chunks:
+                cute.autovec_copy(gA[(None, c)], t)          # 2 x LDG.E.128
+            regs.append(t)
+        for k in cutlass.range_constexpr(POST_UNROLL):
+            c = first + k * POST_THREADS
+            if c < n_chunks:
+                x = regs[k].load()
+                if cutlass.const_expr(scaled):
+                    x = x * scale                             # FP32 product, then one rounding
+                o = cute.make_rmem_tensor((CHUNK32,), self.dtype)
+                o.store(x.to(self.dtype))
+                cute.autovec_copy(o, gO[(None, c)])           # STG.E.128
+
+    @cute.kernel
+    def kernel(self, mQa: cute.Tensor, mKa: cute.Tensor, mVa: cute.Tensor, mQ: cute.Tensor,
+               mK: cute.Tensor, mV: cute.Tensor, nq: Int32, nk: Int32, gq: Int32, gk: Int32,
+               scale: Float32):
+        bidx, _, _ = cute.arch.block_idx()
+        if bidx < gq:
+            self._segment(mQa, mQ, nq, bidx, scale, True)
+        elif bidx < gq + gk:
+            self._segment(mKa, mK, nk, bidx - gq, scale, True)
+        else:
+            self._segment(mVa, mV, nk, bidx - gq - gk, scale, False)
+
+    @cute.jit
+    def __call__(self, mQa: cute.Tensor, mKa: cute.Tensor, mVa: cute.Tensor, mQ: cute.Tensor,
+                 mK: cute.Tensor, mV: cute.Tensor, scale: Float32, stream):
+        nq = cute.size(mQa) // CHUNK32       # the host checks numel % 8 == 0 and < 2**31
+        nk = cute.size(mKa) // CHUNK32
+        gq = cute.ceil_div(nq, self.per_block)
+        gk = cute.ceil_div(nk, self.per_block)
+        self.kernel(mQa, mKa, mVa, mQ, mK, mV, nq, nk, gq, gk, scale).launch(
+            grid=[gq + 2 * gk, 1, 1], block=[POST_THREADS, 1, 1], stream=stream)
+
+    def fake_args(self):
+        accs = [_fake(Float32, 4, div=4) for _ in range(3)]    # (B, S, H, D) FP32
+        outs = [_fake(self.dtype, 4, div=8) for _ in range(3)]
+        return accs + outs + [Float32(1.0)]
+
+    def compile(self, tvm_ffi: bool = True, options: str = ""):
+        from . import launch
+        stream, opts = launch.compile_kwargs(tvm_ffi, options)
+        return cute.compile(self, *self.fake_args(), stream, options=opts)
+
+
+# ------------------------------------------------------------------- cache + torch entries
+_CACHE: dict = {}
+
+
+def get_compiled(key, tvm_ffi: bool = True):
+    fn = _CACHE.get((key, tvm_ffi))
+    if fn is None:
+        kern = PreKernel(key) if isinstance(key, PreKey) else PostKernel(key)
+        fn = _CACHE[(key, tvm_ffi)] = kern.compile(tvm_ffi=tvm_ffi)
+    return fn
+
+
+def _dtype_name(t) -> str:
+    import torch
+    return {torch.bfloat16: "bf16", torch.float16: "f16"}[t]
+
+
+def _check(*ts, align: int = 16):
+    for t in ts:
+        if not t.is_contiguous() or t.data_ptr() % align or t.numel() >= 2**31:
+            raise ValueError(f"attn_bwd_prepost_sm90 needs contiguous {align}-byte aligned tensors "
+                             f"with < 2**31 elements; got shape {tuple(t.shape)} stride {t.stride()}")
+
+
+def _run(key, args, scalars=()):
+    """Launch through kernels/launch.py: tvm-ffi (torch tensors in) or from_dlpack."""
+    from . import launch
+
+    def dlpack():
+        import torch
+        import cuda.bindings.driver as cuda
+        from cutlass.cute.runtime import from_dlpack
+        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+        dl = [from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=t.dim() - 1) for t in args]
+        get_compiled(key, False)(*dl, *[Float32(x) for x in scalars], stream)
+
+    launch.run(("attn_bwd_prepost", key), lambda: get_compiled(key, True)(*args, *scalars), dlpack)
+
+
+def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str, pad_to: int):
+    """Drop-in for attn_bwd_prepost.preprocess: (lse2, dsum), both (B, H, S_pad) FP32."""
+    import torch
+    from . import attn_bwd_prepost as reference
+    b, s_q, h_q, d = dout.shape
+    s_pad = -(-s_q // pad_to) * pad_to
+    if dout.numel() == 0 or (needs_dsum and out.dtype != dout.dtype):
+        # empty grid / mixed-precision O (e.g. FP32): the torch reference handles these
+        return reference.preprocess(dout, out, lse, needs_lse, needs_dsum, lse_base, pad_to)
+    if not (needs_lse or needs_dsum):      # nothing to compute: one zeroed buffer for both
+        zeros = torch.zeros(b, h_q, s_pad, dtype=torch.float32, device=dout.device)
+        return zeros, zeros
+    lse2 = torch.empty(b, h_q, s_pad, dtype=torch.float32, device=dout.device)
+    dsum = torch.empty_like(lse2)
+    out = out.contiguous() if needs_dsum else dout    # not read: any tensor of the right type
+    lse = lse.float().contiguous() if needs_lse else lse2
+    _check(dout, out)
+    _check(lse, align=4)
+    key = PreKey(_dtype_name(dout.dtype), d, bool(needs_lse), bool(needs_dsum), lse_base)
+    _run(key, (dout, out, lse, lse2, dsum))
+    return lse2, dsum
+
+
+def postprocess(dq_acc, dk_acc, dv_acc, scale: float, dtype):
+    """Drop-in for attn_bwd_prepost.postprocess: (dq, dk, dv) in dtype, bit-identical."""
+    import torch
+    if dq_acc.numel() == 0 or dk_acc.numel() == 0:
+        from . import attn_bwd_prepost as reference
+        return reference.postprocess(dq_acc, dk_acc, dv_acc, scale, dtype)
+    dq = torch.empty(dq_acc.shape, dtype=dtype, device=dq_acc.device)
+    dk = torch.empty(dk_acc.shape, dtype=dtype, device=dk_acc.device)
+    dv = torch.empty(dv_acc.shape, dtype=dtype, device=dv_acc.device)
+    _check(dq_acc, dk_acc, dv_acc)
+    if dq_acc.numel() % CHUNK32 or dk_acc.numel() % CHUNK32 or dv_acc.shape != dk_acc.shape:
+        raise ValueError("postprocess needs numel % 8 == 0 and dv_acc.shape == dk_acc.shape")
+    _run(PostKey(_dtype_name(dtype)), (dq_acc, dk_acc, dv_acc, dq, dk, dv), (float(scale),))
+    return dq, dk, dv

@@ -1,0 +1,84 @@
+"""Compile tier: the backward's CuTe pre/post kernels (kernels/attn_bwd_prepost_sm90.py)
+build for sm_90a on the CPU; SASS: 128-bit global loads where expected, no spills.
+CPU tier: the FLASH_ATTN_POLY_PREPOST selection."""
+import pytest
+
+pytest.importorskip("cutlass")
+
+from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as P  # noqa: E402
+from flash_attn_poly.kernels import sass  # noqa: E402
+
+_BUILT = {}
+
+
+def _build(key):
+    """(opcode family counts, registers of the one kernel) for a PreKey/PostKey."""
+    if key not in _BUILT:
+        import cutlass.cute as cute
+        k = P.PreKernel(key) if isinstance(key, P.PreKey) else P.PostKernel(key)
+        c = sass.compile_sm90(k, *k.fake_args(), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=False))
+        regs = sass.registers(c.artifacts.CUBIN)
+        assert len(regs) == 1, regs
+        _BUILT[key] = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN)), next(iter(regs.values()))
+    return _BUILT[key]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("base", ["e", "2"])
+def test_pre_sass(dtype, d, base):
+    c, regs = _build(P.PreKey(dtype, d, True, True, base))
+    # one row per D/32 lanes, 4 chunks of dO and 4 of O per lane: 8 x 16-byte loads
+    assert c["LDG.E.128"] == 2 * P.PRE_CHUNKS, c
+    assert c["STL"] == 0 and c["LDL"] == 0, c
+    assert c["MUFU"] == 0, c
+    assert regs <= 64, regs          # measured 34
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("needs_lse,needs_dsum", [(True, False), (False, True)])
+def test_pre_stage_flags(needs_lse, needs_dsum):
+    c, _ = _build(P.PreKey("bf16", 128, needs_lse, needs_dsum))
+    # without dsum the row loads are compiled out (the kernel writes zeros)
+    assert c["LDG.E.128"] == (2 * P.PRE_CHUNKS if needs_dsum else 0), c
+    assert c["STL"] == 0 and c["LDL"] == 0, c
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_post_sass(dtype):
+    c, regs = _build(P.PostKey(dtype))
+    # 3 gradient segments x UNROLL chunks: 2 x LDG.E.128 in (8 FP32), 1 x STG.E.128 out
+    assert c["LDG.E.128"] == 3 * 2 * P.POST_UNROLL, c
+    assert c["STG.E.128"] == 3 * P.POST_UNROLL, c
+    assert c["F2FP"] == 3 * P.POST_UNROLL * 4, c     # 4 packed cvt.rn per chunk
+    assert c["STL"] == 0 and c["LDL"] == 0, c
+    assert regs <= 64, regs          # measured 48
+
+
+@pytest.mark.compile
+def test_tvm_ffi_signatures():
+    """The tvm-ffi builds take torch tensors (+ a Python float): with CPU tensors the call
+    gets as far as the device check of argument 0 (no CUDA here)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("tvm_ffi")
+    pre = P.get_compiled(P.PreKey("bf16", 128, True, True), tvm_ffi=True)
+    x, st = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16), torch.zeros(1, 4, 256)
+    with pytest.raises(Exception, match="device_type=cuda"):
+        pre(x, x, st, st, st)
+    post = P.get_compiled(P.PostKey("bf16"), tvm_ffi=True)
+    acc = torch.zeros(1, 256, 4, 128)
+    with pytest.raises(Exception, match="device_type=cuda"):
+        post(acc, acc, acc, x, x, x, 0.125)
+
+
+def test_prepost_selection(monkeypatch):
+    from flash_attn_poly.kernels import attn_bwd_prepost, attn_bwd_sm90 as K
+    monkeypatch.delenv(K.PREPOST_ENV, raising=False)
+    assert K.prepost_module() is attn_bwd_prepost          # default: the torch reference
+    monkeypatch.setenv(K.PREPOST_ENV, "cute")
+    assert K.prepost_module() is P
+    monkeypatch.setenv(K.PREPOST_ENV, "triton")
+    with pytest.raises(ValueError):
+        K.prepost_module()

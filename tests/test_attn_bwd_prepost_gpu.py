@@ -1,0 +1,147 @@
+"""GPU tier: the CuTe pre/post kernels (kernels/attn_bwd_prepost_sm90.py) against the torch
+reference (kernels/attn_bwd_prepost.py).
+
+post: bit-identical (both form acc * fl32(scale) in FP32 and round once to nearest even).
+lse2: bit-identical (one FP32 multiply by fl32(log2 e), -inf -> +inf, +inf padding).
+dsum: the products dO * O of 16-bit values are exact in FP32, so the two results are two
+    summation orders of the same D numbers.  Any order of n - 1 FP32 additions is within
+    (n - 1) u sum|p_i| of the exact sum (u = 2**-24, first-order bound), so the two differ
+    by at most 2 (D - 1) u sum|p_i|; sum|p_i| is taken in FP64 from the inputs.
+end to end: attn_bwd with FLASH_ATTN_POLY_PREPOST=cute vs torch, norm-relative < 1e-3 and
+    the worst element within one 16-bit rounding step of the largest (see the test).
+"""
+import math
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flash_attn_poly.kernels import attn_bwd_prepost as ref  # noqa: E402
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def _cute():
+    from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as cute_pp
+    return cute_pp
+
+
+def _inputs(b, s, h, d, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    do = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+    o = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+    lse = torch.randn(b, h, s, device="cuda", generator=g) * 4 + 8
+    lse[:, :, ::7] = -math.inf          # rows that saw no key
+    lse[:, 0, 1:2] = math.inf
+    return do, o, lse
+
+
+PRE_CASES = [  # (B, S, H, D): odd S, S not a multiple of the pad 128, exact multiples
+    (1, 1, 1, 64), (1, 77, 3, 64), (2, 333, 4, 128), (1, 128, 2, 128), (2, 257, 8, 64),
+    (1, 4096, 32, 128),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", PRE_CASES, ids=str)
+@pytest.mark.parametrize("base", ["e", "2"])
+def test_pre_matches_torch(case, dtype, base):
+    b, s, h, d = case
+    do, o, lse = _inputs(b, s, h, d, dtype, seed=s)
+    l_ref, d_ref = ref.preprocess(do, o, lse, True, True, base, 128)
+    l_cu, d_cu = _cute().preprocess(do, o, lse, True, True, base, 128)
+    torch.cuda.synchronize()
+    assert l_cu.shape == l_ref.shape == d_cu.shape
+    assert torch.equal(l_cu, l_ref)                              # incl. +inf rows and padding
+    assert torch.equal(d_cu[:, :, s:], torch.zeros_like(d_cu[:, :, s:]))
+    _assert_dsum_close(d_cu, d_ref, do, o)
+
+
+def _assert_dsum_close(d_cu, d_ref, do, o):
+    """Two summation orders of the same exact products: within 2 (D - 1) u sum|p_i|."""
+    s, d = do.shape[1], do.shape[3]
+    abs_sum = (do.double() * o.double()).abs().sum(-1).transpose(1, 2)   # (B, H, S)
+    bound = 2 * (d - 1) * 2.0 ** -24 * abs_sum
+    err = (d_cu[:, :, :s].double() - d_ref[:, :, :s].double()).abs()
+    assert (err <= bound).all(), f"max err/bound {(err / bound.clamp_min(1e-300)).max().item():.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("needs_lse,needs_dsum", [(False, False), (True, False), (False, True)])
+def test_pre_stage_flags(needs_lse, needs_dsum):
+    """An unneeded buffer is all zeros (the backward reads it, then ignores it)."""
+    b, s, h, d = 1, 201, 4, 128
+    do, o, lse = _inputs(b, s, h, d, torch.bfloat16)
+    l_ref, d_ref = ref.preprocess(do, o, lse if needs_lse else None, needs_lse, needs_dsum, "e", 128)
+    l_cu, d_cu = _cute().preprocess(do, o, lse if needs_lse else None, needs_lse, needs_dsum, "e", 128)
+    torch.cuda.synchronize()
+    assert torch.equal(l_cu, l_ref)
+    if needs_dsum:
+        _assert_dsum_close(d_cu, d_ref, do, o)
+        assert torch.equal(d_cu[:, :, s:], d_ref[:, :, s:])     # zero padding
+    else:
+        assert torch.equal(d_cu, d_ref)          # zeros
+
+
+POST_CASES = [  # (B, S_q, S_k, H_q, H_kv, D)
+    (1, 1, 1, 1, 1, 64), (1, 77, 131, 4, 2, 64), (2, 333, 333, 8, 2, 128), (1, 4096, 4096, 32, 8, 128),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", POST_CASES, ids=str)
+@pytest.mark.parametrize("n_counters", [0, 37])
+def test_post_bit_identical(case, dtype, n_counters):
+    b, sq, sk, hq, hkv, d = case
+    q = torch.empty(b, sq, hq, d, device="cuda", dtype=dtype)
+    k = torch.empty(b, sk, hkv, d, device="cuda", dtype=dtype)
+    accs = ref.accumulators(q, k, n_counters)
+    g = torch.Generator(device="cuda").manual_seed(sq)
+    for a in accs[:3]:     # wide exponent range: rounding ties, FP16 overflow, tiny values
+        a.copy_(torch.randn(a.shape, device="cuda", generator=g)
+                * torch.exp2(torch.randint(-30, 20, a.shape, device="cuda", generator=g).float()))
+    accs[0].view(-1)[:4] = torch.tensor([0.0, -0.0, 1e-40, 3e38], device="cuda")
+    scale = d ** -0.5
+    want = ref.postprocess(*accs[:3], scale, dtype)
+    got = _cute().postprocess(*accs[:3], scale, dtype)
+    torch.cuda.synchronize()
+    for w, gt in zip(want, got):
+        assert gt.dtype == dtype and gt.shape == w.shape
+        assert torch.equal(gt.view(torch.int16), w.view(torch.int16))   # bitwise, incl. -0, inf
+
+
+E2E_CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode)
+    (2, 333, 333, 8, 2, 128, True, "softmax"),
+    (1, 177, 301, 4, 4, 64, False, "softmax"),
+    (1, 257, 257, 8, 8, 128, True, "softcap"),
+    (1, 257, 257, 8, 2, 128, True, "sigmoid"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", E2E_CASES, ids=str)
+def test_attn_bwd_cute_vs_torch_prepost(case, dtype, monkeypatch):
+    from flash_attn_poly.kernels.attn_bwd_sm90 import PREPOST_ENV, attn_bwd
+    b, sq, sk, hq, hkv, d, causal, mode = case
+    g = torch.Generator(device="cuda").manual_seed(sq * 7 + d)
+    mk = lambda s, h: torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+    q, k, v, do, o = mk(sq, hq), mk(sk, hkv), mk(sk, hkv), mk(sq, hq), mk(sq, hq)
+    lse = None if mode == "sigmoid" else torch.randn(b, hq, sq, device="cuda", generator=g) + 2 * math.log(sk)
+    kw = dict(mode=mode, causal=causal, softcap=50.0 if mode == "softcap" else None)
+    grads = {}
+    for impl in ("torch", "cute"):
+        monkeypatch.setenv(PREPOST_ENV, impl)
+        grads[impl] = attn_bwd(do, q, k, v, o, lse, **kw)
+    torch.cuda.synchronize()
+    for a, r in zip(grads["cute"], grads["torch"]):
+        a, r = a.double(), r.double()
+        # dsum's summation order and the atomics' order perturb the FP32 accumulators at the
+        # FP32 rounding level, which can flip single 16-bit roundings (up to 2**-7 relative
+        # to the element): judge the norm at 1e-3 and the worst element at one rounding step.
+        rel = ((a - r).norm() / r.norm()).item()
+        worst = ((a - r).abs().max() / r.abs().max()).item()
+        assert torch.isfinite(a).all() and rel < 1e-3 and worst <= 2.0 ** -7, (rel, worst)
