@@ -20,6 +20,16 @@ Grid: ``min(ceil(chunks / (256*U)), SMs * 8)`` blocks of 256 threads, grid-strid
 per input in flight before any math (U*16 B; U = 4 for one input, 2 for more) so the
 loads overlap: at ~4 TB/s and ~1 us latency an SM needs ~30 KB in flight.
 
+Tuning (``ElementwiseTune``, part of the key; the default is the behaviour above, with
+byte-identical SASS): grid policy ``balanced`` / ``resident`` (every block runs the same
+number of full groups; ``resident`` also caps the grid at the blocks that fit at once for
+the kernel's register count), unroll U, a ``pred`` remainder (one more U-deep pass with clamped loads and
+bounds-checked stores instead of a U=1 loop), cache hints ``stream`` (ld.global.nc +
+st.global.cs; inputs must not alias outputs) / ``stream_na`` (ld.global.L1::no_allocate +
+st.global.cs) and
+``min_blocks`` (nvvm.minctasm: caps registers so that many 256-thread blocks fit per SM).
+Measured side by side by bench/elementwise_variants.py; see docs/NOTES.md.
+
 Constraints: n < 2**31 (32-bit indexing), tensors 16-byte aligned (the Python side
 checks).  Compile: ``ElementwiseKernel(key).compile()``; run via the torch API in
 ``flash_attn_poly/activations.py``.
@@ -50,6 +60,29 @@ _ROLES = {
 
 
 @dataclass(frozen=True)
+class ElementwiseTune:
+    """Compile-time and launch tuning; the default reproduces the untuned kernel exactly."""
+    unroll: int = 0            # chunks per input in flight; 0 = unroll_for(kind) (4 / 2)
+    remainder: str = "u1"      # "u1": leftover chunks one at a time; "pred": one U-deep pass
+    cache: str = "default"     # "stream": ld.global.nc + st.global.cs; "stream_na": L1::no_allocate
+                               # loads + st.global.cs (stream needs inputs not aliasing outputs)
+    grid: str = "default"      # host grid policy: "default" | "balanced" | "resident" (grid_size)
+    min_blocks: int = 0        # > 0: nvvm.minctasm (register cap for this many blocks per SM)
+
+    def __post_init__(self):
+        if self.unroll not in (0, 1, 2, 4, 8):
+            raise ValueError(f"unroll must be 0 (auto), 1, 2, 4 or 8, got {self.unroll!r}")
+        if self.remainder not in ("u1", "pred"):
+            raise ValueError(f"remainder must be 'u1' or 'pred', got {self.remainder!r}")
+        if self.cache not in ("default", "stream", "stream_na"):
+            raise ValueError(f"cache must be 'default', 'stream' or 'stream_na', got {self.cache!r}")
+        if self.grid not in ("default", "balanced", "resident"):
+            raise ValueError(f"grid must be 'default', 'balanced' or 'resident', got {self.grid!r}")
+        if not 0 <= self.min_blocks <= BLOCKS_PER_SM:
+            raise ValueError(f"min_blocks must be in 0..{BLOCKS_PER_SM}, got {self.min_blocks!r}")
+
+
+@dataclass(frozen=True)
 class ElementwiseKey:
     """Everything a compiled kernel depends on; its hash is its content."""
     kind: str                 # see elementwise_ops.ARITY
@@ -57,6 +90,7 @@ class ElementwiseKey:
     evaluator: str = "poly"   # "poly" | "native"
     layout: str = "flat"      # "flat" | "concat"
     program_bits: tuple = field(default=())  # coefficient bits the poly block embeds
+    tune: ElementwiseTune = ElementwiseTune()
 
     def __post_init__(self):
         if self.kind not in ops.ARITY:
@@ -81,8 +115,28 @@ class ElementwiseKey:
         return cutlass.BFloat16 if self.dtype == "bf16" else cutlass.Float16
 
 
-def grid_size(n_chunks: int, unroll: int, sm_count: int) -> int:
-    return max(1, min(math.ceil(n_chunks / (THREADS * unroll)), sm_count * BLOCKS_PER_SM))
+def grid_size(n_chunks: int, unroll: int, sm_count: int, policy: str = "default",
+              resident: int = BLOCKS_PER_SM) -> int:
+    """Blocks to launch (THREADS each, grid-stride over groups of THREADS * unroll chunks).
+
+    ``default``: min(groups, SMs * 8); the last partial round (up to ~a group per block)
+    runs in the remainder loop.  ``balanced``: rounds = ceil(groups / cap), grid =
+    ceil(groups / rounds), so every block runs `rounds` full groups and at most a partial
+    last one (B1 fwd, 132 SMs: 7168 groups -> 1024 blocks x 7 rounds, no remainder).
+    ``resident``: balanced with cap = SMs * `resident` (blocks that fit at once, see
+    resident_blocks), so no block waits for a second wave."""
+    groups = max(1, math.ceil(n_chunks / (THREADS * unroll)))
+    if policy == "default":
+        return min(groups, sm_count * BLOCKS_PER_SM)
+    cap = sm_count * (resident if policy == "resident" else BLOCKS_PER_SM)
+    return math.ceil(groups / math.ceil(groups / cap))
+
+
+def resident_blocks(regs: int, smem: int = 0) -> int:
+    """256-thread blocks per sm_90 SM that fit with `regs` registers per thread (register
+    file 64K, allocated per warp in units of 256); at most 8 (2,048 threads)."""
+    per_warp = math.ceil(regs * 32 / 256) * 256
+    return max(1, min(BLOCKS_PER_SM, (65536 // per_warp) // (THREADS // 32)))
 
 
 class ElementwiseKernel:
@@ -99,7 +153,8 @@ class ElementwiseKernel:
             self.ptx, self.constraints, _ = ops.native_block(key.kind, key.dtype)
         # (x, g) poly kinds: the block sees x only; g * f'(x) is one more packed multiply.
         self.grad_mul = ops.grad_mul(key.kind, key.dtype, key.evaluator)
-        self.unroll = self.unroll_for(key.kind)
+        self.tune = key.tune
+        self.unroll = key.tune.unroll or self.unroll_for(key.kind)
 
     @staticmethod
     def unroll_for(kind: str) -> int:
@@ -126,8 +181,27 @@ class ElementwiseKernel:
     @cute.jit
     def _load(self, gT: cute.Tensor, idx: Int32) -> cute.Tensor:
         rT = cute.make_rmem_tensor((CHUNK,), self.key.cutlass_dtype)
-        cute.autovec_copy(gT[(None, idx)], rT)   # one LDG.E.128
+        if cutlass.const_expr(self.tune.cache != "default"):
+            # "stream": ld.global.nc.v4 (LDG.E.128.CONSTANT); "stream_na":
+            # ld.global.L1::no_allocate.v4 (LDG.E.NA.128).  The DSL allows only one of the two.
+            hint = (dict(invariant=True) if self.tune.cache == "stream" else
+                    dict(l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE))
+            atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.key.cutlass_dtype,
+                                       num_bits_per_copy=128, **hint)
+            cute.copy(atom, gT[(None, idx)], rT)
+        else:
+            cute.autovec_copy(gT[(None, idx)], rT)   # one LDG.E.128
         return rT
+
+    @cute.jit
+    def _store(self, rT: cute.Tensor, gT: cute.Tensor, idx: Int32):
+        if cutlass.const_expr(self.tune.cache != "default"):
+            atom = cute.make_copy_atom(           # st.global.cs.v4 (STG.E.EF.128)
+                cute.nvgpu.CopyR2GOp(), self.key.cutlass_dtype, num_bits_per_copy=128,
+                store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)
+            cute.copy(atom, rT, gT[(None, idx)])
+        else:
+            cute.autovec_copy(rT, gT[(None, idx)])   # one STG.E.128
 
     def _evaluate(self, words: list) -> tuple:
         """One pair through the block (plus the g multiply for (x, g) poly kinds)."""
@@ -150,11 +224,16 @@ class ElementwiseKernel:
 
     @cute.jit
     def _do_chunks(self, g_ins: list, g_outs: list, first: Int32, stride: Int32,
-                   count: cutlass.Constexpr, h8):
-        """`count` chunks first, first+stride, ...: all loads issued before any math."""
+                   count: cutlass.Constexpr, h8, limit=None):
+        """`count` chunks first, first+stride, ...: all loads issued before any math.
+        With `limit` (chunk count) the pass is bounds-checked: loads read chunk
+        min(c, limit - 1) (always valid, so they still issue back to back), stores of
+        chunks c >= limit are skipped."""
         loaded = []
         for k in cutlass.range_constexpr(count):
             c = first + k * stride
+            if cutlass.const_expr(limit is not None):
+                c = cutlass.min(c, limit - 1)
             loaded.append([self._load(g, self._chunk_index(role, c, h8))
                            for g, role in zip(g_ins, self.in_roles)])
         for k in cutlass.range_constexpr(count):
@@ -162,8 +241,13 @@ class ElementwiseKernel:
             r_outs = [cute.make_rmem_tensor((CHUNK,), self.key.cutlass_dtype)
                       for _ in range(self.n_out)]
             self._compute(loaded[k], r_outs)
-            for r, g, role in zip(r_outs, g_outs, self.out_roles):
-                cute.autovec_copy(r, g[(None, self._chunk_index(role, c, h8))])  # STG.E.128
+            if cutlass.const_expr(limit is None):
+                for r, g, role in zip(r_outs, g_outs, self.out_roles):
+                    self._store(r, g, self._chunk_index(role, c, h8))
+            else:
+                if c < limit:
+                    for r, g, role in zip(r_outs, g_outs, self.out_roles):
+                        self._store(r, g, self._chunk_index(role, c, h8))
 
     @cute.jit
     def _tail_element(self, m_ins: list, m_outs: list, idx: Int32):
@@ -197,8 +281,13 @@ class ElementwiseKernel:
         group = n_threads * self.unroll
         for g in cutlass.range(n_groups):           # full groups: U chunks, no predicates
             self._do_chunks(g_ins, g_outs, g * group + tid, n_threads, self.unroll, h8)
-        for c in cutlass.range(n_groups * group + tid, n_chunks, n_threads):
-            self._do_chunks(g_ins, g_outs, c, n_threads, 1, h8)
+        if cutlass.const_expr(self.tune.remainder == "pred"):
+            first = n_groups * group + tid          # leftover < one group: one pass
+            if first < n_chunks:
+                self._do_chunks(g_ins, g_outs, first, n_threads, self.unroll, h8, n_chunks)
+        else:
+            for c in cutlass.range(n_groups * group + tid, n_chunks, n_threads):
+                self._do_chunks(g_ins, g_outs, c, n_threads, 1, h8)
         if cutlass.const_expr(self.key.layout == "flat"):
             if tid < n - n_chunks * CHUNK:        # n % 8 scalar tail
                 self._tail_element(m_ins, m_outs, n_chunks * CHUNK + tid)
@@ -213,8 +302,12 @@ class ElementwiseKernel:
         n_chunks = n // CHUNK
         n_groups = n_chunks // (grid * THREADS * self.unroll)
         h8_div = cute.fast_divmod_create_divisor_v2(h8)
-        self.kernel(mI0, mI1, mI2, mO0, mO1, n, n_chunks, n_groups, h8_div).launch(
-            grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream)
+        launch = dict(grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream)
+        if cutlass.const_expr(self.tune.min_blocks > 0):
+            # preferred_smem_carveout set: else the DSL queries the (absent) device here
+            launch.update(min_blocks_per_mp=self.tune.min_blocks,
+                          max_number_threads=[THREADS, 1, 1], preferred_smem_carveout=0)
+        self.kernel(mI0, mI1, mI2, mO0, mO1, n, n_chunks, n_groups, h8_div).launch(**launch)
 
     def fake_args(self):
         """Fake 16-byte-aligned 1-D tensors of symbolic length (one symbol per tensor)."""

@@ -52,6 +52,8 @@ FAMILIES = {
     "FFMA": r"FFMA(\..*)?",
     "LDG.E.128": r"LDG\.E\.128(\..*)?",
     "STG.E.128": r"STG\.E\.128(\..*)?",
+    "LDG.128": r"LDG(\.[A-Z0-9_]+)*\.128(\..*)?",    # any 128-bit load: .CONSTANT, .NA, ...
+    "STG.128": r"STG(\.[A-Z0-9_]+)*\.128(\..*)?",    # any 128-bit store: .EF (st.global.cs), ...
     "STL": r"STL(\..*)?",   # local stores: register spills
     "LDL": r"LDL(\..*)?",   # local loads: spill reloads
 }
