@@ -1,0 +1,216 @@
+"""B1 SiLU tuning variants (kernels/elementwise.py ElementwiseTune), side by side, one call.
+
+    python bench/elementwise_variants.py --json $OUT/elementwise_variants.json  # (+ .md)
+    python bench/elementwise_variants.py --quick ...    # fewer rounds/calls, same checks
+
+1. Builds every variant (tvm-ffi, cubin kept: registers -> resident 256-thread blocks/SM).
+2. Bit-exact check: each variant's output equals the default build's (default tune, default
+   grid) on random inputs of sizes 1, 7, 1023, 2^20+3 and 58,720,256; a mismatch is
+   reported and the variant is left out of the timing.
+3. Times B1 SiLU forward and backward (poly, 58,720,256 BF16) for every variant with
+   torch F.silu / aten.silu_backward and a device copy of the same bytes (torch copy_:
+   2n elements' bytes for forward, 3n for backward), bench/protocol.py time_alternating.
+   "% copy" = same-bytes copy time / row time; "% copy 1G" = vs the 1 GiB copy bandwidth
+   measured in the same run (the reference of bench/results/elementwise.md).
+Backward variants use the forward variant's tune without the unroll override (U = 2 for
+two inputs), deduplicated.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from protocol import Timing, header, markdown_table, time_alternating, write_json  # noqa: E402
+
+from flash_attn_poly.kernels import elementwise as ew  # noqa: E402
+from flash_attn_poly.kernels import sass  # noqa: E402
+
+B1_N = 58_720_256
+CHECK_SIZES = (1, 7, 1023, 2**20 + 3, B1_N)
+T = ew.ElementwiseTune
+VARIANTS = {                     # name -> forward tune (~8: compile is ~1 s each)
+    "default": T(),
+    "balanced": T(grid="balanced"),
+    "resident pred": T(grid="resident", remainder="pred"),
+    "pred": T(remainder="pred"),
+    "u2 balanced": T(unroll=2, grid="balanced"),
+    "u8 resident pred": T(unroll=8, grid="resident", remainder="pred"),
+    "stream balanced": T(cache="stream", grid="balanced"),
+    "stream resident pred": T(cache="stream", grid="resident", remainder="pred"),
+    "stream_na resident pred": T(cache="stream_na", grid="resident", remainder="pred"),
+}
+
+
+class Variant:
+    """One compiled kernel + its launch policy; call(ins, outs) runs it on flat tensors."""
+
+    def __init__(self, kind: str, tune: ew.ElementwiseTune, sm_count: int):
+        key = ew.ElementwiseKey(kind, "bf16", "poly", "flat",
+                                ew.program_bits(kind, "bf16", "poly"), tune)
+        self.kernel = ew.ElementwiseKernel(key)
+        dump = tempfile.mkdtemp(prefix="fap_var_")
+        t0 = time.time()
+        try:
+            self.fn = self.kernel.compile(options=f"--keep-cubin --dump-dir={dump}")
+        finally:
+            shutil.rmtree(dump, ignore_errors=True)
+        self.compile_s = time.time() - t0
+        cubin = self.fn.artifacts.CUBIN
+        self.regs = max(sass.registers(cubin).values())
+        counts = sass.count_opcodes(sass.disassemble(cubin))
+        self.sass = {k: counts[k] for k in ("LDG.128", "STG.128", "STL", "LDL")}
+        self.resident = ew.resident_blocks(self.regs)
+        self.tune, self.sm_count, self._grids = tune, sm_count, {}
+
+    def grid(self, n: int) -> int:
+        if n not in self._grids:
+            self._grids[n] = ew.grid_size(n // ew.CHUNK, self.kernel.unroll, self.sm_count,
+                                          self.tune.grid, self.resident)
+        return self._grids[n]
+
+    def __call__(self, ins: list, outs: list) -> None:
+        n = outs[0].numel()
+        tensors = ins + [ins[0]] * (3 - len(ins)) + outs + [outs[0]] * (2 - len(outs))
+        self.fn(*tensors, n, 1, self.grid(n))
+
+
+def _bits(t):
+    return t.view(torch.int16)
+
+
+def check(kind: str, variants: dict, sizes) -> dict:
+    """name -> list of failed sizes (empty = bit-exact with variants['default'])."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    failed = {name: [] for name in variants}
+    n_in = 1 if kind == "silu_fwd" else 2
+    for n in sizes:
+        ins = [(torch.randn(n, device="cuda", generator=gen) * 4).to(torch.bfloat16)
+               for _ in range(n_in)]
+        ref = torch.full((n,), float("nan"), device="cuda", dtype=torch.bfloat16)
+        variants["default"](ins, [ref])
+        for name, v in variants.items():
+            out = torch.full((n,), -7.0, device="cuda", dtype=torch.bfloat16)   # poison
+            v(ins, [out])
+            if not torch.equal(_bits(out), _bits(ref)):
+                failed[name].append(n)
+    torch.cuda.synchronize()
+    return failed
+
+
+def _gbps(nbytes: int, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def time_section(section, kind, variants, timing, copy1g):
+    x = torch.randn(B1_N, device="cuda").to(torch.bfloat16)
+    g = torch.randn_like(x)
+    y = torch.empty_like(x)
+    n_io = 2 if kind == "silu_fwd" else 3                     # tensors moved
+    src = torch.empty(n_io * B1_N // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    fns = {"device copy (same bytes)": lambda: dst.copy_(src)}
+    if kind == "silu_fwd":
+        fns["torch F.silu"] = lambda: F.silu(x)
+        ins = [x]
+    else:
+        fns["torch silu_backward"] = lambda: torch.ops.aten.silu_backward(g, x)
+        ins = [x, g]
+    for name, v in variants.items():
+        fns[name] = (lambda v=v: v(ins, [y]))
+    times = time_alternating(fns, timing)
+    nbytes = n_io * B1_N * 2
+    rows = []
+    for name, ms in times.items():
+        v = variants.get(name)
+        rows.append({"section": section, "impl": name, "ms": ms, "GB/s": _gbps(nbytes, ms),
+                     "% copy": 100 * times["device copy (same bytes)"] / ms,
+                     "% copy 1G": 100 * _gbps(nbytes, ms) / copy1g,
+                     "grid": v.grid(B1_N) if v else None, "U": v.kernel.unroll if v else None,
+                     "regs": v.regs if v else None, "blocks/SM": v.resident if v else None})
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", help="write results here (and a .md table beside it)")
+    p.add_argument("--quick", action="store_true", help="10 warm-ups, 3 rounds x 30 calls")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help="comma-separated subset of: " + ", ".join(VARIANTS))
+    args = p.parse_args(argv)
+    timing = Timing(10, 3, 30) if args.quick else Timing(25, 5, 100)
+    names = ["default"] + [v for v in args.variants.split(",") if v and v != "default"]
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    t0 = time.time()
+
+    built = {}
+    for kind in ("silu_fwd", "silu_bwd"):
+        built[kind] = {}
+        seen = set()
+        for name in names:
+            tune = VARIANTS[name]
+            if kind != "silu_fwd":
+                tune = dataclasses.replace(tune, unroll=0)
+            if tune in seen:
+                continue
+            seen.add(tune)
+            built[kind][name] = v = Variant(kind, tune, sm_count)
+            print(f"built {kind:8s} {name:20s} U={v.kernel.unroll} regs={v.regs} "
+                  f"blocks/SM={v.resident} grid(B1)={v.grid(B1_N)} {v.sass} "
+                  f"{v.compile_s:.1f}s", flush=True)
+
+    src = torch.empty(2**29, dtype=torch.bfloat16, device="cuda")   # 1 GiB
+    dst = torch.empty_like(src)
+    t_copy = time_alternating({"copy": lambda: dst.copy_(src)},
+                              Timing(timing.warmup, timing.rounds, max(timing.iters // 5, 5)))
+    copy1g = _gbps(4 * src.numel(), t_copy["copy"])
+    del src, dst
+
+    rows, failures = [], {}
+    for kind, section in (("silu_fwd", "B1 SiLU fwd"), ("silu_bwd", "B1 SiLU bwd")):
+        failed = check(kind, built[kind], CHECK_SIZES)
+        for name, sizes in failed.items():
+            if sizes:
+                failures[f"{kind} {name}"] = sizes
+                print(f"NOT BIT-EXACT: {kind} {name} at n = {sizes}", flush=True)
+        ok = {k: v for k, v in built[kind].items() if not failed[k]}
+        print(f"{kind}: {len(ok)}/{len(built[kind])} variants bit-exact with default on "
+              f"n = {CHECK_SIZES}", flush=True)
+        rows += time_section(section, kind, ok, timing, copy1g)
+
+    cols = ["section", "impl", "ms", "GB/s", "% copy", "% copy 1G", "U", "grid", "regs",
+            "blocks/SM"]
+    table = markdown_table(rows, cols)
+    print(f"1 GiB device copy: {copy1g:.0f} GB/s; SMs: {sm_count}; {time.time() - t0:.0f}s")
+    print(table)
+    if failures:
+        print("FAILURES:", failures)
+    if args.json:
+        out = {**header(timing), "copy_1GiB_GBps": copy1g, "sm_count": sm_count,
+               "check_sizes": list(CHECK_SIZES), "failures": failures,
+               "variants": {k: {n: {"tune": vars(v.tune), "U": v.kernel.unroll, "regs": v.regs,
+                                    "resident_blocks": v.resident, "sass": v.sass}
+                                for n, v in vs.items()} for k, vs in built.items()},
+               "rows": rows}
+        write_json(args.json, out)
+        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
+            f.write(f"# Elementwise tuning variants ({out['device']}, {out['date']}, "
+                    f"commit {out['commit']})\n\nProtocol: {out['protocol']}.\n"
+                    f"1 GiB device copy in the same run: {copy1g:.0f} GB/s; {sm_count} SMs. "
+                    f"Bit-exact vs default on n = {list(CHECK_SIZES)}; failures: "
+                    f"{failures or 'none'}.\n\n{__doc__.split(chr(10) * 2, 1)[1].strip()}\n\n"
+                    f"{table}\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
