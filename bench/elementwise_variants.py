@@ -139,6 +139,15 @@ def time_section(section, kind, variants, timing, copy1g):
     return rows
 
 
+def copy_1gib(timing: Timing) -> float:
+    """GB/s of a 1 GiB torch copy_ (read + write), as bench/elementwise.py measures it."""
+    src = torch.empty(2**29, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    t = time_alternating({"copy": lambda: dst.copy_(src)},
+                         Timing(timing.warmup, timing.rounds, max(timing.iters // 5, 5)))
+    return _gbps(4 * src.numel(), t["copy"])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -168,12 +177,7 @@ def main(argv=None) -> int:
                   f"blocks/SM={v.resident} grid(B1)={v.grid(B1_N)} {v.sass} "
                   f"{v.compile_s:.1f}s", flush=True)
 
-    src = torch.empty(2**29, dtype=torch.bfloat16, device="cuda")   # 1 GiB
-    dst = torch.empty_like(src)
-    t_copy = time_alternating({"copy": lambda: dst.copy_(src)},
-                              Timing(timing.warmup, timing.rounds, max(timing.iters // 5, 5)))
-    copy1g = _gbps(4 * src.numel(), t_copy["copy"])
-    del src, dst
+    copy1g = copy_1gib(timing)
 
     rows, failures = [], {}
     for kind, section in (("silu_fwd", "B1 SiLU fwd"), ("silu_bwd", "B1 SiLU bwd")):
