@@ -61,6 +61,20 @@ def _pin_b32(x: Int32, *, loc=None, ip=None) -> Int32:
                                  asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
+@dsl_user_op
+def stage_fence(*, loc=None, ip=None) -> None:
+    """`fence.acq_rel.cta` (SASS MEMBAR.ALL.CTA) placed between the score stage and the
+    PV wait of overlap_v2 (AttnFwdConfig.stage_fence).  ptxas schedules a WARPGROUP.DEPBAR
+    as early as its register dependences allow (the PTX order of the stage does not bind
+    it: only wgmma registers and memory operations order a DEPBAR), so without this most of
+    the stage issues after the PV wait.  ptxas treats a CTA fence as a scheduling barrier
+    for all instructions, so the whole stage stays above it and the wait below.  No register
+    is defined or read: no C7513 risk.  (Tried and rejected: docs/NOTES_attn_fwd.md,
+    "stage before the PV wait".)"""
+    llvm.inline_asm(None, [], "fence.acq_rel.cta;", "", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
 @cute.jit
 def fence_fragment(t: cute.Tensor):
     """Pin every register of a wgmma fragment at this point of the program.
@@ -96,6 +110,10 @@ class AttnFwdConfig:
     overlap_v2: bool = False      # overlap without C7513: P packed after wait_group(0) (block_overlap_v2); default() turns it on
     window_left: bool = False     # sliding window has a left bound (size: runtime Int32, kernels/mask.py)
     window_right: bool = False    # ... a right bound (non-causal only; causal is right = 0)
+    # overlap_v2 only: a CTA fence between the score stage and the PV wait keeps ptxas from
+    # hoisting the wait over the stage ("": off, the measured default; "interior": mask-free
+    # blocks only; "all": every overlapped block).  docs/NOTES_attn_fwd.md, stage before the PV wait
+    stage_fence: str = ""
 
     @staticmethod
     def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
@@ -130,6 +148,7 @@ class AttnFwdSm90:
         self.causal = cfg.causal
         self.overlap, self.pingpong = cfg.overlap, cfg.pingpong
         self.overlap_v2 = cfg.overlap and cfg.overlap_v2
+        assert cfg.stage_fence in ("", "interior", "all"), cfg.stage_fence
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
         assert self.tile_m == 64 * self.num_mma_wg
 
@@ -481,6 +500,8 @@ class AttnFwdSm90:
         fence_fragment(acc_S)   # the score stage must not rise above wait_group(1); no PTX
         ctx.pipe_k.consumer_release(kv)
         self.scores_to_p(ctx, acc_S, n_block, False, masked, None)
+        if cutlass.const_expr(self.cfg.stage_fence == "all" or (self.cfg.stage_fence == "interior" and not masked)):
+            stage_fence()   # the stage issues before the PV wait (ptxas hoists the wait otherwise)
         warpgroup.wait_group(0)
         fence_fragment(ctx.acc_O)
         ctx.pipe_v.consumer_release(kv_prev)

@@ -152,6 +152,101 @@ def registers(cubin: bytes) -> dict[str, int]:
         i += 4 + size
     return out
 
+
+# ---------------------------------------------------------------- overlap loops: where the PV wait sits
+# Score-stage opcode families counted on either side of the PV wait (the rest of an
+# overlapped loop body is GEMM issue, pipeline waits/arrives, address math and O's rescale).
+STAGE_FAMILIES = {
+    "MUFU": r"MUFU\.(EX2|TANH)(\..*)?",
+    "FFMA": r"FFMA(\..*)?",
+    "FMUL": r"FMUL(\..*)?",
+    "FADD": r"FADD(\..*)?",
+    "FMNMX": r"FMNMX(\..*)?",
+    "SHFL": r"SHFL(\..*)?",
+    "HFMA2": r"HFMA2(\..*)?",
+    "HMUL2": r"HMUL2(\..*)?",
+    "HMNMX2": r"HMNMX2(\..*)?",
+    "LOP3": r"LOP3(\..*)?",
+    "F2FP": r"F2FP(\..*)?",
+}
+_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;?\s*$")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_BRA = re.compile(r"^(@!?U?P[0-9T]+\s+)?BRA\s+`?\(?(\.L_x_\d+)\)?`?")
+
+
+def _sass_lines(sass: str):
+    """[(kind, text)] in program order: ("label", name) or ("instr", instruction text)."""
+    out = []
+    for line in sass.splitlines():
+        m = _LABEL.match(line.strip())
+        if m:
+            out.append(("label", m.group(1)))
+            continue
+        m = _LINE.match(line)
+        if m:
+            out.append(("instr", m.group(2).rstrip(" ;")))
+    return out
+
+
+def _family_counts(instrs, families):
+    fams = {k: re.compile(v + r"$") for k, v in families.items()}
+    counts = {k: 0 for k in families}
+    for ins in instrs:
+        m = _INSTR.match("/*0000*/ " + ins)
+        op = m.group(1) if m else ""
+        for k, rx in fams.items():
+            if rx.match(op):
+                counts[k] += 1
+    counts["total"] = len(instrs)
+    return counts
+
+
+def overlap_loops(sass: str, families: dict[str, str] | None = None) -> list[dict]:
+    """Per overlapped main loop of a kernel (a conditional backward branch whose body holds
+    HGMMA and a ``WARPGROUP.DEPBAR.LE gsb0, 0x1``): where the score stage sits relative to
+    the PV wait.  The body splits at the first ``DEPBAR ... 0x1`` (S_n ready, P_{n-1}V in
+    flight) and the next ``DEPBAR ... 0x0`` (PV landed) into ``before`` (loop top to 0x1:
+    GEMM issue), ``overlap`` (0x1 to 0x0: runs under PV) and ``after`` (0x0 to the branch);
+    each holds opcode-family counts (STAGE_FAMILIES by default) plus ``total``.
+    ``masked`` is True for a body with 16 or more ISETP (the causal mask compares key
+    columns; a mask-free body has a handful) and ``lines`` the body's index range in
+    ``_sass_lines``.  The mask-free (interior) loop is the one
+    with ``masked`` False."""
+    fam = families or STAGE_FAMILIES
+    lines = _sass_lines(sass)
+    where = {t: i for i, (k, t) in enumerate(lines) if k == "label"}
+    loops = []
+    for i, (kind, text) in enumerate(lines):
+        if kind != "instr":
+            continue
+        m = _BRA.match(text)
+        if not m or not m.group(1) or m.group(2) not in where or where[m.group(2)] >= i:
+            continue
+        body = [t for k, t in lines[where[m.group(2)]:i + 1] if k == "instr"]
+        dep1 = [j for j, t in enumerate(body) if t.startswith("WARPGROUP.DEPBAR") and t.endswith("0x1")]
+        if not dep1 or not any(t.startswith("HGMMA") for t in body):
+            continue
+        a = dep1[0]
+        dep0 = [j for j, t in enumerate(body[a:], a) if t.startswith("WARPGROUP.DEPBAR") and t.endswith("0x0")]
+        b = dep0[0] if dep0 else len(body)
+        loops.append(dict(
+            label=m.group(2), lines=(where[m.group(2)], i), masked=sum(t.startswith("ISETP") for t in body) >= 16,
+            before=_family_counts(body[:a], fam), overlap=_family_counts(body[a + 1:b], fam),
+            after=_family_counts(body[b + 1:], fam)))
+    return loops
+
+
+def overlap_report(sass: str) -> str:
+    """One line per overlapped loop: stage opcodes under PV (between the two waits) / after
+    the PV wait, e.g. ``interior: MUFU 21/43 FFMA 60/4 ...``."""
+    rows = []
+    for lp in overlap_loops(sass):
+        ov, af = lp["overlap"], lp["after"]
+        parts = " ".join(f"{k} {ov[k]}/{af[k]}" for k in ov if ov[k] or af[k])
+        rows.append(f"{'masked' if lp['masked'] else 'interior'} {lp['label']}: {parts}")
+    return "\n".join(rows)
+
+
 def main(argv=None) -> int:
     """``python -m flash_attn_poly.kernels.sass FILE.cubin``: print opcode family counts."""
     import json

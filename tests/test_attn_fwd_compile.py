@@ -138,7 +138,7 @@ def test_window_flags_off_is_the_unwindowed_code():
 
 @functools.lru_cache(maxsize=None)
 def _ptxas_report(cfg):
-    """(ptxas -v stderr, SASS opcode counts, WARPGROUP.DEPBAR count) of cfg's kernel."""
+    """(ptxas -v stderr, SASS opcode counts, WARPGROUP.DEPBAR count, SASS text) of cfg's kernel."""
     import glob
     import shutil
     import subprocess
@@ -155,7 +155,7 @@ def _ptxas_report(cfg):
                          capture_output=True, text=True).stderr
     text = sass.disassemble(compiled.artifacts.CUBIN)
     depbar = sum(op.startswith("WARPGROUP.DEPBAR") for op in sass.opcodes(text))
-    return log, sass.count_opcodes(text), depbar
+    return log, sass.count_opcodes(text), depbar, text
 
 
 @pytest.mark.compile
@@ -168,7 +168,7 @@ def test_overlap_v2_has_no_c7513(mode, evaluator):
     (the real waits) for all four; v1 overlap has DEPBAR 72 = one after every HGMMA
     (C7513).  Totals v2: softmax 3080 (v1 3280), softcap native 3600, softcap poly 1/2 4896
     (v1 5096), sigmoid native 2536."""
-    log, n, depbar = _ptxas_report(_v2_cfg(mode, evaluator))
+    log, n, depbar, _ = _ptxas_report(_v2_cfg(mode, evaluator))
     assert "C7513" not in log, log[-600:]
     assert "0 bytes spill stores" in log and n["STL"] == 0 and n["LDL"] == 0, n
     assert n["HGMMA"] > 0 and depbar < n["HGMMA"], (depbar, n)
@@ -191,10 +191,10 @@ def test_sigmoid_poly_overlap_v2_has_no_c7513(split):
     Measured here (D=128 causal BF16, 168 regs, HGMMA 72, DEPBAR 9, no C7513): 1/4: TANH 192
     (native v2 256), 2944 instr., no spills; 1/2: TANH 128, 3376 instr., no spills; 1/1: no
     TANH, 4224 instr., spills (STL 11 / LDL 23; the pure-poly builds spill in v1 too)."""
-    log, n, depbar = _ptxas_report(_v2_cfg("sigmoid", "poly", poly_split=split))
+    log, n, depbar, _ = _ptxas_report(_v2_cfg("sigmoid", "poly", poly_split=split))
     assert "C7513" not in log, log[-600:]
     assert n["HGMMA"] > 0 and depbar < n["HGMMA"], (depbar, n)
-    _, nat, _ = _ptxas_report(_v2_cfg("sigmoid", "native"))
+    _, nat, _, _ = _ptxas_report(_v2_cfg("sigmoid", "native"))
     j, k = split
     # the block pairs have no MUFU: TANH is the MUFU pairs' share of native v2's
     assert n["MUFU.TANH"] * k == nat["MUFU.TANH"] * (k - j), (n, nat)
@@ -212,3 +212,39 @@ def test_softcap_d256_forward_no_spills(evaluator):
     D = 256 forward only: the backward does not fit (docs/NOTES_attn_bwd.md)."""
     n = _counts("softcap", evaluator, 256, True)
     assert n["HGMMA"] > 0 and n["STL"] == 0 and n["LDL"] == 0, n
+
+
+# ---------------------------------------------------------------- stage before the PV wait
+_STAGE_OPS = ("MUFU", "FFMA", "FADD", "FMNMX", "HFMA2", "SHFL")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator,split", [
+    ("softmax", "native", None), ("softcap", "native", None), ("sigmoid", "native", None),
+    ("sigmoid", "poly", (1, 4)), ("softcap", "poly", (1, 2))])
+def test_stage_fence_keeps_stage_before_pv_wait(mode, evaluator, split):
+    """AttnFwdConfig.stage_fence="interior" on the default build of each mode: in the SASS
+    of the mask-free loop every score-stage instruction (MUFU, FFMA, FADD, FMNMX, HFMA2,
+    SHFL) issues between the WARPGROUP.DEPBAR of wait_group(1) and that of wait_group(0),
+    i.e. while P_{n-1}V runs; after the PV wait only the P pack (F2FP, sigmoid/poly's tail
+    HMUL2) and O's rescale (FMUL) are left.  No C7513, no spills.  The default build
+    (no fence) has most of the stage after the wait (docs/NOTES_attn_fwd.md: softmax
+    MUFU 18 before / 48 after, sigmoid native 10 / 54)."""
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, sass, score_stages as S
+
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    st = S.make_stage(mode, evaluator, **({"poly_split": split} if split else {}))
+    base = A.AttnFwdConfig.default(st, "bf16", 128, True)
+    assert base.stage_fence == "" and base.overlap_v2, base
+    log, n, _, text = _ptxas_report(A.AttnFwdConfig.default(st, "bf16", 128, True, stage_fence="interior"))
+    assert "C7513" not in log, log[-600:]
+    assert "0 bytes spill stores" in log and n["STL"] == 0 and n["LDL"] == 0, n
+    loops = sass.overlap_loops(text)
+    inner = [lp for lp in loops if not lp["masked"]]
+    assert len(inner) == 1 and len(loops) == 2, [(lp["label"], lp["masked"]) for lp in loops]
+    ov, after = inner[0]["overlap"], inner[0]["after"]
+    assert ov["MUFU"] > 0 and all(after[k] == 0 for k in _STAGE_OPS), sass.overlap_report(text)
+    # the problem it fixes: without the fence ptxas hoists the PV wait into the stage
+    _, _, _, text0 = _ptxas_report(base)
+    after0 = [lp for lp in sass.overlap_loops(text0) if not lp["masked"]][0]["after"]
+    assert after0["MUFU"] > 0, sass.overlap_report(text0)

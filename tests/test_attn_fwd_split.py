@@ -25,7 +25,8 @@ try:
 except ImportError:  # the device machine may lack pytest: the driver below does not need it
     pytest = None
 
-# (name, mode, evaluator, poly_split, overlap); overlap "v2" = AttnFwdConfig.overlap_v2 (no C7513)
+# (name, mode, evaluator, poly_split, overlap); overlap "v2" = AttnFwdConfig.overlap_v2 (no C7513);
+# a trailing "t" / "ta" adds stage_fence "interior" / "all"
 VARIANTS = [   # "v2" = overlap_v2 (the default where P stays FP32), "v2pp" = v2 + ping-pong,
     # False = ping-pong without overlap (sigmoid/poly's default)
     ("softmax v2", "softmax", "native", None, "v2"),
@@ -42,6 +43,14 @@ VARIANTS = [   # "v2" = overlap_v2 (the default where P stays FP32), "v2pp" = v2
     ("sigmoid poly 1/4 v2", "sigmoid", "poly", (1, 4), "v2"),
     ("sigmoid poly 1/4 v2 pp", "sigmoid", "poly", (1, 4), "v2pp"),
     ("sigmoid poly 1/2 v2", "sigmoid", "poly", (1, 2), "v2"),
+    # "... tied": AttnFwdConfig.stage_fence (fence.acq_rel.cta keeps the whole score stage
+    # before the PV wait in SASS; "t" = mask-free blocks, "ta" = every overlapped block)
+    ("softmax v2 tied", "softmax", "native", None, "v2t"),
+    ("softmax v2 tied all", "softmax", "native", None, "v2ta"),
+    ("softcap native v2 tied", "softcap", "native", None, "v2t"),
+    ("sigmoid native v2 tied", "sigmoid", "native", None, "v2t"),
+    ("softcap poly 1/2 v2 pp tied", "softcap", "poly", (1, 2), "v2ppt"),
+    ("sigmoid poly 1/4 v2 pp tied", "sigmoid", "poly", (1, 4), "v2ppt"),
 ]
 
 
@@ -145,9 +154,13 @@ def worker(idx, out_dir, n_workers):
     from flash_attn_poly.kernels import attn_fwd_sm90 as A
     rec = dict(name=name, mode=mode, evaluator=ev, split=split, overlap=overlap)
     stage = S.make_stage(mode, ev, **({"poly_split": split} if split else {}))
-    tuning = dict(overlap=bool(overlap), pingpong=overlap in (False, "v2pp"))
-    if overlap in ("v2", "v2pp"):
+    tuning = dict(overlap=bool(overlap), pingpong=overlap in (False, "v2pp", "v2ppt"))
+    if overlap in ("v2", "v2pp", "v2t", "v2ta", "v2ppt"):
         tuning["overlap_v2"] = True
+    if overlap in ("v2t", "v2ppt"):
+        tuning["stage_fence"] = "interior"
+    elif overlap == "v2ta":
+        tuning["stage_fence"] = "all"
     t0 = time.time()
     try:
         A._compiled(A.AttnFwdConfig.default(stage, "bf16", 128, True, **tuning))
