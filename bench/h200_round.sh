@@ -1,28 +1,34 @@
 #!/usr/bin/env bash
-# One device call: every GPU test tier in parallel processes (correctness only; compile is
-# CPU-bound and the H200 has 16 cores), then the timed benchmarks one at a time.
+# Device calls in two phases (each fits one 600 s call on the H200):
 #   source .payload/setup.sh || exit 3; export FAP_COMMIT=<sha>; source bench/device_env.sh || exit 4
-#   bash bench/h200_round.sh        # logs, JSON and Markdown in $OUT/round.tgz; summary last
+#   bash bench/h200_round.sh tests   # every GPU test file, in parallel processes (compile is CPU-bound)
+#   bash bench/h200_round.sh bench   # the timed runs, one at a time
+# Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
+# few files per call); the summary is printed last.
 set -u
-OUT=${OUT:-/tmp/fap_out}; mkdir -p "$OUT"; S=$SECONDS
+OUT=${OUT:-/tmp/fap_out}; mkdir -p "$OUT"; S=$SECONDS; phase=${1:-tests}
 t() { local n=$1 s=$2; shift 2; timeout "$s" "$@" > "$OUT/$n.log" 2>&1
       echo "$n rc=$? t=$((SECONDS - S))s $(tail -n 1 "$OUT/$n.log" | cut -c1-120)" >> "$OUT/summary.txt"; }
-# 1. correctness, in parallel
-t fwd 200 python3 -m pytest -q -m gpu tests/test_attn_fwd_gpu.py &
-t api 200 python3 -m pytest -q -m gpu tests/test_api_gpu.py &
-t win_a 200 python3 -m pytest -q -m gpu tests/test_window_gpu.py -k "softmax or softcap-native" &
-t win_b 200 python3 -m pytest -q -m gpu tests/test_window_gpu.py -k "not softmax and not softcap-native" &
-t bwd 200 python3 -m pytest -q -m gpu tests/test_attn_bwd_gpu.py &
-t det 200 python3 -m pytest -q -m gpu tests/test_attn_bwd_deterministic_gpu.py &
-wait
-# 2. timing, one at a time
-t gqa 200 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
-t det_time 80 python3 bench/attn_bwd_check.py --skip-check --time --deterministic --modes softmax,softcap
-t gemma2_d128 90 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"
-t gemma2_d256 90 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
-t elembench $(( ${BUDGET_S:-560} - (SECONDS - S) )) python3 bench/elementwise.py --json "$OUT/elementwise.json"
+pt() { local n=$1; shift; t "$n" 400 python3 -m pytest -q -m gpu "$@"; }
+if [ "$phase" = tests ]; then
+  pt fwd tests/test_attn_fwd_gpu.py &
+  pt api tests/test_api_gpu.py &
+  pt win_a tests/test_window_gpu.py -k "softmax or softcap-native" &
+  pt win_b tests/test_window_gpu.py -k "not softmax and not softcap-native" &
+  pt bwd tests/test_attn_bwd_gpu.py &
+  pt det tests/test_attn_bwd_deterministic_gpu.py &
+  pt prepost tests/test_attn_bwd_prepost_gpu.py &
+  pt compile tests/test_compile_gpu.py &
+  pt hf tests/test_transformers_gpu.py &
+  pt elem tests/test_elementwise_gpu.py &
+  wait
+else
+  t split 200 python3 tests/test_attn_fwd_split.py --out "$OUT/split"
+  t gqa 200 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
+  t prepost_time 60 python3 bench/attn_bwd_check.py --skip-check --prepost --modes softmax,sigmoid
+  t elem_variants 90 python3 bench/elementwise_variants.py --json "$OUT/elementwise_variants.json"
+  t gemma2_d128 90 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"
+fi
 grep -h -E "^(FAILED|ERROR)" "$OUT"/*.log | head -20
-tail -n 12 "$OUT/det_time.log"
 echo "== summary"; cat "$OUT/summary.txt"
-# the device tool returns only a few files per call: everything travels in one archive
-(cd "$OUT" && tar czf /tmp/round.tgz --exclude=round.tgz . && rm -rf "$OUT"/* && mv /tmp/round.tgz "$OUT/")
+(cd "$OUT" && tar czf "/tmp/round_$phase.tgz" . && rm -rf "${OUT:?}"/* && mv "/tmp/round_$phase.tgz" "$OUT/")
