@@ -148,6 +148,10 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     backend: "auto" (CUDA kernels on sm_90, else the torch reference with a warning),
     "cuda", or "reference" (exact functions in FP32 torch; slow, any device).
     return_lse: also return the FP32 natural-log LSE (B, H_q, S_q) (softmax modes only).
+    window_size: (left, right) sliding window like flash-attn (-1 = unbounded): query i sees
+    keys j with i + S_k - S_q - left <= j <= i + S_k - S_q + right; causal sets right = 0.
+    head_dim: 64, 128 (forward and backward) or 256 (forward only: asking for gradients
+    raises NotImplementedError).
     deterministic: the CUDA backward adds its FP32 partial sums in a fixed order, so the
     gradients are bitwise reproducible run to run (a separate kernel build; slower where
     CTAs wait for their turn).  The forward and the reference backend are deterministic
