@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from protocol import Timing, header, markdown_table, time_alternating, write_json  # noqa: E402
+from elementwise import copy_bandwidth, gbps  # noqa: E402  (the 1 GiB copy of bench/elementwise.py)
 
 from flash_attn_poly.kernels import elementwise as ew  # noqa: E402
 from flash_attn_poly.kernels import sass  # noqa: E402
@@ -106,10 +107,6 @@ def check(kind: str, variants: dict, sizes) -> dict:
     return failed
 
 
-def _gbps(nbytes: int, ms: float) -> float:
-    return nbytes / (ms * 1e-3) / 1e9
-
-
 def time_section(section, kind, variants, timing, copy1g):
     x = torch.randn(B1_N, device="cuda").to(torch.bfloat16)
     g = torch.randn_like(x)
@@ -131,21 +128,12 @@ def time_section(section, kind, variants, timing, copy1g):
     rows = []
     for name, ms in times.items():
         v = variants.get(name)
-        rows.append({"section": section, "impl": name, "ms": ms, "GB/s": _gbps(nbytes, ms),
+        rows.append({"section": section, "impl": name, "ms": ms, "GB/s": gbps(nbytes, ms),
                      "% copy": 100 * times["device copy (same bytes)"] / ms,
-                     "% copy 1G": 100 * _gbps(nbytes, ms) / copy1g,
+                     "% copy 1G": 100 * gbps(nbytes, ms) / copy1g,
                      "grid": v.grid(B1_N) if v else None, "U": v.kernel.unroll if v else None,
                      "regs": v.regs if v else None, "blocks/SM": v.resident if v else None})
     return rows
-
-
-def copy_1gib(timing: Timing) -> float:
-    """GB/s of a 1 GiB torch copy_ (read + write), as bench/elementwise.py measures it."""
-    src = torch.empty(2**29, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    t = time_alternating({"copy": lambda: dst.copy_(src)},
-                         Timing(timing.warmup, timing.rounds, max(timing.iters // 5, 5)))
-    return _gbps(4 * src.numel(), t["copy"])
 
 
 def main(argv=None) -> int:
@@ -177,7 +165,7 @@ def main(argv=None) -> int:
                   f"blocks/SM={v.resident} grid(B1)={v.grid(B1_N)} {v.sass} "
                   f"{v.compile_s:.1f}s", flush=True)
 
-    copy1g = copy_1gib(timing)
+    copy1g = copy_bandwidth(timing)
 
     rows, failures = [], {}
     for kind, section in (("silu_fwd", "B1 SiLU fwd"), ("silu_bwd", "B1 SiLU bwd")):

@@ -300,7 +300,8 @@ def _eager(t: Tensor) -> bool:
     return type(t) is Tensor and not torch.compiler.is_compiling()
 
 
-def _needs_grad(*ts: Tensor) -> bool:
+def needs_grad(*ts: Tensor) -> bool:
+    """Autograd will record an op on these inputs (shared with interface.py)."""
     return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
 
 
@@ -372,13 +373,13 @@ class _SwiGLUConcatFn(torch.autograd.Function):
 
 def _silu_any(x: Tensor, evaluator: str) -> Tensor:
     if _eager(x):
-        return _SiLUFn.apply(x, evaluator) if _needs_grad(x) else _silu_fwd_eager(x, evaluator)
+        return _SiLUFn.apply(x, evaluator) if needs_grad(x) else _silu_fwd_eager(x, evaluator)
     return _silu_fwd(x, evaluator)
 
 
 def _swiglu_any(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
     if _eager(gate) and type(up) is Tensor:
-        if _needs_grad(gate, up):
+        if needs_grad(gate, up):
             return _SwiGLUFn.apply(gate, up, evaluator)
         return _swiglu_fwd_eager(gate, up, evaluator)
     return _swiglu_fwd(gate, up, evaluator)
@@ -386,7 +387,7 @@ def _swiglu_any(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
 
 def _swiglu_concat_any(gate_up: Tensor, evaluator: str) -> Tensor:
     if _eager(gate_up):
-        if _needs_grad(gate_up):
+        if needs_grad(gate_up):
             return _SwiGLUConcatFn.apply(gate_up, evaluator)
         return _swiglu_concat_fwd_eager(gate_up, evaluator)
     return _swiglu_concat_fwd(gate_up, evaluator)

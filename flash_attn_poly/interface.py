@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from . import reference
+from .activations import needs_grad
 
 MODES = ("softmax", "softcap", "sigmoid")
 EVALUATORS = ("poly", "native")
@@ -110,10 +111,6 @@ def _pick_backend(q: torch.Tensor, backend: str) -> str:
         "(exact functions, not the polynomial programs). Pass backend='reference' to silence this.",
         stacklevel=3)
     return "reference"
-
-
-def needs_grad(*ts) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
 
 
 def _check_cuda_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttnArgs) -> None:

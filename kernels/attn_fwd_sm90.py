@@ -448,18 +448,7 @@ class AttnFwdSm90:
         while PV is still on the tensor cores; O is rescaled once PV has landed."""
         if cutlass.const_expr(self.overlap_v2):
             return self.block_overlap_v2(ctx, kv, n_block, masked, first_pv)
-        kv_prev = kv.clone()
-        kv.advance()
-        acc_S = cute.make_rmem_tensor(ctx.s_shape, Float32)
-        ctx.pipe_k.consumer_wait(kv)
-        if cutlass.const_expr(self.pingpong):
-            self.pingpong_sync(ctx.wg)
-        self.wgmma(ctx.tiled_mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, kv.index], True)
-        ctx.pipe_v.consumer_wait(kv_prev)
-        self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv_prev.index],
-                   first_pv)
-        if cutlass.const_expr(self.pingpong):
-            self.pingpong_arrive(1 - ctx.wg)
+        kv_prev, acc_S = self.issue_qk_pv(ctx, kv, first_pv)
         warpgroup.wait_group(1)
         ctx.pipe_k.consumer_release(kv)
         # P_n goes to a second fragment: tOrP is still being read by the PV wgmma in flight
@@ -475,15 +464,11 @@ class AttnFwdSm90:
         self.rescale_o(ctx)
         return kv
 
-    @cute.jit
-    def block_overlap_v2(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool],
-                         first_pv: cutlass.Constexpr[bool]):
-        """block_overlap without C7513: the score stage leaves FP32 P_n in acc_S and P_n is
-        packed into tOrP only after wait_group(0).  Root cause of v1's C7513 (found by
-        bisecting a wait_group 0 through the kept PTX under ptxas -v): v1 packed P_n (cvt)
-        while P_{n-1} V was in flight and ptxas copy-coalesced P_n into the A registers of
-        that wgmma through the loop-back mov.  Same instruction count as v1 minus the
-        32 movs per block, and no second 32-register P fragment."""
+    def issue_qk_pv(self, ctx, kv, first_pv: bool):
+        """Both GEMMs of an overlapped step, as two commit groups: S_n = Q K_n^T (kv advanced
+        to n) and O (+)= P_{n-1} V_{n-1}; the ping-pong handshake brackets the issue.
+        Returns (kv_prev, acc_S); kv is advanced in place (a plain method, traced inline by
+        its jit callers, so the in-place advance is the caller's kv)."""
         kv_prev = kv.clone()
         kv.advance()
         acc_S = cute.make_rmem_tensor(ctx.s_shape, Float32)
@@ -496,6 +481,18 @@ class AttnFwdSm90:
                    first_pv)
         if cutlass.const_expr(self.pingpong):
             self.pingpong_arrive(1 - ctx.wg)
+        return kv_prev, acc_S
+
+    @cute.jit
+    def block_overlap_v2(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool],
+                         first_pv: cutlass.Constexpr[bool]):
+        """block_overlap without C7513: the score stage leaves FP32 P_n in acc_S and P_n is
+        packed into tOrP only after wait_group(0).  Root cause of v1's C7513 (found by
+        bisecting a wait_group 0 through the kept PTX under ptxas -v): v1 packed P_n (cvt)
+        while P_{n-1} V was in flight and ptxas copy-coalesced P_n into the A registers of
+        that wgmma through the loop-back mov.  Same instruction count as v1 minus the
+        32 movs per block, and no second 32-register P fragment."""
+        kv_prev, acc_S = self.issue_qk_pv(ctx, kv, first_pv)
         warpgroup.wait_group(1)
         fence_fragment(acc_S)   # the score stage must not rise above wait_group(1); no PTX
         ctx.pipe_k.consumer_release(kv)

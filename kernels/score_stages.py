@@ -178,6 +178,16 @@ def write_p_pinned(acc_S: cute.Tensor, tOrP: cute.Tensor, is_bf16: cutlass.Const
     write_p_native(acc_S, tOrP, is_bf16)
 
 
+@cute.jit
+def online_softmax_probs(acc_S, tOrP, state, scale_log2, is_first: cutlass.Constexpr[bool],
+                         row_scale, is_bf16: cutlass.Constexpr[bool]):
+    """P = exp2(S * scale_log2 - max) in place (softmax and softcap); packed into tOrP unless
+    tOrP is None (overlap_v2: FP32 P stays in acc_S until write_p after the PV wait)."""
+    state.step(acc_S, scale_log2, is_first, row_scale)
+    if cutlass.const_expr(tOrP is not None):
+        write_p_native(acc_S, tOrP, is_bf16)
+
+
 # ----------------------------------------------------------------------------------------
 # online softmax state (shared by softmax and softcap)
 # ----------------------------------------------------------------------------------------
@@ -315,9 +325,7 @@ class SoftmaxStage:
     @cute.jit
     def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
               masked: cutlass.Constexpr[bool], row_scale, is_bf16: cutlass.Constexpr[bool]):
-        state.step(acc_S, params[0], is_first, row_scale)
-        if cutlass.const_expr(tOrP is not None):   # None: FP32 P stays in acc_S (overlap_v2)
-            write_p_native(acc_S, tOrP, is_bf16)
+        online_softmax_probs(acc_S, tOrP, state, params[0], is_first, row_scale, is_bf16)
 
     @cute.jit
     def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
@@ -399,9 +407,7 @@ class SoftcapStage:
     @cute.jit
     def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
               masked: cutlass.Constexpr[bool], row_scale, is_bf16: cutlass.Constexpr[bool]):
-        state.step(acc_S, params[1], is_first, row_scale)
-        if cutlass.const_expr(tOrP is not None):   # None: FP32 P stays in acc_S (overlap_v2)
-            write_p_native(acc_S, tOrP, is_bf16)
+        online_softmax_probs(acc_S, tOrP, state, params[1], is_first, row_scale, is_bf16)
 
     @cute.jit
     def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
