@@ -4,9 +4,9 @@ vs torch eager (transformers' eager math) vs sdpa (no softcap: a lower bound, no
 Shapes of Gemma-2 2B attention (issue 6): H_q = 8, H_kv = 4, softcap 50, scale D^-0.5,
 S = 8192, global layers (causal) and local layers (causal + sliding window 4096, i.e.
 window_size = (4095, 0): transformers' window w lets query i see keys i - w < j <= i).
-head_dim: Gemma-2 uses 256 (the default here); our kernels run D = 256 forward only, so at
-D = 256 ours rows report forward times and "n/a" for the step (the reason is printed);
-pass --headdim 128 for a like-for-like forward+backward at D = 128.
+head_dim: Gemma-2 uses 256 (the default here; forward and backward on our kernels since the
+D = 256 backward landed); pass --headdim 128 for D = 128.  A path that raises
+NotImplementedError for the backward reports its forward time and "n/a" for the step.
 Local layers use our sliding-window kernels (GPU-verified: tests/test_window_gpu.py).
 Protocol: bench/protocol.py.
 
@@ -105,7 +105,7 @@ def _step(make, args):
     fwd()
     try:
         out = fn(q, k, v)
-    except NotImplementedError as e:   # forward-only path (ours at D = 256)
+    except NotImplementedError as e:   # a forward-only path
         print(f"  forward only: {str(e)[:200]}")
         return fwd, None
     out = out[0] if isinstance(out, tuple) else out

@@ -3,6 +3,7 @@
 #   source .payload/setup.sh || exit 3; export FAP_COMMIT=<sha>; source bench/device_env.sh || exit 4
 #   bash bench/h200_round.sh tests   # every GPU test file, in parallel processes (compile is CPU-bound)
 #   bash bench/h200_round.sh bench   # the timed runs, one at a time
+#   bash bench/h200_round.sh d256    # head-dim-256 backward tests + bench/gemma2.py at D = 256
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
 set -u
@@ -22,6 +23,14 @@ if [ "$phase" = tests ]; then
   pt hf tests/test_transformers_gpu.py &
   pt elem tests/test_elementwise_gpu.py &
   wait
+elif [ "$phase" = d256 ]; then   # the head-dim-256 backward: its GPU tests, then the Gemma-2 benchmark
+  pt bwd256 tests/test_attn_bwd_gpu.py -k "256" &
+  pt api256 tests/test_api_gpu.py -k "head_dim_256" &
+  pt det256 tests/test_attn_bwd_deterministic_gpu.py -k "256" &
+  pt pp256 tests/test_attn_bwd_prepost_gpu.py -k "256" &
+  pt hf256 tests/test_transformers_gpu.py &
+  wait
+  t gemma2_d256 240 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
 else
   t split 200 python3 tests/test_attn_fwd_split.py --out "$OUT/split"
   t gqa 200 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"

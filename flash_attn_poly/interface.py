@@ -21,8 +21,7 @@ EVALUATORS = ("poly", "native")
 BACKENDS = ("auto", "cuda", "reference")
 DTYPES = (torch.bfloat16, torch.float16)          # what the CUDA kernels take
 REFERENCE_DTYPES = DTYPES + (torch.float32,)       # the reference backend also takes FP32
-HEAD_DIMS = (64, 128, 256)     # forward
-HEAD_DIMS_BWD = (64, 128)      # backward: D = 256 does not fit the registers (docs/NOTES_attn_bwd.md)
+HEAD_DIMS = (64, 128, 256)     # forward and backward
 
 
 @dataclass(frozen=True)
@@ -124,10 +123,6 @@ def _check_cuda_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: At
         raise RuntimeError(f"the CUDA kernels are built for sm_90 (Hopper); this GPU is sm_{cap[0]}{cap[1]}")
     if q.shape[-1] not in HEAD_DIMS:
         raise ValueError(f"head_dim {q.shape[-1]} is not supported by the CUDA kernels; supported: {HEAD_DIMS}")
-    if q.shape[-1] not in HEAD_DIMS_BWD and needs_grad(q, k, v):
-        raise NotImplementedError(
-            f"head_dim {q.shape[-1]}: the CUDA kernels run its forward only (backward: {HEAD_DIMS_BWD}); "
-            "call under torch.no_grad() / inference_mode(), or use backend='reference' for gradients")
     if a.mode == "sigmoid" and a.evaluator == "poly" and q.dtype != torch.bfloat16:
         raise TypeError("mode='sigmoid' with evaluator='poly' writes packed BF16 probabilities into the "
                         f"PV product: it needs torch.bfloat16 inputs, got {q.dtype} (use evaluator='native')")
@@ -147,8 +142,8 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     return_lse: also return the FP32 natural-log LSE (B, H_q, S_q) (softmax modes only).
     window_size: (left, right) sliding window like flash-attn (-1 = unbounded): query i sees
     keys j with i + S_k - S_q - left <= j <= i + S_k - S_q + right; causal sets right = 0.
-    head_dim: 64, 128 (forward and backward) or 256 (forward only: asking for gradients
-    raises NotImplementedError).
+    head_dim: 64, 128 or 256, forward and backward (the D = 256 backward recomputes the
+    scores once per 128-column chunk of the gradients: docs/NOTES_attn_bwd.md).
     deterministic: the CUDA backward adds its FP32 partial sums in a fixed order, so the
     gradients are bitwise reproducible run to run (a separate kernel build; slower where
     CTAs wait for their turn).  The forward and the reference backend are deterministic

@@ -72,13 +72,13 @@ def _fake(dt, rank: int, div: int = 1, align: int = 16):
 @dataclass(frozen=True)
 class PreKey:
     dtype: str           # "bf16" | "f16"
-    head_dim: int        # 64 | 128
+    head_dim: int        # 64 | 128 | 256
     needs_lse: bool
     needs_dsum: bool
     lse_base: str = "e"  # "e": multiply by log2(e); "2": as is
 
     def __post_init__(self):
-        if self.head_dim not in (64, 128) or self.dtype not in ("bf16", "f16") or self.lse_base not in ("e", "2"):
+        if self.head_dim not in (64, 128, 256) or self.dtype not in ("bf16", "f16") or self.lse_base not in ("e", "2"):
             raise ValueError(f"unsupported {self}")
 
 
@@ -87,7 +87,7 @@ class PreKernel:
         self.key = key
         self.dtype = _dtype(key.dtype)
         self.D = key.head_dim
-        self.lanes = self.D // (CHUNK16 * PRE_CHUNKS)          # threads per row: 4 or 2
+        self.lanes = self.D // (CHUNK16 * PRE_CHUNKS)          # threads per row: 8, 4 or 2
         self.rows = PRE_THREADS // self.lanes                  # rows per CTA: 32 or 64
 
     @cute.kernel

@@ -17,8 +17,17 @@ accumulated over all query blocks in registers and added with FP32 atomics into
 (B, S_k, H_kv, D) buffers, which reduces the GQA query heads of a KV head; dQ likewise
 into (B, S_q, H_q, D).  The host scales by softmax_scale and casts (attn_bwd_prepost.py).
 
-Constraints: D in {64, 128}; BF16/FP16; any S_q, S_k (TMA zero-fills tails; LSE padded
+Constraints: D in {64, 128, 256}; BF16/FP16; any S_q, S_k (TMA zero-fills tails; LSE padded
 with +inf so out-of-range query rows have P = 0); causal is bottom-right aligned.
+
+Head dim 256.  dK and dV of a warpgroup's 64 key rows would take 2 x 64 x 256 / 128 = 256
+FP32 registers per thread, above the 240 a consumer thread gets.  So each CTA owns one
+128-column chunk c of the gradients (grid z = batch x 2 chunks): it computes S^T and dP^T
+over the full D (Q, dO, K, V tiles are loaded whole), and runs the dV, dK, dQ products on
+columns [128 c, 128 c + 128) of dO, Q and K^T, adding into the same columns of the FP32
+accumulators.  The cost is recomputing S and dP once more per key block (7 GEMMs of
+tile x 128 columns instead of 5 x 2 at D = 256, i.e. 1.4x the minimum), and one Q/dO stage
+(full-D Q, dO, K, V and dS take 225 KB of the 227 KB of shared memory).
 
 Deterministic mode (BwdKey.deterministic, attn_bwd(deterministic=True)).  FP32 atomics
 commute only up to rounding, so the order in which CTAs reach a shared tile decides the
@@ -137,13 +146,14 @@ class BwdTile:
     def for_head_dim(d: int) -> "BwdTile":
         # D=64: dQ N-split over 2 warpgroups would give 32-wide B slices, narrower than the
         # 64-element 128B swizzle atom, so split dQ along M instead (needs tile_m = 128).
-        return BwdTile(64, 128) if d == 128 else BwdTile(128, 128)
+        # D=256: one Q/dO stage (full-D Q, dO, K, V and dS fill 225 of 227 KB of smem).
+        return {64: BwdTile(128, 128), 128: BwdTile(64, 128), 256: BwdTile(64, 128, 1)}[d]
 
 
 class AttnBwdSm90:
     def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile,
                  window: tuple = (False, False), deterministic: bool = False):
-        assert head_dim in (64, 128), "D must be 64 or 128"
+        assert head_dim in (64, 128, 256), "D must be 64, 128 or 256"
         # ordered (bitwise reproducible) dQ/dK/dV adds; module docstring, "Deterministic mode"
         self.deterministic = deterministic
         self.dtype = dtype
@@ -156,7 +166,12 @@ class AttnBwdSm90:
             "sigmoid/poly backward: BF16 only"
         self.stage = stage
         self.tile_m, self.tile_n, self.stages = tile.tile_m, tile.tile_n, tile.stages
-        self.dq_split_n = head_dim == 128   # dQ warpgroups split D (else split M)
+        # D = 256: each CTA accumulates one 128-wide column chunk of dQ/dK/dV (grid z =
+        # batch x chunk) and recomputes S and dP over the full D ("Head dim 256" in the
+        # module docstring); D <= 128: one chunk, the whole head.
+        self.Dc = min(head_dim, 128)
+        self.n_chunks = head_dim // self.Dc
+        self.dq_split_n = self.Dc == 128   # dQ warpgroups split D (else split M)
 
     # ---------------------------------------------------------------- host side
     def _smem_layout(self, rows: int, stages: int | None):
@@ -168,12 +183,12 @@ class AttnBwdSm90:
         K, MN = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
         dt = self.dtype
         mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (2, 1, 1), (64, self.tile_m))
-        mma_dkv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, self.D),
+        mma_dkv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, self.Dc),
                                                     warpgroup.OperandSource.RMEM)
         if self.dq_split_n:
-            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 2, 1), (64, self.D // 2))
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 2, 1), (64, self.Dc // 2))
         else:
-            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, self.D))
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, self.Dc))
         return mma_sdp, mma_dkv, mma_dq
 
     def _smem_layouts(self):
@@ -235,7 +250,7 @@ class AttnBwdSm90:
         self.bytes_kv = 2 * self.tile_n * self.D * elt
         self.bytes_stat = self.tile_m * 4
         n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
-        grid = (n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        grid = (n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]) * self.n_chunks)
         self.kernel(tQ, tK, tV, tdO, tLSE, tDsum, mdQacc, mdKacc, mdVacc,
                     tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
                     mma_sdp, mma_dkv, mma_dq, scalars + self._window_param(win_left, win_right) + extra,
@@ -265,6 +280,10 @@ class AttnBwdSm90:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head, batch = cute.arch.block_idx()
+        chunk = 0
+        if const_expr(self.n_chunks > 1):
+            chunk = cute.arch.make_warp_uniform(batch % self.n_chunks)
+            batch = batch // self.n_chunks
         if const_expr(self.deterministic):
             # key blocks launch from the last one down: every turn wait targets an earlier CTA
             n_block = cute.ceil_div(mK.shape[0], self.tile_n) - 1 - n_block
@@ -313,7 +332,7 @@ class AttnBwdSm90:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.mma(mma_sdp, mma_dkv, mma_dq, sQ, sK, sV, sdO, sdS, sLSE, sDsum,
                      pipe_q, pipe_do, pipe_kv, mdQacc, mdKacc, mdVacc, tidx - 128,
-                     n_block, head, head_kv, batch, m_min, m_max, seqlen_q, seqlen_k, args)
+                     n_block, head, head_kv, batch, chunk, m_min, m_max, seqlen_q, seqlen_k, args)
 
     @cute.jit
     def _tma_tiles(self, atom, mX, sX, tile, coord):
@@ -371,7 +390,7 @@ class AttnBwdSm90:
     @cute.jit
     def mma(self, mma_sdp, mma_dkv, mma_dq, sQ, sK, sV, sdO, sdS, sLSE, sDsum,
             pipe_q, pipe_do, pipe_kv, mdQacc, mdKacc, mdVacc, tidx,
-            n_block, head, head_kv, batch, m_min, m_max, seqlen_q, seqlen_k, args):
+            n_block, head, head_kv, batch, chunk, m_min, m_max, seqlen_q, seqlen_k, args):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_layout = cute.make_layout(2, stride=128)
         wg_sdp = mma_sdp.get_slice(wg_layout(wg))
@@ -383,16 +402,17 @@ class AttnBwdSm90:
         tSrV = mma_sdp.make_fragment_A(wg_sdp.partition_A(sV))
         tSrQ = mma_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
         tSrdO = mma_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
-        # dV += P^T dO, dK += dS^T Q: B = dO^T / Q^T (MN-major views of the same smem)
-        tVrdOt = mma_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sdO)))
-        tKrQt = mma_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sQ)))
+        # dV += P^T dO, dK += dS^T Q: B = dO^T / Q^T (MN-major views of the same smem),
+        # restricted to this CTA's column chunk
+        tVrdOt = mma_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(self.d_chunk(sdO, chunk))))
+        tKrQt = mma_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(self.d_chunk(sQ, chunk))))
         # dQ = dS K: A = dS (smem, K-major), B = K^T
         tQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(sdS))
-        tQrKt = mma_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sK)))
+        tQrKt = mma_dq.make_fragment_B(wg_dq.partition_B(transpose_view(self.d_chunk(sK, chunk))))
 
         shape_s = (self.tile_n, self.tile_m)
-        acc_dV = cute.make_rmem_tensor(mma_dkv.get_slice(tidx).partition_shape_C((self.tile_n, self.D)), Float32)
-        acc_dK = cute.make_rmem_tensor(mma_dkv.get_slice(tidx).partition_shape_C((self.tile_n, self.D)), Float32)
+        acc_dV = cute.make_rmem_tensor(mma_dkv.get_slice(tidx).partition_shape_C((self.tile_n, self.Dc)), Float32)
+        acc_dK = cute.make_rmem_tensor(mma_dkv.get_slice(tidx).partition_shape_C((self.tile_n, self.Dc)), Float32)
         acc_dV.fill(0.0)
         acc_dK.fill(0.0)
         # registers of P^T / dS^T as RS-wgmma A operands: same flat order as the C fragment
@@ -416,17 +436,27 @@ class AttnBwdSm90:
                 self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
                                  tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
                                  sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
-                                 n_block, m_block, head, batch, seqlen_q, seqlen_k, args,
+                                 n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args,
                                  m_block != m_min)
                 state.advance()
             self.epilogue_dkv(mma_dkv_epi, acc_dK, acc_dV, mdQacc, mdKacc, mdVacc, tidx,
-                              n_block, head, head_kv, batch, seqlen_q, seqlen_k, args)
+                              n_block, head, head_kv, batch, chunk, seqlen_q, seqlen_k, args)
+
+    @cute.jit
+    def d_chunk(self, s: cute.Tensor, chunk) -> cute.Tensor:
+        """Columns [chunk * Dc, (chunk + 1) * Dc) of an smem tile (rows, D[, stages]).  Dc is
+        a multiple of the 64-column swizzle atom, so the view starts on an atom boundary."""
+        if const_expr(self.n_chunks == 1):
+            return s
+        rank = cute.rank(s.layout)
+        tiler = (cute.size(s, mode=[0]), self.Dc) + tuple(cute.size(s, mode=[i]) for i in range(2, rank))
+        return cute.local_tile(s, tiler, (0, chunk) + (0,) * (rank - 2))
 
     @cute.jit
     def one_m_block(self, mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
                     tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
                     sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
-                    n_block, m_block, head, batch, seqlen_q, seqlen_k, args, accumulate):
+                    n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args, accumulate):
         idx = state.index
         buf = m_block % 2
         acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
@@ -456,22 +486,24 @@ class AttnBwdSm90:
         warpgroup.fence()
         self.gemm_acc(mma_dkv, acc_dK, rdS, tKrQt[None, None, None, idx], accumulate)
         warpgroup.commit_group()
-        acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, self.D)), Float32)
+        acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, self.Dc)), Float32)
         self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt, True)
         warpgroup.commit_group()
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
         pipe_do.consumer_release(state)
-        self.add_dq(mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, seqlen_q, seqlen_k, args)
+        self.add_dq(mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args)
 
     @cute.jit
-    def add_dq(self, mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, seqlen_q, seqlen_k, args):
+    def add_dq(self, mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k,
+               args):
         """dQ tile of (m_block, head, batch) += acc_dQ; in order of the key blocks when deterministic."""
         if const_expr(self.deterministic):
-            sem, rank = self.dq_turn(args[5], mdQacc, n_block, m_block, head, batch, seqlen_q, seqlen_k, args)
+            sem, rank = self.dq_turn(args[5], mdQacc, n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k,
+                                     args)
             self.turn_wait(sem, rank, tidx)
-        self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, self.D),
-                         m_block, seqlen_q, tidx)
+        self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, self.Dc),
+                         m_block, seqlen_q, tidx, chunk * self.Dc)
         if const_expr(self.deterministic):
             self.turn_done(sem, tidx)
 
@@ -553,8 +585,9 @@ class AttnBwdSm90:
                 dp_mn[r, c], dp_mn[r, c + 1] = g0, g1
 
     @cute.jit
-    def atomic_tile(self, tiled_mma, acc, mX, tile, block, seqlen, tidx):
-        """FP32 reduction of a C fragment into rows [block*tile[0], ...) of mX (rows < seqlen).
+    def atomic_tile(self, tiled_mma, acc, mX, tile, block, seqlen, tidx, col0):
+        """FP32 reduction of a C fragment into rows [block*tile[0], ...) and columns
+        [col0, col0 + tile[1]) of mX (rows < seqlen).
 
         Addresses come from the fragment's identity coordinates and mX's row stride."""
         thr = tiled_mma.get_slice(tidx)
@@ -565,46 +598,48 @@ class AttnBwdSm90:
         for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
             row = row0 + tXcX[r, 0][0]
             if row < seqlen:
-                row_ptr = mX.iterator + row * row_stride
+                row_ptr = mX.iterator + row * row_stride + col0
                 for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
                     ptr = row_ptr + tXcX[r, c][1]
                     red_add_v2_f32(ptr.toint(), acc_mn[r, c], acc_mn[r, c + 1])
 
     @cute.jit
     def epilogue_dkv(self, mma_dkv, acc_dK, acc_dV, mdQacc, mdKacc, mdVacc, tidx,
-                     n_block, head, head_kv, batch, seqlen_q, seqlen_k, args):
+                     n_block, head, head_kv, batch, chunk, seqlen_q, seqlen_k, args):
         """dK, dV tiles of (n_block, head_kv, batch) += this query head's sums; deterministic
         builds add the GQA group's query heads in ascending order."""
-        tile = (self.tile_n, self.D)
+        tile = (self.tile_n, self.Dc)
+        col0 = chunk * self.Dc
         if const_expr(self.deterministic):
-            sem = self.dkv_turn(args[5], mdQacc, mdKacc, n_block, head_kv, batch, seqlen_q, seqlen_k)
+            sem = self.dkv_turn(args[5], mdQacc, mdKacc, n_block, head_kv, batch, chunk, seqlen_q, seqlen_k)
             rank = args[6]
             self.turn_wait(sem, rank, tidx)
-        self.atomic_tile(mma_dkv, acc_dK, mdKacc[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx)
-        self.atomic_tile(mma_dkv, acc_dV, mdVacc[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx)
+        self.atomic_tile(mma_dkv, acc_dK, mdKacc[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx, col0)
+        self.atomic_tile(mma_dkv, acc_dV, mdVacc[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx, col0)
         if const_expr(self.deterministic):
             self.turn_done(sem, tidx)
 
     # ---------------------------------------------------------------- deterministic mode
     @cute.jit
-    def dq_turn(self, mSem, mdQacc, n_block, m_block, head, batch, seqlen_q, seqlen_k, args):
+    def dq_turn(self, mSem, mdQacc, n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args):
         """(counter address, rank) of this CTA's dQ add into query block m_block.  The key
         blocks visiting m_block are one contiguous range [n_block_min, n_block_max) (the
         query ranges of kernels/mask.py grow with n); they add from the highest block down."""
         m_blocks = cute.ceil_div(seqlen_q, self.tile_m)
-        slot = (batch * mdQacc.shape[2] + head) * m_blocks + m_block
+        slot = ((batch * mdQacc.shape[2] + head) * m_blocks + m_block) * self.n_chunks + chunk
         rank = dq_rank(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.is_causal,
                        self.has_left, self.has_right, args[4])
         return (mSem.iterator + slot).toint(), rank
 
     @cute.jit
-    def dkv_turn(self, mSem, mdQacc, mdKacc, n_block, head_kv, batch, seqlen_q, seqlen_k):
+    def dkv_turn(self, mSem, mdQacc, mdKacc, n_block, head_kv, batch, chunk, seqlen_q, seqlen_k):
         """Counter address of this CTA's dK/dV add: counters of (n_block, head_kv, batch)
         follow the B * H_q * ceil(S_q / tile_m) dQ counters.  The rank is the query head's
         place in its group (args[6]): every head of a group visits the same query blocks,
         so all of them add."""
-        dq_slots = mdQacc.shape[3] * mdQacc.shape[2] * cute.ceil_div(seqlen_q, self.tile_m)
-        slot = dq_slots + (batch * mdKacc.shape[2] + head_kv) * cute.ceil_div(seqlen_k, self.tile_n) + n_block
+        dq_slots = mdQacc.shape[3] * mdQacc.shape[2] * cute.ceil_div(seqlen_q, self.tile_m) * self.n_chunks
+        slot = dq_slots + ((batch * mdKacc.shape[2] + head_kv) * cute.ceil_div(seqlen_k, self.tile_n)
+                           + n_block) * self.n_chunks + chunk
         return (mSem.iterator + slot).toint()
 
     @cute.jit
@@ -738,7 +773,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
                  has_l, has_r, bool(deterministic))
     from . import launch
     lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128)
-    accs = attn_bwd_prepost.accumulators(q, k, turn_counters(b, s_q, s_k, h_q, k.shape[2], tile) if deterministic else 0)
+    accs = attn_bwd_prepost.accumulators(q, k, turn_counters(b, s_q, s_k, h_q, k.shape[2], tile, d) if deterministic else 0)
     dq_acc, dk_acc, dv_acc = accs[:3]
     tensors = (q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc)
     scalars = [float(a) for a in stage.host_args(scale, softcap, sigmoid_bias)]
@@ -768,10 +803,12 @@ def prepost_module():
     raise ValueError(f"{PREPOST_ENV}={choice!r}; expected 'torch' or 'cute'")
 
 
-def turn_counters(b: int, s_q: int, s_k: int, h_q: int, h_kv: int, tile: BwdTile) -> int:
-    """Int32 counters of a deterministic backward: one per (query block, query head, batch)
-    for dQ, then one per (key block, KV head, batch) for dK/dV (kernel: dq_turn, dkv_turn)."""
-    return b * h_q * -(-s_q // tile.tile_m) + b * h_kv * -(-s_k // tile.tile_n)
+def turn_counters(b: int, s_q: int, s_k: int, h_q: int, h_kv: int, tile: BwdTile, d: int = 128) -> int:
+    """Int32 counters of a deterministic backward: one per (query block, query head, batch,
+    column chunk) for dQ, then one per (key block, KV head, batch, column chunk) for dK/dV
+    (kernel: dq_turn, dkv_turn; D = 256 has 2 chunks)."""
+    chunks = max(1, d // 128)
+    return (b * h_q * -(-s_q // tile.tile_m) + b * h_kv * -(-s_k // tile.tile_n)) * chunks
 
 
 def _launch_dlpack(key, tensors, scalars, window=(0, 0), counters=()):

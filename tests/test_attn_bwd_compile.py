@@ -66,6 +66,22 @@ def test_softmax_bwd_builds_hgmma_no_spills(d, causal, dtype):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator", [("softmax", "native"), ("softcap", "native"), ("softcap", "poly"),
+                                            ("sigmoid", "native"), ("sigmoid", "poly")])
+def test_d256_bwd_builds(mode, evaluator):
+    """D = 256 (one 128-column chunk per CTA, S and dP over the full D): the S/dP products
+    take 16 k-blocks instead of 8, so 48 HGMMA vs 32 at D = 128; the score stage is the
+    D = 128 one (same MUFU counts).  ptxas spills one or two loop-invariant words (measured
+    softmax/native 2 STL + 2 LDL, softcap/poly 3 + 3: one LDL per query block, outside the
+    stage); more would mean the chunk bookkeeping costs registers in the loop."""
+    n, n128 = _sass(mode, evaluator, d=256), _sass(mode, evaluator, d=128)
+    assert n["HGMMA"] == 48 and n128["HGMMA"] == 32, (n, n128)
+    for op in ("MUFU.EX2", "MUFU.TANH", "HFMA2.BF16"):
+        assert n[op] == n128[op], (op, n, n128)
+    assert n["STL"] <= 3 and n["LDL"] <= 3, n
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("mode", ["softcap", "sigmoid"])
 def test_native_stage_bwd_builds(mode):
     n = _sass(mode)
@@ -150,6 +166,8 @@ def test_turn_counter_count():
     block, KV head, batch); e.g. B=2 S=1000 H_q=8 H_kv=2 D=128: tiles 64 x 128."""
     tile = K.BwdTile.for_head_dim(128)
     assert K.turn_counters(2, 1000, 1000, 8, 2, tile) == 2 * 8 * 16 + 2 * 2 * 8
+    # D = 256: one set of counters per 128-column chunk
+    assert K.turn_counters(2, 1000, 1000, 8, 2, tile, 256) == 2 * (2 * 8 * 16 + 2 * 2 * 8)
 
 
 # ------------------------------------------------------------------------------ CPU (host JIT)

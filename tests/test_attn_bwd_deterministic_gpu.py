@@ -19,6 +19,7 @@ CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal, window)
     (1, 1000, 1000, 4, 2, 128, True, (200, -1)),
     (1, 517, 517, 4, 4, 64, False, (100, 37)),
     (2, 2047, 2047, 16, 4, 128, True, (-1, -1)),   # 16 x 16 x 2 = 512 CTAs
+    (1, 600, 600, 4, 2, 256, True, (-1, -1)),      # two column chunks: counters per chunk
 ]
 RUNS = 3
 

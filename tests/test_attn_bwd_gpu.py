@@ -19,12 +19,18 @@ CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode)
     (1, 301, 177, 4, 2, 128, True, "softmax"),
     (1, 257, 257, 8, 8, 128, True, "softcap"),
     (1, 257, 257, 8, 2, 128, True, "sigmoid"),
+    # D = 256: two 128-column chunks per key block (grid z = batch x chunk), one Q/dO stage
+    (1, 200, 200, 4, 2, 256, True, "softmax"),
+    (2, 177, 301, 4, 1, 256, False, "softmax"),
+    (1, 257, 257, 4, 4, 256, True, "softcap"),
+    (1, 257, 257, 4, 2, 256, True, "sigmoid"),
 ]
 POLY_CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode)
     (1, 257, 257, 8, 8, 128, True, "softcap"),
     (1, 333, 333, 8, 2, 128, True, "softcap"),
     (1, 257, 257, 8, 2, 128, True, "sigmoid"),
     (2, 200, 301, 4, 1, 128, False, "sigmoid"),
+    (1, 333, 333, 4, 2, 256, True, "softcap"),
 ]
 
 
@@ -40,7 +46,7 @@ def test_attn_bwd_matches_fp64_autograd(case):
 
 
 
-FP16_CASES = [CASES[1], CASES[3], CASES[5], CASES[6]]   # softmax causal/non-causal, softcap, sigmoid
+FP16_CASES = [CASES[1], CASES[3], CASES[5], CASES[6], CASES[8]]   # softmax causal/non-causal, softcap, sigmoid
 
 
 @pytest.mark.gpu

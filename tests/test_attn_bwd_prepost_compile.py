@@ -25,7 +25,7 @@ def _build(key):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("base", ["e", "2"])
 def test_pre_sass(dtype, d, base):
     c, regs = _build(P.PreKey(dtype, d, True, True, base))

@@ -39,7 +39,7 @@ def _inputs(b, s, h, d, dtype, seed=0):
 
 PRE_CASES = [  # (B, S, H, D): odd S, S not a multiple of the pad 128, exact multiples
     (1, 1, 1, 64), (1, 77, 3, 64), (2, 333, 4, 128), (1, 128, 2, 128), (2, 257, 8, 64),
-    (1, 4096, 32, 128),
+    (1, 4096, 32, 128), (1, 129, 2, 256),
 ]
 
 
@@ -118,6 +118,7 @@ E2E_CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode)
     (1, 177, 301, 4, 4, 64, False, "softmax"),
     (1, 257, 257, 8, 8, 128, True, "softcap"),
     (1, 257, 257, 8, 2, 128, True, "sigmoid"),
+    (1, 200, 200, 4, 2, 256, True, "softcap"),
 ]
 
 

@@ -15,8 +15,7 @@ stride along D) and return (B, S, H, D) as transformers' other implementations d
 
 What we cannot express falls back, with a one-time warning naming the reason, to an
 explicit masked torch computation: padding masks, dropout during training, and cases
-the CUDA kernels do not support (head dims other than 64/128/256; head_dim 256 when
-gradients are needed: its backward is not implemented).
+the CUDA kernels do not support (head dims other than 64/128/256).
 """
 from __future__ import annotations
 
@@ -54,10 +53,6 @@ def _fallback_reason(module, query, key, value, attention_mask, dropout, window,
         return None
     if query.is_cuda and query.shape[-1] not in interface.HEAD_DIMS:
         return f"head_dim {query.shape[-1]} is not supported by the CUDA kernels {interface.HEAD_DIMS}"
-    if (query.is_cuda and query.shape[-1] not in interface.HEAD_DIMS_BWD
-            and interface.needs_grad(query, key, value)):
-        return (f"head_dim {query.shape[-1]} runs forward only in the CUDA kernels (backward: "
-                f"{interface.HEAD_DIMS_BWD}); gradients go through transformers' eager path")
     return None
 
 
