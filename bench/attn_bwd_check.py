@@ -36,7 +36,7 @@ def grads_ref(q, k, v, do, mode, causal, softcap):
     return o, lse, qs.grad, ks.grad, vs.grad
 
 
-def run_case(case, dtype=torch.bfloat16):
+def run_case(case, dtype=torch.bfloat16, **kw):
     b, sq, sk, hq, hkv, d, causal, mode = case[:8]
     ev = case[8] if len(case) > 8 else "native"
     g = torch.Generator(device="cuda").manual_seed(hash(case) % 2**31)
@@ -46,7 +46,7 @@ def run_case(case, dtype=torch.bfloat16):
     o, lse, dq_r, dk_r, dv_r = grads_ref(q, k, v, do, mode, causal, softcap)
     lse_in = None if lse is None else lse.detach().float()
     dq, dk, dv = attn_bwd(do, q, k, v, o.detach().to(dtype), lse_in, mode=mode, evaluator=ev,
-                          causal=causal, softcap=softcap)
+                          causal=causal, softcap=softcap, **kw)
     torch.cuda.synchronize()
     errs = [((a.double() - r).abs().max() / r.abs().max()).item() for a, r in ((dq, dq_r), (dk, dk_r), (dv, dv_r))]
     finite = all(torch.isfinite(t).all().item() for t in (dq, dk, dv))
@@ -154,6 +154,54 @@ def time_prepost(modes):
     return rows
 
 
+def time_variants(modes, rounds=5):
+    """Backward variants side by side at the anchor shape: pre/post (torch | cute) x dQ
+    reduction (red.global from the MMA threads | smem + bulk reductions by warp 1), plus FA4.
+    Each round times every variant (median of 30 calls), the order reversed on odd rounds;
+    the row is the median over rounds."""
+    from flash_attn_poly.kernels.attn_bwd_sm90 import PREPOST_ENV
+    b, s, hq, hkv, d = 1, 4096, 32, 8, 128
+    mk = lambda h: torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    q, k, v, do, o = mk(hq), mk(hkv), mk(hkv), mk(hq), mk(hq)
+    lse = torch.randn(b, hq, s, device="cuda") + 10.0
+    flops = 2.5 * 4 * b * hq * s * s * d / 2
+    old = os.environ.get(PREPOST_ENV)
+    variants = []
+    for mode in modes:
+        sc = 50.0 if mode == "softcap" else None
+        for pp in ("torch", "cute"):
+            for dq_async in (False, True):
+                def fn(mode=mode, sc=sc, pp=pp, dq_async=dq_async):
+                    os.environ[PREPOST_ENV] = pp
+                    return attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, dq_async=dq_async)
+                variants.append((f"ours {mode} pre/post={pp} dQ={'async' if dq_async else 'atomic'}", fn))
+    try:
+        from flash_attn.cute.interface import flash_attn_func
+        for sc in (0.0, 50.0):
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            out = flash_attn_func(qq, kk, vv, causal=True, softcap=sc)
+            out = out[0] if isinstance(out, tuple) else out
+            variants.append((f"FA4 softcap={sc}", lambda out=out, qq=qq, kk=kk, vv=vv:
+                             torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)))
+    except Exception as e:  # noqa: BLE001
+        print("FA4 unavailable:", repr(e)[:200])
+    per = {name: [] for name, _ in variants}
+    for r in range(rounds):
+        for name, fn in (variants if r % 2 == 0 else variants[::-1]):
+            per[name].append(bench(fn))
+    if old is None:
+        os.environ.pop(PREPOST_ENV, None)
+    else:
+        os.environ[PREPOST_ENV] = old
+    # the same inputs through atomic and async dQ: the two FP32 orders agree to rounding
+    for mode in modes:
+        sc = 50.0 if mode == "softcap" else None
+        ga, gb = (attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, dq_async=x) for x in (False, True))
+        rel = max(((x.double() - y.double()).norm() / y.double().norm()).item() for x, y in zip(ga, gb))
+        print(f"{mode}: dQ atomic vs async, max rel L2 over dq/dk/dv {rel:.2e}")
+    return [(name, statistics.median(v), flops / statistics.median(v) / 1e9) for name, v in per.items()]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--time", action="store_true")
@@ -162,6 +210,9 @@ def main():
     ap.add_argument("--deterministic", action="store_true", help="time the deterministic build too")
     ap.add_argument("--prepost", action="store_true",
                     help="time FLASH_ATTN_POLY_PREPOST=torch vs cute (backward and pre/post alone)")
+    ap.add_argument("--variants", action="store_true",
+                    help="time pre/post torch|cute x dQ atomic|async side by side, with FA4")
+    ap.add_argument("--json", default=None, help="with --variants: write rows + protocol here")
     a = ap.parse_args()
     ok = True
     if not a.skip_check:
@@ -184,6 +235,24 @@ def main():
         print("| anchor B=1 S=4096 Hq=32 Hkv=8 D=128 causal | torch ms | cute ms | torch/cute |")
         for name, t_ms, c_ms in time_prepost(a.modes.split(",")):
             print(f"| {name} | {t_ms:.3f} | {c_ms:.3f} | {t_ms / c_ms:.2f} |")
+    if a.variants:
+        rows = time_variants(a.modes.split(","))
+        print("| anchor B=1 S=4096 Hq=32 Hkv=8 D=128 causal BF16 | bwd ms | TFLOP/s |")
+        print("|---|---:|---:|")
+        for name, ms, tf in rows:
+            print(f"| {name} | {ms:.3f} | {tf:.0f} |")
+        if a.json:
+            import json, datetime, subprocess
+            commit = os.environ.get("FAP_COMMIT") or subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+            with open(a.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "date": str(datetime.date.today()),
+                           "commit": commit,
+                           "protocol": "5 rounds, order reversed on odd rounds; per round the median of 30 "
+                                       "CUDA-event-timed calls after 5 warm-ups; row = median over rounds; "
+                                       "backward alone (ours: attn_bwd incl. pre/post; FA4: autograd.grad "
+                                       "of a retained graph)",
+                           "rows": [{"impl": n, "bwd_ms": ms, "tflops": tf} for n, ms, tf in rows]}, f, indent=1)
     return 0 if ok else 1
 
 

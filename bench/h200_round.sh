@@ -23,14 +23,17 @@ if [ "$phase" = tests ]; then
   pt hf tests/test_transformers_gpu.py &
   pt elem tests/test_elementwise_gpu.py &
   wait
-elif [ "$phase" = d256 ]; then   # the head-dim-256 backward: its GPU tests, then the Gemma-2 benchmark
-  pt bwd256 tests/test_attn_bwd_gpu.py -k "256" &
+elif [ "$phase" = d256 ]; then   # D = 256 backward, dQ async and the transformers tests; then timings
+  pt bwd tests/test_attn_bwd_gpu.py &
   pt api256 tests/test_api_gpu.py -k "head_dim_256" &
   pt det256 tests/test_attn_bwd_deterministic_gpu.py -k "256" &
   pt pp256 tests/test_attn_bwd_prepost_gpu.py -k "256" &
-  pt hf256 tests/test_transformers_gpu.py &
+  pt hf tests/test_transformers_gpu.py &
+  pt compile tests/test_compile_gpu.py &
   wait
-  t gemma2_d256 240 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
+  t bwd_variants 150 python3 bench/attn_bwd_check.py --skip-check --variants --modes softmax,softcap \
+      --json "$OUT/attn_bwd_variants.json"
+  t gemma2_d256 200 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
 else
   t split 200 python3 tests/test_attn_fwd_split.py --out "$OUT/split"
   t gqa 200 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"

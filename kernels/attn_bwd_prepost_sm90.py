@@ -1,10 +1,10 @@
 """Pre- and post-processing of the attention backward as CuTe DSL kernels (sm_90a).
 
-Same contract as the torch reference in kernels/attn_bwd_prepost.py, which stays the
-default: attn_bwd() reads FLASH_ATTN_POLY_PREPOST on every call, "torch" (default) or
-"cute".  The default flips to "cute" only after the GPU tests
-(tests/test_attn_bwd_prepost_gpu.py) and the timing (bench/attn_bwd_check.py --prepost)
-have been run on an H200; so far these kernels are compile-checked on the CPU only.
+Same contract as the torch reference in kernels/attn_bwd_prepost.py.  attn_bwd() reads
+FLASH_ATTN_POLY_PREPOST on every call: "cute" (these kernels, the default since they passed
+tests/test_attn_bwd_prepost_gpu.py on the H200: 51 passed at bc7eeaa) or "torch".  Timing
+(bench/attn_bwd_check.py --prepost, H200, bc7eeaa): pre + memset + post 0.277 -> 0.130 ms,
+softmax backward at the anchor shape 1.262 -> 1.102 ms.
 
 pre (one launch): for every (batch, head, query row)
     dsum[b, h, s] = sum_d dO[b, s, h, d] * O[b, s, h, d]   (FP32; products of 16-bit

@@ -15,9 +15,9 @@ SCORES_D128 = 128 * 64 // 256
 
 
 def _sass(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split=None, window=False,
-          deterministic=False, families=None):
+          deterministic=False, families=None, dq_async=False):
     key = K.BwdKey(dtype, d, causal, bwd_side(mode, evaluator, poly_split), K.BwdTile.for_head_dim(d),
-                   window, window, deterministic)
+                   window, window, deterministic, dq_async)
     if key not in _SASS:
         c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
         _SASS[key] = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS))
@@ -26,7 +26,9 @@ def _sass(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split
 
 # the deterministic build's turn protocol: acquire loads, release fences, counter increments
 TURN_OPS = {"LDG.STRONG.GPU": r"LDG\.E\.STRONG\.GPU", "MEMBAR.GPU": r"MEMBAR\.ALL\.GPU",
-            "RED.S32": r"REDG?\.E\.ADD\.S32(\..*)?"}
+            "RED.S32": r"REDG?\.E\.ADD\.S32(\..*)?",
+            # dQ paths: red.global.add.v2.f32 from the MMA threads, or bulk reductions (dq_async)
+            "RED.F32": r"REDG?\.E\.ADD\.F32.*", "UBLKRED": r"UBLKRED.*", "STS.64": r"STS\.64"}
 
 
 # ------------------------------------------------------------------------------ CPU
@@ -79,6 +81,25 @@ def test_d256_bwd_builds(mode, evaluator):
     for op in ("MUFU.EX2", "MUFU.TANH", "HFMA2.BF16"):
         assert n[op] == n128[op], (op, n, n128)
     assert n["STL"] <= 3 and n["LDL"] <= 3, n
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator,d", [("softmax", "native", 128), ("softmax", "native", 64),
+                                              ("softcap", "poly", 128), ("sigmoid", "poly", 128)])
+def test_dq_async_bwd_builds(mode, evaluator, d):
+    """dq_async: the MMA threads stage dQ with STS.64 (one per C-fragment pair) instead of
+    red.global.add.v2; warp 1 issues tile_m / 32 bulk reductions per lane and query block (the
+    same code line each, looped over the warp's lanes by ptxas); the score stage and GEMMs
+    are those of the atomic build."""
+    n, ref = _sass(mode, evaluator, d=d, dq_async=True), _sass(mode, evaluator, d=d)
+    tile_m = K.BwdTile.for_head_dim(d).tile_m
+    pairs = tile_m * d // 256 // 2      # dQ fragment of one MMA thread, in FP32 pairs
+    assert n["UBLKRED"] == tile_m // 32 and ref["UBLKRED"] == 0, (n, ref)
+    # dK/dV keep their red.global.add.v2 epilogue; the dQ pairs become smem stores
+    assert n["RED.F32"] == ref["RED.F32"] - pairs and n["STS.64"] == pairs, (n, ref)
+    for op in ("HGMMA", "MUFU.EX2", "MUFU.TANH", "HFMA2.BF16"):
+        assert n[op] == ref[op], (op, n, ref)
+    assert n["STL"] <= ref["STL"], (n, ref)
 
 
 @pytest.mark.compile

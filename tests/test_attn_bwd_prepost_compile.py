@@ -76,7 +76,9 @@ def test_tvm_ffi_signatures():
 def test_prepost_selection(monkeypatch):
     from flash_attn_poly.kernels import attn_bwd_prepost, attn_bwd_sm90 as K
     monkeypatch.delenv(K.PREPOST_ENV, raising=False)
-    assert K.prepost_module() is attn_bwd_prepost          # default: the torch reference
+    assert K.prepost_module() is P                         # default: the CuTe kernels
+    monkeypatch.setenv(K.PREPOST_ENV, "torch")
+    assert K.prepost_module() is attn_bwd_prepost          # the torch reference
     monkeypatch.setenv(K.PREPOST_ENV, "cute")
     assert K.prepost_module() is P
     monkeypatch.setenv(K.PREPOST_ENV, "triton")

@@ -13,7 +13,9 @@ Gemma-2's `softcap`, `scaling` and `sliding_window` map onto `flash_attn_poly.at
 us q/k/v as (B, H, S, D); we pass transposed views (no copy: the kernels need only a unit
 stride along D) and return (B, S, H, D) as transformers' other implementations do.
 
-What we cannot express falls back, with a one-time warning naming the reason, to an
+Inputs run in autocast's dtype when autocast is on (Gemma-2's rotary embedding hands us
+FP32 q/k under autocast; eager's matmuls would cast them the same way), else in the 16-bit
+dtype the model runs in.  What we cannot express falls back, with a one-time warning naming the reason, to an
 explicit masked torch computation: padding masks, dropout during training, and cases
 the CUDA kernels do not support (head dims other than 64/128/256).
 """
@@ -53,7 +55,21 @@ def _fallback_reason(module, query, key, value, attention_mask, dropout, window,
         return None
     if query.is_cuda and query.shape[-1] not in interface.HEAD_DIMS:
         return f"head_dim {query.shape[-1]} is not supported by the CUDA kernels {interface.HEAD_DIMS}"
+    if query.is_cuda and _kernel_dtype(query, key, value) is None:
+        return (f"{query.dtype} attention inputs outside autocast: the CUDA kernels take bfloat16 "
+                "or float16 (load the model in bf16, or run under torch.autocast)")
     return None
+
+
+def _kernel_dtype(query, key, value):
+    """The 16-bit dtype the kernels run in: autocast's when autocast is on (Gemma-2's rotary
+    embedding returns FP32 q/k under autocast, as eager's matmuls would cast them), else the
+    first 16-bit dtype among value, key, query; None if there is none."""
+    import torch
+    if torch.is_autocast_enabled("cuda"):
+        dt = torch.get_autocast_dtype("cuda")
+        return dt if dt in interface.DTYPES else None
+    return next((t.dtype for t in (value, key, query) if t.dtype in interface.DTYPES), None)
 
 
 def _masked_torch(query, key, value, attention_mask, scaling, softcap, window, dropout, training):
@@ -93,6 +109,9 @@ def make_attention_forward(evaluator: str = "poly", backend: str = "auto"):
             return _masked_torch(query, key, value, attention_mask, scaling, softcap, window,
                                  dropout, module.training), None
         mode = "softcap" if softcap else "softmax"
+        if query.is_cuda and backend != "reference":   # casts are differentiable (FP32 grads flow back)
+            dt = _kernel_dtype(query, key, value)
+            query, key, value = (t.to(dt) for t in (query, key, value))
         out = interface.attention(
             query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), mode,
             causal=getattr(module, "is_causal", True), softcap=softcap or None,
