@@ -4,6 +4,7 @@
 #   bash bench/h200_round.sh tests   # every GPU test file, in parallel processes (compile is CPU-bound)
 #   bash bench/h200_round.sh bench   # the timed runs, one at a time
 #   bash bench/h200_round.sh d256    # head-dim-256 backward tests + bench/gemma2.py at D = 256
+#   bash bench/h200_round.sh final   # backward/hf tests, gqa_4096 and gemma2 D = 256 / 128 tables
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
 set -u
@@ -34,6 +35,15 @@ elif [ "$phase" = d256 ]; then   # D = 256 backward, dQ async and the transforme
   t bwd_variants 150 python3 bench/attn_bwd_check.py --skip-check --variants --modes softmax,softcap \
       --json "$OUT/attn_bwd_variants.json"
   t gemma2_d256 200 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
+elif [ "$phase" = final ]; then   # after a default change: its tests, then the side-by-side tables
+  pt bwd tests/test_attn_bwd_gpu.py &
+  pt det tests/test_attn_bwd_deterministic_gpu.py &
+  pt hf tests/test_transformers_gpu.py &
+  pt compile tests/test_compile_gpu.py &
+  wait
+  t gqa 240 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
+  t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
+  t gemma2_d128 120 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"
 else
   t split 200 python3 tests/test_attn_fwd_split.py --out "$OUT/split"
   t gqa 200 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
