@@ -154,11 +154,20 @@ def time_prepost(modes):
     return rows
 
 
-def time_variants(modes, rounds=5):
-    """Backward variants side by side at the anchor shape: pre/post (torch | cute) x dQ
-    reduction (red.global from the MMA threads | smem + bulk reductions by warp 1), plus FA4.
-    Each round times every variant (median of 30 calls), the order reversed on odd rounds;
-    the row is the median over rounds."""
+def _gemma_inputs():
+    """Gemma-2 2B attention shape at head_dim 256: B=1 S=8192 H_q=8 H_kv=4."""
+    b, s, hq, hkv, d = 1, 8192, 8, 4, 256
+    mk = lambda h: torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    q, k, v, do, o = mk(hq), mk(hkv), mk(hkv), mk(hq), mk(hq)
+    return q, k, v, do, o, torch.randn(b, hq, s, device="cuda") + 10.0
+
+
+def time_variants(modes, rounds=5, axes=("lpt",)):
+    """Backward variants side by side, alternating order: "prepost" = pre/post torch | cute
+    (dQ atomic | async); "lpt" = CTA order single-tile | SectionLptScheduler at the anchor
+    shape (B=1 S=4096 Hq=32 Hkv=8 D=128 causal) and, for softcap, at Gemma-2's D = 256
+    shape; plus FA4.  Each round times every variant (median of 30 calls), the order
+    reversed on odd rounds; a row is the median over rounds."""
     from flash_attn_poly.kernels.attn_bwd_sm90 import PREPOST_ENV
     b, s, hq, hkv, d = 1, 4096, 32, 8, 128
     mk = lambda h: torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
@@ -166,15 +175,30 @@ def time_variants(modes, rounds=5):
     lse = torch.randn(b, hq, s, device="cuda") + 10.0
     flops = 2.5 * 4 * b * hq * s * s * d / 2
     old = os.environ.get(PREPOST_ENV)
-    variants = []
-    for mode in modes:
+    variants = []   # (name, fn, flops)
+
+    def add(name, inputs, mode, fl, **kw):
         sc = 50.0 if mode == "softcap" else None
-        for pp in ("torch", "cute"):
-            for dq_async in (False, True):
-                def fn(mode=mode, sc=sc, pp=pp, dq_async=dq_async):
-                    os.environ[PREPOST_ENV] = pp
-                    return attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, dq_async=dq_async)
-                variants.append((f"ours {mode} pre/post={pp} dQ={'async' if dq_async else 'atomic'}", fn))
+        qq, kk, vv, dd, oo, ll = inputs
+        variants.append((name, lambda: attn_bwd(dd, qq, kk, vv, oo, ll, mode=mode, causal=True, softcap=sc, **kw), fl))
+    anchor = (q, k, v, do, o, lse)
+    for mode in modes:
+        if "prepost" in axes:
+            for pp in ("torch", "cute"):
+                for dq_async in (False, True):
+                    def fn(mode=mode, pp=pp, dq_async=dq_async):
+                        os.environ[PREPOST_ENV] = pp
+                        sc = 50.0 if mode == "softcap" else None
+                        return attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, dq_async=dq_async)
+                    variants.append((f"ours {mode} pre/post={pp} dQ={'async' if dq_async else 'atomic'}", fn, flops))
+        if "lpt" in axes:
+            for lpt in (False, True):
+                add(f"ours {mode} {'lpt' if lpt else 'single-tile'}", anchor, mode, flops, lpt=lpt)
+    if "lpt" in axes:
+        g = _gemma_inputs()
+        fl = 2.5 * 4 * 8 * 8192 * 8192 * 256 / 2
+        for lpt in (False, True):
+            add(f"ours softcap D=256 (B=1 S=8192 H 8/4) {'lpt' if lpt else 'single-tile'}", g, "softcap", fl, lpt=lpt)
     try:
         from flash_attn.cute.interface import flash_attn_func
         for sc in (0.0, 50.0):
@@ -182,24 +206,25 @@ def time_variants(modes, rounds=5):
             out = flash_attn_func(qq, kk, vv, causal=True, softcap=sc)
             out = out[0] if isinstance(out, tuple) else out
             variants.append((f"FA4 softcap={sc}", lambda out=out, qq=qq, kk=kk, vv=vv:
-                             torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)))
+                             torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True), flops))
     except Exception as e:  # noqa: BLE001
         print("FA4 unavailable:", repr(e)[:200])
-    per = {name: [] for name, _ in variants}
+    per = {name: [] for name, _, _ in variants}
     for r in range(rounds):
-        for name, fn in (variants if r % 2 == 0 else variants[::-1]):
+        for name, fn, _ in (variants if r % 2 == 0 else variants[::-1]):
             per[name].append(bench(fn))
     if old is None:
         os.environ.pop(PREPOST_ENV, None)
     else:
         os.environ[PREPOST_ENV] = old
-    # the same inputs through atomic and async dQ: the two FP32 orders agree to rounding
+    # the same inputs through both settings: equal up to the FP32 order of the adds
     for mode in modes:
         sc = 50.0 if mode == "softcap" else None
-        ga, gb = (attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, dq_async=x) for x in (False, True))
+        key = "lpt" if "lpt" in axes else "dq_async"
+        ga, gb = (attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, **{key: x}) for x in (False, True))
         rel = max(((x.double() - y.double()).norm() / y.double().norm()).item() for x, y in zip(ga, gb))
-        print(f"{mode}: dQ atomic vs async, max rel L2 over dq/dk/dv {rel:.2e}")
-    return [(name, statistics.median(v), flops / statistics.median(v) / 1e9) for name, v in per.items()]
+        print(f"{mode}: {key} off vs on, max rel L2 over dq/dk/dv {rel:.2e}")
+    return [(name, statistics.median(per[name]), fl / statistics.median(per[name]) / 1e9) for name, _, fl in variants]
 
 
 def main():
@@ -211,7 +236,8 @@ def main():
     ap.add_argument("--prepost", action="store_true",
                     help="time FLASH_ATTN_POLY_PREPOST=torch vs cute (backward and pre/post alone)")
     ap.add_argument("--variants", action="store_true",
-                    help="time pre/post torch|cute x dQ atomic|async side by side, with FA4")
+                    help="time backward variants side by side, with FA4 (see --axes)")
+    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order)")
     ap.add_argument("--json", default=None, help="with --variants: write rows + protocol here")
     a = ap.parse_args()
     ok = True
@@ -236,8 +262,8 @@ def main():
         for name, t_ms, c_ms in time_prepost(a.modes.split(",")):
             print(f"| {name} | {t_ms:.3f} | {c_ms:.3f} | {t_ms / c_ms:.2f} |")
     if a.variants:
-        rows = time_variants(a.modes.split(","))
-        print("| anchor B=1 S=4096 Hq=32 Hkv=8 D=128 causal BF16 | bwd ms | TFLOP/s |")
+        rows = time_variants(a.modes.split(","), axes=tuple(a.axes.split(",")))
+        print("| backward (anchor B=1 S=4096 Hq=32 Hkv=8 D=128 causal BF16 unless named) | bwd ms | TFLOP/s |")
         print("|---|---:|---:|")
         for name, ms, tf in rows:
             print(f"| {name} | {ms:.3f} | {tf:.0f} |")
@@ -248,7 +274,7 @@ def main():
             with open(a.json, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "date": str(datetime.date.today()),
                            "commit": commit,
-                           "protocol": "5 rounds, order reversed on odd rounds; per round the median of 30 "
+                           "axes": a.axes, "protocol": "5 rounds, order reversed on odd rounds; per round the median of 30 "
                                        "CUDA-event-timed calls after 5 warm-ups; row = median over rounds; "
                                        "backward alone (ours: attn_bwd incl. pre/post; FA4: autograd.grad "
                                        "of a retained graph)",

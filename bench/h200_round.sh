@@ -4,6 +4,7 @@
 #   bash bench/h200_round.sh tests   # every GPU test file, in parallel processes (compile is CPU-bound)
 #   bash bench/h200_round.sh bench   # the timed runs, one at a time
 #   bash bench/h200_round.sh d256    # head-dim-256 backward tests + bench/gemma2.py at D = 256
+#   bash bench/h200_round.sh lpt     # CTA-order variant: its tests, forward and backward timings
 #   bash bench/h200_round.sh final   # backward/hf tests, gqa_4096 and gemma2 D = 256 / 128 tables
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
@@ -44,6 +45,15 @@ elif [ "$phase" = final ]; then   # after a default change: its tests, then the 
   t gqa 240 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
   t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
   t gemma2_d128 120 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"
+elif [ "$phase" = lpt ]; then    # SectionLptScheduler CTA order: correctness, then forward and backward timings
+  pt bwd_lpt tests/test_attn_bwd_gpu.py -k "lpt" &
+  pt sched tests/test_tile_scheduler.py &
+  wait
+  t split_lpt 150 python3 tests/test_attn_fwd_split.py --out "$OUT/split" --only \
+"softmax v2,softmax v2 lpt,softcap native v2,softcap native v2 lpt,sigmoid native v2,sigmoid native v2 lpt,\
+softcap poly 1/2 v2 pp,softcap poly 1/2 v2 pp lpt,sigmoid poly 1/4 v2 pp,sigmoid poly 1/4 v2 pp lpt"
+  t bwd_lpt_time 150 python3 bench/attn_bwd_check.py --skip-check --variants --axes lpt \
+      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_lpt.json"
 else
   t split 200 python3 tests/test_attn_fwd_split.py --out "$OUT/split"
   t gqa 200 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"

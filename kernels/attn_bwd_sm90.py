@@ -71,8 +71,10 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 try:  # installed package layout
     from flash_attn_poly.kernels import mask as mask_mod
+    from flash_attn_poly.kernels.tile_scheduler import SectionLptScheduler, section_heads
 except ImportError:  # running from the repository root
     from kernels import mask as mask_mod
+    from kernels.tile_scheduler import SectionLptScheduler, section_heads
 
 NUM_THREADS = 384          # 1 producer warpgroup + 2 MMA warpgroups
 PRODUCER_REGS = 24         # producer only issues TMA
@@ -176,7 +178,8 @@ class BwdTile:
 
 class AttnBwdSm90:
     def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile,
-                 window: tuple = (False, False), deterministic: bool = False, dq_async: bool = False):
+                 window: tuple = (False, False), deterministic: bool = False, dq_async: bool = False,
+                 lpt: bool = False):
         assert head_dim in (64, 128, 256), "D must be 64, 128 or 256"
         # ordered (bitwise reproducible) dQ/dK/dV adds; module docstring, "Deterministic mode"
         self.deterministic = deterministic
@@ -185,6 +188,10 @@ class AttnBwdSm90:
         assert not (dq_async and deterministic), "dq_async: not with deterministic"
         assert not (dq_async and head_dim > 128), "dq_async: the staged dQ tile does not fit D = 256's smem"
         self.dq_async = dq_async
+        # CTA order (kernels/tile_scheduler.py): key blocks of L2-sized head sections, longest
+        # (lowest n) first, heads fastest; the deterministic build keeps its launch order
+        assert not (lpt and deterministic), "lpt: not with deterministic (turn order needs the grid order)"
+        self.lpt = lpt
         self.dtype = dtype
         self.D = head_dim
         self.is_causal = is_causal
@@ -285,6 +292,8 @@ class AttnBwdSm90:
         self.bytes_stat = self.tile_m * 4
         n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
         grid = (n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]) * self.n_chunks)
+        if const_expr(self.lpt):
+            grid = SectionLptScheduler.grid(n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]) * self.n_chunks)
         self.kernel(tQ, tK, tV, tdO, tLSE, tDsum, mdQacc, mdKacc, mdVacc,
                     tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
                     mma_sdp, mma_dkv, mma_dq, scalars + self._window_param(win_left, win_right) + extra,
@@ -313,7 +322,13 @@ class AttnBwdSm90:
                args, Storage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        n_block, head, batch = cute.arch.block_idx()
+        if const_expr(self.lpt):
+            # section working set per query head: Q, dO (16-bit) and the FP32 dQ accumulator
+            h_q = mQ.shape[2]
+            n_block, head, batch = SectionLptScheduler(reverse=False).work_tile(
+                cute.ceil_div(mK.shape[0], self.tile_n), h_q, section_heads(h_q, mQ.shape[0], self.D * 8, 1))
+        else:
+            n_block, head, batch = cute.arch.block_idx()
         chunk = 0
         if const_expr(self.n_chunks > 1):
             chunk = cute.arch.make_warp_uniform(batch % self.n_chunks)
@@ -775,6 +790,7 @@ class BwdKey:
     window_right: bool = False
     deterministic: bool = False  # ordered adds (AttnBwdSm90Det): bitwise reproducible gradients
     dq_async: bool = False       # dQ via smem + bulk reductions by warp 1 (not with deterministic)
+    lpt: bool = False            # SectionLptScheduler CTA order (not with deterministic)
 
 
 _CACHE: dict = {}
@@ -810,7 +826,7 @@ def fake_args(key: BwdKey):
 def kernel_for(key: BwdKey) -> AttnBwdSm90:
     cls = AttnBwdSm90Det if key.deterministic else AttnBwdSm90
     return cls(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile,
-               (key.window_left, key.window_right), key.deterministic, key.dq_async)
+               (key.window_left, key.window_right), key.deterministic, key.dq_async, key.lpt)
 
 
 def compile_bwd(key: BwdKey, options: str = "", tvm_ffi: bool = False):
@@ -831,7 +847,8 @@ def _dl(t):
 
 def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
-             lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None):
+             lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
+             lpt=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -842,6 +859,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     gradients, at some speed cost); a separate compiled build (BwdKey.deterministic).
     dq_async: dQ reduction through smem and bulk reductions (None: DQ_ASYNC_DEFAULT; the
     deterministic build always adds from the MMA threads, in turn).
+    lpt: CTA order of kernels/tile_scheduler.SectionLptScheduler (None: LPT_DEFAULT; not in
+    the deterministic build).
     """
     import torch
     from . import attn_bwd_prepost
@@ -860,7 +879,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     (has_l, has_r), window = mask_mod.window_args(window_size, bool(causal), s_q, s_k)
     key = BwdKey({torch.bfloat16: "bf16", torch.float16: "f16"}[q.dtype], d, bool(causal), stage, tile,
                  has_l, has_r, bool(deterministic),
-                 (DQ_ASYNC_DEFAULT if dq_async is None else bool(dq_async)) and not deterministic and d <= 128)
+                 (DQ_ASYNC_DEFAULT if dq_async is None else bool(dq_async)) and not deterministic and d <= 128,
+                 (LPT_DEFAULT if lpt is None else bool(lpt)) and not deterministic)
     from . import launch
     lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128)
     accs = attn_bwd_prepost.accumulators(q, k, turn_counters(b, s_q, s_k, h_q, k.shape[2], tile, d) if deterministic else 0)
@@ -879,6 +899,7 @@ PREPOST_ENV = "FLASH_ATTN_POLY_PREPOST"
 # bench/attn_bwd_check.py --variants (anchor shape, CuTe pre/post): softmax backward 1.158 ->
 # 0.884 ms, softcap 1.212 -> 0.957 ms; gradients equal to the atomic path's to 2e-6 rel L2.
 DQ_ASYNC_DEFAULT = True
+LPT_DEFAULT = False   # until timed on the H200 (bench/attn_bwd_check.py --variants)
 
 
 def prepost_module():

@@ -41,12 +41,12 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 try:  # installed package layout
     from flash_attn_poly.kernels import mask as mask_mod
     from flash_attn_poly.kernels import score_stages as stages
-    from flash_attn_poly.kernels.tile_scheduler import SingleTileScheduler
+    from flash_attn_poly.kernels.tile_scheduler import SectionLptScheduler, SingleTileScheduler, section_heads
     from flash_attn_poly.kernels import launch
 except ImportError:  # running from the repository root
     from kernels import mask as mask_mod
     from kernels import score_stages as stages
-    from kernels.tile_scheduler import SingleTileScheduler
+    from kernels.tile_scheduler import SectionLptScheduler, SingleTileScheduler, section_heads
     from kernels import launch
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
@@ -115,6 +115,9 @@ class AttnFwdConfig:
     # hoisting the wait over the stage ("": off, the measured default; "interior": mask-free
     # blocks only; "all": every overlapped block).  docs/NOTES_attn_fwd.md, stage before the PV wait
     stage_fence: str = ""
+    # CTA order: False = SingleTileScheduler (per head, longest query tile first); True =
+    # SectionLptScheduler (heads in L2-sized sections, longest tiles of all their heads first)
+    lpt: bool = False
 
     @staticmethod
     def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
@@ -201,11 +204,16 @@ class AttnFwdSm90:
 
         self.shared_storage = SharedStorage
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
-        sched = SingleTileScheduler(longest_first=self.causal)
+        if cutlass.const_expr(self.cfg.lpt):
+            sched = SectionLptScheduler(reverse=self.causal)
+            grid = SectionLptScheduler.grid(num_m_blocks, mQ.shape[2], mQ.shape[3])
+        else:
+            sched = SingleTileScheduler(longest_first=self.causal)
+            grid = SingleTileScheduler.grid(num_m_blocks, mQ.shape[2], mQ.shape[3])
         self.kernel(mQ_tma, mK_tma, mV_tma, mO, mLSE, tma_q, tma_k, tma_v,
                     tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
                     (p0, p1, p2, p3), self._window_param(win_left, win_right), sched).launch(
-            grid=SingleTileScheduler.grid(num_m_blocks, mQ.shape[2], mQ.shape[3]),
+            grid=grid,
             block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     def _window_param(self, win_left, win_right):
@@ -234,7 +242,14 @@ class AttnFwdSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        m_block, head, batch = sched.work_tile()
+        if cutlass.const_expr(self.cfg.lpt):
+            # section working set: the K and V rows of its KV heads (reused by the group's
+            # query heads and by every query tile); Q and O stream through once
+            h_q = mQ.shape[2]
+            group = section_heads(h_q, mK.shape[0], self.head_dim * 4, h_q // mK.shape[2])
+            m_block, head, batch = sched.work_tile(cute.ceil_div(mQ.shape[0], self.tile_m), h_q, group)
+        else:
+            m_block, head, batch = sched.work_tile()
         blocks = mask_mod.BlockRange(self.tile_m, self.tile_n, self.causal,
                                      self.cfg.window_left, self.cfg.window_right)
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]

@@ -1,10 +1,17 @@
-"""Map a CTA to its (m_block, head, batch) work tile.
+"""Map a CTA to its (block, head, batch) work tile.
 
-One CTA per (query tile, head, batch): grid = (ceil(S_q / tile_m), H_q, B).  For causal
-attention the query tiles are handed out last-first, so the CTAs with the most key
-blocks (the bottom rows of the causal triangle) start in the first wave and the short
-ones fill the tail: at S=4096, tile 128, the longest tile has 32 key blocks, the
-shortest 1.
+SingleTileScheduler: one CTA per (query tile, head, batch), grid = (ceil(S_q / tile_m),
+H_q, B).  For causal attention the query tiles are handed out last-first inside each head,
+so the longest CTA of a head starts before its short ones.
+
+SectionLptScheduler (`lpt=True` in the forward config / backward key): the heads are cut
+into sections whose working set fits a share of L2 (`heads_per_section`, computed in the
+kernel from the runtime shapes), and inside a section the CTAs go out block-major, heads
+fastest, longest block first.  Over the whole grid this is longest-processing-time-first
+for causal attention, so the short CTAs fill the tail of every section, while the CTAs
+that run together touch the tensors of a few heads only.  (Across heads, the single-tile order
+starts head 31's 32-block CTA about when the grid is nearly done: a late long job.)
+grid = (num_blocks * H, 1, B).
 """
 from __future__ import annotations
 
@@ -13,6 +20,9 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
+
+# Bytes of per-head working set a section may keep in L2 (H100/H200: 50 MB of L2).
+L2_SECTION_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -31,3 +41,53 @@ class SingleTileScheduler:
             gx, _, _ = cute.arch.grid_dim()
             m_block = gx - 1 - bx
         return Int32(m_block), Int32(head), Int32(batch)
+
+
+def heads_per_section(num_heads: int, rows: int, bytes_per_row: int, heads_per_unit: int = 1) -> int:
+    """Host mirror of section_heads (tests, notes)."""
+    g = (L2_SECTION_BYTES // bytes_per_row) // max(rows, 1) * heads_per_unit
+    return max(1, min(num_heads, g))
+
+
+@cute.jit
+def section_heads(num_heads: Int32, rows: Int32, bytes_per_row: cutlass.Constexpr[int],
+                  heads_per_unit: Int32) -> Int32:
+    """Heads per section: units of `heads_per_unit` heads whose `rows` rows of
+    `bytes_per_row` bytes fit L2_SECTION_BYTES, at least 1 head, at most all (no 32-bit
+    overflow: the constant is divided first)."""
+    g = Int32(L2_SECTION_BYTES // bytes_per_row) // cutlass.max(rows, Int32(1)) * heads_per_unit
+    return cutlass.min(cutlass.max(g, Int32(1)), num_heads)
+
+
+def lpt_tile(lin: int, num_blocks: int, num_heads: int, group: int, reverse: bool) -> tuple[int, int]:
+    """Host mirror of SectionLptScheduler.work_tile: (block, head) of linear CTA index lin."""
+    per_section = group * num_blocks
+    section, within = divmod(lin, per_section)
+    head0 = section * group
+    width = min(group, num_heads - head0)
+    block, head = divmod(within, width)
+    return (num_blocks - 1 - block if reverse else block), head0 + head
+
+
+@dataclass(frozen=True)
+class SectionLptScheduler:
+    reverse: bool     # True: block num_blocks - 1 is the longest (causal forward query tiles)
+
+    @staticmethod
+    def grid(num_blocks, num_heads, batch):
+        return (num_blocks * num_heads, 1, batch)
+
+    @cute.jit
+    def work_tile(self, num_blocks: Int32, num_heads: Int32, group: Int32):
+        """(block, head, batch) of this CTA; group = heads per section (section_heads)."""
+        lin, _, batch = cute.arch.block_idx()
+        per_section = group * num_blocks
+        section = lin // per_section
+        within = lin - section * per_section
+        head0 = section * group
+        width = cutlass.min(group, num_heads - head0)      # the last section may be narrower
+        block = within // width
+        head = head0 + (within - block * width)
+        if cutlass.const_expr(self.reverse):
+            block = num_blocks - 1 - block
+        return Int32(block), Int32(head), Int32(batch)

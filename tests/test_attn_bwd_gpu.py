@@ -62,6 +62,22 @@ def test_attn_bwd_dq_atomic_matches_fp64_autograd(case):
     assert max(errs) < 2e-2, errs
 
 
+LPT_CASES = [CASES[1], CASES[3], CASES[5], CASES[7],
+             (1, 5000, 5000, 8, 2, 128, True, "softmax")]   # S=5000: sections of 6 + 2 heads
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", LPT_CASES, ids=str)
+def test_attn_bwd_lpt_order_matches_fp64_autograd(case):
+    """CTA order of kernels/tile_scheduler.SectionLptScheduler (BwdKey.lpt)."""
+    import sys, os
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    from attn_bwd_check import run_case
+    errs, finite = run_case(case, lpt=True)
+    assert finite
+    assert max(errs) < 2e-2, errs
+
+
 FP16_CASES = [CASES[1], CASES[3], CASES[5], CASES[6], CASES[8]]   # softmax causal/non-causal, softcap, sigmoid
 
 

@@ -51,6 +51,12 @@ VARIANTS = [   # "v2" = overlap_v2 (the default where P stays FP32), "v2pp" = v2
     ("sigmoid native v2 tied", "sigmoid", "native", None, "v2t"),
     ("softcap poly 1/2 v2 pp tied", "softcap", "poly", (1, 2), "v2ppt"),
     ("sigmoid poly 1/4 v2 pp tied", "sigmoid", "poly", (1, 4), "v2ppt"),
+    # "... lpt": a trailing "L" sets AttnFwdConfig.lpt (kernels/tile_scheduler.SectionLptScheduler)
+    ("softmax v2 lpt", "softmax", "native", None, "v2L"),
+    ("softcap native v2 lpt", "softcap", "native", None, "v2L"),
+    ("sigmoid native v2 lpt", "sigmoid", "native", None, "v2L"),
+    ("softcap poly 1/2 v2 pp lpt", "softcap", "poly", (1, 2), "v2ppL"),
+    ("sigmoid poly 1/4 v2 pp lpt", "sigmoid", "poly", (1, 4), "v2ppL"),
 ]
 
 
@@ -154,7 +160,11 @@ def worker(idx, out_dir, n_workers):
     from flash_attn_poly.kernels import attn_fwd_sm90 as A
     rec = dict(name=name, mode=mode, evaluator=ev, split=split, overlap=overlap)
     stage = S.make_stage(mode, ev, **({"poly_split": split} if split else {}))
+    lpt = isinstance(overlap, str) and overlap.endswith("L")
+    overlap = overlap[:-1] if lpt else overlap
     tuning = dict(overlap=bool(overlap), pingpong=overlap in (False, "v2pp", "v2ppt"))
+    if lpt:
+        tuning["lpt"] = True
     if overlap in ("v2", "v2pp", "v2t", "v2ta", "v2ppt"):
         tuning["overlap_v2"] = True
     if overlap in ("v2t", "v2ppt"):
@@ -192,9 +202,18 @@ def worker(idx, out_dir, n_workers):
 def main(argv):
     out_dir = argv[argv.index("--out") + 1] if "--out" in argv else "/tmp/split_out"
     if "--worker" in argv:
+        if os.environ.get("FAP_SPLIT_ONLY"):   # the parent's --only selection, same order
+            keep = os.environ["FAP_SPLIT_ONLY"].split(",")
+            VARIANTS[:] = [v for v in VARIANTS if v[0] in keep]
         return worker(int(argv[argv.index("--worker") + 1]), out_dir, int(argv[argv.index("--n") + 1]))
     os.makedirs(out_dir, exist_ok=True)
     final_dir, out_dir = out_dir, tempfile.mkdtemp(prefix="split_")   # $OUT returns few files
+    if "--only" in argv:   # comma-separated variant names: run these only (same worker indices)
+        keep = argv[argv.index("--only") + 1].split(",")
+        unknown = [k for k in keep if k not in [v[0] for v in VARIANTS]]
+        assert not unknown, f"unknown variants {unknown}"
+        VARIANTS[:] = [v for v in VARIANTS if v[0] in keep]
+        os.environ["FAP_SPLIT_ONLY"] = ",".join(keep)
     n = len(VARIANTS)
     procs = []
     for i in range(n):
