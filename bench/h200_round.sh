@@ -45,6 +45,9 @@ elif [ "$phase" = final ]; then   # after a default change: its tests, then the 
   t gqa 240 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
   t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
   t gemma2_d128 120 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"
+elif [ "$phase" = final2 ]; then   # short: forward tests under the defaults, then gqa_4096 (files left unpacked too)
+  pt fwd tests/test_attn_fwd_gpu.py
+  t gqa 240 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
 elif [ "$phase" = lpt ]; then    # SectionLptScheduler CTA order: correctness, then forward and backward timings
   pt bwd_lpt tests/test_attn_bwd_gpu.py -k "lpt" &
   pt sched tests/test_tile_scheduler.py &

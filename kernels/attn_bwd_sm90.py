@@ -899,7 +899,10 @@ PREPOST_ENV = "FLASH_ATTN_POLY_PREPOST"
 # bench/attn_bwd_check.py --variants (anchor shape, CuTe pre/post): softmax backward 1.158 ->
 # 0.884 ms, softcap 1.212 -> 0.957 ms; gradients equal to the atomic path's to 2e-6 rel L2.
 DQ_ASYNC_DEFAULT = True
-LPT_DEFAULT = False   # until timed on the H200 (bench/attn_bwd_check.py --variants)
+# SectionLptScheduler order (H200, bd076e4, --variants --axes lpt, anchor shape): softmax 0.859
+# -> 0.807 ms, softcap 0.962 -> 0.865, sigmoid 0.899 -> 0.816; D = 256 softcap (Gemma-2 2B
+# shape) 2.509 -> 2.338.  Gradients equal to the single-tile order's to 2e-5 rel L2.
+LPT_DEFAULT = True
 
 
 def prepost_module():
