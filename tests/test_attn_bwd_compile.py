@@ -15,9 +15,9 @@ SCORES_D128 = 128 * 64 // 256
 
 
 def _sass(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split=None, window=False,
-          deterministic=False, families=None, dq_async=False):
+          deterministic=False, families=None, dq_async=False, lpt=False):
     key = K.BwdKey(dtype, d, causal, bwd_side(mode, evaluator, poly_split), K.BwdTile.for_head_dim(d),
-                   window, window, deterministic, dq_async)
+                   window, window, deterministic, dq_async, lpt)
     if key not in _SASS:
         c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
         _SASS[key] = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS))
@@ -81,6 +81,21 @@ def test_d256_bwd_builds(mode, evaluator):
     for op in ("MUFU.EX2", "MUFU.TANH", "HFMA2.BF16"):
         assert n[op] == n128[op], (op, n, n128)
     assert n["STL"] <= 3 and n["LDL"] <= 3, n
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator,d", [("softmax", "native", 128), ("softcap", "poly", 128),
+                                              ("softmax", "native", 256)])
+def test_lpt_bwd_changes_only_the_prologue(mode, evaluator, d):
+    """BwdKey.lpt: the SectionLptScheduler decode adds integer-divide RCPs once per CTA; the
+    loop is the single-tile build's.  D = 256 spills 2 words more (4 STL, loop-invariant)."""
+    kw = dict(d=d, dq_async=d <= 128)
+    a = _sass(mode, evaluator, **kw, lpt=True)
+    b = _sass(mode, evaluator, **kw)
+    assert a["MUFU.RCP"] > b["MUFU.RCP"], (a, b)
+    for op in ("HGMMA", "MUFU.EX2", "MUFU.TANH", "HFMA2.BF16", "UBLKRED"):
+        assert a[op] == b[op], (op, a, b)
+    assert a["STL"] <= (4 if d == 256 else 0), a
 
 
 @pytest.mark.compile
