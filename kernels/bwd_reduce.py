@@ -1,0 +1,255 @@
+"""dQ/dK/dV reductions of the attention backward (mixed into kernels/attn_bwd_sm90.py).
+
+FP32 atomics: dK and dV are added once per CTA (epilogue_dkv), dQ once per query block.
+The dQ tile goes one of two ways.
+- add_dq: `red.global.add.v2.f32` from the MMA threads.
+- stage_dq + reduce_dq (dq_async, the default for D <= 128):
+  - the MMA threads write the tile into a padded smem buffer;
+  - warp 1 of the producer warpgroup issues one `cp.reduce.async.bulk` add per row;
+  - named barriers 3 (full) and 4 (empty) hand the single buffer back and forth.
+
+Deterministic mode (BwdKey.deterministic, attn_bwd(deterministic=True)).  FP32 atomics
+commute only up to rounding, so the order in which CTAs reach a shared tile decides the
+low bits.  The deterministic build fixes that order with one Int32 turn counter per
+output tile (zeroed by the host with the accumulators, same memset):
+  * dQ tile (m, h, b): the key blocks that visit query block m form one contiguous range
+    [n_lo, n_hi) (kernels/mask.py: a key block's query range [m_min, m_max) moves up with
+    n), and they add from n_hi - 1 down: rank = n_hi - 1 - n.
+  * dK/dV tile (n, h_kv, b): the query heads of the GQA group add in ascending head order
+    (all of them visit the same query blocks, the range depends on n only).
+A CTA waits until the counter equals its rank (MMA thread 0 spins on ld.acquire.gpu, a
+named barrier holds the other 255 MMA threads), adds, passes a second barrier and
+increments with red.release.gpu.  The key blocks launch in reverse (blockIdx.x = 0 is the
+last key block), which makes the descending dQ order match the pace of the causal
+staircase: block n + 1 starts its query range no lower than block n, so it reaches every
+shared query block earlier and the next rank rarely waits.  (Non-causal dQ: every key
+block starts at query block 0, so rank r first waits r query blocks; lockstep after that.)
+Deadlock freedom: every wait is on CTAs with a lower linear block index (x fastest, then
+y = head, then z = batch).  dQ waits on key blocks n' > n of the same (h, b), which have
+blockIdx.x = N - 1 - n' smaller; dK/dV waits on heads h' < h of the same (n, b), which
+have a smaller blockIdx.y.  The hardware dispatches CTAs in linear index order, so the
+lowest-index unfinished CTA is resident; all of its predecessors have finished (their
+increments are done), so its waits are satisfied and it finishes; by induction every CTA
+does, however few CTAs fit on the GPU at once.  The producer warp never waits on a counter.
+The non-deterministic build is unchanged: every step above is behind const_expr.
+"""
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+try:  # installed package layout
+    from flash_attn_poly.kernels import mask as mask_mod
+except ImportError:  # running from the repository root
+    from kernels import mask as mask_mod
+
+TURN_BARRIER_ID = 2        # deterministic builds: counter seen / adds issued (256 MMA threads)
+DQ_FULL_BARRIER_ID = 3     # dq_async: dQ tile staged in smem (256 MMA threads arrive, warp 1 waits)
+DQ_EMPTY_BARRIER_ID = 4    # dq_async: warp 1 has read the staged tile (it arrives, MMA threads wait)
+DQ_ROW_PAD = 8             # dq_async: FP32 pad per staged dQ row (row stride 136 words: 2-way banks)
+
+
+@dsl_user_op
+def red_add_v2_f32(addr: cutlass.Int64, a: Float32, b: Float32, *, loc=None, ip=None):
+    """red.global.add.v2.f32 (sm_90): one 8-byte reduction instead of two 4-byte ones."""
+    llvm.inline_asm(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip),
+                           Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+                    "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f",
+                    has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def st_shared_v2_f32(addr: Int32, a: Float32, b: Float32, *, loc=None, ip=None):
+    llvm.inline_asm(None, [Int32(addr).ir_value(loc=loc, ip=ip),
+                           Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+                    "st.shared.v2.f32 [$0], {$1, $2};", "r,f,f",
+                    has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def bulk_reduce_add_f32(gaddr: cutlass.Int64, saddr: Int32, nbytes: Int32, *, loc=None, ip=None):
+    """cp.reduce.async.bulk (sm_90): global[gaddr : +nbytes] += smem[saddr : +nbytes] as FP32,
+    done by the TMA unit (bulk async group: commit, then wait_group.read before reusing smem)."""
+    llvm.inline_asm(None, [cutlass.Int64(gaddr).ir_value(loc=loc, ip=ip), Int32(saddr).ir_value(loc=loc, ip=ip),
+                           Int32(nbytes).ir_value(loc=loc, ip=ip)],
+                    "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;", "l,r,r",
+                    has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def ld_acquire_s32(addr: cutlass.Int64, *, loc=None, ip=None) -> Int32:
+    """ld.acquire.gpu: a counter read that orders this thread's later accesses after it."""
+    return Int32(llvm.inline_asm(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
+                                 "ld.acquire.gpu.global.s32 $0, [$1];", "=r,l",
+                                 has_side_effects=True, is_align_stack=False,
+                                 asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def red_release_add_s32(addr: cutlass.Int64, v: Int32, *, loc=None, ip=None):
+    """red.release.gpu add: publishes every access ordered before it (the CTA's barrier
+    included) to whoever acquires the new counter value."""
+    llvm.inline_asm(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip), Int32(v).ir_value(loc=loc, ip=ip)],
+                    "red.release.gpu.global.add.s32 [$0], $1;", "l,r",
+                    has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@cute.jit
+def dq_rank(n_block: Int32, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, tile_m: cutlass.Constexpr[int],
+            tile_n: cutlass.Constexpr[int], causal: cutlass.Constexpr[bool], has_left: cutlass.Constexpr[bool],
+            has_right: cutlass.Constexpr[bool], win_right: Int32):
+    """Turn of key block n_block among the key blocks that add into query block m_block, from
+    the highest down.  Those blocks are [n_lo, n_hi) with n_hi = BlockRange.n_block_max (the
+    forward's bound): query_block_range's m_min(n) <= m <=> n < n_hi, m < m_max(n) <=> n >= n_lo.
+    Module-level so that a CPU test can run it against query_block_range on the host."""
+    rng = mask_mod.BlockRange(tile_m, tile_n, causal, has_left, has_right)
+    return rng.n_block_max(m_block, seqlen_q, seqlen_k, win_right) - 1 - n_block
+
+
+def acc_mn_view(t: cute.Tensor) -> cute.Tensor:
+    """View a wgmma C fragment ((2,2,V),M,N) as (rows, cols) = ((2,M), (2,V,N))."""
+    s, d = t.layout.shape, t.layout.stride
+    lay = cute.make_layout(((s[0][1], s[1]), (s[0][0], s[0][2], s[2])),
+                           stride=((d[0][1], d[1]), (d[0][0], d[0][2], d[2])))
+    return cute.make_tensor(t.iterator, lay)
+
+
+class BwdReductions:
+    """Reduction steps of AttnBwdSm90 (uses its tile_m, tile_n, Dc, n_chunks, is_causal,
+    has_left, has_right, deterministic)."""
+
+    # ---------------------------------------------------------------- dq_async
+    @cute.jit
+    def stage_dq(self, mma_dq, acc_dQ, sdQ_addr, tidx):
+        """MMA threads: wait until warp 1 has read the previous tile, write acc_dQ row-major
+        (padded rows) into smem, make it visible to the async proxy, signal warp 1."""
+        pipeline.NamedBarrier(barrier_id=DQ_EMPTY_BARRIER_ID, num_threads=256 + 32).sync()
+        thr = mma_dq.get_slice(tidx)
+        c_mn = acc_mn_view(thr.partition_C(cute.make_identity_tensor((self.tile_m, self.Dc))))
+        acc_mn = acc_mn_view(acc_dQ)
+        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
+                word = c_mn[r, c][0] * (self.Dc + DQ_ROW_PAD) + c_mn[r, c][1]
+                st_shared_v2_f32(sdQ_addr + word * 4, acc_mn[r, c], acc_mn[r, c + 1])
+        cute.arch.fence_view_async_shared()
+        pipeline.NamedBarrier(barrier_id=DQ_FULL_BARRIER_ID, num_threads=256 + 32).arrive()
+
+    @cute.jit
+    def reduce_dq(self, mdQacc, sdQ_addr, lane, head, batch, chunk, m_min, m_max, seqlen_q):
+        """Warp 1: per query block, one bulk FP32 reduction per staged row (Dc * 4 bytes) into
+        the dQ accumulator; rows >= S_q are skipped.  The first EMPTY arrival frees the buffer
+        for the first tile; the last tile's arrival is left out (nobody waits for it)."""
+        mX = mdQacc[None, None, head, batch]
+        full = pipeline.NamedBarrier(barrier_id=DQ_FULL_BARRIER_ID, num_threads=256 + 32)
+        empty = pipeline.NamedBarrier(barrier_id=DQ_EMPTY_BARRIER_ID, num_threads=256 + 32)
+        if m_min < m_max:
+            empty.arrive()
+            for m_block in cutlass.range(m_min, m_max, unroll=1):
+                full.sync()
+                for i in cutlass.range_constexpr(self.tile_m // 32):
+                    r = lane + 32 * i
+                    row = m_block * self.tile_m + r
+                    if row < seqlen_q:
+                        g = mX.iterator + row * mX.stride[0] + chunk * self.Dc
+                        bulk_reduce_add_f32(g.toint(), sdQ_addr + r * (self.Dc + DQ_ROW_PAD) * 4, Int32(self.Dc * 4))
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                if m_block < m_max - 1:
+                    empty.arrive()
+            cute.arch.cp_async_bulk_wait_group(0)
+
+    @cute.jit
+    def add_dq(self, mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k,
+               args):
+        """dQ tile of (m_block, head, batch) += acc_dQ; in order of the key blocks when deterministic."""
+        if const_expr(self.deterministic):
+            sem, rank = self.dq_turn(args[5], mdQacc, n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k,
+                                     args)
+            self.turn_wait(sem, rank, tidx)
+        self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, self.Dc),
+                         m_block, seqlen_q, tidx, chunk * self.Dc)
+        if const_expr(self.deterministic):
+            self.turn_done(sem, tidx)
+
+    @cute.jit
+    def atomic_tile(self, tiled_mma, acc, mX, tile, block, seqlen, tidx, col0):
+        """FP32 reduction of a C fragment into rows [block*tile[0], ...) and columns
+        [col0, col0 + tile[1]) of mX (rows < seqlen).
+
+        Addresses come from the fragment's identity coordinates and mX's row stride."""
+        thr = tiled_mma.get_slice(tidx)
+        tXcX = acc_mn_view(thr.partition_C(cute.make_identity_tensor(tile)))
+        acc_mn = acc_mn_view(acc)
+        row0 = block * tile[0]
+        row_stride = mX.stride[0]
+        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            row = row0 + tXcX[r, 0][0]
+            if row < seqlen:
+                row_ptr = mX.iterator + row * row_stride + col0
+                for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
+                    ptr = row_ptr + tXcX[r, c][1]
+                    red_add_v2_f32(ptr.toint(), acc_mn[r, c], acc_mn[r, c + 1])
+
+    @cute.jit
+    def epilogue_dkv(self, mma_dkv, acc_dK, acc_dV, mdQacc, mdKacc, mdVacc, tidx,
+                     n_block, head, head_kv, batch, chunk, seqlen_q, seqlen_k, args):
+        """dK, dV tiles of (n_block, head_kv, batch) += this query head's sums; deterministic
+        builds add the GQA group's query heads in ascending order."""
+        tile = (self.tile_n, self.Dc)
+        col0 = chunk * self.Dc
+        if const_expr(self.deterministic):
+            sem = self.dkv_turn(args[5], mdQacc, mdKacc, n_block, head_kv, batch, chunk, seqlen_q, seqlen_k)
+            rank = args[6]
+            self.turn_wait(sem, rank, tidx)
+        self.atomic_tile(mma_dkv, acc_dK, mdKacc[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx, col0)
+        self.atomic_tile(mma_dkv, acc_dV, mdVacc[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx, col0)
+        if const_expr(self.deterministic):
+            self.turn_done(sem, tidx)
+
+    # ---------------------------------------------------------------- deterministic mode
+    @cute.jit
+    def dq_turn(self, mSem, mdQacc, n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args):
+        """(counter address, rank) of this CTA's dQ add into query block m_block.  The key
+        blocks visiting m_block are one contiguous range [n_block_min, n_block_max) (the
+        query ranges of kernels/mask.py grow with n); they add from the highest block down."""
+        m_blocks = cute.ceil_div(seqlen_q, self.tile_m)
+        slot = ((batch * mdQacc.shape[2] + head) * m_blocks + m_block) * self.n_chunks + chunk
+        rank = dq_rank(n_block, m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.is_causal,
+                       self.has_left, self.has_right, args[4])
+        return (mSem.iterator + slot).toint(), rank
+
+    @cute.jit
+    def dkv_turn(self, mSem, mdQacc, mdKacc, n_block, head_kv, batch, chunk, seqlen_q, seqlen_k):
+        """Counter address of this CTA's dK/dV add: counters of (n_block, head_kv, batch)
+        follow the B * H_q * ceil(S_q / tile_m) dQ counters.  The rank is the query head's
+        place in its group (args[6]): every head of a group visits the same query blocks,
+        so all of them add."""
+        dq_slots = mdQacc.shape[3] * mdQacc.shape[2] * cute.ceil_div(seqlen_q, self.tile_m) * self.n_chunks
+        slot = dq_slots + ((batch * mdKacc.shape[2] + head_kv) * cute.ceil_div(seqlen_k, self.tile_n)
+                           + n_block) * self.n_chunks + chunk
+        return (mSem.iterator + slot).toint()
+
+    @cute.jit
+    def turn_wait(self, sem_addr, rank, tidx):
+        """Block the 256 MMA threads until the counter at sem_addr equals rank.  One thread
+        spins with acquire loads; the named barrier then orders every thread's adds after
+        that acquire (a barrier is CTA-wide synchronisation, the acquire makes it GPU-wide)."""
+        if tidx == 0:
+            seen = ld_acquire_s32(sem_addr)
+            while seen != rank:
+                seen = ld_acquire_s32(sem_addr)
+        pipeline.NamedBarrier(barrier_id=TURN_BARRIER_ID, num_threads=256).arrive_and_wait()
+
+    @cute.jit
+    def turn_done(self, sem_addr, tidx):
+        """Pass the turn on: after the barrier every MMA thread's reductions precede thread
+        0's release increment, so the next rank's acquire sees all of them applied."""
+        pipeline.NamedBarrier(barrier_id=TURN_BARRIER_ID, num_threads=256).arrive_and_wait()
+        if tidx == 0:
+            red_release_add_s32(sem_addr, Int32(1))
