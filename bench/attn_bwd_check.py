@@ -227,6 +227,23 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
     return [(name, statistics.median(per[name]), fl / statistics.median(per[name]) / 1e9) for name, _, fl in variants]
 
 
+def time_split_wg(rounds=3):
+    """D = 256 backward at the Gemma-2 2B shape, softcap: chunked vs split-warpgroup build,
+    alternating order; the row is the median over rounds of the median of 10 calls."""
+    q, k, v, do, o, lse = _gemma_inputs()
+    fns = {name: (lambda sw=sw: attn_bwd(do, q, k, v, o, lse, mode="softcap", causal=True, softcap=50.0,
+                                         split_wg=sw))
+           for name, sw in (("chunked", False), ("split_wg", True))}
+    ga, gb = fns["chunked"](), fns["split_wg"]()
+    rel = max(((x.double() - y.double()).norm() / y.double().norm()).item() for x, y in zip(ga, gb))
+    print(f"D=256 softcap: chunked vs split_wg, max rel L2 over dq/dk/dv {rel:.2e}")
+    per = {n: [] for n in fns}
+    for r in range(rounds):
+        for n in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            per[n].append(bench(fns[n], n=10, warm=2))
+    return [(n, statistics.median(v)) for n, v in per.items()]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--time", action="store_true")
@@ -239,6 +256,7 @@ def main():
                     help="time backward variants side by side, with FA4 (see --axes)")
     ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order)")
     ap.add_argument("--json", default=None, help="with --variants: write rows + protocol here")
+    ap.add_argument("--split-wg", action="store_true", help="time the D=256 chunked vs split-warpgroup backward")
     a = ap.parse_args()
     ok = True
     if not a.skip_check:
@@ -261,6 +279,9 @@ def main():
         print("| anchor B=1 S=4096 Hq=32 Hkv=8 D=128 causal | torch ms | cute ms | torch/cute |")
         for name, t_ms, c_ms in time_prepost(a.modes.split(",")):
             print(f"| {name} | {t_ms:.3f} | {c_ms:.3f} | {t_ms / c_ms:.2f} |")
+    if a.split_wg:
+        for name, ms in time_split_wg():
+            print(f"| D=256 softcap bwd (B=1 S=8192 H 8/4) {name} | {ms:.3f} ms |")
     if a.variants:
         rows = time_variants(a.modes.split(","), axes=tuple(a.axes.split(",")))
         print("| backward (anchor B=1 S=4096 Hq=32 Hkv=8 D=128 causal BF16 unless named) | bwd ms | TFLOP/s |")

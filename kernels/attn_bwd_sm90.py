@@ -72,6 +72,9 @@ class BwdTile:
     tile_m: int
     tile_n: int
     stages: int = 2
+    # D = 256 only: warpgroup 0 computes S/P/dV, warpgroup 1 dP/dS/dK, no recompute
+    # (kernels/attn_bwd_sm90_splitwg.py; tile 64 x 64, 2 stages)
+    split_wg: bool = False
 
     @staticmethod
     def for_head_dim(d: int) -> "BwdTile":
@@ -156,10 +159,15 @@ class AttnBwdSm90(BwdReductions):
             sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sdS_layout)], 1024]
 
         @cute.struct
-        class StorageDq:
+        class StorageAux:
             base: Storage
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * (self.Dc + DQ_ROW_PAD)], 128]
-        return StorageDq if self.dq_async else Storage
+            aux: cute.struct.Align[cute.struct.MemRange[Float32, max(1, self._aux_words())], 128]
+        return StorageAux if self._aux_words() else Storage
+
+    def _aux_words(self) -> int:
+        """FP32 words of shared memory after the base storage (0: none): the staged dQ tile
+        of dq_async; subclasses add their own (AttnBwdSm90SplitWG: the dS factors)."""
+        return self.tile_m * (self.Dc + DQ_ROW_PAD) if self.dq_async else 0
 
     @staticmethod
     def _seq_major(t: cute.Tensor, order) -> cute.Tensor:
@@ -246,9 +254,9 @@ class AttnBwdSm90(BwdReductions):
                 cpasync.prefetch_descriptor(atom)
         smem = SmemAllocator()
         st = smem.allocate(Storage)
-        sdQ_addr = Int32(0)
-        if const_expr(self.dq_async):
-            sdQ_addr = st.sdQ.data_ptr().toint()
+        sdQ_addr = Int32(0)   # the aux buffer (_aux_words): staged dQ, or a subclass's
+        if const_expr(self._aux_words() > 0):
+            sdQ_addr = st.aux.data_ptr().toint()
             st = st.base
         prod = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         cons = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)   # 8 MMA warps arrive
@@ -599,7 +607,11 @@ def fake_args(key: BwdKey):
 
 
 def kernel_for(key: BwdKey) -> AttnBwdSm90:
-    cls = AttnBwdSm90Det if key.deterministic else AttnBwdSm90
+    if key.tile.split_wg:
+        from .attn_bwd_sm90_splitwg import AttnBwdSm90SplitWG
+        cls = AttnBwdSm90SplitWG
+    else:
+        cls = AttnBwdSm90Det if key.deterministic else AttnBwdSm90
     return cls(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile,
                (key.window_left, key.window_right), key.deterministic, key.dq_async, key.lpt)
 
@@ -623,7 +635,7 @@ def _dl(t):
 def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
-             lpt=None):
+             lpt=None, split_wg=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -636,6 +648,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     deterministic build always adds from the MMA threads, in turn).
     lpt: CTA order of kernels/tile_scheduler.SectionLptScheduler (None: LPT_DEFAULT; not in
     the deterministic build).
+    split_wg: D = 256 only, the split-warpgroup build without recomputation
+    (kernels/attn_bwd_sm90_splitwg.py; None: SPLIT_WG_DEFAULT; not deterministic).
     """
     import torch
     from . import attn_bwd_prepost
@@ -651,6 +665,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     if mode == "softcap" and not softcap:
         raise ValueError("softcap mode needs softcap > 0")
     tile = BwdTile.for_head_dim(d)
+    if d == 256 and (SPLIT_WG_DEFAULT if split_wg is None else split_wg) and not deterministic:
+        tile = BwdTile(64, 64, 2, split_wg=True)
     (has_l, has_r), window = mask_mod.window_args(window_size, bool(causal), s_q, s_k)
     key = BwdKey({torch.bfloat16: "bf16", torch.float16: "f16"}[q.dtype], d, bool(causal), stage, tile,
                  has_l, has_r, bool(deterministic),
@@ -678,6 +694,8 @@ DQ_ASYNC_DEFAULT = True
 # -> 0.807 ms, softcap 0.962 -> 0.865, sigmoid 0.899 -> 0.816; D = 256 softcap (Gemma-2 2B
 # shape) 2.509 -> 2.338.  Gradients equal to the single-tile order's to 2e-5 rel L2.
 LPT_DEFAULT = True
+# D = 256 split-warpgroup build: compile-checked (no spills, 48 HGMMA), not yet run on a GPU
+SPLIT_WG_DEFAULT = False
 
 
 def prepost_module():

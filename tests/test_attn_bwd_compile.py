@@ -84,6 +84,25 @@ def test_d256_bwd_builds(mode, evaluator):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator", [("softmax", "native"), ("softcap", "native"), ("softcap", "poly"),
+                                            ("sigmoid", "native"), ("sigmoid", "poly")])
+def test_split_wg_d256_builds(mode, evaluator):
+    """D = 256 split-warpgroup build: each GEMM once (S, dP 16 k-blocks; dV, dK, dQ 4 each:
+    48 HGMMA, as many as the chunked build, which runs its 7 GEMMs of 128 columns twice as
+    two CTAs), the D = 128 stage's MUFU and packed-FMA counts, no spills, and f moved with
+    8 STS.128 / 8 LDS.128 per thread and query block."""
+    key = K.BwdKey("bf16", 256, True, bwd_side(mode, evaluator), K.BwdTile(64, 64, 2, True))
+    c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
+    n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS,
+                           **{"STS.128": r"STS\.128", "LDS.128": r"LDS\.128"}))
+    ref = _sass(mode, evaluator, d=128)
+    assert n["HGMMA"] == 48 and n["STL"] == 0 and n["LDL"] == 0, n
+    for op in ("MUFU.EX2", "MUFU.TANH", "HFMA2.BF16"):
+        assert n[op] == ref[op], (op, n, ref)
+    assert n["STS.128"] == 8 and n["LDS.128"] == 8, n
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("mode,evaluator,d", [("softmax", "native", 128), ("softcap", "poly", 128),
                                               ("softmax", "native", 256)])
 def test_lpt_bwd_changes_only_the_prologue(mode, evaluator, d):

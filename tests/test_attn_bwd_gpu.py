@@ -78,6 +78,22 @@ def test_attn_bwd_lpt_order_matches_fp64_autograd(case):
     assert max(errs) < 2e-2, errs
 
 
+SPLIT_WG_CASES = [CASES[7], CASES[8], CASES[9], CASES[10],
+                  (1, 700, 700, 8, 2, 256, True, "softcap")]   # 11 query blocks, ragged tail
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", SPLIT_WG_CASES, ids=str)
+def test_attn_bwd_split_wg_d256_matches_fp64_autograd(case):
+    """D = 256 split-warpgroup build (kernels/attn_bwd_sm90_splitwg.py, not the default yet)."""
+    import sys, os
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    from attn_bwd_check import run_case
+    errs, finite = run_case(case, split_wg=True)
+    assert finite
+    assert max(errs) < 2e-2, errs
+
+
 FP16_CASES = [CASES[1], CASES[3], CASES[5], CASES[6], CASES[8]]   # softmax causal/non-causal, softcap, sigmoid
 
 
