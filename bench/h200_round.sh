@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Device calls in two phases (each fits one 600 s call on the H200):
 #   source .payload/setup.sh || exit 3; export FAP_COMMIT=<sha>; source bench/device_env.sh || exit 4
+# (FAP_COMMIT as a literal sha typed here: `git rev-parse` on the device read stale metadata once)
 #   bash bench/h200_round.sh tests   # every GPU test file, in parallel processes (compile is CPU-bound)
 #   bash bench/h200_round.sh bench   # the timed runs, one at a time
 #   bash bench/h200_round.sh d256    # head-dim-256 backward tests + bench/gemma2.py at D = 256
