@@ -254,9 +254,9 @@ class AttnBwdSm90(BwdReductions):
                 cpasync.prefetch_descriptor(atom)
         smem = SmemAllocator()
         st = smem.allocate(Storage)
-        sdQ_addr = Int32(0)   # the aux buffer (_aux_words): staged dQ, or a subclass's
+        aux_addr = Int32(0)   # the aux buffer (_aux_words): staged dQ, or a subclass's; args[-1] of mma
         if const_expr(self._aux_words() > 0):
-            sdQ_addr = st.aux.data_ptr().toint()
+            aux_addr = st.aux.data_ptr().toint()
             st = st.base
         prod = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         cons = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)   # 8 MMA warps arrive
@@ -296,13 +296,13 @@ class AttnBwdSm90(BwdReductions):
                           n_block, head, head_kv, batch, m_min, m_max)
             if const_expr(self.dq_async):
                 if warp_idx == 1:
-                    self.reduce_dq(mdQacc, sdQ_addr, tidx % 32, head, batch, chunk, m_min, m_max, seqlen_q)
+                    self.reduce_dq(mdQacc, aux_addr, tidx % 32, head, batch, chunk, m_min, m_max, seqlen_q)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.mma(mma_sdp, mma_dkv, mma_dq, sQ, sK, sV, sdO, sdS, sLSE, sDsum,
                      pipe_q, pipe_do, pipe_kv, mdQacc, mdKacc, mdVacc, tidx - 128,
                      n_block, head, head_kv, batch, chunk, m_min, m_max, seqlen_q, seqlen_k,
-                     args + (sdQ_addr,))
+                     args + (aux_addr,))
 
     @cute.jit
     def _tma_tiles(self, atom, mX, sX, tile, coord):

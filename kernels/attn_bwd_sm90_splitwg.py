@@ -28,7 +28,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -120,6 +120,24 @@ class AttnBwdSm90SplitWG(AttnBwdSm90):
         warpgroup.wait_group(0)
         return acc_dQ
 
+    def _wg_operands(self, sA, sB, sBt, t):
+        """One warpgroup's operands: S^T-like product A B^T (A = sA rows = keys, B = sB rows =
+        queries), the 64 x 256 accumulator product's B = sBt^T, the C-fragment coordinates,
+        the register A-operand shape and the zeroed 64 x 256 accumulator.  Fresh TiledMma
+        objects: the loop sets ACCUMULATE on them, and a value set inside one warpgroup's
+        branch must not reach the other's."""
+        mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
+        wg_s, wg_d = mma_sdp.get_slice(0), mma_dkv.get_slice(0)
+        tSrA = mma_sdp.make_fragment_A(wg_s.partition_A(sA))
+        tSrB = mma_sdp.make_fragment_B(wg_s.partition_B(sB))
+        tBt = mma_dkv.make_fragment_B(wg_d.partition_B(transpose_view(sBt)))
+        thr_s, thr_d = mma_sdp.get_slice(t), mma_dkv.get_slice(t)
+        tScS = thr_s.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
+        shape_a = thr_d.partition_shape_A((self.tile_n, self.tile_m))
+        acc = cute.make_rmem_tensor(thr_d.partition_shape_C((self.tile_n, self.D)), Float32)
+        acc.fill(0.0)
+        return (mma_sdp, mma_dkv, mma_dq, self._tiled_mmas()[1]), tSrA, tSrB, tBt, tScS, shape_a, acc
+
     @cute.jit
     def loop_p(self, mma_sdp, mma_dkv, mma_dq, sQ, sK, sdO, sLSE, tQrdS, tQrKt, pipe_q, pipe_do,
                mdQacc, mdVacc, tidx, n_block, head, head_kv, batch, m_min, m_max, seqlen_q, seqlen_k, args):
@@ -127,19 +145,8 @@ class AttnBwdSm90SplitWG(AttnBwdSm90):
         t = tidx % 128
         f_addr = args[-1]
         f_free, f_ready, ds_ready = self._barriers()
-        # fresh TiledMma objects: the loop sets ACCUMULATE on them, and a value set inside
-        # one warpgroup's branch must not reach the other's
-        mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
-        wg_s, wg_d = mma_sdp.get_slice(0), mma_dkv.get_slice(0)
-        tSrK = mma_sdp.make_fragment_A(wg_s.partition_A(sK))
-        tSrQ = mma_sdp.make_fragment_B(wg_s.partition_B(sQ))
-        tVrdOt = mma_dkv.make_fragment_B(wg_d.partition_B(transpose_view(sdO)))
-        thr_s, thr_d = mma_sdp.get_slice(t), mma_dkv.get_slice(t)
-        tScS = thr_s.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
-        shape_a = thr_d.partition_shape_A((self.tile_n, self.tile_m))
-        acc_dV = cute.make_rmem_tensor(thr_d.partition_shape_C((self.tile_n, self.D)), Float32)
-        acc_dV.fill(0.0)
-        mma_dkv_epi = self._tiled_mmas()[1]
+        mmas, tSrK, tSrQ, tVrdOt, tScS, shape_a, acc_dV = self._wg_operands(sK, sQ, sdO, t)
+        mma_sdp, mma_dkv, mma_dq, mma_dkv_epi = mmas
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for m_block in cutlass.range(m_min, m_max, unroll=1):
             idx = state.index
@@ -177,24 +184,13 @@ class AttnBwdSm90SplitWG(AttnBwdSm90):
         t = tidx % 128
         f_addr = args[-1]
         f_free, f_ready, ds_ready = self._barriers()
-        # fresh TiledMma objects: the loop sets ACCUMULATE on them, and a value set inside
-        # one warpgroup's branch must not reach the other's
-        mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
-        wg_s, wg_d = mma_sdp.get_slice(0), mma_dkv.get_slice(0)
-        tSrV = mma_sdp.make_fragment_A(wg_s.partition_A(sV))
-        tSrdO = mma_sdp.make_fragment_B(wg_s.partition_B(sdO))
-        tKrQt = mma_dkv.make_fragment_B(wg_d.partition_B(transpose_view(sQ)))
-        thr_s, thr_d = mma_sdp.get_slice(t), mma_dkv.get_slice(t)
-        tScS = thr_s.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
-        shape_a = thr_d.partition_shape_A((self.tile_n, self.tile_m))
-        acc_dK = cute.make_rmem_tensor(thr_d.partition_shape_C((self.tile_n, self.D)), Float32)
-        acc_dK.fill(0.0)
+        mmas, tSrV, tSrdO, tKrQt, tScS, shape_a, acc_dK = self._wg_operands(sV, sdO, sQ, t)
+        mma_sdp, mma_dkv, mma_dq, mma_dkv_epi = mmas
         r2s = cute.make_tiled_copy_C(
             cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype),
             mma_sdp)
         thr_r2s = r2s.get_slice(t)
         tRSsdS = thr_r2s.partition_D(transpose_view(sdS))
-        mma_dkv_epi = self._tiled_mmas()[1]
         f_free.arrive()                              # the f buffer starts free
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for m_block in cutlass.range(m_min, m_max, unroll=1):

@@ -34,16 +34,21 @@ POLY_CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode)
 ]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_attn_bwd_matches_fp64_autograd(case):
+def _check_vs_fp64(case, **kw):
+    """dQ/dK/dV of attn_bwd (options kw) vs FP64 autograd of the exact function
+    (bench/attn_bwd_check.run_case): finite, max relative error < 2e-2."""
     import sys, os
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
     from attn_bwd_check import run_case
-    errs, finite = run_case(case)
+    errs, finite = run_case(case, **kw)
     assert finite
     assert max(errs) < 2e-2, errs
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_attn_bwd_matches_fp64_autograd(case):
+    _check_vs_fp64(case)
 
 
 DQ_CASES = [CASES[1], CASES[2], CASES[3], CASES[5], CASES[6]]   # D 128/64, causal or not, 3 modes
@@ -54,12 +59,7 @@ DQ_CASES = [CASES[1], CASES[2], CASES[3], CASES[5], CASES[6]]   # D 128/64, caus
 def test_attn_bwd_dq_atomic_matches_fp64_autograd(case):
     """The other dQ path: red.global.add from the MMA threads (dq_async=False; the default
     stages dQ in smem for warp 1's bulk reductions, and D = 256 always uses this one)."""
-    import sys, os
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-    from attn_bwd_check import run_case
-    errs, finite = run_case(case, dq_async=False)
-    assert finite
-    assert max(errs) < 2e-2, errs
+    _check_vs_fp64(case, dq_async=False)
 
 
 LPT_CASES = [CASES[1], CASES[3], CASES[5], CASES[7],
@@ -70,12 +70,7 @@ LPT_CASES = [CASES[1], CASES[3], CASES[5], CASES[7],
 @pytest.mark.parametrize("case", LPT_CASES, ids=str)
 def test_attn_bwd_lpt_order_matches_fp64_autograd(case):
     """CTA order of kernels/tile_scheduler.SectionLptScheduler (BwdKey.lpt)."""
-    import sys, os
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-    from attn_bwd_check import run_case
-    errs, finite = run_case(case, lpt=True)
-    assert finite
-    assert max(errs) < 2e-2, errs
+    _check_vs_fp64(case, lpt=True)
 
 
 SPLIT_WG_CASES = [CASES[7], CASES[8], CASES[9], CASES[10],
@@ -86,12 +81,7 @@ SPLIT_WG_CASES = [CASES[7], CASES[8], CASES[9], CASES[10],
 @pytest.mark.parametrize("case", SPLIT_WG_CASES, ids=str)
 def test_attn_bwd_split_wg_d256_matches_fp64_autograd(case):
     """D = 256 split-warpgroup build (kernels/attn_bwd_sm90_splitwg.py, not the default yet)."""
-    import sys, os
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-    from attn_bwd_check import run_case
-    errs, finite = run_case(case, split_wg=True)
-    assert finite
-    assert max(errs) < 2e-2, errs
+    _check_vs_fp64(case, split_wg=True)
 
 
 FP16_CASES = [CASES[1], CASES[3], CASES[5], CASES[6], CASES[8]]   # softmax causal/non-causal, softcap, sigmoid
@@ -100,12 +90,8 @@ FP16_CASES = [CASES[1], CASES[3], CASES[5], CASES[6], CASES[8]]   # softmax caus
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", FP16_CASES, ids=str)
 def test_attn_bwd_fp16_matches_fp64_autograd(case):
-    import sys, os
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-    from attn_bwd_check import run_case
-    errs, finite = run_case(case, dtype=torch.float16)
-    assert finite
-    assert max(errs) < 2e-2, errs
+    _check_vs_fp64(case, dtype=torch.float16)
+
 
 def _split_grads(q, k, v, do, mode, causal, softcap):
     """FP64 (dq, dk, dv) of the split reference of the default poly forward stage."""
