@@ -3,6 +3,7 @@
 #   source .payload/setup.sh || exit 3; export FAP_COMMIT=<sha>; source bench/device_env.sh || exit 4
 # (FAP_COMMIT as a literal sha typed here: `git rev-parse` on the device read stale metadata once)
 #   bash bench/h200_round.sh tests   # every GPU test file, in parallel processes (compile is CPU-bound)
+#   bash bench/h200_round.sh tests_split  # the same, then D=256 chunked vs split-warpgroup bwd timing
 #   bash bench/h200_round.sh bench   # the timed runs, one at a time
 #   bash bench/h200_round.sh d256    # head-dim-256 backward tests + bench/gemma2.py at D = 256
 #   bash bench/h200_round.sh lpt     # CTA-order variant: its tests, forward and backward timings
@@ -14,7 +15,7 @@ OUT=${OUT:-/tmp/fap_out}; mkdir -p "$OUT"; S=$SECONDS; phase=${1:-tests}
 t() { local n=$1 s=$2; shift 2; timeout "$s" "$@" > "$OUT/$n.log" 2>&1
       echo "$n rc=$? t=$((SECONDS - S))s $(tail -n 1 "$OUT/$n.log" | cut -c1-120)" >> "$OUT/summary.txt"; }
 pt() { local n=$1; shift; t "$n" 400 python3 -m pytest -q -m gpu "$@"; }
-if [ "$phase" = tests ]; then
+if [ "$phase" = tests ] || [ "$phase" = tests_split ]; then
   pt fwd tests/test_attn_fwd_gpu.py &
   pt api tests/test_api_gpu.py &
   pt win_a tests/test_window_gpu.py -k "softmax or softcap-native" &
@@ -26,6 +27,7 @@ if [ "$phase" = tests ]; then
   pt hf tests/test_transformers_gpu.py &
   pt elem tests/test_elementwise_gpu.py &
   wait
+  [ "$phase" = tests_split ] && t split_wg_time 200 python3 bench/attn_bwd_check.py --skip-check --split-wg
 elif [ "$phase" = d256 ]; then   # D = 256 backward, dQ async and the transformers tests; then timings
   pt bwd tests/test_attn_bwd_gpu.py &
   pt api256 tests/test_api_gpu.py -k "head_dim_256" &
