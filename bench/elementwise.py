@@ -1,7 +1,9 @@
 """B1 SiLU, B4 fused SwiGLU and the FP16 standalone sweep: poly vs native, side by side.
 
     python bench/elementwise.py --json bench/results/elementwise.json
-    python bench/elementwise.py --quick ...   # fewer rounds/calls to fit a short device slot
+    python bench/elementwise.py --graph --json bench/results/elementwise_graph.json
+        # every implementation's timed calls captured in CUDA graphs: device time, no host
+        # dispatch (the 4M-element sweep and the B4 fwd+bwd step are host-bound otherwise)
 
 Rows: median per-round mean time (bench/protocol.py), achieved GB/s (bytes each call must
 move: every input read once, every output written once) and the device copy bandwidth
@@ -22,13 +24,21 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from protocol import Timing, header, markdown_table, time_alternating, write_json  # noqa: E402
+import protocol  # noqa: E402
+from protocol import Timing, header, markdown_table, write_json  # noqa: E402
 
 from flash_attn_poly import activations as act  # noqa: E402
 
 B1_N = 58_720_256
 B4_ROWS, B4_HIDDEN = 24_576, 1_280
 SWEEP_SIZES = (4_194_304, 268_435_456)
+
+
+_GRAPH = False   # --graph: protocol.time_alternating_graph instead of time_alternating
+
+
+def _time(fns, timing):
+    return (protocol.time_alternating_graph if _GRAPH else protocol.time_alternating)(fns, timing)
 
 
 def gbps(nbytes: int, ms: float) -> float:
@@ -38,7 +48,7 @@ def gbps(nbytes: int, ms: float) -> float:
 def copy_bandwidth(timing: Timing) -> float:
     src = torch.empty(2**29, dtype=torch.bfloat16, device="cuda")  # 1 GiB
     dst = torch.empty_like(src)
-    t = time_alternating({"copy": lambda: dst.copy_(src)},
+    t = protocol.time_alternating({"copy": lambda: dst.copy_(src)},
                          Timing(timing.warmup, timing.rounds, max(timing.iters // 5, 5)))["copy"]
     return gbps(2 * src.numel() * 2, t)
 
@@ -60,12 +70,12 @@ def bench_b1(timing, copy_gbps):
     fwd = {"torch F.silu": lambda: F.silu(x),
            "native (SFU) kernel": lambda: act._silu_fwd(x, "native"),
            "poly kernel": lambda: act._silu_fwd(x, "poly")}
-    rows = _rows("B1 SiLU fwd", time_alternating(fwd, timing), dict.fromkeys(fwd, 2 * n),
+    rows = _rows("B1 SiLU fwd", _time(fwd, timing), dict.fromkeys(fwd, 2 * n),
                  copy_gbps, "torch F.silu")
     bwd = {"torch silu_backward": lambda: torch.ops.aten.silu_backward(g, x),
            "native (SFU) kernel": lambda: act._silu_bwd(x, g, "native"),
            "poly kernel": lambda: act._silu_bwd(x, g, "poly")}
-    rows += _rows("B1 SiLU bwd", time_alternating(bwd, timing), dict.fromkeys(bwd, 3 * n),
+    rows += _rows("B1 SiLU bwd", _time(bwd, timing), dict.fromkeys(bwd, 3 * n),
                   copy_gbps, "torch silu_backward")
     return rows
 
@@ -88,7 +98,7 @@ def bench_b4(timing, copy_gbps):
                "native (SFU) kernel": lambda: act.swiglu(gate, up, evaluator="native"),
                "poly kernel (gate, up)": lambda: act.swiglu(gate, up),
                "poly kernel [gate|up]": lambda: act.swiglu(gate_up)}
-        rows = _rows("B4 SwiGLU fwd", time_alternating(fwd, timing), dict.fromkeys(fwd, 3 * n),
+        rows = _rows("B4 SwiGLU fwd", _time(fwd, timing), dict.fromkeys(fwd, 3 * n),
                      copy_gbps, "torch eager silu(g)*u")
 
     # Backward kernels alone, from saved tensors (what autograd runs after the forward):
@@ -99,14 +109,12 @@ def bench_b4(timing, copy_gbps):
            "native (SFU) kernel": lambda: act._swiglu_bwd(g_d, u_d, dy, "native"),
            "poly kernel (gate, up)": lambda: act._swiglu_bwd(g_d, u_d, dy, "poly"),
            "poly kernel [gate|up]": lambda: act._swiglu_concat_bwd(gate_up.detach(), dy, "poly")}
-    rows += _rows("B4 SwiGLU bwd only", time_alternating(bwd, timing),
+    rows += _rows("B4 SwiGLU bwd only", _time(bwd, timing),
                   dict.fromkeys(bwd, 5 * n), copy_gbps, "torch eager ops")
 
     def step(fn, *args):
-        def run():
-            for a in args:
-                a.grad = None
-            fn(*args).backward(dy)
+        def run():   # forward, then the backward of both inputs from dy (returned, not accumulated)
+            return torch.autograd.grad(fn(*args), args, dy)
         return run
     # Bytes of the fused pair: fwd reads 2, writes 1; bwd reads 3, writes 2 (per element).
     both = {"torch eager silu(g)*u": step(_eager_swiglu, gate, up),
@@ -114,7 +122,7 @@ def bench_b4(timing, copy_gbps):
             "native (SFU) kernel": step(lambda g, u: act.swiglu(g, u, evaluator="native"), gate, up),
             "poly kernel (gate, up)": step(act.swiglu, gate, up),
             "poly kernel [gate|up]": step(act.swiglu, gate_up)}
-    rows += _rows("B4 SwiGLU fwd+bwd", time_alternating(both, timing),
+    rows += _rows("B4 SwiGLU fwd+bwd", _time(both, timing),
                   dict.fromkeys(both, 8 * n), copy_gbps, "torch eager silu(g)*u")
     return rows
 
@@ -142,11 +150,11 @@ def bench_sweep(timing, copy_gbps, sizes):
             y = _NATIVE_FWD[fn](x)
             fwd = {"native torch": lambda fn=fn: _NATIVE_FWD[fn](x),
                    "poly kernel": lambda fn=fn: act.sweep_forward(fn, x)}
-            rows += _rows(f"sweep {fn} fwd n={n}", time_alternating(fwd, timing),
+            rows += _rows(f"sweep {fn} fwd n={n}", _time(fwd, timing),
                           dict.fromkeys(fwd, 4 * n), copy_gbps, "native torch")
             bwd = {"native torch": _native_bwd(fn, x, y, g),
                    "poly kernel": lambda fn=fn: act.sweep_backward(fn, x, g)}
-            rows += _rows(f"sweep {fn} bwd n={n}", time_alternating(bwd, timing),
+            rows += _rows(f"sweep {fn} bwd n={n}", _time(bwd, timing),
                           dict.fromkeys(bwd, 6 * n), copy_gbps, "native torch")
             del y
         del x, g
@@ -165,7 +173,11 @@ def main(argv=None) -> int:
     p.add_argument("--sweep-rounds", type=int, default=9)
     p.add_argument("--sweep-iters", type=int, default=1000)
     p.add_argument("--sweep-sizes", default=",".join(map(str, SWEEP_SIZES)))
+    p.add_argument("--graph", action="store_true",
+                   help="capture each implementation's timed calls in a CUDA graph (device time)")
     args = p.parse_args(argv)
+    global _GRAPH
+    _GRAPH = args.graph
     sections = args.sections.split(",")
     timing = Timing(args.warmup, args.rounds, args.iters)
     sweep_timing = Timing(args.sweep_warmup, args.sweep_rounds, args.sweep_iters)
@@ -178,7 +190,10 @@ def main(argv=None) -> int:
     if "sweep" in sections:
         rows += bench_sweep(sweep_timing, copy_gbps,
                             [int(s) for s in args.sweep_sizes.split(",")])
-    out = {**header(timing), "sweep_protocol": sweep_timing.describe(),
+    describe = (lambda t: protocol.GRAPH_PROTOCOL.format(warmup=t.warmup, rounds=t.rounds, iters=t.iters)) \
+        if _GRAPH else Timing.describe
+    out = {**header(timing), "protocol": describe(timing), "sweep_protocol": describe(sweep_timing),
+           "timing": "cuda_graph" if _GRAPH else "eager",
            "copy_GBps": copy_gbps, "rows": rows,
            "notes": __doc__.split("\n\n", 2)[2].strip()}
     cols = ["section", "impl", "ms", "GB/s", "% copy"]

@@ -7,6 +7,7 @@
 #   bash bench/h200_round.sh bench   # the timed runs, one at a time
 #   bash bench/h200_round.sh d256    # head-dim-256 backward tests + bench/gemma2.py at D = 256
 #   bash bench/h200_round.sh lpt     # CTA-order variant: its tests, forward and backward timings
+#   bash bench/h200_round.sh r2      # kernel_breakdown, gemma2 D=256/128, elementwise eager and --graph
 #   bash bench/h200_round.sh final   # backward/hf tests, gqa_4096 and gemma2 D = 256 / 128 tables
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
@@ -39,6 +40,12 @@ elif [ "$phase" = d256 ]; then   # D = 256 backward, dQ async and the transforme
   t bwd_variants 150 python3 bench/attn_bwd_check.py --skip-check --variants --modes softmax,softcap \
       --json "$OUT/attn_bwd_variants.json"
   t gemma2_d256 200 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
+elif [ "$phase" = r2 ]; then   # per-kernel device times, Gemma-2 tables, elementwise eager + CUDA-graph
+  t breakdown 140 python3 bench/kernel_breakdown.py --json "$OUT/kernel_breakdown.json"
+  t gemma2_d256 110 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
+  t gemma2_d128 90 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"
+  t elem 110 python3 bench/elementwise.py --json "$OUT/elementwise.json"
+  t elem_graph 110 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"
 elif [ "$phase" = final ]; then   # after a default change: its tests, then the side-by-side tables
   pt bwd tests/test_attn_bwd_gpu.py &
   pt det tests/test_attn_bwd_deterministic_gpu.py &

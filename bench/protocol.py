@@ -58,6 +58,52 @@ def time_alternating(fns: dict[str, Callable[[], object]], timing: Timing) -> di
     return {n: statistics.median(v) for n, v in per_round.items()}
 
 
+GRAPH_PROTOCOL = ("{warmup} eager warm-up calls per implementation, then {iters} back-to-back calls "
+                  "captured into one CUDA graph per implementation; {rounds} rounds of one "
+                  "CUDA-event-timed replay each, implementation order alternating between rounds "
+                  "(listed, reversed); a row is the median over rounds of the per-call time. Host "
+                  "launch cost is excluded: rows are device time")
+
+
+def _capture(fn: Callable[[], object], iters: int) -> "torch.cuda.CUDAGraph":
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):           # side-stream warm-up, as torch's graph docs require
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    graph.replay()
+    return graph
+
+
+def time_alternating_graph(fns: dict[str, Callable[[], object]], timing: Timing) -> dict[str, float]:
+    """time_alternating with each implementation's `iters` calls captured in one CUDA graph:
+    per-call device time (ms), host dispatch excluded (GRAPH_PROTOCOL)."""
+    names = list(fns)
+    for name in names:
+        for _ in range(timing.warmup):
+            fns[name]()
+    torch.cuda.synchronize()
+    graphs = {n: _capture(fns[n], timing.iters) for n in names}
+    torch.cuda.synchronize()
+    per_round: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(timing.rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[name].replay()
+            end.record()
+            end.synchronize()
+            per_round[name].append(start.elapsed_time(end) / timing.iters)
+    del graphs
+    torch.cuda.synchronize()
+    return {n: statistics.median(v) for n, v in per_round.items()}
+
+
 def graph_time(fn: Callable[[], object], timing: Timing) -> float | None:
     """GPU-only time per call (ms): `iters` calls captured into one CUDA graph and replayed, so
     host-side launch cost is excluded. None when the callable cannot be captured."""

@@ -1,0 +1,99 @@
+"""Per-kernel device time of one attention forward and one backward call, ours vs FA4.
+
+    python bench/kernel_breakdown.py --json bench/results/kernel_breakdown.json   # on the H200
+
+Shape and rows as bench/gqa_4096.py (B=1 S=4096 H_q=32 H_kv=8 D=128 causal BF16; ours
+softmax / softcap native, poly / sigmoid native, poly; FA4 softmax and softcap). Each
+callable runs `--warmup` times, then `--iters` times under torch.profiler (CUDA activity
+only); a row is one kernel's summed device time divided by the number of calls, so the
+pre-processing, memset, main kernel and post-processing of the backward show up
+separately. Device time only: host dispatch and launch gaps are not in these numbers (the
+side-by-side wall times are gqa_4096.md's).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gqa_4096 as G  # noqa: E402
+import protocol  # noqa: E402
+
+
+def _short(name: str) -> str:
+    """Readable kernel name: drop template arguments and long mangled tails."""
+    name = re.sub(r"<.*", "", name)
+    name = re.sub(r"_[0-9a-f]{8,}.*", "", name)
+    return name[:70]
+
+
+def profile(fn, warmup: int, iters: int) -> dict[str, float]:
+    """{kernel name: device microseconds per call} for `iters` calls of fn."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as tprofile
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    per = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per[_short(ev.name)] += ev.time_range.elapsed_us() / iters   # the kernel's own span, us
+    return dict(per)
+
+
+def rows_of(args):
+    rows = [G.ours("softmax", "native"), G.ours("softcap", "native"), G.ours("softcap", "poly"),
+            G.ours("sigmoid", "native"), G.ours("sigmoid", "poly")]
+    return rows + [r for r in (G.fa4("softmax"), G.fa4("softcap")) if r is not None]
+
+
+def run(args) -> dict:
+    out = []
+    for backward in (False, True):
+        fns = G._prepare(rows_of(args), args, backward)
+        for key, fn in fns.items():
+            per = profile(fn, args.warmup, args.iters)
+            total = sum(per.values())
+            for kname, us in sorted(per.items(), key=lambda kv: -kv[1]):
+                out.append({"row": key, "dir": "bwd" if backward else "fwd", "kernel": kname,
+                            "us_per_call": us, "share": us / total if total else None})
+            out.append({"row": key, "dir": "bwd" if backward else "fwd", "kernel": "(sum)",
+                        "us_per_call": total, "share": 1.0})
+    timing = protocol.Timing(args.warmup, 1, args.iters)
+    hdr = protocol.header(timing)
+    hdr["protocol"] = (f"{args.warmup} warm-up calls, then {args.iters} calls under torch.profiler "
+                       "(CUDA activity); per kernel: summed device time / calls")
+    return {**hdr, "rows": out}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seqlen", type=int, default=4096)
+    p.add_argument("--hq", type=int, default=32)
+    p.add_argument("--hkv", type=int, default=8)
+    p.add_argument("--headdim", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    res = run(args)
+    table = protocol.markdown_table(res["rows"], ["row", "dir", "kernel", "us_per_call", "share"])
+    print(table)
+    if args.json:
+        protocol.write_json(args.json, res)
+        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
+            f.write(f"# Per-kernel device time ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
+                    f"Protocol: {res['protocol']}.\n\n{__doc__.split(chr(10) * 2, 2)[2].strip()}\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
