@@ -194,6 +194,10 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
         if "lpt" in axes:
             for lpt in (False, True):
                 add(f"ours {mode} {'lpt' if lpt else 'single-tile'}", anchor, mode, flops, lpt=lpt)
+        if "stages" in axes:   # Q/dO pipeline depth, default evaluator of attention() (poly)
+            ev = "native" if mode == "softmax" else "poly"
+            for st in (2, 3):
+                add(f"ours {mode}/{ev} stages={st}", anchor, mode, flops, stages=st, evaluator=ev)
     if "lpt" in axes:
         g = _gemma_inputs()
         fl = 2.5 * 4 * 8 * 8192 * 8192 * 256 / 2
@@ -220,8 +224,9 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
     # the same inputs through both settings: equal up to the FP32 order of the adds
     for mode in modes:
         sc = 50.0 if mode == "softcap" else None
-        key = "lpt" if "lpt" in axes else "dq_async"
-        ga, gb = (attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, **{key: x}) for x in (False, True))
+        key, xs = (("lpt", (False, True)) if "lpt" in axes else ("stages", (2, 3)) if "stages" in axes
+                   else ("dq_async", (False, True)))
+        ga, gb = (attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, **{key: x}) for x in xs)
         rel = max(((x.double() - y.double()).norm() / y.double().norm()).item() for x, y in zip(ga, gb))
         print(f"{mode}: {key} off vs on, max rel L2 over dq/dk/dv {rel:.2e}")
     return [(name, statistics.median(per[name]), fl / statistics.median(per[name]) / 1e9) for name, _, fl in variants]
@@ -254,7 +259,7 @@ def main():
                     help="time FLASH_ATTN_POLY_PREPOST=torch vs cute (backward and pre/post alone)")
     ap.add_argument("--variants", action="store_true",
                     help="time backward variants side by side, with FA4 (see --axes)")
-    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order)")
+    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order), stages (Q/dO pipeline 2 | 3)")
     ap.add_argument("--json", default=None, help="with --variants: write rows + protocol here")
     ap.add_argument("--split-wg", action="store_true", help="time the D=256 chunked vs split-warpgroup backward")
     a = ap.parse_args()

@@ -8,6 +8,7 @@
 #   bash bench/h200_round.sh d256    # head-dim-256 backward tests + bench/gemma2.py at D = 256
 #   bash bench/h200_round.sh lpt     # CTA-order variant: its tests, forward and backward timings
 #   bash bench/h200_round.sh r2      # kernel_breakdown, gemma2 D=256/128, elementwise eager and --graph
+#   bash bench/h200_round.sh stages  # 3-stage K/V (fwd) and Q/dO (bwd) pipelines vs 2: tests, timings
 #   bash bench/h200_round.sh final   # backward/hf tests, gqa_4096 and gemma2 D = 256 / 128 tables
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
@@ -46,6 +47,14 @@ elif [ "$phase" = r2 ]; then   # per-kernel device times, Gemma-2 tables, elemen
   t gemma2_d128 90 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"
   t elem 110 python3 bench/elementwise.py --json "$OUT/elementwise.json"
   t elem_graph 110 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"
+elif [ "$phase" = stages ]; then   # 3-stage pipelines: bwd tests, then fwd and bwd timings 2 vs 3 stages
+  pt bwd_st3 tests/test_attn_bwd_gpu.py -k stages3
+  t split_st3 200 python3 tests/test_attn_fwd_split.py --out "$OUT/split" --only \
+"softmax v2 lpt,softmax v2 lpt s3,softcap native v2 lpt,softcap native v2 lpt s3,sigmoid native v2 lpt,\
+sigmoid native v2 lpt s3,softcap poly 1/2 v2 pp lpt,softcap poly 1/2 v2 pp lpt s3,sigmoid poly 1/4 v2 pp lpt,\
+sigmoid poly 1/4 v2 pp lpt s3"
+  t bwd_st3_time 200 python3 bench/attn_bwd_check.py --skip-check --variants --axes stages \
+      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_stages.json"
 elif [ "$phase" = final ]; then   # after a default change: its tests, then the side-by-side tables
   pt bwd tests/test_attn_bwd_gpu.py &
   pt det tests/test_attn_bwd_deterministic_gpu.py &

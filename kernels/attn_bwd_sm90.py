@@ -635,7 +635,7 @@ def _dl(t):
 def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
-             lpt=None, split_wg=None):
+             lpt=None, split_wg=None, stages=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -650,6 +650,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     the deterministic build).
     split_wg: D = 256 only, the split-warpgroup build without recomputation
     (kernels/attn_bwd_sm90_splitwg.py; None: SPLIT_WG_DEFAULT; not deterministic).
+    stages: Q/dO pipeline depth for D <= 128 (None: BwdTile.for_head_dim's; a timing knob).
     """
     import torch
     from . import attn_bwd_prepost
@@ -667,6 +668,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     tile = BwdTile.for_head_dim(d)
     if d == 256 and (SPLIT_WG_DEFAULT if split_wg is None else split_wg) and not deterministic:
         tile = BwdTile(64, 64, 2, split_wg=True)
+    if stages is not None and d <= 128:
+        tile = BwdTile(tile.tile_m, tile.tile_n, int(stages))
     (has_l, has_r), window = mask_mod.window_args(window_size, bool(causal), s_q, s_k)
     key = BwdKey({torch.bfloat16: "bf16", torch.float16: "f16"}[q.dtype], d, bool(causal), stage, tile,
                  has_l, has_r, bool(deterministic),

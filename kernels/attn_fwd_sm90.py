@@ -135,7 +135,8 @@ class AttnFwdConfig:
         # 0.286, softcap poly 1/2 pp 0.352 -> 0.310, sigmoid native 0.225 -> 0.211, poly 0.228 -> 0.214.
         # Not at D = 256 (untimed there, and the softcap/poly build then spills 5 words)
         kw = dict(dict(overlap=True, pingpong=ev == "poly", overlap_v2=True, lpt=head_dim <= 128), **kw)
-        return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, 2, **kw)
+        stages = kw.pop("num_stages", 2)   # K/V pipeline depth (a timing knob; 3 fills 224 KB at D = 128)
+        return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, stages, **kw)
 
 
 class AttnFwdSm90:

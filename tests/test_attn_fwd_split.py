@@ -57,6 +57,12 @@ VARIANTS = [   # "v2" = overlap_v2 (the default where P stays FP32), "v2pp" = v2
     ("sigmoid native v2 lpt", "sigmoid", "native", None, "v2L"),
     ("softcap poly 1/2 v2 pp lpt", "softcap", "poly", (1, 2), "v2ppL"),
     ("sigmoid poly 1/4 v2 pp lpt", "sigmoid", "poly", (1, 4), "v2ppL"),
+    # "... s3": a trailing "3" sets 3 K/V pipeline stages (AttnFwdConfig.num_stages; 224 KB smem)
+    ("softmax v2 lpt s3", "softmax", "native", None, "v2L3"),
+    ("softcap native v2 lpt s3", "softcap", "native", None, "v2L3"),
+    ("sigmoid native v2 lpt s3", "sigmoid", "native", None, "v2L3"),
+    ("softcap poly 1/2 v2 pp lpt s3", "softcap", "poly", (1, 2), "v2ppL3"),
+    ("sigmoid poly 1/4 v2 pp lpt s3", "sigmoid", "poly", (1, 4), "v2ppL3"),
 ]
 
 
@@ -160,11 +166,15 @@ def worker(idx, out_dir, n_workers):
     from flash_attn_poly.kernels import attn_fwd_sm90 as A
     rec = dict(name=name, mode=mode, evaluator=ev, split=split, overlap=overlap)
     stage = S.make_stage(mode, ev, **({"poly_split": split} if split else {}))
+    stages3 = isinstance(overlap, str) and overlap.endswith("3")
+    overlap = overlap[:-1] if stages3 else overlap
     lpt = isinstance(overlap, str) and overlap.endswith("L")
     overlap = overlap[:-1] if lpt else overlap
     tuning = dict(overlap=bool(overlap), pingpong=overlap in (False, "v2pp", "v2ppt"))
     if lpt:
         tuning["lpt"] = True
+    if stages3:
+        tuning["num_stages"] = 3
     if overlap in ("v2", "v2pp", "v2t", "v2ta", "v2ppt"):
         tuning["overlap_v2"] = True
     if overlap in ("v2t", "v2ppt"):
