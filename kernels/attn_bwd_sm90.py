@@ -66,6 +66,9 @@ def transpose_view(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
 
 
+SMEM_CAPACITY = 232448   # bytes of dynamic shared memory per CTA on sm_90a (227 KB)
+
+
 @dataclass(frozen=True)
 class BwdTile:
     """Compile-time tiling; tile_m = 64 keeps P^T/dS^T at 32 regs per thread for D=128."""
@@ -162,7 +165,12 @@ class AttnBwdSm90(BwdReductions):
         class StorageAux:
             base: Storage
             aux: cute.struct.Align[cute.struct.MemRange[Float32, max(1, self._aux_words())], 128]
-        return StorageAux if self._aux_words() else Storage
+        out = StorageAux if self._aux_words() else Storage
+        if out.size_in_bytes() > SMEM_CAPACITY:   # fail at build, naming the config, not at launch
+            raise ValueError(f"{type(self).__name__}: tile {self.tile_m}x{self.tile_n}, {st} Q/dO stages at "
+                             f"D = {self.D} needs {out.size_in_bytes()} bytes of shared memory, more than "
+                             f"the {SMEM_CAPACITY} of sm_90a")
+        return out
 
     def _aux_words(self) -> int:
         """FP32 words of shared memory after the base storage (0: none): the staged dQ tile

@@ -260,3 +260,13 @@ def test_dq_turns_are_a_descending_permutation(tile, causal, window):
             assert visitors == list(range(visitors[0], visitors[-1] + 1)) if visitors else True, (s_q, s_k, m)
             assert [int(table[n, m]) for n in reversed(visitors)] == list(range(len(visitors))), \
                 (s_q, s_k, m, table[:, m].tolist())
+
+
+@pytest.mark.compile
+def test_bwd_over_shared_memory_fails_at_build_naming_the_config():
+    """3 Q/dO stages at D = 128 need 233472 bytes (H200 launch log, round_stages_9ec9032): the
+    build refuses with the numbers instead of a CUDA_LAUNCH_INVALID_CONFIG at run time."""
+    key = K.BwdKey("bf16", 128, True, bwd_side("softmax", "native"), K.BwdTile(64, 128, 3),
+                   dq_async=True, lpt=True)
+    with pytest.raises(ValueError, match=r"3 Q/dO stages at D = 128 needs 233472 bytes"):
+        sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())

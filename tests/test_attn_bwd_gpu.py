@@ -73,16 +73,6 @@ def test_attn_bwd_lpt_order_matches_fp64_autograd(case):
     _check_vs_fp64(case, lpt=True)
 
 
-STAGES3_CASES = [CASES[0], CASES[1], CASES[2], CASES[4], CASES[5], CASES[6]]   # D 128 and 64, 3 modes
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", STAGES3_CASES, ids=str)
-def test_attn_bwd_stages3_matches_fp64_autograd(case):
-    """Three Q/dO pipeline stages (attn_bwd(stages=3), BwdTile.stages)."""
-    _check_vs_fp64(case, stages=3)
-
-
 SPLIT_WG_CASES = [CASES[7], CASES[8], CASES[9], CASES[10],
                   (1, 700, 700, 8, 2, 256, True, "softcap")]   # 11 query blocks, ragged tail
 
