@@ -9,6 +9,7 @@
 #   bash bench/h200_round.sh lpt     # CTA-order variant: its tests, forward and backward timings
 #   bash bench/h200_round.sh r2      # kernel_breakdown, gemma2 D=256/128, elementwise eager and --graph
 #   bash bench/h200_round.sh stages  # 3-stage K/V (fwd) and Q/dO (bwd) pipelines vs 2: tests, timings
+#   bash bench/h200_round.sh final3  # D = 256 forward LPT (bench/fwd_tuning.py), then gqa_4096 --graph
 #   bash bench/h200_round.sh final   # backward/hf tests, gqa_4096 and gemma2 D = 256 / 128 tables
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
@@ -55,6 +56,10 @@ sigmoid native v2 lpt s3,softcap poly 1/2 v2 pp lpt,softcap poly 1/2 v2 pp lpt s
 sigmoid poly 1/4 v2 pp lpt s3"
   t bwd_st3_time 200 python3 bench/attn_bwd_check.py --skip-check --variants --axes stages \
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_stages.json"
+elif [ "$phase" = final3 ]; then   # D = 256 forward LPT side by side, then the gqa_4096 table
+  t fwd_lpt_d256 150 python3 bench/fwd_tuning.py --headdim 256 --knob lpt=1 \
+      --modes softmax:native,softcap:native,sigmoid:poly,sigmoid:native --json "$OUT/fwd_lpt_d256.json"
+  t gqa 280 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
 elif [ "$phase" = final ]; then   # after a default change: its tests, then the side-by-side tables
   pt bwd tests/test_attn_bwd_gpu.py &
   pt det tests/test_attn_bwd_deterministic_gpu.py &
