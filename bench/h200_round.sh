@@ -10,6 +10,7 @@
 #   bash bench/h200_round.sh r2      # kernel_breakdown, gemma2 D=256/128, elementwise eager and --graph
 #   bash bench/h200_round.sh stages  # 3-stage K/V (fwd) and Q/dO (bwd) pipelines vs 2: tests, timings
 #   bash bench/h200_round.sh final3  # D = 256 forward LPT (bench/fwd_tuning.py), then gqa_4096 --graph
+#   bash bench/h200_round.sh lpt256  # forward LPT at D = 256: fwd/api/transformers tests, gemma2 D = 256
 #   bash bench/h200_round.sh final   # backward/hf tests, gqa_4096 and gemma2 D = 256 / 128 tables
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
@@ -60,6 +61,12 @@ elif [ "$phase" = final3 ]; then   # D = 256 forward LPT side by side, then the 
   t fwd_lpt_d256 150 python3 bench/fwd_tuning.py --headdim 256 --knob lpt=1 \
       --modes softmax:native,softcap:native,sigmoid:poly,sigmoid:native --json "$OUT/fwd_lpt_d256.json"
   t gqa 280 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
+elif [ "$phase" = lpt256 ]; then   # forward LPT at D = 256 (default since this phase): tests, then Gemma-2 D = 256
+  pt fwd tests/test_attn_fwd_gpu.py &
+  pt api256 tests/test_api_gpu.py -k "head_dim_256" &
+  pt hf tests/test_transformers_gpu.py &
+  wait
+  t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
 elif [ "$phase" = final ]; then   # after a default change: its tests, then the side-by-side tables
   pt bwd tests/test_attn_bwd_gpu.py &
   pt det tests/test_attn_bwd_deterministic_gpu.py &
