@@ -67,6 +67,11 @@ elif [ "$phase" = lpt256 ]; then   # forward LPT at D = 256 (default since this 
   pt hf tests/test_transformers_gpu.py &
   wait
   t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
+elif [ "$phase" = lpt256poly ]; then   # D = 256 softcap/poly forward with LPT (spills 5 words): time, test, Gemma-2
+  t fwd_lpt_d256_poly 120 python3 bench/fwd_tuning.py --headdim 256 --knob lpt=0 \
+      --modes softcap:poly --json "$OUT/fwd_lpt_d256_poly.json"
+  pt fwd256 tests/test_attn_fwd_gpu.py -k "256"
+  t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
 elif [ "$phase" = final ]; then   # after a default change: its tests, then the side-by-side tables
   pt bwd tests/test_attn_bwd_gpu.py &
   pt det tests/test_attn_bwd_deterministic_gpu.py &
