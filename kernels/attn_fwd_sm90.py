@@ -135,7 +135,8 @@ class AttnFwdConfig:
         # 0.286, softcap poly 1/2 pp 0.352 -> 0.310, sigmoid native 0.225 -> 0.211, poly 0.228 -> 0.214.
         # D = 256 (H200, f2abec1, bench/fwd_tuning.py at Gemma-2 2B's S=8192 H 8/4): softmax 0.501 ->
         # 0.437 ms, softcap native 0.557 -> 0.484, sigmoid poly 0.469 -> 0.405, native 0.466 -> 0.388.
-        # D = 256 softcap/poly: that ping-pong build spills 5 words with the LPT prologue (timed below).
+        # D = 256 softcap/poly: that ping-pong build spills 5 words with the LPT prologue and is still
+        # 0.580 -> 0.482 ms faster with it (H200, 727bd8d, bench/results/fwd_lpt_d256_poly.md).
         kw = dict(dict(overlap=True, pingpong=ev == "poly", overlap_v2=True, lpt=True), **kw)
         stages = kw.pop("num_stages", 2)   # K/V pipeline depth (a timing knob; 3 fills 224 KB at D = 128)
         return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, stages, **kw)
