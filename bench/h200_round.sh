@@ -11,6 +11,7 @@
 #   bash bench/h200_round.sh stages  # 3-stage K/V (fwd) and Q/dO (bwd) pipelines vs 2: tests, timings
 #   bash bench/h200_round.sh final3  # D = 256 forward LPT (bench/fwd_tuning.py), then gqa_4096 --graph
 #   bash bench/h200_round.sh lpt256  # forward LPT at D = 256: fwd/api/transformers tests, gemma2 D = 256
+#   bash bench/h200_round.sh accuracy  # bench/accuracy.py: output and gradient error, poly vs native
 #   bash bench/h200_round.sh final   # backward/hf tests, gqa_4096 and gemma2 D = 256 / 128 tables
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
@@ -72,6 +73,8 @@ elif [ "$phase" = lpt256poly ]; then   # D = 256 softcap/poly forward with LPT (
       --modes softcap:poly --json "$OUT/fwd_lpt_d256_poly.json"
   pt fwd256 tests/test_attn_fwd_gpu.py -k "256"
   t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
+elif [ "$phase" = accuracy ]; then   # O and dQ/dK/dV error vs FP64 exact math, every mode and evaluator
+  t accuracy 240 python3 bench/accuracy.py --json "$OUT/accuracy.json"
 elif [ "$phase" = final ]; then   # after a default change: its tests, then the side-by-side tables
   pt bwd tests/test_attn_bwd_gpu.py &
   pt det tests/test_attn_bwd_deterministic_gpu.py &

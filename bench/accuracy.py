@@ -1,0 +1,112 @@
+"""Output and gradient error of every mode and evaluator against FP64 math of the exact function.
+
+    python bench/accuracy.py --json bench/results/accuracy.json        # on the H200
+    python bench/accuracy.py --backend reference --seqlen 128 --hq 2 --hkv 1   # CPU dry run
+
+For each (mode, evaluator) and score spread, one causal GQA problem (default B=1 S=4096
+H_q=8 H_kv=2 D=128, BF16 inputs, fresh random q/k/v and dout per row, seeded) goes through
+`flash_attn_poly.attention` forward and backward. O, dQ, dK and dV are compared with the FP64
+reference of the *exact* score function (flash_attn_poly.reference: softcap c*tanh(s/c),
+sigmoid(s*scale - ln S_k), the exact derivatives): relative L2 error ||got - ref|| / ||ref||.
+"poly / native" divides the poly row's error by the native row's on the same inputs: the
+issues' accuracy goal is poly <= 2x native + floor. Spread: q and k are scaled by it, so the
+scaled scores have standard deviation about spread^2 (softcap 3.5: scores spanning tens of
+logits, as Gemma-2's). Softcap is 50.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import protocol  # noqa: E402
+
+ROWS = [("softmax", "native", 1.0),
+        ("softcap", "native", 1.0), ("softcap", "poly", 1.0),
+        ("softcap", "native", 3.5), ("softcap", "poly", 3.5),
+        ("sigmoid", "native", 1.0), ("sigmoid", "poly", 1.0),
+        ("sigmoid", "native", 1.3), ("sigmoid", "poly", 1.3)]
+
+
+def _inputs(args, seed, spread, device):
+    import torch
+    g = torch.Generator(device=device).manual_seed(seed)
+    mk = lambda h, a: (torch.randn(args.batch, args.seqlen, h, args.headdim, device=device,
+                                   generator=g) * a).to(torch.bfloat16)
+    q, k, v = mk(args.hq, spread), mk(args.hkv, spread), mk(args.hkv, 1.0)
+    dout = mk(args.hq, 1.0)
+    return q, k, v, dout
+
+
+def one_row(args, mode, evaluator, spread, device):
+    import torch
+    import flash_attn_poly
+    from flash_attn_poly.reference import attention_ref, attention_ref_backward
+    from flash_attn_poly.testing import rel_l2_err
+    # the same inputs for native and poly of one (mode, spread): the seed depends on those only
+    q, k, v, dout = _inputs(args, zlib.crc32(f"{mode} {spread}".encode()), spread, device)
+    kw = {"softcap": 50.0} if mode == "softcap" else {}
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = flash_attn_poly.attention(qg, kg, vg, mode, causal=True, evaluator=evaluator,
+                                    backend=args.backend, **kw)
+    grads = torch.autograd.grad(out, (qg, kg, vg), dout)
+    ref, _ = attention_ref(q, k, v, mode, causal=True, **kw)
+    ref_g = attention_ref_backward(dout, q, k, v, mode, causal=True, **kw)
+    errs = {"O": rel_l2_err(out, ref)}
+    for name, got, exp in zip(("dQ", "dK", "dV"), grads, ref_g):
+        errs[name] = rel_l2_err(got, exp) if torch.isfinite(got).all() else float("nan")
+    return errs
+
+
+def run(args) -> dict:
+    import torch
+    device = "cuda" if args.backend != "reference" else "cpu"
+    rows = []
+    for mode, ev, spread in ROWS:
+        e = one_row(args, mode, ev, spread, device)
+        rows.append({"mode": mode, "evaluator": ev, "spread": spread, **e})
+        print(f"{mode}/{ev} spread {spread}: " + ", ".join(f"{k} {v:.2e}" for k, v in e.items()), flush=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    native = {(r["mode"], r["spread"]): r for r in rows if r["evaluator"] == "native"}
+    for r in rows:
+        n = native.get((r["mode"], r["spread"]))
+        if r["evaluator"] == "poly" and n:
+            r["poly/native"] = " / ".join(f"{r[x] / n[x]:.2f}" for x in ("O", "dQ", "dK", "dV"))
+    timing = protocol.Timing(0, 1, 1)
+    hdr = protocol.header(timing) if device == "cuda" else {"device": "cpu (reference backend)",
+                                                            "commit": protocol.git_commit()}
+    hdr["protocol"] = (f"one call per row, B={args.batch} S={args.seqlen} H_q={args.hq} H_kv={args.hkv} "
+                       f"D={args.headdim} causal BF16, backend={args.backend}; rel L2 vs FP64 exact-function "
+                       "reference (flash_attn_poly.reference)")
+    return {**hdr, "rows": rows}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seqlen", type=int, default=4096)
+    p.add_argument("--hq", type=int, default=8)
+    p.add_argument("--hkv", type=int, default=2)
+    p.add_argument("--headdim", type=int, default=128)
+    p.add_argument("--backend", default="cuda", choices=("cuda", "reference"))
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    res = run(args)
+    cols = ["mode", "evaluator", "spread", "O", "dQ", "dK", "dV", "poly/native"]
+    table = protocol.markdown_table([{k: (f"{v:.2e}" if k in ("O", "dQ", "dK", "dV") else v)
+                                      for k, v in r.items()} for r in res["rows"]], cols)
+    print(table)
+    if args.json:
+        protocol.write_json(args.json, res)
+        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
+            f.write(f"# Attention accuracy vs FP64 exact math ({res['device']}, commit {res['commit']})\n\n"
+                    f"Protocol: {res['protocol']}.\n\n{__doc__.split(chr(10) * 2, 2)[2].strip()}\n\n"
+                    f"{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
