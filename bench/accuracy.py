@@ -64,7 +64,7 @@ def run(args) -> dict:
     import torch
     device = "cuda" if args.backend != "reference" else "cpu"
     rows = []
-    for mode, ev, spread in ROWS:
+    for mode, ev, spread in [r for r in ROWS if r[0] in args.modes.split(",")]:
         e = one_row(args, mode, ev, spread, device)
         rows.append({"mode": mode, "evaluator": ev, "spread": spread, **e})
         print(f"{mode}/{ev} spread {spread}: " + ", ".join(f"{k} {v:.2e}" for k, v in e.items()), flush=True)
@@ -92,6 +92,7 @@ def main(argv=None) -> int:
     p.add_argument("--hkv", type=int, default=2)
     p.add_argument("--headdim", type=int, default=128)
     p.add_argument("--backend", default="cuda", choices=("cuda", "reference"))
+    p.add_argument("--modes", default="softmax,softcap,sigmoid", help="rows of these modes only")
     p.add_argument("--json")
     args = p.parse_args(argv)
     res = run(args)

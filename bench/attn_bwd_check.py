@@ -97,6 +97,8 @@ def time_anchor(modes, deterministic=False):
         pp.postprocess(*acc, 0.1, q.dtype)
     rows.append(("torch pre+post only (in ours softmax)", bench(prepost), 0.0))
     try:
+        if set(axes) == {"sigmoid_grad"}:
+            raise ImportError("not needed for --axes sigmoid_grad (ours vs ours)")
         from flash_attn.cute.interface import flash_attn_func
         for sc in (0.0, 50.0):
             qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
@@ -194,6 +196,9 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
         if "lpt" in axes:
             for lpt in (False, True):
                 add(f"ours {mode} {'lpt' if lpt else 'single-tile'}", anchor, mode, flops, lpt=lpt)
+        if "sigmoid_grad" in axes and mode == "sigmoid":   # sigma' rule of the poly block columns
+            for rule in ("surrogate", "product"):
+                add(f"ours sigmoid/poly grad={rule}", anchor, mode, flops, evaluator="poly", sigmoid_grad=rule)
         if "stages" in axes:   # Q/dO pipeline depth, default evaluator of attention() (poly)
             ev = "native" if mode == "softmax" else "poly"
             for st in (2, 3):
@@ -204,6 +209,8 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
         for lpt in (False, True):
             add(f"ours softcap D=256 (B=1 S=8192 H 8/4) {'lpt' if lpt else 'single-tile'}", g, "softcap", fl, lpt=lpt)
     try:
+        if set(axes) == {"sigmoid_grad"}:
+            raise ImportError("not needed for --axes sigmoid_grad (ours vs ours)")
         from flash_attn.cute.interface import flash_attn_func
         for sc in (0.0, 50.0):
             qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
@@ -225,8 +232,12 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
     for mode in modes:
         sc = 50.0 if mode == "softcap" else None
         key, xs = (("lpt", (False, True)) if "lpt" in axes else ("stages", (2, 3)) if "stages" in axes
+                   else ("sigmoid_grad", ("surrogate", "product")) if "sigmoid_grad" in axes
                    else ("dq_async", (False, True)))
-        ga, gb = (attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, **{key: x}) for x in xs)
+        if key == "sigmoid_grad" and mode != "sigmoid":
+            continue
+        ev = {"evaluator": "poly"} if key == "sigmoid_grad" else {}
+        ga, gb = (attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, **{key: x}, **ev) for x in xs)
         rel = max(((x.double() - y.double()).norm() / y.double().norm()).item() for x, y in zip(ga, gb))
         print(f"{mode}: {key} off vs on, max rel L2 over dq/dk/dv {rel:.2e}")
     return [(name, statistics.median(per[name]), fl / statistics.median(per[name]) / 1e9) for name, _, fl in variants]
@@ -259,7 +270,7 @@ def main():
                     help="time FLASH_ATTN_POLY_PREPOST=torch vs cute (backward and pre/post alone)")
     ap.add_argument("--variants", action="store_true",
                     help="time backward variants side by side, with FA4 (see --axes)")
-    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order), stages (Q/dO pipeline 2 | 3)")
+    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order), stages (Q/dO pipeline 2 | 3), sigmoid_grad (surrogate | product)")
     ap.add_argument("--json", default=None, help="with --variants: write rows + protocol here")
     ap.add_argument("--split-wg", action="store_true", help="time the D=256 chunked vs split-warpgroup backward")
     a = ap.parse_args()

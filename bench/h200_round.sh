@@ -75,6 +75,13 @@ elif [ "$phase" = lpt256poly ]; then   # D = 256 softcap/poly forward with LPT (
   t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
 elif [ "$phase" = accuracy ]; then   # O and dQ/dK/dV error vs FP64 exact math, every mode and evaluator
   t accuracy 240 python3 bench/accuracy.py --json "$OUT/accuracy.json"
+elif [ "$phase" = sgrad ]; then   # sigmoid poly backward sigma' rule: tests, timing, accuracy (tar after each step)
+  tarup() { (cd "$OUT" && tar czf /tmp/round_sgrad.tgz --exclude=round_sgrad.tgz . && mv /tmp/round_sgrad.tgz "$OUT/"); }
+  pt sg_bwd tests/test_attn_bwd_gpu.py -k "split_reference and sigmoid"; tarup
+  t sg_time 60 python3 bench/attn_bwd_check.py --skip-check --variants --axes sigmoid_grad --modes sigmoid \
+      --json "$OUT/attn_bwd_sigmoid_grad.json"; tarup
+  t sg_acc 60 python3 bench/accuracy.py --modes sigmoid --json "$OUT/accuracy_sigmoid.json"; tarup
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = final ]; then   # after a default change: its tests, then the side-by-side tables
   pt bwd tests/test_attn_bwd_gpu.py &
   pt det tests/test_attn_bwd_deterministic_gpu.py &

@@ -54,7 +54,11 @@ def main():
         g.grad = u.grad = None
         (torch.nn.functional.silu(g) * u).backward(dy)
 
+    xh = torch.randn(n).to(torch.float16)
+    gh = torch.randn(n).to(torch.float16)
     cases = {"silu fwd (no grad)": lambda: act.silu(x),
+             "sweep gelu fwd (FP16)": lambda: act.sweep_forward("gelu", xh),
+             "sweep gelu bwd (FP16)": lambda: act.sweep_backward("gelu", xh, gh),
              "swiglu fwd (no grad)": lambda: act.swiglu(g.detach(), u.detach()),
              "swiglu fwd+bwd (autograd)": step,
              "torch eager silu(g)*u fwd+bwd, tiny CPU tensors (reference)": torch_step}

@@ -17,6 +17,7 @@ from .fit import runtime
 
 SIGMOID_PROGRAM_N = 4096          # the sigmoid-attention program the kernels inline
 SOFTCAP_PROGRAM = "softcap_c50"
+SIGMOID_GRAD_RULE = "product"     # = kernels/score_stages_bwd.SigmoidBwd.grad_rule's default
 
 
 def _program(name: str) -> dict:
@@ -30,16 +31,25 @@ def _apply(fn: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> torch.Ten
     return torch.from_numpy(fn(x32)).to(device=x.device, dtype=torch.float64)
 
 
-def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N):
-    """(score_fn, score_grad_fn): the block sigmoid_fwd(_bwd) on x' = x + bias + ln n."""
+def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None):
+    """(score_fn, score_grad_fn): the block sigmoid_fwd on x' = x + bias + ln n, and the
+    backward's sigma': p (1 - p) of that block's BF16 p ("product", the kernels' default,
+    kernels/score_stages_bwd.SigmoidBwd.grad_rule) or the coupled block sigmoid_fwd_bwd's
+    derivative surrogate ("surrogate", seed B3)."""
+    grad_rule = grad_rule or SIGMOID_GRAD_RULE
     p_fwd, p_grad = _program(f"sigmoid_attn_n{n}"), _program(f"sigmoid_attn_n{n}_grad")
     shift = bias + math.log(n)
 
     def shifted(x):
         return runtime.round_to(x + shift, "f32")  # the kernel's FP32 fma(s, scale, shift)
 
+    def product(a):
+        p = runtime.replay(p_fwd, shifted(a), "fused")
+        return p - p * p
+
+    grad = product if grad_rule == "product" else (lambda a: runtime.replay(p_grad, shifted(a), "fused"))
     return (lambda x: _apply(lambda a: runtime.replay(p_fwd, shifted(a), "fused"), x),
-            lambda x: _apply(lambda a: runtime.replay(p_grad, shifted(a), "fused"), x))
+            lambda x: _apply(grad, x))
 
 
 def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM):
@@ -56,7 +66,7 @@ def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM):
             lambda x: _apply(dlogit, x))
 
 
-def split_fns(mode: str, stage, s_k: int, softcap: float = 50.0, sigmoid_bias=None):
+def split_fns(mode: str, stage, s_k: int, softcap: float = 50.0, sigmoid_bias=None, sigmoid_grad=None):
     """(score_fn, score_grad_fn) of a poly stage with poly_split, per key column: column n
     uses the program replay when stage.poly_pair(n // 8) (the kernels' block columns) and
     the exact function otherwise (the MUFU columns' target).  Scores x (..., S_k) are scaled
@@ -67,7 +77,7 @@ def split_fns(mode: str, stage, s_k: int, softcap: float = 50.0, sigmoid_bias=No
         exact_grad = lambda x: 1 - torch.tanh(x / softcap) ** 2
     else:
         b = -math.log(s_k) if sigmoid_bias is None else float(sigmoid_bias)
-        poly, poly_grad = sigmoid_fns(b, stage.program_n)
+        poly, poly_grad = sigmoid_fns(b, stage.program_n, sigmoid_grad)
         exact = lambda x: torch.sigmoid(x + b)
         exact_grad = lambda x: torch.sigmoid(x + b) * (1 - torch.sigmoid(x + b))
     cols = torch.tensor([bool(stage.poly_pair(n // 8)) for n in range(s_k)])

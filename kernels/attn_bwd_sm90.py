@@ -643,7 +643,7 @@ def _dl(t):
 def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
-             lpt=None, split_wg=None, stages=None):
+             lpt=None, split_wg=None, stages=None, sigmoid_grad=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -659,6 +659,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     split_wg: D = 256 only, the split-warpgroup build without recomputation
     (kernels/attn_bwd_sm90_splitwg.py; None: SPLIT_WG_DEFAULT; not deterministic).
     stages: Q/dO pipeline depth for D <= 128 (None: BwdTile.for_head_dim's; a timing knob).
+    sigmoid_grad: sigmoid poly block columns' sigma' rule, "product" (default) or "surrogate"
+    (score_stages_bwd.SigmoidBwd.grad_rule).
     """
     import torch
     from . import attn_bwd_prepost
@@ -668,7 +670,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     b, s_q, h_q, d = q.shape
     s_k = k.shape[1]
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
-    stage = bwd_side(mode, evaluator)
+    stage = bwd_side(mode, evaluator, sigmoid_grad=sigmoid_grad if mode == "sigmoid" else None)
     if mode == "sigmoid" and sigmoid_bias is None:
         sigmoid_bias = -math.log(s_k)
     if mode == "softcap" and not softcap:

@@ -33,6 +33,8 @@ from .score_stages import (DEFAULT_POLY_SPLIT, _check_split, _cute_ops, _program
                            poly_pair, tanh_approx, unpack_bf16x2)
 
 LOG2_E = math.log2(math.e)
+# sigmoid poly block columns: sigma' from the block's P ("product") or the B3 surrogate
+SIGMOID_GRAD_RULES = ("product", "surrogate")
 
 
 def _exp2(x):
@@ -152,14 +154,21 @@ class SigmoidBwd(_PolySplit):
     """P = sigma(x + b), x = s*scale; no normalisation, no LSE, no D: g = dP sigma'(x + b).
 
     MUFU (native, and poly-stage MUFU columns): the forward's p = 0.5 tanh.approx(0.5 x +
-    0.5 b) + 0.5 (one MUFU.TANH, not EX2 + RCP) and sigma' = p (1 - p).  poly block columns:
-    the coupled 22-instruction block sigmoid_fwd_bwd on x' = x + b + ln n gives packed bf16 P
-    (the forward's values, written to the dV operand unchanged) and d sigma/dx'.
+    0.5 b) + 0.5 (one MUFU.TANH, not EX2 + RCP) and sigma' = p (1 - p).  poly block columns,
+    by grad_rule:
+      "product" (default): the 17-instruction forward block sigmoid_fwd on x' = x + b + ln n
+        gives packed bf16 P (the forward's values, written to the dV operand unchanged) and
+        sigma' = p (1 - p) in FP32 from those P (one FFMA per score);
+      "surrogate": the coupled 22-instruction block sigmoid_fwd_bwd gives the same P and the
+        factored D4 derivative surrogate d sigma/dx' (seed B3).  Its dQ/dK error against the
+        exact derivative is 8-25x native's (bench/results/accuracy.md, 96ac86f), the product
+        rule's is P's own.
     program_n (n) comes from the table.
     """
     evaluator: str = "native"
     poly_split: tuple = None
     program: str = "sigmoid_attn_n4096"
+    grad_rule: str = "product"
     program_n: int = field(default=0, init=False)
     mode = "sigmoid"
     needs_lse = False
@@ -167,6 +176,8 @@ class SigmoidBwd(_PolySplit):
 
     def __post_init__(self):
         self._init_split()
+        if self.grad_rule not in SIGMOID_GRAD_RULES:
+            raise ValueError(f"sigmoid grad_rule must be one of {SIGMOID_GRAD_RULES}, got {self.grad_rule!r}")
         if self.evaluator == "poly":
             object.__setattr__(self, "program_n", int(_program(self.program)["params"]["n"]))
 
@@ -180,6 +191,10 @@ class SigmoidBwd(_PolySplit):
     @cute.jit
     def prob2(self, s0, s1, lse0, lse1, args, block: cutlass.Constexpr[bool],
               is_bf16: cutlass.Constexpr[bool]):
+        if cutlass.const_expr(block and self.grad_rule == "product"):
+            p = _cute_ops().sigmoid_fwd(s0 * args[0] + args[1], s1 * args[0] + args[1])
+            q0, q1 = unpack_bf16x2(Int32(p))
+            return Int32(p), q0 - q0 * q0, q1 - q1 * q1
         if cutlass.const_expr(block):
             p, dp = _cute_ops().sigmoid_fwd_bwd(s0 * args[0] + args[1], s1 * args[0] + args[1])
             d0, d1 = unpack_bf16x2(Int32(dp))
@@ -199,15 +214,18 @@ class SigmoidBwd(_PolySplit):
 _SIDES = {"softmax": SoftmaxBwd, "softcap": SoftcapBwd, "sigmoid": SigmoidBwd}
 
 
-def bwd_side(mode: str, evaluator: str = "native", poly_split=None):
+def bwd_side(mode: str, evaluator: str = "native", poly_split=None, sigmoid_grad=None):
     """Backward side for (mode, evaluator); a poly side takes poly_split (default: the
-    forward's score_stages.DEFAULT_POLY_SPLIT[mode], what make_stage builds)."""
+    forward's score_stages.DEFAULT_POLY_SPLIT[mode], what make_stage builds).
+    sigmoid_grad: SigmoidBwd.grad_rule of the sigmoid poly side (None: its default)."""
     if mode not in _SIDES:
         raise ValueError(f"unknown mode {mode!r}")
     if evaluator not in ("native", "poly"):
         raise ValueError(f"unknown evaluator {evaluator!r}")
     if mode == "softmax":
         return SoftmaxBwd()
+    if mode == "sigmoid" and sigmoid_grad is not None:
+        return SigmoidBwd(evaluator=evaluator, poly_split=poly_split, grad_rule=sigmoid_grad)
     return _SIDES[mode](evaluator=evaluator, poly_split=poly_split)
 
 

@@ -93,19 +93,29 @@ def test_attn_bwd_fp16_matches_fp64_autograd(case):
     _check_vs_fp64(case, dtype=torch.float16)
 
 
-def _split_grads(q, k, v, do, mode, causal, softcap):
+def _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad=None):
     """FP64 (dq, dk, dv) of the split reference of the default poly forward stage."""
     from flash_attn_poly import poly_reference as PR, reference
     from flash_attn_poly.kernels import score_stages as S
     stage = S.make_stage(mode, "poly")   # what attn_fwd / attn_bwd build by default
-    fn, grad_fn = PR.split_fns(mode, stage, k.shape[1], softcap or 50.0)
+    fn, grad_fn = PR.split_fns(mode, stage, k.shape[1], softcap or 50.0, sigmoid_grad=sigmoid_grad)
     return reference.attention_ref_backward(do, q, k, v, mode, causal=causal, softcap=softcap,
                                             score_fn=fn, score_grad_fn=grad_fn)
 
 
+SURROGATE_CASES = [c for c in POLY_CASES if c[-1] == "sigmoid"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", SURROGATE_CASES, ids=str)
+def test_sigmoid_poly_bwd_surrogate_matches_split_reference(case):
+    """sigmoid_grad="surrogate": the coupled B3 block's derivative surrogate (not the default)."""
+    test_poly_bwd_matches_split_reference(case, sigmoid_grad="surrogate")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", POLY_CASES, ids=str)
-def test_poly_bwd_matches_split_reference(case):
+def test_poly_bwd_matches_split_reference(case, sigmoid_grad=None):
     from flash_attn_poly import testing
     from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
     from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
@@ -117,9 +127,10 @@ def test_poly_bwd_matches_split_reference(case):
     softcap = 50.0 if mode == "softcap" else None
     out = testing.poison_(torch.empty_like(q))
     o, lse = attn_fwd(q, k, v, mode=mode, evaluator="poly", causal=causal, softcap=softcap, out=out)
-    dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator="poly", causal=causal, softcap=softcap)
+    dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator="poly", causal=causal, softcap=softcap,
+                          sigmoid_grad=sigmoid_grad)
     torch.cuda.synchronize()
-    refs = _split_grads(q, k, v, do, mode, causal, softcap)
+    refs = _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad)
     for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
         assert torch.isfinite(got).all(), name
         err = ((got.double() - ref).abs().max() / ref.abs().max()).item()
