@@ -468,7 +468,7 @@ def sweep_forward(fn: str, x: Tensor) -> Tensor:
     if fn not in SWEEP_FNS:
         raise ValueError(f"fn must be one of {SWEEP_FNS}, got {fn!r}")
     y = torch.empty_like(x)
-    _launch_fast(f"{fn}_fwd", "f16", "poly", [x], [y])
+    launch(f"{fn}_fwd", "f16", "poly", [x], [y])
     return y
 
 
@@ -480,5 +480,5 @@ def sweep_backward(fn: str, x: Tensor, grad: Tensor) -> Tensor:
     if fn not in SWEEP_FNS:
         raise ValueError(f"fn must be one of {SWEEP_FNS}, got {fn!r}")
     dx = torch.empty_like(x)
-    _launch_fast(f"{fn}_bwd", "f16", "poly", [x, grad], [dx])
+    launch(f"{fn}_bwd", "f16", "poly", [x, grad], [dx])
     return dx
