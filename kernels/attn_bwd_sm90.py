@@ -108,7 +108,7 @@ class AttnBwdSm90(BwdReductions):
         self.is_causal = is_causal
         # sliding window: (has left bound, has right bound) compiled in, sizes are args[3:5]
         self.has_left, self.has_right = window[0], window[1] and not is_causal
-        # block sigmoid_fwd_bwd returns packed bf16 P, written to the dV operand as is
+        # the sigmoid blocks (sigmoid_fwd / sigmoid_fwd_bwd) return packed bf16 P, written to the dV operand as is
         assert not (stage.mode == "sigmoid" and stage.evaluator == "poly" and dtype is not cutlass.BFloat16), \
             "sigmoid/poly backward: BF16 only"
         self.stage = stage
