@@ -86,11 +86,7 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seqlen", type=int, default=4096)
-    p.add_argument("--hq", type=int, default=8)
-    p.add_argument("--hkv", type=int, default=2)
-    p.add_argument("--headdim", type=int, default=128)
+    protocol.add_shape_args(p, hq=8, hkv=2)
     p.add_argument("--backend", default="cuda", choices=("cuda", "reference"))
     p.add_argument("--modes", default="softmax,softcap,sigmoid", help="rows of these modes only")
     p.add_argument("--json")
@@ -101,11 +97,9 @@ def main(argv=None) -> int:
                                       for k, v in r.items()} for r in res["rows"]], cols)
     print(table)
     if args.json:
-        protocol.write_json(args.json, res)
-        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
-            f.write(f"# Attention accuracy vs FP64 exact math ({res['device']}, commit {res['commit']})\n\n"
-                    f"Protocol: {res['protocol']}.\n\n{__doc__.split(chr(10) * 2, 2)[2].strip()}\n\n"
-                    f"{table}\n")
+        protocol.write_results(args.json, res,
+                               f"# Attention accuracy vs FP64 exact math ({res['device']}, commit {res['commit']})\n\n"
+                               f"Protocol: {res['protocol']}.\n\n{protocol.doc_body(__doc__)}\n\n{table}\n")
     return 0
 
 

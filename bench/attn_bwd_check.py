@@ -13,7 +13,6 @@ side by side, and the pre+post work alone (preprocess, accumulator memset, postp
 both, plus a check that the two paths' outputs agree (post bitwise, lse2 bitwise, dsum error).
 """
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -74,6 +73,24 @@ def _bitwise_repeat(fn):
     return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+def fa4_bwd_fns(q, k, v, do):
+    """[(name, callable)]: FA4's backward (autograd.grad of a retained graph) at softcap 0 and
+    50 on these inputs; the rows built before a failure
+    (a message says why) when flash-attn-4 is missing or fails."""
+    fns = []
+    try:
+        from flash_attn.cute.interface import flash_attn_func
+        for sc in (0.0, 50.0):
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            out = flash_attn_func(qq, kk, vv, causal=True, softcap=sc)
+            out = out[0] if isinstance(out, tuple) else out
+            fns.append((f"FA4 softcap={sc}", lambda out=out, qq=qq, kk=kk, vv=vv:
+                        torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)))
+    except Exception as e:  # noqa: BLE001 - report and time the rest
+        print("FA4 unavailable:", repr(e)[:200])
+    return fns
+
+
 def time_anchor(modes, deterministic=False):
     b, s, hq, hkv, d = 1, 4096, 32, 8, 128
     mk = lambda h: torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
@@ -96,18 +113,9 @@ def time_anchor(modes, deterministic=False):
         acc = pp.accumulators(q, k)
         pp.postprocess(*acc, 0.1, q.dtype)
     rows.append(("torch pre+post only (in ours softmax)", bench(prepost), 0.0))
-    try:
-        if set(axes) == {"sigmoid_grad"}:
-            raise ImportError("not needed for --axes sigmoid_grad (ours vs ours)")
-        from flash_attn.cute.interface import flash_attn_func
-        for sc in (0.0, 50.0):
-            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-            out = flash_attn_func(qq, kk, vv, causal=True, softcap=sc)
-            out = out[0] if isinstance(out, tuple) else out
-            ms = bench(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True))
-            rows.append((f"FA4 softcap={sc}", ms, flops / ms / 1e9))
-    except Exception as e:  # noqa: BLE001
-        print("FA4 unavailable:", repr(e)[:200])
+    for name, fn in fa4_bwd_fns(q, k, v, do):
+        ms = bench(fn)
+        rows.append((name, ms, flops / ms / 1e9))
     return rows
 
 
@@ -208,18 +216,8 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
         fl = 2.5 * 4 * 8 * 8192 * 8192 * 256 / 2
         for lpt in (False, True):
             add(f"ours softcap D=256 (B=1 S=8192 H 8/4) {'lpt' if lpt else 'single-tile'}", g, "softcap", fl, lpt=lpt)
-    try:
-        if set(axes) == {"sigmoid_grad"}:
-            raise ImportError("not needed for --axes sigmoid_grad (ours vs ours)")
-        from flash_attn.cute.interface import flash_attn_func
-        for sc in (0.0, 50.0):
-            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-            out = flash_attn_func(qq, kk, vv, causal=True, softcap=sc)
-            out = out[0] if isinstance(out, tuple) else out
-            variants.append((f"FA4 softcap={sc}", lambda out=out, qq=qq, kk=kk, vv=vv:
-                             torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True), flops))
-    except Exception as e:  # noqa: BLE001
-        print("FA4 unavailable:", repr(e)[:200])
+    if set(axes) != {"sigmoid_grad"}:   # that axis compares ours with ours
+        variants += [(name, fn, flops) for name, fn in fa4_bwd_fns(q, k, v, do)]
     per = {name: [] for name, _, _ in variants}
     for r in range(rounds):
         for name, fn, _ in (variants if r % 2 == 0 else variants[::-1]):

@@ -56,11 +56,7 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seqlen", type=int, default=8192)
-    p.add_argument("--hq", type=int, default=8)
-    p.add_argument("--hkv", type=int, default=4)
-    p.add_argument("--headdim", type=int, default=256)
+    protocol.add_shape_args(p, seqlen=8192, hq=8, hkv=4, headdim=256)
     p.add_argument("--knob", default="lpt=1", help="AttnFwdConfig override NAME=INT (lpt, num_stages, ...)")
     p.add_argument("--modes", default="softmax:native,softcap:native,sigmoid:poly")
     p.add_argument("--warmup", type=int, default=10)
@@ -72,11 +68,10 @@ def main(argv=None) -> int:
     table = protocol.markdown_table(res["rows"], ["row", "ms"])
     print(table)
     if args.json:
-        protocol.write_json(args.json, res)
-        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
-            f.write(f"# Forward knob {args.knob} ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
-                    f"Shape: {res['shape']}, causal, BF16. Protocol: {res['protocol']}.\n"
-                    f"Max |default - knob| per row: {res['max_abs_diff']}.\n\n{table}\n")
+        protocol.write_results(args.json, res,
+                               f"# Forward knob {args.knob} ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
+                               f"Shape: {res['shape']}, causal, BF16. Protocol: {res['protocol']}.\n"
+                               f"Max |default - knob| per row: {res['max_abs_diff']}.\n\n{table}\n")
     return 0
 
 

@@ -233,11 +233,7 @@ def compile_only(head_dim: int = 128, causal: bool = True) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seqlen", type=int, default=4096)
-    p.add_argument("--hq", type=int, default=32)
-    p.add_argument("--hkv", type=int, default=8)
-    p.add_argument("--headdim", type=int, default=128)
+    protocol.add_shape_args(p)
     p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=100)
@@ -252,9 +248,7 @@ def main(argv=None):
         return
     res = run(args)
     if args.json:
-        protocol.write_json(args.json, res)
-        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
-            f.write(markdown(res))
+        protocol.write_results(args.json, res, markdown(res))
     print(markdown(res))
 
 

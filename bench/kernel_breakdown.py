@@ -75,11 +75,7 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seqlen", type=int, default=4096)
-    p.add_argument("--hq", type=int, default=32)
-    p.add_argument("--hkv", type=int, default=8)
-    p.add_argument("--headdim", type=int, default=128)
+    protocol.add_shape_args(p)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json")
@@ -88,10 +84,9 @@ def main(argv=None) -> int:
     table = protocol.markdown_table(res["rows"], ["row", "dir", "kernel", "us_per_call", "share"])
     print(table)
     if args.json:
-        protocol.write_json(args.json, res)
-        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
-            f.write(f"# Per-kernel device time ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
-                    f"Protocol: {res['protocol']}.\n\n{__doc__.split(chr(10) * 2, 2)[2].strip()}\n\n{table}\n")
+        protocol.write_results(args.json, res,
+                               f"# Per-kernel device time ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
+                               f"Protocol: {res['protocol']}.\n\n{protocol.doc_body(__doc__)}\n\n{table}\n")
     return 0
 
 

@@ -159,6 +159,24 @@ def write_json(path: str, payload: dict) -> None:
         f.write("\n")
 
 
+def add_shape_args(p, batch=1, seqlen=4096, hq=32, hkv=8, headdim=128) -> None:
+    """--batch --seqlen --hq --hkv --headdim on an argparse parser (attention benchmarks)."""
+    for name, default in (("batch", batch), ("seqlen", seqlen), ("hq", hq), ("hkv", hkv), ("headdim", headdim)):
+        p.add_argument(f"--{name}", type=int, default=default)
+
+
+def doc_body(doc: str) -> str:
+    """A bench script's docstring after its title and usage paragraphs (what its rows mean)."""
+    return doc.split("\n\n", 2)[2].strip()
+
+
+def write_results(path: str, payload: dict, markdown: str) -> None:
+    """payload as JSON at path, and the Markdown beside it (same name, .md)."""
+    write_json(path, payload)
+    with open(os.path.splitext(path)[0] + ".md", "w") as f:
+        f.write(markdown)
+
+
 def markdown_table(rows: list[dict], cols: list[str]) -> str:
     def fmt(x):
         return f"{x:.3f}" if isinstance(x, float) else ("—" if x is None else str(x))

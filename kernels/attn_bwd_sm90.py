@@ -126,11 +126,16 @@ class AttnBwdSm90(BwdReductions):
         shape = (rows, self.D) if stages is None else (rows, self.D, stages)
         return cute.tile_to_shape(atom, shape, (0, 1, 2) if stages else (0, 1))
 
+    # MMA warpgroups stacked along the key rows of S^T, dP^T, dV and dK (64 rows each); the
+    # split-warpgroup build gives each warpgroup different GEMMs on the same 64 rows instead
+    key_row_wgs = 2
+
     def _tiled_mmas(self):
         K, MN = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
         dt = self.dtype
-        mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (2, 1, 1), (64, self.tile_m))
-        mma_dkv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, self.Dc),
+        wgs = (self.key_row_wgs, 1, 1)
+        mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, wgs, (64, self.tile_m))
+        mma_dkv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, wgs, (64, self.Dc),
                                                     warpgroup.OperandSource.RMEM)
         if self.dq_split_n:
             mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 2, 1), (64, self.Dc // 2))

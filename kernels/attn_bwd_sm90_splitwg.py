@@ -27,7 +27,6 @@ Not in this build: deterministic adds, dq_async (its staging buffer does not fit
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warpgroup
@@ -66,22 +65,15 @@ def f_word(i: int, t):
 
 
 class AttnBwdSm90SplitWG(AttnBwdSm90):
+    # one warpgroup each: S^T (or dP^T) = 64 keys x 64 queries, dV (or dK) = 64 keys x 256;
+    # both: dQ = 64 queries x 256 split along the columns (the base's dq_split_n tiled MMA)
+    key_row_wgs = 1
+
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         assert self.D == 256 and (self.tile_m, self.tile_n) == (64, 64), "split-warpgroup build: D 256, tile 64 x 64"
         assert not self.deterministic and not self.dq_async, "split-warpgroup build: no deterministic / dq_async"
         self.Dc, self.n_chunks, self.dq_split_n = self.D, 1, True   # whole rows: no column chunks
-
-    def _tiled_mmas(self):
-        K, MN = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
-        dt = self.dtype
-        # one warpgroup each: S^T (or dP^T) = 64 keys x 64 queries; dV (or dK) = 64 keys x 256
-        mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, (1, 1, 1), (64, self.tile_m))
-        mma_dkv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 1, 1), (64, self.D),
-                                                    warpgroup.OperandSource.RMEM)
-        # both warpgroups: dQ = 64 queries x 256, split along the columns
-        mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 2, 1), (64, self.D // 2))
-        return mma_sdp, mma_dkv, mma_dq
 
     def _aux_words(self) -> int:
         return self.tile_n * self.tile_m          # f: one FP32 dS factor per score
