@@ -13,8 +13,11 @@ inputs per seed; for each one the output O is computed three ways
               sigmoid: x' = x + b + ln n_prog (FP32 add) -> block -> P (BF16, used as is);
               softcap: ``runtime.softcap_logit`` -> logits, then softmax as native.
 
-Optional diagnostic ``bf16in``: the exact function of the BF16-rounded block input (what a
-perfect program behind the block's cvt.rn.bf16x2.f32 could reach); sigmoid only.
+Sigmoid diagnostics, the floors a better program could reach:
+* ``bf16in``    the exact function of the BF16-rounded block input (what a perfect program
+                behind the block's cvt.rn.bf16x2.f32 could reach);
+* ``f16in``     the same behind an FP16 input (an f16x2 block);
+* ``poly_real`` the program in exact arithmetic on the FP32 input: its fit error alone.
 
 Reported per mode/spread: max abs error and relative L2 error of O (over all seeds), and
 the ratios poly/native.  ``python -m flash_attn_poly.fit attn-metric``.
@@ -71,7 +74,10 @@ def _pv_lowp(P32, v, rowsum=None):
     return _bf16(o).double()
 
 
-def sigmoid_outputs(program, q, k, v, bias=None, modes=("native", "poly", "bf16in")):
+SIGMOID_PATHS = ("native", "poly", "bf16in", "f16in", "poly_real")
+
+
+def sigmoid_outputs(program, q, k, v, bias=None, modes=SIGMOID_PATHS):
     S_k = k.shape[-2]
     b = -math.log(S_k) if bias is None else float(bias)
     mask = _causal(q.shape[-2])
@@ -81,17 +87,19 @@ def sigmoid_outputs(program, q, k, v, bias=None, modes=("native", "poly", "bf16i
     if "native" in modes:
         P = _bf16(torch.sigmoid(x32 + torch.tensor(b, dtype=torch.float32))) * mask
         out["native"] = _pv_lowp(P, v)
-    if program is not None and ("poly" in modes or "bf16in" in modes):
+    if program is not None:
         n = program["params"]["n"]
         xin = (x32 + torch.tensor(b + math.log(n), dtype=torch.float32)).double().numpy()
-        if "poly" in modes:
-            P = torch.from_numpy(rt.replay(program, xin, "fused")).float() * mask
-            out["poly"] = _pv_lowp(P, v)
-        if "bf16in" in modes:
-            xb = rt.round_to(rt.round_to(xin, "f32"), "bf16")
-            p = 1.0 / (1.0 + np.exp(-(xb - math.log(n))))
-            P = _bf16(torch.from_numpy(p).float()) * mask
-            out["bf16in"] = _pv_lowp(P, v)
+        for path, order in (("poly", "fused"), ("poly_real", "real")):
+            if path in modes:
+                P = torch.from_numpy(rt.replay(program, xin, order)).float() * mask
+                out[path] = _pv_lowp(_bf16(P) if order == "real" else P, v)
+        for path, dt in (("bf16in", "bf16"), ("f16in", "f16")):
+            if path in modes:
+                xb = rt.round_to(rt.round_to(xin, "f32"), dt)
+                p = 1.0 / (1.0 + np.exp(-(xb - math.log(n))))
+                P = _bf16(torch.from_numpy(p).float()) * mask
+                out[path] = _pv_lowp(P, v)
     return out
 
 
@@ -177,7 +185,7 @@ def markdown(mode, name, res):
     lines = [f"### {mode}: `{name}`", "",
              "| spread | path | max abs | rel L2 | poly/native (max, L2) |", "|---|---|---|---|---|"]
     for s, r in res.items():
-        for p in ("native", "poly", "bf16in"):
+        for p in SIGMOID_PATHS:
             if p in r:
                 ratio = (f"{r['ratio_max_abs']:.2f}, {r['ratio_rel_l2']:.2f}" if p == "poly" else "")
                 lines.append(f"| {s} | {p} | {r[p]['max_abs']:.3e} | {r[p]['rel_l2']:.3e} | {ratio} |")
