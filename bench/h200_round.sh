@@ -13,6 +13,7 @@
 #   bash bench/h200_round.sh lpt256  # forward LPT at D = 256: fwd/api/transformers tests, gemma2 D = 256
 #   bash bench/h200_round.sh accuracy  # bench/accuracy.py: output and gradient error, poly vs native
 #   bash bench/h200_round.sh final   # backward/hf tests, gqa_4096 and gemma2 D = 256 / 128 tables
+#   bash bench/h200_round.sh mainloop  # backward mainloop v2 vs v1: bwd/det/api tests, then timing
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
 set -u
@@ -91,6 +92,13 @@ elif [ "$phase" = final ]; then   # after a default change: its tests, then the 
   t gqa 240 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
   t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
   t gemma2_d128 120 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"
+elif [ "$phase" = mainloop ]; then   # backward mainloop v2 (default) vs v1: tests, then side-by-side timing
+  pt bwd tests/test_attn_bwd_gpu.py &
+  pt det tests/test_attn_bwd_deterministic_gpu.py &
+  pt api tests/test_api_gpu.py &
+  wait
+  t ml_time 330 python3 bench/attn_bwd_check.py --skip-check --variants --axes mainloop \
+      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_mainloop.json"
 elif [ "$phase" = final2 ]; then   # short: forward tests under the defaults, then gqa_4096 (files left unpacked too)
   pt fwd tests/test_attn_fwd_gpu.py
   t gqa 240 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"

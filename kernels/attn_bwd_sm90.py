@@ -90,8 +90,18 @@ class BwdTile:
 class AttnBwdSm90(BwdReductions):
     def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile,
                  window: tuple = (False, False), deterministic: bool = False, dq_async: bool = False,
-                 lpt: bool = False):
+                 lpt: bool = False, mainloop: int = 2):
         assert head_dim in (64, 128, 256), "D must be 64, 128 or 256"
+        # per query block (docs/NOTES_attn_bwd.md, "Main loop v2"): 2 = LSE / D read into
+        # registers while the S / dV GEMMs run, and (dq_async) dQ issued before dK so the dQ
+        # tile is staged to smem while dK runs; 1 = the v1 order, kept for side-by-side timing.
+        # Register limits (CPU SASS): D = 256 keeps smem reads (hoisted: 2 -> 4 spilled words,
+        # untimed); the red.global dQ path keeps LSE in smem (softcap/poly 1/2 spills 2 words
+        # with it hoisted); D = 64 (16 columns more per thread) spills 12 words, v1 16.
+        assert mainloop in (1, 2), f"mainloop must be 1 or 2, got {mainloop}"
+        self.hoist_dsum = mainloop == 2 and head_dim <= 128
+        self.hoist_lse = self.hoist_dsum and dq_async
+        self.dq_early = mainloop == 2 and dq_async
         # ordered (bitwise reproducible) dQ/dK/dV adds; kernels/bwd_reduce.py, "Deterministic mode"
         self.deterministic = deterministic
         # dQ tile -> smem -> warp 1's bulk reductions, instead of red.global from the MMA
@@ -448,6 +458,7 @@ class AttnBwdSm90(BwdReductions):
         warpgroup.fence()
         self.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, idx], True)
         warpgroup.commit_group()
+        lse = self.col_stats(sLSE, idx, tScS, self.stage.needs_lse and self.hoist_lse)   # while S runs
         pipe_do.consumer_wait(state)
         self.gemm(mma_sdp, acc_dP, tSrV, tSrdO[None, None, None, idx], True)
         warpgroup.commit_group()
@@ -455,31 +466,63 @@ class AttnBwdSm90(BwdReductions):
         # rP: packed P^T (dV operand); acc_S keeps one FP32 dS factor per score, not P plus
         # an aux derivative (32 more live regs across the dP wait spilled 36-43 STL)
         rP = cute.make_rmem_tensor(shape_a, self.dtype)
-        self.probs(acc_S, rP, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args)
+        self.probs(acc_S, rP, tScS, lse, idx, n_block, m_block, seqlen_q, seqlen_k, args)
         warpgroup.fence()
         self.gemm_acc(mma_dkv, acc_dV, rP, tVrdOt[None, None, None, idx], accumulate)
         warpgroup.commit_group()
+        dsum = self.col_stats(sDsum, idx, tScS, self.stage.needs_dsum and self.hoist_dsum)   # while dV, dP run
         warpgroup.wait_group(1)   # dP^T ready (the dV product may still run)
-        self.dscores(acc_S, acc_dP, tScS, sDsum, idx)
+        self.dscores(acc_S, acc_dP, tScS, dsum, idx)
         rdS = cute.make_rmem_tensor(shape_a, self.dtype)
         cute.make_tensor(rdS.iterator, acc_dP.layout).store(acc_dP.load().to(self.dtype))
         cute.copy(r2s, thr_r2s.retile(cute.make_tensor(rdS.iterator, acc_dP.layout)), tRSsdS[None, None, None, buf])
         cute.arch.fence_view_async_shared()
         pds_barrier.arrive_and_wait()   # both warpgroups' halves of dS are in smem
         warpgroup.fence()
-        self.gemm_acc(mma_dkv, acc_dK, rdS, tKrQt[None, None, None, idx], accumulate)
-        warpgroup.commit_group()
         acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, self.Dc)), Float32)
-        self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt, True)
-        warpgroup.commit_group()
-        warpgroup.wait_group(0)
-        pipe_q.consumer_release(state)
-        pipe_do.consumer_release(state)
-        if const_expr(self.dq_async):
+        if const_expr(self.dq_early):
+            # dQ first: its tile goes to smem (and to warp 1's bulk adds) while dK runs
+            self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt, True)
+            warpgroup.commit_group()
+            self.gemm_acc(mma_dkv, acc_dK, rdS, tKrQt[None, None, None, idx], accumulate)
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)   # dV and dQ done, dK (reads Q) in flight
+            pipe_do.consumer_release(state)
             self.stage_dq(mma_dq, acc_dQ, args[-1], tidx)
+            warpgroup.wait_group(0)
+            pipe_q.consumer_release(state)
         else:
-            self.add_dq(mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k,
-                        args)
+            self.gemm_acc(mma_dkv, acc_dK, rdS, tKrQt[None, None, None, idx], accumulate)
+            warpgroup.commit_group()
+            self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            pipe_q.consumer_release(state)
+            pipe_do.consumer_release(state)
+            if const_expr(self.dq_async):
+                self.stage_dq(mma_dq, acc_dQ, args[-1], tidx)
+            else:
+                self.add_dq(mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q,
+                            seqlen_k, args)
+
+    @cute.jit
+    def col_stats(self, sX, idx, tScS, hoist: cutlass.Constexpr[bool]):
+        """Mainloop v2: the per-query statistic (LSE or D) of each column this thread holds,
+        read from smem into registers right after a GEMM is issued, so the loads are off
+        the path from the wgmma wait to the first use; not hoisted: sX itself."""
+        if const_expr(not hoist):
+            return sX
+        c_mn = acc_mn_view(tScS)
+        n = cute.size(c_mn, mode=[1])
+        r = cute.make_rmem_tensor((n,), Float32)
+        for c in cutlass.range_constexpr(n):
+            r[c] = sX[c_mn[0, c][1], idx]
+        return r
+
+    @staticmethod
+    def _stat(x, c: int, m, idx):
+        """Column c's statistic: x is col_stats' register tensor (rank 1) or the smem tile."""
+        return x[c] if const_expr(cute.rank(x.layout) == 1) else x[m, idx]
 
     @cute.jit
     def probs(self, acc_S, rP, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args):
@@ -517,8 +560,8 @@ class AttnBwdSm90(BwdReductions):
         is_bf16 = self.dtype is cutlass.BFloat16
         for c in cutlass.range_constexpr(0, cute.size(s_mn, mode=[1]), 2):
             m0 = c_mn[0, c][1]
-            lse0 = sLSE[m0, idx] if const_expr(self.stage.needs_lse) else Float32(0.0)
-            lse1 = sLSE[m0 + 1, idx] if const_expr(self.stage.needs_lse) else Float32(0.0)
+            lse0 = self._stat(sLSE, c, m0, idx) if const_expr(self.stage.needs_lse) else Float32(0.0)
+            lse1 = self._stat(sLSE, c + 1, m0 + 1, idx) if const_expr(self.stage.needs_lse) else Float32(0.0)
             for i in cutlass.range_constexpr(len(rows)):
                 r = rows[i]
                 blk = self._row_block(r) if const_expr(block is None) else block
@@ -552,8 +595,8 @@ class AttnBwdSm90(BwdReductions):
         f_mn, dp_mn, c_mn = acc_mn_view(acc_F), acc_mn_view(acc_dP), acc_mn_view(tScS)
         for c in cutlass.range_constexpr(0, cute.size(f_mn, mode=[1]), 2):
             m0 = c_mn[0, c][1]
-            d0 = sDsum[m0, idx] if const_expr(self.stage.needs_dsum) else Float32(0.0)
-            d1 = sDsum[m0 + 1, idx] if const_expr(self.stage.needs_dsum) else Float32(0.0)
+            d0 = self._stat(sDsum, c, m0, idx) if const_expr(self.stage.needs_dsum) else Float32(0.0)
+            d1 = self._stat(sDsum, c + 1, m0 + 1, idx) if const_expr(self.stage.needs_dsum) else Float32(0.0)
             for r in cutlass.range_constexpr(cute.size(f_mn, mode=[0])):
                 g0, g1 = self.stage.dscore2(f_mn[r, c], f_mn[r, c + 1], dp_mn[r, c], dp_mn[r, c + 1], d0, d1)
                 dp_mn[r, c], dp_mn[r, c + 1] = g0, g1
@@ -587,6 +630,7 @@ class BwdKey:
     deterministic: bool = False  # ordered adds (AttnBwdSm90Det): bitwise reproducible gradients
     dq_async: bool = False       # dQ via smem + bulk reductions by warp 1 (not with deterministic)
     lpt: bool = False            # SectionLptScheduler CTA order (not with deterministic)
+    mainloop: int = 2            # AttnBwdSm90 mainloop order (1 = v1, for side-by-side timing)
 
 
 _CACHE: dict = {}
@@ -626,7 +670,8 @@ def kernel_for(key: BwdKey) -> AttnBwdSm90:
     else:
         cls = AttnBwdSm90Det if key.deterministic else AttnBwdSm90
     return cls(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile,
-               (key.window_left, key.window_right), key.deterministic, key.dq_async, key.lpt)
+               (key.window_left, key.window_right), key.deterministic, key.dq_async, key.lpt,
+               1 if key.tile.split_wg else key.mainloop)
 
 
 def compile_bwd(key: BwdKey, options: str = "", tvm_ffi: bool = False):
@@ -648,7 +693,7 @@ def _dl(t):
 def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
-             lpt=None, split_wg=None, stages=None, sigmoid_grad=None):
+             lpt=None, split_wg=None, stages=None, sigmoid_grad=None, mainloop=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -666,6 +711,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     stages: Q/dO pipeline depth for D <= 128 (None: BwdTile.for_head_dim's; a timing knob).
     sigmoid_grad: sigmoid poly block columns' sigma' rule, "product" (default) or "surrogate"
     (score_stages_bwd.SigmoidBwd.grad_rule).
+    mainloop: 1 or 2, the per-query-block order (None: MAINLOOP_DEFAULT; a timing knob; the
+    split-warpgroup build has its own loop).
     """
     import torch
     from . import attn_bwd_prepost
@@ -689,7 +736,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     key = BwdKey({torch.bfloat16: "bf16", torch.float16: "f16"}[q.dtype], d, bool(causal), stage, tile,
                  has_l, has_r, bool(deterministic),
                  (DQ_ASYNC_DEFAULT if dq_async is None else bool(dq_async)) and not deterministic and d <= 128,
-                 (LPT_DEFAULT if lpt is None else bool(lpt)) and not deterministic)
+                 (LPT_DEFAULT if lpt is None else bool(lpt)) and not deterministic,
+                 MAINLOOP_DEFAULT if mainloop is None else int(mainloop))
     from . import launch
     lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128)
     accs = attn_bwd_prepost.accumulators(q, k, turn_counters(b, s_q, s_k, h_q, k.shape[2], tile, d) if deterministic else 0)
@@ -712,6 +760,9 @@ DQ_ASYNC_DEFAULT = True
 # -> 0.807 ms, softcap 0.962 -> 0.865, sigmoid 0.899 -> 0.816; D = 256 softcap (Gemma-2 2B
 # shape) 2.509 -> 2.338.  Gradients equal to the single-tile order's to 2e-5 rel L2.
 LPT_DEFAULT = True
+# Mainloop v2 (LSE / D in registers early; dQ before dK, staged while dK runs): see
+# docs/NOTES_attn_bwd.md "Main loop v2" for the SASS and the side-by-side timing.
+MAINLOOP_DEFAULT = 2
 # D = 256 split-warpgroup build: compile-checked (no spills, 48 HGMMA), not yet run on a GPU
 SPLIT_WG_DEFAULT = False
 

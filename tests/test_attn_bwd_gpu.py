@@ -84,6 +84,17 @@ def test_attn_bwd_split_wg_d256_matches_fp64_autograd(case):
     _check_vs_fp64(case, split_wg=True)
 
 
+MAINLOOP1_CASES = [CASES[1], CASES[3], CASES[5], CASES[6]]   # D 128/64, 3 modes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", MAINLOOP1_CASES, ids=str)
+def test_attn_bwd_mainloop_v1_matches_fp64_autograd(case):
+    """The v1 per-query-block order (mainloop=1, kept for side-by-side timing; the default
+    v2 reads LSE / D into registers early and issues dQ before dK)."""
+    _check_vs_fp64(case, mainloop=1)
+
+
 FP16_CASES = [CASES[1], CASES[3], CASES[5], CASES[6], CASES[8]]   # softmax causal/non-causal, softcap, sigmoid
 
 
