@@ -211,6 +211,10 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
             for ev in (("native",) if mode == "softmax" else ("native", "poly")):
                 for ml in (1, 2):
                     add(f"ours {mode}/{ev} mainloop={ml}", anchor, mode, flops, mainloop=ml, evaluator=ev)
+        if "v_with_do" in axes:   # V on the first dO barrier (K, Q, V, dO load order)
+            ev = "native" if mode == "softmax" else "poly"
+            for vd in (False, True):
+                add(f"ours {mode}/{ev} v_with_do={int(vd)}", anchor, mode, flops, v_with_do=vd, evaluator=ev)
         if "stages" in axes:   # Q/dO pipeline depth, default evaluator of attention() (poly)
             ev = "native" if mode == "softmax" else "poly"
             for st in (2, 3):
@@ -235,11 +239,12 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
         sc = 50.0 if mode == "softcap" else None
         key, xs = (("lpt", (False, True)) if "lpt" in axes else ("stages", (2, 3)) if "stages" in axes
                    else ("mainloop", (1, 2)) if "mainloop" in axes
+                   else ("v_with_do", (False, True)) if "v_with_do" in axes
                    else ("sigmoid_grad", ("surrogate", "product")) if "sigmoid_grad" in axes
                    else ("dq_async", (False, True)))
         if key == "sigmoid_grad" and mode != "sigmoid":
             continue
-        ev = {"evaluator": "poly"} if key == "sigmoid_grad" or (key == "mainloop" and mode != "softmax") else {}
+        ev = {"evaluator": "poly"} if key == "sigmoid_grad" or (key in ("mainloop", "v_with_do") and mode != "softmax") else {}
         ga, gb = (attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, **{key: x}, **ev) for x in xs)
         rel = max(((x.double() - y.double()).norm() / y.double().norm()).item() for x, y in zip(ga, gb))
         print(f"{mode}: {key} off vs on, max rel L2 over dq/dk/dv {rel:.2e}")
@@ -273,7 +278,7 @@ def main():
                     help="time FLASH_ATTN_POLY_PREPOST=torch vs cute (backward and pre/post alone)")
     ap.add_argument("--variants", action="store_true",
                     help="time backward variants side by side, with FA4 (see --axes)")
-    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order), stages (Q/dO pipeline 2 | 3), sigmoid_grad (surrogate | product), mainloop (1 | 2)")
+    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order), stages (Q/dO pipeline 2 | 3), sigmoid_grad (surrogate | product), mainloop (1 | 2), v_with_do (off | on)")
     ap.add_argument("--json", default=None, help="with --variants: write rows + protocol here")
     ap.add_argument("--split-wg", action="store_true", help="time the D=256 chunked vs split-warpgroup backward")
     a = ap.parse_args()

@@ -14,6 +14,7 @@
 #   bash bench/h200_round.sh accuracy  # bench/accuracy.py: output and gradient error, poly vs native
 #   bash bench/h200_round.sh final   # backward/hf tests, gqa_4096 and gemma2 D = 256 / 128 tables
 #   bash bench/h200_round.sh mainloop  # backward mainloop v2 vs v1: bwd/det/api tests, then timing
+#   bash bench/h200_round.sh vdo     # V on the first dO barrier: its tests and timing, then gqa_4096
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
 set -u
@@ -99,6 +100,11 @@ elif [ "$phase" = mainloop ]; then   # backward mainloop v2 (default) vs v1: tes
   wait
   t ml_time 330 python3 bench/attn_bwd_check.py --skip-check --variants --axes mainloop \
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_mainloop.json"
+elif [ "$phase" = vdo ]; then   # V on the first dO barrier: tests, side-by-side timing, then gqa_4096
+  pt vdo tests/test_attn_bwd_gpu.py -k "v_with_do or mainloop_v1"
+  t vdo_time 200 python3 bench/attn_bwd_check.py --skip-check --variants --axes v_with_do \
+      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_v_with_do.json"
+  t gqa 240 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
 elif [ "$phase" = final2 ]; then   # short: forward tests under the defaults, then gqa_4096 (files left unpacked too)
   pt fwd tests/test_attn_fwd_gpu.py
   t gqa 240 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"

@@ -90,7 +90,7 @@ class BwdTile:
 class AttnBwdSm90(BwdReductions):
     def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile,
                  window: tuple = (False, False), deterministic: bool = False, dq_async: bool = False,
-                 lpt: bool = False, mainloop: int = 2):
+                 lpt: bool = False, mainloop: int = 2, v_with_do: bool = False):
         assert head_dim in (64, 128, 256), "D must be 64, 128 or 256"
         # per query block (docs/NOTES_attn_bwd.md, "Main loop v2"): 2 = LSE / D read into
         # registers while the S / dV GEMMs run, and (dq_async) dQ issued before dK so the dQ
@@ -101,6 +101,9 @@ class AttnBwdSm90(BwdReductions):
         assert mainloop in (1, 2), f"mainloop must be 1 or 2, got {mainloop}"
         self.hoist_dsum = mainloop == 2 and head_dim <= 128
         self.hoist_lse = self.hoist_dsum and dq_async
+        # v_with_do: V rides on the first dO stage's barrier and the producer issues K, Q, V,
+        # dO (not K+V on one barrier first), so the first S waits for K and Q only
+        self.v_with_do = v_with_do
         self.dq_early = mainloop == 2 and dq_async
         # ordered (bitwise reproducible) dQ/dK/dV adds; kernels/bwd_reduce.py, "Deterministic mode"
         self.deterministic = deterministic
@@ -291,7 +294,7 @@ class AttnBwdSm90(BwdReductions):
             consumer_group=cons, tx_count=self.bytes_q + self.bytes_stat, defer_sync=True)
         pipe_kv = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.mbar_kv.data_ptr(), num_stages=1, producer_group=prod,
-            consumer_group=cons, tx_count=self.bytes_kv, defer_sync=False)
+            consumer_group=cons, tx_count=self.bytes_kv // (2 if self.v_with_do else 1), defer_sync=False)
         # layouts are rebuilt here: values made on the host side cannot enter the kernel region
         sQ_l, sK_l, sdS_l = self._smem_layouts()
         sQ = st.sQ.get_tensor(sQ_l.outer, swizzle=sQ_l.inner)
@@ -351,7 +354,8 @@ class AttnBwdSm90(BwdReductions):
             pipe_kv.producer_acquire(kv_state)
             bar = pipe_kv.producer_get_barrier(kv_state)
             cute.copy(tma_k, tKg, tKs, tma_bar_ptr=bar)
-            cute.copy(tma_v, tVg, tVs, tma_bar_ptr=bar)
+            if const_expr(not self.v_with_do):
+                cute.copy(tma_v, tVg, tVs, tma_bar_ptr=bar)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             for m_block in cutlass.range(m_min, m_max, unroll=1):
                 pipe_q.producer_acquire(state)
@@ -360,6 +364,11 @@ class AttnBwdSm90(BwdReductions):
                 cute.copy(tma_lse, tLg[None, m_block], tLs[None, state.index], tma_bar_ptr=bar)
                 pipe_do.producer_acquire(state)
                 bar = pipe_do.producer_get_barrier(state)
+                if const_expr(self.v_with_do):
+                    if m_block == m_min:   # the first dP waits on this barrier: V joins it
+                        with cute.arch.elect_one():
+                            cute.arch.mbarrier_expect_tx(bar, self.bytes_kv // 2)
+                        cute.copy(tma_v, tVg, tVs, tma_bar_ptr=bar)
                 cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
                 cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
                 state.advance()
@@ -631,6 +640,7 @@ class BwdKey:
     dq_async: bool = False       # dQ via smem + bulk reductions by warp 1 (not with deterministic)
     lpt: bool = False            # SectionLptScheduler CTA order (not with deterministic)
     mainloop: int = 2            # AttnBwdSm90 mainloop order (1 = v1, for side-by-side timing)
+    v_with_do: bool = False      # V loaded on the first dO stage's barrier (K, Q, V, dO order)
 
 
 _CACHE: dict = {}
@@ -671,7 +681,7 @@ def kernel_for(key: BwdKey) -> AttnBwdSm90:
         cls = AttnBwdSm90Det if key.deterministic else AttnBwdSm90
     return cls(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile,
                (key.window_left, key.window_right), key.deterministic, key.dq_async, key.lpt,
-               1 if key.tile.split_wg else key.mainloop)
+               1 if key.tile.split_wg else key.mainloop, key.v_with_do and not key.tile.split_wg)
 
 
 def compile_bwd(key: BwdKey, options: str = "", tvm_ffi: bool = False):
@@ -693,7 +703,7 @@ def _dl(t):
 def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
-             lpt=None, split_wg=None, stages=None, sigmoid_grad=None, mainloop=None):
+             lpt=None, split_wg=None, stages=None, sigmoid_grad=None, mainloop=None, v_with_do=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -713,6 +723,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     (score_stages_bwd.SigmoidBwd.grad_rule).
     mainloop: 1 or 2, the per-query-block order (None: MAINLOOP_DEFAULT; a timing knob; the
     split-warpgroup build has its own loop).
+    v_with_do: V on the first dO stage's barrier, loads issued K, Q, V, dO (None:
+    V_WITH_DO_DEFAULT; a timing knob).
     """
     import torch
     from . import attn_bwd_prepost
@@ -737,7 +749,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
                  has_l, has_r, bool(deterministic),
                  (DQ_ASYNC_DEFAULT if dq_async is None else bool(dq_async)) and not deterministic and d <= 128,
                  (LPT_DEFAULT if lpt is None else bool(lpt)) and not deterministic,
-                 MAINLOOP_DEFAULT if mainloop is None else int(mainloop))
+                 MAINLOOP_DEFAULT if mainloop is None else int(mainloop),
+                 V_WITH_DO_DEFAULT if v_with_do is None else bool(v_with_do))
     from . import launch
     lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128)
     accs = attn_bwd_prepost.accumulators(q, k, turn_counters(b, s_q, s_k, h_q, k.shape[2], tile, d) if deterministic else 0)
@@ -763,6 +776,8 @@ LPT_DEFAULT = True
 # Mainloop v2 (LSE / D in registers early; dQ before dK, staged while dK runs): see
 # docs/NOTES_attn_bwd.md "Main loop v2" for the SASS and the side-by-side timing.
 MAINLOOP_DEFAULT = 2
+# V on the first dO barrier (first S waits for K + Q only): timing knob, see NOTES_attn_bwd.md
+V_WITH_DO_DEFAULT = False
 # D = 256 split-warpgroup build: compile-checked (no spills, 48 HGMMA), not yet run on a GPU
 SPLIT_WG_DEFAULT = False
 

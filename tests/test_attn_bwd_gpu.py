@@ -95,6 +95,13 @@ def test_attn_bwd_mainloop_v1_matches_fp64_autograd(case):
     _check_vs_fp64(case, mainloop=1)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", MAINLOOP1_CASES + [CASES[2], (1, 5000, 5000, 8, 2, 128, True, "softmax")], ids=str)
+def test_attn_bwd_v_with_do_matches_fp64_autograd(case):
+    """V loaded on the first dO stage's barrier, loads issued K, Q, V, dO (v_with_do)."""
+    _check_vs_fp64(case, v_with_do=True)
+
+
 FP16_CASES = [CASES[1], CASES[3], CASES[5], CASES[6], CASES[8]]   # softmax causal/non-causal, softcap, sigmoid
 
 
