@@ -15,6 +15,7 @@
 #   bash bench/h200_round.sh final   # backward/hf tests, gqa_4096 and gemma2 D = 256 / 128 tables
 #   bash bench/h200_round.sh mainloop  # backward mainloop v2 vs v1: bwd/det/api tests, then timing
 #   bash bench/h200_round.sh vdo     # V on the first dO barrier: its tests and timing, then gqa_4096
+#   bash bench/h200_round.sh final4  # backward/det/api/window tests, v_with_do timing, gqa_4096
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
 set -u
@@ -101,8 +102,17 @@ elif [ "$phase" = mainloop ]; then   # backward mainloop v2 (default) vs v1: tes
   t ml_time 330 python3 bench/attn_bwd_check.py --skip-check --variants --axes mainloop \
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_mainloop.json"
 elif [ "$phase" = vdo ]; then   # V on the first dO barrier: tests, side-by-side timing, then gqa_4096
-  pt vdo tests/test_attn_bwd_gpu.py -k "v_with_do or mainloop_v1"
+  pt vdo tests/test_attn_bwd_gpu.py -k "kv_barrier or v_with_do or mainloop_v1"
   t vdo_time 200 python3 bench/attn_bwd_check.py --skip-check --variants --axes v_with_do \
+      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_v_with_do.json"
+  t gqa 240 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
+elif [ "$phase" = final4 ]; then   # after the v_with_do default: backward tests, its timing again, gqa_4096
+  pt bwd tests/test_attn_bwd_gpu.py &
+  pt det tests/test_attn_bwd_deterministic_gpu.py &
+  pt api tests/test_api_gpu.py &
+  pt win_b tests/test_window_gpu.py -k "not softmax and not softcap-native" &
+  wait
+  t vdo_time 150 python3 bench/attn_bwd_check.py --skip-check --variants --axes v_with_do \
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_v_with_do.json"
   t gqa 240 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
 elif [ "$phase" = final2 ]; then   # short: forward tests under the defaults, then gqa_4096 (files left unpacked too)
