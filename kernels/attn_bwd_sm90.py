@@ -2,14 +2,19 @@
 
 One CTA per (KV block of tile_n keys, query head, batch), iterating over the query blocks
 that the causal mask leaves (tile skipping).  384 threads: warp 0 issues TMA (K, V once;
-Q+LSE and dO+D per query block, 2-stage pipelines); two MMA warpgroups each own 64 of the
-tile_n key rows and compute, per query block,
+Q+LSE and dO+D per query block, 2-stage pipelines; K is issued first and V rides on the
+first dO stage's barrier, so the first S waits for K and Q only); two MMA warpgroups each
+own 64 of the tile_n key rows and compute, per query block,
 
     S^T  = K Q^T          (wgmma SS)      P^T = stage.prob(S^T)       in registers
     dP^T = V dO^T         (wgmma SS)      dS^T = stage.dscore(P, dP)  in registers
     dV  += P^T dO         (wgmma RS: P^T straight from the accumulator registers)
     dK  += dS^T Q         (wgmma RS)
     dQ   = dS K           (wgmma SS: dS^T goes to smem by stmatrix.trans) -> FP32 atomics
+
+in the order S, dP, P, dV, dS, dQ, dK (mainloop v2): the dQ tile is staged to smem for
+warp 1's bulk reductions while dK runs, and LSE / D are read into registers while the S and
+dV products run (docs/NOTES_attn_bwd.md, "Main loop v2").
 
 Computing the transposed scores puts the key index on the wgmma M axis, so P^T and dS^T
 are already A operands of the dV/dK products (no smem round trip for P).  dK, dV are
