@@ -16,6 +16,7 @@
 #   bash bench/h200_round.sh mainloop  # backward mainloop v2 vs v1: bwd/det/api tests, then timing
 #   bash bench/h200_round.sh vdo     # V on the first dO barrier: its tests and timing, then gqa_4096
 #   bash bench/h200_round.sh final4  # backward/det/api/window tests, v_with_do timing, gqa_4096
+#   bash bench/h200_round.sh breakdown  # kernel_breakdown.py, then gemma2 at D = 128
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
 set -u
@@ -115,6 +116,9 @@ elif [ "$phase" = final4 ]; then   # after the v_with_do default: backward tests
   t vdo_time 150 python3 bench/attn_bwd_check.py --skip-check --variants --axes v_with_do \
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_v_with_do.json"
   t gqa 240 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"
+elif [ "$phase" = breakdown ]; then   # per-kernel device time under the defaults, then Gemma-2 D = 128
+  t breakdown 150 python3 bench/kernel_breakdown.py --json "$OUT/kernel_breakdown.json"
+  t gemma2_d128 120 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"
 elif [ "$phase" = final2 ]; then   # short: forward tests under the defaults, then gqa_4096 (files left unpacked too)
   pt fwd tests/test_attn_fwd_gpu.py
   t gqa 240 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"

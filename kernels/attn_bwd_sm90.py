@@ -2,9 +2,9 @@
 
 One CTA per (KV block of tile_n keys, query head, batch), iterating over the query blocks
 that the causal mask leaves (tile skipping).  384 threads: warp 0 issues TMA (K, V once;
-Q+LSE and dO+D per query block, 2-stage pipelines; K is issued first and V rides on the
-first dO stage's barrier, so the first S waits for K and Q only); two MMA warpgroups each
-own 64 of the tile_n key rows and compute, per query block,
+Q+LSE and dO+D per query block, 2-stage pipelines; v_with_do moves V onto the first dO
+stage's barrier, off by default: no consistent gain); two MMA warpgroups each own 64 of
+the tile_n key rows and compute, per query block,
 
     S^T  = K Q^T          (wgmma SS)      P^T = stage.prob(S^T)       in registers
     dP^T = V dO^T         (wgmma SS)      dS^T = stage.dscore(P, dP)  in registers
@@ -645,7 +645,7 @@ class BwdKey:
     dq_async: bool = False       # dQ via smem + bulk reductions by warp 1 (not with deterministic)
     lpt: bool = False            # SectionLptScheduler CTA order (not with deterministic)
     mainloop: int = 2            # AttnBwdSm90 mainloop order (1 = v1, for side-by-side timing)
-    v_with_do: bool = True       # V loaded on the first dO stage's barrier (K, Q, V, dO order)
+    v_with_do: bool = False      # V loaded on the first dO stage's barrier (K, Q, V, dO order)
 
 
 _CACHE: dict = {}
@@ -781,10 +781,11 @@ LPT_DEFAULT = True
 # Mainloop v2 (LSE / D in registers early; dQ before dK, staged while dK runs): see
 # docs/NOTES_attn_bwd.md "Main loop v2" for the SASS and the side-by-side timing.
 MAINLOOP_DEFAULT = 2
-# V on the first dO barrier (first S waits for K + Q only).  H200, af9c025, --variants --axes
-# v_with_do (anchor shape): softmax 0.860 -> 0.836 ms, softcap/poly 0.932 -> 0.894, sigmoid/poly
-# 0.824 -> 0.831 (within run-to-run spread); gradients equal to 1.2e-5 rel L2.
-V_WITH_DO_DEFAULT = True
+# V on the first dO barrier (first S waits for K + Q only): off.  H200, --variants --axes
+# v_with_do, two runs (af9c025 / bb5fae7): softmax 0.972x / 0.958x time, softcap/poly 0.959x /
+# 1.005x, sigmoid/poly 1.008x / 1.076x; gqa_4096 with it on (bb5fae7) vs off (af9c025):
+# 0.811 / 0.793 ms softmax, 0.875 / 0.865 softcap/poly (FA4 0.734 / 0.737).  No consistent gain.
+V_WITH_DO_DEFAULT = False
 # D = 256 split-warpgroup build: compile-checked (no spills, 48 HGMMA), not yet run on a GPU
 SPLIT_WG_DEFAULT = False
 
