@@ -5,7 +5,7 @@
 Why: bench/gemma2.py at 010fa5c showed the D = 128 local-layer poly step at 1.411 ms
 (1.281 at eebab6b, before mainloop v2) while the global layer improved; this times the
 backward alone (attn_bwd, softcap 50, window (4095, 0), causal, B=1 S=8192 H 8/4) with
-mainloop 1 and 2 side by side, alternating order, for both evaluators.
+mainloop 1 and 2 side by side, alternating order (local and global layer).
 """
 import argparse
 import json
@@ -24,13 +24,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--evaluators", default="poly", help="comma-separated: native,poly")
     a = ap.parse_args()
     b, s, hq, hkv, d = 1, 8192, 8, 4, 128
     mk = lambda h: torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
     q, k, v, do, o = mk(hq), mk(hkv), mk(hkv), mk(hq), mk(hq)
     lse = torch.randn(b, hq, s, device="cuda") + 10.0
     fns = {}
-    for ev in ("native", "poly"):
+    for ev in a.evaluators.split(","):
         for win in ((4095, 0), (-1, -1)):
             for ml in (1, 2):
                 name = f"softcap/{ev} window={win} mainloop={ml}"
