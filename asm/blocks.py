@@ -18,6 +18,7 @@ from . import ptxgen as g
 
 SIGMOID_D3 = "sigmoid_d3"          # B1/B4 SiLU, SwiGLU and the sigmoid_bf16x2 block
 SIGMOID_ATTN = "sigmoid_attn_n4096"  # B3 (with "_grad" for the coupled block)
+SIGMOID_ATTN_F16 = "sigmoid_attn_n4096_f16"   # f16x2 D4 variant (accuracy; not in a kernel yet)
 # B2: the residual rho(u) = u - tanh(u) that runtime.softcap_logit combines as
 # fma.rn.f32(-c, rho, xc); "_grad" is the differentiated D3 (dtanh/du = 1 - rho').
 SOFTCAP = "softcap_c50"
@@ -162,10 +163,14 @@ def _check_shared(fwd: dict, grad: dict) -> None:
         raise ValueError(f"sigmoid_attn forward/grad programs disagree on {bad}")
 
 
+def _ptype(prog: dict) -> str:
+    return {"bf16": "bf16x2", "f16": "f16x2"}[prog["dtype"]]
+
+
 def sigmoid_attn(name: str, prog_name: str, with_grad: bool):
     def build(table):
         fwd = program(table, prog_name)
-        b = g.Builder("bf16x2")
+        b = g.Builder(_ptype(fwd))
         n_out = 2 if with_grad else 1
         xb = b.cvt_pack(*inputs(n_out, 2))
         m, u = g.piecewise_front(b, fwd, xb)
@@ -270,6 +275,7 @@ def f16_block(fn: str, direction: str, degree: int):
 BUILDERS = {
     "sigmoid_fwd": sigmoid_attn("sigmoid_fwd", SIGMOID_ATTN, with_grad=False),
     "sigmoid_fwd_bwd": sigmoid_attn("sigmoid_fwd_bwd", SIGMOID_ATTN, with_grad=True),
+    "sigmoid_attn_fwd_f16x2": sigmoid_attn("sigmoid_attn_fwd_f16x2", SIGMOID_ATTN_F16, with_grad=False),
     "sigmoid_fwd_head": sigmoid_attn_part("sigmoid_fwd_head", SIGMOID_ATTN, "head"),
     "sigmoid_fwd_tail": sigmoid_attn_part("sigmoid_fwd_tail", SIGMOID_ATTN, "tail"),
     "softcap_fwd": unary("softcap_fwd", SOFTCAP, "bf16x2", in_f32=True),

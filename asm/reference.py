@@ -55,7 +55,7 @@ def expected_values(name: str, table: dict, xs: list[np.ndarray]) -> list[np.nda
     """float64 lane values block ``name`` must produce for lane values xs (one per input)."""
     blk = B.get_block(name, table)
     progs = [B.program(table, p) for p in blk.programs]
-    if name in ("sigmoid_fwd", "sigmoid_fwd_bwd"):
+    if name in ("sigmoid_fwd", "sigmoid_fwd_bwd", "sigmoid_attn_fwd_f16x2"):
         return [rt.replay(p, xs[0], "fused") for p in progs]
     if name == "silu_fwd_bf16x2":
         return [_sigmoid_chain(table, xs[0])[1]]

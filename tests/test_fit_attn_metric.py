@@ -24,3 +24,20 @@ def test_sigmoid_floors_order():
     # the fused program carries the fit error plus BF16 arithmetic: worse than its exact replay
     assert err["poly"] > err["poly_real"] > err["native"], err
     assert isinstance(outs["poly"], torch.Tensor)
+
+
+def test_sigmoid_f16_program_within_2x_native():
+    """The FP16 D4 sigmoid-attention program (table entry sigmoid_attn_n4096_f16, every
+    score through it, P rounded to BF16 for PV) stays within 2x the native path's output
+    error, where the BF16 D3 program is several times worse."""
+    progs = load_table()["programs"]
+    f16, b16 = progs["sigmoid_attn_n4096_f16"], progs["sigmoid_attn_n4096"]
+    assert f16["dtype"] == "f16" and f16["degree"] == 4 and f16["params"]["squarings"] == 2
+    q, k, v = am.make_inputs(3, H=1, S=512, spread=1.5)
+    # bias as for n = 4096 keys (the programs absorb -ln 4096)
+    outs16 = am.sigmoid_outputs(f16, q, k, v, bias=-math.log(4096), modes=("native", "poly"))
+    outs16b = am.sigmoid_outputs(b16, q, k, v, bias=-math.log(4096), modes=("poly",))
+    ref = outs16["ref"]
+    native, poly16, poly_b16 = (_rel(o, ref) for o in (outs16["native"], outs16["poly"], outs16b["poly"]))
+    assert poly16 < 2.0 * native, (poly16, native)
+    assert poly_b16 > 2.0 * poly16, (poly_b16, poly16)

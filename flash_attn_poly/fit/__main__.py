@@ -14,6 +14,9 @@ def main(argv=None):
     s.add_argument("--degree", type=int, default=4)
     s.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     s.add_argument("--n", type=int, default=4096, help="keys, for sigmoid_attn")
+    s.add_argument("--squarings", type=int, default=2, help="sigmoid_attn: p = q^(2^s)")
+    s.add_argument("--shift", default="thr", choices=["thr", "mid"],
+                   help="sigmoid_attn: u = xc - thr (one sub) or per-region midpoints (select + sub)")
     s.add_argument("--write", action="store_true", help="add/replace the entry in programs.json")
     w = sub.add_parser("write", help="regenerate flash_attn_poly/data/programs.json")
     w.add_argument("--out", default=None)
@@ -29,6 +32,7 @@ def main(argv=None):
     am.add_argument("--H", type=int, default=2)
     am.add_argument("--D", type=int, default=128)
     am.add_argument("--tanh-eps", type=float, default=0.0, help="native softcap: tanh.approx relative error model (e.g. 4.9e-4)")
+    am.add_argument("--sigmoid-program", default=None, help="table entry for sigmoid (default sigmoid_attn_n4096)")
     am.add_argument("--json", default=None, help="write the results here (and PATH.md)")
     am.add_argument("--update-table", action="store_true", help="store the summary in the programs' errors")
     idn = sub.add_parser("identities", help="identity backward rules vs direct/differentiated programs")
@@ -57,7 +61,7 @@ def main(argv=None):
         print(json.dumps(rows, indent=1))
     elif a.cmd == "attn-metric":
         from . import attn_metric
-        a.program = None
+        a.program = {"sigmoid": a.sigmoid_program} if a.sigmoid_program else None
         out, md = attn_metric.main(a)
         if a.json:
             with open(a.json, "w") as fh:
@@ -87,7 +91,10 @@ def main(argv=None):
 
 def _search(a, cmd, P):
     if a.target == "sigmoid_attn":
-        return P.sigmoid_attn_entries(a.n, cmd, progress=True)
+        if a.dtype == "bf16" and a.degree == 4 and a.squarings == 2 and a.shift == "thr":
+            a.degree = 3   # --degree defaults to 4 for the lane-wise targets; the B3 entry is D3
+        return P.sigmoid_attn_entries(a.n, cmd, progress=True, dtype=a.dtype, degree=a.degree,
+                                      squarings=a.squarings, shift=a.shift)
     if a.target == "softcap":
         from . import softcap
         p = softcap.search(progress=True)

@@ -93,7 +93,9 @@ def sigmoid_outputs(program, q, k, v, bias=None, modes=SIGMOID_PATHS):
         for path, order in (("poly", "fused"), ("poly_real", "real")):
             if path in modes:
                 P = torch.from_numpy(rt.replay(program, xin, order)).float() * mask
-                out[path] = _pv_lowp(_bf16(P) if order == "real" else P, v)
+                # a BF16 block's P feeds PV as is; exact or FP16 P is rounded to BF16 first
+                exact_bf16 = order == "fused" and program["dtype"] == "bf16"
+                out[path] = _pv_lowp(P if exact_bf16 else _bf16(P), v)
         for path, dt in (("bf16in", "bf16"), ("f16in", "f16")):
             if path in modes:
                 xb = rt.round_to(rt.round_to(xin, "f32"), dt)

@@ -54,11 +54,16 @@ def differentiated(fwd: dict, command: str) -> dict:
     return p
 
 
-def sigmoid_attn_entries(n, command, progress=False, **grid):
-    fwd = sigattn.search(n, progress=progress, **grid)
+def sigmoid_attn_entries(n, command, progress=False, dtype="bf16", **kw):
+    """The B3 forward program (and, in BF16, its coupled derivative surrogate).  dtype f16:
+    `sigmoid_attn_n{n}_f16`, forward only (the kernels take sigma' = P (1 - P))."""
+    fwd = sigattn.search(n, progress=progress, dtype=dtype, **kw)
     fwd["fit"] = {"command": command, "nodes": N_NODES, "score_points": 8000,
                   "score_range": list(sigattn.SCORE_RANGE),
-                  "select": "min fused mass-relative error over N(0,1..3) scores"}
+                  "select": "min fused (p^2-weighted rel RMS + p-weighted rel mass), worst of "
+                            "x~N(d,s^2), s in {1,2}, d in {0,1.4}; then 16-bit coefficient refinement"}
+    if dtype == "f16":
+        return {f"sigmoid_attn_n{n}_f16": fwd}
     grad = sigattn.make_grad(fwd)
     grad["fit"] = {"command": command, "select": "least squares of P(a+bu) to sigma'(x-ln n), relative weights"}
     return {f"sigmoid_attn_n{n}": fwd, f"sigmoid_attn_n{n}_grad": grad}

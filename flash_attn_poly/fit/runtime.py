@@ -23,7 +23,8 @@ Forms (t = min(|x|, L_c), q(t) = sum_k c_k t^k, Horner from c_D down):
 * ``residual_even`` y = x/2 + q(t) for |x| <= L_c, exact tail max(x, 0) beyond (SiLU, GELU).
 * ``piecewise2``    sigmoid attention: xc = min(max(x, lo), hi); region r = (xc >= thr);
                     u = xc - shift[r] (one rounding; a single sub of a shared constant when
-                    shift[0] == shift[1]); q = q_r(u) (D3, coefficients absorb -ln n);
+                    shift[0] == shift[1]); q = q_r(u) (degree = len(coeffs[r]) - 1, D3 in
+                    the BF16 table entry; coefficients absorb -ln n);
                     y = q^(2^s) by s = params.squarings packed squarings (mul.rn each).
                     q approximates sigma(x - ln n)^(1/2^s): the squarings let a D3 follow
                     e^x in relative terms.
@@ -69,7 +70,7 @@ FUSED_OPS = {
         "u  = sub.rn(xc, shift_r)            # only if shift present: lop3 select (skipped when",
         "                                    #   both shifts are equal) + one rounding",
         "c_k = lop3(m, c_k[hi], c_k[lo], 0xca) for k = 0..3",
-        "h  = c3; h = fma.rn(h, u, c2); h = fma.rn(h, u, c1); y = fma.rn(h, u, c0)",
+        "h  = c_D; h = fma.rn(h, u, c_k) for k = D-1 .. 0 -> y   # D = 3 in the BF16 entry",
         "y  = mul.rn(y, y)                   # params.squarings times (0 if absent)",
     ],
     "piecewise2_factored": [
@@ -262,8 +263,8 @@ def _pw_u(program, ar, x):
 def _pw_value(program, ar, m, u, fp64):
     cs = _coeffs(program, fp64)
     c = [np.where(m, hi, lo) for lo, hi in zip(cs[0], cs[1])]
-    h = c[3]
-    for k in (2, 1, 0):
+    h = c[-1]
+    for k in range(len(c) - 2, -1, -1):
         h = ar.fma(h, u, c[k])
     for _ in range(int(program["params"].get("squarings") or 0)):
         h = ar.mul(h, h)

@@ -42,10 +42,10 @@ SCENARIOS = tuple((s, d) for s in (1.0, 2.0) for d in (0.0, 1.4))   # x ~ N(d, s
 ABS_WEIGHT = 0.0       # weight of the max abs error (saturation) in the selection score
 
 
-def _grid_x(n):
-    """Every finite bf16 value in [-12, 16] (the block input is bf16 after cvt.rn) and the
-    width of its rounding cell."""
-    x = rt.all_inputs("bf16")
+def _grid_x(n, dtype="bf16"):
+    """Every finite 16-bit value of dtype in [-12, 16] (the block input after cvt.rn) and
+    the width of its rounding cell."""
+    x = rt.all_inputs(dtype)
     x = np.unique(x[np.isfinite(x) & (x >= -12.0) & (x <= 16.0)])
     mid = (x[1:] + x[:-1]) / 2
     w = np.empty_like(x)
@@ -60,9 +60,9 @@ class Objective:
     sees for random v) plus the p-weighted relative mass error; worst scenario of each,
     summed, plus ABS_WEIGHT * max abs error (the saturation of the clamp)."""
 
-    def __init__(self, n):
+    def __init__(self, n, dtype="bf16"):
         f, _ = sigmoid_attn(n)
-        self.x, w = _grid_x(n)
+        self.x, w = _grid_x(n, dtype)
         self.p = f(self.x)
         self.w = [np.exp(-0.5 * ((self.x - d) / s) ** 2) * w for s, d in SCENARIOS]
 
@@ -96,7 +96,7 @@ def fit_region(n, a, b, shift, k, deg=3, n_nodes=4000):
     return c
 
 
-def make_forward(n, lo, thr, hi, shift=None, dtype="bf16", squarings=SQUARINGS):
+def make_forward(n, lo, thr, hi, shift=None, dtype="bf16", squarings=SQUARINGS, degree=3):
     """shift None: u = xc; a number: u = xc - shift in both regions (equal to thr, lo or hi
     it costs one sub, reusing that constant's register); a pair: per-region shift (lop3 +
     sub)."""
@@ -108,17 +108,17 @@ def make_forward(n, lo, thr, hi, shift=None, dtype="bf16", squarings=SQUARINGS):
     else:
         sh = [float(v) for v in rt.round_to(np.array(shift), dtype)]
     s = sh or [0.0, 0.0]
-    c64 = [fit_region(n, lo, thr, s[0], k), fit_region(n, thr, hi, s[1], k)]
+    c64 = [fit_region(n, lo, thr, s[0], k, deg=degree), fit_region(n, thr, hi, s[1], k, deg=degree)]
     c = [rt.round_to(ci, dtype) for ci in c64]
     return {
         "target": "sigmoid_attn", "derivative": False, "form": "piecewise2", "dtype": dtype,
-        "degree": 3, "L_i": None, "L_c": None, "offset": 0.0,
+        "degree": int(degree), "L_i": None, "L_c": None, "offset": 0.0,
         "coeffs": [[float(v) for v in ci] for ci in c],
         "coeffs_bits": [as_bits(ci, dtype) for ci in c],
         "coeffs_fp64": [[float(v) for v in ci] for ci in c64],
         "params": {"n": int(n), "lo": float(lo), "thr": float(thr), "hi": float(hi),
                    "shift": sh, "squarings": int(squarings),
-                   "evaluates": f"p = q^{k}, q = D3 Horner in u = xc - shift (region coeffs)",
+                   "evaluates": f"p = q^{k}, q = D{degree} Horner in u = xc - shift (region coeffs)",
                    "lo_bits": as_bits([lo], dtype)[0], "thr_bits": as_bits([thr], dtype)[0],
                    "hi_bits": as_bits([hi], dtype)[0],
                    "shift_bits": None if sh is None else as_bits(sh, dtype)},
@@ -126,7 +126,8 @@ def make_forward(n, lo, thr, hi, shift=None, dtype="bf16", squarings=SQUARINGS):
 
 
 def refine_bits(program, score, rounds=6, steps=(-3, -2, -1, 1, 2, 3)):
-    """Coordinate search over the bf16 coefficient bit patterns (+-3 ulp), in fused replay."""
+    """Coordinate search over the 16-bit coefficient bit patterns (+-3 ulp), in fused replay."""
+    dt = program["dtype"]
     p = {**program, "coeffs": [list(c) for c in program["coeffs"]]}
     best = score(p)
     for _ in range(rounds):
@@ -134,9 +135,9 @@ def refine_bits(program, score, rounds=6, steps=(-3, -2, -1, 1, 2, 3)):
         for r in (0, 1):
             for j in range(len(p["coeffs"][r])):
                 cur = p["coeffs"][r][j]
-                bits = int(rt.to_bits(np.array(cur), "bf16"))
+                bits = int(rt.to_bits(np.array(cur), dt))
                 for st in steps:
-                    v = float(rt.from_bits(np.array((bits + st) & 0xFFFF), "bf16"))
+                    v = float(rt.from_bits(np.array((bits + st) & 0xFFFF), dt))
                     if not np.isfinite(v):
                         continue
                     p["coeffs"][r][j] = v
@@ -173,9 +174,9 @@ def errors(program, grad=False):
     out = {"units": "gradient" if grad else "probability"}
     for order in ("real", "separate", "fused"):
         y = rt.replay(program, x, order)
-        xr = x if order == "real" else rt.round_to(rt.round_to(x, "f32"), "bf16")
+        xr = x if order == "real" else rt.round_to(rt.round_to(x, "f32"), program["dtype"])
         e = np.abs(y - ref(xr))
-        name = "real" if order == "real" else f"bf16_{order}"
+        name = "real" if order == "real" else f"{program['dtype']}_{order}"
         out[name] = float(e.max())
         out[name + "_bulk_abs"] = float(e[bulk].max())
         out[name + "_bulk_rel"] = float((e / np.maximum(ref(xr), floor))[bulk].max())
@@ -186,14 +187,14 @@ def errors(program, grad=False):
 def fused_score(program, grad=False):
     f, df = sigmoid_attn(program["params"]["n"])
     x = _x_points(2000)
-    xr = rt.round_to(rt.round_to(x, "f32"), "bf16")
+    xr = rt.round_to(rt.round_to(x, "f32"), program["dtype"])
     ref = (df if grad else f)(xr)
     y = rt.replay(program, x, "fused")
     return mass_error(program, xr, y, ref), float(np.abs(y - ref).max())
 
 
 def search(n=4096, los=None, thrs=None, his=None, shift="thr", squarings=SQUARINGS,
-           top=6, progress=False):
+           top=6, progress=False, dtype="bf16", degree=3):
     """Grid over lo/thr/hi (shift: "thr" = u = xc - thr, one sub; None; or "mid" = per-region
     midpoints), score every candidate with Objective in fused replay, refine the bf16
     coefficient bits of the best `top`, keep the best."""
@@ -201,7 +202,7 @@ def search(n=4096, los=None, thrs=None, his=None, shift="thr", squarings=SQUARIN
     los = grid(-4.0, -2.5, 0.5) if los is None else los
     thrs = grid(np.round(ln) - 5.0, np.round(ln) - 1.5, 0.25) if thrs is None else thrs
     his = grid(np.round(ln) + 2.5, np.round(ln) + 5.0, 0.5) if his is None else his
-    score = Objective(n)
+    score = Objective(n, dtype)
     jobs = [(lo, t, hi) for lo in los for t in thrs for hi in his if lo < t < hi]
     if progress:
         from tqdm import tqdm
@@ -209,7 +210,8 @@ def search(n=4096, los=None, thrs=None, his=None, shift="thr", squarings=SQUARIN
     cands = []
     for lo, t, hi in jobs:
         sh = {"thr": t, None: None, "mid": [(lo + t) / 2, (t + hi) / 2]}[shift]
-        p = make_forward(n, float(lo), float(t), float(hi), sh, squarings=squarings)
+        p = make_forward(n, float(lo), float(t), float(hi), sh, dtype=dtype, squarings=squarings,
+                         degree=degree)
         cands.append((score(p), p))
     cands.sort(key=lambda c: c[0])
     p, _ = min((refine_bits(p, score) for _, p in cands[:top]), key=lambda r: r[1])
