@@ -280,6 +280,9 @@ BUILDERS = {
     "sigmoid_fwd_tail": sigmoid_attn_part("sigmoid_fwd_tail", SIGMOID_ATTN, "tail"),
     "softcap_fwd": unary("softcap_fwd", SOFTCAP, "bf16x2", in_f32=True),
     "softcap_bwd": unary("softcap_bwd", SOFTCAP + "_grad", "bf16x2", in_f32=True),
+    # FP16 D5 softcap residual (accuracy; not in a kernel yet)
+    "softcap_fwd_f16x2": unary("softcap_fwd_f16x2", SOFTCAP + "_f16", "f16x2", in_f32=True),
+    "softcap_bwd_f16x2": unary("softcap_bwd_f16x2", SOFTCAP + "_f16_grad", "f16x2", in_f32=True),
     "sigmoid_bf16x2": unary("sigmoid_bf16x2", SIGMOID_D3, "bf16x2", in_f32=False),
     "silu_fwd_bf16x2": silu_fwd,
     "silu_bwd_bf16x2": silu_bwd,

@@ -41,3 +41,19 @@ def test_sigmoid_f16_program_within_2x_native():
     native, poly16, poly_b16 = (_rel(o, ref) for o in (outs16["native"], outs16["poly"], outs16b["poly"]))
     assert poly16 < 2.0 * native, (poly16, native)
     assert poly_b16 > 2.0 * poly16, (poly_b16, poly16)
+
+
+def test_softcap_f16_program_within_2x_native_at_gemma_spread():
+    """The FP16 D5 softcap residual (softcap_c50_f16) keeps the attention output within 2x
+    the native path's error at raw score std 10 logits (Gemma-like), where the BF16 D4
+    program is several times worse."""
+    progs = load_table()["programs"]
+    f16, b16 = progs["softcap_c50_f16"], progs["softcap_c50"]
+    assert f16["dtype"] == "f16" and f16["degree"] == 5
+    q, k, v = am.make_inputs(5, H=1, S=512, spread=10.0)
+    o16 = am.softcap_outputs(f16, q, k, v)
+    ob = am.softcap_outputs(b16, q, k, v, modes=("poly",))
+    ref = o16["ref"]
+    native, poly16, poly_b16 = (_rel(o, ref) for o in (o16["native"], o16["poly"], ob["poly"]))
+    assert poly16 < 2.0 * native, (poly16, native)
+    assert poly_b16 > 2.0 * poly16, (poly_b16, poly16)

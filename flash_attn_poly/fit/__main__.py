@@ -33,6 +33,7 @@ def main(argv=None):
     am.add_argument("--D", type=int, default=128)
     am.add_argument("--tanh-eps", type=float, default=0.0, help="native softcap: tanh.approx relative error model (e.g. 4.9e-4)")
     am.add_argument("--sigmoid-program", default=None, help="table entry for sigmoid (default sigmoid_attn_n4096)")
+    am.add_argument("--softcap-program", default=None, help="table entry for softcap (default softcap_c50)")
     am.add_argument("--json", default=None, help="write the results here (and PATH.md)")
     am.add_argument("--update-table", action="store_true", help="store the summary in the programs' errors")
     idn = sub.add_parser("identities", help="identity backward rules vs direct/differentiated programs")
@@ -61,7 +62,7 @@ def main(argv=None):
         print(json.dumps(rows, indent=1))
     elif a.cmd == "attn-metric":
         from . import attn_metric
-        a.program = {"sigmoid": a.sigmoid_program} if a.sigmoid_program else None
+        a.program = {m: n for m, n in (("sigmoid", a.sigmoid_program), ("softcap", a.softcap_program)) if n}
         out, md = attn_metric.main(a)
         if a.json:
             with open(a.json, "w") as fh:
@@ -97,8 +98,16 @@ def _search(a, cmd, P):
                                       squarings=a.squarings, shift=a.shift)
     if a.target == "softcap":
         from . import softcap
-        p = softcap.search(progress=True)
-        return {"softcap_c50": p, "softcap_c50_grad": softcap.make_grad(p)}
+        if a.dtype == "bf16":   # the B2 entry: D4 (the --degree default) in BF16
+            p = softcap.search(progress=True, degree=a.degree)
+            return {"softcap_c50": p, "softcap_c50_grad": softcap.make_grad(p)}
+        p = softcap.search(progress=True, degree=a.degree, dtype=a.dtype, select="attn")
+        p["fit"] = {"command": cmd, "select": "min attention-output rel L2 / native's, worst of raw "
+                                              "score std 10 and 20 logits (softcap.AttnScore), "
+                                              "fused replay in " + a.dtype}
+        g = softcap.make_grad(p)
+        g["fit"] = {"command": cmd}
+        return {f"softcap_c50_{a.dtype}": p, f"softcap_c50_{a.dtype}_grad": g}
     p = P.searched(a.target, a.degree, a.dtype, cmd, progress=True)
     fn, grad = a.target.replace("_grad", ""), a.target.endswith("_grad")
     name = f"{fn}_d{a.degree}" + ("_grad" if grad else "") + ("_f16" if a.dtype == "f16" else "")
