@@ -52,6 +52,11 @@ def run_block(blk: B.PtxBlock, *values, loc=None, ip=None) -> tuple:
 
 
 # ----------------------------------------------------------------------------- named blocks
+def named(name: str, *values) -> Uint32:
+    """First output of block ``name`` (asm/blocks.BUILDERS) on ``values``."""
+    return run_block(block(name), *values)[0]
+
+
 def sigmoid_fwd(s0: Float32, s1: Float32) -> Uint32:
     """B3 forward: bf16x2 sigma(x - ln n) of two FP32 scores (lane 0 = s0)."""
     return run_block(block("sigmoid_fwd"), s0, s1)[0]

@@ -708,7 +708,8 @@ def _dl(t):
 def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
-             lpt=None, split_wg=None, stages=None, sigmoid_grad=None, mainloop=None, v_with_do=None):
+             lpt=None, split_wg=None, stages=None, sigmoid_grad=None, mainloop=None, v_with_do=None,
+             program=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -730,6 +731,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     split-warpgroup build has its own loop).
     v_with_do: V on the first dO stage's barrier, loads issued K, Q, V, dO (None:
     V_WITH_DO_DEFAULT; a timing knob).
+    program: the poly stage's table entry, as the forward stage's (softcap: "softcap_c50_f16"
+    selects the FP16 D5 blocks; None: the default program).
     """
     import torch
     from . import attn_bwd_prepost
@@ -739,7 +742,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     b, s_q, h_q, d = q.shape
     s_k = k.shape[1]
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
-    stage = bwd_side(mode, evaluator, sigmoid_grad=sigmoid_grad if mode == "sigmoid" else None)
+    stage = bwd_side(mode, evaluator, sigmoid_grad=sigmoid_grad if mode == "sigmoid" else None,
+                     program=program)
     if mode == "sigmoid" and sigmoid_bias is None:
         sigmoid_bias = -math.log(s_k)
     if mode == "softcap" and not softcap:

@@ -90,6 +90,30 @@ def unpack_bf16x2(p: Int32, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def unpack_f16x2(p: Int32, *, loc=None, ip=None):
+    """f16x2 -> two FP32 (exact): cvt.f32.f16 of each half (one HADD2.F32 each)."""
+    v = Int32(p).ir_value(loc=loc, ip=ip)
+    lo = Float32(_asm(T.f32(), [v], "{ .reg .b16 l, h; mov.b32 {l, h}, $1; cvt.f32.f16 $0, l; }", "=f,r"))
+    hi = Float32(_asm(T.f32(), [v], "{ .reg .b16 l, h; mov.b32 {l, h}, $1; cvt.f32.f16 $0, h; }", "=f,r"))
+    return lo, hi
+
+
+# softcap residual programs of the table with their blocks (asm/blocks.py): BF16 D4 (B2, the
+# default) and FP16 D5 (accuracy at Gemma-like spreads; kernel-level option, not GPU-run yet)
+SOFTCAP_BLOCKS = {"softcap_c50": ("softcap_fwd", "softcap_bwd"),
+                  "softcap_c50_f16": ("softcap_fwd_f16x2", "softcap_bwd_f16x2")}
+
+
+def softcap_blocks(program: str) -> tuple:
+    """(rho block, derivative block, rho is f16x2) of a softcap program; a clear error for
+    a program without blocks."""
+    if program not in SOFTCAP_BLOCKS:
+        raise ValueError(f"softcap program {program!r} has no PTX blocks; known: {sorted(SOFTCAP_BLOCKS)}")
+    fwd, bwd = SOFTCAP_BLOCKS[program]
+    return fwd, bwd, _program(program)["dtype"] == "f16"
+
+
+@dsl_user_op
 def pin_f32(x: Float32, *, loc=None, ip=None) -> Float32:
     """Empty volatile asm that 'modifies' x: every later use of x stays below this point
     (volatile asm keeps its order against the wgmma waits, which are volatile too)."""
@@ -343,7 +367,8 @@ class SoftcapStage:
             so each score costs 2 MUFU (tanh + ex2).
     poly:   residual form logit = x_c - c * rho(u), x_c = clamp(x, +-c*L_c), u = x_c / c,
             rho(u) = u - tanh(u) from the packed bf16x2 block `softcap_fwd` (program
-            softcap_c50): the tanh leaves the MUFU pipe; ex2 stays.  With poly_split
+            softcap_c50; program="softcap_c50_f16": the f16x2 D5 block, rho unpacked by
+            cvt.f32.f16): the tanh leaves the MUFU pipe; ex2 stays.  With poly_split
             (j, k), pairs outside the split take logit = c * tanh.approx(x / c) (MUFU);
             softmax runs over logits in both cases (LSE scale 1).
     clamp_l (L_c), coeff_bits come from the table in __post_init__, never from a literal.
@@ -355,6 +380,7 @@ class SoftcapStage:
     poly_split: tuple = (1, 1)
     coeff_bits: tuple = field(default=(), init=False)
     clamp_l: float = field(default=0.0, init=False)   # the program's L_c: |u| clamped there
+    rho_f16: bool = field(default=False, init=False)  # the program's block returns f16x2
     has_lse = True
     uses_online_softmax = True
 
@@ -364,6 +390,7 @@ class SoftcapStage:
             prog = _program(self.program)
             object.__setattr__(self, "coeff_bits", _bits(prog))
             object.__setattr__(self, "clamp_l", float(prog["L_c"]))
+            object.__setattr__(self, "rho_f16", softcap_blocks(self.program)[2])
 
     def poly_pair(self, col_group: int) -> bool:
         return self.evaluator == "poly" and poly_pair(self.poly_split, col_group)
@@ -399,8 +426,9 @@ class SoftcapStage:
     def _pair_poly(self, s_mn, r, c, x_max, params):
         x0 = cute.arch.fmin(cute.arch.fmax(s_mn[r, c] * params[0], -x_max), x_max)
         x1 = cute.arch.fmin(cute.arch.fmax(s_mn[r, c + 1] * params[0], -x_max), x_max)
-        rho = Int32(_cute_ops().softcap_fwd(x0 * params[3], x1 * params[3]))
-        r0, r1 = unpack_bf16x2(rho)
+        ops = _cute_ops()
+        rho = Int32(ops.named(softcap_blocks(self.program)[0], x0 * params[3], x1 * params[3]))
+        r0, r1 = unpack_f16x2(rho) if cutlass.const_expr(self.rho_f16) else unpack_bf16x2(rho)
         s_mn[r, c] = x0 - params[2] * r0
         s_mn[r, c + 1] = x1 - params[2] * r1
 

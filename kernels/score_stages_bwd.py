@@ -30,7 +30,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .score_stages import (DEFAULT_POLY_SPLIT, _check_split, _cute_ops, _program, pack_f32x2,
-                           poly_pair, tanh_approx, unpack_bf16x2)
+                           poly_pair, softcap_blocks, tanh_approx, unpack_bf16x2, unpack_f16x2)
 
 LOG2_E = math.log2(math.e)
 # sigmoid poly block columns: sigma' from the block's P ("product") or the B3 surrogate
@@ -103,6 +103,7 @@ class SoftcapBwd(_PolySplit):
         self._init_split()
         if self.evaluator == "poly":
             object.__setattr__(self, "clamp_l", float(_program(self.program)["L_c"]))
+            softcap_blocks(self.program)   # a clear error for a program without blocks
 
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
         # native: the forward's (scale/c, c log2e); poly: (scale, c, 1/c) as its params 0, 2, 3
@@ -140,8 +141,10 @@ class SoftcapBwd(_PolySplit):
         x0 = cute.arch.fmin(cute.arch.fmax(s0 * args[0], -x_max), x_max)
         x1 = cute.arch.fmin(cute.arch.fmax(s1 * args[0], -x_max), x_max)
         u0, u1 = x0 * args[2], x1 * args[2]
-        r0, r1 = unpack_bf16x2(Int32(_cute_ops().softcap_fwd(u0, u1)))
-        g0, g1 = unpack_bf16x2(Int32(_cute_ops().softcap_bwd(u0, u1)))
+        fwd, bwd, f16 = softcap_blocks(self.program)
+        unpack = unpack_f16x2 if f16 else unpack_bf16x2
+        r0, r1 = unpack(Int32(_cute_ops().named(fwd, u0, u1)))
+        g0, g1 = unpack(Int32(_cute_ops().named(bwd, u0, u1)))
         return x0 - args[1] * r0, x1 - args[1] * r1, g0, g1
 
     @cute.jit
@@ -214,19 +217,22 @@ class SigmoidBwd(_PolySplit):
 _SIDES = {"softmax": SoftmaxBwd, "softcap": SoftcapBwd, "sigmoid": SigmoidBwd}
 
 
-def bwd_side(mode: str, evaluator: str = "native", poly_split=None, sigmoid_grad=None):
+def bwd_side(mode: str, evaluator: str = "native", poly_split=None, sigmoid_grad=None, program=None):
     """Backward side for (mode, evaluator); a poly side takes poly_split (default: the
     forward's score_stages.DEFAULT_POLY_SPLIT[mode], what make_stage builds).
-    sigmoid_grad: SigmoidBwd.grad_rule of the sigmoid poly side (None: its default)."""
+    sigmoid_grad: SigmoidBwd.grad_rule of the sigmoid poly side (None: its default).
+    program: the poly side's table entry (None: the stage's default; softcap also takes
+    "softcap_c50_f16", which must match the forward stage's)."""
     if mode not in _SIDES:
         raise ValueError(f"unknown mode {mode!r}")
     if evaluator not in ("native", "poly"):
         raise ValueError(f"unknown evaluator {evaluator!r}")
     if mode == "softmax":
         return SoftmaxBwd()
+    kw = {} if program is None or evaluator != "poly" else {"program": program}
     if mode == "sigmoid" and sigmoid_grad is not None:
-        return SigmoidBwd(evaluator=evaluator, poly_split=poly_split, grad_rule=sigmoid_grad)
-    return _SIDES[mode](evaluator=evaluator, poly_split=poly_split)
+        return SigmoidBwd(evaluator=evaluator, poly_split=poly_split, grad_rule=sigmoid_grad, **kw)
+    return _SIDES[mode](evaluator=evaluator, poly_split=poly_split, **kw)
 
 
 def bwd_side_for(stage):

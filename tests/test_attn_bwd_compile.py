@@ -293,3 +293,22 @@ def test_sigmoid_poly_bwd_product_rule_is_shorter():
     assert p["STL"] == 0 and p["LDL"] == 0 and p["HGMMA"] == s["HGMMA"] == 32, p
     assert p["HFMA2.BF16"] * 4 == s["HFMA2.BF16"] * 3, (p, s)
     assert p["MUFU.TANH"] == s["MUFU.TANH"], (p, s)
+
+
+@pytest.mark.compile
+def test_softcap_f16_program_bwd_builds():
+    """program="softcap_c50_f16" (FP16 D5 blocks): f16x2 FMAs replace the bf16x2 ones, rho and
+    its derivative unpack with HADD2.F32, the MUFU counts stay; one spilled word at most
+    (measured: 1 STL, D = 128 default build)."""
+    key = K.BwdKey("bf16", 128, True, bwd_side("softcap", "poly", program="softcap_c50_f16"),
+                   K.BwdTile.for_head_dim(128), False, False, False, True, True)
+    c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
+    n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS))
+    base = _sass("softcap", "poly", dq_async=True, lpt=True)
+    assert n["HGMMA"] == base["HGMMA"] and n["MUFU.TANH"] == base["MUFU.TANH"], (n, base)
+    assert n["HFMA2.BF16"] == 0 < base["HFMA2.BF16"] and n["STL"] <= 1, n
+
+
+def test_softcap_program_without_blocks_is_refused():
+    with pytest.raises(ValueError, match="has no PTX blocks"):
+        bwd_side("softcap", "poly", program="tanh_d4")

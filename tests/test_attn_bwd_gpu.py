@@ -112,17 +112,27 @@ def test_attn_bwd_fp16_matches_fp64_autograd(case):
     _check_vs_fp64(case, dtype=torch.float16)
 
 
-def _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad=None):
+def _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad=None, program=None):
     """FP64 (dq, dk, dv) of the split reference of the default poly forward stage."""
     from flash_attn_poly import poly_reference as PR, reference
     from flash_attn_poly.kernels import score_stages as S
-    stage = S.make_stage(mode, "poly")   # what attn_fwd / attn_bwd build by default
+    # what attn_fwd / attn_bwd build by default (or with the given table program)
+    stage = S.make_stage(mode, "poly", **({"program": program} if program else {}))
     fn, grad_fn = PR.split_fns(mode, stage, k.shape[1], softcap or 50.0, sigmoid_grad=sigmoid_grad)
     return reference.attention_ref_backward(do, q, k, v, mode, causal=causal, softcap=softcap,
                                             score_fn=fn, score_grad_fn=grad_fn)
 
 
 SURROGATE_CASES = [c for c in POLY_CASES if c[-1] == "sigmoid"]
+F16_SOFTCAP_CASES = [c for c in POLY_CASES if c[-1] == "softcap"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", F16_SOFTCAP_CASES, ids=str)
+def test_softcap_f16_program_fwd_bwd_matches_split_reference(case):
+    """program="softcap_c50_f16": the FP16 D5 residual blocks in the forward and backward
+    (a kernel-level option), against the split reference replaying that program."""
+    test_poly_bwd_matches_split_reference(case, program="softcap_c50_f16")
 
 
 @pytest.mark.gpu
@@ -134,7 +144,7 @@ def test_sigmoid_poly_bwd_surrogate_matches_split_reference(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", POLY_CASES, ids=str)
-def test_poly_bwd_matches_split_reference(case, sigmoid_grad=None):
+def test_poly_bwd_matches_split_reference(case, sigmoid_grad=None, program=None):
     from flash_attn_poly import testing
     from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
     from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
@@ -145,11 +155,14 @@ def test_poly_bwd_matches_split_reference(case, sigmoid_grad=None):
     q, k, v, do = mk(sq, hq, 8.0 if mode == "softcap" else 1.0), mk(sk, hkv), mk(sk, hkv), mk(sq, hq)
     softcap = 50.0 if mode == "softcap" else None
     out = testing.poison_(torch.empty_like(q))
-    o, lse = attn_fwd(q, k, v, mode=mode, evaluator="poly", causal=causal, softcap=softcap, out=out)
+    from flash_attn_poly.kernels import score_stages as S
+    stage = S.make_stage(mode, "poly", program=program) if program else None
+    o, lse = attn_fwd(q, k, v, mode=mode, evaluator="poly", causal=causal, softcap=softcap, out=out,
+                      stage=stage)
     dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator="poly", causal=causal, softcap=softcap,
-                          sigmoid_grad=sigmoid_grad)
+                          sigmoid_grad=sigmoid_grad, program=program)
     torch.cuda.synchronize()
-    refs = _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad)
+    refs = _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad, program)
     for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
         assert torch.isfinite(got).all(), name
         err = ((got.double() - ref).abs().max() / ref.abs().max()).item()

@@ -270,3 +270,20 @@ def test_stage_fence_keeps_stage_before_pv_wait(mode, evaluator, split):
     _, _, _, text0 = _ptxas_report(base)
     after0 = [lp for lp in sass.overlap_loops(text0) if not lp["masked"]][0]["after"]
     assert after0["MUFU"] > 0, sass.overlap_report(text0)
+
+
+@pytest.mark.compile
+def test_softcap_f16_program_fwd_builds_without_spills():
+    """program="softcap_c50_f16" (FP16 D5 residual, a kernel-level option): HGMMA, no spills,
+    no bf16x2 FMA left, the same MUFU counts as the BF16 program's build."""
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, sass, score_stages as S
+
+    st = S.make_stage("softcap", "poly", program="softcap_c50_f16")
+    dump = tempfile.mkdtemp(prefix="fap_attn_")
+    c = A.compile_attn_fwd(A.AttnFwdConfig.default(st, "bf16", 128, True),
+                           options=f"--keep-cubin --dump-dir={dump}")
+    n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN))
+    base = _counts("softcap", "poly")
+    assert n["HGMMA"] == base["HGMMA"] and n["STL"] == 0 and n["LDL"] == 0, n
+    assert n.get("HFMA2.BF16", 0) == 0 and n["MUFU.TANH"] == base["MUFU.TANH"], (n, base)
