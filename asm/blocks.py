@@ -196,7 +196,7 @@ def sigmoid_attn_part(name: str, prog_name: str, part: str):
         fwd = program(table, prog_name)
         if g.squarings(fwd) < 1:
             raise ValueError(f"{prog_name} has no squaring to split off")
-        b = g.Builder("bf16x2")
+        b = g.Builder(_ptype(fwd))
         if part == "tail":
             (q,) = inputs(1, 1)
             return finish_direct(name, b, ("b32",), [g.square(b, q, 1)], [prog_name])
@@ -277,6 +277,8 @@ BUILDERS = {
     "sigmoid_fwd_bwd": sigmoid_attn("sigmoid_fwd_bwd", SIGMOID_ATTN, with_grad=True),
     "sigmoid_attn_fwd_f16x2": sigmoid_attn("sigmoid_attn_fwd_f16x2", SIGMOID_ATTN_F16, with_grad=False),
     "sigmoid_fwd_head": sigmoid_attn_part("sigmoid_fwd_head", SIGMOID_ATTN, "head"),
+    "sigmoid_attn_fwd_f16x2_head": sigmoid_attn_part("sigmoid_attn_fwd_f16x2_head", SIGMOID_ATTN_F16, "head"),
+    "sigmoid_attn_fwd_f16x2_tail": sigmoid_attn_part("sigmoid_attn_fwd_f16x2_tail", SIGMOID_ATTN_F16, "tail"),
     "sigmoid_fwd_tail": sigmoid_attn_part("sigmoid_fwd_tail", SIGMOID_ATTN, "tail"),
     "softcap_fwd": unary("softcap_fwd", SOFTCAP, "bf16x2", in_f32=True),
     "softcap_bwd": unary("softcap_bwd", SOFTCAP + "_grad", "bf16x2", in_f32=True),
@@ -296,7 +298,8 @@ for _fn in F16_FUNCTIONS:
             BUILDERS[_name] = _build
 
 # Parts of a main block (head + tail = sigmoid_fwd): reachable by name, tested against it.
-PART_BLOCKS = ("sigmoid_fwd_head", "sigmoid_fwd_tail")
+PART_BLOCKS = ("sigmoid_fwd_head", "sigmoid_fwd_tail", "sigmoid_attn_fwd_f16x2_head",
+               "sigmoid_attn_fwd_f16x2_tail")
 
 # Blocks listed by `python -m flash_attn_poly.asm count` (the per-degree f16 variants are
 # reachable by name for the sweeps).

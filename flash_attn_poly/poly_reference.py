@@ -31,13 +31,19 @@ def _apply(fn: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> torch.Ten
     return torch.from_numpy(fn(x32)).to(device=x.device, dtype=torch.float64)
 
 
-def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None):
+def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, program: str = None):
     """(score_fn, score_grad_fn): the block sigmoid_fwd on x' = x + bias + ln n, and the
     backward's sigma': p (1 - p) of that block's BF16 p ("product", the kernels' default,
     kernels/score_stages_bwd.SigmoidBwd.grad_rule) or the coupled block sigmoid_fwd_bwd's
-    derivative surrogate ("surrogate", seed B3)."""
+    derivative surrogate ("surrogate", seed B3).  program: a table entry other than
+    sigmoid_attn_n{n}; an FP16 program's P is rounded to BF16 as the kernels' PV operand,
+    and its sigma' is p (1 - p) of the FP16 p (product rule only)."""
     grad_rule = grad_rule or SIGMOID_GRAD_RULE
-    p_fwd, p_grad = _program(f"sigmoid_attn_n{n}"), _program(f"sigmoid_attn_n{n}_grad")
+    p_fwd = _program(program or f"sigmoid_attn_n{n}")
+    f16 = p_fwd["dtype"] == "f16"
+    if f16 and grad_rule != "product":
+        raise ValueError("an FP16 sigmoid program has only the product rule")
+    p_grad = None if f16 else _program(f"sigmoid_attn_n{n}_grad")
     shift = bias + math.log(n)
 
     def shifted(x):
@@ -47,9 +53,12 @@ def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None):
         p = runtime.replay(p_fwd, shifted(a), "fused")
         return p - p * p
 
+    def value(a):
+        p = runtime.replay(p_fwd, shifted(a), "fused")
+        return runtime.round_to(p, "bf16") if f16 else p
+
     grad = product if grad_rule == "product" else (lambda a: runtime.replay(p_grad, shifted(a), "fused"))
-    return (lambda x: _apply(lambda a: runtime.replay(p_fwd, shifted(a), "fused"), x),
-            lambda x: _apply(grad, x))
+    return (lambda x: _apply(value, x), lambda x: _apply(grad, x))
 
 
 def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM):
@@ -77,7 +86,7 @@ def split_fns(mode: str, stage, s_k: int, softcap: float = 50.0, sigmoid_bias=No
         exact_grad = lambda x: 1 - torch.tanh(x / softcap) ** 2
     else:
         b = -math.log(s_k) if sigmoid_bias is None else float(sigmoid_bias)
-        poly, poly_grad = sigmoid_fns(b, stage.program_n, sigmoid_grad)
+        poly, poly_grad = sigmoid_fns(b, stage.program_n, sigmoid_grad, getattr(stage, "program", None))
         exact = lambda x: torch.sigmoid(x + b)
         exact_grad = lambda x: torch.sigmoid(x + b) * (1 - torch.sigmoid(x + b))
     cols = torch.tensor([bool(stage.poly_pair(n // 8)) for n in range(s_k)])

@@ -104,6 +104,28 @@ SOFTCAP_BLOCKS = {"softcap_c50": ("softcap_fwd", "softcap_bwd"),
                   "softcap_c50_f16": ("softcap_fwd_f16x2", "softcap_bwd_f16x2")}
 
 
+# sigmoid-attention programs with their blocks (full, overlap_v2 head, tail): BF16 D3 (B3, the
+# default) and FP16 D4 (accuracy; its f16x2 P is converted to bf16x2 for PV; kernel-level
+# option, not GPU-run yet)
+SIGMOID_BLOCKS = {"sigmoid_attn_n4096": ("sigmoid_fwd", "sigmoid_fwd_head", "sigmoid_fwd_tail"),
+                  "sigmoid_attn_n4096_f16": ("sigmoid_attn_fwd_f16x2", "sigmoid_attn_fwd_f16x2_head",
+                                             "sigmoid_attn_fwd_f16x2_tail")}
+
+
+def sigmoid_blocks(program: str) -> tuple:
+    """(full block, head, tail, P is f16x2) of a sigmoid-attention program."""
+    if program not in SIGMOID_BLOCKS:
+        raise ValueError(f"sigmoid program {program!r} has no PTX blocks; known: {sorted(SIGMOID_BLOCKS)}")
+    return SIGMOID_BLOCKS[program] + (_program(program)["dtype"] == "f16",)
+
+
+@dsl_user_op
+def f16x2_to_bf16x2(p: Int32, *, loc=None, ip=None) -> Int32:
+    """f16x2 -> bf16x2 (round to nearest): two cvt.f32.f16, one cvt.rn.bf16x2.f32; +0 stays +0."""
+    lo, hi = unpack_f16x2(p, loc=loc, ip=ip)
+    return pack_f32x2(lo, hi, True, loc=loc, ip=ip)
+
+
 def softcap_blocks(program: str) -> tuple:
     """(rho block, derivative block, rho is f16x2) of a softcap program; a clear error for
     a program without blocks."""
@@ -469,6 +491,7 @@ class SigmoidStage:
     poly_split: tuple = (1, 1)
     coeff_bits: tuple = field(default=(), init=False)
     program_n: int = field(default=0, init=False)
+    p_f16: bool = field(default=False, init=False)   # the program's block returns f16x2 P
     has_lse = False
     uses_online_softmax = False
 
@@ -478,6 +501,7 @@ class SigmoidStage:
             prog = _program(self.program)
             object.__setattr__(self, "coeff_bits", _bits(prog))
             object.__setattr__(self, "program_n", int(prog["params"]["n"]))
+            object.__setattr__(self, "p_f16", sigmoid_blocks(self.program)[3])
 
     def poly_pair(self, col_group: int) -> bool:
         return self.evaluator == "poly" and poly_pair(self.poly_split, col_group)
@@ -515,10 +539,10 @@ class SigmoidStage:
             if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
                 if cutlass.const_expr(tOrP is None):
                     src[2 * i] = b32_as_f32(self._pair_poly(src[2 * i], src[2 * i + 1], params,
-                                                            masked, "sigmoid_fwd_head"))
+                                                            masked, sigmoid_blocks(self.program)[1]))
                 else:
                     dst[i] = self._pair_poly(src[2 * i], src[2 * i + 1], params, masked,
-                                             "sigmoid_fwd")
+                                             sigmoid_blocks(self.program)[0])
             else:
                 # native sigma = 0.5 tanh(0.5 x + 0.5 b) + 0.5; masked -inf gives +0 exactly
                 p0 = tanh_approx(src[2 * i] * params[2] + params[3]) * 0.5 + 0.5
@@ -531,8 +555,9 @@ class SigmoidStage:
     @cute.jit
     def _pair_poly(self, s0, s1, params, masked: cutlass.Constexpr[bool], block: cutlass.Constexpr[str]):
         """Block `block` (sigmoid_fwd: P; sigmoid_fwd_head: q, P = q*q) on one score pair."""
-        blk = getattr(_cute_ops(), block)
-        p = Int32(blk(s0 * params[0] + params[1], s1 * params[0] + params[1]))
+        p = Int32(_cute_ops().named(block, s0 * params[0] + params[1], s1 * params[0] + params[1]))
+        if cutlass.const_expr(self.p_f16 and block == sigmoid_blocks(self.program)[0]):
+            p = f16x2_to_bf16x2(p)   # the full f16 block's P -> the PV operand's bf16x2
         if cutlass.const_expr(masked):
             # masked scores are -inf: force exact zeros whatever the block returns (on q the
             # tail's 0 * 0 = +0 gives the same P bits: tests/test_asm_emulator.py)
@@ -565,7 +590,8 @@ class SigmoidStage:
                 src[2 * i + 1] = pin_f32(src[2 * i + 1])
         for i in cutlass.range_constexpr(cute.size(dst)):
             if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
-                dst[i] = Int32(_cute_ops().sigmoid_fwd_tail(f32_as_b32(src[2 * i])))
+                p = Int32(_cute_ops().named(sigmoid_blocks(self.program)[2], f32_as_b32(src[2 * i])))
+                dst[i] = f16x2_to_bf16x2(p) if cutlass.const_expr(self.p_f16) else p
             else:
                 dst[i] = pack_f32x2(src[2 * i], src[2 * i + 1], True)
 

@@ -30,7 +30,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .score_stages import (DEFAULT_POLY_SPLIT, _check_split, _cute_ops, _program, pack_f32x2,
-                           poly_pair, softcap_blocks, tanh_approx, unpack_bf16x2, unpack_f16x2)
+                           poly_pair, sigmoid_blocks, softcap_blocks, tanh_approx, unpack_bf16x2,
+                           unpack_f16x2)
 
 LOG2_E = math.log2(math.e)
 # sigmoid poly block columns: sigma' from the block's P ("product") or the B3 surrogate
@@ -183,6 +184,9 @@ class SigmoidBwd(_PolySplit):
             raise ValueError(f"sigmoid grad_rule must be one of {SIGMOID_GRAD_RULES}, got {self.grad_rule!r}")
         if self.evaluator == "poly":
             object.__setattr__(self, "program_n", int(_program(self.program)["params"]["n"]))
+            if sigmoid_blocks(self.program)[3] and self.grad_rule != "product":
+                raise ValueError(f"sigmoid program {self.program!r}: only grad_rule='product' (the "
+                                 f"B3 derivative surrogate exists for the BF16 program only)")
 
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
         if self.evaluator == "native":
@@ -195,9 +199,14 @@ class SigmoidBwd(_PolySplit):
     def prob2(self, s0, s1, lse0, lse1, args, block: cutlass.Constexpr[bool],
               is_bf16: cutlass.Constexpr[bool]):
         if cutlass.const_expr(block and self.grad_rule == "product"):
-            p = _cute_ops().sigmoid_fwd(s0 * args[0] + args[1], s1 * args[0] + args[1])
-            q0, q1 = unpack_bf16x2(Int32(p))
-            return Int32(p), q0 - q0 * q0, q1 - q1 * q1
+            full, _, _, f16 = sigmoid_blocks(self.program)
+            p = Int32(_cute_ops().named(full, s0 * args[0] + args[1], s1 * args[0] + args[1]))
+            if cutlass.const_expr(f16):
+                # the forward's P is bf16(p) (dV operand); sigma' from the f16 p itself
+                q0, q1 = unpack_f16x2(p)
+                return pack_f32x2(q0, q1, True), q0 - q0 * q0, q1 - q1 * q1
+            q0, q1 = unpack_bf16x2(p)
+            return p, q0 - q0 * q0, q1 - q1 * q1
         if cutlass.const_expr(block):
             p, dp = _cute_ops().sigmoid_fwd_bwd(s0 * args[0] + args[1], s1 * args[0] + args[1])
             d0, d1 = unpack_bf16x2(Int32(dp))

@@ -356,3 +356,21 @@ def test_block_text_is_self_contained():
     assert text.startswith("{") and text.endswith("}")
     assert text.count(";") == blk.n_instructions + 1    # + the .reg declaration
     assert "$0" in text and "$1" in text and "$3" in text
+
+
+def test_sigmoid_attn_f16_head_then_tail_is_the_block():
+    """The FP16 program's overlap_v2 pair: head + tail = sigmoid_attn_fwd_f16x2 op for op
+    and bit for bit on all patterns (masked q -> +0 P, as the BF16 pair)."""
+    table = B.load_table()
+    full = B.get_block("sigmoid_attn_fwd_f16x2", table)
+    head = B.get_block("sigmoid_attn_fwd_f16x2_head", table)
+    tail = B.get_block("sigmoid_attn_fwd_f16x2_tail", table)
+    assert tail.lines == ("mul.rn.f16x2 $0, $1, $1",) and head.n_instructions + 1 == full.n_instructions
+    ins = R.block_inputs(full, "f16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (p,) = em.run_block(full, *ins)
+        (q,) = em.run_block(head, *ins)
+        (pq,) = em.run_block(tail, q)
+        (p0,) = em.run_block(tail, q & np.uint32(0xFFFF))
+    assert np.array_equal(pq, p) and np.array_equal(p0, p & np.uint32(0xFFFF))

@@ -312,3 +312,21 @@ def test_softcap_f16_program_bwd_builds():
 def test_softcap_program_without_blocks_is_refused():
     with pytest.raises(ValueError, match="has no PTX blocks"):
         bwd_side("softcap", "poly", program="tanh_d4")
+
+
+@pytest.mark.compile
+def test_sigmoid_f16_program_bwd_builds_without_spills():
+    """program="sigmoid_attn_n4096_f16", product rule: f16x2 block, P converted for dV,
+    sigma' from the f16 P; no spills, same HGMMA and MUFU.TANH counts as the BF16 build."""
+    key = K.BwdKey("bf16", 128, True, bwd_side("sigmoid", "poly", program="sigmoid_attn_n4096_f16"),
+                   K.BwdTile.for_head_dim(128), False, False, False, True, True)
+    c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
+    n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS))
+    base = _sass("sigmoid", "poly", dq_async=True, lpt=True)
+    assert n["HGMMA"] == base["HGMMA"] and n["MUFU.TANH"] == base["MUFU.TANH"], (n, base)
+    assert n["HFMA2.BF16"] == 0 < n["HFMA2"] and n["STL"] == 0 and n["LDL"] == 0, n
+
+
+def test_sigmoid_f16_program_refuses_surrogate():
+    with pytest.raises(ValueError, match="grad_rule='product'"):
+        bwd_side("sigmoid", "poly", sigmoid_grad="surrogate", program="sigmoid_attn_n4096_f16")

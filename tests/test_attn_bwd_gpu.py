@@ -125,6 +125,15 @@ def _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad=None, program=
 
 SURROGATE_CASES = [c for c in POLY_CASES if c[-1] == "sigmoid"]
 F16_SOFTCAP_CASES = [c for c in POLY_CASES if c[-1] == "softcap"]
+F16_SIGMOID_CASES = [c for c in POLY_CASES if c[-1] == "sigmoid"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", F16_SIGMOID_CASES, ids=str)
+def test_sigmoid_f16_program_fwd_bwd_matches_split_reference(case):
+    """program="sigmoid_attn_n4096_f16": the FP16 D4 block (P converted to bf16x2) in the
+    forward and the backward's product rule, against the split reference of that program."""
+    test_poly_bwd_matches_split_reference(case, program="sigmoid_attn_n4096_f16")
 
 
 @pytest.mark.gpu

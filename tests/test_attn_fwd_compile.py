@@ -287,3 +287,22 @@ def test_softcap_f16_program_fwd_builds_without_spills():
     base = _counts("softcap", "poly")
     assert n["HGMMA"] == base["HGMMA"] and n["STL"] == 0 and n["LDL"] == 0, n
     assert n.get("HFMA2.BF16", 0) == 0 and n["MUFU.TANH"] == base["MUFU.TANH"], (n, base)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("overlap_v2", [True, False])
+def test_sigmoid_f16_program_fwd_builds_without_spills(overlap_v2):
+    """program="sigmoid_attn_n4096_f16" (FP16 D4, P converted to bf16x2): both P paths
+    (overlap_v2 head/tail and the full block) build with HGMMA, no spills, no bf16x2 FMA, the
+    same MUFU.TANH count as the BF16 program's default build."""
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, sass, score_stages as S
+
+    st = S.make_stage("sigmoid", "poly", program="sigmoid_attn_n4096_f16")
+    dump = tempfile.mkdtemp(prefix="fap_attn_")
+    c = A.compile_attn_fwd(A.AttnFwdConfig.default(st, "bf16", 128, True, overlap_v2=overlap_v2),
+                           options=f"--keep-cubin --dump-dir={dump}")
+    n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN))
+    base = _counts("sigmoid", "poly")
+    assert n["HGMMA"] == base["HGMMA"] and n["STL"] == 0 and n["LDL"] == 0, n
+    assert n.get("HFMA2.BF16", 0) == 0 < n["HFMA2"] and n["MUFU.TANH"] == base["MUFU.TANH"], (n, base)

@@ -78,3 +78,25 @@ def test_reference_backward_matches_autograd(mode, causal, sq, sk):
     got = attention_ref_backward(do, q.detach(), k.detach(), v.detach(), mode, **kw)
     for e, t in zip(exp, got):
         assert torch.allclose(e, t, atol=1e-10), (e - t).abs().max()
+
+
+def test_sigmoid_f16_reference_rounds_p_to_bf16():
+    """poly_reference.sigmoid_fns with the FP16 program: P is the BF16 rounding of the f16
+    block value (the kernels' PV operand), sigma' = p (1 - p) of the f16 value."""
+    import math
+
+    import numpy as np
+
+    from flash_attn_poly import poly_reference as PR
+    from flash_attn_poly.fit import runtime as rt
+    from flash_attn_poly.asm import blocks
+
+    prog = blocks.program(blocks.load_table(), "sigmoid_attn_n4096_f16")
+    fn, gfn = PR.sigmoid_fns(-math.log(4096), program="sigmoid_attn_n4096_f16")
+    x = torch.linspace(-4, 10, 1001, dtype=torch.float64)
+    p16 = rt.replay(prog, x.numpy(), "fused")
+    assert np.array_equal(fn(x).numpy(), rt.round_to(p16, "bf16"))
+    assert np.allclose(gfn(x).numpy(), p16 - p16 * p16)
+    import pytest as _pt
+    with _pt.raises(ValueError):
+        PR.sigmoid_fns(0.0, grad_rule="surrogate", program="sigmoid_attn_n4096_f16")
