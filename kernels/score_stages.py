@@ -482,6 +482,8 @@ class SigmoidStage:
             overlap_v2 (tOrP=None) runs the block in two parts: sigmoid_fwd_head (16 instr.)
             in the stage, its packed q kept in acc_S, then write_p's sigmoid_fwd_tail
             (P = q*q, one mul) after the wait: same instructions, same bits as the block.
+            program="sigmoid_attn_n4096_f16": the f16x2 D4 block (and its head / tail), P
+            converted to bf16x2 after it (f16x2_to_bf16x2); a kernel-level option.
     program_n, coeff_bits come from the table in __post_init__.
     """
 
