@@ -57,21 +57,6 @@ def named(name: str, *values) -> Uint32:
     return run_block(block(name), *values)[0]
 
 
-def sigmoid_fwd(s0: Float32, s1: Float32) -> Uint32:
-    """B3 forward: bf16x2 sigma(x - ln n) of two FP32 scores (lane 0 = s0)."""
-    return run_block(block("sigmoid_fwd"), s0, s1)[0]
-
-
-def sigmoid_fwd_head(s0: Float32, s1: Float32) -> Uint32:
-    """sigmoid_fwd less its last squaring: bf16x2 q with P = q * q (see sigmoid_fwd_tail)."""
-    return run_block(block("sigmoid_fwd_head"), s0, s1)[0]
-
-
-def sigmoid_fwd_tail(q) -> Uint32:
-    """The last squaring of sigmoid_fwd: P = q * q (one mul.rn.bf16x2); +0 stays +0."""
-    return run_block(block("sigmoid_fwd_tail"), q)[0]
-
-
 def sigmoid_fwd_bwd(s0: Float32, s1: Float32) -> tuple:
     """B3 coupled block: (P, dP surrogate), both bf16x2."""
     return run_block(block("sigmoid_fwd_bwd"), s0, s1)

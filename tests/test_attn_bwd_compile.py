@@ -295,15 +295,21 @@ def test_sigmoid_poly_bwd_product_rule_is_shorter():
     assert p["MUFU.TANH"] == s["MUFU.TANH"], (p, s)
 
 
+def _sass_program(mode, program):
+    """Opcode counts of the default D = 128 causal BF16 poly build (dQ async, LPT) with the
+    poly side's table `program`."""
+    key = K.BwdKey("bf16", 128, True, bwd_side(mode, "poly", program=program),
+                   K.BwdTile.for_head_dim(128), False, False, False, True, True)
+    c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
+    return sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS))
+
+
 @pytest.mark.compile
 def test_softcap_f16_program_bwd_builds():
     """program="softcap_c50_f16" (FP16 D5 blocks): f16x2 FMAs replace the bf16x2 ones, rho and
     its derivative unpack with HADD2.F32, the MUFU counts stay; one spilled word at most
     (measured: 1 STL, D = 128 default build)."""
-    key = K.BwdKey("bf16", 128, True, bwd_side("softcap", "poly", program="softcap_c50_f16"),
-                   K.BwdTile.for_head_dim(128), False, False, False, True, True)
-    c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
-    n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS))
+    n = _sass_program("softcap", "softcap_c50_f16")
     base = _sass("softcap", "poly", dq_async=True, lpt=True)
     assert n["HGMMA"] == base["HGMMA"] and n["MUFU.TANH"] == base["MUFU.TANH"], (n, base)
     assert n["HFMA2.BF16"] == 0 < base["HFMA2.BF16"] and n["STL"] <= 1, n
@@ -318,10 +324,7 @@ def test_softcap_program_without_blocks_is_refused():
 def test_sigmoid_f16_program_bwd_builds_without_spills():
     """program="sigmoid_attn_n4096_f16", product rule: f16x2 block, P converted for dV,
     sigma' from the f16 P; no spills, same HGMMA and MUFU.TANH counts as the BF16 build."""
-    key = K.BwdKey("bf16", 128, True, bwd_side("sigmoid", "poly", program="sigmoid_attn_n4096_f16"),
-                   K.BwdTile.for_head_dim(128), False, False, False, True, True)
-    c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
-    n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS))
+    n = _sass_program("sigmoid", "sigmoid_attn_n4096_f16")
     base = _sass("sigmoid", "poly", dq_async=True, lpt=True)
     assert n["HGMMA"] == base["HGMMA"] and n["MUFU.TANH"] == base["MUFU.TANH"], (n, base)
     assert n["HFMA2.BF16"] == 0 < n["HFMA2"] and n["STL"] == 0 and n["LDL"] == 0, n

@@ -7,8 +7,7 @@ from flash_attn_poly.fit import attn_metric as am
 from flash_attn_poly.fit.programs import load_table
 
 
-def _rel(o, ref):
-    return math.sqrt(float(((o - ref) ** 2).sum()) / float((ref ** 2).sum()))
+_rel = am.rel_l2
 
 
 def test_sigmoid_floors_order():

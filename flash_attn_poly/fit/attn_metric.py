@@ -39,6 +39,11 @@ DEFAULTS = {
 }
 
 
+def rel_l2(o: torch.Tensor, ref: torch.Tensor) -> float:
+    """||o - ref|| / ||ref||."""
+    return math.sqrt(float(((o - ref) ** 2).sum()) / float((ref ** 2).sum()))
+
+
 def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).to(t.dtype)
 

@@ -75,17 +75,13 @@ class AttnScore:
             outs = am.softcap_outputs(None, q, k, v, c=c, modes=("native",))
             ref = outs["ref"]
             x32 = am._scores(q, k, torch.float32)
-            self.cases.append((x32.double().numpy(), am._causal(S), v, ref, self._rel(outs["native"], ref)))
-
-    @staticmethod
-    def _rel(o, ref):
-        return float(((o - ref) ** 2).sum() ** 0.5 / (ref ** 2).sum() ** 0.5)
+            self.cases.append((x32.double().numpy(), am._causal(S), v, ref, am.rel_l2(outs["native"], ref)))
 
     def __call__(self, program):
         worst = 0.0
         for x, mask, v, ref, native in self.cases:
             logit = self.torch.from_numpy(rt.softcap_logit(program, x, "fused")).float()
-            worst = max(worst, self._rel(self.am._softmax_lowp(logit, mask, v), ref) / native)
+            worst = max(worst, self.am.rel_l2(self.am._softmax_lowp(logit, mask, v), ref) / native)
         return worst
 
 
