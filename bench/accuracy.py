@@ -11,7 +11,8 @@ sigmoid(s*scale - ln S_k), the exact derivatives): relative L2 error ||got - ref
 "poly / native" divides the poly row's error by the native row's on the same inputs: the
 issues' accuracy goal is poly <= 2x native + floor. Spread: q and k are scaled by it, so the
 scaled scores have standard deviation about spread^2 (softcap 3.5: scores spanning tens of
-logits, as Gemma-2's). Softcap is 50.
+logits, as Gemma-2's; 4.5: std ~20). Softcap is 50. Rows with a program name run that
+FP16 polynomial program (`attention(program=...)`) on the same inputs as the default rows.
 """
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ import zlib
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import protocol  # noqa: E402
 
-ROWS = [("softmax", "native", 1.0),
-        ("softcap", "native", 1.0), ("softcap", "poly", 1.0),
-        ("softcap", "native", 3.5), ("softcap", "poly", 3.5),
-        ("sigmoid", "native", 1.0), ("sigmoid", "poly", 1.0),
-        ("sigmoid", "native", 1.3), ("sigmoid", "poly", 1.3)]
+SC16, SG16 = "softcap_c50_f16", "sigmoid_attn_n4096_f16"   # the FP16 programs (attention(program=))
+ROWS = [("softmax", "native", 1.0, ""),
+        ("softcap", "native", 1.0, ""), ("softcap", "poly", 1.0, ""), ("softcap", "poly", 1.0, SC16),
+        ("softcap", "native", 3.5, ""), ("softcap", "poly", 3.5, ""), ("softcap", "poly", 3.5, SC16),
+        ("softcap", "native", 4.5, ""), ("softcap", "poly", 4.5, ""), ("softcap", "poly", 4.5, SC16),
+        ("sigmoid", "native", 1.0, ""), ("sigmoid", "poly", 1.0, ""), ("sigmoid", "poly", 1.0, SG16),
+        ("sigmoid", "native", 1.3, ""), ("sigmoid", "poly", 1.3, ""), ("sigmoid", "poly", 1.3, SG16),
+        ("sigmoid", "native", 1.7, ""), ("sigmoid", "poly", 1.7, ""), ("sigmoid", "poly", 1.7, SG16)]
 
 
 def _inputs(args, seed, spread, device):
@@ -40,7 +44,7 @@ def _inputs(args, seed, spread, device):
     return q, k, v, dout
 
 
-def one_row(args, mode, evaluator, spread, device):
+def one_row(args, mode, evaluator, spread, device, program=""):
     import torch
     import flash_attn_poly
     from flash_attn_poly.reference import attention_ref, attention_ref_backward
@@ -50,7 +54,7 @@ def one_row(args, mode, evaluator, spread, device):
     kw = {"softcap": 50.0} if mode == "softcap" else {}
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
     out = flash_attn_poly.attention(qg, kg, vg, mode, causal=True, evaluator=evaluator,
-                                    backend=args.backend, **kw)
+                                    backend=args.backend, program=program or None, **kw)
     grads = torch.autograd.grad(out, (qg, kg, vg), dout)
     ref, _ = attention_ref(q, k, v, mode, causal=True, **kw)
     ref_g = attention_ref_backward(dout, q, k, v, mode, causal=True, **kw)
@@ -64,10 +68,11 @@ def run(args) -> dict:
     import torch
     device = "cuda" if args.backend != "reference" else "cpu"
     rows = []
-    for mode, ev, spread in [r for r in ROWS if r[0] in args.modes.split(",")]:
-        e = one_row(args, mode, ev, spread, device)
-        rows.append({"mode": mode, "evaluator": ev, "spread": spread, **e})
-        print(f"{mode}/{ev} spread {spread}: " + ", ".join(f"{k} {v:.2e}" for k, v in e.items()), flush=True)
+    for mode, ev, spread, prog in [r for r in ROWS if r[0] in args.modes.split(",")]:
+        e = one_row(args, mode, ev, spread, device, prog)
+        rows.append({"mode": mode, "evaluator": ev, "program": prog, "spread": spread, **e})
+        print(f"{mode}/{ev}{'/' + prog if prog else ''} spread {spread}: "
+              + ", ".join(f"{k} {v:.2e}" for k, v in e.items()), flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
     native = {(r["mode"], r["spread"]): r for r in rows if r["evaluator"] == "native"}
@@ -92,7 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--json")
     args = p.parse_args(argv)
     res = run(args)
-    cols = ["mode", "evaluator", "spread", "O", "dQ", "dK", "dV", "poly/native"]
+    cols = ["mode", "evaluator", "program", "spread", "O", "dQ", "dK", "dV", "poly/native"]
     table = protocol.markdown_table([{k: (f"{v:.2e}" if k in ("O", "dQ", "dK", "dV") else v)
                                       for k, v in r.items()} for r in res["rows"]], cols)
     print(table)

@@ -33,13 +33,24 @@ class Row:
     mode: str
     evaluator: str
     make: Callable  # (q, k, v) -> forward callable returning the output tensor
+    program: str = ""  # ours/poly: the coefficient-table entry ("" = the mode's default)
+
+    @property
+    def key(self) -> str:
+        return f"{self.impl}/{self.mode}/{self.evaluator}" + (f"/{self.program}" if self.program else "")
 
 
-def ours(mode: str, evaluator: str) -> Row:
+# the FP16 polynomial programs (attention(program=...)), timed beside the default BF16 ones
+F16_PROGRAMS = {"softcap": "softcap_c50_f16", "sigmoid": "sigmoid_attn_n4096_f16"}
+
+
+def ours(mode: str, evaluator: str, program: str = "") -> Row:
     import flash_attn_poly
     kw = {"softcap": SOFTCAP} if mode == "softcap" else {}
+    if program:
+        kw["program"] = program
     return Row("ours", mode, evaluator, lambda q, k, v: (
-        lambda: flash_attn_poly.attention(q, k, v, mode, causal=True, evaluator=evaluator, **kw)))
+        lambda: flash_attn_poly.attention(q, k, v, mode, causal=True, evaluator=evaluator, **kw)), program)
 
 
 def fa4(mode: str) -> Optional[Row]:
@@ -112,9 +123,11 @@ def compiled_sigmoid() -> Row:
     return Row("torch_compile", "sigmoid", "native", lambda q, k, v: (lambda: fn(q, k, v)))
 
 
-def all_rows() -> list[Row]:
+def all_rows(f16: bool = True) -> list[Row]:
     rows = [ours("softmax", "native"), ours("softcap", "native"), ours("softcap", "poly"),
             ours("sigmoid", "native"), ours("sigmoid", "poly")]
+    if f16:
+        rows += [ours(m, "poly", p) for m, p in F16_PROGRAMS.items()]
     rows += [r for r in (fa4("softmax"), fa4("softcap"), fa4_poly_softcap()) if r is not None]
     rows += [sdpa_cudnn(), flex_softcap(), compiled_sigmoid()]
     return rows
@@ -133,7 +146,7 @@ def _prepare(rows, args, backward: bool):
     import torch
     fns = {}
     for row in rows:
-        key = f"{row.impl}/{row.mode}/{row.evaluator}"
+        key = row.key
         try:
             q, k, v = _inputs(args, backward)
             if not backward:
@@ -169,7 +182,7 @@ def flops(args, backward: bool) -> float:
 
 
 def run(args) -> dict:
-    rows = all_rows()
+    rows = all_rows(not args.no_f16)
     timing = protocol.Timing(args.warmup, args.rounds, args.iters)
     fwd_fns = _prepare(rows, args, False)
     fwd = protocol.time_alternating(fwd_fns, timing)
@@ -177,10 +190,10 @@ def run(args) -> dict:
     bwd = protocol.time_alternating(_prepare(rows, args, True), timing) if not args.fwd_only else {}
     out_rows = []
     for row in rows:
-        key = f"{row.impl}/{row.mode}/{row.evaluator}"
-        f, b = fwd.get(key), bwd.get(key)
-        out_rows.append({"impl": row.impl, "mode": row.mode, "evaluator": row.evaluator,
-                         "fwd_ms": f, "bwd_ms": b, "fwd_graph_ms": graph.get(key),
+        f, b = fwd.get(row.key), bwd.get(row.key)
+        graph_ms = graph.get(row.key)
+        out_rows.append({"impl": row.impl, "mode": row.mode, "evaluator": row.evaluator, "program": row.program,
+                         "fwd_ms": f, "bwd_ms": b, "fwd_graph_ms": graph_ms,
                          "fwd_tflops": None if f is None else flops(args, False) / f / 1e9,
                          "bwd_tflops": None if b is None else flops(args, True) / b / 1e9})
     shape = dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv,
@@ -190,13 +203,20 @@ def run(args) -> dict:
 
 def ratios(rows: list[dict]) -> dict:
     """Speedups (baseline time / our time) for the pairs the issues set goals on."""
-    t = {(r["impl"], r["mode"], r["evaluator"]): r for r in rows}
-    pairs = {"softcap poly vs ours native": (("ours", "softcap", "native"), ("ours", "softcap", "poly")),
-             "softcap poly vs FA4 softcap": (("fa4", "softcap", "native"), ("ours", "softcap", "poly")),
-             "sigmoid poly vs ours native": (("ours", "sigmoid", "native"), ("ours", "sigmoid", "poly")),
-             "sigmoid poly vs FA4 softmax": (("fa4", "softmax", "native"), ("ours", "sigmoid", "poly")),
-             "ours softmax vs FA4 softmax": (("fa4", "softmax", "native"), ("ours", "softmax", "native")),
-             "FA4+poly score_mod vs FA4 softcap": (("fa4", "softcap", "native"), ("fa4_score_mod", "softcap", "poly"))}
+    t = {(r["impl"], r["mode"], r["evaluator"], r.get("program", "")): r for r in rows}
+    sc16, sg16 = ("ours", "softcap", "poly", F16_PROGRAMS["softcap"]), ("ours", "sigmoid", "poly", F16_PROGRAMS["sigmoid"])
+    pairs = {"softcap poly vs ours native": (("ours", "softcap", "native", ""), ("ours", "softcap", "poly", "")),
+             "softcap poly vs FA4 softcap": (("fa4", "softcap", "native", ""), ("ours", "softcap", "poly", "")),
+             "softcap poly vs ours softmax": (("ours", "softmax", "native", ""), ("ours", "softcap", "poly", "")),
+             "sigmoid poly vs ours native": (("ours", "sigmoid", "native", ""), ("ours", "sigmoid", "poly", "")),
+             "sigmoid poly vs FA4 softmax": (("fa4", "softmax", "native", ""), ("ours", "sigmoid", "poly", "")),
+             "ours softmax vs FA4 softmax": (("fa4", "softmax", "native", ""), ("ours", "softmax", "native", "")),
+             "FA4+poly score_mod vs FA4 softcap": (("fa4", "softcap", "native", ""), ("fa4_score_mod", "softcap", "poly", "")),
+             "softcap poly f16 vs FA4 softcap": (("fa4", "softcap", "native", ""), sc16),
+             "softcap poly f16 vs ours softmax": (("ours", "softmax", "native", ""), sc16),
+             "softcap poly f16 vs poly bf16": (("ours", "softcap", "poly", ""), sc16),
+             "sigmoid poly f16 vs FA4 softmax": (("fa4", "softmax", "native", ""), sg16),
+             "sigmoid poly f16 vs poly bf16": (("ours", "sigmoid", "poly", ""), sg16)}
     out = {}
     for name, (base, mine) in pairs.items():
         for d in ("fwd", "bwd"):
@@ -238,6 +258,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--fwd-only", action="store_true")
+    p.add_argument("--no-f16", action="store_true", help="leave out the FP16-program rows of ours")
     p.add_argument("--graph", action="store_true",
                    help="also time each forward as a replayed CUDA graph (GPU time without host launch cost)")
     p.add_argument("--compile-only", action="store_true", help="CPU: compile every kernel, print SASS counts as JSON")
@@ -256,7 +277,7 @@ def markdown(res: dict) -> str:
     lines = [f"# Attention benchmark: {res['shape']}", "",
              f"device {res['device']}, {res['date']}, commit {res['commit']}, torch {res['torch']}", "",
              f"Protocol: {res['protocol']}.", "",
-             protocol.markdown_table(res["rows"], ["impl", "mode", "evaluator", "fwd_ms", "bwd_ms",
+             protocol.markdown_table(res["rows"], ["impl", "mode", "evaluator", "program", "fwd_ms", "bwd_ms",
                                                    "fwd_graph_ms", "fwd_tflops", "bwd_tflops"]), "",
              "fwd_ms/bwd_ms: back-to-back calls through each library's Python entry point (host "
              "launch cost included where it exceeds GPU time); fwd_graph_ms: the same call captured "

@@ -17,6 +17,7 @@
 #   bash bench/h200_round.sh vdo     # V on the first dO barrier: its tests and timing, then gqa_4096
 #   bash bench/h200_round.sh final4  # backward/det/api/window tests, v_with_do timing, gqa_4096
 #   bash bench/h200_round.sh breakdown  # kernel_breakdown.py, then gemma2 at D = 128
+#   bash bench/h200_round.sh f16     # FP16 programs: asm/kernel/API tests, accuracy rows, gqa_4096 with f16 rows
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
 set -u
@@ -79,6 +80,15 @@ elif [ "$phase" = lpt256poly ]; then   # D = 256 softcap/poly forward with LPT (
   t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"
 elif [ "$phase" = accuracy ]; then   # O and dQ/dK/dV error vs FP64 exact math, every mode and evaluator
   t accuracy 240 python3 bench/accuracy.py --json "$OUT/accuracy.json"
+elif [ "$phase" = f16 ]; then   # FP16 programs: block bit-exact + kernel tests, accuracy, gqa (tar after each step)
+  tarup() { (cd "$OUT" && tar czf /tmp/round_f16.tgz --exclude=round_f16.tgz . && mv /tmp/round_f16.tgz "$OUT/"); }
+  pt asm tests/test_asm_gpu.py &
+  pt bwd16 tests/test_attn_bwd_gpu.py -k "f16_program" &
+  pt api16 tests/test_api_gpu.py -k "_f16" &
+  wait; tarup
+  t accuracy 150 python3 bench/accuracy.py --modes softcap,sigmoid --json "$OUT/accuracy_f16.json"; tarup
+  t gqa 280 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"; tarup
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = sgrad ]; then   # sigmoid poly backward sigma' rule: tests, timing, accuracy (tar after each step)
   tarup() { (cd "$OUT" && tar czf /tmp/round_sgrad.tgz --exclude=round_sgrad.tgz . && mv /tmp/round_sgrad.tgz "$OUT/"); }
   pt sg_bwd tests/test_attn_bwd_gpu.py -k "split_reference and sigmoid"; tarup

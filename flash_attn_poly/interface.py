@@ -35,6 +35,7 @@ class AttnArgs:
     softmax_scale: float
     window_size: tuple[int, int]
     deterministic: bool = False   # backward adds in a fixed order (CUDA backend)
+    program: Optional[str] = None  # poly evaluator's coefficient-table entry (None: default)
 
 
 def _check_tensors(q, k, v) -> None:
@@ -64,6 +65,27 @@ def _check_tensors(q, k, v) -> None:
         raise ValueError(f"number of query heads ({h_q}) must be a multiple of key/value heads ({h_kv})")
 
 
+# table target of each mode's poly programs (flash_attn_poly/data/programs.json)
+PROGRAM_TARGETS = {"softcap": "softcap", "sigmoid": "sigmoid_attn"}
+
+
+def _check_program(mode, evaluator, program) -> None:
+    """program: a forward (non-derivative) table entry of this mode's target, poly only."""
+    if program is None:
+        return
+    if not isinstance(program, str):
+        raise TypeError(f"program must be a str naming a coefficient-table entry, got {type(program).__name__}")
+    if evaluator != "poly" or mode not in PROGRAM_TARGETS:
+        raise ValueError(f"program={program!r} selects a polynomial program: it needs evaluator='poly' and "
+                         f"mode 'softcap' or 'sigmoid' (got mode={mode!r}, evaluator={evaluator!r})")
+    from .asm import blocks
+    table = blocks.load_table()
+    known = sorted(n for n, e in table["programs"].items()
+                   if e["target"] == PROGRAM_TARGETS[mode] and not e["derivative"])
+    if program not in known:
+        raise ValueError(f"program {program!r} is not a {mode} program of the coefficient table; known: {known}")
+
+
 def _check_options(mode, evaluator, softcap, sigmoid_bias, window_size) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -84,9 +106,10 @@ def _check_options(mode, evaluator, softcap, sigmoid_bias, window_size) -> None:
 
 
 def validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale,
-             window_size=(-1, -1), deterministic=False) -> AttnArgs:
+             window_size=(-1, -1), deterministic=False, program=None) -> AttnArgs:
     _check_tensors(q, k, v)
     _check_options(mode, evaluator, softcap, sigmoid_bias, tuple(window_size))
+    _check_program(mode, evaluator, program)
     if not isinstance(deterministic, bool):
         # a truthy string or tensor here is almost surely a misplaced argument
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
@@ -95,7 +118,7 @@ def validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_sc
         raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale!r}")
     return AttnArgs(mode, evaluator, bool(causal), None if softcap is None else float(softcap),
                     None if sigmoid_bias is None else float(sigmoid_bias), scale, tuple(window_size),
-                    deterministic)
+                    deterministic, program)
 
 
 def _pick_backend(q: torch.Tensor, backend: str) -> str:
@@ -131,12 +154,18 @@ def _check_cuda_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: At
 def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: Optional[float] = None,
               sigmoid_bias: Optional[float] = None, evaluator: str = "poly",
               softmax_scale: Optional[float] = None, window_size=(-1, -1),
-              backend: str = "auto", return_lse: bool = False, deterministic: bool = False):
+              backend: str = "auto", return_lse: bool = False, deterministic: bool = False,
+              program: Optional[str] = None):
     """Attention over q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D); returns O (B, S_q, H_q, D).
 
     mode: "softmax" | "softcap" (Gemma-2: logits = softcap * tanh(logits / softcap)) |
     "sigmoid" (O_i = sum_j sigmoid(scale * q_i.k_j + sigmoid_bias) v_j, bias default -ln S_k).
     evaluator: "poly" runs the packed-BF16 polynomial program, "native" the MUFU instruction.
+    program: with evaluator="poly", the coefficient-table entry to run (None: the default,
+    "softcap_c50" / "sigmoid_attn_n4096", packed BF16).  The FP16 programs "softcap_c50_f16"
+    (D5) and "sigmoid_attn_n4096_f16" (D4) evaluate in packed FP16: more accurate at wide
+    score spreads (bench/results/accuracy*.md), timed side by side in gqa_4096.md.  The
+    reference backend always computes the exact functions and ignores it.
     backend: "auto" (CUDA kernels on sm_90, else the torch reference with a warning),
     "cuda", or "reference" (exact functions in FP32 torch; slow, any device).
     return_lse: also return the FP32 natural-log LSE (B, H_q, S_q) (softmax modes only).
@@ -152,7 +181,7 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     torch.compile traces it without graph breaks.
     """
     a = validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size,
-                 deterministic)
+                 deterministic, program)
     if return_lse and a.mode == "sigmoid":
         raise ValueError("return_lse: sigmoid attention has no log-sum-exp")
     which = _pick_backend(q, backend)
@@ -161,29 +190,32 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     bias = a.sigmoid_bias if a.sigmoid_bias is not None else reference.default_sigmoid_bias(k.shape[1])
     out, lse = torch.ops.flash_attn_poly.attn_fwd(
         q, k, v, a.mode, a.evaluator, a.causal, a.softcap or 0.0, bias, a.softmax_scale,
-        list(a.window_size), which, a.deterministic)
+        list(a.window_size), which, a.deterministic, a.program or "")
     return (out, lse) if return_lse else out
 
 
-def _args_from_op(mode, evaluator, causal, softcap, bias, scale, window, deterministic=False) -> AttnArgs:
+def _args_from_op(mode, evaluator, causal, softcap, bias, scale, window, deterministic=False,
+                  program="") -> AttnArgs:
     return AttnArgs(mode, evaluator, causal, softcap if mode == "softcap" else None,
-                    bias if mode == "sigmoid" else None, scale, tuple(window), deterministic)
+                    bias if mode == "sigmoid" else None, scale, tuple(window), deterministic,
+                    program or None)
 
 
 @torch.library.custom_op("flash_attn_poly::attn_fwd", mutates_args=())
 def _attn_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, evaluator: str,
                  causal: bool, softcap: float, sigmoid_bias: float, softmax_scale: float,
                  window_size: list[int], backend: str,
-                 deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 deterministic: bool = False, program: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     # deterministic only matters to the backward op (it gets it via the autograd context)
-    a = _args_from_op(mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size)
+    a = _args_from_op(mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size,
+                      program=program)
     out, lse = _reference_forward(q, k, v, a) if backend == "reference" else _cuda_forward(q, k, v, a)
     return out, _lse_or_empty(q, lse)
 
 
 @_attn_fwd_op.register_fake
 def _attn_fwd_fake(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale,
-                   window_size, backend, deterministic=False):
+                   window_size, backend, deterministic=False, program=""):
     b, s_q, h_q, _ = q.shape
     lse_shape = (0,) if mode == "sigmoid" else (b, h_q, s_q)
     return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
@@ -193,9 +225,10 @@ def _attn_fwd_fake(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, soft
 def _attn_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor, lse: torch.Tensor, mode: str, evaluator: str, causal: bool,
                  softcap: float, sigmoid_bias: float, softmax_scale: float, window_size: list[int],
-                 backend: str, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 backend: str, deterministic: bool = False,
+                 program: str = "") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     a = _args_from_op(mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size,
-                      deterministic)
+                      deterministic, program)
     if backend == "reference":
         return _reference_backward(dout, q, k, v, a)
     return _cuda_backward(dout, q, k, v, out, lse, a)
@@ -203,7 +236,7 @@ def _attn_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
 
 @_attn_bwd_op.register_fake
 def _attn_bwd_fake(dout, q, k, v, out, lse, mode, evaluator, causal, softcap, sigmoid_bias,
-                   softmax_scale, window_size, backend, deterministic=False):
+                   softmax_scale, window_size, backend, deterministic=False, program=""):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -246,7 +279,8 @@ def _cuda_forward(q, k, v, a: AttnArgs):
     from .kernels import attn_fwd_sm90
     return attn_fwd_sm90.attn_fwd(q, k, v, mode=a.mode, evaluator=a.evaluator, causal=a.causal,
                                   softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
-                                  softmax_scale=a.softmax_scale, window_size=a.window_size)
+                                  softmax_scale=a.softmax_scale, window_size=a.window_size,
+                                  program=a.program)
 
 
 def _cuda_backward(dout, q, k, v, out, lse, a: AttnArgs):
@@ -257,4 +291,4 @@ def _cuda_backward(dout, q, k, v, out, lse, a: AttnArgs):
     return attn_bwd_sm90.attn_bwd(dout, q, k, v, out, lse, mode=a.mode, evaluator=a.evaluator,
                                   causal=a.causal, softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
                                   softmax_scale=a.softmax_scale, window_size=a.window_size,
-                                  deterministic=a.deterministic)
+                                  deterministic=a.deterministic, program=a.program)

@@ -623,10 +623,11 @@ def _compiled(cfg: AttnFwdConfig, tvm_ffi: bool = False):
 
 
 @lru_cache(maxsize=None)
-def _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items):
+def _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items, program=None):
     """Stage + config per call signature: building them costs ~7 us a call (CPU timing,
     docs/NOTES.md), a few % of a 0.27 ms kernel when calls run back to back."""
-    stage = stages.make_stage(mode, evaluator)
+    kw = {"program": program} if program is not None and evaluator == "poly" else {}
+    stage = stages.make_stage(mode, evaluator, **kw)
     return stage, AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
 
 
@@ -649,10 +650,11 @@ def _launch_dlpack(cfg, tensors, params, device, window=(0, 0)):
 def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causal: bool = True,
              softmax_scale: Optional[float] = None, softcap: Optional[float] = None,
              sigmoid_bias: Optional[float] = None, stage=None, out=None, lse=None,
-             tuning: Optional[dict] = None, window_size=(-1, -1)):
+             tuning: Optional[dict] = None, window_size=(-1, -1), program: Optional[str] = None):
     """Torch entry: q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D), CUDA, bf16/fp16, last dim
     contiguous.  Returns (o like q, lse (B, H_q, S_q) FP32 or None for sigmoid).
     tuning: AttnFwdConfig field overrides (tile_n, num_stages, overlap, pingpong).
+    program: the poly stage's coefficient-table entry (None: the mode's default program).
     window_size: (left, right) sliding window, flash-attn semantics (-1 = unbounded); only
     "bounded or not" is compiled in, the sizes are runtime arguments (kernels/mask.py).
     Launch path: FLASH_ATTN_POLY_LAUNCH (kernels/launch.py)."""
@@ -673,7 +675,7 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
     win_kw = {k: True for k, on in (("window_left", has_l), ("window_right", has_r)) if on}
     tuning_items = tuple(sorted(dict(tuning or {}, **win_kw).items()))
     if stage is None:
-        stage, cfg = _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items)
+        stage, cfg = _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items, program)
     else:
         cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
     scale = d ** -0.5 if softmax_scale is None else softmax_scale

@@ -18,8 +18,9 @@ CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal)
     (1, 300, 300, 4, 4, 64, False),
     (1, 129, 384, 8, 1, 128, True),
 ]
-MODES = [("softmax", "native"), ("softcap", "native"), ("softcap", "poly"),
-         ("sigmoid", "native"), ("sigmoid", "poly")]
+MODES = [("softmax", "native", None), ("softcap", "native", None), ("softcap", "poly", None),
+         ("sigmoid", "native", None), ("sigmoid", "poly", None),
+         ("softcap", "poly", "softcap_c50_f16"), ("sigmoid", "poly", "sigmoid_attn_n4096_f16")]
 
 
 def _inputs(case, seed, mode):
@@ -35,24 +36,24 @@ def _kw(mode):
     return {"softcap": 50.0} if mode == "softcap" else {}
 
 
-def _score_fns(mode, evaluator, s_k):
+def _score_fns(mode, evaluator, s_k, program=None):
     """The math the kernel runs: per key column, the program replay on the columns the
     default poly split sends through the block, the exact function on the MUFU columns."""
     if evaluator == "native":
         return None, None
     from flash_attn_poly.kernels.score_stages import make_stage
-    return pr.split_fns(mode, make_stage(mode, "poly"), s_k)
+    return pr.split_fns(mode, make_stage(mode, "poly", **({"program": program} if program else {})), s_k)
 
 
-@pytest.mark.parametrize("mode, evaluator", MODES)
+@pytest.mark.parametrize("mode, evaluator, program", MODES)
 @pytest.mark.parametrize("case", CASES)
-def test_forward_and_backward(mode, evaluator, case):
+def test_forward_and_backward(mode, evaluator, program, case):
     causal = case[-1]
     q, k, v = _inputs(case, hash((mode, evaluator, case)) % 1000, mode)
-    fn, gfn = _score_fns(mode, evaluator, k.shape[1])
+    fn, gfn = _score_fns(mode, evaluator, k.shape[1], program)
     kw = dict(causal=causal, **_kw(mode))
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-    out = flash_attn_poly.attention(qg, kg, vg, mode, evaluator=evaluator, **kw)
+    out = flash_attn_poly.attention(qg, kg, vg, mode, evaluator=evaluator, program=program, **kw)
     ref, _ = attention_ref(q, k, v, mode, score_fn=fn, **kw)
     low, _ = attention_ref_lowprec(q, k, v, mode, score_fn=fn, **kw)
     stats = assert_close_rule(out, ref, low, floor=1e-3, name=f"{mode}/{evaluator} out")

@@ -133,3 +133,40 @@ def test_deterministic_reaches_the_backward_op(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(grads[False], grads[True]))
     torch.library.opcheck(torch.ops.flash_attn_poly.attn_fwd.default,
                           (q, k, v, "softmax", "poly", True, 0.0, 0.0, 0.125, [-1, -1], "reference", True))
+
+
+@pytest.mark.parametrize("kw, err, match", [
+    (dict(mode="softmax", program="softcap_c50_f16"), ValueError, "needs evaluator='poly'"),
+    (dict(mode="softcap", softcap=50.0, evaluator="native", program="softcap_c50_f16"), ValueError,
+     "needs evaluator='poly'"),
+    (dict(mode="sigmoid", program="softcap_c50_f16"), ValueError, "not a sigmoid program"),
+    (dict(mode="softcap", softcap=50.0, program="softcap_c50_nope"), ValueError, "not a softcap program"),
+    (dict(mode="softcap", softcap=50.0, program=3), TypeError, "program must be a str"),
+])
+def test_rejects_bad_programs(kw, err, match):
+    q, k, v = _qkv()
+    with pytest.raises(err, match=match):
+        fi.attention(q, k, v, backend="reference", **kw)
+
+
+def test_program_reaches_both_ops(monkeypatch):
+    """attention(program=...) -> forward op -> autograd context -> backward op, as AttnArgs.program
+    (the CUDA paths hand it to the kernels' stages); the reference backend computes the exact
+    function whatever the program, so its results do not change."""
+    seen = []
+    real_f, real_b = fi._reference_forward, fi._reference_backward
+    monkeypatch.setattr(fi, "_reference_forward", lambda q, k, v, a: seen.append(("f", a.program)) or real_f(q, k, v, a))
+    monkeypatch.setattr(fi, "_reference_backward",
+                        lambda dout, q, k, v, a: seen.append(("b", a.program)) or real_b(dout, q, k, v, a))
+    q, k, v = _qkv(s=12, seed=3)
+    outs = []
+    for prog in (None, "sigmoid_attn_n4096_f16"):
+        qq = q.clone().requires_grad_(True)
+        out = fi.attention(qq, k, v, "sigmoid", backend="reference", program=prog)
+        out.float().sum().backward()
+        outs.append((out, qq.grad))
+    assert seen == [("f", None), ("b", None), ("f", "sigmoid_attn_n4096_f16"), ("b", "sigmoid_attn_n4096_f16")]
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    torch.library.opcheck(torch.ops.flash_attn_poly.attn_fwd.default,
+                          (q, k, v, "softcap", "poly", True, 50.0, 0.0, 0.125, [-1, -1], "reference", False,
+                           "softcap_c50_f16"))
