@@ -215,10 +215,25 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
             ev = "native" if mode == "softmax" else "poly"
             for vd in (False, True):
                 add(f"ours {mode}/{ev} v_with_do={int(vd)}", anchor, mode, flops, v_with_do=vd, evaluator=ev)
+        if "head_loop" in axes:   # CTA per KV head over its GQA group, dK/dV stored directly
+            for ev in (("native",) if mode == "softmax" else ("native", "poly")):
+                for hl in (False, True):
+                    add(f"ours {mode}/{ev} head_loop={int(hl)}", anchor, mode, flops, head_loop=hl, evaluator=ev)
         if "stages" in axes:   # Q/dO pipeline depth, default evaluator of attention() (poly)
             ev = "native" if mode == "softmax" else "poly"
             for st in (2, 3):
                 add(f"ours {mode}/{ev} stages={st}", anchor, mode, flops, stages=st, evaluator=ev)
+    if "head_loop" in axes:   # Gemma-2 2B (D = 256, GQA 2) and a short anchor (S = 1024: 4x fewer CTAs)
+        g = _gemma_inputs()
+        fl = 2.5 * 4 * 8 * 8192 * 8192 * 256 / 2
+        for ev in ("native", "poly"):
+            for hl in (False, True):
+                add(f"ours softcap/{ev} D=256 (B=1 S=8192 H 8/4) head_loop={int(hl)}", g, "softcap", fl,
+                    head_loop=hl, evaluator=ev)
+        short = tuple(t[:, :1024].contiguous() for t in (q, k, v, do, o)) + (lse[:, :, :1024].contiguous(),)
+        fl = 2.5 * 4 * b * hq * 1024 * 1024 * d / 2
+        for hl in (False, True):
+            add(f"ours softmax S=1024 head_loop={int(hl)}", short, "softmax", fl, head_loop=hl)
     if "lpt" in axes:
         g = _gemma_inputs()
         fl = 2.5 * 4 * 8 * 8192 * 8192 * 256 / 2
@@ -240,11 +255,12 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
         key, xs = (("lpt", (False, True)) if "lpt" in axes else ("stages", (2, 3)) if "stages" in axes
                    else ("mainloop", (1, 2)) if "mainloop" in axes
                    else ("v_with_do", (False, True)) if "v_with_do" in axes
+                   else ("head_loop", (False, True)) if "head_loop" in axes
                    else ("sigmoid_grad", ("surrogate", "product")) if "sigmoid_grad" in axes
                    else ("dq_async", (False, True)))
         if key == "sigmoid_grad" and mode != "sigmoid":
             continue
-        ev = {"evaluator": "poly"} if key == "sigmoid_grad" or (key in ("mainloop", "v_with_do") and mode != "softmax") else {}
+        ev = {"evaluator": "poly"} if key == "sigmoid_grad" or (key in ("mainloop", "v_with_do", "head_loop") and mode != "softmax") else {}
         ga, gb = (attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, **{key: x}, **ev) for x in xs)
         rel = max(((x.double() - y.double()).norm() / y.double().norm()).item() for x, y in zip(ga, gb))
         print(f"{mode}: {key} off vs on, max rel L2 over dq/dk/dv {rel:.2e}")
@@ -278,7 +294,7 @@ def main():
                     help="time FLASH_ATTN_POLY_PREPOST=torch vs cute (backward and pre/post alone)")
     ap.add_argument("--variants", action="store_true",
                     help="time backward variants side by side, with FA4 (see --axes)")
-    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order), stages (Q/dO pipeline 2 | 3), sigmoid_grad (surrogate | product), mainloop (1 | 2), v_with_do (off | on)")
+    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order), stages (Q/dO pipeline 2 | 3), sigmoid_grad (surrogate | product), mainloop (1 | 2), v_with_do (off | on), head_loop (off | on)")
     ap.add_argument("--json", default=None, help="with --variants: write rows + protocol here")
     ap.add_argument("--split-wg", action="store_true", help="time the D=256 chunked vs split-warpgroup backward")
     a = ap.parse_args()

@@ -17,6 +17,7 @@
 #   bash bench/h200_round.sh vdo     # V on the first dO barrier: its tests and timing, then gqa_4096
 #   bash bench/h200_round.sh final4  # backward/det/api/window tests, v_with_do timing, gqa_4096
 #   bash bench/h200_round.sh breakdown  # kernel_breakdown.py, then gemma2 at D = 128
+#   bash bench/h200_round.sh headloop  # backward head_loop: tests, then timing vs the per-query-head grid
 #   bash bench/h200_round.sh f16     # FP16 programs: asm/kernel/API tests, accuracy rows, gqa_4096 with f16 rows
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
@@ -88,6 +89,15 @@ elif [ "$phase" = f16 ]; then   # FP16 programs: block bit-exact + kernel tests,
   wait; tarup
   t accuracy 150 python3 bench/accuracy.py --modes softcap,sigmoid --json "$OUT/accuracy_f16.json"; tarup
   t gqa 280 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"; tarup
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = headloop ]; then   # backward head_loop build: its tests, then side-by-side timing (tar after each)
+  tarup() { (cd "$OUT" && tar czf /tmp/round_headloop.tgz --exclude=round_headloop.tgz . && mv /tmp/round_headloop.tgz "$OUT/"); }
+  pt hl_bwd tests/test_attn_bwd_gpu.py -k "head_loop" &
+  pt hl_win tests/test_window_gpu.py -k "head_loop" &
+  pt det tests/test_attn_bwd_deterministic_gpu.py &
+  wait; tarup
+  t hl_time 330 python3 bench/attn_bwd_check.py --skip-check --variants --axes head_loop \
+      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_head_loop.json"; tarup
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = sgrad ]; then   # sigmoid poly backward sigma' rule: tests, timing, accuracy (tar after each step)
   tarup() { (cd "$OUT" && tar czf /tmp/round_sgrad.tgz --exclude=round_sgrad.tgz . && mv /tmp/round_sgrad.tgz "$OUT/"); }

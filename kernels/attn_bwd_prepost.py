@@ -75,6 +75,13 @@ def accumulators(q, k, n_counters: int = 0):
     return views + (buf[nq + 2 * nk:].view(torch.int32),) if n_counters else views
 
 
+def postprocess_dq(dq_acc, scale: float, dtype):
+    """dQ alone (head_loop backward: dK, dV leave the main kernel in dtype)."""
+    dq = torch.empty(dq_acc.shape, dtype=dtype, device=dq_acc.device)
+    torch.mul(dq_acc, scale, out=dq)
+    return dq
+
+
 def postprocess(dq_acc, dk_acc, dv_acc, scale: float, dtype):
     """Scale and cast in one kernel per gradient (was mul then .to: 5 kernels -> 3); the
     product is still formed in FP32 and rounded once to dtype, as before."""

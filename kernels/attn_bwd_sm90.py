@@ -38,6 +38,7 @@ dQ/dK/dV reductions (the FP32 atomics, the staged dQ with bulk reductions of dq_
 the deterministic build's turn protocol) live in kernels/bwd_reduce.py, mixed in here.
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Type
@@ -95,7 +96,7 @@ class BwdTile:
 class AttnBwdSm90(BwdReductions):
     def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile,
                  window: tuple = (False, False), deterministic: bool = False, dq_async: bool = False,
-                 lpt: bool = False, mainloop: int = 2, v_with_do: bool = False):
+                 lpt: bool = False, mainloop: int = 2, v_with_do: bool = False, head_loop: bool = False):
         assert head_dim in (64, 128, 256), "D must be 64, 128 or 256"
         # per query block (docs/NOTES_attn_bwd.md, "Main loop v2"): 2 = LSE / D read into
         # registers while the S / dV GEMMs run, and (dq_async) dQ issued before dK so the dQ
@@ -121,6 +122,11 @@ class AttnBwdSm90(BwdReductions):
         # (lowest n) first, heads fastest; the deterministic build keeps its launch order
         assert not (lpt and deterministic), "lpt: not with deterministic (turn order needs the grid order)"
         self.lpt = lpt
+        # head_loop: one CTA per (key block, KV head) runs the query blocks of all G query heads
+        # of the GQA group in turn, keeping dK/dV in registers throughout, and stores them
+        # scaled and cast (no FP32 dK/dV accumulators, atomics or post pass): module docstring
+        assert not (head_loop and (deterministic or v_with_do)), "head_loop: not with deterministic / v_with_do"
+        self.head_loop = head_loop
         self.dtype = dtype
         self.D = head_dim
         self.is_causal = is_causal
@@ -235,9 +241,10 @@ class AttnBwdSm90(BwdReductions):
         self.bytes_kv = 2 * self.tile_n * self.D * elt
         self.bytes_stat = self.tile_m * 4
         n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
-        grid = (n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]) * self.n_chunks)
+        grid_heads = cute.size((mK if const_expr(self.head_loop) else mQ).shape[2])
+        grid = (n_blocks, grid_heads, cute.size(mQ.shape[3]) * self.n_chunks)
         if const_expr(self.lpt):
-            grid = SectionLptScheduler.grid(n_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]) * self.n_chunks)
+            grid = SectionLptScheduler.grid(n_blocks, grid_heads, cute.size(mQ.shape[3]) * self.n_chunks)
         self.kernel(tQ, tK, tV, tdO, tLSE, tDsum, mdQacc, mdKacc, mdVacc,
                     tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
                     mma_sdp, mma_dkv, mma_dq, scalars + self._window_param(win_left, win_right) + extra,
@@ -266,7 +273,13 @@ class AttnBwdSm90(BwdReductions):
                args, Storage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        if const_expr(self.lpt):
+        if const_expr(self.lpt and self.head_loop):
+            # a CTA per KV head: its section working set is G query heads' Q, dO and dQ
+            h_kv = mK.shape[2]
+            n_block, head, batch = SectionLptScheduler(reverse=False).work_tile(
+                cute.ceil_div(mK.shape[0], self.tile_n), h_kv,
+                section_heads(h_kv, mQ.shape[0] * (mQ.shape[2] // h_kv), self.D * 8, 1))
+        elif const_expr(self.lpt):
             # section working set per query head: Q, dO (16-bit) and the FP32 dQ accumulator
             h_q = mQ.shape[2]
             n_block, head, batch = SectionLptScheduler(reverse=False).work_tile(
@@ -313,7 +326,13 @@ class AttnBwdSm90(BwdReductions):
 
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        head_kv = head // (mQ.shape[2] // mK.shape[2])
+        n_heads = 1   # query heads this CTA runs: head, head + 1, ... (head_loop: the GQA group)
+        if const_expr(self.head_loop):
+            n_heads = mQ.shape[2] // mK.shape[2]
+            head_kv = head
+            head = head_kv * n_heads
+        else:
+            head_kv = head // (mQ.shape[2] // mK.shape[2])
         if const_expr(self.deterministic):
             # args[6]: rank of this query head in its GQA group, from the division above
             # (recomputing it from other shape values costs a second integer division)
@@ -327,7 +346,7 @@ class AttnBwdSm90(BwdReductions):
                           n_block, head, head_kv, batch, m_min, m_max)
             if const_expr(self.dq_async):
                 if warp_idx == 1:
-                    self.reduce_dq(mdQacc, aux_addr, tidx % 32, head, batch, chunk, m_min, m_max, seqlen_q)
+                    self.reduce_dq(mdQacc, aux_addr, tidx % 32, head, batch, chunk, m_min, m_max, seqlen_q, n_heads)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.mma(mma_sdp, mma_dkv, mma_dq, sQ, sK, sV, sdO, sdS, sLSE, sDsum,
@@ -347,6 +366,11 @@ class AttnBwdSm90(BwdReductions):
     def load(self, mQ, mK, mV, mdO, mLSE, mDsum, sQ, sK, sV, sdO, sLSE, sDsum,
              tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum, pipe_q, pipe_do, pipe_kv,
              n_block, head, head_kv, batch, m_min, m_max):
+        if const_expr(self.head_loop):
+            self.load_group(mQ, mK, mV, mdO, mLSE, mDsum, sQ, sK, sV, sdO, sLSE, sDsum, tma_q, tma_k, tma_v,
+                            tma_do, tma_lse, tma_dsum, pipe_q, pipe_do, pipe_kv, n_block, head, head_kv, batch,
+                            m_min, m_max)
+            return
         qd = (self.tile_m, self.D)
         tKs, tKg = self._tma_tiles(tma_k, mK[None, None, head_kv, batch], sK, (self.tile_n, self.D), (n_block, 0))
         tVs, tVg = self._tma_tiles(tma_v, mV[None, None, head_kv, batch], sV, (self.tile_n, self.D), (n_block, 0))
@@ -377,6 +401,45 @@ class AttnBwdSm90(BwdReductions):
                 cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
                 cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
                 state.advance()
+
+    @cute.jit
+    def load_group(self, mQ, mK, mV, mdO, mLSE, mDsum, sQ, sK, sV, sdO, sLSE, sDsum,
+                   tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum, pipe_q, pipe_do, pipe_kv,
+                   n_block, head, head_kv, batch, m_min, m_max):
+        """head_loop producer: K, V once, then Q + LSE and dO + D of query heads head ..
+        head + G - 1 in turn (the MMA warpgroups' order)."""
+        tKs, tKg = self._tma_tiles(tma_k, mK[None, None, head_kv, batch], sK, (self.tile_n, self.D), (n_block, 0))
+        tVs, tVg = self._tma_tiles(tma_v, mV[None, None, head_kv, batch], sV, (self.tile_n, self.D), (n_block, 0))
+        if m_min < m_max:
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipe_kv.producer_acquire(kv_state)
+            bar = pipe_kv.producer_get_barrier(kv_state)
+            cute.copy(tma_k, tKg, tKs, tma_bar_ptr=bar)
+            cute.copy(tma_v, tVg, tVs, tma_bar_ptr=bar)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            for h in cutlass.range(mQ.shape[2] // mK.shape[2], unroll=1):
+                self.load_head(mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
+                               pipe_q, pipe_do, state, head + h, batch, m_min, m_max)
+
+    @cute.jit
+    def load_head(self, mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
+                  pipe_q, pipe_do, state, head, batch, m_min, m_max):
+        """load_group: Q + LSE and dO + D of query head `head`, query blocks [m_min, m_max)."""
+        qd = (self.tile_m, self.D)
+        tQs, tQg = self._tma_tiles(tma_q, mQ[None, None, head, batch], sQ, qd, (None, 0))
+        tOs, tOg = self._tma_tiles(tma_do, mdO[None, None, head, batch], sdO, qd, (None, 0))
+        tLs, tLg = self._tma_tiles(tma_lse, mLSE[None, head, batch], sLSE, (self.tile_m,), (None,))
+        tDs, tDg = self._tma_tiles(tma_dsum, mDsum[None, head, batch], sDsum, (self.tile_m,), (None,))
+        for m_block in cutlass.range(m_min, m_max, unroll=1):
+            pipe_q.producer_acquire(state)
+            bar = pipe_q.producer_get_barrier(state)
+            cute.copy(tma_q, tQg[None, m_block], tQs[None, state.index], tma_bar_ptr=bar)
+            cute.copy(tma_lse, tLg[None, m_block], tLs[None, state.index], tma_bar_ptr=bar)
+            pipe_do.producer_acquire(state)
+            bar = pipe_do.producer_get_barrier(state)
+            cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
+            cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
+            state.advance()
 
     @cute.jit
     def gemm(self, tiled_mma, acc, tA, tB, zero_init):
@@ -439,15 +502,29 @@ class AttnBwdSm90(BwdReductions):
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if m_min < m_max:
             pipe_kv.consumer_wait(kv_state)
-            for m_block in cutlass.range(m_min, m_max, unroll=1):
-                self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
-                                 tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
-                                 sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
-                                 n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args,
-                                 m_block != m_min)
-                state.advance()
-            self.epilogue_dkv(mma_dkv_epi, acc_dK, acc_dV, mdQacc, mdKacc, mdVacc, tidx,
-                              n_block, head, head_kv, batch, chunk, seqlen_q, seqlen_k, args)
+            if const_expr(self.head_loop):
+                nm = m_max - m_min
+                for h in cutlass.range(mdQacc.shape[2] // mdKacc.shape[2], unroll=1):
+                    for m_block in cutlass.range(m_min, m_max, unroll=1):
+                        it = h * nm + (m_block - m_min)   # sdS alternates per iteration, across heads too
+                        self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
+                                         tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
+                                         sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
+                                         n_block, m_block, head + h, batch, chunk, seqlen_q, seqlen_k, args,
+                                         it != 0, it % 2)
+                        state.advance()
+                self.store_dkv(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
+                               chunk, seqlen_k, args[5])
+            else:
+                for m_block in cutlass.range(m_min, m_max, unroll=1):
+                    self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
+                                     tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
+                                     sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
+                                     n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args,
+                                     m_block != m_min)
+                    state.advance()
+                self.epilogue_dkv(mma_dkv_epi, acc_dK, acc_dV, mdQacc, mdKacc, mdVacc, tidx,
+                                  n_block, head, head_kv, batch, chunk, seqlen_q, seqlen_k, args)
 
     @cute.jit
     def d_chunk(self, s: cute.Tensor, chunk) -> cute.Tensor:
@@ -463,9 +540,10 @@ class AttnBwdSm90(BwdReductions):
     def one_m_block(self, mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
                     tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
                     sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
-                    n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args, accumulate):
+                    n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args, accumulate, buf=None):
         idx = state.index
-        buf = m_block % 2
+        if const_expr(buf is None):   # sdS double buffer: alternates per query block
+            buf = m_block % 2
         acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
         acc_dP = cute.make_rmem_tensor(tScS.shape, Float32)
         pipe_q.consumer_wait(state)
@@ -630,6 +708,19 @@ class AttnBwdSm90Det(AttnBwdSm90):
                      win_left, win_right, (mSem,), stream)
 
 
+class AttnBwdSm90HeadLoop(AttnBwdSm90):
+    """head_loop build: grid over KV heads; mdK/mdV are the dtype gradients themselves (not
+    FP32 accumulators) and the entry takes dK's scale (softmax_scale) as args[5]."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                 mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor,
+                 mdV: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32,
+                 win_left: Int32, win_right: Int32, dk_scale: Float32, stream):
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, (arg0, arg1, arg2),
+                     win_left, win_right, (dk_scale,), stream)
+
+
 # -------------------------------------------------------------------- compile cache + torch entry
 @dataclass(frozen=True)
 class BwdKey:
@@ -646,6 +737,7 @@ class BwdKey:
     lpt: bool = False            # SectionLptScheduler CTA order (not with deterministic)
     mainloop: int = 2            # AttnBwdSm90 mainloop order (1 = v1, for side-by-side timing)
     v_with_do: bool = False      # V loaded on the first dO stage's barrier (K, Q, V, dO order)
+    head_loop: bool = False      # CTA per KV head over its GQA group; dK/dV stored directly
 
 
 _CACHE: dict = {}
@@ -671,8 +763,12 @@ def fake_args(key: BwdKey):
     q, k, v, do = (mk(dt, 4, 8) for _ in range(4))      # TMA: strides multiple of 16 bytes
     lse, dsum = mk(Float32, 3, 4), mk(Float32, 3, 4)
     dq, dk, dv = (mk(Float32, 4, 2) for _ in range(3))  # red.v2: 8-byte aligned rows
+    if key.head_loop:   # dK, dV: the dtype gradients (st.global.b32 pairs: 4-byte aligned rows)
+        dk, dv = mk(dt, 4, 2), mk(dt, 4, 2)
     args = (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0), Float32(0.0),
             Int32(0), Int32(0))   # window (left, right) sizes
+    if key.head_loop:
+        args += (Float32(1.0),)   # dK scale
     if key.deterministic:   # turn counters: a view into the zeroed accumulator buffer
         args += (make_fake_tensor(Int32, (cute.sym_int(32),), (1,), assumed_align=16),)
     return args
@@ -683,10 +779,11 @@ def kernel_for(key: BwdKey) -> AttnBwdSm90:
         from .attn_bwd_sm90_splitwg import AttnBwdSm90SplitWG
         cls = AttnBwdSm90SplitWG
     else:
-        cls = AttnBwdSm90Det if key.deterministic else AttnBwdSm90
+        cls = AttnBwdSm90Det if key.deterministic else AttnBwdSm90HeadLoop if key.head_loop else AttnBwdSm90
+    kw = {"head_loop": True} if key.head_loop else {}
     return cls(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile,
                (key.window_left, key.window_right), key.deterministic, key.dq_async, key.lpt,
-               1 if key.tile.split_wg else key.mainloop, key.v_with_do and not key.tile.split_wg)
+               1 if key.tile.split_wg else key.mainloop, key.v_with_do and not key.tile.split_wg, **kw)
 
 
 def compile_bwd(key: BwdKey, options: str = "", tvm_ffi: bool = False):
@@ -709,7 +806,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
              lpt=None, split_wg=None, stages=None, sigmoid_grad=None, mainloop=None, v_with_do=None,
-             program=None):
+             program=None, head_loop=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -733,6 +830,9 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     V_WITH_DO_DEFAULT; a timing knob).
     program: the poly stage's table entry, as the forward stage's (softcap: "softcap_c50_f16"
     selects the FP16 D5 blocks; None: the default program).
+    head_loop: a CTA per (key block, KV head) runs all G query heads of the group and stores
+    dK/dV directly (no FP32 dK/dV accumulators, atomics or post pass; None: HEAD_LOOP_DEFAULT;
+    not with deterministic, v_with_do or the split-warpgroup build).
     """
     import torch
     from . import attn_bwd_prepost
@@ -760,16 +860,27 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
                  (LPT_DEFAULT if lpt is None else bool(lpt)) and not deterministic,
                  MAINLOOP_DEFAULT if mainloop is None else int(mainloop),
                  V_WITH_DO_DEFAULT if v_with_do is None else bool(v_with_do))
+    use_loop = HEAD_LOOP_DEFAULT if head_loop is None else bool(head_loop)
+    if use_loop and not (deterministic or key.v_with_do or tile.split_wg):
+        key = dataclasses.replace(key, head_loop=True)
     from . import launch
     lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128)
-    accs = attn_bwd_prepost.accumulators(q, k, turn_counters(b, s_q, s_k, h_q, k.shape[2], tile, d) if deterministic else 0)
-    dq_acc, dk_acc, dv_acc = accs[:3]
+    if key.head_loop:   # dK, dV come out of the kernel in dtype; only dQ needs an accumulator
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dk_acc, dv_acc = torch.empty_like(k), torch.empty_like(v)
+        extra = (scale,)
+    else:
+        accs = attn_bwd_prepost.accumulators(
+            q, k, turn_counters(b, s_q, s_k, h_q, k.shape[2], tile, d) if deterministic else 0)
+        dq_acc, dk_acc, dv_acc = accs[:3]
+        extra = accs[3:]   # (Int32 turn counters,) in deterministic builds, else ()
     tensors = (q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc)
     scalars = [float(a) for a in stage.host_args(scale, softcap, sigmoid_bias)]
-    counters = accs[3:]   # (Int32 turn counters,) in deterministic builds, else ()
     launch.run(("attn_bwd", key),
-               lambda: compile_bwd(key, tvm_ffi=True)(*tensors, *scalars, *window, *counters),
-               lambda: _launch_dlpack(key, tensors, scalars, window, counters))
+               lambda: compile_bwd(key, tvm_ffi=True)(*tensors, *scalars, *window, *extra),
+               lambda: _launch_dlpack(key, tensors, scalars, window, extra))
+    if key.head_loop:
+        return pp.postprocess_dq(dq_acc, scale, q.dtype), dk_acc, dv_acc
     return pp.postprocess(dq_acc, dk_acc, dv_acc, scale, q.dtype)
 
 
@@ -790,6 +901,8 @@ MAINLOOP_DEFAULT = 2
 # 1.005x, sigmoid/poly 1.008x / 1.076x; gqa_4096 with it on (bb5fae7) vs off (af9c025):
 # 0.811 / 0.793 ms softmax, 0.875 / 0.865 softcap/poly (FA4 0.734 / 0.737).  No consistent gain.
 V_WITH_DO_DEFAULT = False
+# CTA per KV head looping over its GQA group, dK/dV stored directly: off until timed
+HEAD_LOOP_DEFAULT = False
 # D = 256 split-warpgroup build: compile-checked (no spills, 48 HGMMA), not yet run on a GPU
 SPLIT_WG_DEFAULT = False
 
@@ -821,9 +934,10 @@ def turn_counters(b: int, s_q: int, s_k: int, h_q: int, h_kv: int, tile: BwdTile
 
 def _launch_dlpack(key, tensors, scalars, window=(0, 0), counters=()):
     """The original path: from_dlpack + mark_layout_dynamic for 9 tensors per call (10 with
-    the deterministic build's turn counters)."""
+    the deterministic build's turn counters; head_loop builds pass dK's scale here instead)."""
     import torch
     import cuda.bindings.driver as cuda
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     compile_bwd(key)(*(_dl(t) for t in tensors), *[Float32(a) for a in scalars],
-                     *[Int32(w) for w in window], *(_dl(t) for t in counters), stream)
+                     *[Int32(w) for w in window],
+                     *(Float32(t) if isinstance(t, float) else _dl(t) for t in counters), stream)

@@ -82,6 +82,22 @@ def bulk_reduce_add_f32(gaddr: cutlass.Int64, saddr: Int32, nbytes: Int32, *, lo
 
 
 @dsl_user_op
+def cvt_pack_f32x2(lo: Float32, hi: Float32, is_bf16: cutlass.Constexpr[bool], *, loc=None, ip=None) -> Int32:
+    """cvt.rn.{bf16x2,f16x2}.f32: two FP32 rounded to one packed pair (lo in bits 0..15)."""
+    kind = "bf16x2" if is_bf16 else "f16x2"
+    return Int32(llvm.inline_asm(T.i32(), [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip)],
+                                 f"cvt.rn.{kind}.f32 $0, $2, $1;", "=r,f,f", has_side_effects=False,
+                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def st_global_b32(addr: cutlass.Int64, v: Int32, *, loc=None, ip=None):
+    llvm.inline_asm(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip), Int32(v).ir_value(loc=loc, ip=ip)],
+                    "st.global.b32 [$0], $1;", "l,r", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
 def ld_acquire_s32(addr: cutlass.Int64, *, loc=None, ip=None) -> Int32:
     """ld.acquire.gpu: a counter read that orders this thread's later accesses after it."""
     return Int32(llvm.inline_asm(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
@@ -141,28 +157,40 @@ class BwdReductions:
         pipeline.NamedBarrier(barrier_id=DQ_FULL_BARRIER_ID, num_threads=256 + 32).arrive()
 
     @cute.jit
-    def reduce_dq(self, mdQacc, sdQ_addr, lane, head, batch, chunk, m_min, m_max, seqlen_q):
+    def reduce_dq(self, mdQacc, sdQ_addr, lane, head, batch, chunk, m_min, m_max, seqlen_q, n_heads):
         """Warp 1: per query block, one bulk FP32 reduction per staged row (Dc * 4 bytes) into
         the dQ accumulator; rows >= S_q are skipped.  The first EMPTY arrival frees the buffer
-        for the first tile; the last tile's arrival is left out (nobody waits for it)."""
+        for the first tile; the last tile's arrival is left out (nobody waits for it).
+        head_loop builds: query heads head .. head + n_heads - 1 in turn, the MMA order."""
         mX = mdQacc[None, None, head, batch]
         full = pipeline.NamedBarrier(barrier_id=DQ_FULL_BARRIER_ID, num_threads=256 + 32)
         empty = pipeline.NamedBarrier(barrier_id=DQ_EMPTY_BARRIER_ID, num_threads=256 + 32)
         if m_min < m_max:
             empty.arrive()
-            for m_block in cutlass.range(m_min, m_max, unroll=1):
-                full.sync()
-                for i in cutlass.range_constexpr(self.tile_m // 32):
-                    r = lane + 32 * i
-                    row = m_block * self.tile_m + r
-                    if row < seqlen_q:
-                        g = mX.iterator + row * mX.stride[0] + chunk * self.Dc
-                        bulk_reduce_add_f32(g.toint(), sdQ_addr + r * (self.Dc + DQ_ROW_PAD) * 4, Int32(self.Dc * 4))
-                cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-                if m_block < m_max - 1:
-                    empty.arrive()
+            if const_expr(self.head_loop):
+                for h in cutlass.range(n_heads, unroll=1):
+                    self.reduce_dq_head(mdQacc[None, None, head + h, batch], sdQ_addr, lane, chunk, m_min, m_max,
+                                        seqlen_q, full, empty, cutlass.min(n_heads - 1 - h, 1))
+            else:
+                self.reduce_dq_head(mX, sdQ_addr, lane, chunk, m_min, m_max, seqlen_q, full, empty, 0)
             cute.arch.cp_async_bulk_wait_group(0)
+
+    @cute.jit
+    def reduce_dq_head(self, mX, sdQ_addr, lane, chunk, m_min, m_max, seqlen_q, full, empty, more_heads):
+        """reduce_dq's loop over one query head's blocks; more_heads (0 or 1): a later head
+        follows, so the last block's EMPTY arrival is needed too."""
+        for m_block in cutlass.range(m_min, m_max, unroll=1):
+            full.sync()
+            for i in cutlass.range_constexpr(self.tile_m // 32):
+                r = lane + 32 * i
+                row = m_block * self.tile_m + r
+                if row < seqlen_q:
+                    g = mX.iterator + row * mX.stride[0] + chunk * self.Dc
+                    bulk_reduce_add_f32(g.toint(), sdQ_addr + r * (self.Dc + DQ_ROW_PAD) * 4, Int32(self.Dc * 4))
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if m_block < m_max - 1 + more_heads:
+                empty.arrive()
 
     @cute.jit
     def add_dq(self, mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k,
@@ -211,6 +239,38 @@ class BwdReductions:
         self.atomic_tile(mma_dkv, acc_dV, mdVacc[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx, col0)
         if const_expr(self.deterministic):
             self.turn_done(sem, tidx)
+
+    @cute.jit
+    def store_dkv(self, mma_dkv, acc_dK, acc_dV, mdK, mdV, tidx, n_block, head_kv, batch, chunk, seqlen_k,
+                  dk_scale):
+        """head_loop builds: this CTA holds the whole GQA group's sums, so dK (times dk_scale,
+        in FP32, then one rounding, as the post pass does) and dV are stored as dtype."""
+        tile = (self.tile_n, self.Dc)
+        col0 = chunk * self.Dc
+        self.store_tile(mma_dkv, acc_dK, mdK[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx, col0,
+                        dk_scale, True)
+        self.store_tile(mma_dkv, acc_dV, mdV[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx, col0,
+                        dk_scale, False)
+
+    @cute.jit
+    def store_tile(self, tiled_mma, acc, mX, tile, block, seqlen, tidx, col0, scale, scaled: cutlass.Constexpr):
+        """Store a C fragment into rows [block*tile[0], ...) (rows < seqlen), columns
+        [col0, col0 + tile[1]) of the 16-bit mX: one packed pair (st.global.b32) per two columns."""
+        thr = tiled_mma.get_slice(tidx)
+        tXcX = acc_mn_view(thr.partition_C(cute.make_identity_tensor(tile)))
+        acc_mn = acc_mn_view(acc)
+        row0 = block * tile[0]
+        row_stride = mX.stride[0]
+        is_bf16 = const_expr(self.dtype is cutlass.BFloat16)
+        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            row = row0 + tXcX[r, 0][0]
+            if row < seqlen:
+                row_ptr = mX.iterator + row * row_stride + col0
+                for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
+                    lo, hi = acc_mn[r, c], acc_mn[r, c + 1]
+                    if const_expr(scaled):
+                        lo, hi = lo * scale, hi * scale
+                    st_global_b32((row_ptr + tXcX[r, c][1]).toint(), cvt_pack_f32x2(lo, hi, is_bf16))
 
     # ---------------------------------------------------------------- deterministic mode
     @cute.jit

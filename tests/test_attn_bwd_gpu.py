@@ -103,6 +103,32 @@ def test_attn_bwd_v_with_do_matches_fp64_autograd(case):
     _check_vs_fp64(case, v_with_do=True)
 
 
+HEAD_LOOP_CASES = CASES[:9] + [(1, 5000, 5000, 8, 2, 128, True, "softmax"),   # LPT sections of KV heads
+                                (2, 257, 257, 8, 2, 128, True, "softcap", "poly"),
+                                (1, 333, 333, 8, 1, 128, True, "sigmoid", "poly")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", HEAD_LOOP_CASES, ids=str)
+def test_attn_bwd_head_loop_matches_fp64_autograd(case):
+    """head_loop=True: a CTA per (key block, KV head) runs the G query heads of its group and
+    stores dK/dV directly (MHA, GQA 4/8, MQA; D 64/128/256; causal or not; odd S)."""
+    _check_vs_fp64(case, head_loop=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [CASES[1], CASES[5], CASES[8]], ids=str)
+def test_attn_bwd_head_loop_fp16_matches_fp64_autograd(case):
+    """head_loop's direct dK/dV stores in FP16 (cvt.rn.f16x2 pairs)."""
+    _check_vs_fp64(case, dtype=torch.float16, head_loop=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", POLY_CASES, ids=str)
+def test_poly_bwd_head_loop_matches_split_reference(case):
+    test_poly_bwd_matches_split_reference(case, head_loop=True)
+
+
 FP16_CASES = [CASES[1], CASES[3], CASES[5], CASES[6], CASES[8]]   # softmax causal/non-causal, softcap, sigmoid
 
 
@@ -153,7 +179,7 @@ def test_sigmoid_poly_bwd_surrogate_matches_split_reference(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", POLY_CASES, ids=str)
-def test_poly_bwd_matches_split_reference(case, sigmoid_grad=None, program=None):
+def test_poly_bwd_matches_split_reference(case, sigmoid_grad=None, program=None, head_loop=None):
     from flash_attn_poly import testing
     from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
     from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
@@ -169,7 +195,7 @@ def test_poly_bwd_matches_split_reference(case, sigmoid_grad=None, program=None)
     o, lse = attn_fwd(q, k, v, mode=mode, evaluator="poly", causal=causal, softcap=softcap, out=out,
                       stage=stage)
     dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator="poly", causal=causal, softcap=softcap,
-                          sigmoid_grad=sigmoid_grad, program=program)
+                          sigmoid_grad=sigmoid_grad, program=program, head_loop=head_loop)
     torch.cuda.synchronize()
     refs = _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad, program)
     for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):

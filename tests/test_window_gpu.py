@@ -50,7 +50,7 @@ def _rel(got, ref, scale=None):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode,evaluator", MODES, ids=lambda x: str(x))
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_window_fwd_bwd_match_reference(case, mode, evaluator):
+def test_window_fwd_bwd_match_reference(case, mode, evaluator, **bwd_kw):
     from flash_attn_poly import reference, testing
     from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
     from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
@@ -62,7 +62,7 @@ def test_window_fwd_bwd_match_reference(case, mode, evaluator):
     o, lse = attn_fwd(q, k, v, mode=mode, evaluator=evaluator, causal=causal, softcap=softcap,
                       out=out, window_size=win)
     dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator=evaluator, causal=causal,
-                          softcap=softcap, window_size=win)
+                          softcap=softcap, window_size=win, **bwd_kw)
     torch.cuda.synchronize()
     kw = dict(causal=causal, softcap=softcap, window_size=win, score_fn=fn)
     o_ref, lse_ref = reference.attention_ref(q, k, v, mode, **kw)
@@ -78,6 +78,15 @@ def test_window_fwd_bwd_match_reference(case, mode, evaluator):
     for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
         assert torch.isfinite(got).all(), name
         assert _rel(got, ref, scale) < 2e-2, (name, _rel(got, ref, scale))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,evaluator", [("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")],
+                         ids=lambda x: str(x))
+@pytest.mark.parametrize("case", [c for c in CASES if c[4] < c[3]][:6], ids=str)
+def test_window_head_loop(case, mode, evaluator):
+    """The head_loop backward (a CTA per KV head over its GQA group) under sliding windows."""
+    test_window_fwd_bwd_match_reference(case, mode, evaluator, head_loop=True)
 
 
 @pytest.mark.gpu
