@@ -18,6 +18,7 @@
 #   bash bench/h200_round.sh final4  # backward/det/api/window tests, v_with_do timing, gqa_4096
 #   bash bench/h200_round.sh breakdown  # kernel_breakdown.py, then gemma2 at D = 128
 #   bash bench/h200_round.sh headloop  # backward head_loop: tests, then timing vs the per-query-head grid
+#   bash bench/h200_round.sh split   # bench/poly_split.py: BF16/FP16 programs x column split, time + accuracy
 #   bash bench/h200_round.sh f16     # FP16 programs: asm/kernel/API tests, accuracy rows, gqa_4096 with f16 rows
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
 # few files per call); the summary is printed last.
@@ -99,6 +100,8 @@ elif [ "$phase" = headloop ]; then   # backward head_loop build: its tests, then
   t hl_time 330 python3 bench/attn_bwd_check.py --skip-check --variants --axes head_loop \
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_head_loop.json"; tarup
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = split ]; then   # program x poly split: fwd/bwd time and accuracy (bench/poly_split.py)
+  t split 540 python3 bench/poly_split.py --json "$OUT/poly_split.json"
 elif [ "$phase" = sgrad ]; then   # sigmoid poly backward sigma' rule: tests, timing, accuracy (tar after each step)
   tarup() { (cd "$OUT" && tar czf /tmp/round_sgrad.tgz --exclude=round_sgrad.tgz . && mv /tmp/round_sgrad.tgz "$OUT/"); }
   pt sg_bwd tests/test_attn_bwd_gpu.py -k "split_reference and sigmoid"; tarup

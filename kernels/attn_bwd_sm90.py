@@ -806,7 +806,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
              lpt=None, split_wg=None, stages=None, sigmoid_grad=None, mainloop=None, v_with_do=None,
-             program=None, head_loop=None):
+             program=None, head_loop=None, poly_split=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -830,6 +830,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     V_WITH_DO_DEFAULT; a timing knob).
     program: the poly stage's table entry, as the forward stage's (softcap: "softcap_c50_f16"
     selects the FP16 D5 blocks; None: the default program).
+    poly_split: the poly side's (j, k) column split, as the forward stage's (None: the mode's
+    score_stages.DEFAULT_POLY_SPLIT); must match the forward's for the same P.
     head_loop: a CTA per (key block, KV head) runs all G query heads of the group and stores
     dK/dV directly (no FP32 dK/dV accumulators, atomics or post pass; None: HEAD_LOOP_DEFAULT;
     not with deterministic, v_with_do or the split-warpgroup build).
@@ -843,7 +845,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     s_k = k.shape[1]
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
     stage = bwd_side(mode, evaluator, sigmoid_grad=sigmoid_grad if mode == "sigmoid" else None,
-                     program=program)
+                     program=program, poly_split=None if evaluator != "poly" else poly_split)
     if mode == "sigmoid" and sigmoid_bias is None:
         sigmoid_bias = -math.log(s_k)
     if mode == "softcap" and not softcap:

@@ -1,0 +1,139 @@
+"""Polynomial program x column split side by side: forward/backward time and accuracy.
+
+    python bench/poly_split.py --json bench/results/poly_split.json     # on the H200
+
+A poly stage sends key column group g (8 keys) through the packed block when g % k < j and
+through MUFU otherwise (score_stages, "Poly split"); the backward recomputes the same P.
+For each (mode, program, split) and the native evaluator:
+  * time: forward (attn_fwd) and backward (attn_bwd, forward excluded) at the gqa_4096 shape
+    (B=1 S=4096 H_q=32 H_kv=8 D=128 causal BF16, softcap 50) under bench/protocol.py, every
+    row of a direction side by side in one alternating run;
+  * accuracy: rel L2 of O, dQ, dK, dV against the FP64 exact-function reference at
+    bench/accuracy.py's shape (B=1 S=4096 H_q=8 H_kv=2) and spreads (softcap 3.5 / 4.5:
+    scaled-score std ~12 / ~20; sigmoid 1.3 / 1.7), and the ratio to the native row's.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import protocol  # noqa: E402
+
+CONFIGS = [  # (mode, program or "" for native, split)
+    ("softcap", "", None),
+    ("softcap", "softcap_c50", (1, 2)), ("softcap", "softcap_c50", (1, 4)),
+    ("softcap", "softcap_c50_f16", (1, 2)), ("softcap", "softcap_c50_f16", (1, 4)),
+    ("softcap", "softcap_c50_f16", (1, 8)),
+    ("sigmoid", "", None),
+    ("sigmoid", "sigmoid_attn_n4096", (1, 4)), ("sigmoid", "sigmoid_attn_n4096", (1, 8)),
+    ("sigmoid", "sigmoid_attn_n4096_f16", (1, 4)), ("sigmoid", "sigmoid_attn_n4096_f16", (1, 8)),
+]
+SPREADS = {"softcap": (3.5, 4.5), "sigmoid": (1.3, 1.7)}
+
+
+def _name(mode, prog, split):
+    return f"{mode}/native" if not prog else f"{mode}/{prog} {split[0]}/{split[1]}"
+
+
+def _calls(mode, prog, split, q, k, v, do):
+    """(forward, backward) callables of one config on fixed inputs."""
+    from flash_attn_poly.kernels import score_stages as S
+    from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
+    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
+    ev = "poly" if prog else "native"
+    sc = 50.0 if mode == "softcap" else None
+    stage = S.make_stage(mode, ev, program=prog, poly_split=split) if prog else None
+    fwd = lambda: attn_fwd(q, k, v, mode=mode, evaluator=ev, causal=True, softcap=sc, stage=stage)
+    o, lse = fwd()
+    kw = dict(program=prog, poly_split=split) if prog else {}
+    bwd = lambda: attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator=ev, causal=True, softcap=sc, **kw)
+    return fwd, bwd
+
+
+def accuracy(mode, prog, split, spread, shape):
+    import torch
+    from flash_attn_poly.reference import attention_ref, attention_ref_backward
+    from flash_attn_poly.testing import rel_l2_err
+    b, s, hq, hkv, d = shape
+    g = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{mode} {spread}".encode()))
+    mk = lambda h, a: (torch.randn(b, s, h, d, device="cuda", generator=g) * a).to(torch.bfloat16)
+    q, k, v, do = mk(hq, spread), mk(hkv, spread), mk(hkv, 1.0), mk(hq, 1.0)
+    fwd, bwd = _calls(mode, prog, split, q, k, v, do)
+    out = fwd()[0]
+    grads = bwd()
+    kw = {"softcap": 50.0} if mode == "softcap" else {}
+    ref, _ = attention_ref(q, k, v, mode, causal=True, **kw)
+    ref_g = attention_ref_backward(do, q, k, v, mode, causal=True, **kw)
+    errs = {"O": rel_l2_err(out, ref)}
+    errs.update({n: rel_l2_err(x, r) for n, x, r in zip(("dQ", "dK", "dV"), grads, ref_g)})
+    return errs
+
+
+def run(args) -> dict:
+    import torch
+    b, s, hq, hkv, d = 1, 4096, 32, 8, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda h: torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    q, k, v, do = mk(hq), mk(hkv), mk(hkv), mk(hq)
+    configs = [c for c in CONFIGS if c[0] in args.modes.split(",")]
+    calls = {_name(*c): _calls(*c, q, k, v, do) for c in configs}
+    timing = protocol.Timing(args.warmup, args.rounds, args.iters)
+    fwd = protocol.time_alternating({n: f for n, (f, _) in calls.items()}, timing)
+    bwd = protocol.time_alternating({n: bw for n, (_, bw) in calls.items()}, timing)
+    rows = []
+    for c in configs:
+        n = _name(*c)
+        row = {"config": n, "mode": c[0], "program": c[1], "split": None if c[2] is None else f"{c[2][0]}/{c[2][1]}",
+               "fwd_ms": fwd[n], "bwd_ms": bwd[n]}
+        for sp in SPREADS[c[0]]:
+            e = accuracy(*c, sp, (1, 4096, 8, 2, 128))
+            row.update({f"{x}@{sp}": e[x] for x in e})
+            torch.cuda.empty_cache()
+        rows.append(row)
+        print(n, {k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+    native = {r["mode"]: r for r in rows if not r["program"]}
+    for r in rows:
+        nat = native[r["mode"]]
+        for sp in SPREADS[r["mode"]]:
+            r[f"/native@{sp}"] = " / ".join(f"{r[f'{x}@{sp}'] / nat[f'{x}@{sp}']:.2f}" for x in ("O", "dQ", "dK", "dV"))
+    hdr = protocol.header(timing)
+    hdr["protocol"] = ("time: " + hdr["protocol"] + "; forward and backward each one alternating run, B=1 S=4096 "
+                       "H_q=32 H_kv=8 D=128 causal BF16; accuracy: one call per spread, B=1 S=4096 H_q=8 H_kv=2, "
+                       "rel L2 vs FP64 exact-function reference")
+    return {**hdr, "rows": rows}
+
+
+def markdown(res) -> str:
+    cols = ["config", "fwd_ms", "bwd_ms"] + [c for c in res["rows"][0] if c.startswith("/native@")]
+    sig = [r for r in res["rows"] if r["mode"] == "sigmoid"]
+    lines = [f"# Poly program x split ({res['device']}, {res['date']}, commit {res['commit']})", "",
+             f"Protocol: {res['protocol']}.", "", protocol.doc_body(__doc__), "",
+             "`/native@s`: O / dQ / dK / dV error of the row divided by the native row's, at spread s.", "",
+             protocol.markdown_table([r for r in res["rows"] if r["mode"] == "softcap"], cols)]
+    if sig:
+        cols = ["config", "fwd_ms", "bwd_ms"] + [c for c in sig[0] if c.startswith("/native@")]
+        lines += ["", protocol.markdown_table(sig, cols)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--modes", default="softcap,sigmoid")
+    p.add_argument("--warmup", type=int, default=25)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    res = run(args)
+    md = markdown(res)
+    if args.json:
+        protocol.write_results(args.json, res, md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
