@@ -18,6 +18,7 @@
 #   bash bench/h200_round.sh final4  # backward/det/api/window tests, v_with_do timing, gqa_4096
 #   bash bench/h200_round.sh breakdown  # kernel_breakdown.py, then gemma2 at D = 128
 #   bash bench/h200_round.sh headloop  # backward head_loop: tests, then timing vs the per-query-head grid
+#   bash bench/h200_round.sh hl2     # head_loop tests + timing, then bench/poly_split.py
 #   bash bench/h200_round.sh split   # bench/poly_split.py: BF16/FP16 programs x column split, time + accuracy
 #   bash bench/h200_round.sh f16     # FP16 programs: asm/kernel/API tests, accuracy rows, gqa_4096 with f16 rows
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
@@ -99,6 +100,15 @@ elif [ "$phase" = headloop ]; then   # backward head_loop build: its tests, then
   wait; tarup
   t hl_time 330 python3 bench/attn_bwd_check.py --skip-check --variants --axes head_loop \
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_head_loop.json"; tarup
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = hl2 ]; then   # head_loop (flat loop) tests + timing, then bench/poly_split.py (tar after each)
+  tarup() { (cd "$OUT" && tar czf /tmp/round_hl2.tgz --exclude=round_hl2.tgz . && mv /tmp/round_hl2.tgz "$OUT/"); }
+  pt hl_bwd tests/test_attn_bwd_gpu.py -k "head_loop" &
+  pt hl_win tests/test_window_gpu.py -k "head_loop" &
+  wait; tarup
+  t hl_time 150 python3 bench/attn_bwd_check.py --skip-check --variants --axes head_loop \
+      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_head_loop.json"; tarup
+  t split 330 python3 bench/poly_split.py --json "$OUT/poly_split.json"; tarup
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = split ]; then   # program x poly split: fwd/bwd time and accuracy (bench/poly_split.py)
   t split 540 python3 bench/poly_split.py --json "$OUT/poly_split.json"

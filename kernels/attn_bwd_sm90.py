@@ -417,29 +417,33 @@ class AttnBwdSm90(BwdReductions):
             cute.copy(tma_k, tKg, tKs, tma_bar_ptr=bar)
             cute.copy(tma_v, tVg, tVs, tma_bar_ptr=bar)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            for h in cutlass.range(mQ.shape[2] // mK.shape[2], unroll=1):
-                self.load_head(mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
-                               pipe_q, pipe_do, state, head + h, batch, m_min, m_max)
+            nm = m_max - m_min
+            # one flat loop over (head, query block): a pipeline state advanced inside a nested
+            # loop (or a callee) is not carried across the outer loop (GPU: launch failure)
+            for it in cutlass.range(nm * (mQ.shape[2] // mK.shape[2]), unroll=1):
+                h = it // nm
+                self.load_block(mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
+                                pipe_q, pipe_do, state, head + h, batch, m_min + (it - h * nm))
+                state.advance()
 
     @cute.jit
-    def load_head(self, mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
-                  pipe_q, pipe_do, state, head, batch, m_min, m_max):
-        """load_group: Q + LSE and dO + D of query head `head`, query blocks [m_min, m_max)."""
+    def load_block(self, mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
+                   pipe_q, pipe_do, state, head, batch, m_block):
+        """load_group: Q + LSE and dO + D of query head `head`, query block m_block, into stage
+        state.index (the caller advances the state)."""
         qd = (self.tile_m, self.D)
         tQs, tQg = self._tma_tiles(tma_q, mQ[None, None, head, batch], sQ, qd, (None, 0))
         tOs, tOg = self._tma_tiles(tma_do, mdO[None, None, head, batch], sdO, qd, (None, 0))
         tLs, tLg = self._tma_tiles(tma_lse, mLSE[None, head, batch], sLSE, (self.tile_m,), (None,))
         tDs, tDg = self._tma_tiles(tma_dsum, mDsum[None, head, batch], sDsum, (self.tile_m,), (None,))
-        for m_block in cutlass.range(m_min, m_max, unroll=1):
-            pipe_q.producer_acquire(state)
-            bar = pipe_q.producer_get_barrier(state)
-            cute.copy(tma_q, tQg[None, m_block], tQs[None, state.index], tma_bar_ptr=bar)
-            cute.copy(tma_lse, tLg[None, m_block], tLs[None, state.index], tma_bar_ptr=bar)
-            pipe_do.producer_acquire(state)
-            bar = pipe_do.producer_get_barrier(state)
-            cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
-            cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
-            state.advance()
+        pipe_q.producer_acquire(state)
+        bar = pipe_q.producer_get_barrier(state)
+        cute.copy(tma_q, tQg[None, m_block], tQs[None, state.index], tma_bar_ptr=bar)
+        cute.copy(tma_lse, tLg[None, m_block], tLs[None, state.index], tma_bar_ptr=bar)
+        pipe_do.producer_acquire(state)
+        bar = pipe_do.producer_get_barrier(state)
+        cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
+        cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
 
     @cute.jit
     def gemm(self, tiled_mma, acc, tA, tB, zero_init):
@@ -504,15 +508,16 @@ class AttnBwdSm90(BwdReductions):
             pipe_kv.consumer_wait(kv_state)
             if const_expr(self.head_loop):
                 nm = m_max - m_min
-                for h in cutlass.range(mdQacc.shape[2] // mdKacc.shape[2], unroll=1):
-                    for m_block in cutlass.range(m_min, m_max, unroll=1):
-                        it = h * nm + (m_block - m_min)   # sdS alternates per iteration, across heads too
-                        self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
-                                         tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
-                                         sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
-                                         n_block, m_block, head + h, batch, chunk, seqlen_q, seqlen_k, args,
-                                         it != 0, it % 2)
-                        state.advance()
+                # one flat loop over (head, query block), as the producer's (load_group)
+                for it in cutlass.range(nm * (mdQacc.shape[2] // mdKacc.shape[2]), unroll=1):
+                    h = it // nm
+                    # sdS alternates per iteration, across heads too
+                    self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
+                                     tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
+                                     sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
+                                     n_block, m_min + (it - h * nm), head + h, batch, chunk, seqlen_q, seqlen_k,
+                                     args, it != 0, it % 2)
+                    state.advance()
                 self.store_dkv(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
                                chunk, seqlen_k, args[5])
             else:

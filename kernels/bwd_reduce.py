@@ -168,29 +168,38 @@ class BwdReductions:
         if m_min < m_max:
             empty.arrive()
             if const_expr(self.head_loop):
-                for h in cutlass.range(n_heads, unroll=1):
-                    self.reduce_dq_head(mdQacc[None, None, head + h, batch], sdQ_addr, lane, chunk, m_min, m_max,
-                                        seqlen_q, full, empty, cutlass.min(n_heads - 1 - h, 1))
+                nm = m_max - m_min   # one flat loop over (head, query block), the MMA order
+                for it in cutlass.range(nm * n_heads, unroll=1):
+                    h = it // nm
+                    self.reduce_dq_block(mdQacc[None, None, head + h, batch], sdQ_addr, lane, chunk,
+                                         m_min + (it - h * nm), seqlen_q, full)
+                    if it < nm * n_heads - 1:
+                        empty.arrive()
             else:
-                self.reduce_dq_head(mX, sdQ_addr, lane, chunk, m_min, m_max, seqlen_q, full, empty, 0)
+                self.reduce_dq_head(mX, sdQ_addr, lane, chunk, m_min, m_max, seqlen_q, full, empty)
             cute.arch.cp_async_bulk_wait_group(0)
 
     @cute.jit
-    def reduce_dq_head(self, mX, sdQ_addr, lane, chunk, m_min, m_max, seqlen_q, full, empty, more_heads):
-        """reduce_dq's loop over one query head's blocks; more_heads (0 or 1): a later head
-        follows, so the last block's EMPTY arrival is needed too."""
+    def reduce_dq_head(self, mX, sdQ_addr, lane, chunk, m_min, m_max, seqlen_q, full, empty):
+        """reduce_dq's loop over one query head's blocks (the last block's EMPTY arrival is
+        left out: nobody waits for it)."""
         for m_block in cutlass.range(m_min, m_max, unroll=1):
-            full.sync()
-            for i in cutlass.range_constexpr(self.tile_m // 32):
-                r = lane + 32 * i
-                row = m_block * self.tile_m + r
-                if row < seqlen_q:
-                    g = mX.iterator + row * mX.stride[0] + chunk * self.Dc
-                    bulk_reduce_add_f32(g.toint(), sdQ_addr + r * (self.Dc + DQ_ROW_PAD) * 4, Int32(self.Dc * 4))
-            cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-            if m_block < m_max - 1 + more_heads:
+            self.reduce_dq_block(mX, sdQ_addr, lane, chunk, m_block, seqlen_q, full)
+            if m_block < m_max - 1:
                 empty.arrive()
+
+    @cute.jit
+    def reduce_dq_block(self, mX, sdQ_addr, lane, chunk, m_block, seqlen_q, full):
+        """Wait for the staged tile of m_block, issue its row reductions, wait until read."""
+        full.sync()
+        for i in cutlass.range_constexpr(self.tile_m // 32):
+            r = lane + 32 * i
+            row = m_block * self.tile_m + r
+            if row < seqlen_q:
+                g = mX.iterator + row * mX.stride[0] + chunk * self.Dc
+                bulk_reduce_add_f32(g.toint(), sdQ_addr + r * (self.Dc + DQ_ROW_PAD) * 4, Int32(self.Dc * 4))
+        cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def add_dq(self, mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k,
