@@ -15,9 +15,9 @@ SCORES_D128 = 128 * 64 // 256
 
 
 def _sass(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split=None, window=False,
-          deterministic=False, families=None, dq_async=False, lpt=False):
+          deterministic=False, families=None, dq_async=False, lpt=False, head_loop=False):
     key = K.BwdKey(dtype, d, causal, bwd_side(mode, evaluator, poly_split), K.BwdTile.for_head_dim(d),
-                   window, window, deterministic, dq_async, lpt)
+                   window, window, deterministic, dq_async, lpt, head_loop=head_loop)
     if key not in _SASS:
         c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
         _SASS[key] = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS))
@@ -28,7 +28,9 @@ def _sass(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split
 TURN_OPS = {"LDG.STRONG.GPU": r"LDG\.E\.STRONG\.GPU", "MEMBAR.GPU": r"MEMBAR\.ALL\.GPU",
             "RED.S32": r"REDG?\.E\.ADD\.S32(\..*)?",
             # dQ paths: red.global.add.v2.f32 from the MMA threads, or bulk reductions (dq_async)
-            "RED.F32": r"REDG?\.E\.ADD\.F32.*", "UBLKRED": r"UBLKRED.*", "STS.64": r"STS\.64"}
+            "RED.F32": r"REDG?\.E\.ADD\.F32.*", "UBLKRED": r"UBLKRED.*", "STS.64": r"STS\.64",
+            # head_loop: dK / dV stored as packed 16-bit pairs
+            "STG.32": r"STG\.E"}
 
 
 # ------------------------------------------------------------------------------ CPU
@@ -333,3 +335,23 @@ def test_sigmoid_f16_program_bwd_builds_without_spills():
 def test_sigmoid_f16_program_refuses_surrogate():
     with pytest.raises(ValueError, match="grad_rule='product'"):
         bwd_side("sigmoid", "poly", sigmoid_grad="surrogate", program="sigmoid_attn_n4096_f16")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator,d,dq_async", [
+    ("softmax", "native", 128, True), ("softcap", "poly", 128, True), ("sigmoid", "poly", 128, True),
+    ("softcap", "native", 256, False), ("softmax", "native", 128, False)])
+def test_head_loop_bwd_stores_dkv_without_atomics(mode, evaluator, d, dq_async):
+    """head_loop: dK and dV leave as 32 + 32 packed-pair stores per thread (a CTA's 128 keys x
+    128 columns, D = 256 one 128-column chunk per CTA) instead of 64 red.global.add.v2.f32;
+    the dQ path, HGMMA and MUFU counts are the per-query-head build's; no spills."""
+    c = _sass(mode, evaluator, d, dq_async=dq_async, lpt=True, head_loop=True)
+    base = _sass(mode, evaluator, d, dq_async=dq_async, lpt=True)
+    assert c["HGMMA"] == base["HGMMA"] > 0
+    assert c.get("STL", 0) == 0, c
+    assert c["STG.32"] == 64 and base.get("STG.32", 0) == 0
+    # dK + dV: 64 red.v2 per thread leave the build; dQ's path is unchanged
+    assert base.get("RED.F32", 0) - c.get("RED.F32", 0) == 64
+    assert c.get("UBLKRED", 0) == base.get("UBLKRED", 0)
+    for fam in ("MUFU.EX2", "MUFU.TANH"):
+        assert c.get(fam, 0) == base.get(fam, 0), fam
