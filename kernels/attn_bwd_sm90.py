@@ -34,6 +34,14 @@ accumulators.  The cost is recomputing S and dP once more per key block (7 GEMMs
 tile x 128 columns instead of 5 x 2 at D = 256, i.e. 1.4x the minimum), and one Q/dO stage
 (full-D Q, dO, K, V and dS take 225 KB of the 227 KB of shared memory).
 
+head_loop build (BwdKey.head_loop, AttnBwdSm90HeadLoop).  The grid runs over KV heads: a
+CTA owns (key block, KV head, batch) and runs the query blocks of its G = H_q / H_kv query
+heads one after another in one flat (head, query block) loop (producer, MMA and dQ-reduce
+warps alike), so dK and dV stay in registers across the whole group and are stored once,
+times softmax_scale for dK and cast, with plain 32-bit stores: no FP32 dK/dV accumulators,
+no zeroing or post pass for them, no atomics.  The grid is G times smaller; with LPT order
+the causal staircase still packs (docs/NOTES_attn_bwd.md, "head_loop").
+
 dQ/dK/dV reductions (the FP32 atomics, the staged dQ with bulk reductions of dq_async, and
 the deterministic build's turn protocol) live in kernels/bwd_reduce.py, mixed in here.
 """
@@ -274,11 +282,12 @@ class AttnBwdSm90(BwdReductions):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if const_expr(self.lpt and self.head_loop):
-            # a CTA per KV head: its section working set is G query heads' Q, dO and dQ
+            # a CTA per KV head runs G times longer: one section (plain longest-first over all
+            # KV heads), since L2-sized sections of 2 KV heads started long CTAs late (H200,
+            # round_hl2_3779e11: 1.29x the per-query-head grid's time at the anchor shape)
             h_kv = mK.shape[2]
             n_block, head, batch = SectionLptScheduler(reverse=False).work_tile(
-                cute.ceil_div(mK.shape[0], self.tile_n), h_kv,
-                section_heads(h_kv, mQ.shape[0] * (mQ.shape[2] // h_kv), self.D * 8, 1))
+                cute.ceil_div(mK.shape[0], self.tile_n), h_kv, h_kv)
         elif const_expr(self.lpt):
             # section working set per query head: Q, dO (16-bit) and the FP32 dQ accumulator
             h_q = mQ.shape[2]
