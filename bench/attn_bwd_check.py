@@ -206,7 +206,8 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
                 add(f"ours {mode} {'lpt' if lpt else 'single-tile'}", anchor, mode, flops, lpt=lpt)
         if "sigmoid_grad" in axes and mode == "sigmoid":   # sigma' rule of the poly block columns
             for rule in ("surrogate", "product"):
-                add(f"ours sigmoid/poly grad={rule}", anchor, mode, flops, evaluator="poly", sigmoid_grad=rule)
+                add(f"ours sigmoid/poly grad={rule}", anchor, mode, flops, evaluator="poly", sigmoid_grad=rule,
+                    program="sigmoid_attn_n4096")   # the surrogate exists for the BF16 D3 block only
         if "mainloop" in axes:   # per-query-block order v1 | v2, every evaluator of the mode
             for ev in (("native",) if mode == "softmax" else ("native", "poly")):
                 for ml in (1, 2):
@@ -260,7 +261,8 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
                    else ("dq_async", (False, True)))
         if key == "sigmoid_grad" and mode != "sigmoid":
             continue
-        ev = {"evaluator": "poly"} if key == "sigmoid_grad" or (key in ("mainloop", "v_with_do", "head_loop") and mode != "softmax") else {}
+        ev = {"evaluator": "poly", "program": "sigmoid_attn_n4096"} if key == "sigmoid_grad" else \
+            {"evaluator": "poly"} if (key in ("mainloop", "v_with_do", "head_loop") and mode != "softmax") else {}
         ga, gb = (attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, **{key: x}, **ev) for x in xs)
         rel = max(((x.double() - y.double()).norm() / y.double().norm()).item() for x, y in zip(ga, gb))
         print(f"{mode}: {key} off vs on, max rel L2 over dq/dk/dv {rel:.2e}")

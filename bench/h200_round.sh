@@ -19,6 +19,8 @@
 #   bash bench/h200_round.sh breakdown  # kernel_breakdown.py, then gemma2 at D = 128
 #   bash bench/h200_round.sh headloop  # backward head_loop: tests, then timing vs the per-query-head grid
 #   bash bench/h200_round.sh hl2     # head_loop tests + timing, then bench/poly_split.py
+#   bash bench/h200_round.sh final5  # FP16 poly defaults + head_loop_auto: all GPU tests, gqa_4096
+#   bash bench/h200_round.sh final6  # accuracy.py and gemma2.py D = 256 under those defaults
 #   bash bench/h200_round.sh split   # bench/poly_split.py: BF16/FP16 programs x column split, time + accuracy
 #   bash bench/h200_round.sh f16     # FP16 programs: asm/kernel/API tests, accuracy rows, gqa_4096 with f16 rows
 # Logs, JSON and Markdown travel back in $OUT/round_<phase>.tgz (the device tool returns only a
@@ -114,6 +116,26 @@ elif [ "$phase" = hl3 ]; then   # head_loop with one LPT section: a few tests, t
   pt hl_bwd tests/test_attn_bwd_gpu.py -k "head_loop_matches and 5000"
   t hl_time 200 python3 bench/attn_bwd_check.py --skip-check --variants --axes head_loop \
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_head_loop.json"
+elif [ "$phase" = final5 ]; then   # FP16 poly defaults + head_loop_auto: every GPU test file, then gqa_4096
+  tarup() { (cd "$OUT" && tar czf /tmp/round_final5.tgz --exclude=round_final5.tgz . && mv /tmp/round_final5.tgz "$OUT/"); }
+  pt fwd tests/test_attn_fwd_gpu.py &
+  pt api tests/test_api_gpu.py &
+  pt win_a tests/test_window_gpu.py -k "softmax or softcap-native" &
+  pt win_b tests/test_window_gpu.py -k "not softmax and not softcap-native" &
+  pt bwd tests/test_attn_bwd_gpu.py &
+  pt det tests/test_attn_bwd_deterministic_gpu.py &
+  pt prepost tests/test_attn_bwd_prepost_gpu.py &
+  pt compile tests/test_compile_gpu.py &
+  pt hf tests/test_transformers_gpu.py &
+  pt elem tests/test_elementwise_gpu.py tests/test_asm_gpu.py &
+  wait; tarup
+  t gqa 240 python3 bench/gqa_4096.py --json "$OUT/gqa_4096.json"; tarup
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = final6 ]; then   # accuracy (every mode, both programs) and the Gemma-2 D = 256 table
+  tarup() { (cd "$OUT" && tar czf /tmp/round_final6.tgz --exclude=round_final6.tgz . && mv /tmp/round_final6.tgz "$OUT/"); }
+  t accuracy 150 python3 bench/accuracy.py --json "$OUT/accuracy.json"; tarup
+  t gemma2_d256 240 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = split ]; then   # program x poly split: fwd/bwd time and accuracy (bench/poly_split.py)
   t split 540 python3 bench/poly_split.py --json "$OUT/poly_split.json"
 elif [ "$phase" = sgrad ]; then   # sigmoid poly backward sigma' rule: tests, timing, accuracy (tar after each step)

@@ -160,12 +160,13 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
 
     mode: "softmax" | "softcap" (Gemma-2: logits = softcap * tanh(logits / softcap)) |
     "sigmoid" (O_i = sum_j sigmoid(scale * q_i.k_j + sigmoid_bias) v_j, bias default -ln S_k).
-    evaluator: "poly" runs the packed-BF16 polynomial program, "native" the MUFU instruction.
+    evaluator: "poly" runs a packed 16-bit polynomial program on part of the key columns
+    (the rest on MUFU; kernels/score_stages.DEFAULT_POLY_SPLIT), "native" the MUFU instruction.
     program: with evaluator="poly", the coefficient-table entry to run (None: the default,
-    "softcap_c50" / "sigmoid_attn_n4096", packed BF16).  The FP16 programs "softcap_c50_f16"
-    (D5) and "sigmoid_attn_n4096_f16" (D4) evaluate in packed FP16: more accurate at wide
-    score spreads (bench/results/accuracy*.md), timed side by side in gqa_4096.md.  The
-    reference backend always computes the exact functions and ignores it.
+    packed-FP16 "softcap_c50_f16" (D5) / "sigmoid_attn_n4096_f16" (D4); the seed's packed-BF16
+    programs are "softcap_c50" (D4) and "sigmoid_attn_n4096" (D3): a little faster, several
+    times less accurate at wide score spreads, bench/results/poly_split.md).  The reference
+    backend always computes the exact functions and ignores it.
     backend: "auto" (CUDA kernels on sm_90, else the torch reference with a warning),
     "cuda", or "reference" (exact functions in FP32 torch; slow, any device).
     return_lse: also return the FP32 natural-log LSE (B, H_q, S_q) (softmax modes only).

@@ -47,6 +47,7 @@ the deterministic build's turn protocol) live in kernels/bwd_reduce.py, mixed in
 """
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Type
@@ -847,7 +848,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     poly_split: the poly side's (j, k) column split, as the forward stage's (None: the mode's
     score_stages.DEFAULT_POLY_SPLIT); must match the forward's for the same P.
     head_loop: a CTA per (key block, KV head) runs all G query heads of the group and stores
-    dK/dV directly (no FP32 dK/dV accumulators, atomics or post pass; None: HEAD_LOOP_DEFAULT;
+    dK/dV directly (no FP32 dK/dV accumulators, atomics or post pass; None: head_loop_auto;
     not with deterministic, v_with_do or the split-warpgroup build).
     """
     import torch
@@ -876,7 +877,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
                  (LPT_DEFAULT if lpt is None else bool(lpt)) and not deterministic,
                  MAINLOOP_DEFAULT if mainloop is None else int(mainloop),
                  V_WITH_DO_DEFAULT if v_with_do is None else bool(v_with_do))
-    use_loop = HEAD_LOOP_DEFAULT if head_loop is None else bool(head_loop)
+    use_loop = head_loop_auto(b, h_q, k.shape[2], s_k, tile, d, q.device) if head_loop is None else bool(head_loop)
     if use_loop and not (deterministic or key.v_with_do or tile.split_wg):
         key = dataclasses.replace(key, head_loop=True)
     from . import launch
@@ -917,8 +918,27 @@ MAINLOOP_DEFAULT = 2
 # 1.005x, sigmoid/poly 1.008x / 1.076x; gqa_4096 with it on (bb5fae7) vs off (af9c025):
 # 0.811 / 0.793 ms softmax, 0.875 / 0.865 softcap/poly (FA4 0.734 / 0.737).  No consistent gain.
 V_WITH_DO_DEFAULT = False
-# CTA per KV head looping over its GQA group, dK/dV stored directly: off until timed
-HEAD_LOOP_DEFAULT = False
+# head_loop (a CTA per KV head over its GQA group, dK/dV stored directly) where its grid still
+# fills the GPU.  H200, 076ca7a (bench/results/attn_bwd_head_loop.md), backward ms off -> on:
+# anchor B=1 S=4096 H 32/8 D=128 (256 CTAs, 1.9 per SM): softmax 0.823 -> 0.793, softcap/poly
+# 0.931 -> 0.900, sigmoid/poly 0.875 -> 0.802; Gemma-2 D=256 S=8192 H 8/4 (512 CTAs): softcap
+# 2.46 -> 2.32 native, 2.35 -> 2.30 poly; S=1024 (64 CTAs, 0.5 per SM): 0.163 -> 0.254.
+HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
+
+
+def head_loop_auto(b: int, h_q: int, h_kv: int, s_k: int, tile: BwdTile, d: int, device) -> bool:
+    """head_loop's default: MHA always (same grid, direct stores); GQA when the KV-head grid
+    has at least HEAD_LOOP_MIN_CTAS_PER_SM CTAs per SM."""
+    if h_q == h_kv:
+        return True
+    ctas = -(-s_k // tile.tile_n) * h_kv * b * max(1, d // 128)
+    return ctas >= HEAD_LOOP_MIN_CTAS_PER_SM * _sm_count(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device) -> int:
+    import torch
+    return torch.cuda.get_device_properties(device).multi_processor_count
 # D = 256 split-warpgroup build: compile-checked (no spills, 48 HGMMA), not yet run on a GPU
 SPLIT_WG_DEFAULT = False
 

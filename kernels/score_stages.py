@@ -98,18 +98,25 @@ def unpack_f16x2(p: Int32, *, loc=None, ip=None):
     return lo, hi
 
 
-# softcap residual programs of the table with their blocks (asm/blocks.py): BF16 D4 (B2, the
-# default) and FP16 D5 (accuracy at Gemma-like spreads; kernel-level option, not GPU-run yet)
+# softcap residual programs of the table with their blocks (asm/blocks.py): BF16 D4 (B2) and
+# FP16 D5 (the default since the H200 accuracy runs: DEFAULT_PROGRAM)
 SOFTCAP_BLOCKS = {"softcap_c50": ("softcap_fwd", "softcap_bwd"),
                   "softcap_c50_f16": ("softcap_fwd_f16x2", "softcap_bwd_f16x2")}
 
 
-# sigmoid-attention programs with their blocks (full, overlap_v2 head, tail): BF16 D3 (B3, the
-# default) and FP16 D4 (accuracy; its f16x2 P is converted to bf16x2 for PV; kernel-level
-# option, not GPU-run yet)
+# sigmoid-attention programs with their blocks (full, overlap_v2 head, tail): BF16 D3 (B3) and
+# FP16 D4 (the default: DEFAULT_PROGRAM; its f16x2 P is converted to bf16x2 for PV)
 SIGMOID_BLOCKS = {"sigmoid_attn_n4096": ("sigmoid_fwd", "sigmoid_fwd_head", "sigmoid_fwd_tail"),
                   "sigmoid_attn_n4096_f16": ("sigmoid_attn_fwd_f16x2", "sigmoid_attn_fwd_f16x2_head",
                                              "sigmoid_attn_fwd_f16x2_tail")}
+
+
+# The poly evaluator's program per mode.  H200 (bench/results/poly_split.md, accuracy_f16.md):
+# at Gemma-2-like softcap spreads (scaled-score std ~12) the BF16 D4 program's attention
+# error is 7.5x native, the FP16 D5 program's 1.2-1.3x; sigmoid BF16 D3 2.7-9.5x, FP16 D4
+# 1.1-1.4x; the forward costs a few % more (softcap 1/4: 0.335 vs BF16 1/2 0.327 ms).
+# The BF16 programs (the seed's B2 / B3 blocks) stay selectable by name.
+DEFAULT_PROGRAM = {"softcap": "softcap_c50_f16", "sigmoid": "sigmoid_attn_n4096_f16"}
 
 
 def sigmoid_blocks(program: str) -> tuple:
@@ -398,7 +405,7 @@ class SoftcapStage:
 
     mode: str = field(default="softcap", init=False)
     evaluator: str = "native"
-    program: str = "softcap_c50"
+    program: str = DEFAULT_PROGRAM["softcap"]
     poly_split: tuple = (1, 1)
     coeff_bits: tuple = field(default=(), init=False)
     clamp_l: float = field(default=0.0, init=False)   # the program's L_c: |u| clamped there
@@ -489,7 +496,7 @@ class SigmoidStage:
 
     mode: str = field(default="sigmoid", init=False)
     evaluator: str = "native"
-    program: str = "sigmoid_attn_n4096"
+    program: str = DEFAULT_PROGRAM["sigmoid"]
     poly_split: tuple = (1, 1)
     coeff_bits: tuple = field(default=(), init=False)
     program_n: int = field(default=0, init=False)
@@ -623,4 +630,9 @@ def make_stage(mode: str, evaluator: str = "native", **kw):
 #            the backward follows the split: bwd 1/2 1.224 ms, 1/4 1.343 (gqa_4096 runs), so
 #            1/2 gives the faster training step (fwd + bwd 1.58 vs 1.70 ms);
 #   sigmoid, ping-pong loop: 1/4 0.263 ms, 1/2 0.273 (all-poly 0.336 earlier).
-DEFAULT_POLY_SPLIT = {"softcap": (1, 2), "sigmoid": (1, 4)}
+# With the FP16 programs (DEFAULT_PROGRAM; bench/results/poly_split.md, 3779e11):
+#   softcap fwd 1/2 0.348 ms, 1/4 0.335, 1/8 0.346 (native 0.299); bwd 0.865 / 0.893 / 0.878;
+#            O error at std ~12: 1.31 / 1.18 / 1.10x native -> 1/4;
+#   sigmoid fwd 1/4 0.259, 1/8 0.249 (native 0.235); bwd 0.788 / 0.803; error 1.1-1.4x /
+#            1.05-1.24x native -> 1/8.
+DEFAULT_POLY_SPLIT = {"softcap": (1, 4), "sigmoid": (1, 8)}

@@ -29,7 +29,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .score_stages import (DEFAULT_POLY_SPLIT, _check_split, _cute_ops, _program, pack_f32x2,
+from .score_stages import (DEFAULT_POLY_SPLIT, DEFAULT_PROGRAM, _check_split, _cute_ops, _program, pack_f32x2,
                            poly_pair, sigmoid_blocks, softcap_blocks, tanh_approx, unpack_bf16x2,
                            unpack_f16x2)
 
@@ -94,7 +94,7 @@ class SoftcapBwd(_PolySplit):
     """
     evaluator: str = "native"
     poly_split: tuple = None
-    program: str = "softcap_c50"
+    program: str = DEFAULT_PROGRAM["softcap"]
     clamp_l: float = field(default=0.0, init=False)
     mode = "softcap"
     needs_lse = True
@@ -171,7 +171,7 @@ class SigmoidBwd(_PolySplit):
     """
     evaluator: str = "native"
     poly_split: tuple = None
-    program: str = "sigmoid_attn_n4096"
+    program: str = DEFAULT_PROGRAM["sigmoid"]
     grad_rule: str = "product"
     program_n: int = field(default=0, init=False)
     mode = "sigmoid"

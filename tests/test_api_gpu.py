@@ -20,7 +20,7 @@ CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal)
 ]
 MODES = [("softmax", "native", None), ("softcap", "native", None), ("softcap", "poly", None),
          ("sigmoid", "native", None), ("sigmoid", "poly", None),
-         ("softcap", "poly", "softcap_c50_f16"), ("sigmoid", "poly", "sigmoid_attn_n4096_f16")]
+         ("softcap", "poly", "softcap_c50"), ("sigmoid", "poly", "sigmoid_attn_n4096")]   # the BF16 programs
 
 
 def _inputs(case, seed, mode):

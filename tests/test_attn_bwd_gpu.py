@@ -150,31 +150,30 @@ def _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad=None, program=
 
 
 SURROGATE_CASES = [c for c in POLY_CASES if c[-1] == "sigmoid"]
-F16_SOFTCAP_CASES = [c for c in POLY_CASES if c[-1] == "softcap"]
-F16_SIGMOID_CASES = [c for c in POLY_CASES if c[-1] == "sigmoid"]
+BF16_SOFTCAP_CASES = [c for c in POLY_CASES if c[-1] == "softcap"]
+BF16_SIGMOID_CASES = [c for c in POLY_CASES if c[-1] == "sigmoid"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", F16_SIGMOID_CASES, ids=str)
-def test_sigmoid_f16_program_fwd_bwd_matches_split_reference(case):
-    """program="sigmoid_attn_n4096_f16": the FP16 D4 block (P converted to bf16x2) in the
-    forward and the backward's product rule, against the split reference of that program."""
-    test_poly_bwd_matches_split_reference(case, program="sigmoid_attn_n4096_f16")
+@pytest.mark.parametrize("case", BF16_SIGMOID_CASES, ids=str)
+def test_sigmoid_bf16_program_fwd_bwd_matches_split_reference(case):
+    """program="sigmoid_attn_n4096": the seed's BF16 D3 block (B3) in the forward and the
+    backward's product rule (the default program is the FP16 D4 one, POLY_CASES)."""
+    test_poly_bwd_matches_split_reference(case, program="sigmoid_attn_n4096")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", F16_SOFTCAP_CASES, ids=str)
-def test_softcap_f16_program_fwd_bwd_matches_split_reference(case):
-    """program="softcap_c50_f16": the FP16 D5 residual blocks in the forward and backward
-    (a kernel-level option), against the split reference replaying that program."""
-    test_poly_bwd_matches_split_reference(case, program="softcap_c50_f16")
+@pytest.mark.parametrize("case", BF16_SOFTCAP_CASES, ids=str)
+def test_softcap_bf16_program_fwd_bwd_matches_split_reference(case):
+    """program="softcap_c50": the seed's BF16 D4 residual blocks (B2) forward and backward."""
+    test_poly_bwd_matches_split_reference(case, program="softcap_c50")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", SURROGATE_CASES, ids=str)
 def test_sigmoid_poly_bwd_surrogate_matches_split_reference(case):
-    """sigmoid_grad="surrogate": the coupled B3 block's derivative surrogate (not the default)."""
-    test_poly_bwd_matches_split_reference(case, sigmoid_grad="surrogate")
+    """sigmoid_grad="surrogate": the coupled B3 block's derivative surrogate (BF16 program only)."""
+    test_poly_bwd_matches_split_reference(case, sigmoid_grad="surrogate", program="sigmoid_attn_n4096")
 
 
 @pytest.mark.gpu
