@@ -75,8 +75,10 @@ def _stages():
 def test_softcap_clamp_from_table():
     S = _stages()
     from flash_attn_poly.asm import blocks
-    L_c = blocks.program(blocks.load_table(), "softcap_c50")["L_c"]
-    assert S.make_stage("softcap", "poly").clamp_l == L_c
+    for prog in ("softcap_c50", "softcap_c50_f16", None):   # None: the default program
+        L_c = blocks.program(blocks.load_table(), prog or S.DEFAULT_PROGRAM["softcap"])["L_c"]
+        kw = {"program": prog} if prog else {}
+        assert S.make_stage("softcap", "poly", **kw).clamp_l == L_c
     with pytest.raises(TypeError):
         S.SoftcapStage(evaluator="poly", clamp_l=3.25)   # no second source of truth
 
