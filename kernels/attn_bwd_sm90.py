@@ -860,7 +860,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     s_k = k.shape[1]
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
     stage = bwd_side(mode, evaluator, sigmoid_grad=sigmoid_grad if mode == "sigmoid" else None,
-                     program=program, poly_split=None if evaluator != "poly" else poly_split)
+                     program=program,
+                     poly_split=None if evaluator != "poly" or poly_split is None else tuple(poly_split))
     if mode == "sigmoid" and sigmoid_bias is None:
         sigmoid_bias = -math.log(s_k)
     if mode == "softcap" and not softcap:
