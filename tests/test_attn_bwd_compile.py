@@ -16,6 +16,16 @@ SCORES_D128 = 128 * 64 // 256
 
 # the seed's packed-BF16 programs (the poly default is FP16: score_stages.DEFAULT_PROGRAM)
 BF16 = {"softcap": "softcap_c50", "sigmoid": "sigmoid_attn_n4096"}
+# The default softcap poly side (FP16 D5 program on 1/4 of the key columns: k = 4 compiles
+# both row paths, the evaluator of a key row depends on the warp) spills a few words: 4 STL
+# in the default D = 128 build, 2 windowed or deterministic, 1 with head_loop (CPU SASS,
+# ff602aa).  Its backward was timed with them (bench/results/poly_split.md: 0.893 ms vs 0.865
+# at 1/2, whose build spills 1 word); the bound catches a regression.
+SOFTCAP_POLY_BWD_STL = 4
+
+
+def _stl_bound(mode, evaluator) -> int:
+    return SOFTCAP_POLY_BWD_STL if (mode, evaluator) == ("softcap", "poly") else 0
 
 
 def _sass(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split=None, window=False,
@@ -120,7 +130,7 @@ def test_lpt_bwd_changes_only_the_prologue(mode, evaluator, d):
     assert a["MUFU.RCP"] > b["MUFU.RCP"], (a, b)
     for op in ("HGMMA", "MUFU.EX2", "MUFU.TANH", "HFMA2", "UBLKRED"):
         assert a[op] == b[op], (op, a, b)
-    assert a["STL"] <= (4 if d == 256 else 0), a
+    assert a["STL"] <= (4 if d == 256 else _stl_bound(mode, evaluator)), a
 
 
 @pytest.mark.compile
@@ -193,7 +203,7 @@ def test_window_bwd_builds_hgmma_no_spills(mode, evaluator, causal):
     c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
     n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN))
     base = _sass(mode, evaluator, causal=causal)
-    assert n["HGMMA"] == base["HGMMA"] and n["STL"] == 0 and n["LDL"] == 0, n
+    assert n["HGMMA"] == base["HGMMA"] and n["STL"] <= _stl_bound(mode, evaluator), n
     assert n["MUFU.TANH"] == base["MUFU.TANH"] and n["MUFU.EX2"] == base["MUFU.EX2"], (n, base)
 
 
@@ -221,7 +231,7 @@ def test_deterministic_bwd_poly_stage_builds():
     det = _sass("softcap", "poly", deterministic=True)
     base = _sass("softcap", "poly")
     assert det["HGMMA"] == base["HGMMA"] and det["HFMA2"] == base["HFMA2"], (det, base)
-    assert det["STL"] == 0 and det["LDL"] == 0, det
+    assert det["STL"] <= SOFTCAP_POLY_BWD_STL, det
 
 
 def test_turn_counter_count():
@@ -357,7 +367,7 @@ def test_head_loop_bwd_stores_dkv_without_atomics(mode, evaluator, d, dq_async):
     c = _sass(mode, evaluator, d, dq_async=dq_async, lpt=True, head_loop=True)
     base = _sass(mode, evaluator, d, dq_async=dq_async, lpt=True)
     assert c["HGMMA"] == base["HGMMA"] > 0
-    assert c.get("STL", 0) == 0, c
+    assert c.get("STL", 0) <= _stl_bound(mode, evaluator), c
     assert c["STG.32"] == 64 and base.get("STG.32", 0) == 0
     # dK + dV: 64 red.v2 per thread leave the build; dQ's path is unchanged
     assert base.get("RED.F32", 0) - c.get("RED.F32", 0) == 64
