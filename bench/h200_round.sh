@@ -21,6 +21,7 @@
 #   bash bench/h200_round.sh hl2     # head_loop tests + timing, then bench/poly_split.py
 #   bash bench/h200_round.sh final5  # FP16 poly defaults + head_loop_auto: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh final6  # accuracy.py and gemma2.py D = 256 under those defaults
+#   bash bench/h200_round.sh fp16sig # FP16-input sigmoid/poly kernel tests (built, not GPU-run yet)
 #   bash bench/h200_round.sh bd      # kernel_breakdown.py alone
 #   bash bench/h200_round.sh split   # bench/poly_split.py: BF16/FP16 programs x column split, time + accuracy
 #   bash bench/h200_round.sh f16     # FP16 programs: asm/kernel/API tests, accuracy rows, gqa_4096 with f16 rows
@@ -139,6 +140,8 @@ elif [ "$phase" = final6 ]; then   # accuracy (every mode, both programs) and th
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = bd ]; then   # per-kernel device time only (kernel_breakdown.py)
   t breakdown 170 python3 bench/kernel_breakdown.py --json "$OUT/kernel_breakdown.json"
+elif [ "$phase" = fp16sig ]; then   # FP16-input sigmoid/poly (kernel level): its tests, then API ones
+  pt sig16 tests/test_attn_bwd_gpu.py -k "fp16_inputs or sigmoid_bf16_program"
 elif [ "$phase" = split ]; then   # program x poly split: fwd/bwd time and accuracy (bench/poly_split.py)
   t split 540 python3 bench/poly_split.py --json "$OUT/poly_split.json"
 elif [ "$phase" = sgrad ]; then   # sigmoid poly backward sigma' rule: tests, timing, accuracy (tar after each step)

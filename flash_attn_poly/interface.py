@@ -147,8 +147,10 @@ def _check_cuda_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: At
     if q.shape[-1] not in HEAD_DIMS:
         raise ValueError(f"head_dim {q.shape[-1]} is not supported by the CUDA kernels; supported: {HEAD_DIMS}")
     if a.mode == "sigmoid" and a.evaluator == "poly" and q.dtype != torch.bfloat16:
-        raise TypeError("mode='sigmoid' with evaluator='poly' writes packed BF16 probabilities into the "
-                        f"PV product: it needs torch.bfloat16 inputs, got {q.dtype} (use evaluator='native')")
+        # the kernels build FP16-input sigmoid/poly with the FP16 program (its f16x2 P feeds PV
+        # as is), not yet run on a GPU: tests/test_attn_bwd_gpu.py::*fp16_inputs*
+        raise TypeError("mode='sigmoid' with evaluator='poly' takes torch.bfloat16 inputs in this "
+                        f"release, got {q.dtype} (use evaluator='native' for FP16)")
 
 
 def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: Optional[float] = None,

@@ -153,6 +153,8 @@ class AttnFwdSm90:
         self.stage = cfg.stage
         self.dtype = _DTYPES[cfg.dtype]
         self.is_bf16 = cfg.dtype == "bf16"
+        if cfg.stage.mode == "sigmoid":
+            cfg.stage.check_dtype(self.is_bf16)
         self.head_dim = cfg.head_dim
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
@@ -665,8 +667,6 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
     dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype]
     if d not in (64, 128, 256) or h_q % k.shape[2]:
         raise ValueError(f"need D in (64, 128, 256) and H_q % H_kv == 0, got D={d}, H={h_q}/{k.shape[2]}")
-    if mode == "sigmoid" and evaluator == "poly" and dtype != "bf16":
-        raise ValueError("sigmoid/poly writes packed bf16 P: BF16 inputs only")
     # TMA: last dim contiguous, other strides multiples of 16 bytes
     q, k, v = [t if t.stride(-1) == 1 and all(st % 8 == 0 for st in t.stride()[:-1]) else t.contiguous()
                for t in (q, k, v)]
@@ -678,6 +678,8 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
         stage, cfg = _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items, program)
     else:
         cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
+    if stage.mode == "sigmoid":
+        stage.check_dtype(dtype == "bf16")   # BF16 P programs: BF16 inputs only
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
     params = [float(x) for x in stage.host_scalars(
         scale, s_k, softcap=softcap if softcap is not None else 50.0, sigmoid_bias=sigmoid_bias)]

@@ -534,10 +534,18 @@ class SigmoidStage:
             if cutlass.const_expr(tOrP is not None):
                 write_p_native(acc_S, tOrP, is_bf16)
         else:
-            self._probs_poly(acc_S, tOrP, params, masked)
+            self._probs_poly(acc_S, tOrP, params, masked, is_bf16)
+
+    def check_dtype(self, is_bf16: bool) -> None:
+        """A poly stage writes its block's packed P straight into the PV operand: the BF16
+        program (bf16x2 P) needs BF16 inputs; the FP16 program converts to bf16x2 for BF16
+        inputs and keeps its f16x2 P for FP16 ones."""
+        if self.evaluator == "poly" and not is_bf16 and not self.p_f16:
+            raise ValueError(f"sigmoid/poly program {self.program!r} writes packed bf16 P: BF16 inputs only "
+                             f"(FP16 inputs need an FP16 program, e.g. {DEFAULT_PROGRAM['sigmoid']!r})")
 
     @cute.jit
-    def _probs_poly(self, acc_S, tOrP, params, masked: cutlass.Constexpr[bool]):
+    def _probs_poly(self, acc_S, tOrP, params, masked: cutlass.Constexpr[bool], is_bf16: cutlass.Constexpr[bool]):
         """P of every pair into tOrP; tOrP=None (overlap_v2): block pairs leave the head's
         packed q (P = q*q) in their even acc_S register, MUFU pairs FP32 P in both."""
         src = acc_as_frag_a(acc_S)
@@ -548,10 +556,10 @@ class SigmoidStage:
             if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
                 if cutlass.const_expr(tOrP is None):
                     src[2 * i] = b32_as_f32(self._pair_poly(src[2 * i], src[2 * i + 1], params,
-                                                            masked, sigmoid_blocks(self.program)[1]))
+                                                            masked, sigmoid_blocks(self.program)[1], is_bf16))
                 else:
                     dst[i] = self._pair_poly(src[2 * i], src[2 * i + 1], params, masked,
-                                             sigmoid_blocks(self.program)[0])
+                                             sigmoid_blocks(self.program)[0], is_bf16)
             else:
                 # native sigma = 0.5 tanh(0.5 x + 0.5 b) + 0.5; masked -inf gives +0 exactly
                 p0 = tanh_approx(src[2 * i] * params[2] + params[3]) * 0.5 + 0.5
@@ -559,13 +567,14 @@ class SigmoidStage:
                 if cutlass.const_expr(tOrP is None):
                     src[2 * i], src[2 * i + 1] = p0, p1
                 else:
-                    dst[i] = pack_f32x2(p0, p1, True)
+                    dst[i] = pack_f32x2(p0, p1, is_bf16)
 
     @cute.jit
-    def _pair_poly(self, s0, s1, params, masked: cutlass.Constexpr[bool], block: cutlass.Constexpr[str]):
+    def _pair_poly(self, s0, s1, params, masked: cutlass.Constexpr[bool], block: cutlass.Constexpr[str],
+                   is_bf16: cutlass.Constexpr[bool] = True):
         """Block `block` (sigmoid_fwd: P; sigmoid_fwd_head: q, P = q*q) on one score pair."""
         p = Int32(_cute_ops().named(block, s0 * params[0] + params[1], s1 * params[0] + params[1]))
-        if cutlass.const_expr(self.p_f16 and block == sigmoid_blocks(self.program)[0]):
+        if cutlass.const_expr(self.p_f16 and is_bf16 and block == sigmoid_blocks(self.program)[0]):
             p = f16x2_to_bf16x2(p)   # the full f16 block's P -> the PV operand's bf16x2
         if cutlass.const_expr(masked):
             # masked scores are -inf: force exact zeros whatever the block returns (on q the
@@ -584,10 +593,10 @@ class SigmoidStage:
         if cutlass.const_expr(self.evaluator == "native"):
             write_p_pinned(acc_S, tOrP, is_bf16)
         else:
-            self._write_p_poly(acc_S, tOrP)
+            self._write_p_poly(acc_S, tOrP, is_bf16)
 
     @cute.jit
-    def _write_p_poly(self, acc_S, tOrP):
+    def _write_p_poly(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
         """Block pairs: the tail (one mul.bf16x2) on the head's q; MUFU pairs: the pack.
         Only the registers read are pinned: an odd register of a block pair holds a dead
         score, and pinning it would keep it live through the stage (+1 reg per block pair)."""
@@ -600,9 +609,9 @@ class SigmoidStage:
         for i in cutlass.range_constexpr(cute.size(dst)):
             if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
                 p = Int32(_cute_ops().named(sigmoid_blocks(self.program)[2], f32_as_b32(src[2 * i])))
-                dst[i] = f16x2_to_bf16x2(p) if cutlass.const_expr(self.p_f16) else p
+                dst[i] = f16x2_to_bf16x2(p) if cutlass.const_expr(self.p_f16 and is_bf16) else p
             else:
-                dst[i] = pack_f32x2(src[2 * i], src[2 * i + 1], True)
+                dst[i] = pack_f32x2(src[2 * i], src[2 * i + 1], is_bf16)
 
     def lse_scale(self, params):
         return None

@@ -189,6 +189,13 @@ class SigmoidBwd(_PolySplit):
                 raise ValueError(f"sigmoid program {self.program!r}: only grad_rule='product' (the "
                                  f"B3 derivative surrogate exists for the BF16 program only)")
 
+    def check_dtype(self, is_bf16: bool) -> None:
+        """As the forward stage's (score_stages.SigmoidStage.check_dtype): the BF16 blocks'
+        packed P is the dV operand as is, so they need BF16 inputs."""
+        if self.evaluator == "poly" and not is_bf16 and not sigmoid_blocks(self.program)[3]:
+            raise ValueError(f"sigmoid/poly program {self.program!r} writes packed bf16 P: BF16 inputs only "
+                             f"(FP16 inputs need an FP16 program, e.g. {DEFAULT_PROGRAM['sigmoid']!r})")
+
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
         if self.evaluator == "native":
             return (0.5 * softmax_scale, 0.5 * sigmoid_bias, 0.0)
@@ -203,9 +210,10 @@ class SigmoidBwd(_PolySplit):
             full, _, _, f16 = sigmoid_blocks(self.program)
             p = Int32(_cute_ops().named(full, s0 * args[0] + args[1], s1 * args[0] + args[1]))
             if cutlass.const_expr(f16):
-                # the forward's P is bf16(p) (dV operand); sigma' from the f16 p itself
+                # the forward's P is bf16(p) for BF16 inputs, p itself for FP16 ones (dV
+                # operand); sigma' from the f16 p
                 q0, q1 = unpack_f16x2(p)
-                return pack_f32x2(q0, q1, True), q0 - q0 * q0, q1 - q1 * q1
+                return (pack_f32x2(q0, q1, True) if cutlass.const_expr(is_bf16) else p), q0 - q0 * q0, q1 - q1 * q1
             q0, q1 = unpack_bf16x2(p)
             return p, q0 - q0 * q0, q1 - q1 * q1
         if cutlass.const_expr(block):

@@ -374,3 +374,26 @@ def test_head_loop_bwd_stores_dkv_without_atomics(mode, evaluator, d, dq_async):
     assert c.get("UBLKRED", 0) == base.get("UBLKRED", 0)
     for fam in ("MUFU.EX2", "MUFU.TANH"):
         assert c.get(fam, 0) == base.get(fam, 0), fam
+
+
+@pytest.mark.compile
+def test_sigmoid_poly_fp16_inputs_build_and_bf16_program_is_refused():
+    """FP16 inputs with the FP16 sigmoid program: the block's f16x2 P feeds PV / dV as is
+    (16 fewer F2FP per thread than the BF16-input build's conversions in the forward, none
+    spilled); the BF16 program is refused by name for FP16 inputs, forward and backward."""
+    import os
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A
+    st = S.make_stage("sigmoid", "poly")
+    counts = {}
+    for dt in ("bf16", "fp16"):
+        c = A.compile_attn_fwd(A.AttnFwdConfig.default(st, dt, 128, True), options="--keep-cubin")
+        counts[dt] = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN))
+    assert counts["fp16"]["HGMMA"] == counts["bf16"]["HGMMA"] and counts["fp16"]["STL"] == 0, counts
+    assert counts["fp16"]["F2FP"] < counts["bf16"]["F2FP"], counts
+    n = _sass("sigmoid", "poly", dtype="f16", dq_async=True, lpt=True)
+    assert n["HGMMA"] > 0 and n["STL"] == 0 and n.get("HFMA2.BF16", 0) == 0, n
+    with pytest.raises(ValueError, match="BF16 inputs only"):
+        A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage("sigmoid", "poly", program=BF16["sigmoid"]), "fp16"))
+    with pytest.raises(ValueError, match="BF16 inputs only"):
+        _sass("sigmoid", "poly", dtype="f16", program=BF16["sigmoid"])

@@ -170,6 +170,15 @@ def test_softcap_bf16_program_fwd_bwd_matches_split_reference(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", BF16_SIGMOID_CASES, ids=str)
+def test_sigmoid_poly_fp16_inputs_fwd_bwd_matches_split_reference(case):
+    """FP16 inputs, FP16 D4 program: the block's f16x2 P is the PV / dV operand as is (no
+    conversion); kernel-level only (attention() still refuses FP16 sigmoid/poly until this
+    has run on a GPU)."""
+    test_poly_bwd_matches_split_reference(case, dtype=torch.float16)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("case", SURROGATE_CASES, ids=str)
 def test_sigmoid_poly_bwd_surrogate_matches_split_reference(case):
     """sigmoid_grad="surrogate": the coupled B3 block's derivative surrogate (BF16 program only)."""
@@ -178,13 +187,14 @@ def test_sigmoid_poly_bwd_surrogate_matches_split_reference(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", POLY_CASES, ids=str)
-def test_poly_bwd_matches_split_reference(case, sigmoid_grad=None, program=None, head_loop=None):
+def test_poly_bwd_matches_split_reference(case, sigmoid_grad=None, program=None, head_loop=None,
+                                         dtype=torch.bfloat16):
     from flash_attn_poly import testing
     from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
     from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
     b, sq, sk, hq, hkv, d, causal, mode = case
     g = torch.Generator(device="cuda").manual_seed(sum(case[:7]))
-    mk = lambda s, h, sc=1.0: (torch.randn(b, s, h, d, device="cuda", generator=g) * sc).bfloat16()
+    mk = lambda s, h, sc=1.0: (torch.randn(b, s, h, d, device="cuda", generator=g) * sc).to(dtype)
     # softcap: q scaled by 8 so logits reach the cap (|x| ~ 8 * sqrt(D) / sqrt(D) * ...)
     q, k, v, do = mk(sq, hq, 8.0 if mode == "softcap" else 1.0), mk(sk, hkv), mk(sk, hkv), mk(sq, hq)
     softcap = 50.0 if mode == "softcap" else None
