@@ -1,0 +1,48 @@
+"""CPU tier: the host-side rules the benchmarks and the backward's defaults depend on."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+
+
+def test_head_loop_auto_rule(monkeypatch):
+    """head_loop_auto: MHA always; GQA when the KV-head grid has >= 1.5 CTAs per SM (132 SMs:
+    the anchor shape's 256 CTAs qualify, S = 1024's 64 do not; D = 256 counts 2 chunks)."""
+    pytest.importorskip("cutlass")
+    from flash_attn_poly.kernels import attn_bwd_sm90 as K
+    monkeypatch.setattr(K, "_sm_count", lambda device: 132)
+    t128, t256 = K.BwdTile.for_head_dim(128), K.BwdTile.for_head_dim(256)
+    assert K.head_loop_auto(1, 32, 32, 1024, t128, 128, None)            # MHA: same grid
+    assert K.head_loop_auto(1, 32, 8, 4096, t128, 128, None)             # 32 x 8 = 256 >= 198
+    assert not K.head_loop_auto(1, 32, 8, 1024, t128, 128, None)         # 8 x 8 = 64
+    assert not K.head_loop_auto(1, 32, 8, 3072, t128, 128, None)         # 24 x 8 = 192 < 198
+    assert K.head_loop_auto(1, 8, 4, 8192, t256, 256, None)              # 64 x 4 x 2 chunks
+    assert K.head_loop_auto(4, 32, 8, 1024, t128, 128, None)             # batch 4: 256
+
+
+def test_gqa_4096_ratios_pair_the_right_rows():
+    """ratios(): baseline time / our time for each named pair; rows keyed by program too, so
+    the BF16-program rows never stand in for the default ones."""
+    import gqa_4096 as G
+    rows = [{"impl": "ours", "mode": "softcap", "evaluator": "poly", "program": "", "fwd_ms": 0.4, "bwd_ms": 1.0},
+            {"impl": "ours", "mode": "softcap", "evaluator": "poly", "program": "softcap_c50",
+             "fwd_ms": 0.5, "bwd_ms": 1.0},
+            {"impl": "fa4", "mode": "softcap", "evaluator": "native", "fwd_ms": 0.8, "bwd_ms": 1.3}]
+    r = G.ratios(rows)
+    assert r["softcap poly vs FA4 softcap (fwd)"] == pytest.approx(2.0)
+    assert r["softcap poly bf16 program vs FA4 softcap (fwd)"] == pytest.approx(1.6)
+    assert r["softcap poly bf16 program vs default (f16) (fwd)"] == pytest.approx(0.8)
+    assert "sigmoid poly vs FA4 softmax (fwd)" not in r        # rows absent: no ratio
+
+
+def test_poly_split_configs_are_valid_stages():
+    """bench/poly_split.py's configs build as stages (program in the table, split legal)."""
+    pytest.importorskip("cutlass")
+    import poly_split
+    from flash_attn_poly.kernels import score_stages as S
+    for mode, prog, split in poly_split.CONFIGS:
+        if prog:
+            st = S.make_stage(mode, "poly", program=prog, poly_split=split)
+            assert st.program == prog and st.poly_split == split
