@@ -1,7 +1,8 @@
 """Attention backward for Hopper (sm_90a) in CuTe DSL: dQ, dK, dV from Q, K, V, O, dO (+ LSE).
 
 One CTA per (KV block of tile_n keys, query head, batch), iterating over the query blocks
-that the causal mask leaves (tile skipping).  384 threads: warp 0 issues TMA (K, V once;
+that the causal mask leaves (tile skipping); head_loop builds: one CTA per (KV block, KV
+head, batch) over the query heads of its GQA group (below).  384 threads: warp 0 issues TMA (K, V once;
 Q+LSE and dO+D per query block, 2-stage pipelines; v_with_do moves V onto the first dO
 stage's barrier, off by default: no consistent gain); two MMA warpgroups each own 64 of
 the tile_n key rows and compute, per query block,

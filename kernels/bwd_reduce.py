@@ -1,6 +1,8 @@
 """dQ/dK/dV reductions of the attention backward (mixed into kernels/attn_bwd_sm90.py).
 
 FP32 atomics: dK and dV are added once per CTA (epilogue_dkv), dQ once per query block.
+head_loop builds (a CTA owns a KV head's whole GQA group) store dK and dV instead, scaled
+and cast (store_dkv), and loop the dQ reductions over the group's heads (reduce_dq).
 The dQ tile goes one of two ways.
 - add_dq: `red.global.add.v2.f32` from the MMA threads.
 - stage_dq + reduce_dq (dq_async, the default for D <= 128):
