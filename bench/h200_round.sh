@@ -32,7 +32,7 @@ OUT=${OUT:-/tmp/fap_out}; mkdir -p "$OUT"; S=$SECONDS; phase=${1:-tests}
 t() { local n=$1 s=$2; shift 2; timeout "$s" "$@" > "$OUT/$n.log" 2>&1
       echo "$n rc=$? t=$((SECONDS - S))s $(tail -n 1 "$OUT/$n.log" | cut -c1-120)" >> "$OUT/summary.txt"; }
 pt() { local n=$1; shift; t "$n" 400 python3 -m pytest -q -m gpu "$@"; }
-if [ "$phase" = tests ] || [ "$phase" = tests_split ]; then
+all_gpu_tests() {   # every GPU test file, in parallel processes (compile is CPU-bound); $@: extra elem files
   pt fwd tests/test_attn_fwd_gpu.py &
   pt api tests/test_api_gpu.py &
   pt win_a tests/test_window_gpu.py -k "softmax or softcap-native" &
@@ -42,8 +42,11 @@ if [ "$phase" = tests ] || [ "$phase" = tests_split ]; then
   pt prepost tests/test_attn_bwd_prepost_gpu.py &
   pt compile tests/test_compile_gpu.py &
   pt hf tests/test_transformers_gpu.py &
-  pt elem tests/test_elementwise_gpu.py &
+  pt elem tests/test_elementwise_gpu.py "$@" &
   wait
+}
+if [ "$phase" = tests ] || [ "$phase" = tests_split ]; then
+  all_gpu_tests
   [ "$phase" = tests_split ] && t split_wg_time 200 python3 bench/attn_bwd_check.py --skip-check --split-wg
 elif [ "$phase" = d256 ]; then   # D = 256 backward, dQ async and the transformers tests; then timings
   pt bwd tests/test_attn_bwd_gpu.py &
@@ -120,17 +123,7 @@ elif [ "$phase" = hl3 ]; then   # head_loop with one LPT section: a few tests, t
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_head_loop.json"
 elif [ "$phase" = final5 ]; then   # FP16 poly defaults + head_loop_auto: every GPU test file, then gqa_4096
   tarup() { (cd "$OUT" && tar czf /tmp/round_final5.tgz --exclude=round_final5.tgz . && mv /tmp/round_final5.tgz "$OUT/"); }
-  pt fwd tests/test_attn_fwd_gpu.py &
-  pt api tests/test_api_gpu.py &
-  pt win_a tests/test_window_gpu.py -k "softmax or softcap-native" &
-  pt win_b tests/test_window_gpu.py -k "not softmax and not softcap-native" &
-  pt bwd tests/test_attn_bwd_gpu.py &
-  pt det tests/test_attn_bwd_deterministic_gpu.py &
-  pt prepost tests/test_attn_bwd_prepost_gpu.py &
-  pt compile tests/test_compile_gpu.py &
-  pt hf tests/test_transformers_gpu.py &
-  pt elem tests/test_elementwise_gpu.py tests/test_asm_gpu.py &
-  wait; tarup
+  all_gpu_tests tests/test_asm_gpu.py; tarup
   t gqa 240 python3 bench/gqa_4096.py --json "$OUT/gqa_4096.json"; tarup
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = final6 ]; then   # accuracy (every mode, both programs) and the Gemma-2 D = 256 table

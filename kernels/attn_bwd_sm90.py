@@ -378,18 +378,16 @@ class AttnBwdSm90(BwdReductions):
     def load(self, mQ, mK, mV, mdO, mLSE, mDsum, sQ, sK, sV, sdO, sLSE, sDsum,
              tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum, pipe_q, pipe_do, pipe_kv,
              n_block, head, head_kv, batch, m_min, m_max):
-        if const_expr(self.head_loop):
-            self.load_group(mQ, mK, mV, mdO, mLSE, mDsum, sQ, sK, sV, sdO, sLSE, sDsum, tma_q, tma_k, tma_v,
-                            tma_do, tma_lse, tma_dsum, pipe_q, pipe_do, pipe_kv, n_block, head, head_kv, batch,
-                            m_min, m_max)
-            return
+        """Producer warp: K, V once, then Q + LSE and dO + D per query block (head_loop: of
+        query heads head .. head + G - 1 in turn, the MMA warpgroups' order)."""
         qd = (self.tile_m, self.D)
         tKs, tKg = self._tma_tiles(tma_k, mK[None, None, head_kv, batch], sK, (self.tile_n, self.D), (n_block, 0))
         tVs, tVg = self._tma_tiles(tma_v, mV[None, None, head_kv, batch], sV, (self.tile_n, self.D), (n_block, 0))
-        tQs, tQg = self._tma_tiles(tma_q, mQ[None, None, head, batch], sQ, qd, (None, 0))
-        tOs, tOg = self._tma_tiles(tma_do, mdO[None, None, head, batch], sdO, qd, (None, 0))
-        tLs, tLg = self._tma_tiles(tma_lse, mLSE[None, head, batch], sLSE, (self.tile_m,), (None,))
-        tDs, tDg = self._tma_tiles(tma_dsum, mDsum[None, head, batch], sDsum, (self.tile_m,), (None,))
+        if const_expr(not self.head_loop):
+            tQs, tQg = self._tma_tiles(tma_q, mQ[None, None, head, batch], sQ, qd, (None, 0))
+            tOs, tOg = self._tma_tiles(tma_do, mdO[None, None, head, batch], sdO, qd, (None, 0))
+            tLs, tLg = self._tma_tiles(tma_lse, mLSE[None, head, batch], sLSE, (self.tile_m,), (None,))
+            tDs, tDg = self._tma_tiles(tma_dsum, mDsum[None, head, batch], sDsum, (self.tile_m,), (None,))
         if m_min < m_max:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipe_kv.producer_acquire(kv_state)
@@ -398,51 +396,38 @@ class AttnBwdSm90(BwdReductions):
             if const_expr(not self.v_with_do):
                 cute.copy(tma_v, tVg, tVs, tma_bar_ptr=bar)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            for m_block in cutlass.range(m_min, m_max, unroll=1):
-                pipe_q.producer_acquire(state)
-                bar = pipe_q.producer_get_barrier(state)
-                cute.copy(tma_q, tQg[None, m_block], tQs[None, state.index], tma_bar_ptr=bar)
-                cute.copy(tma_lse, tLg[None, m_block], tLs[None, state.index], tma_bar_ptr=bar)
-                pipe_do.producer_acquire(state)
-                bar = pipe_do.producer_get_barrier(state)
-                if const_expr(self.v_with_do):
-                    if m_block == m_min:   # the first dP waits on this barrier: V joins it
-                        with cute.arch.elect_one():
-                            cute.arch.mbarrier_expect_tx(bar, self.bytes_kv // 2)
-                        cute.copy(tma_v, tVg, tVs, tma_bar_ptr=bar)
-                cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
-                cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
-                state.advance()
-
-    @cute.jit
-    def load_group(self, mQ, mK, mV, mdO, mLSE, mDsum, sQ, sK, sV, sdO, sLSE, sDsum,
-                   tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum, pipe_q, pipe_do, pipe_kv,
-                   n_block, head, head_kv, batch, m_min, m_max):
-        """head_loop producer: K, V once, then Q + LSE and dO + D of query heads head ..
-        head + G - 1 in turn (the MMA warpgroups' order)."""
-        tKs, tKg = self._tma_tiles(tma_k, mK[None, None, head_kv, batch], sK, (self.tile_n, self.D), (n_block, 0))
-        tVs, tVg = self._tma_tiles(tma_v, mV[None, None, head_kv, batch], sV, (self.tile_n, self.D), (n_block, 0))
-        if m_min < m_max:
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-            pipe_kv.producer_acquire(kv_state)
-            bar = pipe_kv.producer_get_barrier(kv_state)
-            cute.copy(tma_k, tKg, tKs, tma_bar_ptr=bar)
-            cute.copy(tma_v, tVg, tVs, tma_bar_ptr=bar)
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            nm = m_max - m_min
-            # one flat loop over (head, query block): a pipeline state advanced inside a nested
-            # loop (or a callee) is not carried across the outer loop (GPU: launch failure)
-            for it in cutlass.range(nm * (mQ.shape[2] // mK.shape[2]), unroll=1):
-                h = it // nm
-                self.load_block(mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
-                                pipe_q, pipe_do, state, head + h, batch, m_min + (it - h * nm))
-                state.advance()
+            if const_expr(self.head_loop):
+                nm = m_max - m_min
+                # one flat loop over (head, query block): a pipeline state advanced inside a
+                # nested loop (or a callee) is not carried across the outer loop (GPU: launch
+                # failure, round_headloop_1d337f5)
+                for it in cutlass.range(nm * (mQ.shape[2] // mK.shape[2]), unroll=1):
+                    h = it // nm
+                    self.load_block(mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
+                                    pipe_q, pipe_do, state, head + h, batch, m_min + (it - h * nm))
+                    state.advance()
+            else:
+                for m_block in cutlass.range(m_min, m_max, unroll=1):
+                    pipe_q.producer_acquire(state)
+                    bar = pipe_q.producer_get_barrier(state)
+                    cute.copy(tma_q, tQg[None, m_block], tQs[None, state.index], tma_bar_ptr=bar)
+                    cute.copy(tma_lse, tLg[None, m_block], tLs[None, state.index], tma_bar_ptr=bar)
+                    pipe_do.producer_acquire(state)
+                    bar = pipe_do.producer_get_barrier(state)
+                    if const_expr(self.v_with_do):
+                        if m_block == m_min:   # the first dP waits on this barrier: V joins it
+                            with cute.arch.elect_one():
+                                cute.arch.mbarrier_expect_tx(bar, self.bytes_kv // 2)
+                            cute.copy(tma_v, tVg, tVs, tma_bar_ptr=bar)
+                    cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
+                    cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
+                    state.advance()
 
     @cute.jit
     def load_block(self, mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
                    pipe_q, pipe_do, state, head, batch, m_block):
-        """load_group: Q + LSE and dO + D of query head `head`, query block m_block, into stage
-        state.index (the caller advances the state)."""
+        """head_loop producer step: Q + LSE and dO + D of query head `head`, query block
+        m_block, into stage state.index (the caller advances the state)."""
         qd = (self.tile_m, self.D)
         tQs, tQg = self._tma_tiles(tma_q, mQ[None, None, head, batch], sQ, qd, (None, 0))
         tOs, tOg = self._tma_tiles(tma_do, mdO[None, None, head, batch], sdO, qd, (None, 0))
@@ -520,7 +505,7 @@ class AttnBwdSm90(BwdReductions):
             pipe_kv.consumer_wait(kv_state)
             if const_expr(self.head_loop):
                 nm = m_max - m_min
-                # one flat loop over (head, query block), as the producer's (load_group)
+                # one flat loop over (head, query block), as the producer's (load)
                 for it in cutlass.range(nm * (mdQacc.shape[2] // mdKacc.shape[2]), unroll=1):
                     h = it // nm
                     # sdS alternates per iteration, across heads too
@@ -971,12 +956,12 @@ def turn_counters(b: int, s_q: int, s_k: int, h_q: int, h_kv: int, tile: BwdTile
     return (b * h_q * -(-s_q // tile.tile_m) + b * h_kv * -(-s_k // tile.tile_n)) * chunks
 
 
-def _launch_dlpack(key, tensors, scalars, window=(0, 0), counters=()):
-    """The original path: from_dlpack + mark_layout_dynamic for 9 tensors per call (10 with
-    the deterministic build's turn counters; head_loop builds pass dK's scale here instead)."""
+def _launch_dlpack(key, tensors, scalars, window=(0, 0), extra=()):
+    """The original path: from_dlpack + mark_layout_dynamic for 9 tensors per call; extra:
+    the deterministic build's turn counters (a 10th tensor) or head_loop's dK scale (float)."""
     import torch
     import cuda.bindings.driver as cuda
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     compile_bwd(key)(*(_dl(t) for t in tensors), *[Float32(a) for a in scalars],
                      *[Int32(w) for w in window],
-                     *(Float32(t) if isinstance(t, float) else _dl(t) for t in counters), stream)
+                     *(Float32(t) if isinstance(t, float) else _dl(t) for t in extra), stream)

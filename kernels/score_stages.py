@@ -126,6 +126,15 @@ def sigmoid_blocks(program: str) -> tuple:
     return SIGMOID_BLOCKS[program] + (_program(program)["dtype"] == "f16",)
 
 
+def check_sigmoid_dtype(evaluator: str, program: str, is_bf16: bool) -> None:
+    """A sigmoid poly stage (forward or backward side) writes its block's packed P straight
+    into the PV / dV operand: the BF16 program (bf16x2 P) needs BF16 inputs; the FP16 program
+    converts to bf16x2 for BF16 inputs and keeps its f16x2 P for FP16 ones."""
+    if evaluator == "poly" and not is_bf16 and not sigmoid_blocks(program)[3]:
+        raise ValueError(f"sigmoid/poly program {program!r} writes packed bf16 P: BF16 inputs only "
+                         f"(FP16 inputs need an FP16 program, e.g. {DEFAULT_PROGRAM['sigmoid']!r})")
+
+
 @dsl_user_op
 def f16x2_to_bf16x2(p: Int32, *, loc=None, ip=None) -> Int32:
     """f16x2 -> bf16x2 (round to nearest): two cvt.f32.f16, one cvt.rn.bf16x2.f32; +0 stays +0."""
@@ -537,12 +546,7 @@ class SigmoidStage:
             self._probs_poly(acc_S, tOrP, params, masked, is_bf16)
 
     def check_dtype(self, is_bf16: bool) -> None:
-        """A poly stage writes its block's packed P straight into the PV operand: the BF16
-        program (bf16x2 P) needs BF16 inputs; the FP16 program converts to bf16x2 for BF16
-        inputs and keeps its f16x2 P for FP16 ones."""
-        if self.evaluator == "poly" and not is_bf16 and not self.p_f16:
-            raise ValueError(f"sigmoid/poly program {self.program!r} writes packed bf16 P: BF16 inputs only "
-                             f"(FP16 inputs need an FP16 program, e.g. {DEFAULT_PROGRAM['sigmoid']!r})")
+        check_sigmoid_dtype(self.evaluator, self.program, is_bf16)
 
     @cute.jit
     def _probs_poly(self, acc_S, tOrP, params, masked: cutlass.Constexpr[bool], is_bf16: cutlass.Constexpr[bool]):

@@ -30,7 +30,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .score_stages import (DEFAULT_POLY_SPLIT, DEFAULT_PROGRAM, _check_split, _cute_ops, _program, pack_f32x2,
+from .score_stages import (DEFAULT_POLY_SPLIT, DEFAULT_PROGRAM, _check_split, _cute_ops, _program,
+                           check_sigmoid_dtype, pack_f32x2,
                            poly_pair, sigmoid_blocks, softcap_blocks, tanh_approx, unpack_bf16x2,
                            unpack_f16x2)
 
@@ -190,11 +191,7 @@ class SigmoidBwd(_PolySplit):
                                  f"B3 derivative surrogate exists for the BF16 program only)")
 
     def check_dtype(self, is_bf16: bool) -> None:
-        """As the forward stage's (score_stages.SigmoidStage.check_dtype): the BF16 blocks'
-        packed P is the dV operand as is, so they need BF16 inputs."""
-        if self.evaluator == "poly" and not is_bf16 and not sigmoid_blocks(self.program)[3]:
-            raise ValueError(f"sigmoid/poly program {self.program!r} writes packed bf16 P: BF16 inputs only "
-                             f"(FP16 inputs need an FP16 program, e.g. {DEFAULT_PROGRAM['sigmoid']!r})")
+        check_sigmoid_dtype(self.evaluator, self.program, is_bf16)
 
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
         if self.evaluator == "native":
