@@ -146,11 +146,16 @@ def _check_cuda_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: At
         raise RuntimeError(f"the CUDA kernels are built for sm_90 (Hopper); this GPU is sm_{cap[0]}{cap[1]}")
     if q.shape[-1] not in HEAD_DIMS:
         raise ValueError(f"head_dim {q.shape[-1]} is not supported by the CUDA kernels; supported: {HEAD_DIMS}")
-    if a.mode == "sigmoid" and a.evaluator == "poly" and q.dtype != torch.bfloat16:
-        # the kernels build FP16-input sigmoid/poly with the FP16 program (its f16x2 P feeds PV
-        # as is), not yet run on a GPU: tests/test_attn_bwd_gpu.py::*fp16_inputs*
-        raise TypeError("mode='sigmoid' with evaluator='poly' takes torch.bfloat16 inputs in this "
-                        f"release, got {q.dtype} (use evaluator='native' for FP16)")
+    check_program_dtype(q.dtype, a)
+
+
+def check_program_dtype(dtype: torch.dtype, a: AttnArgs) -> None:
+    """sigmoid/poly writes its block's packed P straight into the PV / dV operand, so FP16
+    inputs need an FP16 program (the default); the seed's BF16 program takes BF16 only."""
+    if a.mode == "sigmoid" and a.evaluator == "poly" and dtype != torch.bfloat16:
+        from .kernels import score_stages
+        score_stages.check_sigmoid_dtype(a.evaluator, a.program or score_stages.DEFAULT_PROGRAM["sigmoid"],
+                                         False)
 
 
 def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: Optional[float] = None,

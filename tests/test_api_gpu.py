@@ -23,12 +23,12 @@ MODES = [("softmax", "native", None), ("softcap", "native", None), ("softcap", "
          ("softcap", "poly", "softcap_c50"), ("sigmoid", "poly", "sigmoid_attn_n4096")]   # the BF16 programs
 
 
-def _inputs(case, seed, mode):
+def _inputs(case, seed, mode, dtype=torch.bfloat16):
     b, sq, sk, hq, hkv, d, _ = case
     g = torch.Generator(device="cuda").manual_seed(seed)
     # softcap: Gemma-2-like scaled scores spanning tens of logits (std ~ 15)
     amp = 3.5 if mode == "softcap" else 1.0
-    mk = lambda s, h, a: (torch.randn(b, s, h, d, device="cuda", generator=g) * a).to(torch.bfloat16)
+    mk = lambda s, h, a: (torch.randn(b, s, h, d, device="cuda", generator=g) * a).to(dtype)
     return mk(sq, hq, amp), mk(sk, hkv, amp), mk(sk, hkv, 1.0)
 
 
@@ -47,9 +47,9 @@ def _score_fns(mode, evaluator, s_k, program=None):
 
 @pytest.mark.parametrize("mode, evaluator, program", MODES)
 @pytest.mark.parametrize("case", CASES)
-def test_forward_and_backward(mode, evaluator, program, case):
+def test_forward_and_backward(mode, evaluator, program, case, dtype=torch.bfloat16):
     causal = case[-1]
-    q, k, v = _inputs(case, hash((mode, evaluator, case)) % 1000, mode)
+    q, k, v = _inputs(case, hash((mode, evaluator, case)) % 1000, mode, dtype)
     fn, gfn = _score_fns(mode, evaluator, k.shape[1], program)
     kw = dict(causal=causal, **_kw(mode))
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
@@ -71,6 +71,14 @@ def test_forward_and_backward(mode, evaluator, program, case):
         err = rel_l2_err(got, exp)
         print(f"  {name}: rel L2 vs same-program ref {err:.2e}")
         assert err < 2e-2, f"{mode}/{evaluator} {name} rel L2 error {err:.3e}"
+
+
+@pytest.mark.parametrize("mode, evaluator, program", [m for m in MODES if m[2] is None])
+@pytest.mark.parametrize("case", CASES[:2])
+def test_fp16_inputs_forward_and_backward(mode, evaluator, program, case):
+    """FP16 inputs through the API, every mode with its default program (sigmoid/poly: the
+    FP16 D4 block's f16x2 P is the PV / dV operand as is)."""
+    test_forward_and_backward(mode, evaluator, program, case, dtype=torch.float16)
 
 
 def test_sigmoid_poly_at_program_length():

@@ -170,3 +170,16 @@ def test_program_reaches_both_ops(monkeypatch):
     torch.library.opcheck(torch.ops.flash_attn_poly.attn_fwd.default,
                           (q, k, v, "softcap", "poly", True, 50.0, 0.0, 0.125, [-1, -1], "reference", False,
                            "softcap_c50_f16"))
+
+
+def test_sigmoid_poly_program_must_match_fp16_inputs():
+    """FP16 sigmoid/poly runs the FP16 program (its f16x2 P is the PV operand); the seed's
+    BF16 program is refused for FP16 inputs with a message naming it."""
+    q, k, v = _qkv(dtype=torch.float16)
+    default = fi.validate(q, k, v, "sigmoid", "poly", True, None, None, None)
+    fi.check_program_dtype(torch.float16, default)                 # FP16 default program: accepted
+    bf16_prog = fi.validate(q, k, v, "sigmoid", "poly", True, None, None, None, program="sigmoid_attn_n4096")
+    fi.check_program_dtype(torch.bfloat16, bf16_prog)              # BF16 inputs: accepted
+    with pytest.raises(ValueError, match="sigmoid_attn_n4096.*BF16 inputs only"):
+        fi.check_program_dtype(torch.float16, bf16_prog)
+    fi.check_program_dtype(torch.float16, fi.validate(q, k, v, "sigmoid", "native", True, None, None, None))
