@@ -31,13 +31,15 @@ def _apply(fn: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> torch.Ten
     return torch.from_numpy(fn(x32)).to(device=x.device, dtype=torch.float64)
 
 
-def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, program: str = None):
+def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, program: str = None,
+                io_dtype: str = "bf16"):
     """(score_fn, score_grad_fn): the block sigmoid_fwd on x' = x + bias + ln n, and the
     backward's sigma': p (1 - p) of that block's BF16 p ("product", the kernels' default,
     kernels/score_stages_bwd.SigmoidBwd.grad_rule) or the coupled block sigmoid_fwd_bwd's
     derivative surrogate ("surrogate", seed B3).  program: a table entry other than
-    sigmoid_attn_n{n}; an FP16 program's P is rounded to BF16 as the kernels' PV operand,
-    and its sigma' is p (1 - p) of the FP16 p (product rule only)."""
+    sigmoid_attn_n{n}; an FP16 program's P is rounded to the PV operand's type (io_dtype:
+    "bf16" for BF16 inputs, "f16" keeps the block's f16 P, as the kernels do for FP16
+    inputs), and its sigma' is p (1 - p) of the FP16 p (product rule only)."""
     grad_rule = grad_rule or SIGMOID_GRAD_RULE
     p_fwd = _program(program or f"sigmoid_attn_n{n}")
     f16 = p_fwd["dtype"] == "f16"
@@ -55,7 +57,7 @@ def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, 
 
     def value(a):
         p = runtime.replay(p_fwd, shifted(a), "fused")
-        return runtime.round_to(p, "bf16") if f16 else p
+        return runtime.round_to(p, "bf16") if f16 and io_dtype == "bf16" else p
 
     grad = product if grad_rule == "product" else (lambda a: runtime.replay(p_grad, shifted(a), "fused"))
     return (lambda x: _apply(value, x), lambda x: _apply(grad, x))
@@ -75,18 +77,21 @@ def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM):
             lambda x: _apply(dlogit, x))
 
 
-def split_fns(mode: str, stage, s_k: int, softcap: float = 50.0, sigmoid_bias=None, sigmoid_grad=None):
+def split_fns(mode: str, stage, s_k: int, softcap: float = 50.0, sigmoid_bias=None, sigmoid_grad=None,
+              io_dtype: str = "bf16"):
     """(score_fn, score_grad_fn) of a poly stage with poly_split, per key column: column n
     uses the program replay when stage.poly_pair(n // 8) (the kernels' block columns) and
     the exact function otherwise (the MUFU columns' target).  Scores x (..., S_k) are scaled
-    scores, key index last; the same rule serves the forward and the backward reference."""
+    scores, key index last; the same rule serves the forward and the backward reference.
+    io_dtype: the attention inputs' type, "bf16" or "f16" (sigmoid: the PV operand P)."""
     if mode == "softcap":
         poly, poly_grad = softcap_fns(softcap, stage.program)
         exact = lambda x: softcap * torch.tanh(x / softcap)
         exact_grad = lambda x: 1 - torch.tanh(x / softcap) ** 2
     else:
         b = -math.log(s_k) if sigmoid_bias is None else float(sigmoid_bias)
-        poly, poly_grad = sigmoid_fns(b, stage.program_n, sigmoid_grad, getattr(stage, "program", None))
+        poly, poly_grad = sigmoid_fns(b, stage.program_n, sigmoid_grad, getattr(stage, "program", None),
+                                      io_dtype)
         exact = lambda x: torch.sigmoid(x + b)
         exact_grad = lambda x: torch.sigmoid(x + b) * (1 - torch.sigmoid(x + b))
     cols = torch.tensor([bool(stage.poly_pair(n // 8)) for n in range(s_k)])

@@ -36,13 +36,14 @@ def _kw(mode):
     return {"softcap": 50.0} if mode == "softcap" else {}
 
 
-def _score_fns(mode, evaluator, s_k, program=None):
+def _score_fns(mode, evaluator, s_k, program=None, dtype=torch.bfloat16):
     """The math the kernel runs: per key column, the program replay on the columns the
     default poly split sends through the block, the exact function on the MUFU columns."""
     if evaluator == "native":
         return None, None
     from flash_attn_poly.kernels.score_stages import make_stage
-    return pr.split_fns(mode, make_stage(mode, "poly", **({"program": program} if program else {})), s_k)
+    return pr.split_fns(mode, make_stage(mode, "poly", **({"program": program} if program else {})), s_k,
+                        io_dtype="f16" if dtype == torch.float16 else "bf16")
 
 
 @pytest.mark.parametrize("mode, evaluator, program", MODES)
@@ -50,7 +51,7 @@ def _score_fns(mode, evaluator, s_k, program=None):
 def test_forward_and_backward(mode, evaluator, program, case, dtype=torch.bfloat16):
     causal = case[-1]
     q, k, v = _inputs(case, hash((mode, evaluator, case)) % 1000, mode, dtype)
-    fn, gfn = _score_fns(mode, evaluator, k.shape[1], program)
+    fn, gfn = _score_fns(mode, evaluator, k.shape[1], program, dtype)
     kw = dict(causal=causal, **_kw(mode))
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
     out = flash_attn_poly.attention(qg, kg, vg, mode, evaluator=evaluator, program=program, **kw)

@@ -144,7 +144,8 @@ def _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad=None, program=
     from flash_attn_poly.kernels import score_stages as S
     # what attn_fwd / attn_bwd build by default (or with the given table program)
     stage = S.make_stage(mode, "poly", **({"program": program} if program else {}))
-    fn, grad_fn = PR.split_fns(mode, stage, k.shape[1], softcap or 50.0, sigmoid_grad=sigmoid_grad)
+    fn, grad_fn = PR.split_fns(mode, stage, k.shape[1], softcap or 50.0, sigmoid_grad=sigmoid_grad,
+                               io_dtype="f16" if q.dtype == torch.float16 else "bf16")
     return reference.attention_ref_backward(do, q, k, v, mode, causal=causal, softcap=softcap,
                                             score_fn=fn, score_grad_fn=grad_fn)
 

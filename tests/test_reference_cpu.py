@@ -82,7 +82,8 @@ def test_reference_backward_matches_autograd(mode, causal, sq, sk):
 
 def test_sigmoid_f16_reference_rounds_p_to_bf16():
     """poly_reference.sigmoid_fns with the FP16 program: P is the BF16 rounding of the f16
-    block value (the kernels' PV operand), sigma' = p (1 - p) of the f16 value."""
+    block value (the kernels' PV operand for BF16 inputs; FP16 inputs keep the f16 value),
+    sigma' = p (1 - p) of the f16 value."""
     import math
 
     import numpy as np
@@ -97,6 +98,9 @@ def test_sigmoid_f16_reference_rounds_p_to_bf16():
     p16 = rt.replay(prog, x.numpy(), "fused")
     assert np.array_equal(fn(x).numpy(), rt.round_to(p16, "bf16"))
     assert np.allclose(gfn(x).numpy(), p16 - p16 * p16)
+    fn16, _ = PR.sigmoid_fns(-math.log(4096), program="sigmoid_attn_n4096_f16", io_dtype="f16")
+    assert np.array_equal(fn16(x).numpy(), p16)          # FP16 inputs: the f16 P as is
+    assert not np.array_equal(fn16(x).numpy(), fn(x).numpy())
     import pytest as _pt
     with _pt.raises(ValueError):
         PR.sigmoid_fns(0.0, grad_rule="surrogate", program="sigmoid_attn_n4096_f16")
