@@ -24,6 +24,7 @@
 #   bash bench/h200_round.sh fp16sig # FP16-input sigmoid/poly kernel tests (built, not GPU-run yet)
 #   bash bench/h200_round.sh bd      # kernel_breakdown.py alone
 #   bash bench/h200_round.sh hp      # FP16 API tests, then bench/host_profile.py (cProfile of each call)
+#   bash bench/h200_round.sh hc      # API + compiled-step tests, then bench/host_cost.py and bench/call_timeline.py
 #   bash bench/h200_round.sh tl      # FP16-input sigmoid/poly kernel + API tests, then bench/call_timeline.py
 #   bash bench/h200_round.sh split   # bench/poly_split.py: BF16/FP16 programs x column split, time + accuracy
 #   bash bench/h200_round.sh f16     # FP16 programs: asm/kernel/API tests, accuracy rows, gqa_4096 with f16 rows
@@ -135,6 +136,14 @@ elif [ "$phase" = final6 ]; then   # accuracy (every mode, both programs) and th
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = bd ]; then   # per-kernel device time only (kernel_breakdown.py)
   t breakdown 170 python3 bench/kernel_breakdown.py --json "$OUT/kernel_breakdown.json"
+elif [ "$phase" = hc ]; then   # eager autograd.Function path: API/compile tests, host cost, call timeline
+  tarup() { (cd "$OUT" && tar czf /tmp/round_hc.tgz --exclude=round_hc.tgz . && mv /tmp/round_hc.tgz "$OUT/"); }
+  pt api tests/test_api_gpu.py &
+  pt compile tests/test_compile_gpu.py &
+  wait; tarup
+  t host_cost 150 python3 bench/host_cost.py --json "$OUT/host_cost.json"; tarup
+  t timeline 200 python3 bench/call_timeline.py --json "$OUT/call_timeline.json"; tarup
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = hp ]; then   # FP16 API tests, then where the host time of a call goes
   tarup() { (cd "$OUT" && tar czf /tmp/round_hp.tgz --exclude=round_hp.tgz . && mv /tmp/round_hp.tgz "$OUT/"); }
   pt api16 tests/test_api_gpu.py -k "fp16_inputs"; tarup

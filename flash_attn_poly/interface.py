@@ -185,8 +185,9 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     gradients are bitwise reproducible run to run (a separate kernel build; slower where
     CTAs wait for their turn).  The forward and the reference backend are deterministic
     already and ignore it.
-    Differentiable, and a torch custom op (`torch.ops.flash_attn_poly.attn_fwd`), so
-    torch.compile traces it without graph breaks.
+    Differentiable; under torch.compile it is a torch custom op
+    (`torch.ops.flash_attn_poly.attn_fwd`), traced without graph breaks (eagerly a
+    torch.autograd.Function runs the same kernels with less host work).
     """
     a = validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size,
                  deterministic, program)
@@ -196,10 +197,40 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     if which == "cuda":
         _check_cuda_support(q, k, v, a)
     bias = a.sigmoid_bias if a.sigmoid_bias is not None else reference.default_sigmoid_bias(k.shape[1])
-    out, lse = torch.ops.flash_attn_poly.attn_fwd(
-        q, k, v, a.mode, a.evaluator, a.causal, a.softcap or 0.0, bias, a.softmax_scale,
-        list(a.window_size), which, a.deterministic, a.program or "")
+    if torch.compiler.is_compiling():
+        out, lse = torch.ops.flash_attn_poly.attn_fwd(
+            q, k, v, a.mode, a.evaluator, a.causal, a.softcap or 0.0, bias, a.softmax_scale,
+            list(a.window_size), which, a.deterministic, a.program or "")
+    else:
+        op_args = _args_from_op(a.mode, a.evaluator, a.causal, a.softcap, bias, a.softmax_scale,
+                                a.window_size, a.deterministic, a.program)
+        out, lse = _EagerAttn.apply(q, k, v, op_args, which)
     return (out, lse) if return_lse else out
+
+
+class _EagerAttn(torch.autograd.Function):
+    """attention() outside torch.compile: the custom ops' forward and backward bodies called
+    directly.  Same kernels, same arguments; it skips the two custom-op dispatches (torch's
+    Python layers around a custom op cost ~100 us of host time per call on the CPU machine,
+    bench/results/call_timeline.md), which back-to-back backward calls could not hide.
+    Under torch.compile, attention() uses the custom ops, which trace without graph breaks."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, a: AttnArgs, backend: str):
+        out, lse = _reference_forward(q, k, v, a) if backend == "reference" else _cuda_forward(q, k, v, a)
+        lse = _lse_or_empty(q, lse)
+        ctx.a, ctx.backend = a, backend
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dout = dout.contiguous()
+        grads = (_reference_backward(dout, q, k, v, ctx.a) if ctx.backend == "reference"
+                 else _cuda_backward(dout, q, k, v, out, lse, ctx.a))
+        return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3])) + (None, None)
 
 
 def _args_from_op(mode, evaluator, causal, softcap, bias, scale, window, deterministic=False,
