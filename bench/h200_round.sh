@@ -20,6 +20,7 @@
 #   bash bench/h200_round.sh headloop  # backward head_loop: tests, then timing vs the per-query-head grid
 #   bash bench/h200_round.sh hl2     # head_loop tests + timing, then bench/poly_split.py
 #   bash bench/h200_round.sh final5  # FP16 poly defaults + head_loop_auto: all GPU tests, gqa_4096
+#   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh final6  # accuracy.py and gemma2.py D = 256 under those defaults
 #   bash bench/h200_round.sh fp16sig # FP16-input sigmoid/poly kernel tests (built, not GPU-run yet)
 #   bash bench/h200_round.sh bd      # kernel_breakdown.py alone
@@ -126,6 +127,11 @@ elif [ "$phase" = hl3 ]; then   # head_loop with one LPT section: a few tests, t
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_head_loop.json"
 elif [ "$phase" = final5 ]; then   # FP16 poly defaults + head_loop_auto: every GPU test file, then gqa_4096
   tarup() { (cd "$OUT" && tar czf /tmp/round_final5.tgz --exclude=round_final5.tgz . && mv /tmp/round_final5.tgz "$OUT/"); }
+  all_gpu_tests tests/test_asm_gpu.py; tarup
+  t gqa 240 python3 bench/gqa_4096.py --json "$OUT/gqa_4096.json"; tarup
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = final7 ]; then   # eager autograd.Function path + FP16 sigmoid/poly API: every GPU test file, gqa_4096
+  tarup() { (cd "$OUT" && tar czf /tmp/round_final7.tgz --exclude=round_final7.tgz . && mv /tmp/round_final7.tgz "$OUT/"); }
   all_gpu_tests tests/test_asm_gpu.py; tarup
   t gqa 240 python3 bench/gqa_4096.py --json "$OUT/gqa_4096.json"; tarup
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
