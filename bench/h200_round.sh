@@ -21,6 +21,7 @@
 #   bash bench/h200_round.sh hl2     # head_loop tests + timing, then bench/poly_split.py
 #   bash bench/h200_round.sh final5  # FP16 poly defaults + head_loop_auto: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
+#   bash bench/h200_round.sh final8  # Gemma-2 D = 256 and 128 tables, then train_sanity.py (eager path, FP16 defaults)
 #   bash bench/h200_round.sh final6  # accuracy.py and gemma2.py D = 256 under those defaults
 #   bash bench/h200_round.sh fp16sig # FP16-input sigmoid/poly kernel tests (built, not GPU-run yet)
 #   bash bench/h200_round.sh bd      # kernel_breakdown.py alone
@@ -134,6 +135,12 @@ elif [ "$phase" = final7 ]; then   # eager autograd.Function path + FP16 sigmoid
   tarup() { (cd "$OUT" && tar czf /tmp/round_final7.tgz --exclude=round_final7.tgz . && mv /tmp/round_final7.tgz "$OUT/"); }
   all_gpu_tests tests/test_asm_gpu.py; tarup
   t gqa 240 python3 bench/gqa_4096.py --json "$OUT/gqa_4096.json"; tarup
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = final8 ]; then   # Gemma-2 tables and the training sanity run under the current defaults
+  tarup() { (cd "$OUT" && tar czf /tmp/round_final8.tgz --exclude=round_final8.tgz . && mv /tmp/round_final8.tgz "$OUT/"); }
+  t gemma2_d256 170 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
+  t gemma2_d128 120 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"; tarup
+  t train 150 python3 bench/train_sanity.py --json "$OUT/train_sanity.json" --md "$OUT/train_sanity.md"; tarup
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = final6 ]; then   # accuracy (every mode, both programs) and the Gemma-2 D = 256 table
   tarup() { (cd "$OUT" && tar czf /tmp/round_final6.tgz --exclude=round_final6.tgz . && mv /tmp/round_final6.tgz "$OUT/"); }
