@@ -210,10 +210,10 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
 
 class _EagerAttn(torch.autograd.Function):
     """attention() outside torch.compile: the custom ops' forward and backward bodies called
-    directly.  Same kernels, same arguments; it skips the two custom-op dispatches (torch's
-    Python layers around a custom op cost ~100 us of host time per call on the CPU machine,
-    bench/results/call_timeline.md), which back-to-back backward calls could not hide.
-    Under torch.compile, attention() uses the custom ops, which trace without graph breaks."""
+    directly.  Same kernels, same arguments, without the two custom-op dispatches (torch's
+    Python layers around a custom op: softmax backward host time 325 -> 218 us per call on
+    the H200 host, bench/results/host_cost.md).  Under torch.compile, attention() uses the
+    custom ops, which trace without graph breaks."""
 
     @staticmethod
     def forward(ctx, q, k, v, a: AttnArgs, backend: str):
