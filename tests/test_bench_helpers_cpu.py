@@ -46,3 +46,24 @@ def test_poly_split_configs_are_valid_stages():
         if prog:
             st = S.make_stage(mode, "poly", program=prog, poly_split=split)
             assert st.program == prog and st.poly_split == split
+
+
+def test_call_timeline_splits_kernel_idle_and_host_late_time():
+    """call_timeline.split_trace on a synthetic trace: 2 calls of (memset, main), each main
+    launched 4 us after the memset ended (host-late) and started 6 us after it (idle)."""
+    import call_timeline as C
+    ev, t, corr = [], 0.0, 0
+    for _ in range(2):
+        for name, dur, launch_after_prev_end in (("void at::native::vectorized_elementwise_kernel<4>", 10.0, -3.0),
+                                                 ("kernel_AttnBwdSm90Head", 100.0, 4.0)):
+            corr += 1
+            start = t + 6.0
+            ev.append({"cat": "cuda_runtime", "name": "cuLaunchKernel", "ts": t + launch_after_prev_end, "dur": 2.0,
+                       "args": {"correlation": corr}})
+            ev.append({"cat": "kernel", "name": name, "ts": start, "dur": dur, "args": {"correlation": corr}})
+            t = start + dur
+    r = C.split_trace(ev, 2)
+    assert r["kernels_per_call"] == 2.0 and r["kernel_us"] == 110.0
+    assert r["idle_us"] == 9.0                      # 3 gaps of 6 us over 2 calls (the first has none before it)
+    assert r["host_late_us"] == 4.0                 # the two mains' 4 us (memset launches were early)
+    assert "6.0->main" in r["gaps"] and "6.0->memset" in r["gaps"]
