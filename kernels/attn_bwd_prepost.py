@@ -51,7 +51,11 @@ def _dsum(dout, out, s_pad: int) -> torch.Tensor:
     return outp
 
 
-def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str, pad_to: int):
+def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str, pad_to: int,
+               dq_acc=None):
+    """(lse2, dsum), both (B, H, S_pad) FP32; dq_acc (FP32, shaped like dout) is zeroed."""
+    if dq_acc is not None:
+        dq_acc.zero_()
     b, s_q, h_q, _ = dout.shape
     s_pad = -(-s_q // pad_to) * pad_to
     zeros = None

@@ -14,6 +14,9 @@ pre (one launch): for every (batch, head, query row)
     both (B, H, S_pad) FP32 including the tail [S, S_pad): dsum 0, lse2 +inf.
     A buffer the score stage does not need is written as zeros (the backward only reads
     it); with neither needed (sigmoid) the host allocates one zeroed buffer, no launch.
+  PreZeroKernel (PreKey.zero_dq): the same, plus zeroing the head_loop backward's FP32 dQ
+    accumulator in the same launch (attn_bwd(zero_dq_in_pre=True); off by default until
+    GPU-timed).
   Grid (S_pad / rows, H, B), 128 threads.  A row of D 16-bit values is split over
   D / 32 adjacent lanes (4 for D=128, 2 for D=64), each loading 4 chunks of 16 bytes of
   dO and of O (8 LDG.E.128; chunk c of lane l is c * lanes + l, so the lanes of a row read
@@ -50,6 +53,7 @@ CHUNK32 = 8          # FP32 accumulator values per post chunk (two 16-byte loads
 
 PRE_THREADS = 128
 PRE_CHUNKS = 4       # 16-byte chunks of dO (and of O) per lane: 8 loads per thread
+ZERO_CHUNK = 4       # FP32 values per 16-byte store (PreZeroKernel)
 
 POST_THREADS = 256
 POST_UNROLL = 4      # chunks per thread per block (4 x 32 bytes in flight)
@@ -76,6 +80,7 @@ class PreKey:
     needs_lse: bool
     needs_dsum: bool
     lse_base: str = "e"  # "e": multiply by log2(e); "2": as is
+    zero_dq: bool = False  # PreZeroKernel: also zero the rows of the dQ accumulator
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256) or self.dtype not in ("bf16", "f16") or self.lse_base not in ("e", "2"):
@@ -93,6 +98,12 @@ class PreKernel:
     @cute.kernel
     def kernel(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                mLSE2: cute.Tensor, mDsum: cute.Tensor):
+        self._rows(mdO, mO, mLSE, mLSE2, mDsum)
+
+    @cute.jit
+    def _rows(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+              mLSE2: cute.Tensor, mDsum: cute.Tensor):
+        """dsum and lse2 of this CTA's rows (the whole pre kernel without zero_dq)."""
         tidx, _, _ = cute.arch.thread_idx()
         s_blk, h, b = cute.arch.block_idx()
         s_q = mdO.shape[1]
@@ -166,6 +177,45 @@ class PreKernel:
         from . import launch
         stream, opts = launch.compile_kwargs(tvm_ffi, options)
         return cute.compile(self, *self.fake_args(), stream, options=opts)
+
+
+class PreZeroKernel(PreKernel):
+    """PreKernel that also zeroes the FP32 dQ accumulator (B, S_q, H, D) rows of its CTA, so
+    the backward needs no separate memset launch for it (PreKey.zero_dq; the head_loop
+    backward's only accumulator).  Same thread-to-row map as the dsum loads: lane l of a
+    row stores chunks c * lanes + l, 4 floats each (8 STG.E.128 per thread), rows >= S_q
+    skipped.  With neither dsum nor lse2 needed (sigmoid) the kernel writes their zeros and
+    this one launch replaces both memsets."""
+
+    @cute.kernel
+    def kernel(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               mLSE2: cute.Tensor, mDsum: cute.Tensor, mDQacc: cute.Tensor):
+        self._rows(mdO, mO, mLSE, mLSE2, mDsum)
+        self._zero_dq(mDQacc)
+
+    @cute.jit
+    def _zero_dq(self, mDQacc: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        s_blk, h, b = cute.arch.block_idx()
+        lane = tidx % self.lanes
+        s = s_blk * self.rows + tidx // self.lanes
+        if s < mDQacc.shape[1]:
+            row = cute.zipped_divide(cute.make_tensor(mDQacc[b, s, h, None].iterator,
+                                                      cute.make_layout(self.D)), (ZERO_CHUNK,))
+            z = cute.make_rmem_tensor((ZERO_CHUNK,), Float32)
+            z.fill(0.0)
+            for c in cutlass.range_constexpr(self.D // ZERO_CHUNK // self.lanes):
+                cute.autovec_copy(z, row[(None, c * self.lanes + lane)])     # STG.E.128
+
+    @cute.jit
+    def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 mLSE2: cute.Tensor, mDsum: cute.Tensor, mDQacc: cute.Tensor, stream):
+        grid = (cute.ceil_div(mDsum.shape[2], self.rows), mDsum.shape[1], mDsum.shape[0])
+        self.kernel(mdO, mO, mLSE, mLSE2, mDsum, mDQacc).launch(
+            grid=grid, block=[PRE_THREADS, 1, 1], stream=stream)
+
+    def fake_args(self):
+        return super().fake_args() + [_fake(Float32, 4, div=4)]   # dQ accumulator (B, S, H, D)
 
 
 # ------------------------------------------------------------------------------ post
@@ -246,7 +296,8 @@ _CACHE: dict = {}
 def get_compiled(key, tvm_ffi: bool = True):
     fn = _CACHE.get((key, tvm_ffi))
     if fn is None:
-        kern = PreKernel(key) if isinstance(key, PreKey) else PostKernel(key)
+        kern = ((PreZeroKernel if key.zero_dq else PreKernel)(key) if isinstance(key, PreKey)
+                else PostKernel(key))
         fn = _CACHE[(key, tvm_ffi)] = kern.compile(tvm_ffi=tvm_ffi)
     return fn
 
@@ -278,16 +329,21 @@ def _run(key, args, scalars=()):
     launch.run(("attn_bwd_prepost", key), lambda: get_compiled(key, True)(*args, *scalars), dlpack)
 
 
-def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str, pad_to: int):
-    """Drop-in for attn_bwd_prepost.preprocess: (lse2, dsum), both (B, H, S_pad) FP32."""
+def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str, pad_to: int,
+               dq_acc=None):
+    """Drop-in for attn_bwd_prepost.preprocess: (lse2, dsum), both (B, H, S_pad) FP32.
+    dq_acc: an FP32 tensor shaped like dout that the same launch zeroes (PreZeroKernel)."""
     import torch
     from . import attn_bwd_prepost as reference
     b, s_q, h_q, d = dout.shape
     s_pad = -(-s_q // pad_to) * pad_to
+    if dq_acc is not None and (dq_acc.shape != dout.shape or dq_acc.dtype != torch.float32):
+        raise ValueError(f"dq_acc must be FP32 shaped like dout {tuple(dout.shape)}, got "
+                         f"{dq_acc.dtype} {tuple(dq_acc.shape)}")
     if dout.numel() == 0 or (needs_dsum and out.dtype != dout.dtype):
         # empty grid / mixed-precision O (e.g. FP32): the torch reference handles these
-        return reference.preprocess(dout, out, lse, needs_lse, needs_dsum, lse_base, pad_to)
-    if not (needs_lse or needs_dsum):      # nothing to compute: one zeroed buffer for both
+        return reference.preprocess(dout, out, lse, needs_lse, needs_dsum, lse_base, pad_to, dq_acc)
+    if not (needs_lse or needs_dsum or dq_acc is not None):   # nothing to compute: one zeroed buffer
         zeros = torch.zeros(b, h_q, s_pad, dtype=torch.float32, device=dout.device)
         return zeros, zeros
     lse2 = torch.empty(b, h_q, s_pad, dtype=torch.float32, device=dout.device)
@@ -296,8 +352,12 @@ def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str,
     lse = lse.float().contiguous() if needs_lse else lse2
     _check(dout, out)
     _check(lse, align=4)
-    key = PreKey(_dtype_name(dout.dtype), d, bool(needs_lse), bool(needs_dsum), lse_base)
-    _run(key, (dout, out, lse, lse2, dsum))
+    key = PreKey(_dtype_name(dout.dtype), d, bool(needs_lse), bool(needs_dsum), lse_base, dq_acc is not None)
+    if dq_acc is None:
+        _run(key, (dout, out, lse, lse2, dsum))
+    else:
+        _check(dq_acc)
+        _run(key, (dout, out, lse, lse2, dsum, dq_acc))
     return lse2, dsum
 
 

@@ -808,7 +808,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
              lpt=None, split_wg=None, stages=None, sigmoid_grad=None, mainloop=None, v_with_do=None,
-             program=None, head_loop=None, poly_split=None):
+             program=None, head_loop=None, poly_split=None, zero_dq_in_pre=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -837,6 +837,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     head_loop: a CTA per (key block, KV head) runs all G query heads of the group and stores
     dK/dV directly (no FP32 dK/dV accumulators, atomics or post pass; None: head_loop_auto;
     not with deterministic, v_with_do or the split-warpgroup build).
+    zero_dq_in_pre: head_loop only, the pre kernel zeroes the dQ accumulator (PreZeroKernel)
+    instead of a torch memset (None: ZERO_DQ_IN_PRE_DEFAULT; one launch fewer).
     """
     import torch
     from . import attn_bwd_prepost
@@ -869,9 +871,13 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     if use_loop and not (deterministic or key.v_with_do or tile.split_wg):
         key = dataclasses.replace(key, head_loop=True)
     from . import launch
-    lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128)
+    zero_dq = key.head_loop and (ZERO_DQ_IN_PRE_DEFAULT if zero_dq_in_pre is None else bool(zero_dq_in_pre))
+    dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if zero_dq else None
+    lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128,
+                               **({"dq_acc": dq_acc} if zero_dq else {}))
     if key.head_loop:   # dK, dV come out of the kernel in dtype; only dQ needs an accumulator
-        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        if dq_acc is None:
+            dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dk_acc, dv_acc = torch.empty_like(k), torch.empty_like(v)
         extra = (scale,)
     else:
@@ -912,6 +918,10 @@ V_WITH_DO_DEFAULT = False
 # 0.931 -> 0.900, sigmoid/poly 0.875 -> 0.802; Gemma-2 D=256 S=8192 H 8/4 (512 CTAs): softcap
 # 2.46 -> 2.32 native, 2.35 -> 2.30 poly; S=1024 (64 CTAs, 0.5 per SM): 0.163 -> 0.254.
 HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
+# The pre kernel zeroes head_loop's dQ accumulator (one launch instead of pre + memset; sigmoid:
+# one instead of two memsets).  Off: built and compile-tested (CPU SASS), not yet run on a GPU
+# (tests/test_attn_bwd_prepost_gpu.py -k zero_dq, bench/attn_bwd_check.py --axes zero_dq).
+ZERO_DQ_IN_PRE_DEFAULT = False
 
 
 def head_loop_auto(b: int, h_q: int, h_kv: int, s_k: int, tile: BwdTile, d: int, device) -> bool:

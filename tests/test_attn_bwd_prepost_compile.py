@@ -67,6 +67,9 @@ def test_tvm_ffi_signatures():
     x, st = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16), torch.zeros(1, 4, 256)
     with pytest.raises(Exception, match="device_type=cuda"):
         pre(x, x, st, st, st)
+    pre_zero = P.get_compiled(P.PreKey("bf16", 128, True, True, zero_dq=True), tvm_ffi=True)
+    with pytest.raises(Exception, match="device_type=cuda"):
+        pre_zero(x, x, st, st, st, torch.zeros(1, 256, 4, 128))
     post = P.get_compiled(P.PostKey("bf16"), tvm_ffi=True)
     acc = torch.zeros(1, 256, 4, 128)
     with pytest.raises(Exception, match="device_type=cuda"):
@@ -84,3 +87,34 @@ def test_prepost_selection(monkeypatch):
     monkeypatch.setenv(K.PREPOST_ENV, "triton")
     with pytest.raises(ValueError):
         K.prepost_module()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("flags", [(True, True), (False, False)], ids=str)
+def test_pre_zero_dq_sass(d, flags):
+    """PreZeroKernel: the pre kernel's loads plus 8 x 16-byte zero stores per thread
+    (D / 4 chunks per row over D / 32 lanes), no spills."""
+    import cutlass.cute as cute
+    key = P.PreKey("bf16", d, *flags, zero_dq=True)
+    k = P.PreZeroKernel(key)
+    c = sass.compile_sm90(k, *k.fake_args(), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=False))
+    n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN))
+    assert n["STG.E.128"] == d // P.ZERO_CHUNK // k.lanes == 8, n
+    assert n["LDG.E.128"] == (2 * P.PRE_CHUNKS if flags[1] else 0), n
+    assert n["STL"] == 0 and n["LDL"] == 0, n
+
+
+def test_preprocess_dq_acc_contract():
+    """The torch reference zeroes dq_acc; the CuTe entry refuses a wrong dq_acc by name
+    before launching anything (CPU tensors: the check comes first)."""
+    torch = pytest.importorskip("torch")
+    from flash_attn_poly.kernels import attn_bwd_prepost as ref
+    do = torch.randn(1, 5, 2, 64, dtype=torch.bfloat16)
+    acc = torch.full(do.shape, float("nan"))
+    lse2, dsum = ref.preprocess(do, do, None, False, False, "e", 128, dq_acc=acc)
+    assert torch.equal(acc, torch.zeros_like(acc)) and torch.equal(lse2, torch.zeros(1, 2, 128))
+    with pytest.raises(ValueError, match="dq_acc must be FP32 shaped like dout"):
+        P.preprocess(do, do, None, False, False, "e", 128, dq_acc=torch.zeros(1, 5, 2, 32))
+    with pytest.raises(ValueError, match="dq_acc must be FP32"):
+        P.preprocess(do, do, None, False, False, "e", 128, dq_acc=torch.zeros(do.shape, dtype=torch.bfloat16))
