@@ -220,6 +220,10 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
             for ev in (("native",) if mode == "softmax" else ("native", "poly")):
                 for hl in (False, True):
                     add(f"ours {mode}/{ev} head_loop={int(hl)}", anchor, mode, flops, head_loop=hl, evaluator=ev)
+        if "dq_tma" in axes:   # staged dQ added by TMA tensor reductions | per-row bulk reductions
+            for ev in (("native",) if mode == "softmax" else ("native", "poly")):
+                for dt in (False, True):
+                    add(f"ours {mode}/{ev} dq_tma={int(dt)}", anchor, mode, flops, dq_tma=dt, evaluator=ev)
         if "zero_dq" in axes:   # head_loop's dQ accumulator zeroed by the pre kernel | a memset
             for ev in (("native",) if mode == "softmax" else ("native", "poly")):
                 for zd in (False, True):
@@ -263,12 +267,13 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
                    else ("v_with_do", (False, True)) if "v_with_do" in axes
                    else ("head_loop", (False, True)) if "head_loop" in axes
                    else ("zero_dq_in_pre", (False, True)) if "zero_dq" in axes
+                   else ("dq_tma", (False, True)) if "dq_tma" in axes
                    else ("sigmoid_grad", ("surrogate", "product")) if "sigmoid_grad" in axes
                    else ("dq_async", (False, True)))
         if key == "sigmoid_grad" and mode != "sigmoid":
             continue
         ev = {"evaluator": "poly", "program": "sigmoid_attn_n4096"} if key == "sigmoid_grad" else \
-            {"evaluator": "poly"} if (key in ("mainloop", "v_with_do", "head_loop") and mode != "softmax") else \
+            {"evaluator": "poly"} if (key in ("mainloop", "v_with_do", "head_loop", "dq_tma") and mode != "softmax") else \
             {"head_loop": True, **({} if mode == "softmax" else {"evaluator": "poly"})} if key == "zero_dq_in_pre" else {}
         ga, gb = (attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, **{key: x}, **ev) for x in xs)
         rel = max(((x.double() - y.double()).norm() / y.double().norm()).item() for x, y in zip(ga, gb))
@@ -303,7 +308,7 @@ def main():
                     help="time FLASH_ATTN_POLY_PREPOST=torch vs cute (backward and pre/post alone)")
     ap.add_argument("--variants", action="store_true",
                     help="time backward variants side by side, with FA4 (see --axes)")
-    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order), stages (Q/dO pipeline 2 | 3), sigmoid_grad (surrogate | product), mainloop (1 | 2), v_with_do (off | on), head_loop (off | on), zero_dq (head_loop's dQ accumulator zeroed in the pre kernel: off | on)")
+    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order), stages (Q/dO pipeline 2 | 3), sigmoid_grad (surrogate | product), mainloop (1 | 2), v_with_do (off | on), head_loop (off | on), zero_dq (head_loop's dQ accumulator zeroed in the pre kernel: off | on), dq_tma (dQ by TMA tensor reductions: off | on)")
     ap.add_argument("--json", default=None, help="with --variants: write rows + protocol here")
     ap.add_argument("--split-wg", action="store_true", help="time the D=256 chunked vs split-warpgroup backward")
     a = ap.parse_args()

@@ -21,6 +21,7 @@
 #   bash bench/h200_round.sh hl2     # head_loop tests + timing, then bench/poly_split.py
 #   bash bench/h200_round.sh final5  # FP16 poly defaults + head_loop_auto: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
+#   bash bench/h200_round.sh nx      # next experiments: dq_tma and zero_dq_in_pre tests, then both timing axes (not yet run)
 #   bash bench/h200_round.sh zdq     # dQ accumulator zeroed in the pre kernel: its tests, then timing (not yet run)
 #   bash bench/h200_round.sh final8  # Gemma-2 D = 256 and 128 tables, then train_sanity.py (eager path, FP16 defaults)
 #   bash bench/h200_round.sh final6  # accuracy.py and gemma2.py D = 256 under those defaults
@@ -136,6 +137,17 @@ elif [ "$phase" = final7 ]; then   # eager autograd.Function path + FP16 sigmoid
   tarup() { (cd "$OUT" && tar czf /tmp/round_final7.tgz --exclude=round_final7.tgz . && mv /tmp/round_final7.tgz "$OUT/"); }
   all_gpu_tests tests/test_asm_gpu.py; tarup
   t gqa 240 python3 bench/gqa_4096.py --json "$OUT/gqa_4096.json"; tarup
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = nx ]; then   # dq_tma + zero_dq_in_pre (both off by default): tests, then timing
+  tarup() { (cd "$OUT" && tar czf /tmp/round_nx.tgz --exclude=round_nx.tgz . && mv /tmp/round_nx.tgz "$OUT/"); }
+  pt tma tests/test_attn_bwd_gpu.py -k "dq_tma" &
+  pt zdq tests/test_attn_bwd_prepost_gpu.py -k "zero_dq" &
+  wait; tarup
+  t tma_time 240 python3 bench/attn_bwd_check.py --skip-check --variants --axes dq_tma \
+      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_dq_tma.json"; tarup
+  t zdq_time 240 python3 bench/attn_bwd_check.py --skip-check --variants --axes zero_dq \
+      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_zero_dq.json"; tarup
+  find "$OUT" -maxdepth 1 -type f ! -name round_nx.tgz ! -name summary.txt -delete
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = zdq ]; then   # PreZeroKernel (zero_dq_in_pre): tests, then backward timing off vs on
   tarup() { (cd "$OUT" && tar czf /tmp/round_zdq.tgz --exclude=round_zdq.tgz . && mv /tmp/round_zdq.tgz "$OUT/"); }

@@ -106,7 +106,8 @@ class BwdTile:
 class AttnBwdSm90(BwdReductions):
     def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile,
                  window: tuple = (False, False), deterministic: bool = False, dq_async: bool = False,
-                 lpt: bool = False, mainloop: int = 2, v_with_do: bool = False, head_loop: bool = False):
+                 lpt: bool = False, mainloop: int = 2, v_with_do: bool = False, head_loop: bool = False,
+                 dq_tma: bool = False):
         assert head_dim in (64, 128, 256), "D must be 64, 128 or 256"
         # per query block (docs/NOTES_attn_bwd.md, "Main loop v2"): 2 = LSE / D read into
         # registers while the S / dV GEMMs run, and (dq_async) dQ issued before dK so the dQ
@@ -128,6 +129,12 @@ class AttnBwdSm90(BwdReductions):
         assert not (dq_async and deterministic), "dq_async: not with deterministic"
         assert not (dq_async and head_dim > 128), "dq_async: the staged dQ tile does not fit D = 256's smem"
         self.dq_async = dq_async
+        # dq_tma: the staged dQ tile is dense and 128B-swizzled (slabs of 32 FP32 columns) and
+        # warp 1 adds it with TMA tensor reductions (one per slab) instead of one bulk
+        # reduction per row; the TMA unit clips rows >= S_q (kernels/bwd_reduce.py)
+        # (D = 64 is left out: its 128 x 128 tile already spills 12 words, 41 with dq_tma)
+        assert not dq_tma or (dq_async and head_dim == 128), "dq_tma: a variant of dq_async, D = 128 only"
+        self.dq_tma = dq_tma
         # CTA order (kernels/tile_scheduler.py): key blocks of L2-sized head sections, longest
         # (lowest n) first, heads fastest; the deterministic build keeps its launch order
         assert not (lpt and deterministic), "lpt: not with deterministic (turn order needs the grid order)"
@@ -204,7 +211,8 @@ class AttnBwdSm90(BwdReductions):
         @cute.struct
         class StorageAux:
             base: Storage
-            aux: cute.struct.Align[cute.struct.MemRange[Float32, max(1, self._aux_words())], 128]
+            aux: cute.struct.Align[cute.struct.MemRange[Float32, max(1, self._aux_words())],
+                                   1024 if self.dq_tma else 128]   # dq_tma: 128B-swizzled TMA source
         out = StorageAux if self._aux_words() else Storage
         if out.size_in_bytes() > SMEM_CAPACITY:   # fail at build, naming the config, not at launch
             raise ValueError(f"{type(self).__name__}: tile {self.tile_m}x{self.tile_n}, {st} Q/dO stages at "
@@ -212,10 +220,17 @@ class AttnBwdSm90(BwdReductions):
                              f"the {SMEM_CAPACITY} of sm_90a")
         return out
 
+    def _dq_smem_layout(self):
+        """dq_tma's staged dQ tile (tile_m, Dc) FP32: K-major 128B-swizzle atoms (8 rows x 32
+        columns) stacked along the rows, so column slab j (32 FP32) is one TMA box of
+        tile_m x 128 bytes; BwdReductions.dq_word gives the same offsets."""
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
+        return cute.tile_to_shape(atom, (self.tile_m, self.Dc), (0, 1))
+
     def _aux_words(self) -> int:
         """FP32 words of shared memory after the base storage (0: none): the staged dQ tile
         of dq_async; subclasses add their own (AttnBwdSm90SplitWG: the dS factors)."""
-        return self.tile_m * (self.Dc + DQ_ROW_PAD) if self.dq_async else 0
+        return self.tile_m * (self.Dc + (0 if self.dq_tma else DQ_ROW_PAD)) if self.dq_async else 0
 
     @staticmethod
     def _seq_major(t: cute.Tensor, order) -> cute.Tensor:
@@ -256,6 +271,10 @@ class AttnBwdSm90(BwdReductions):
         grid = (n_blocks, grid_heads, cute.size(mQ.shape[3]) * self.n_chunks)
         if const_expr(self.lpt):
             grid = SectionLptScheduler.grid(n_blocks, grid_heads, cute.size(mQ.shape[3]) * self.n_chunks)
+        if const_expr(self.dq_tma):   # the kernel gets the TMA view of the accumulator, the atom last in args
+            tma_dq, mdQacc = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, self._dq_smem_layout(), (self.tile_m, self.Dc))
+            extra = extra + (tma_dq,)
         self.kernel(tQ, tK, tV, tdO, tLSE, tDsum, mdQacc, mdKacc, mdVacc,
                     tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
                     mma_sdp, mma_dkv, mma_dq, scalars + self._window_param(win_left, win_right) + extra,
@@ -284,6 +303,9 @@ class AttnBwdSm90(BwdReductions):
                args, Storage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
+        tma_dq = None
+        if const_expr(self.dq_tma):
+            tma_dq, args = args[-1], args[:-1]
         if const_expr(self.lpt and self.head_loop):
             # a CTA per KV head runs G times longer: one section (plain longest-first over all
             # KV heads), since L2-sized sections of 2 KV heads started long CTAs late (H200,
@@ -308,11 +330,17 @@ class AttnBwdSm90(BwdReductions):
         if warp_idx == 0:
             for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum):
                 cpasync.prefetch_descriptor(atom)
+            if const_expr(self.dq_tma):
+                cpasync.prefetch_descriptor(tma_dq)
         smem = SmemAllocator()
         st = smem.allocate(Storage)
         aux_addr = Int32(0)   # the aux buffer (_aux_words): staged dQ, or a subclass's; args[-1] of mma
+        sdQ = None
         if const_expr(self._aux_words() > 0):
             aux_addr = st.aux.data_ptr().toint()
+            if const_expr(self.dq_tma):
+                dq_l = self._dq_smem_layout()
+                sdQ = st.aux.get_tensor(dq_l.outer, swizzle=dq_l.inner)
             st = st.base
         prod = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         cons = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)   # 8 MMA warps arrive
@@ -358,7 +386,8 @@ class AttnBwdSm90(BwdReductions):
                           n_block, head, head_kv, batch, m_min, m_max)
             if const_expr(self.dq_async):
                 if warp_idx == 1:
-                    self.reduce_dq(mdQacc, aux_addr, tidx % 32, head, batch, chunk, m_min, m_max, seqlen_q, n_heads)
+                    self.reduce_dq(mdQacc, aux_addr, tidx % 32, head, batch, chunk, m_min, m_max, seqlen_q, n_heads,
+                                   sdQ, tma_dq)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.mma(mma_sdp, mma_dkv, mma_dq, sQ, sK, sV, sdO, sdS, sLSE, sDsum,
@@ -740,6 +769,7 @@ class BwdKey:
     mainloop: int = 2            # AttnBwdSm90 mainloop order (1 = v1, for side-by-side timing)
     v_with_do: bool = False      # V loaded on the first dO stage's barrier (K, Q, V, dO order)
     head_loop: bool = False      # CTA per KV head over its GQA group; dK/dV stored directly
+    dq_tma: bool = False         # dq_async with TMA tensor reductions of a swizzled dQ tile
 
 
 _CACHE: dict = {}
@@ -765,6 +795,8 @@ def fake_args(key: BwdKey):
     q, k, v, do = (mk(dt, 4, 8) for _ in range(4))      # TMA: strides multiple of 16 bytes
     lse, dsum = mk(Float32, 3, 4), mk(Float32, 3, 4)
     dq, dk, dv = (mk(Float32, 4, 2) for _ in range(3))  # red.v2: 8-byte aligned rows
+    if key.dq_tma:   # a TMA descriptor: 16-byte strides
+        dq = mk(Float32, 4, 4)
     if key.head_loop:   # dK, dV: the dtype gradients (st.global.b32 pairs: 4-byte aligned rows)
         dk, dv = mk(dt, 4, 2), mk(dt, 4, 2)
     args = (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0), Float32(0.0),
@@ -783,6 +815,8 @@ def kernel_for(key: BwdKey) -> AttnBwdSm90:
     else:
         cls = AttnBwdSm90Det if key.deterministic else AttnBwdSm90HeadLoop if key.head_loop else AttnBwdSm90
     kw = {"head_loop": True} if key.head_loop else {}
+    if key.dq_tma:
+        kw["dq_tma"] = True
     return cls(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile,
                (key.window_left, key.window_right), key.deterministic, key.dq_async, key.lpt,
                1 if key.tile.split_wg else key.mainloop, key.v_with_do and not key.tile.split_wg, **kw)
@@ -808,7 +842,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
              lpt=None, split_wg=None, stages=None, sigmoid_grad=None, mainloop=None, v_with_do=None,
-             program=None, head_loop=None, poly_split=None, zero_dq_in_pre=None):
+             program=None, head_loop=None, poly_split=None, zero_dq_in_pre=None, dq_tma=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -837,6 +871,9 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     head_loop: a CTA per (key block, KV head) runs all G query heads of the group and stores
     dK/dV directly (no FP32 dK/dV accumulators, atomics or post pass; None: head_loop_auto;
     not with deterministic, v_with_do or the split-warpgroup build).
+    dq_tma: with dq_async at D = 128, warp 1 adds the staged dQ tile with TMA tensor
+    reductions (one per 32-column slab) instead of one bulk reduction per row (None:
+    DQ_TMA_DEFAULT; other head dims keep the row reductions).
     zero_dq_in_pre: head_loop only, the pre kernel zeroes the dQ accumulator (PreZeroKernel)
     instead of a torch memset (None: ZERO_DQ_IN_PRE_DEFAULT; one launch fewer).
     """
@@ -870,6 +907,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     use_loop = head_loop_auto(b, h_q, k.shape[2], s_k, tile, d, q.device) if head_loop is None else bool(head_loop)
     if use_loop and not (deterministic or key.v_with_do or tile.split_wg):
         key = dataclasses.replace(key, head_loop=True)
+    if key.dq_async and d == 128 and (DQ_TMA_DEFAULT if dq_tma is None else bool(dq_tma)):
+        key = dataclasses.replace(key, dq_tma=True)
     from . import launch
     zero_dq = key.head_loop and (ZERO_DQ_IN_PRE_DEFAULT if zero_dq_in_pre is None else bool(zero_dq_in_pre))
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if zero_dq else None
@@ -922,6 +961,10 @@ HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
 # one instead of two memsets).  Off: built and compile-tested (CPU SASS), not yet run on a GPU
 # (tests/test_attn_bwd_prepost_gpu.py -k zero_dq, bench/attn_bwd_check.py --axes zero_dq).
 ZERO_DQ_IN_PRE_DEFAULT = False
+# dQ tile added by TMA tensor reductions of a swizzled staging tile (one per 32-column slab)
+# instead of 64 per-row bulk reductions.  Off: compile-tested only (CPU SASS), not yet run on
+# a GPU (tests/test_attn_bwd_gpu.py -k dq_tma, bench/attn_bwd_check.py --axes dq_tma).
+DQ_TMA_DEFAULT = False
 
 
 def head_loop_auto(b: int, h_q: int, h_kv: int, s_k: int, tile: BwdTile, d: int, device) -> bool:

@@ -29,9 +29,10 @@ def _stl_bound(mode, evaluator) -> int:
 
 
 def _sass(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split=None, window=False,
-          deterministic=False, families=None, dq_async=False, lpt=False, head_loop=False, program=None):
+          deterministic=False, families=None, dq_async=False, lpt=False, head_loop=False, program=None,
+          dq_tma=False):
     key = K.BwdKey(dtype, d, causal, bwd_side(mode, evaluator, poly_split, program=program), K.BwdTile.for_head_dim(d),
-                   window, window, deterministic, dq_async, lpt, head_loop=head_loop)
+                   window, window, deterministic, dq_async, lpt, head_loop=head_loop, dq_tma=dq_tma)
     if key not in _SASS:
         c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
         _SASS[key] = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS))
@@ -43,6 +44,7 @@ TURN_OPS = {"LDG.STRONG.GPU": r"LDG\.E\.STRONG\.GPU", "MEMBAR.GPU": r"MEMBAR\.AL
             "RED.S32": r"REDG?\.E\.ADD\.S32(\..*)?",
             # dQ paths: red.global.add.v2.f32 from the MMA threads, or bulk reductions (dq_async)
             "RED.F32": r"REDG?\.E\.ADD\.F32.*", "UBLKRED": r"UBLKRED.*", "STS.64": r"STS\.64",
+            "UTMAREDG": r"UTMAREDG.*",   # dq_tma: TMA tensor reductions
             # head_loop: dK / dV stored as packed 16-bit pairs
             "STG.32": r"STG\.E"}
 
@@ -397,3 +399,88 @@ def test_sigmoid_poly_fp16_inputs_build_and_bf16_program_is_refused():
         A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage("sigmoid", "poly", program=BF16["sigmoid"]), "fp16"))
     with pytest.raises(ValueError, match="BF16 inputs only"):
         _sass("sigmoid", "poly", dtype="f16", program=BF16["sigmoid"])
+
+
+# ------------------------------------------------------------------------------ dq_tma
+def _wgmma_acc_coords(tile_m, dc):
+    """(warpgroup, warp, lane) -> [(row, col) of each even fragment element] of the dQ tile
+    (tile_m, dc) over 2 warpgroups, m64nN wgmma FP32 accumulators (rows 16 w + lane / 4 +
+    8 i, columns 8 j + 2 (lane % 4)): D = 128 splits the columns (64 each), D = 64 with
+    tile_m = 128 the rows (kernels/attn_bwd_sm90.py, BwdTile.for_head_dim)."""
+    out = {}
+    n_split = tile_m == 64
+    n = dc // 2 if n_split else dc
+    for g in range(2):
+        r_off, c_off = (0, g * n) if n_split else (64 * g, 0)
+        for w in range(4):
+            for lane in range(32):
+                out[(g, w, lane)] = [(r_off + 16 * w + lane // 4 + 8 * i, c_off + 8 * j + 2 * (lane % 4))
+                                     for i in range(2) for j in range(n // 8)]
+    return out
+
+
+def _swizzle128_word(row, col, tile_m):
+    """TMA SWIZZLE_128B on FP32 slabs of 32 columns: the 16-byte chunk index within a
+    128-byte row XORed with row % 8 (the PTX ISA's swizzle pattern), slabs stacked."""
+    cc = col % 32
+    return (col // 32) * (tile_m * 32) + row * 32 + ((cc // 4) ^ (row % 8)) * 4 + cc % 4
+
+
+@pytest.mark.parametrize("tile_m,dc", [(64, 128), (128, 64)])
+def test_dq_tma_word_is_the_swizzle_128b_layout(tile_m, dc):
+    """BwdReductions.dq_tma_word (split so that ptxas keeps 4 offsets live) equals TMA's
+    SWIZZLE_128B placement for every element of both warpgroups' fragments, is a bijection
+    onto the staged tile, keeps each (col, col + 1) pair adjacent, and a half-warp's STS.64
+    (16 lanes x 8 bytes) needs at most 2 shared-memory wavefronts (2-way banks; the padded
+    layout of the row reductions is conflict-free)."""
+    from types import SimpleNamespace
+
+    from flash_attn_poly.kernels.bwd_reduce import BwdReductions
+    ns = SimpleNamespace(tile_m=tile_m, Dc=dc)
+    seen = set()
+    coords = _wgmma_acc_coords(tile_m, dc)
+    for elems in coords.values():
+        r0, c0 = elems[0]
+        for (r, c) in elems:
+            w = BwdReductions.dq_tma_word(ns, r0, c0, r - r0, c - c0)
+            assert w == _swizzle128_word(r, c, tile_m), (r, c)
+            assert _swizzle128_word(r, c + 1, tile_m) == w + 1
+            seen.update((w, w + 1))
+    assert seen == set(range(tile_m * dc))
+    for (g, w, _), elems in coords.items():
+        if _ != 0:
+            continue
+        for k in range(len(elems)):          # one STS.64: element k of lanes 0-15, then 16-31
+            for half in (range(16), range(16, 32)):
+                banks = {}
+                for lane in half:
+                    r, c = coords[(g, w, lane)][k]
+                    for word in (_swizzle128_word(r, c, tile_m), _swizzle128_word(r, c + 1, tile_m)):
+                        banks.setdefault(word % 32, set()).add(word)
+                assert max(len(v) for v in banks.values()) <= 2
+
+
+# dq_tma builds spill a few words (the 4 swizzled store offsets; softcap/poly 4 STL vs 1 in
+# the default build, CPU SASS at this commit); the bound catches a regression
+DQ_TMA_STL = 4
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator,head_loop,d", [("softmax", "native", True, 128), ("sigmoid", "poly", False, 128),
+                                                         ("softcap", "poly", True, 128)])
+def test_dq_tma_bwd_sass(mode, evaluator, head_loop, d):
+    """dq_tma: one TMA tensor reduction per 32-column slab of the staged dQ tile replaces the
+    per-row bulk reductions; the MMA side is unchanged (same HGMMA and STS.64 counts)."""
+    c = _sass(mode, evaluator, d, dq_async=True, lpt=True, head_loop=head_loop, dq_tma=True)
+    base = _sass(mode, evaluator, d, dq_async=True, lpt=True, head_loop=head_loop)
+    assert c["UTMAREDG"] == d // 32 and c["UBLKRED"] == 0 and base["UBLKRED"] > 0, (c, base)
+    assert c["HGMMA"] == base["HGMMA"] and c["STS.64"] == base["STS.64"], (c, base)
+    assert c["STL"] <= DQ_TMA_STL, c
+
+
+def test_dq_tma_is_d128_only():
+    """D = 64's 128 x 128 tile already spills 12 words; dq_tma made it 41 (CPU SASS): the
+    build refuses it by name."""
+    with pytest.raises(AssertionError, match="D = 128 only"):
+        K.AttnBwdSm90(K.cutlass.BFloat16, 64, True, bwd_side("softmax"), K.BwdTile.for_head_dim(64),
+                      dq_async=True, dq_tma=True)
