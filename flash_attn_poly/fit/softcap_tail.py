@@ -1,0 +1,63 @@
+"""A two-region FP16 softcap candidate: the residual program below |u| = u0, a tail form above.
+
+Why (docs/NOTES.md, "Softcap at scaled-score std ~20"): the deployed FP16 D5 residual form
+logit = xc - c rho(u), rho(u) = u - tanh(u), loses accuracy on the largest scores because
+the FP16 rounding of u moves the logit by c tanh^2(u) du, and the largest scores carry most
+of the softmax weight.  Above u0 this module evaluates instead
+
+    logit = sign(x) * (c - c eps(t)),   eps(u) = 1 - tanh(u),   t = |u| - m  (FP32, then f16)
+
+whose input sensitivity is c (1 - tanh^2(u)) du, small exactly where the residual's is large.
+eps is a degree-`deg` polynomial in the centred t, least squares on Chebyshev nodes of
+[u0, L], coefficients rounded to FP16, Horner in FP16 (fma.rn.f16, fused order as
+fit.runtime replays the blocks); |x| is clamped at c L.
+
+This is a CPU model for choosing a block to build, not a kernel program: no PTX block or
+table entry exists for it.  `attn_ratios` scores a candidate with softcap.AttnScore (the
+selection that picked the deployed entry: attention-output rel L2 over native FP32 tanh's,
+at raw score std 10 and 20 logits).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import runtime as rt
+
+C = 50.0
+
+
+def fit_tail(u0: float, L: float, deg: int, n: int = 4000) -> tuple[float, np.ndarray]:
+    """(centre m, FP16 coefficients c_0..c_deg of eps(m + t)) on Chebyshev nodes of [u0, L]."""
+    m = (u0 + L) / 2
+    u = np.cos(np.pi * (np.arange(n) + 0.5) / n) * (L - u0) / 2 + m
+    A = np.stack([(u - m) ** k for k in range(deg + 1)], 1)
+    coef, *_ = np.linalg.lstsq(A, 1.0 - np.tanh(u), rcond=None)
+    return m, rt.round_to(coef, "f16")
+
+
+def tail_logit(residual: dict, x, u0: float, L: float, m: float, coef, c: float = C) -> np.ndarray:
+    """Logits of the two-region candidate at FP32 scores x: `residual` (a softcap table
+    entry, replayed in fused order) for |x| < c u0, the tail form above (module docstring)."""
+    x32 = rt.round_to(np.asarray(x, np.float64), "f32")
+    a = np.abs(x32)
+    u = rt.mul(np.minimum(a, c * L), rt.round_to(1.0 / c, "f32"), "f32")
+    t = rt.round_to(rt.add(u, -m, "f32"), "f16")
+    h = np.full_like(t, float(coef[-1]))
+    for k in range(len(coef) - 2, -1, -1):
+        h = rt.fma(h, t, float(coef[k]), "f16")
+    tail = rt.fma(-c, h, c, "f32") * np.sign(x32)
+    return np.where(a >= c * u0, tail, rt.softcap_logit(residual, x, "fused"))
+
+
+def attn_ratios(logit_fn, score=None) -> list[float]:
+    """Attention-output rel L2 / native's at each of softcap.AttnScore's spreads."""
+    import torch
+
+    from . import attn_metric as am
+    from .softcap import AttnScore
+    score = score or AttnScore(C)
+    out = []
+    for x, mask, v, ref, native in score.cases:
+        logit = torch.from_numpy(logit_fn(x)).float()
+        out.append(am.rel_l2(am._softmax_lowp(logit, mask, v), ref) / native)
+    return out
