@@ -39,6 +39,10 @@ OUT=${OUT:-/tmp/fap_out}; mkdir -p "$OUT"; S=$SECONDS; phase=${1:-tests}
 t() { local n=$1 s=$2; shift 2; timeout "$s" "$@" > "$OUT/$n.log" 2>&1
       echo "$n rc=$? t=$((SECONDS - S))s $(tail -n 1 "$OUT/$n.log" | cut -c1-120)" >> "$OUT/summary.txt"; }
 pt() { local n=$1; shift; t "$n" 400 python3 -m pytest -q -m gpu "$@"; }
+# everything under $OUT so far into $OUT/round_<phase>.tgz (phases call it after each step)
+tarup() { (cd "$OUT" && tar czf "/tmp/round_$phase.tgz" --exclude="round_$phase.tgz" . && mv "/tmp/round_$phase.tgz" "$OUT/"); }
+# leave only the archive and the summary (the device tool returns only ~8 files)
+only_archive() { find "$OUT" -maxdepth 1 -type f ! -name "round_$phase.tgz" ! -name summary.txt -delete; }
 all_gpu_tests() {   # every GPU test file, in parallel processes (compile is CPU-bound); $@: extra elem files
   pt fwd tests/test_attn_fwd_gpu.py &
   pt api tests/test_api_gpu.py &
@@ -98,7 +102,6 @@ elif [ "$phase" = lpt256poly ]; then   # D = 256 softcap/poly forward with LPT (
 elif [ "$phase" = accuracy ]; then   # O and dQ/dK/dV error vs FP64 exact math, every mode and evaluator
   t accuracy 240 python3 bench/accuracy.py --json "$OUT/accuracy.json"
 elif [ "$phase" = f16 ]; then   # FP16 programs: block bit-exact + kernel tests, accuracy, gqa (tar after each step)
-  tarup() { (cd "$OUT" && tar czf /tmp/round_f16.tgz --exclude=round_f16.tgz . && mv /tmp/round_f16.tgz "$OUT/"); }
   pt asm tests/test_asm_gpu.py &
   pt bwd16 tests/test_attn_bwd_gpu.py -k "f16_program" &
   pt api16 tests/test_api_gpu.py -k "_f16" &
@@ -107,7 +110,6 @@ elif [ "$phase" = f16 ]; then   # FP16 programs: block bit-exact + kernel tests,
   t gqa 280 python3 bench/gqa_4096.py --graph --json "$OUT/gqa_4096.json"; tarup
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = headloop ]; then   # backward head_loop build: its tests, then side-by-side timing (tar after each)
-  tarup() { (cd "$OUT" && tar czf /tmp/round_headloop.tgz --exclude=round_headloop.tgz . && mv /tmp/round_headloop.tgz "$OUT/"); }
   pt hl_bwd tests/test_attn_bwd_gpu.py -k "head_loop" &
   pt hl_win tests/test_window_gpu.py -k "head_loop" &
   pt det tests/test_attn_bwd_deterministic_gpu.py &
@@ -116,7 +118,6 @@ elif [ "$phase" = headloop ]; then   # backward head_loop build: its tests, then
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_head_loop.json"; tarup
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = hl2 ]; then   # head_loop (flat loop) tests + timing, then bench/poly_split.py (tar after each)
-  tarup() { (cd "$OUT" && tar czf /tmp/round_hl2.tgz --exclude=round_hl2.tgz . && mv /tmp/round_hl2.tgz "$OUT/"); }
   pt hl_bwd tests/test_attn_bwd_gpu.py -k "head_loop" &
   pt hl_win tests/test_window_gpu.py -k "head_loop" &
   wait; tarup
@@ -129,17 +130,14 @@ elif [ "$phase" = hl3 ]; then   # head_loop with one LPT section: a few tests, t
   t hl_time 200 python3 bench/attn_bwd_check.py --skip-check --variants --axes head_loop \
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_head_loop.json"
 elif [ "$phase" = final5 ]; then   # FP16 poly defaults + head_loop_auto: every GPU test file, then gqa_4096
-  tarup() { (cd "$OUT" && tar czf /tmp/round_final5.tgz --exclude=round_final5.tgz . && mv /tmp/round_final5.tgz "$OUT/"); }
   all_gpu_tests tests/test_asm_gpu.py; tarup
   t gqa 240 python3 bench/gqa_4096.py --json "$OUT/gqa_4096.json"; tarup
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = final7 ]; then   # eager autograd.Function path + FP16 sigmoid/poly API: every GPU test file, gqa_4096
-  tarup() { (cd "$OUT" && tar czf /tmp/round_final7.tgz --exclude=round_final7.tgz . && mv /tmp/round_final7.tgz "$OUT/"); }
   all_gpu_tests tests/test_asm_gpu.py; tarup
   t gqa 240 python3 bench/gqa_4096.py --json "$OUT/gqa_4096.json"; tarup
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = nx ]; then   # dq_tma + zero_dq_in_pre (both off by default): tests, then timing
-  tarup() { (cd "$OUT" && tar czf /tmp/round_nx.tgz --exclude=round_nx.tgz . && mv /tmp/round_nx.tgz "$OUT/"); }
   pt tma tests/test_attn_bwd_gpu.py -k "dq_tma" &
   pt zdq tests/test_attn_bwd_prepost_gpu.py -k "zero_dq" &
   wait; tarup
@@ -147,32 +145,27 @@ elif [ "$phase" = nx ]; then   # dq_tma + zero_dq_in_pre (both off by default): 
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_dq_tma.json"; tarup
   t zdq_time 240 python3 bench/attn_bwd_check.py --skip-check --variants --axes zero_dq \
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_zero_dq.json"; tarup
-  find "$OUT" -maxdepth 1 -type f ! -name round_nx.tgz ! -name summary.txt -delete
+  only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = zdq ]; then   # PreZeroKernel (zero_dq_in_pre): tests, then backward timing off vs on
-  tarup() { (cd "$OUT" && tar czf /tmp/round_zdq.tgz --exclude=round_zdq.tgz . && mv /tmp/round_zdq.tgz "$OUT/"); }
   pt zdq tests/test_attn_bwd_prepost_gpu.py -k "zero_dq"; tarup
   t zdq_time 300 python3 bench/attn_bwd_check.py --skip-check --variants --axes zero_dq \
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_zero_dq.json"; tarup
-  find "$OUT" -maxdepth 1 -type f ! -name round_zdq.tgz ! -name summary.txt -delete
+  only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = final8 ]; then   # Gemma-2 tables and the training sanity run under the current defaults
-  tarup() { (cd "$OUT" && tar czf /tmp/round_final8.tgz --exclude=round_final8.tgz . && mv /tmp/round_final8.tgz "$OUT/"); }
   t gemma2_d256 170 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
   t gemma2_d128 120 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"; tarup
   t train 150 python3 bench/train_sanity.py --json "$OUT/train_sanity.json" --md "$OUT/train_sanity.md"; tarup
-  # the device tool returns only ~8 files: leave the archive and the summary
-  find "$OUT" -maxdepth 1 -type f ! -name round_final8.tgz ! -name summary.txt -delete
+  only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = final6 ]; then   # accuracy (every mode, both programs) and the Gemma-2 D = 256 table
-  tarup() { (cd "$OUT" && tar czf /tmp/round_final6.tgz --exclude=round_final6.tgz . && mv /tmp/round_final6.tgz "$OUT/"); }
   t accuracy 150 python3 bench/accuracy.py --json "$OUT/accuracy.json"; tarup
   t gemma2_d256 240 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = bd ]; then   # per-kernel device time only (kernel_breakdown.py)
   t breakdown 170 python3 bench/kernel_breakdown.py --json "$OUT/kernel_breakdown.json"
 elif [ "$phase" = hc ]; then   # eager autograd.Function path: API/compile tests, host cost, call timeline
-  tarup() { (cd "$OUT" && tar czf /tmp/round_hc.tgz --exclude=round_hc.tgz . && mv /tmp/round_hc.tgz "$OUT/"); }
   pt api tests/test_api_gpu.py &
   pt compile tests/test_compile_gpu.py &
   wait; tarup
@@ -180,12 +173,10 @@ elif [ "$phase" = hc ]; then   # eager autograd.Function path: API/compile tests
   t timeline 200 python3 bench/call_timeline.py --json "$OUT/call_timeline.json"; tarup
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = hp ]; then   # FP16 API tests, then where the host time of a call goes
-  tarup() { (cd "$OUT" && tar czf /tmp/round_hp.tgz --exclude=round_hp.tgz . && mv /tmp/round_hp.tgz "$OUT/"); }
   pt api16 tests/test_api_gpu.py -k "fp16_inputs"; tarup
   t host_profile 200 python3 bench/host_profile.py --out "$OUT/host_profile"; tarup
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = tl ]; then   # FP16 sigmoid/poly tests (kernel, API), then where bwd wall time goes
-  tarup() { (cd "$OUT" && tar czf /tmp/round_tl.tgz --exclude=round_tl.tgz . && mv /tmp/round_tl.tgz "$OUT/"); }
   pt sig16 tests/test_attn_bwd_gpu.py -k "fp16_inputs or sigmoid_bf16_program" &
   pt api16 tests/test_api_gpu.py -k "fp16_inputs" &
   wait; tarup
@@ -196,7 +187,6 @@ elif [ "$phase" = fp16sig ]; then   # FP16-input sigmoid/poly (kernel level): it
 elif [ "$phase" = split ]; then   # program x poly split: fwd/bwd time and accuracy (bench/poly_split.py)
   t split 540 python3 bench/poly_split.py --json "$OUT/poly_split.json"
 elif [ "$phase" = sgrad ]; then   # sigmoid poly backward sigma' rule: tests, timing, accuracy (tar after each step)
-  tarup() { (cd "$OUT" && tar czf /tmp/round_sgrad.tgz --exclude=round_sgrad.tgz . && mv /tmp/round_sgrad.tgz "$OUT/"); }
   pt sg_bwd tests/test_attn_bwd_gpu.py -k "split_reference and sigmoid"; tarup
   t sg_time 60 python3 bench/attn_bwd_check.py --skip-check --variants --axes sigmoid_grad --modes sigmoid \
       --json "$OUT/attn_bwd_sigmoid_grad.json"; tarup
