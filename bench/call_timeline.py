@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -91,7 +92,7 @@ def split_trace(ev: list[dict], iters: int) -> dict:
         lt = launch.get(nxt["args"].get("correlation"))
         if lt is not None and lt > end:
             late += min(gap, lt - end)
-        gaps.append((gap, G_short(nxt["name"])))
+        gaps.append((gap, _kernel_role(nxt["name"])))
     per_call = max(1, len(kernels) // iters)
     one = gaps[len(gaps) // 2: len(gaps) // 2 + per_call]
     return {"kernels_per_call": len(kernels) / iters, "kernel_us": busy / iters,
@@ -99,8 +100,8 @@ def split_trace(ev: list[dict], iters: int) -> dict:
             "gaps": "; ".join(f"{g:.1f}->{n}" for g, n in one)}
 
 
-def G_short(name: str) -> str:
-    import re
+def _kernel_role(name: str) -> str:
+    """memset / pre / main / post / fwd from a kernel's name (ours or FA4's)."""
     name = re.sub(r"<.*", "", name)
     for pat, short in (("Pre", "pre"), ("Post", "post"), ("preprocess", "pre"), ("postprocess", "post"),
                        ("elementwise", "memset"), ("Bwd", "main"), ("Backward", "main"),

@@ -164,9 +164,13 @@ class PreKernel:
     @cute.jit
     def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  mLSE2: cute.Tensor, mDsum: cute.Tensor, stream):
-        grid = (cute.ceil_div(mDsum.shape[2], self.rows), mDsum.shape[1], mDsum.shape[0])
+        grid = self._grid(mDsum)
         self.kernel(mdO, mO, mLSE, mLSE2, mDsum).launch(
             grid=grid, block=[PRE_THREADS, 1, 1], stream=stream)
+
+    def _grid(self, mDsum):
+        """(S_pad / rows, H, B): a CTA per `rows` query rows of one head."""
+        return (cute.ceil_div(mDsum.shape[2], self.rows), mDsum.shape[1], mDsum.shape[0])
 
     def fake_args(self):
         io = [_fake(self.dtype, 4, div=8) for _ in range(2)]      # (B, S, H, D) dO, O
@@ -210,7 +214,7 @@ class PreZeroKernel(PreKernel):
     @cute.jit
     def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  mLSE2: cute.Tensor, mDsum: cute.Tensor, mDQacc: cute.Tensor, stream):
-        grid = (cute.ceil_div(mDsum.shape[2], self.rows), mDsum.shape[1], mDsum.shape[0])
+        grid = self._grid(mDsum)
         self.kernel(mdO, mO, mLSE, mLSE2, mDsum, mDQacc).launch(
             grid=grid, block=[PRE_THREADS, 1, 1], stream=stream)
 
