@@ -223,7 +223,7 @@ class AttnBwdSm90(BwdReductions):
     def _dq_smem_layout(self):
         """dq_tma's staged dQ tile (tile_m, Dc) FP32: K-major 128B-swizzle atoms (8 rows x 32
         columns) stacked along the rows, so column slab j (32 FP32) is one TMA box of
-        tile_m x 128 bytes; BwdReductions.dq_word gives the same offsets."""
+        tile_m x 128 bytes; BwdReductions.dq_tma_word gives the same offsets."""
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
         return cute.tile_to_shape(atom, (self.tile_m, self.Dc), (0, 1))
 
