@@ -22,6 +22,7 @@
 #   bash bench/h200_round.sh final5  # FP16 poly defaults + head_loop_auto: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh nx      # next experiments: dq_tma and zero_dq_in_pre tests, then both timing axes (not yet run)
+#   bash bench/h200_round.sh nx2     # nx, then bench/fwd_tuning.py --knob pingpong=0 for the poly stages at the anchor shape
 #   bash bench/h200_round.sh zdq     # dQ accumulator zeroed in the pre kernel: its tests, then timing (not yet run)
 #   bash bench/h200_round.sh final8  # Gemma-2 D = 256 and 128 tables, then train_sanity.py (eager path, FP16 defaults)
 #   bash bench/h200_round.sh final6  # accuracy.py and gemma2.py D = 256 under those defaults
@@ -145,6 +146,18 @@ elif [ "$phase" = nx ]; then   # dq_tma + zero_dq_in_pre (both off by default): 
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_dq_tma.json"; tarup
   t zdq_time 240 python3 bench/attn_bwd_check.py --skip-check --variants --axes zero_dq \
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_zero_dq.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = nx2 ]; then   # nx, then forward ping-pong off vs on for the poly stages (FP16 programs)
+  pt tma tests/test_attn_bwd_gpu.py -k "dq_tma" &
+  pt zdq tests/test_attn_bwd_prepost_gpu.py -k "zero_dq" &
+  wait; tarup
+  t tma_time 200 python3 bench/attn_bwd_check.py --skip-check --variants --axes dq_tma \
+      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_dq_tma.json"; tarup
+  t zdq_time 200 python3 bench/attn_bwd_check.py --skip-check --variants --axes zero_dq \
+      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_zero_dq.json"; tarup
+  t fwd_pp 150 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --knob pingpong=0 \
+      --modes sigmoid:poly,softcap:poly --json "$OUT/fwd_pingpong.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = zdq ]; then   # PreZeroKernel (zero_dq_in_pre): tests, then backward timing off vs on
