@@ -23,6 +23,7 @@
 #   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh nx      # next experiments: dq_tma and zero_dq_in_pre tests, then both timing axes (not yet run)
 #   bash bench/h200_round.sh nx2     # nx, then bench/fwd_tuning.py --knob pingpong=0 for the poly stages at the anchor shape
+#   bash bench/h200_round.sh zdq2    # zero_dq timing alone, then the pre/post tests
 #   bash bench/h200_round.sh zdq     # dQ accumulator zeroed in the pre kernel: its tests, then timing (not yet run)
 #   bash bench/h200_round.sh final8  # Gemma-2 D = 256 and 128 tables, then train_sanity.py (eager path, FP16 defaults)
 #   bash bench/h200_round.sh final6  # accuracy.py and gemma2.py D = 256 under those defaults
@@ -158,6 +159,12 @@ elif [ "$phase" = nx2 ]; then   # nx, then forward ping-pong off vs on for the p
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_zero_dq.json"; tarup
   t fwd_pp 150 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --knob pingpong=0 \
       --modes sigmoid:poly,softcap:poly --json "$OUT/fwd_pingpong.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = zdq2 ]; then   # zero_dq timing on a clean GPU (nx3's run shared it with hung dq_tma probes), pre/post tests
+  t zdq_time 200 python3 bench/attn_bwd_check.py --skip-check --variants --axes zero_dq \
+      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_zero_dq.json"; tarup
+  pt prepost tests/test_attn_bwd_prepost_gpu.py; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = zdq ]; then   # PreZeroKernel (zero_dq_in_pre): tests, then backward timing off vs on

@@ -50,6 +50,7 @@ the deterministic build's turn protocol) live in kernels/bwd_reduce.py, mixed in
 import dataclasses
 import functools
 import math
+import os
 from dataclasses import dataclass
 from typing import Type
 
@@ -877,6 +878,10 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     zero_dq_in_pre: head_loop only, the pre kernel zeroes the dQ accumulator (PreZeroKernel)
     instead of a torch memset (None: ZERO_DQ_IN_PRE_DEFAULT; one launch fewer).
     """
+    if (DQ_TMA_DEFAULT if dq_tma is None else bool(dq_tma)) and os.environ.get(DQ_TMA_ENV) != "1":
+        raise NotImplementedError(
+            "attn_bwd(dq_tma=True) hangs on the H200 (its TMA tensor reductions never complete; "
+            f"docs/NOTES_attn_bwd.md); set {DQ_TMA_ENV}=1 only to debug it")
     import torch
     from . import attn_bwd_prepost
     pp = prepost_module()
@@ -962,9 +967,11 @@ HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
 # (tests/test_attn_bwd_prepost_gpu.py -k zero_dq, bench/attn_bwd_check.py --axes zero_dq).
 ZERO_DQ_IN_PRE_DEFAULT = False
 # dQ tile added by TMA tensor reductions of a swizzled staging tile (one per 32-column slab)
-# instead of 64 per-row bulk reductions.  Off: compile-tested only (CPU SASS), not yet run on
-# a GPU (tests/test_attn_bwd_gpu.py -k dq_tma, bench/attn_bwd_check.py --axes dq_tma).
+# instead of 64 per-row bulk reductions.  Compile-tested (CPU SASS); on the H200 (2026-11-30)
+# every launch hangs: the reductions never complete (a build without them finishes), cause
+# not found.  attn_bwd(dq_tma=True) is refused unless DQ_TMA_ENV=1 (debugging only).
 DQ_TMA_DEFAULT = False
+DQ_TMA_ENV = "FLASH_ATTN_POLY_DQ_TMA_DEBUG"
 
 
 def head_loop_auto(b: int, h_q: int, h_kv: int, s_k: int, tile: BwdTile, d: int, device) -> bool:

@@ -484,3 +484,11 @@ def test_dq_tma_is_d128_only():
     with pytest.raises(AssertionError, match="D = 128 only"):
         K.AttnBwdSm90(K.cutlass.BFloat16, 64, True, bwd_side("softmax"), K.BwdTile.for_head_dim(64),
                       dq_async=True, dq_tma=True)
+
+
+def test_dq_tma_is_refused_without_its_debug_variable(monkeypatch):
+    """Every dq_tma launch hung on the H200: attn_bwd refuses it, naming the reason, before
+    touching its inputs (so no device is needed to see the error)."""
+    monkeypatch.delenv(K.DQ_TMA_ENV, raising=False)
+    with pytest.raises(NotImplementedError, match="hangs on the H200"):
+        K.attn_bwd(None, None, None, None, None, None, dq_tma=True)

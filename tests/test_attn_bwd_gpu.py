@@ -6,6 +6,7 @@ kernel, and both are judged against the FP64 explicit backward of the per-key-co
 reference (poly_reference.split_fns: block columns replay the program and its derivative
 program, MUFU columns the exact function), the same split the kernels run."""
 import math
+import os
 
 import pytest
 
@@ -69,7 +70,14 @@ DQ_TMA_CASES = [CASES[0], CASES[1], CASES[4], CASES[5], CASES[6],
                 (2, 200, 301, 4, 1, 128, False, "sigmoid", "poly"), (1, 333, 333, 8, 2, 128, True, "softcap", "poly")]
 
 
+# every dq_tma launch hung on the H200 (2026-11-30: the TMA tensor reductions never complete,
+# a build without them finishes); attn_bwd refuses it unless its debug variable is set
+DQ_TMA_HANGS = pytest.mark.skipif(os.environ.get("FLASH_ATTN_POLY_DQ_TMA_DEBUG") != "1",
+                                  reason="dq_tma hangs on the H200 (docs/NOTES_attn_bwd.md)")
+
+
 @pytest.mark.gpu
+@DQ_TMA_HANGS
 @pytest.mark.parametrize("head_loop", [False, True])
 @pytest.mark.parametrize("case", DQ_TMA_CASES, ids=str)
 def test_attn_bwd_dq_tma_matches_fp64_autograd(case, head_loop):
@@ -78,6 +86,7 @@ def test_attn_bwd_dq_tma_matches_fp64_autograd(case, head_loop):
 
 
 @pytest.mark.gpu
+@DQ_TMA_HANGS
 @pytest.mark.parametrize("case", DQ_TMA_CASES[:4], ids=str)
 def test_attn_bwd_dq_tma_equals_row_reductions(case):
     """The same dQ sums as the per-row bulk reductions, up to the FP32 order of the adds;
