@@ -188,8 +188,9 @@ class PreZeroKernel(PreKernel):
     the backward needs no separate memset launch for it (PreKey.zero_dq; the head_loop
     backward's only accumulator).  Same thread-to-row map as the dsum loads: lane l of a
     row stores chunks c * lanes + l, 4 floats each (8 STG.E.128 per thread), rows >= S_q
-    skipped.  With neither dsum nor lse2 needed (sigmoid) the kernel writes their zeros and
-    this one launch replaces both memsets."""
+    skipped.  With neither dsum nor lse2 needed (sigmoid) the kernel writes their zeros; the
+    default (attn_bwd_sm90.zero_dq_in_pre_default) uses it only where the pre kernel runs
+    anyway."""
 
     @cute.kernel
     def kernel(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,

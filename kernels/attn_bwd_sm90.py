@@ -876,7 +876,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     reductions (one per 32-column slab) instead of one bulk reduction per row (None:
     DQ_TMA_DEFAULT; other head dims keep the row reductions).
     zero_dq_in_pre: head_loop only, the pre kernel zeroes the dQ accumulator (PreZeroKernel)
-    instead of a torch memset (None: ZERO_DQ_IN_PRE_DEFAULT; one launch fewer).
+    instead of a torch memset (None: zero_dq_in_pre_default(stage): on where the pre kernel
+    runs anyway, i.e. the softmax modes; one launch fewer).
     """
     if (DQ_TMA_DEFAULT if dq_tma is None else bool(dq_tma)) and os.environ.get(DQ_TMA_ENV) != "1":
         raise NotImplementedError(
@@ -915,7 +916,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     if key.dq_async and d == 128 and (DQ_TMA_DEFAULT if dq_tma is None else bool(dq_tma)):
         key = dataclasses.replace(key, dq_tma=True)
     from . import launch
-    zero_dq = key.head_loop and (ZERO_DQ_IN_PRE_DEFAULT if zero_dq_in_pre is None else bool(zero_dq_in_pre))
+    zero_dq = key.head_loop and (zero_dq_in_pre_default(stage) if zero_dq_in_pre is None else bool(zero_dq_in_pre))
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if zero_dq else None
     lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128,
                                **({"dq_acc": dq_acc} if zero_dq else {}))
@@ -962,10 +963,18 @@ V_WITH_DO_DEFAULT = False
 # 0.931 -> 0.900, sigmoid/poly 0.875 -> 0.802; Gemma-2 D=256 S=8192 H 8/4 (512 CTAs): softcap
 # 2.46 -> 2.32 native, 2.35 -> 2.30 poly; S=1024 (64 CTAs, 0.5 per SM): 0.163 -> 0.254.
 HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
-# The pre kernel zeroes head_loop's dQ accumulator (one launch instead of pre + memset; sigmoid:
-# one instead of two memsets).  Off: built and compile-tested (CPU SASS), not yet run on a GPU
-# (tests/test_attn_bwd_prepost_gpu.py -k zero_dq, bench/attn_bwd_check.py --axes zero_dq).
-ZERO_DQ_IN_PRE_DEFAULT = False
+
+
+# The pre kernel zeroes head_loop's dQ accumulator (PreZeroKernel) where it runs anyway (the
+# softmax modes need LSE / dsum), replacing pre + a 64 MB memset with one launch.  H200,
+# 077dce5, bench/attn_bwd_check.py --variants --axes zero_dq (anchor shape, one clean run;
+# an earlier one shared the GPU with hung probes and is not used), backward ms off -> on:
+# softmax 0.851 -> 0.838, softcap native 0.896 -> 0.886, softcap/poly 0.924 -> 0.902.  For
+# sigmoid (no pre kernel otherwise) it costs: native 0.814 -> 0.846, poly 0.817 -> 0.827.
+def zero_dq_in_pre_default(stage) -> bool:
+    return bool(stage.needs_lse or stage.needs_dsum)
+
+
 # dQ tile added by TMA tensor reductions of a swizzled staging tile (one per 32-column slab)
 # instead of 64 per-row bulk reductions.  Compile-tested (CPU SASS); on the H200 (2026-11-30)
 # every launch hangs: the reductions never complete (a build without them finishes), cause

@@ -172,6 +172,9 @@ def test_pre_zero_dq(case, flags):
     l1, d1 = _cute().preprocess(do, o, lse, needs_lse, needs_dsum, "e", 128, dq_acc=dq_acc)
     torch.cuda.synchronize()
     assert torch.equal(dq_acc, torch.zeros_like(dq_acc))
+    if not (needs_lse or needs_dsum):   # without zeroing that is an uninitialised placeholder
+        assert not l1.any() and not d1.any()
+        return
     assert torch.equal(l0, l1) and torch.equal(d0, d1)
 
 
