@@ -222,12 +222,14 @@ class _EagerAttn(torch.autograd.Function):
         ctx.a, ctx.backend = a, backend
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.mark_non_differentiable(lse)
+        # no zero-filled gradient for the non-differentiable LSE (a fill launch per backward)
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dout = dout.contiguous()
+        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         grads = (_reference_backward(dout, q, k, v, ctx.a) if ctx.backend == "reference"
                  else _cuda_backward(dout, q, k, v, out, lse, ctx.a))
         return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3])) + (None, None)
