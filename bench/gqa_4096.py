@@ -181,21 +181,43 @@ def flops(args, backward: bool) -> float:
     return f * (2.5 if backward else 1.0)
 
 
+def _timed(fns, timing, with_clocks: bool):
+    """protocol.time_alternating, plus per-row SM clock / power from bench/clocks.py."""
+    if not with_clocks:
+        return protocol.time_alternating(fns, timing), {}
+    import clocks
+    with clocks.Sampler() as sampler:
+        times = protocol.time_alternating(fns, timing)
+    return times, clocks.per_name(sampler.samples(), protocol.last_segments())
+
+
 def run(args) -> dict:
     rows = all_rows(not args.no_bf16)
     timing = protocol.Timing(args.warmup, args.rounds, args.iters)
     fwd_fns = _prepare(rows, args, False)
-    fwd = protocol.time_alternating(fwd_fns, timing)
+    fwd, fwd_clk = _timed(fwd_fns, timing, args.clocks)
     graph = {k: protocol.graph_time(f, timing) for k, f in fwd_fns.items()} if args.graph else {}
-    bwd = protocol.time_alternating(_prepare(rows, args, True), timing) if not args.fwd_only else {}
+    bwd, bwd_clk, bwd_graph = {}, {}, {}
+    if not args.fwd_only:
+        bwd_fns = _prepare(rows, args, True)
+        bwd, bwd_clk = _timed(bwd_fns, timing, args.clocks)
+        if args.graph_bwd:
+            bwd_graph = {k: protocol.graph_time(f, timing) for k, f in bwd_fns.items()}
     out_rows = []
     for row in rows:
         f, b = fwd.get(row.key), bwd.get(row.key)
         graph_ms = graph.get(row.key)
-        out_rows.append({"impl": row.impl, "mode": row.mode, "evaluator": row.evaluator, "program": row.program,
-                         "fwd_ms": f, "bwd_ms": b, "fwd_graph_ms": graph_ms,
-                         "fwd_tflops": None if f is None else flops(args, False) / f / 1e9,
-                         "bwd_tflops": None if b is None else flops(args, True) / b / 1e9})
+        r = {"impl": row.impl, "mode": row.mode, "evaluator": row.evaluator, "program": row.program,
+             "fwd_ms": f, "bwd_ms": b, "fwd_graph_ms": graph_ms,
+             "fwd_tflops": None if f is None else flops(args, False) / f / 1e9,
+             "bwd_tflops": None if b is None else flops(args, True) / b / 1e9}
+        if args.graph_bwd:
+            r["bwd_graph_ms"] = bwd_graph.get(row.key)
+        for d, clk in (("fwd", fwd_clk), ("bwd", bwd_clk)):
+            if row.key in clk:
+                r[f"{d}_sm_mhz"], r[f"{d}_power_w"] = clk[row.key]["sm_mhz"], clk[row.key]["power_w"]
+                r[f"{d}_clock_reasons"] = clk[row.key]["reasons"]
+        out_rows.append(r)
     shape = dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv,
                  headdim=args.headdim, causal=True, dtype="bfloat16", softcap=SOFTCAP)
     return {**protocol.header(timing), "shape": shape, "rows": out_rows, "ratios": ratios(out_rows)}
@@ -260,6 +282,11 @@ def main(argv=None):
     p.add_argument("--no-bf16", action="store_true", help="leave out the BF16-program rows of ours")
     p.add_argument("--graph", action="store_true",
                    help="also time each forward as a replayed CUDA graph (GPU time without host launch cost)")
+    p.add_argument("--graph-bwd", action="store_true",
+                   help="also time each backward (autograd.grad) as a replayed CUDA graph, where it captures")
+    p.add_argument("--clocks", action="store_true",
+                   help="sample nvidia-smi while timing: mean SM clock, power and clock-event reasons per row "
+                        "(bench/clocks.py)")
     p.add_argument("--compile-only", action="store_true", help="CPU: compile every kernel, print SASS counts as JSON")
     p.add_argument("--json", help="write results here")
     args = p.parse_args(argv)
@@ -272,15 +299,21 @@ def main(argv=None):
     print(markdown(res))
 
 
+EXTRA_COLUMNS = ("bwd_graph_ms", "fwd_sm_mhz", "fwd_power_w", "bwd_sm_mhz", "bwd_power_w", "bwd_clock_reasons")
+
+
 def markdown(res: dict) -> str:
     lines = [f"# Attention benchmark: {res['shape']}", "",
              f"device {res['device']}, {res['date']}, commit {res['commit']}, torch {res['torch']}", "",
              f"Protocol: {res['protocol']}.", "",
              protocol.markdown_table(res["rows"], ["impl", "mode", "evaluator", "program", "fwd_ms", "bwd_ms",
-                                                   "fwd_graph_ms", "fwd_tflops", "bwd_tflops"]), "",
+                                                   "fwd_graph_ms", "fwd_tflops", "bwd_tflops"]
+                                     + [c for c in EXTRA_COLUMNS if any(c in r for r in res["rows"])]), "",
              "fwd_ms/bwd_ms: back-to-back calls through each library's Python entry point (host "
              "launch cost included where it exceeds GPU time); fwd_graph_ms: the same call captured "
-             "in a CUDA graph and replayed (GPU time only).", "",
+             "in a CUDA graph and replayed (GPU time only); bwd_graph_ms (--graph-bwd): the same for "
+             "the backward; *_sm_mhz / *_power_w / bwd_clock_reasons (--clocks): nvidia-smi samples "
+             "inside the row's timed segments (bench/clocks.py).", "",
              "| ratio (baseline time / ours) | value |", "|---|---|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in res["ratios"].items()]
     return "\n".join(lines) + "\n"

@@ -23,6 +23,7 @@
 #   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh nx      # next experiments: dq_tma and zero_dq_in_pre tests, then both timing axes (not yet run)
 #   bash bench/h200_round.sh nx2     # nx, then bench/fwd_tuning.py --knob pingpong=0 for the poly stages at the anchor shape
+#   bash bench/h200_round.sh clk     # gqa_4096 --clocks --graph-bwd: SM clock / power per row, backward as a CUDA graph (not yet run)
 #   bash bench/h200_round.sh zdq2    # zero_dq timing alone, then the pre/post tests
 #   bash bench/h200_round.sh zdq     # dQ accumulator zeroed in the pre kernel: its tests, then timing (not yet run)
 #   bash bench/h200_round.sh final8  # Gemma-2 D = 256 and 128 tables, then train_sanity.py (eager path, FP16 defaults)
@@ -159,6 +160,10 @@ elif [ "$phase" = nx2 ]; then   # nx, then forward ping-pong off vs on for the p
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_zero_dq.json"; tarup
   t fwd_pp 150 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --knob pingpong=0 \
       --modes sigmoid:poly,softcap:poly --json "$OUT/fwd_pingpong.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = clk ]; then   # is the wall-clock backward slower than its device time because of the SM clock?
+  t gqa_clk 420 python3 bench/gqa_4096.py --clocks --graph-bwd --json "$OUT/gqa_4096_clocks.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = zdq2 ]; then   # zero_dq timing on a clean GPU (nx3's run shared it with hung dq_tma probes), pre/post tests

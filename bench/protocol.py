@@ -14,6 +14,7 @@ import json
 import os
 import statistics
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -44,6 +45,16 @@ def _time_once(fn: Callable[[], object], iters: int) -> float:
     return start.elapsed_time(end) / iters
 
 
+_SEGMENTS: list[tuple[str, float, float]] = []
+
+
+def last_segments() -> list[tuple[str, float, float]]:
+    """(name, host start, host end) in seconds of every timed segment of the last
+    time_alternating call (for bench/clocks.py; the GPU is idle before each start, and each
+    end follows the end event's synchronize)."""
+    return list(_SEGMENTS)
+
+
 def time_alternating(fns: dict[str, Callable[[], object]], timing: Timing) -> dict[str, float]:
     """Median per-round mean time in ms for each named callable, timed side by side."""
     names = list(fns)
@@ -51,10 +62,13 @@ def time_alternating(fns: dict[str, Callable[[], object]], timing: Timing) -> di
         for _ in range(timing.warmup):
             fns[name]()
     torch.cuda.synchronize()
+    _SEGMENTS.clear()
     per_round: dict[str, list[float]] = {n: [] for n in names}
     for r in range(timing.rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
+            t0 = time.time()
             per_round[name].append(_time_once(fns[name], timing.iters))
+            _SEGMENTS.append((name, t0, time.time()))
     return {n: statistics.median(v) for n, v in per_round.items()}
 
 

@@ -67,3 +67,33 @@ def test_call_timeline_splits_kernel_idle_and_host_late_time():
     assert r["idle_us"] == 9.0                      # 3 gaps of 6 us over 2 calls (the first has none before it)
     assert r["host_late_us"] == 4.0                 # the two mains' 4 us (memset launches were early)
     assert "6.0->main" in r["gaps"] and "6.0->memset" in r["gaps"]
+
+
+def test_clock_samples_parse_and_join_by_segment():
+    """bench/clocks.py: nvidia-smi lines parse (bad ones dropped), and each name's mean SM
+    clock / power and OR of event reasons come from the samples inside its segments only."""
+    import datetime as dt
+
+    import clocks
+    t0 = dt.datetime(2026, 11, 30, 5, 0, 0)
+    line = lambda s, mhz, w, r: f"{(t0 + dt.timedelta(seconds=s)).strftime('%Y/%m/%d %H:%M:%S.%f')[:-3]}, {mhz}, {w}, {r}"
+    text = [line(0.00, 1980, 300.0, "0x0"), line(0.05, 1755, 690.5, "0x4"), "garbage, 1, 2",
+            line(0.10, 1500, 700.0, "0x0000000000000080"), line(0.30, 1980, 80.0, "0x1")]
+    samples = [s for s in map(clocks.parse_line, text) if s]
+    assert len(samples) == 4 and samples[1].sm_mhz == 1755 and samples[2].reasons == 0x80
+    base = t0.timestamp()
+    segs = [("a", base - 0.01, base + 0.06), ("b", base + 0.08, base + 0.12), ("a", base + 0.2, base + 0.25),
+            ("c", base + 0.5, base + 0.6)]
+    st = clocks.per_name(samples, segs)
+    assert set(st) == {"a", "b"}                       # "c" saw no sample
+    assert st["a"]["samples"] == 2 and st["a"]["sm_mhz"] == (1980 + 1755) / 2 and st["a"]["reasons"] == "0x4"
+    assert st["b"]["sm_mhz"] == 1500 and st["b"]["power_w"] == 700.0 and st["b"]["reasons"] == "0x80"
+
+
+def test_sampler_without_nvidia_smi_records_nothing(monkeypatch):
+    """No nvidia-smi (CPU machine): the sampler is a no-op and the join is empty."""
+    import clocks
+    monkeypatch.setattr(clocks.shutil, "which", lambda name: None)
+    with clocks.Sampler() as s:
+        pass
+    assert s.samples() == [] and clocks.per_name(s.samples(), [("x", 0.0, 1e12)]) == {}
