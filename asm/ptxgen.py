@@ -134,7 +134,24 @@ def residual_even(b: Builder, prog: dict, x: str) -> str:
     return b.select(beyond, tail, p)
 
 
-FORMS = {"odd": odd, "residual_odd": odd, "even": even, "residual_even": residual_even}
+def abs_piecewise2(b: Builder, prog: dict, x: str, odd_out: bool) -> str:
+    """odd_piecewise2 / even_piecewise2 (fit/runtime.py): a = min(|x|, L_c), region mask
+    a >= thr, v = a - shift[r], Horner of the selected coefficients down to c_0, sign of x
+    restored for the odd form (the two-region softcap, fit/softcap_tail.py)."""
+    pr = prog["params"]
+    _, a = clamped_abs(b, x, prog["L_c"])
+    m = b.set("ge", a, b.value(pr["thr"]))
+    v = b.sub(a, select_pair(b, m, *pr["shift"]))
+    c = [select_pair(b, m, lo_v, hi_v) for lo_v, hi_v in zip(*prog["coeffs"])]
+    h = c[-1]
+    for k in range(len(c) - 2, -1, -1):
+        h = b.fma(h, v, c[k])
+    return b.emit("lop3.b32", x, imm(SIGN2), h, f"0x{LUT_SIGN_XOR:02x}") if odd_out else h
+
+
+FORMS = {"odd": odd, "residual_odd": odd, "even": even, "residual_even": residual_even,
+         "odd_piecewise2": lambda b, prog, x: abs_piecewise2(b, prog, x, True),
+         "even_piecewise2": lambda b, prog, x: abs_piecewise2(b, prog, x, False)}
 
 
 def piecewise_front(b: Builder, prog: dict, xb: str):

@@ -42,6 +42,7 @@ class Row:
 
 # the seed's packed-BF16 programs (attention(program=...)), timed beside the default FP16 ones
 BF16_PROGRAMS = {"softcap": "softcap_c50", "sigmoid": "sigmoid_attn_n4096"}
+TAIL_PROGRAM = "softcap_c50_f16_tail"   # two-region FP16 softcap (opt-in; fit/softcap_tail.py)
 
 
 def ours(mode: str, evaluator: str, program: str = "") -> Row:
@@ -128,6 +129,7 @@ def all_rows(bf16: bool = True) -> list[Row]:
             ours("sigmoid", "native"), ours("sigmoid", "poly")]
     if bf16:
         rows += [ours(m, "poly", p) for m, p in BF16_PROGRAMS.items()]
+        rows.append(ours("softcap", "poly", TAIL_PROGRAM))
     rows += [r for r in (fa4("softmax"), fa4("softcap"), fa4_poly_softcap()) if r is not None]
     rows += [sdpa_cudnn(), flex_softcap(), compiled_sigmoid()]
     return rows
@@ -237,7 +239,11 @@ def ratios(rows: list[dict]) -> dict:
              "softcap poly bf16 program vs FA4 softcap": (("fa4", "softcap", "native", ""), sc_bf16),
              "softcap poly bf16 program vs default (f16)": (("ours", "softcap", "poly", ""), sc_bf16),
              "sigmoid poly bf16 program vs FA4 softmax": (("fa4", "softmax", "native", ""), sg_bf16),
-             "sigmoid poly bf16 program vs default (f16)": (("ours", "sigmoid", "poly", ""), sg_bf16)}
+             "sigmoid poly bf16 program vs default (f16)": (("ours", "sigmoid", "poly", ""), sg_bf16),
+             "softcap poly tail program vs FA4 softcap": (("fa4", "softcap", "native", ""),
+                                                          ("ours", "softcap", "poly", TAIL_PROGRAM)),
+             "softcap poly tail program vs default (f16)": (("ours", "softcap", "poly", ""),
+                                                            ("ours", "softcap", "poly", TAIL_PROGRAM))}
     out = {}
     for name, (base, mine) in pairs.items():
         for d in ("fwd", "bwd"):
@@ -279,7 +285,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--fwd-only", action="store_true")
-    p.add_argument("--no-bf16", action="store_true", help="leave out the BF16-program rows of ours")
+    p.add_argument("--no-bf16", action="store_true", help="leave out the rows of ours with a named program (the BF16 programs, the tail program)")
     p.add_argument("--graph", action="store_true",
                    help="also time each forward as a replayed CUDA graph (GPU time without host launch cost)")
     p.add_argument("--graph-bwd", action="store_true",

@@ -23,6 +23,7 @@
 #   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh nx      # next experiments: dq_tma and zero_dq_in_pre tests, then both timing axes (not yet run)
 #   bash bench/h200_round.sh nx2     # nx, then bench/fwd_tuning.py --knob pingpong=0 for the poly stages at the anchor shape
+#   bash bench/h200_round.sh tail    # softcap_c50_f16_tail (opt-in): PTX blocks on the GPU, its API tests, accuracy.py (not yet run)
 #   bash bench/h200_round.sh clk     # gqa_4096 --clocks --graph-bwd: SM clock / power per row, backward as a CUDA graph (not yet run)
 #   bash bench/h200_round.sh zdq2    # zero_dq timing alone, then the pre/post tests
 #   bash bench/h200_round.sh zdq     # dQ accumulator zeroed in the pre kernel: its tests, then timing (not yet run)
@@ -160,6 +161,13 @@ elif [ "$phase" = nx2 ]; then   # nx, then forward ping-pong off vs on for the p
       --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_zero_dq.json"; tarup
   t fwd_pp 150 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --knob pingpong=0 \
       --modes sigmoid:poly,softcap:poly --json "$OUT/fwd_pingpong.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = tail ]; then   # two-region FP16 softcap (opt-in program): blocks bit-exact, API tests, accuracy rows
+  pt asm tests/test_asm_gpu.py &
+  pt api_tail tests/test_api_gpu.py -k "softcap_c50_f16_tail" &
+  wait; tarup
+  t accuracy 240 python3 bench/accuracy.py --json "$OUT/accuracy.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = clk ]; then   # is the wall-clock backward slower than its device time because of the SM clock?

@@ -101,7 +101,9 @@ def unpack_f16x2(p: Int32, *, loc=None, ip=None):
 # softcap residual programs of the table with their blocks (asm/blocks.py): BF16 D4 (B2) and
 # FP16 D5 (the default since the H200 accuracy runs: DEFAULT_PROGRAM)
 SOFTCAP_BLOCKS = {"softcap_c50": ("softcap_fwd", "softcap_bwd"),
-                  "softcap_c50_f16": ("softcap_fwd_f16x2", "softcap_bwd_f16x2")}
+                  "softcap_c50_f16": ("softcap_fwd_f16x2", "softcap_bwd_f16x2"),
+                  # two-region FP16 (fit/softcap_tail.py): residual below |u| = 1, 1 - tanh above
+                  "softcap_c50_f16_tail": ("softcap_fwd_f16x2_tail", "softcap_bwd_f16x2_tail")}
 
 
 # sigmoid-attention programs with their blocks (full, overlap_v2 head, tail): BF16 D3 (B3) and
@@ -140,6 +142,27 @@ def f16x2_to_bf16x2(p: Int32, *, loc=None, ip=None) -> Int32:
     """f16x2 -> bf16x2 (round to nearest): two cvt.f32.f16, one cvt.rn.bf16x2.f32; +0 stays +0."""
     lo, hi = unpack_f16x2(p, loc=loc, ip=ip)
     return pack_f32x2(lo, hi, True, loc=loc, ip=ip)
+
+
+def softcap_tail_u(program: str) -> float:
+    """A two-region softcap program's FP32 region threshold on |u| (0.0 for a one-region
+    program): the kernel's FP32 combine picks the block's region with it
+    (fit/runtime.region_threshold_f32: |u| >= t exactly where the block's f16 |u| >= thr)."""
+    prog = _program(program)
+    if prog["form"] != "odd_piecewise2":
+        return 0.0
+    from flash_attn_poly.fit.runtime import region_threshold_f32
+    return region_threshold_f32(prog)
+
+
+def softcap_combine(x, r, u, c, tail_u: float):
+    """logit = A - c r (one FFMA) from the block's value r at u = x/c: A = x for a one-region
+    program (tail_u == 0, residual form), and for a two-region one copysign(c, x) where
+    |u| >= tail_u (the tail form's r is sign(u) (1 - tanh|u|)).  Shared by the forward stage
+    and the backward side, so both recompute the same logits (fit/runtime.softcap_logit)."""
+    if tail_u:
+        x = cutlass.select_(cute.math.abs(u) >= Float32(tail_u), cute.math.copysign(c, x), x)
+    return x - c * r
 
 
 def softcap_blocks(program: str) -> tuple:
@@ -419,6 +442,7 @@ class SoftcapStage:
     coeff_bits: tuple = field(default=(), init=False)
     clamp_l: float = field(default=0.0, init=False)   # the program's L_c: |u| clamped there
     rho_f16: bool = field(default=False, init=False)  # the program's block returns f16x2
+    tail_u: float = field(default=0.0, init=False)    # two-region program: FP32 |u| threshold
     has_lse = True
     uses_online_softmax = True
 
@@ -429,6 +453,7 @@ class SoftcapStage:
             object.__setattr__(self, "coeff_bits", _bits(prog))
             object.__setattr__(self, "clamp_l", float(prog["L_c"]))
             object.__setattr__(self, "rho_f16", softcap_blocks(self.program)[2])
+            object.__setattr__(self, "tail_u", softcap_tail_u(self.program))
 
     def poly_pair(self, col_group: int) -> bool:
         return self.evaluator == "poly" and poly_pair(self.poly_split, col_group)
@@ -465,10 +490,11 @@ class SoftcapStage:
         x0 = cute.arch.fmin(cute.arch.fmax(s_mn[r, c] * params[0], -x_max), x_max)
         x1 = cute.arch.fmin(cute.arch.fmax(s_mn[r, c + 1] * params[0], -x_max), x_max)
         ops = _cute_ops()
-        rho = Int32(ops.named(softcap_blocks(self.program)[0], x0 * params[3], x1 * params[3]))
+        u0, u1 = x0 * params[3], x1 * params[3]
+        rho = Int32(ops.named(softcap_blocks(self.program)[0], u0, u1))
         r0, r1 = unpack_f16x2(rho) if cutlass.const_expr(self.rho_f16) else unpack_bf16x2(rho)
-        s_mn[r, c] = x0 - params[2] * r0
-        s_mn[r, c + 1] = x1 - params[2] * r1
+        s_mn[r, c] = softcap_combine(x0, r0, u0, params[2], self.tail_u)
+        s_mn[r, c + 1] = softcap_combine(x1, r1, u1, params[2], self.tail_u)
 
     @cute.jit
     def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],

@@ -32,7 +32,8 @@ from cutlass import Float32, Int32
 
 from .score_stages import (DEFAULT_POLY_SPLIT, DEFAULT_PROGRAM, _check_split, _cute_ops, _program,
                            check_sigmoid_dtype, pack_f32x2,
-                           poly_pair, sigmoid_blocks, softcap_blocks, tanh_approx, unpack_bf16x2,
+                           poly_pair, sigmoid_blocks, softcap_blocks, softcap_combine, softcap_tail_u,
+                           tanh_approx, unpack_bf16x2,
                            unpack_f16x2)
 
 LOG2_E = math.log2(math.e)
@@ -98,6 +99,7 @@ class SoftcapBwd(_PolySplit):
     poly_split: tuple = None
     program: str = DEFAULT_PROGRAM["softcap"]
     clamp_l: float = field(default=0.0, init=False)
+    tail_u: float = field(default=0.0, init=False)    # two-region program: FP32 |u| threshold
     mode = "softcap"
     needs_lse = True
     needs_dsum = True
@@ -107,6 +109,7 @@ class SoftcapBwd(_PolySplit):
         if self.evaluator == "poly":
             object.__setattr__(self, "clamp_l", float(_program(self.program)["L_c"]))
             softcap_blocks(self.program)   # a clear error for a program without blocks
+            object.__setattr__(self, "tail_u", softcap_tail_u(self.program))
 
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
         # native: the forward's (scale/c, c log2e); poly: (scale, c, 1/c) as its params 0, 2, 3
@@ -148,7 +151,8 @@ class SoftcapBwd(_PolySplit):
         unpack = unpack_f16x2 if f16 else unpack_bf16x2
         r0, r1 = unpack(Int32(_cute_ops().named(fwd, u0, u1)))
         g0, g1 = unpack(Int32(_cute_ops().named(bwd, u0, u1)))
-        return x0 - args[1] * r0, x1 - args[1] * r1, g0, g1
+        return (softcap_combine(x0, r0, u0, args[1], self.tail_u),
+                softcap_combine(x1, r1, u1, args[1], self.tail_u), g0, g1)
 
     @cute.jit
     def dscore2(self, f0, f1, dp0, dp1, dsum0, dsum1):

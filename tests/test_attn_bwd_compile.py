@@ -492,3 +492,17 @@ def test_dq_tma_is_refused_without_its_debug_variable(monkeypatch):
     monkeypatch.delenv(K.DQ_TMA_ENV, raising=False)
     with pytest.raises(NotImplementedError, match="hangs on the H200"):
         K.attn_bwd(None, None, None, None, None, None, dq_tma=True)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("split,stl_max", [(None, 16), ((1, 1), 8)], ids=["default-split", "all-block"])
+def test_softcap_tail_program_bwd_builds(split, stl_max):
+    """program="softcap_c50_f16_tail" (opt-in, not yet GPU-run): the backward recomputes the
+    forward's two-region logits (score_stages.softcap_combine) and takes d logit/dx from
+    softcap_bwd_f16x2_tail.  Measured (D=128 causal BF16, head_loop, dQ async, LPT): default
+    split 16 STL (both row paths per warp; the residual program's build: 1), all-block 8;
+    no MUFU.TANH all-block."""
+    n = _sass("softcap", "poly", poly_split=split, dq_async=True, lpt=True, head_loop=True,
+              program="softcap_c50_f16_tail")
+    assert n["HGMMA"] > 0 and (n["MUFU.TANH"] == 0) == (split == (1, 1)), n
+    assert n["STL"] <= stl_max, n

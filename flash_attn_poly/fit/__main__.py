@@ -36,6 +36,11 @@ def main(argv=None):
     am.add_argument("--softcap-program", default=None, help="table entry for softcap (default softcap_c50)")
     am.add_argument("--json", default=None, help="write the results here (and PATH.md)")
     am.add_argument("--update-table", action="store_true", help="store the summary in the programs' errors")
+    st = sub.add_parser("softcap-tail", help="the two-region FP16 softcap pair (fit/softcap_tail.py) from the "
+                        "table's FP16 residual pair")
+    st.add_argument("--u0", type=float, default=1.0)
+    st.add_argument("--L", type=float, default=3.0)
+    st.add_argument("--write", action="store_true", help="add/replace the two entries in programs.json")
     idn = sub.add_parser("identities", help="identity backward rules vs direct/differentiated programs")
     idn.add_argument("--json", default=None, help="write rows here (and PATH.md)")
     a = ap.parse_args(argv)
@@ -44,8 +49,22 @@ def main(argv=None):
     from . import programs as P
     if a.cmd == "write":
         table = P.build(command=cmd, progress=True)
+        # entries made by other commands (search --write, softcap-tail: their fit.command
+        # says which) are kept, not dropped: the kernels' FP16 defaults are among them
+        kept = {k: v for k, v in P.load_table()["programs"].items() if k not in table["programs"]}
+        table["programs"] = dict(sorted({**table["programs"], **kept}.items()))
         P.write(table, a.out or P.TABLE_PATH)
-        print(f"wrote {len(table['programs'])} programs to {a.out or P.TABLE_PATH}")
+        print(f"wrote {len(table['programs'])} programs to {a.out or P.TABLE_PATH} "
+              f"(kept from the previous table: {sorted(kept)})")
+    elif a.cmd == "softcap-tail":
+        from . import softcap_tail
+        table = P.load_table()
+        entries = softcap_tail.entries(table, a.u0, a.L, command=cmd)
+        print(json.dumps(P._clean(entries), indent=1))
+        if a.write:
+            table["programs"].update(P._clean(entries))
+            table["programs"] = dict(sorted(table["programs"].items()))
+            P.write(table)
     elif a.cmd == "search":
         entries = _search(a, cmd, P)
         print(json.dumps(P._clean(entries), indent=1))

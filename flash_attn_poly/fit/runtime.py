@@ -28,6 +28,11 @@ Forms (t = min(|x|, L_c), q(t) = sum_k c_k t^k, Horner from c_D down):
                     y = q^(2^s) by s = params.squarings packed squarings (mul.rn each).
                     q approximates sigma(x - ln n)^(1/2^s): the squarings let a D3 follow
                     e^x in relative terms.
+* ``odd_piecewise2`` / ``even_piecewise2``  the two-region softcap (fit/softcap_tail.py):
+                    a = min(|xb|, L_c); region r = (a >= thr); v = a - shift[r] (exact for
+                    shift 0, else one rounding); h = q_r(v), Horner of the selected
+                    coefficients down to c_0 (a c_0 of 0 still costs an fma); odd: y =
+                    sign(xb) * h, even: y = h.  No offset, no squarings.
 * ``piecewise2_factored``  derivative surrogate dy = P * g, g = a_r + b_r * u, P the
                     forward value (after the squarings) of the same u; with
                     params.g_squared: dy = P * (g * g) (two roundings).
@@ -81,6 +86,15 @@ FUSED_OPS = {
         "dy = mul.rn(P, g)",
     ],
 }
+FUSED_OPS["odd_piecewise2"] = [
+    "xb = cvt.rn(x); a = min(xb & 0x7fff, L_c)",
+    "m  = set.ge.u32(a, thr)             # 0xffff per lane where a >= thr",
+    "v  = sub.rn(a, lop3(m, shift[1], shift[0], 0xca))   # one rounding",
+    "c_k = lop3(m, c_k[hi], c_k[lo], 0xca) for k = 0..D",
+    "h  = c_D; h = fma.rn(h, v, c_k) for k = D-1 .. 0",
+    "y  = h ^ (xb & 0x8000)              # sign restore, exact (lop3 0x6a)",
+]
+FUSED_OPS["even_piecewise2"] = FUSED_OPS["odd_piecewise2"][:-1]
 FUSED_OPS["residual_odd"] = FUSED_OPS["odd"]
 
 
@@ -289,7 +303,25 @@ def _piecewise2_factored(program, ar, x, fp64):
     return ar.mul(P, g)
 
 
+def _pw2_abs(program, ar, x, fp64, odd: bool):
+    """odd_piecewise2 / even_piecewise2 (module docstring)."""
+    pr = program["params"]
+    xb = ar.inp(x)
+    a = pmin(np.abs(xb), program["L_c"])
+    m = a >= pr["thr"]
+    s = np.where(m, pr["shift"][1], pr["shift"][0])
+    v = a - s if ar.order == "real" else round_to(a - s, ar.dtype)
+    cs = _coeffs(program, fp64)
+    c = [np.where(m, hi, lo) for lo, hi in zip(cs[0], cs[1])]
+    h = np.broadcast_to(c[-1], v.shape).astype(np.float64)
+    for k in range(len(c) - 2, -1, -1):
+        h = ar.fma(h, v, c[k])
+    return np.where(np.signbit(xb), -h, h) if odd else h
+
+
 _FORMS = {
+    "odd_piecewise2": lambda program, ar, x, fp64: _pw2_abs(program, ar, x, fp64, True),
+    "even_piecewise2": lambda program, ar, x, fp64: _pw2_abs(program, ar, x, fp64, False),
     "odd": _odd,
     "residual_odd": _odd,
     "even": _even,
@@ -323,11 +355,32 @@ def softcap_logit(program: dict, x, order: str = "fused") -> np.ndarray:
     c = float(program["params"]["c"])
     lc = program["L_c"] * c
     x = np.asarray(x, np.float64)
+    two = program["form"] == "odd_piecewise2"
     if order == "real":
         xc = np.clip(x, -lc, lc)
-        return xc - c * replay(program, xc / c, "real")
+        a = np.where(two & (np.abs(xc) >= c * program["params"].get("thr", np.inf)), np.sign(xc) * c, xc)
+        return a - c * replay(program, xc / c, "real")
     x32 = round_to(x, "f32")
     xc = pmin(pmax(x32, -lc), lc)
     u = mul(xc, round_to(1.0 / c, "f32"), "f32")
     rho = replay(program, u, order)
+    if two:   # tail region: logit = sign(x) c - c (sign(x) eps), the same region test as the block
+        xc = np.where(np.abs(u) >= region_threshold_f32(program), np.copysign(c, xc), xc)
     return fma(-c, rho, xc, "f32")
+
+
+def region_threshold_f32(program: dict) -> float:
+    """The least FP32 value t with cvt.rn to the program dtype of t >= params.thr, so that for
+    an FP32 u, |u| >= t exactly when the block's a = |cvt.rn(u)| >= thr (cvt.rn is monotone).
+    A kernel's FP32 side uses it to pick the same region as the packed block."""
+    thr, dt = float(program["params"]["thr"]), program.get("dtype", "bf16")
+    lo, hi = 0.0, thr   # rn(hi) >= thr; find the least f32 with that property by bisection on bits
+    lo_b = int(np.float32(lo).view(np.uint32))
+    hi_b = int(np.float32(hi).view(np.uint32))
+    while hi_b - lo_b > 1:
+        mid = (lo_b + hi_b) // 2
+        if round_to(np.array([np.uint32(mid).view(np.float32)], np.float64), dt)[0] >= thr:
+            hi_b = mid
+        else:
+            lo_b = mid
+    return float(np.uint32(hi_b).view(np.float32))

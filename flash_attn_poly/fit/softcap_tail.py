@@ -61,3 +61,55 @@ def attn_ratios(logit_fn, score=None) -> list[float]:
         logit = torch.from_numpy(logit_fn(x)).float()
         out.append(am.rel_l2(am._softmax_lowp(logit, mask, v), ref) / native)
     return out
+
+
+# ------------------------------------------------------------------ table entries (the blocks' programs)
+TAIL_NAME = "softcap_c50_f16_tail"
+
+
+def entries(table: dict, u0: float = 1.0, L: float = 3.0, deg: int = 5,
+            command: str = "python -m flash_attn_poly.fit softcap-tail --write") -> dict:
+    """The two-region program pair as table entries, built from the table's FP16 residual
+    pair (softcap_c50_f16 and its differentiated _grad) and fit_tail:
+
+    * TAIL_NAME (form odd_piecewise2): region 0 (a = |cvt.rn(u)| < u0) the residual's
+      coefficients [0, c1..c5] at shift 0; region 1 eps's at shift m; the kernel combines
+      logit = fma(-c, y, A) with A = xc in region 0 and sign(x) c in region 1
+      (runtime.softcap_logit; runtime.region_threshold_f32 gives the FP32 test);
+    * TAIL_NAME + "_grad" (form even_piecewise2): d logit/dx = the residual grad program's
+      1 - rho'(a) in region 0, -eps'(v) (the executed eps differentiated, FP16-rounded) in
+      region 1.  Same clamp L, threshold and shifts as the forward."""
+    progs = table["programs"]
+    res, res_g = progs["softcap_c50_f16"], progs["softcap_c50_f16_grad"]
+    if len(res["coeffs"]) != deg + 1 or len(res_g["coeffs"]) != deg:
+        raise ValueError("the residual pair's degrees must match the tail's (D and D - 1)")
+    m, e = fit_tail(u0, L, deg)
+    g64 = np.array([-(k + 1) * e[k + 1] for k in range(deg)])
+    g = rt.round_to(g64, "f16")
+    from .search import as_bits
+    params = {"c": C, "thr": u0, "shift": [0.0, float(m)]}
+    fwd = {
+        "target": "softcap", "derivative": False, "form": "odd_piecewise2", "dtype": "f16",
+        "degree": deg, "L_i": L, "L_c": L, "offset": 0.0,
+        "coeffs": [[float(v) for v in res["coeffs"]], [float(v) for v in e]],
+        "coeffs_bits": [list(res["coeffs_bits"]), as_bits(e, "f16")],
+        "params": {**params, "evaluates": "rho(u) = u - tanh(u) below u0, sign(u) eps(|u| - m) above "
+                   "(eps = 1 - tanh); u = logit/c",
+                   "combine": "logit = fma.rn.f32(-c, y, A), A = xc below u0, copysign(c, xc) above; "
+                   "xc = clamp(x, +-c*L_c)"},
+        "fit": {"command": command, "residual": "softcap_c50_f16 (as is)",
+                "tail": f"least squares of 1 - tanh(u) on 4000 Chebyshev nodes of [{u0}, {L}], "
+                        f"centred at m = {m}, degree {deg}, FP16-rounded"},
+    }
+    grad = {
+        "target": "softcap", "derivative": True, "form": "even_piecewise2", "dtype": "f16",
+        "degree": deg - 1, "L_i": L, "L_c": L, "offset": 0.0,
+        "coeffs": [[float(v) for v in res_g["coeffs"]], [float(v) for v in g]],
+        "coeffs_bits": [list(res_g["coeffs_bits"]), as_bits(g, "f16")],
+        "coeffs_fp64": [list(res_g["coeffs_fp64"]), [float(v) for v in g64]],
+        "params": {**params, "backward": "differentiated",
+                   "evaluates": "d logit/dx: 1 - rho'(a) below u0 (softcap_c50_f16_grad), -eps'(a - m) above"},
+        "fit": {"command": command},
+    }
+    fwd["coeffs_fp64"] = fwd["coeffs"]
+    return {TAIL_NAME: fwd, TAIL_NAME + "_grad": grad}
