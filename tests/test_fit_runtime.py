@@ -99,3 +99,17 @@ def test_residual_even_exact_tail():
 def test_bad_order_rejected():
     with pytest.raises(ValueError):
         rt.replay(_odd_program(), np.zeros(3), "double")
+
+
+def test_fit_write_keeps_entries_made_by_other_commands(tmp_path, monkeypatch):
+    """`python -m flash_attn_poly.fit write` rebuilds what programs.build makes and keeps the
+    entries other commands added (search --write, softcap-tail): the kernels' FP16 defaults
+    are among those, so a rebuild must not drop them."""
+    from flash_attn_poly.fit import __main__ as cli, programs as P
+    monkeypatch.setattr(P, "build", lambda command, progress: {"version": 1, "programs": {"a": {"x": 1}}})
+    monkeypatch.setattr(P, "load_table", lambda path=None: {"programs": {"a": {"x": 0}, "softcap_c50_f16": {"y": 2}}})
+    out = tmp_path / "programs.json"
+    cli.main(["write", "--out", str(out)])
+    import json
+    progs = json.loads(out.read_text())["programs"]
+    assert progs == {"a": {"x": 1}, "softcap_c50_f16": {"y": 2}}

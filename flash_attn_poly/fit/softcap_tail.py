@@ -12,8 +12,10 @@ eps is a degree-`deg` polynomial in the centred t, least squares on Chebyshev no
 [u0, L], coefficients rounded to FP16, Horner in FP16 (fma.rn.f16, fused order as
 fit.runtime replays the blocks); |x| is clamped at c L.
 
-This is a CPU model for choosing a block to build, not a kernel program: no PTX block or
-table entry exists for it.  `attn_ratios` scores a candidate with softcap.AttnScore (the
+`tail_logit` is the CPU model that chose the form (FP32 centring, 1.37x native at std 20).
+`entries` makes the table pair the kernels run (softcap_c50_f16_tail and its _grad, opt-in
+through attention(program=...)): there the block centres in FP16 after rounding |u| (one
+packed sub), which scores 1.59x.  `attn_ratios` scores a candidate with softcap.AttnScore (the
 selection that picked the deployed entry: attention-output rel L2 over native FP32 tanh's,
 at raw score std 10 and 20 logits).
 """
