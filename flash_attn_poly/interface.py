@@ -172,8 +172,10 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     program: with evaluator="poly", the coefficient-table entry to run (None: the default,
     packed-FP16 "softcap_c50_f16" (D5) / "sigmoid_attn_n4096_f16" (D4); the seed's packed-BF16
     programs are "softcap_c50" (D4) and "sigmoid_attn_n4096" (D3): a little faster, several
-    times less accurate at wide score spreads, bench/results/poly_split.md).  The reference
-    backend always computes the exact functions and ignores it.
+    times less accurate at wide score spreads, bench/results/poly_split.md); softcap also has
+    "softcap_c50_f16_tail", a two-region FP16 program for spreads around std 20 (more
+    instructions; not yet timed on a GPU, docs/NOTES.md).  The reference backend always
+    computes the exact functions and ignores it.
     backend: "auto" (CUDA kernels on sm_90, else the torch reference with a warning),
     "cuda", or "reference" (exact functions in FP32 torch; slow, any device).
     return_lse: also return the FP32 natural-log LSE (B, H_q, S_q) (softmax modes only).
