@@ -13,8 +13,9 @@ samples that fall inside each timed segment of bench/protocol.py.
     stats = clocks.per_name(s.samples(), protocol.last_segments())
 
 Each sample: host time (s, from nvidia-smi's timestamp), SM clock (MHz), power (W) and the
-active clock-event (throttle) reasons bitmask. Without nvidia-smi the sampler records
-nothing and per_name returns {} (the benchmark still runs).
+active clock-event (throttle) reasons bitmask (0 where this nvidia-smi has no such field).
+Without nvidia-smi the sampler records nothing and per_name returns {} (the benchmark
+still runs).
 """
 from __future__ import annotations
 
@@ -24,7 +25,19 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-QUERY = "timestamp,clocks.sm,power.draw,clocks_event_reasons.active"
+QUERY = "timestamp,clocks.sm,power.draw,{reasons}"
+# the event-reasons field was renamed (older drivers: clocks_throttle_reasons.active)
+REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+
+
+def _reasons_field(exe: str, gpu: int) -> str | None:
+    """The event-reasons field this nvidia-smi knows (None: neither; the query then has none)."""
+    for name in REASON_FIELDS:
+        r = subprocess.run([exe, f"--id={gpu}", f"--query-gpu={name}", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            return name
+    return None
 
 
 @dataclass(frozen=True)
@@ -39,11 +52,11 @@ def parse_line(line: str) -> Sample | None:
     """One line of `nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits`, e.g.
     '2026/11/30 05:33:11.123, 1980, 512.34, 0x0000000000000000'; None if unparsable."""
     parts = [p.strip() for p in line.split(",")]
-    if len(parts) != 4:
+    if len(parts) not in (3, 4):
         return None
     try:
         ts = _dt.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-        return Sample(ts, float(parts[1]), float(parts[2]), int(parts[3], 16))
+        return Sample(ts, float(parts[1]), float(parts[2]), int(parts[3], 16) if len(parts) == 4 else 0)
     except ValueError:
         return None
 
@@ -58,10 +71,12 @@ class Sampler:
     def __enter__(self):
         exe = shutil.which("nvidia-smi")
         if exe:
+            reasons = _reasons_field(exe, self.gpu)
+            query = QUERY.format(reasons=reasons) if reasons else QUERY.replace(",{reasons}", "")
             self._file = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
             self._proc = subprocess.Popen(
-                [exe, f"--id={self.gpu}", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
-                 f"-lms={self.period_ms}"], stdout=self._file, stderr=subprocess.DEVNULL)
+                [exe, f"--id={self.gpu}", f"--query-gpu={query}", "--format=csv,noheader,nounits",
+                 f"--loop-ms={self.period_ms}"], stdout=self._file, stderr=subprocess.DEVNULL)
         return self
 
     def __exit__(self, *exc):

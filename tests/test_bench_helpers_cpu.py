@@ -97,3 +97,11 @@ def test_sampler_without_nvidia_smi_records_nothing(monkeypatch):
     with clocks.Sampler() as s:
         pass
     assert s.samples() == [] and clocks.per_name(s.samples(), [("x", 0.0, 1e12)]) == {}
+
+
+def test_clock_line_without_reasons_field():
+    """An nvidia-smi without the event-reasons field: three columns, reasons read as 0."""
+    import clocks
+    s = clocks.parse_line("2026/11/30 05:00:00.250, 1830, 650.25")
+    assert s is not None and s.sm_mhz == 1830 and s.power_w == 650.25 and s.reasons == 0
+    assert clocks.parse_line("2026/11/30 05:00:00.250, [N/A], 650.25") is None
