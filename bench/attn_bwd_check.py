@@ -308,7 +308,7 @@ def main():
                     help="time FLASH_ATTN_POLY_PREPOST=torch vs cute (backward and pre/post alone)")
     ap.add_argument("--variants", action="store_true",
                     help="time backward variants side by side, with FA4 (see --axes)")
-    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order), stages (Q/dO pipeline 2 | 3), sigmoid_grad (surrogate | product), mainloop (1 | 2), v_with_do (off | on), head_loop (off | on), zero_dq (head_loop's dQ accumulator zeroed in the pre kernel: off | on), dq_tma (dQ by TMA tensor reductions: off | on)")
+    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order), stages (Q/dO pipeline 2 | 3), sigmoid_grad (surrogate | product), mainloop (1 | 2), v_with_do (off | on), head_loop (off | on), zero_dq (head_loop's dQ accumulator zeroed in the pre kernel: off | on), dq_tma (dQ by TMA tensor reductions: off | on; refused since 077dce5, it hangs: needs FLASH_ATTN_POLY_DQ_TMA_DEBUG=1)")
     ap.add_argument("--json", default=None, help="with --variants: write rows + protocol here")
     ap.add_argument("--split-wg", action="store_true", help="time the D=256 chunked vs split-warpgroup backward")
     a = ap.parse_args()

@@ -21,8 +21,6 @@
 #   bash bench/h200_round.sh hl2     # head_loop tests + timing, then bench/poly_split.py
 #   bash bench/h200_round.sh final5  # FP16 poly defaults + head_loop_auto: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
-#   bash bench/h200_round.sh nx      # next experiments: dq_tma and zero_dq_in_pre tests, then both timing axes (not yet run)
-#   bash bench/h200_round.sh nx2     # nx, then bench/fwd_tuning.py --knob pingpong=0 for the poly stages at the anchor shape
 #   bash bench/h200_round.sh tail    # softcap_c50_f16_tail (opt-in): PTX blocks on the GPU, its API tests, accuracy.py (not yet run)
 #   bash bench/h200_round.sh clk     # gqa_4096 --clocks --graph-bwd: SM clock / power per row, backward as a CUDA graph (not yet run)
 #   bash bench/h200_round.sh zdq2    # zero_dq timing alone, then the pre/post tests
@@ -140,28 +138,6 @@ elif [ "$phase" = final5 ]; then   # FP16 poly defaults + head_loop_auto: every 
 elif [ "$phase" = final7 ]; then   # eager autograd.Function path + FP16 sigmoid/poly API: every GPU test file, gqa_4096
   all_gpu_tests tests/test_asm_gpu.py; tarup
   t gqa 240 python3 bench/gqa_4096.py --json "$OUT/gqa_4096.json"; tarup
-  echo "== summary"; cat "$OUT/summary.txt"; exit 0
-elif [ "$phase" = nx ]; then   # dq_tma + zero_dq_in_pre (both off by default): tests, then timing
-  pt tma tests/test_attn_bwd_gpu.py -k "dq_tma" &
-  pt zdq tests/test_attn_bwd_prepost_gpu.py -k "zero_dq" &
-  wait; tarup
-  t tma_time 240 python3 bench/attn_bwd_check.py --skip-check --variants --axes dq_tma \
-      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_dq_tma.json"; tarup
-  t zdq_time 240 python3 bench/attn_bwd_check.py --skip-check --variants --axes zero_dq \
-      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_zero_dq.json"; tarup
-  only_archive
-  echo "== summary"; cat "$OUT/summary.txt"; exit 0
-elif [ "$phase" = nx2 ]; then   # nx, then forward ping-pong off vs on for the poly stages (FP16 programs)
-  pt tma tests/test_attn_bwd_gpu.py -k "dq_tma" &
-  pt zdq tests/test_attn_bwd_prepost_gpu.py -k "zero_dq" &
-  wait; tarup
-  t tma_time 200 python3 bench/attn_bwd_check.py --skip-check --variants --axes dq_tma \
-      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_dq_tma.json"; tarup
-  t zdq_time 200 python3 bench/attn_bwd_check.py --skip-check --variants --axes zero_dq \
-      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_zero_dq.json"; tarup
-  t fwd_pp 150 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --knob pingpong=0 \
-      --modes sigmoid:poly,softcap:poly --json "$OUT/fwd_pingpong.json"; tarup
-  only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = tail ]; then   # two-region FP16 softcap (opt-in program): blocks bit-exact, API tests, accuracy rows
   pt asm tests/test_asm_gpu.py &
