@@ -22,6 +22,7 @@
 #   bash bench/h200_round.sh final5  # FP16 poly defaults + head_loop_auto: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh tail    # softcap_c50_f16_tail (opt-in): PTX blocks on the GPU, its API tests, accuracy.py (not yet run)
+#   bash bench/h200_round.sh mx      # forward knobs row_max_chains=4 and ping-pong for the native stages, side by side (not yet run)
 #   bash bench/h200_round.sh clk     # gqa_4096 --clocks --graph-bwd: SM clock / power per row, backward as a CUDA graph (not yet run)
 #   bash bench/h200_round.sh zdq2    # zero_dq timing alone, then the pre/post tests
 #   bash bench/h200_round.sh zdq     # dQ accumulator zeroed in the pre kernel: its tests, then timing (not yet run)
@@ -144,6 +145,13 @@ elif [ "$phase" = tail ]; then   # two-region FP16 softcap (opt-in program): blo
   pt api_tail tests/test_api_gpu.py -k "softcap_c50_f16_tail" &
   wait; tarup
   t accuracy 240 python3 bench/accuracy.py --json "$OUT/accuracy.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = mx ]; then   # forward latency knobs at the anchor shape: 4 row-max chains; ping-pong for softmax
+  t fwd_mx 200 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --knob row_max_chains=4 \
+      --modes softmax:native,softcap:native,softcap:poly --json "$OUT/fwd_row_max_chains.json"; tarup
+  t fwd_pp_softmax 150 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --knob pingpong=1 \
+      --modes softmax:native,softcap:native --json "$OUT/fwd_pingpong_native.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = clk ]; then   # is the wall-clock backward slower than its device time because of the SM clock?

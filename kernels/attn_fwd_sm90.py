@@ -118,6 +118,10 @@ class AttnFwdConfig:
     # CTA order: False = SingleTileScheduler (per head, longest query tile first); True =
     # SectionLptScheduler (heads in L2-sized sections, longest tiles of all their heads first)
     lpt: bool = False
+    # online softmax: independent running maxima per row (1 = one serial FMNMX chain of
+    # tile_n / 4 - 1 per row; 4: four chains then a 2-level tree).  The max is exact in any
+    # order, so outputs are bitwise equal; a latency knob, not yet GPU-timed (2026-11-30)
+    row_max_chains: int = 1
 
     @staticmethod
     def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
@@ -334,7 +338,7 @@ class AttnFwdSm90:
         tScS_mn = stages.acc_mn_view(thr_mma_qk.partition_C(
             cute.make_identity_tensor((self.tile_m, self.tile_n))))
         num_rows = cute.size(tScS_mn, mode=[0])
-        softmax = stages.OnlineSoftmax(num_rows)
+        softmax = stages.OnlineSoftmax(num_rows, self.cfg.row_max_chains)
         row_scale = cute.make_rmem_tensor((num_rows,), Float32)
 
         ctx = SimpleNamespace(

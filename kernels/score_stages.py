@@ -282,7 +282,10 @@ class OnlineSoftmax:
     The row sum stays thread-local (each thread sums its own columns) and is reduced over
     the quad once in `finalize`: that saves 2 shuffles per row per key block."""
 
-    def __init__(self, num_rows: int):
+    def __init__(self, num_rows: int, max_chains: int = 1):
+        if max_chains not in (1, 2, 4, 8):
+            raise ValueError(f"max_chains must be 1, 2, 4 or 8, got {max_chains!r}")
+        self.max_chains = max_chains
         self.row_max = cute.make_rmem_tensor((num_rows,), Float32)
         self.row_sum = cute.make_rmem_tensor((num_rows,), Float32)
         # an empty tile (no key visible) finalises to O = 0, LSE = -inf
@@ -295,9 +298,7 @@ class OnlineSoftmax:
         """P = exp2(s*scale_log2 - max*scale_log2) in place; row_scale gets the O rescale."""
         s_mn = acc_mn_view(acc_S)
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-            m = s_mn[r, 0]
-            for c in cutlass.range_constexpr(1, cute.size(s_mn, mode=[1])):
-                m = cute.arch.fmax(m, s_mn[r, c])
+            m = self._row_max(s_mn, r)
             m = quad_allreduce(m, "max")
             if cutlass.const_expr(not is_first):
                 m = cute.arch.fmax(m, self.row_max[r])
@@ -320,6 +321,19 @@ class OnlineSoftmax:
                 self.row_sum[r] = acc
             else:
                 self.row_sum[r] = self.row_sum[r] * row_scale[r] + acc
+
+    def _row_max(self, s_mn, r: int):
+        """Max of row r's columns: max_chains running maxima (column c feeds chain c % k),
+        then a pairwise tree; k = 1 is the single serial chain.  Exact in any order (PTX
+        max.f32 returns the non-NaN operand), so every k gives the same bits."""
+        n = cute.size(s_mn, mode=[1])
+        k = self.max_chains if n % self.max_chains == 0 else 1
+        ms = [s_mn[r, c] for c in range(k)]
+        for c in range(k, n):
+            ms[c % k] = cute.arch.fmax(ms[c % k], s_mn[r, c])
+        while len(ms) > 1:
+            ms = [cute.arch.fmax(ms[i], ms[i + 1]) for i in range(0, len(ms), 2)]
+        return ms[0]
 
     @cute.jit
     def finalize(self, lse_scale: Float32, o_scale: cute.Tensor, lse: cute.Tensor):

@@ -330,3 +330,24 @@ def test_softcap_tail_program_fwd_builds(split, stl_max):
     assert (n["MUFU.TANH"] == 0) == (split == (1, 1))
     assert n["HFMA2"] > base["HFMA2"] and n["LOP3"] > base["LOP3"], (n, base)
     assert n["STL"] <= stl_max, n
+
+
+@pytest.mark.compile
+def test_row_max_chains_knob_builds():
+    """AttnFwdConfig(row_max_chains=4): four running row maxima then a tree instead of one
+    31-deep FMNMX chain (a latency knob, off by default, not yet GPU-timed).  The same
+    arithmetic instructions as the default (the max is exact in any order; register moves may
+    differ), a different schedule, no spills; measured (softmax D=128 causal):
+    interior-loop instructions before the PV wait 183 -> 133 (ptxas places the wait earlier)."""
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, sass, score_stages as S
+
+    def build(**kw):
+        cfg = A.AttnFwdConfig.default(S.make_stage("softmax", "native"), "bf16", 128, True, **kw)
+        dump = tempfile.mkdtemp(prefix="fap_attn_")
+        return sass.disassemble(A.compile_attn_fwd(cfg, options=f"--keep-cubin --dump-dir={dump}").artifacts.CUBIN)
+    base, four = build(), build(row_max_chains=4)
+    fam = dict(sass.FAMILIES, **sass.STAGE_FAMILIES)   # arithmetic families (moves/NOPs may differ)
+    assert sass.count_opcodes(four, fam) == sass.count_opcodes(base, fam)
+    assert four != base
+    assert sass.count_opcodes(four)["STL"] == 0
