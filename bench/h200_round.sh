@@ -21,6 +21,7 @@
 #   bash bench/h200_round.sh hl2     # head_loop tests + timing, then bench/poly_split.py
 #   bash bench/h200_round.sh final5  # FP16 poly defaults + head_loop_auto: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
+#   bash bench/h200_round.sh next1   # tail + mx in one call (not yet run)
 #   bash bench/h200_round.sh tail    # softcap_c50_f16_tail (opt-in): PTX blocks on the GPU, its API tests, accuracy.py (not yet run)
 #   bash bench/h200_round.sh mx      # forward knobs row_max_chains=4 and ping-pong for the native stages, side by side (not yet run)
 #   bash bench/h200_round.sh clk     # gqa_4096 --clocks --graph-bwd: SM clock / power per row, backward as a CUDA graph (not yet run)
@@ -139,6 +140,17 @@ elif [ "$phase" = final5 ]; then   # FP16 poly defaults + head_loop_auto: every 
 elif [ "$phase" = final7 ]; then   # eager autograd.Function path + FP16 sigmoid/poly API: every GPU test file, gqa_4096
   all_gpu_tests tests/test_asm_gpu.py; tarup
   t gqa 240 python3 bench/gqa_4096.py --json "$OUT/gqa_4096.json"; tarup
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = next1 ]; then   # tail + mx in one call (one cold start): tail program tests and accuracy, forward knobs
+  pt asm tests/test_asm_gpu.py &
+  pt api_tail tests/test_api_gpu.py -k "softcap_c50_f16_tail" &
+  wait; tarup
+  t fwd_mx 200 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --knob row_max_chains=4 \
+      --modes softmax:native,softcap:native,softcap:poly --json "$OUT/fwd_row_max_chains.json"; tarup
+  t fwd_pp_softmax 150 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --knob pingpong=1 \
+      --modes softmax:native,softcap:native --json "$OUT/fwd_pingpong_native.json"; tarup
+  t accuracy 200 python3 bench/accuracy.py --json "$OUT/accuracy.json"; tarup
+  only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = tail ]; then   # two-region FP16 softcap (opt-in program): blocks bit-exact, API tests, accuracy rows
   pt asm tests/test_asm_gpu.py &
