@@ -141,11 +141,7 @@ def abs_piecewise2(b: Builder, prog: dict, x: str, odd_out: bool) -> str:
     pr = prog["params"]
     _, a = clamped_abs(b, x, prog["L_c"])
     m = b.set("ge", a, b.value(pr["thr"]))
-    v = b.sub(a, select_pair(b, m, *pr["shift"]))
-    c = [select_pair(b, m, lo_v, hi_v) for lo_v, hi_v in zip(*prog["coeffs"])]
-    h = c[-1]
-    for k in range(len(c) - 2, -1, -1):
-        h = b.fma(h, v, c[k])
+    h = piecewise_value(b, prog, m, b.sub(a, select_pair(b, m, *pr["shift"])))   # no squarings
     return b.emit("lop3.b32", x, imm(SIGN2), h, f"0x{LUT_SIGN_XOR:02x}") if odd_out else h
 
 

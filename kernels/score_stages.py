@@ -34,6 +34,7 @@ the blocks are generated from: the FP32 clamp of the kernel always equals the bl
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -144,10 +145,12 @@ def f16x2_to_bf16x2(p: Int32, *, loc=None, ip=None) -> Int32:
     return pack_f32x2(lo, hi, True, loc=loc, ip=ip)
 
 
+@functools.lru_cache(maxsize=None)
 def softcap_tail_u(program: str) -> float:
     """A two-region softcap program's FP32 region threshold on |u| (0.0 for a one-region
     program): the kernel's FP32 combine picks the block's region with it
-    (fit/runtime.region_threshold_f32: |u| >= t exactly where the block's f16 |u| >= thr)."""
+    (fit/runtime.region_threshold_f32: |u| >= t exactly where the block's f16 |u| >= thr).
+    Cached: stages are built on every attention call."""
     prog = _program(program)
     if prog["form"] != "odd_piecewise2":
         return 0.0

@@ -311,11 +311,7 @@ def _pw2_abs(program, ar, x, fp64, odd: bool):
     m = a >= pr["thr"]
     s = np.where(m, pr["shift"][1], pr["shift"][0])
     v = a - s if ar.order == "real" else round_to(a - s, ar.dtype)
-    cs = _coeffs(program, fp64)
-    c = [np.where(m, hi, lo) for lo, hi in zip(cs[0], cs[1])]
-    h = np.broadcast_to(c[-1], v.shape).astype(np.float64)
-    for k in range(len(c) - 2, -1, -1):
-        h = ar.fma(h, v, c[k])
+    h = _pw_value(program, ar, m, v, fp64)   # the piecewise2 Horner (no squarings here)
     return np.where(np.signbit(xb), -h, h) if odd else h
 
 
@@ -374,9 +370,8 @@ def region_threshold_f32(program: dict) -> float:
     an FP32 u, |u| >= t exactly when the block's a = |cvt.rn(u)| >= thr (cvt.rn is monotone).
     A kernel's FP32 side uses it to pick the same region as the packed block."""
     thr, dt = float(program["params"]["thr"]), program.get("dtype", "bf16")
-    lo, hi = 0.0, thr   # rn(hi) >= thr; find the least f32 with that property by bisection on bits
-    lo_b = int(np.float32(lo).view(np.uint32))
-    hi_b = int(np.float32(hi).view(np.uint32))
+    # bisection on the bit patterns of [0, thr]: rn(thr) >= thr, rn(0) < thr
+    lo_b, hi_b = 0, int(np.float32(thr).view(np.uint32))
     while hi_b - lo_b > 1:
         mid = (lo_b + hi_b) // 2
         if round_to(np.array([np.uint32(mid).view(np.float32)], np.float64), dt)[0] >= thr:
