@@ -135,6 +135,17 @@ def all_rows(bf16: bool = True) -> list[Row]:
     return rows
 
 
+def select_rows(rows: list[Row], impls: str | None) -> list[Row]:
+    """Keep the rows whose impl is in the comma-separated list (None: all)."""
+    if not impls:
+        return rows
+    want = {x.strip() for x in impls.split(",") if x.strip()}
+    known = {r.impl for r in rows}
+    if want - known:
+        raise SystemExit(f"--impls: unknown {sorted(want - known)}; known here: {sorted(known)}")
+    return [r for r in rows if r.impl in want]
+
+
 def _inputs(args, requires_grad: bool):
     import torch
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -167,6 +178,26 @@ def _prepare(rows, args, backward: bool):
     return fns
 
 
+def _prepare_step(rows, args):
+    """Forward + backward callables (a fresh autograd graph per call) for --graph-bwd: autograd
+    runs each backward op on its forward op's stream, so a backward alone on a retained graph
+    from an uncaptured forward cannot be captured; the step can, and bwd_graph_ms is the step
+    graph minus the forward graph."""
+    import torch
+    fns = {}
+    for row in rows:
+        try:
+            q, k, v = _inputs(args, True)
+            fwd = row.make(q, k, v)
+            dout = torch.randn_like(_first(fwd()))
+            fns[row.key] = lambda fwd=fwd, q=q, k=k, v=v, dout=dout: torch.autograd.grad(
+                _first(fwd()), (q, k, v), dout)
+            fns[row.key]()
+        except Exception as e:  # noqa: BLE001
+            print(f"skip {row.key} step: {type(e).__name__}: {str(e)[:200]}")
+    return fns
+
+
 def _first(x):
     """Some libraries return (out, lse): keep the output."""
     return x[0] if isinstance(x, tuple) else x
@@ -194,17 +225,21 @@ def _timed(fns, timing, with_clocks: bool):
 
 
 def run(args) -> dict:
-    rows = all_rows(not args.no_bf16)
-    timing = protocol.Timing(args.warmup, args.rounds, args.iters)
+    rows = select_rows(all_rows(not args.no_bf16), args.impls)
+    timing = protocol.Timing(args.warmup, args.rounds, args.iters, args.order)
     fwd_fns = _prepare(rows, args, False)
     fwd, fwd_clk = _timed(fwd_fns, timing, args.clocks)
-    graph = {k: protocol.graph_time(f, timing) for k, f in fwd_fns.items()} if args.graph else {}
+    want_graph = args.graph or args.graph_bwd
+    graph = {k: protocol.graph_time(f, timing) for k, f in fwd_fns.items()} if want_graph else {}
     bwd, bwd_clk, bwd_graph = {}, {}, {}
     if not args.fwd_only:
         bwd_fns = _prepare(rows, args, True)
         bwd, bwd_clk = _timed(bwd_fns, timing, args.clocks)
+        del bwd_fns
         if args.graph_bwd:
-            bwd_graph = {k: protocol.graph_time(f, timing) for k, f in bwd_fns.items()}
+            step = {k: protocol.graph_time(f, timing) for k, f in _prepare_step(rows, args).items()}
+            bwd_graph = {k: t - graph[k] for k, t in step.items()
+                         if t is not None and graph.get(k) is not None}
     out_rows = []
     for row in rows:
         f, b = fwd.get(row.key), bwd.get(row.key)
@@ -285,11 +320,16 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--fwd-only", action="store_true")
+    p.add_argument("--order", choices=sorted(protocol.ORDERS), default="alternate",
+                   help="implementation order per round: the seed's listed/reversed, or a seeded "
+                        "shuffle (bench/protocol.py says why)")
+    p.add_argument("--impls", help="comma-separated impls to keep, e.g. ours,fa4 (default: every row)")
     p.add_argument("--no-bf16", action="store_true", help="leave out the rows of ours with a named program (the BF16 programs, the tail program)")
     p.add_argument("--graph", action="store_true",
                    help="also time each forward as a replayed CUDA graph (GPU time without host launch cost)")
     p.add_argument("--graph-bwd", action="store_true",
-                   help="also time each backward (autograd.grad) as a replayed CUDA graph, where it captures")
+                   help="also time forward+backward steps as replayed CUDA graphs (implies --graph); "
+                        "bwd_graph_ms = step graph - forward graph")
     p.add_argument("--clocks", action="store_true",
                    help="sample nvidia-smi while timing: mean SM clock, power and clock-event reasons per row "
                         "(bench/clocks.py)")
@@ -317,8 +357,8 @@ def markdown(res: dict) -> str:
                                      + [c for c in EXTRA_COLUMNS if any(c in r for r in res["rows"])]), "",
              "fwd_ms/bwd_ms: back-to-back calls through each library's Python entry point (host "
              "launch cost included where it exceeds GPU time); fwd_graph_ms: the same call captured "
-             "in a CUDA graph and replayed (GPU time only); bwd_graph_ms (--graph-bwd): the same for "
-             "the backward; *_sm_mhz / *_power_w / bwd_clock_reasons (--clocks): nvidia-smi samples "
+             "in a CUDA graph and replayed (GPU time only); bwd_graph_ms (--graph-bwd): a forward+backward "
+             "step captured the same way, minus fwd_graph_ms; *_sm_mhz / *_power_w / bwd_clock_reasons (--clocks): nvidia-smi samples "
              "inside the row's timed segments (bench/clocks.py).", "",
              "| ratio (baseline time / ours) | value |", "|---|---|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in res["ratios"].items()]

@@ -21,7 +21,8 @@
 #   bash bench/h200_round.sh hl2     # head_loop tests + timing, then bench/poly_split.py
 #   bash bench/h200_round.sh final5  # FP16 poly defaults + head_loop_auto: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
-#   bash bench/h200_round.sh next1   # tail + mx in one call (not yet run)
+#   bash bench/h200_round.sh next1   # tail + mx in one call
+#   bash bench/h200_round.sh fair    # gqa_4096 ours+FA4 only, then all rows shuffled (power-cap neighbour bias)
 #   bash bench/h200_round.sh tail    # softcap_c50_f16_tail (opt-in): PTX blocks on the GPU, its API tests, accuracy.py (not yet run)
 #   bash bench/h200_round.sh mx      # forward knobs row_max_chains=4 and ping-pong for the native stages, side by side (not yet run)
 #   bash bench/h200_round.sh clk     # gqa_4096 --clocks --graph-bwd: SM clock / power per row, backward as a CUDA graph (not yet run)
@@ -164,6 +165,12 @@ elif [ "$phase" = mx ]; then   # forward latency knobs at the anchor shape: 4 ro
       --modes softmax:native,softcap:native,softcap:poly --json "$OUT/fwd_row_max_chains.json"; tarup
   t fwd_pp_softmax 150 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --knob pingpong=1 \
       --modes softmax:native,softcap:native --json "$OUT/fwd_pingpong_native.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = fair ]; then   # neighbour (power) bias: ours + FA4 rows only; then every row shuffled, graph steps
+  t gqa_pair 240 python3 bench/gqa_4096.py --impls ours,fa4 --clocks --json "$OUT/gqa_4096_ours_fa4.json"; tarup
+  t gqa_shuf 300 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
+      --json "$OUT/gqa_4096_shuffle.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = clk ]; then   # is the wall-clock backward slower than its device time because of the SM clock?

@@ -6,12 +6,19 @@ order of implementations alternates between rounds (listed order, then reversed)
 that neither side of a native/poly pair always runs on a cooler or warmer GPU. A row's
 time is the median over rounds of the per-round mean; a speedup is the ratio of two such
 medians measured in the same run.
+
+`Timing(order="shuffle")` draws a fresh (seeded) permutation each round instead. Why: the
+H200 runs under its power cap during these loops and its SM clock follows the power of the
+last tens of milliseconds, so with listed/reversed order a row keeps the same neighbours
+every round, and rows listed beside low-power baselines (torch.compile'd sigmoid, flex) ran
+at higher clocks (bench/results/gqa_4096_clocks.md). Shuffling spreads the neighbours.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
 import os
+import random
 import statistics
 import subprocess
 import time
@@ -22,7 +29,8 @@ import torch
 
 PROTOCOL = ("{warmup} warm-up calls per implementation, then {rounds} rounds of {iters} "
             "CUDA-event-timed back-to-back calls; implementation order alternates between rounds "
-            "(listed, reversed); a row is the median over rounds of the per-round mean time")
+            "({order}); a row is the median over rounds of the per-round mean time")
+ORDERS = {"alternate": "listed, reversed", "shuffle": "a seeded random permutation per round"}
 
 
 @dataclass
@@ -30,9 +38,24 @@ class Timing:
     warmup: int = 25
     rounds: int = 5
     iters: int = 100
+    order: str = "alternate"   # "alternate" (the seed's: listed, reversed) | "shuffle"
+
+    def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {sorted(ORDERS)}, got {self.order!r}")
 
     def describe(self) -> str:
-        return PROTOCOL.format(warmup=self.warmup, rounds=self.rounds, iters=self.iters)
+        text = PROTOCOL.format(warmup=self.warmup, rounds=self.rounds, iters=self.iters,
+                               order=ORDERS[self.order])
+        return text.replace("alternates between rounds", "changes between rounds") \
+            if self.order == "shuffle" else text
+
+    def round_orders(self, names: list[str], seed: int = 0) -> list[list[str]]:
+        """The implementation order of every round."""
+        if self.order == "alternate":
+            return [names if r % 2 == 0 else names[::-1] for r in range(self.rounds)]
+        rng = random.Random(seed)
+        return [rng.sample(names, len(names)) for _ in range(self.rounds)]
 
 
 def _time_once(fn: Callable[[], object], iters: int) -> float:
@@ -64,8 +87,8 @@ def time_alternating(fns: dict[str, Callable[[], object]], timing: Timing) -> di
     torch.cuda.synchronize()
     _SEGMENTS.clear()
     per_round: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(timing.rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+    for order in timing.round_orders(names):
+        for name in order:
             t0 = time.time()
             per_round[name].append(_time_once(fns[name], timing.iters))
             _SEGMENTS.append((name, t0, time.time()))
@@ -105,8 +128,8 @@ def time_alternating_graph(fns: dict[str, Callable[[], object]], timing: Timing)
     graphs = {n: _capture(fns[n], timing.iters) for n in names}
     torch.cuda.synchronize()
     per_round: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(timing.rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+    for order in timing.round_orders(names):
+        for name in order:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             graphs[name].replay()

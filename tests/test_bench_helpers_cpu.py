@@ -105,3 +105,30 @@ def test_clock_line_without_reasons_field():
     s = clocks.parse_line("2026/11/30 05:00:00.250, 1830, 650.25")
     assert s is not None and s.sm_mhz == 1830 and s.power_w == 650.25 and s.reasons == 0
     assert clocks.parse_line("2026/11/30 05:00:00.250, [N/A], 650.25") is None
+
+
+def test_round_orders_alternate_and_shuffle():
+    """The seed order is listed, reversed, listed...; shuffle gives permutations that are
+    seeded (same every run) and not all the same; the protocol text names the order."""
+    import protocol
+    names = [f"r{i}" for i in range(8)]
+    alt = protocol.Timing(rounds=3).round_orders(names)
+    assert alt == [names, names[::-1], names]
+    t = protocol.Timing(rounds=6, order="shuffle")
+    orders = t.round_orders(names)
+    assert all(sorted(o) == names for o in orders)
+    assert orders == t.round_orders(names)
+    assert len({tuple(o) for o in orders}) > 1
+    assert "listed, reversed" in protocol.Timing().describe()
+    assert "random permutation" in t.describe() and "alternates" not in t.describe()
+    with pytest.raises(ValueError, match="order"):
+        protocol.Timing(order="random")
+
+
+def test_gqa_4096_select_rows():
+    import gqa_4096 as G
+    rows = [G.Row(i, "softmax", "native", None) for i in ("ours", "fa4", "sdpa_cudnn")]
+    assert [r.impl for r in G.select_rows(rows, "ours, fa4")] == ["ours", "fa4"]
+    assert G.select_rows(rows, None) == rows
+    with pytest.raises(SystemExit, match="flex"):
+        G.select_rows(rows, "ours,flex")
