@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -260,11 +261,11 @@ def run(args) -> dict:
     return {**protocol.header(timing), "shape": shape, "rows": out_rows, "ratios": ratios(out_rows)}
 
 
-def ratios(rows: list[dict]) -> dict:
-    """Speedups (baseline time / our time) for the pairs the issues set goals on."""
-    t = {(r["impl"], r["mode"], r["evaluator"], r.get("program", "")): r for r in rows}
+def ratio_pairs() -> dict:
+    """name -> (baseline row id, our row id), row id = (impl, mode, evaluator, program): the pairs
+    the issues set goals on, plus the program comparisons."""
     sc_bf16, sg_bf16 = ("ours", "softcap", "poly", BF16_PROGRAMS["softcap"]), ("ours", "sigmoid", "poly", BF16_PROGRAMS["sigmoid"])
-    pairs = {"softcap poly vs ours native": (("ours", "softcap", "native", ""), ("ours", "softcap", "poly", "")),
+    return {"softcap poly vs ours native": (("ours", "softcap", "native", ""), ("ours", "softcap", "poly", "")),
              "softcap poly vs FA4 softcap": (("fa4", "softcap", "native", ""), ("ours", "softcap", "poly", "")),
              "softcap poly vs ours softmax": (("ours", "softmax", "native", ""), ("ours", "softcap", "poly", "")),
              "sigmoid poly vs ours native": (("ours", "sigmoid", "native", ""), ("ours", "sigmoid", "poly", "")),
@@ -279,13 +280,75 @@ def ratios(rows: list[dict]) -> dict:
                                                           ("ours", "softcap", "poly", TAIL_PROGRAM)),
              "softcap poly tail program vs default (f16)": (("ours", "softcap", "poly", ""),
                                                             ("ours", "softcap", "poly", TAIL_PROGRAM))}
+
+
+def ratios(rows: list[dict]) -> dict:
+    """Speedups (baseline time / our time) for ratio_pairs(), from one run's rows."""
+    t = {(r["impl"], r["mode"], r["evaluator"], r.get("program", "")): r for r in rows}
     out = {}
-    for name, (base, mine) in pairs.items():
+    for name, (base, mine) in ratio_pairs().items():
         for d in ("fwd", "bwd"):
             a, b = t.get(base, {}).get(f"{d}_ms"), t.get(mine, {}).get(f"{d}_ms")
             if a and b:
                 out[f"{name} ({d})"] = a / b
     return out
+
+
+def row_key(row_id: tuple) -> str:
+    """Row.key of a ratio_pairs() row id."""
+    impl, mode, ev, program = row_id
+    return f"{impl}/{mode}/{ev}" + (f"/{program}" if program else "")
+
+
+PAIR_NOTE = ("Pairwise protocol (--pairs): each pair below is timed alone, its two rows only, under "
+             "the protocol above (the seed's native/poly protocol: alternating which runs first); "
+             "that is repeated --pair-repeats times, pairs interleaved, and the median, min and max "
+             "of the repeats' ratios are reported. No other row shares the GPU's power budget "
+             "history (bench/protocol.py on order).")
+
+
+def run_pairs(args, names: list[str]) -> list[dict]:
+    """Each named ratio_pairs() pair timed alone (two rows), forward and backward."""
+    pairs = {n: ratio_pairs()[n] for n in names}
+    rows = {r.key: r for r in all_rows(True)}
+    need = [rows[row_key(x)] for pr in pairs.values() for x in pr if row_key(x) in rows]
+    need = list({r.key: r for r in need}.values())
+    timing = protocol.Timing(args.warmup, args.rounds, args.iters)
+    out = []
+    for d, backward in (("fwd", False), ("bwd", True)):
+        if backward and args.fwd_only:
+            continue
+        fns = _prepare(need, args, backward)
+        res = {n: [] for n in pairs}
+        for _ in range(args.pair_repeats):
+            for n, (base, mine) in pairs.items():
+                b, m = row_key(base), row_key(mine)
+                if b in fns and m in fns:
+                    t = protocol.time_alternating({b: fns[b], m: fns[m]}, timing)
+                    res[n].append((t[b], t[m]))
+        del fns
+        for n, ts in res.items():
+            if ts:
+                r = sorted(a / b for a, b in ts)
+                out.append({"pair": n, "dir": d, "ratio_median": statistics.median(r),
+                            "ratio_min": r[0], "ratio_max": r[-1],
+                            "base_ms": [a for a, _ in ts], "ours_ms": [b for _, b in ts]})
+    return out
+
+
+def pairs_markdown(pairs: list[dict]) -> str:
+    lines = ["", PAIR_NOTE, "", "| pair (baseline time / ours) | dir | median | min | max | baseline ms | ours ms |",
+             "|---|---|---|---|---|---|---|"]
+    for p in pairs:
+        lines.append(f"| {p['pair']} | {p['dir']} | {p['ratio_median']:.3f} | {p['ratio_min']:.3f} | "
+                     f"{p['ratio_max']:.3f} | {statistics.median(p['base_ms']):.3f} | "
+                     f"{statistics.median(p['ours_ms']):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+GOAL_PAIRS = ("ours softmax vs FA4 softmax", "softcap poly vs FA4 softcap", "sigmoid poly vs FA4 softmax",
+              "softcap poly vs ours softmax", "sigmoid poly bf16 program vs FA4 softmax",
+              "softcap poly vs ours native", "sigmoid poly vs ours native")
 
 
 SASS_FAMILIES = ("HGMMA", "MUFU.EX2", "MUFU.TANH", "MUFU.RCP", "HFMA2.BF16", "HMUL2", "FFMA", "STL", "LDL")
@@ -323,6 +386,9 @@ def main(argv=None):
     p.add_argument("--order", choices=sorted(protocol.ORDERS), default="alternate",
                    help="implementation order per round: the seed's listed/reversed, or a seeded "
                         "shuffle (bench/protocol.py says why)")
+    p.add_argument("--pairs", action="store_true",
+                   help="time only the goal pairs, each pair alone (GOAL_PAIRS; PAIR_NOTE says how)")
+    p.add_argument("--pair-repeats", type=int, default=3)
     p.add_argument("--impls", help="comma-separated impls to keep, e.g. ours,fa4 (default: every row)")
     p.add_argument("--no-bf16", action="store_true", help="leave out the rows of ours with a named program (the BF16 programs, the tail program)")
     p.add_argument("--graph", action="store_true",
@@ -338,6 +404,19 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.compile_only:
         print(json.dumps(compile_only(), indent=2))
+        return
+    if args.pairs:
+        timing = protocol.Timing(args.warmup, args.rounds, args.iters)
+        shape = dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv,
+                     headdim=args.headdim, causal=True, dtype="bfloat16", softcap=SOFTCAP)
+        res = {**protocol.header(timing), "shape": shape, "pair_protocol": PAIR_NOTE,
+               "pairs": run_pairs(args, list(GOAL_PAIRS))}
+        md = (f"# Attention benchmark, goal pairs: {shape}\n\ndevice {res['device']}, {res['date']}, "
+              f"commit {res['commit']}, torch {res['torch']}\n\nProtocol: {res['protocol']}.\n"
+              + pairs_markdown(res["pairs"]))
+        if args.json:
+            protocol.write_results(args.json, res, md)
+        print(md)
         return
     res = run(args)
     if args.json:

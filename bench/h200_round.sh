@@ -22,6 +22,7 @@
 #   bash bench/h200_round.sh final5  # FP16 poly defaults + head_loop_auto: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh next1   # tail + mx in one call
+#   bash bench/h200_round.sh pairs   # gqa_4096 --pairs: every goal pair timed alone, 5 repeats
 #   bash bench/h200_round.sh fair    # gqa_4096 ours+FA4 only, then all rows shuffled (power-cap neighbour bias)
 #   bash bench/h200_round.sh tail    # softcap_c50_f16_tail (opt-in): PTX blocks on the GPU, its API tests, accuracy.py (not yet run)
 #   bash bench/h200_round.sh mx      # forward knobs row_max_chains=4 and ping-pong for the native stages, side by side (not yet run)
@@ -165,6 +166,10 @@ elif [ "$phase" = mx ]; then   # forward latency knobs at the anchor shape: 4 ro
       --modes softmax:native,softcap:native,softcap:poly --json "$OUT/fwd_row_max_chains.json"; tarup
   t fwd_pp_softmax 150 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --knob pingpong=1 \
       --modes softmax:native,softcap:native --json "$OUT/fwd_pingpong_native.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = pairs ]; then   # each goal pair timed alone (seed protocol on two rows), 5 repeats
+  t gqa_pairs 400 python3 bench/gqa_4096.py --pairs --pair-repeats 5 --json "$OUT/gqa_4096_pairs.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = fair ]; then   # neighbour (power) bias: ours + FA4 rows only; then every row shuffled, graph steps

@@ -132,3 +132,18 @@ def test_gqa_4096_select_rows():
     assert G.select_rows(rows, None) == rows
     with pytest.raises(SystemExit, match="flex"):
         G.select_rows(rows, "ours,flex")
+
+
+def test_gqa_4096_goal_pairs_name_existing_rows():
+    """Every goal pair names two rows that all_rows() can build (keys match Row.key)."""
+    import gqa_4096 as G
+    pairs = G.ratio_pairs()
+    for name in G.GOAL_PAIRS:
+        base, mine = pairs[name]
+        assert G.row_key(base) != G.row_key(mine)
+        assert G.row_key(mine).startswith("ours/")
+    assert G.row_key(("ours", "softcap", "poly", "softcap_c50")) == "ours/softcap/poly/softcap_c50"
+    assert G.ours("softcap", "poly", "softcap_c50").key == "ours/softcap/poly/softcap_c50"
+    md = G.pairs_markdown([{"pair": "x", "dir": "fwd", "ratio_median": 1.0, "ratio_min": 0.9,
+                            "ratio_max": 1.1, "base_ms": [1.0, 2.0], "ours_ms": [1.0, 1.0]}])
+    assert "| x | fwd | 1.000 | 0.900 | 1.100 | 1.500 | 1.000 |" in md
