@@ -19,9 +19,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import protocol  # noqa: E402
 
 
+BOOL_KNOBS = ("lpt", "pingpong", "overlap", "overlap_v2", "row_sum_carry")
+
+
 def _knob(text: str) -> dict:
-    k, v = text.split("=")
-    return {k: int(v) if k != "lpt" else bool(int(v))}
+    """'name=int' or several joined by '+', e.g. 'row_sum_carry=1+pingpong=1'."""
+    out = {}
+    for part in text.split("+"):
+        k, v = part.split("=")
+        out[k] = bool(int(v)) if k in BOOL_KNOBS else int(v)
+    return out
 
 
 def run(args) -> dict:
@@ -31,33 +38,38 @@ def run(args) -> dict:
     mk = lambda h: torch.randn(args.batch, args.seqlen, h, args.headdim, device="cuda",
                                dtype=torch.bfloat16, generator=g)
     q, k, v = mk(args.hq), mk(args.hkv), mk(args.hkv)
-    knob = _knob(args.knob)
+    knobs = args.knob or ["lpt=1"]
     fns, diffs = {}, {}
     for me in args.modes.split(","):
         mode, ev = me.split(":")
         kw = dict(mode=mode, evaluator=ev, causal=True, softcap=50.0 if mode == "softcap" else None)
-        outs = []
-        for name, tuning in (("default", None), (args.knob, knob)):
+        outs = {}
+        for name, tuning in [("default", None)] + [(kn, _knob(kn)) for kn in knobs]:
             fn = lambda tuning=tuning, kw=kw: attn_fwd(q, k, v, tuning=tuning, **kw)
-            outs.append(fn()[0].float())
+            outs[name] = fn()[0].float()
             fns[f"{mode}/{ev} {name}"] = fn
-        diffs[me] = (outs[0] - outs[1]).abs().max().item()
-        print(f"{me}: max |default - {args.knob}| = {diffs[me]:.3e}")
-    timing = protocol.Timing(args.warmup, args.rounds, args.iters)
+        for kn in knobs:
+            diffs[f"{me} {kn}"] = (outs["default"] - outs[kn]).abs().max().item()
+            print(f"{me}: max |default - {kn}| = {diffs[f'{me} {kn}']:.3e}")
+    timing = protocol.Timing(args.warmup, args.rounds, args.iters, args.order)
     times = protocol.time_alternating(fns, timing)
     rows = [{"row": n, "ms": t} for n, t in times.items()]
     for me in args.modes.split(","):
         mode, ev = me.split(":")
-        a, b = times[f"{mode}/{ev} default"], times[f"{mode}/{ev} {args.knob}"]
-        rows.append({"row": f"{mode}/{ev} {args.knob} / default", "ms": b / a})
+        for kn in knobs:
+            a, b = times[f"{mode}/{ev} default"], times[f"{mode}/{ev} {kn}"]
+            rows.append({"row": f"{mode}/{ev} {kn} / default", "ms": b / a})
     shape = dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv, headdim=args.headdim)
-    return {**protocol.header(timing), "shape": shape, "knob": args.knob, "max_abs_diff": diffs, "rows": rows}
+    return {**protocol.header(timing), "shape": shape, "knob": " | ".join(knobs), "max_abs_diff": diffs, "rows": rows}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     protocol.add_shape_args(p, seqlen=8192, hq=8, hkv=4, headdim=256)
-    p.add_argument("--knob", default="lpt=1", help="AttnFwdConfig override NAME=INT (lpt, num_stages, ...)")
+    p.add_argument("--knob", action="append",
+                   help="AttnFwdConfig override NAME=INT[+NAME=INT...] (lpt, num_stages, row_sum_carry, ...); "
+                        "repeat for more variants, each a row beside the default (default: lpt=1)")
+    p.add_argument("--order", choices=sorted(protocol.ORDERS), default="alternate")
     p.add_argument("--modes", default="softmax:native,softcap:native,sigmoid:poly")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--rounds", type=int, default=5)
@@ -69,7 +81,7 @@ def main(argv=None) -> int:
     print(table)
     if args.json:
         protocol.write_results(args.json, res,
-                               f"# Forward knob {args.knob} ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
+                               f"# Forward knobs {res['knob']} ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
                                f"Shape: {res['shape']}, causal, BF16. Protocol: {res['protocol']}.\n"
                                f"Max |default - knob| per row: {res['max_abs_diff']}.\n\n{table}\n")
     return 0

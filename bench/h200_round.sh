@@ -22,6 +22,7 @@
 #   bash bench/h200_round.sh final5  # FP16 poly defaults + head_loop_auto: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh next1   # tail + mx in one call
+#   bash bench/h200_round.sh rsc     # row_sum_carry: GPU tests of the knob, forward timing beside the default
 #   bash bench/h200_round.sh pairs   # gqa_4096 --pairs: every goal pair timed alone, 5 repeats
 #   bash bench/h200_round.sh fair    # gqa_4096 ours+FA4 only, then all rows shuffled (power-cap neighbour bias)
 #   bash bench/h200_round.sh tail    # softcap_c50_f16_tail (opt-in): PTX blocks on the GPU, its API tests, accuracy.py (not yet run)
@@ -166,6 +167,15 @@ elif [ "$phase" = mx ]; then   # forward latency knobs at the anchor shape: 4 ro
       --modes softmax:native,softcap:native,softcap:poly --json "$OUT/fwd_row_max_chains.json"; tarup
   t fwd_pp_softmax 150 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --knob pingpong=1 \
       --modes softmax:native,softcap:native --json "$OUT/fwd_pingpong_native.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = rsc ]; then   # row_sum_carry (O rescale at the PV wait): its GPU tests, then forward knobs side by side
+  pt rsc_a tests/test_attn_fwd_gpu.py -k "sum_carry and softmax" &
+  pt rsc_b tests/test_attn_fwd_gpu.py -k "sum_carry and softcap" &
+  wait; tarup
+  t fwd_rsc 300 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --iters 50 --rounds 7 \
+      --knob row_sum_carry=1 --knob row_sum_carry=1+pingpong=1 --knob row_sum_carry=1+row_max_chains=4 \
+      --modes softmax:native,softcap:native,softcap:poly --json "$OUT/fwd_row_sum_carry.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = pairs ]; then   # each goal pair timed alone (seed protocol on two rows), 5 repeats

@@ -122,6 +122,10 @@ class AttnFwdConfig:
     # tile_n / 4 - 1 per row; 4: four chains then a 2-level tree).  The max is exact in any
     # order, so outputs are bitwise equal; a latency knob, not yet GPU-timed (2026-11-30)
     row_max_chains: int = 1
+    # online softmax: each block's row sum starts from the rescaled running sum (FA-style) so
+    # the O-rescale factor is computed first and the O rescale can follow the PV wait at once
+    # (stages.OnlineSoftmax sum_carry; same sum, another rounding order)
+    row_sum_carry: bool = False
 
     @staticmethod
     def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
@@ -338,7 +342,7 @@ class AttnFwdSm90:
         tScS_mn = stages.acc_mn_view(thr_mma_qk.partition_C(
             cute.make_identity_tensor((self.tile_m, self.tile_n))))
         num_rows = cute.size(tScS_mn, mode=[0])
-        softmax = stages.OnlineSoftmax(num_rows, self.cfg.row_max_chains)
+        softmax = stages.OnlineSoftmax(num_rows, self.cfg.row_max_chains, self.cfg.row_sum_carry)
         row_scale = cute.make_rmem_tensor((num_rows,), Float32)
 
         ctx = SimpleNamespace(

@@ -285,10 +285,15 @@ class OnlineSoftmax:
     The row sum stays thread-local (each thread sums its own columns) and is reduced over
     the quad once in `finalize`: that saves 2 shuffles per row per key block."""
 
-    def __init__(self, num_rows: int, max_chains: int = 1):
+    def __init__(self, num_rows: int, max_chains: int = 1, sum_carry: bool = False):
         if max_chains not in (1, 2, 4, 8):
             raise ValueError(f"max_chains must be 1, 2, 4 or 8, got {max_chains!r}")
         self.max_chains = max_chains
+        # sum_carry: a block's row sum starts from the rescaled running sum instead of 0 (added
+        # at the end). Same sum in another rounding order; the row's O-rescale factor then
+        # heads the dependency chain, so ptxas computes it first and can schedule the O
+        # rescale right after the PV wait instead of after the last exp2 (docs/NOTES_attn_fwd.md)
+        self.sum_carry = sum_carry
         self.row_max = cute.make_rmem_tensor((num_rows,), Float32)
         self.row_sum = cute.make_rmem_tensor((num_rows,), Float32)
         # an empty tile (no key visible) finalises to O = 0, LSE = -inf
@@ -316,11 +321,13 @@ class OnlineSoftmax:
                 row_scale[r] = exp2_approx(old_safe * scale_log2 + neg_m)
             self.row_max[r] = m
             acc = Float32(0.0)
+            if cutlass.const_expr(self.sum_carry and not is_first):
+                acc = self.row_sum[r] * row_scale[r]
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                 p = exp2_approx(s_mn[r, c] * scale_log2 + neg_m)
                 s_mn[r, c] = p
                 acc = acc + p
-            if cutlass.const_expr(is_first):
+            if cutlass.const_expr(is_first or self.sum_carry):
                 self.row_sum[r] = acc
             else:
                 self.row_sum[r] = self.row_sum[r] * row_scale[r] + acc

@@ -351,3 +351,28 @@ def test_row_max_chains_knob_builds():
     assert sass.count_opcodes(four, fam) == sass.count_opcodes(base, fam)
     assert four != base
     assert sass.count_opcodes(four)["STL"] == 0
+
+
+@pytest.mark.compile
+def test_row_sum_carry_moves_o_rescale_to_the_pv_wait():
+    """AttnFwdConfig(row_sum_carry=True): the block's row sum starts from row_sum * row_scale,
+    so the row-scale exp2 is computed first and ptxas places the 64 O-rescale FMULs of the
+    interior (mask-free) loop right after the PV wait (WARPGROUP.DEPBAR 0x0) instead of after
+    the last exp2 (found by reading the SASS beside FA4's; softmax D=128 causal: first O FMUL
+    132 instructions after the wait without the knob, 5 with it). No spills either way."""
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, sass, score_stages as S
+
+    def gap_after_pv_wait(**kw):
+        cfg = A.AttnFwdConfig.default(S.make_stage("softmax", "native"), "bf16", 128, True, **kw)
+        dump = tempfile.mkdtemp(prefix="fap_attn_")
+        txt = sass.disassemble(A.compile_attn_fwd(cfg, options=f"--keep-cubin --dump-dir={dump}").artifacts.CUBIN)
+        assert sass.count_opcodes(txt)["STL"] == 0
+        lp = next(lp for lp in sass.overlap_loops(txt) if not lp["masked"])
+        lines = sass._sass_lines(txt)[lp["lines"][0]:lp["lines"][1] + 1]
+        body = [t for k, t in lines if k == "instr"]
+        s_ready = next(i for i, t in enumerate(body) if t.startswith("WARPGROUP.DEPBAR") and t.endswith("0x1"))
+        wait = next(i for i, t in enumerate(body) if i > s_ready and t.startswith("WARPGROUP.DEPBAR") and t.endswith("0x0"))
+        fmul = [i for i, t in enumerate(body) if t.startswith("FMUL") and i > wait]
+        return fmul[0] - wait
+    assert gap_after_pv_wait(row_sum_carry=True) <= 16 < gap_after_pv_wait()

@@ -72,7 +72,7 @@ def _program_score_fn(mode, s_k):
     return split_score_fn(mode, S.make_stage(mode, "poly"), s_k)
 
 
-def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal):
+def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, tuning=None):
     from flash_attn_poly import reference, testing
     from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
 
@@ -81,7 +81,7 @@ def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal):
     kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None)
     out = testing.poison_(torch.empty_like(q))
     lse = testing.poison_(torch.empty(b, h_q, s_q, device="cuda"))
-    o, l = attn_fwd(q, k, v, mode=mode, evaluator=evaluator, out=out, lse=lse, **kw)
+    o, l = attn_fwd(q, k, v, mode=mode, evaluator=evaluator, out=out, lse=lse, tuning=tuning, **kw)
     torch.cuda.synchronize()
     ref, ref_lse = reference.attention_ref(q, k, v, mode, **kw)
     low, _ = reference.attention_ref_lowprec(q, k, v, mode, **kw)
@@ -105,6 +105,18 @@ def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_attn_fwd(case):
     run_case(*case)
+
+
+# the online-softmax row-sum order knob (AttnFwdConfig.row_sum_carry): both settings, the
+# stages that use the online softmax, masked tails, both dtypes, D 64/128/256
+ROW_SUM_CASES = [c for i, c in enumerate(CASES) if i in (1, 3, 4, 5, 6, 7, 8, 13)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("carry", [False, True], ids=["sum_restart", "sum_carry"])
+@pytest.mark.parametrize("case", ROW_SUM_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_attn_fwd_row_sum_carry(case, carry):
+    run_case(*case, tuning={"row_sum_carry": carry})
 
 
 def time_main_shape(modes, b=1, s=4096, h_q=32, h_kv=8, d=128, reps=30):
