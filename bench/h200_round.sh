@@ -170,8 +170,8 @@ elif [ "$phase" = mx ]; then   # forward latency knobs at the anchor shape: 4 ro
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = rsc ]; then   # row_sum_carry (O rescale at the PV wait): its GPU tests, then forward knobs side by side
-  pt rsc_a tests/test_attn_fwd_gpu.py -k "sum_carry and softmax" &
-  pt rsc_b tests/test_attn_fwd_gpu.py -k "sum_carry and softcap" &
+  pt rsc_a tests/test_attn_fwd_gpu.py -k "carry1 and softmax" &
+  pt rsc_b tests/test_attn_fwd_gpu.py -k "carry1 and softcap" &
   wait; tarup
   t fwd_rsc 300 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --iters 50 --rounds 7 \
       --knob row_sum_carry=1 --knob row_sum_carry=1+pingpong=1 --knob row_sum_carry=1+row_max_chains=4 \

@@ -113,7 +113,7 @@ ROW_SUM_CASES = [c for i, c in enumerate(CASES) if i in (1, 3, 4, 5, 6, 7, 8, 13
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("carry", [False, True], ids=["sum_restart", "sum_carry"])
+@pytest.mark.parametrize("carry", [False, True], ids=["carry0", "carry1"])
 @pytest.mark.parametrize("case", ROW_SUM_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_attn_fwd_row_sum_carry(case, carry):
     run_case(*case, tuning={"row_sum_carry": carry})
