@@ -178,6 +178,15 @@ elif [ "$phase" = rsc ]; then   # row_sum_carry (O rescale at the PV wait): its 
       --modes softmax:native,softcap:native,softcap:poly --json "$OUT/fwd_row_sum_carry.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = rsc2 ]; then   # row_sum_carry with ping-pong for the native softmax stages, shuffled order, D 128 and 256
+  t fwd_rsc2 200 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --iters 100 --rounds 15 \
+      --order shuffle --knob pingpong=1 --knob row_sum_carry=1+pingpong=1 --knob row_sum_carry=1+pingpong=1+row_max_chains=4 \
+      --modes softmax:native,softcap:native --json "$OUT/fwd_row_sum_carry_pp.json"; tarup
+  t fwd_rsc2_d256 200 python3 bench/fwd_tuning.py --seqlen 8192 --hq 8 --hkv 4 --headdim 256 --iters 50 --rounds 11 \
+      --order shuffle --knob row_sum_carry=1 --knob row_sum_carry=1+pingpong=1 \
+      --modes softmax:native,softcap:native,softcap:poly --json "$OUT/fwd_row_sum_carry_d256.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = pairs ]; then   # each goal pair timed alone (seed protocol on two rows), 5 repeats
   t gqa_pairs 400 python3 bench/gqa_4096.py --pairs --pair-repeats 5 --json "$OUT/gqa_4096_pairs.json"; tarup
   only_archive
