@@ -187,6 +187,17 @@ elif [ "$phase" = rsc2 ]; then   # row_sum_carry with ping-pong for the native s
       --modes softmax:native,softcap:native,softcap:poly --json "$OUT/fwd_row_sum_carry_d256.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = fwdval ]; then   # new forward defaults (softmax D128 / softcap D256 schedule): forward-path GPU tests, goal pairs, Gemma-2 D256
+  pt fwd tests/test_attn_fwd_gpu.py &
+  pt api tests/test_api_gpu.py &
+  pt win_a tests/test_window_gpu.py -k "softmax or softcap-native" &
+  pt win_b tests/test_window_gpu.py -k "not softmax and not softcap-native" &
+  pt hf tests/test_transformers_gpu.py &
+  wait; tarup
+  t gqa_pairs 150 python3 bench/gqa_4096.py --pairs --pair-repeats 5 --json "$OUT/gqa_4096_pairs.json"; tarup
+  t gemma2_d256 170 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = pairs ]; then   # each goal pair timed alone (seed protocol on two rows), 5 repeats
   t gqa_pairs 400 python3 bench/gqa_4096.py --pairs --pair-repeats 5 --json "$OUT/gqa_4096_pairs.json"; tarup
   only_archive

@@ -120,7 +120,7 @@ class AttnFwdConfig:
     lpt: bool = False
     # online softmax: independent running maxima per row (1 = one serial FMNMX chain of
     # tile_n / 4 - 1 per row; 4: four chains then a 2-level tree).  The max is exact in any
-    # order, so outputs are bitwise equal; a latency knob, not yet GPU-timed (2026-11-30)
+    # order, so outputs are bitwise equal; default() turns it on where measured faster
     row_max_chains: int = 1
     # online softmax: each block's row sum starts from the rescaled running sum (FA-style) so
     # the O-rescale factor is computed first and the O rescale can follow the PV wait at once
@@ -145,7 +145,18 @@ class AttnFwdConfig:
         # 0.437 ms, softcap native 0.557 -> 0.484, sigmoid poly 0.469 -> 0.405, native 0.466 -> 0.388.
         # D = 256 softcap/poly: that ping-pong build spills 5 words with the LPT prologue and is still
         # 0.580 -> 0.482 ms faster with it (H200, 727bd8d, bench/results/fwd_lpt_d256_poly.md).
-        kw = dict(dict(overlap=True, pingpong=ev == "poly", overlap_v2=True, lpt=True), **kw)
+        base = dict(overlap=True, pingpong=ev == "poly", overlap_v2=True, lpt=True)
+        # online-softmax schedule (H200, 2026-11-30, bench/results/fwd_row_sum_carry*.md, shuffled
+        # order): softmax D = 128 with row_sum_carry + ping-pong + 4 max chains 0.975x the time
+        # (each alone: 1.026x / 0.992x / 0.995x); softcap at D = 128 gains nothing (native
+        # 1.02-1.04x, poly 0.99x); at D = 256 softcap takes row_sum_carry (native 0.940x, poly
+        # 0.976x), softmax does not (1.010x).
+        mode = getattr(stage, "mode", "")
+        if mode == "softmax" and head_dim == 128:
+            base.update(pingpong=True, row_sum_carry=True, row_max_chains=4)
+        elif mode == "softcap" and head_dim == 256:
+            base.update(row_sum_carry=True)
+        kw = dict(base, **kw)
         stages = kw.pop("num_stages", 2)   # K/V pipeline depth (a timing knob; 3 fills 224 KB at D = 128)
         return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, stages, **kw)
 
