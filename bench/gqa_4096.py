@@ -227,7 +227,7 @@ def _timed(fns, timing, with_clocks: bool):
 
 def run(args) -> dict:
     rows = select_rows(all_rows(not args.no_bf16), args.impls)
-    timing = protocol.Timing(args.warmup, args.rounds, args.iters, args.order)
+    timing = protocol.Timing(args.warmup, args.rounds, args.iters, args.order, args.settle_ms)
     fwd_fns = _prepare(rows, args, False)
     fwd, fwd_clk = _timed(fwd_fns, timing, args.clocks)
     want_graph = args.graph or args.graph_bwd
@@ -313,36 +313,47 @@ def run_pairs(args, names: list[str]) -> list[dict]:
     rows = {r.key: r for r in all_rows(True)}
     need = [rows[row_key(x)] for pr in pairs.values() for x in pr if row_key(x) in rows]
     need = list({r.key: r for r in need}.values())
-    timing = protocol.Timing(args.warmup, args.rounds, args.iters)
+    timing = protocol.Timing(args.warmup, args.rounds, args.iters, settle_ms=args.settle_ms)
     out = []
     for d, backward in (("fwd", False), ("bwd", True)):
         if backward and args.fwd_only:
             continue
         fns = _prepare(need, args, backward)
         res = {n: [] for n in pairs}
+        clk = {n: [] for n in pairs}
         for _ in range(args.pair_repeats):
             for n, (base, mine) in pairs.items():
                 b, m = row_key(base), row_key(mine)
                 if b in fns and m in fns:
-                    t = protocol.time_alternating({b: fns[b], m: fns[m]}, timing)
+                    t, c = _timed({b: fns[b], m: fns[m]}, timing, args.clocks)
                     res[n].append((t[b], t[m]))
+                    if c.get(b) and c.get(m):
+                        clk[n].append((c[b]["sm_mhz"], c[m]["sm_mhz"]))
         del fns
         for n, ts in res.items():
             if ts:
                 r = sorted(a / b for a, b in ts)
-                out.append({"pair": n, "dir": d, "ratio_median": statistics.median(r),
-                            "ratio_min": r[0], "ratio_max": r[-1],
-                            "base_ms": [a for a, _ in ts], "ours_ms": [b for _, b in ts]})
+                row = {"pair": n, "dir": d, "ratio_median": statistics.median(r),
+                       "ratio_min": r[0], "ratio_max": r[-1],
+                       "base_ms": [a for a, _ in ts], "ours_ms": [b for _, b in ts]}
+                if clk[n]:
+                    row["base_sm_mhz"], row["ours_sm_mhz"] = [a for a, _ in clk[n]], [b for _, b in clk[n]]
+                out.append(row)
     return out
 
 
 def pairs_markdown(pairs: list[dict]) -> str:
-    lines = ["", PAIR_NOTE, "", "| pair (baseline time / ours) | dir | median | min | max | baseline ms | ours ms |",
-             "|---|---|---|---|---|---|---|"]
+    mhz = any("base_sm_mhz" in p for p in pairs)
+    lines = ["", PAIR_NOTE, "", "| pair (baseline time / ours) | dir | median | min | max | baseline ms | ours ms |"
+             + (" baseline MHz | ours MHz |" if mhz else ""), "|---|---|---|---|---|---|---|" + ("---|---|" if mhz else "")]
     for p in pairs:
-        lines.append(f"| {p['pair']} | {p['dir']} | {p['ratio_median']:.3f} | {p['ratio_min']:.3f} | "
-                     f"{p['ratio_max']:.3f} | {statistics.median(p['base_ms']):.3f} | "
-                     f"{statistics.median(p['ours_ms']):.3f} |")
+        line = (f"| {p['pair']} | {p['dir']} | {p['ratio_median']:.3f} | {p['ratio_min']:.3f} | "
+                f"{p['ratio_max']:.3f} | {statistics.median(p['base_ms']):.3f} | "
+                f"{statistics.median(p['ours_ms']):.3f} |")
+        if mhz:
+            f = lambda k: f"{statistics.median(p[k]):.0f}" if p.get(k) else "—"
+            line += f" {f('base_sm_mhz')} | {f('ours_sm_mhz')} |"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -389,6 +400,8 @@ def main(argv=None):
     p.add_argument("--pairs", action="store_true",
                    help="time only the goal pairs, each pair alone (GOAL_PAIRS; PAIR_NOTE says how)")
     p.add_argument("--pair-repeats", type=int, default=3)
+    p.add_argument("--settle-ms", type=float, default=0.0,
+                   help="idle the GPU this long before every timed segment (protocol.Timing.settle_ms)")
     p.add_argument("--impls", help="comma-separated impls to keep, e.g. ours,fa4 (default: every row)")
     p.add_argument("--no-bf16", action="store_true", help="leave out the rows of ours with a named program (the BF16 programs, the tail program)")
     p.add_argument("--graph", action="store_true",
@@ -406,7 +419,7 @@ def main(argv=None):
         print(json.dumps(compile_only(), indent=2))
         return
     if args.pairs:
-        timing = protocol.Timing(args.warmup, args.rounds, args.iters)
+        timing = protocol.Timing(args.warmup, args.rounds, args.iters, settle_ms=args.settle_ms)
         shape = dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv,
                      headdim=args.headdim, causal=True, dtype="bfloat16", softcap=SOFTCAP)
         res = {**protocol.header(timing), "shape": shape, "pair_protocol": PAIR_NOTE,

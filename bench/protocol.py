@@ -12,6 +12,8 @@ H200 runs under its power cap during these loops and its SM clock follows the po
 last tens of milliseconds, so with listed/reversed order a row keeps the same neighbours
 every round, and rows listed beside low-power baselines (torch.compile'd sigmoid, flex) ran
 at higher clocks (bench/results/gqa_4096_clocks.md). Shuffling spreads the neighbours.
+`Timing(settle_ms=...)` idles the GPU before every segment instead, so that each starts from
+the same power state (burst rather than sustained clocks; bench/results/protocol_sensitivity.md).
 """
 from __future__ import annotations
 
@@ -39,16 +41,22 @@ class Timing:
     rounds: int = 5
     iters: int = 100
     order: str = "alternate"   # "alternate" (the seed's: listed, reversed) | "shuffle"
+    settle_ms: float = 0.0     # > 0: the GPU idles this long before every timed segment
 
     def __post_init__(self):
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {sorted(ORDERS)}, got {self.order!r}")
+        if self.settle_ms < 0:
+            raise ValueError(f"settle_ms must be >= 0, got {self.settle_ms!r}")
 
     def describe(self) -> str:
         text = PROTOCOL.format(warmup=self.warmup, rounds=self.rounds, iters=self.iters,
                                order=ORDERS[self.order])
-        return text.replace("alternates between rounds", "changes between rounds") \
-            if self.order == "shuffle" else text
+        if self.order == "shuffle":
+            text = text.replace("alternates between rounds", "changes between rounds")
+        if self.settle_ms:
+            text += f"; the GPU idles {self.settle_ms:g} ms before every timed segment"
+        return text
 
     def round_orders(self, names: list[str], seed: int = 0) -> list[list[str]]:
         """The implementation order of every round."""
@@ -89,6 +97,8 @@ def time_alternating(fns: dict[str, Callable[[], object]], timing: Timing) -> di
     per_round: dict[str, list[float]] = {n: [] for n in names}
     for order in timing.round_orders(names):
         for name in order:
+            if timing.settle_ms:
+                time.sleep(timing.settle_ms / 1000)   # the previous segment has synchronised
             t0 = time.time()
             per_round[name].append(_time_once(fns[name], timing.iters))
             _SEGMENTS.append((name, t0, time.time()))

@@ -147,3 +147,19 @@ def test_gqa_4096_goal_pairs_name_existing_rows():
     md = G.pairs_markdown([{"pair": "x", "dir": "fwd", "ratio_median": 1.0, "ratio_min": 0.9,
                             "ratio_max": 1.1, "base_ms": [1.0, 2.0], "ours_ms": [1.0, 1.0]}])
     assert "| x | fwd | 1.000 | 0.900 | 1.100 | 1.500 | 1.000 |" in md
+
+
+def test_settle_and_pair_clock_columns():
+    """Timing(settle_ms) is stated in the protocol text and must be >= 0; the pairwise table
+    grows MHz columns only when the pairs carry clock samples."""
+    import gqa_4096 as G
+    import protocol
+    assert "idles 200 ms" in protocol.Timing(settle_ms=200).describe()
+    assert "idles" not in protocol.Timing().describe()
+    with pytest.raises(ValueError, match="settle_ms"):
+        protocol.Timing(settle_ms=-1)
+    p = {"pair": "x", "dir": "bwd", "ratio_median": 1.0, "ratio_min": 1.0, "ratio_max": 1.0,
+         "base_ms": [1.0], "ours_ms": [1.0]}
+    assert "MHz" not in G.pairs_markdown([p])
+    md = G.pairs_markdown([dict(p, base_sm_mhz=[1800.0, 1900.0], ours_sm_mhz=[1700.0])])
+    assert "| x | bwd | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 | 1850 | 1700 |" in md
