@@ -108,7 +108,7 @@ class AttnBwdSm90(BwdReductions):
     def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile,
                  window: tuple = (False, False), deterministic: bool = False, dq_async: bool = False,
                  lpt: bool = False, mainloop: int = 2, v_with_do: bool = False, head_loop: bool = False,
-                 dq_tma: bool = False):
+                 dq_tma: bool = False, m_desc: bool = False):
         assert head_dim in (64, 128, 256), "D must be 64, 128 or 256"
         # per query block (docs/NOTES_attn_bwd.md, "Main loop v2"): 2 = LSE / D read into
         # registers while the S / dV GEMMs run, and (dq_async) dQ issued before dK so the dQ
@@ -145,6 +145,11 @@ class AttnBwdSm90(BwdReductions):
         # scaled and cast (no FP32 dK/dV accumulators, atomics or post pass): module docstring
         assert not (head_loop and (deterministic or v_with_do)), "head_loop: not with deterministic / v_with_do"
         self.head_loop = head_loop
+        # m_desc (head_loop only): each query head's blocks in descending order, so the CTAs of
+        # a KV head that run at the same time read the same Q / dO tile (L2 reuse) and add into
+        # the same dQ tile (contention): a timing knob (docs/NOTES_attn_bwd.md, SASS beside FA4)
+        assert not m_desc or head_loop, "m_desc: head_loop builds only"
+        self.m_desc = m_desc
         self.dtype = dtype
         self.D = head_dim
         self.is_causal = is_causal
@@ -434,7 +439,7 @@ class AttnBwdSm90(BwdReductions):
                 for it in cutlass.range(nm * (mQ.shape[2] // mK.shape[2]), unroll=1):
                     h = it // nm
                     self.load_block(mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
-                                    pipe_q, pipe_do, state, head + h, batch, m_min + (it - h * nm))
+                                    pipe_q, pipe_do, state, head + h, batch, self.loop_m_block(it - h * nm, m_min, m_max))
                     state.advance()
             else:
                 for m_block in cutlass.range(m_min, m_max, unroll=1):
@@ -452,6 +457,13 @@ class AttnBwdSm90(BwdReductions):
                     cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
                     cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
                     state.advance()
+
+    def loop_m_block(self, i, m_min, m_max):
+        """head_loop: the query block of step i (0 .. m_max - m_min - 1) of one query head;
+        every role (producer, MMA warpgroups, dQ writer) walks the same order."""
+        if const_expr(self.m_desc):
+            return m_max - 1 - i
+        return m_min + i
 
     @cute.jit
     def load_block(self, mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
@@ -542,7 +554,8 @@ class AttnBwdSm90(BwdReductions):
                     self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
                                      tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
                                      sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
-                                     n_block, m_min + (it - h * nm), head + h, batch, chunk, seqlen_q, seqlen_k,
+                                     n_block, self.loop_m_block(it - h * nm, m_min, m_max), head + h, batch,
+                                     chunk, seqlen_q, seqlen_k,
                                      args, it != 0, it % 2)
                     state.advance()
                 self.store_dkv(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
@@ -771,6 +784,7 @@ class BwdKey:
     v_with_do: bool = False      # V loaded on the first dO stage's barrier (K, Q, V, dO order)
     head_loop: bool = False      # CTA per KV head over its GQA group; dK/dV stored directly
     dq_tma: bool = False         # dq_async with TMA tensor reductions of a swizzled dQ tile
+    m_desc: bool = False         # head_loop: query blocks in descending order (a timing knob)
 
 
 _CACHE: dict = {}
@@ -818,6 +832,8 @@ def kernel_for(key: BwdKey) -> AttnBwdSm90:
     kw = {"head_loop": True} if key.head_loop else {}
     if key.dq_tma:
         kw["dq_tma"] = True
+    if key.m_desc:
+        kw["m_desc"] = True
     return cls(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile,
                (key.window_left, key.window_right), key.deterministic, key.dq_async, key.lpt,
                1 if key.tile.split_wg else key.mainloop, key.v_with_do and not key.tile.split_wg, **kw)
@@ -843,7 +859,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
              lpt=None, split_wg=None, stages=None, sigmoid_grad=None, mainloop=None, v_with_do=None,
-             program=None, head_loop=None, poly_split=None, zero_dq_in_pre=None, dq_tma=None):
+             program=None, head_loop=None, poly_split=None, zero_dq_in_pre=None, dq_tma=None,
+             m_desc=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -875,6 +892,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     dq_tma: with dq_async at D = 128, warp 1 adds the staged dQ tile with TMA tensor
     reductions (one per 32-column slab) instead of one bulk reduction per row (None:
     DQ_TMA_DEFAULT; other head dims keep the row reductions).
+    m_desc: head_loop only, each query head's blocks in descending order (None: M_DESC_DEFAULT;
+    a timing knob; ignored without head_loop).
     zero_dq_in_pre: head_loop only, the pre kernel zeroes the dQ accumulator (PreZeroKernel)
     instead of a torch memset (None: zero_dq_in_pre_default(stage): on where the pre kernel
     runs anyway, i.e. the softmax modes; one launch fewer).
@@ -913,6 +932,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     use_loop = head_loop_auto(b, h_q, k.shape[2], s_k, tile, d, q.device) if head_loop is None else bool(head_loop)
     if use_loop and not (deterministic or key.v_with_do or tile.split_wg):
         key = dataclasses.replace(key, head_loop=True)
+    if key.head_loop and (M_DESC_DEFAULT if m_desc is None else bool(m_desc)):
+        key = dataclasses.replace(key, m_desc=True)
     if key.dq_async and d == 128 and (DQ_TMA_DEFAULT if dq_tma is None else bool(dq_tma)):
         key = dataclasses.replace(key, dq_tma=True)
     from . import launch
@@ -957,6 +978,9 @@ MAINLOOP_DEFAULT = 2
 # 1.005x, sigmoid/poly 1.008x / 1.076x; gqa_4096 with it on (bb5fae7) vs off (af9c025):
 # 0.811 / 0.793 ms softmax, 0.875 / 0.865 softcap/poly (FA4 0.734 / 0.737).  No consistent gain.
 V_WITH_DO_DEFAULT = False
+# head_loop query blocks in descending order: built 2026-11-30 from a CPU L2 working-set model
+# (docs/NOTES_attn_bwd.md); not yet GPU-run, so off.
+M_DESC_DEFAULT = False
 # head_loop (a CTA per KV head over its GQA group, dK/dV stored directly) where its grid still
 # fills the GPU.  H200, 076ca7a (bench/results/attn_bwd_head_loop.md), backward ms off -> on:
 # anchor B=1 S=4096 H 32/8 D=128 (256 CTAs, 1.9 per SM): softmax 0.823 -> 0.793, softcap/poly

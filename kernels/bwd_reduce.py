@@ -208,7 +208,7 @@ class BwdReductions:
                 for it in cutlass.range(nm * n_heads, unroll=1):
                     h = it // nm
                     self.reduce_dq_block(mdQacc[None, None, head + h, batch], sdQ_addr, lane, chunk,
-                                         m_min + (it - h * nm), seqlen_q, full, sdQ, tma_dq)
+                                         self.loop_m_block(it - h * nm, m_min, m_max), seqlen_q, full, sdQ, tma_dq)
                     if it < nm * n_heads - 1:
                         empty.arrive()
             else:

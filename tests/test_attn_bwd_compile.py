@@ -30,9 +30,10 @@ def _stl_bound(mode, evaluator) -> int:
 
 def _sass(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split=None, window=False,
           deterministic=False, families=None, dq_async=False, lpt=False, head_loop=False, program=None,
-          dq_tma=False):
+          dq_tma=False, m_desc=False):
     key = K.BwdKey(dtype, d, causal, bwd_side(mode, evaluator, poly_split, program=program), K.BwdTile.for_head_dim(d),
-                   window, window, deterministic, dq_async, lpt, head_loop=head_loop, dq_tma=dq_tma)
+                   window, window, deterministic, dq_async, lpt, head_loop=head_loop, dq_tma=dq_tma,
+                   m_desc=m_desc)
     if key not in _SASS:
         c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
         _SASS[key] = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS))
@@ -506,3 +507,25 @@ def test_softcap_tail_program_bwd_builds(split, stl_max):
               program="softcap_c50_f16_tail")
     assert n["HGMMA"] > 0 and (n["MUFU.TANH"] == 0) == (split == (1, 1)), n
     assert n["STL"] <= stl_max, n
+
+
+@pytest.mark.compile
+def test_head_loop_m_desc_builds():
+    """m_desc (head_loop, query blocks descending): the same HGMMA / MUFU / reduction and
+    store counts as the ascending build, no spills; only the block index arithmetic differs
+    (so the SASS text, not the counts, tells the builds apart)."""
+    kw = dict(dq_async=True, lpt=True, head_loop=True)
+    up, down = _sass("softmax", **kw), _sass("softmax", m_desc=True, **kw)
+    for f in ("HGMMA", "MUFU", "UBLKRED", "STG.32", "STS.64"):
+        assert down.get(f) == up.get(f), (f, down.get(f), up.get(f))
+    assert down["STL"] == 0
+
+    def text(m_desc):
+        key = K.BwdKey("bf16", 128, True, bwd_side("softmax", "native"), K.BwdTile.for_head_dim(128),
+                       dq_async=True, lpt=True, head_loop=True, m_desc=m_desc)
+        c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
+        return sass.disassemble(c.artifacts.CUBIN)
+    assert text(True) != text(False)   # the knob reaches the code
+    with pytest.raises(AssertionError, match="m_desc"):
+        K.AttnBwdSm90(K.cutlass.BFloat16, 128, True, bwd_side("softmax", "native"), K.BwdTile.for_head_dim(128),
+                      m_desc=True)

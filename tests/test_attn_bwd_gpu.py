@@ -167,6 +167,14 @@ def test_attn_bwd_head_loop_matches_fp64_autograd(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", HEAD_LOOP_CASES, ids=str)
+def test_attn_bwd_head_loop_m_desc_matches_fp64_autograd(case):
+    """m_desc=True (a timing knob): head_loop walks each query head's blocks in descending
+    order in the producer, the MMA warpgroups and the dQ writer alike."""
+    _check_vs_fp64(case, head_loop=True, m_desc=True)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("case", [CASES[1], CASES[5], CASES[8]], ids=str)
 def test_attn_bwd_head_loop_fp16_matches_fp64_autograd(case):
     """head_loop's direct dK/dV stores in FP16 (cvt.rn.f16x2 pairs)."""
