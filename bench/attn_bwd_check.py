@@ -234,6 +234,11 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
                 for md in (False, True):
                     add(f"ours {mode}/{ev} m_desc={int(md)}", anchor, mode, flops, m_desc=md, evaluator=ev,
                         head_loop=True)
+        if "fast_divmod" in axes:   # head_loop's step split by multiply-shift | integer division
+            for ev in (("native",) if mode == "softmax" else ("native", "poly")):
+                for fd in (False, True):
+                    add(f"ours {mode}/{ev} fast_divmod={int(fd)}", anchor, mode, flops, fast_divmod=fd,
+                        evaluator=ev, head_loop=True)
         if "stages" in axes:   # Q/dO pipeline depth, default evaluator of attention() (poly)
             ev = "native" if mode == "softmax" else "poly"
             for st in (2, 3):
@@ -274,13 +279,14 @@ def time_variants(modes, rounds=5, axes=("lpt",)):
                    else ("zero_dq_in_pre", (False, True)) if "zero_dq" in axes
                    else ("dq_tma", (False, True)) if "dq_tma" in axes
                    else ("m_desc", (False, True)) if "m_desc" in axes
+                   else ("fast_divmod", (False, True)) if "fast_divmod" in axes
                    else ("sigmoid_grad", ("surrogate", "product")) if "sigmoid_grad" in axes
                    else ("dq_async", (False, True)))
         if key == "sigmoid_grad" and mode != "sigmoid":
             continue
         ev = {"evaluator": "poly", "program": "sigmoid_attn_n4096"} if key == "sigmoid_grad" else \
             {"evaluator": "poly"} if (key in ("mainloop", "v_with_do", "head_loop", "dq_tma") and mode != "softmax") else \
-            {"head_loop": True, **({} if mode == "softmax" else {"evaluator": "poly"})} if key in ("zero_dq_in_pre", "m_desc") else {}
+            {"head_loop": True, **({} if mode == "softmax" else {"evaluator": "poly"})} if key in ("zero_dq_in_pre", "m_desc", "fast_divmod") else {}
         ga, gb = (attn_bwd(do, q, k, v, o, lse, mode=mode, causal=True, softcap=sc, **{key: x}, **ev) for x in xs)
         rel = max(((x.double() - y.double()).norm() / y.double().norm()).item() for x, y in zip(ga, gb))
         print(f"{mode}: {key} off vs on, max rel L2 over dq/dk/dv {rel:.2e}")
@@ -314,7 +320,7 @@ def main():
                     help="time FLASH_ATTN_POLY_PREPOST=torch vs cute (backward and pre/post alone)")
     ap.add_argument("--variants", action="store_true",
                     help="time backward variants side by side, with FA4 (see --axes)")
-    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order), stages (Q/dO pipeline 2 | 3), sigmoid_grad (surrogate | product), mainloop (1 | 2), v_with_do (off | on), head_loop (off | on), zero_dq (head_loop's dQ accumulator zeroed in the pre kernel: off | on), dq_tma (dQ by TMA tensor reductions: off | on; refused since 077dce5, it hangs: needs FLASH_ATTN_POLY_DQ_TMA_DEBUG=1), m_desc (head_loop query blocks descending: off | on)")
+    ap.add_argument("--axes", default="lpt", help="comma-separated: prepost (pre/post x dQ path), lpt (CTA order), stages (Q/dO pipeline 2 | 3), sigmoid_grad (surrogate | product), mainloop (1 | 2), v_with_do (off | on), head_loop (off | on), zero_dq (head_loop's dQ accumulator zeroed in the pre kernel: off | on), dq_tma (dQ by TMA tensor reductions: off | on; refused since 077dce5, it hangs: needs FLASH_ATTN_POLY_DQ_TMA_DEBUG=1), m_desc (head_loop query blocks descending: off | on), fast_divmod (head_loop step split by multiply-shift: off | on)")
     ap.add_argument("--json", default=None, help="with --variants: write rows + protocol here")
     ap.add_argument("--split-wg", action="store_true", help="time the D=256 chunked vs split-warpgroup backward")
     a = ap.parse_args()

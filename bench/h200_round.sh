@@ -23,7 +23,7 @@
 #   bash bench/h200_round.sh final7  # eager autograd.Function path + FP16 sigmoid/poly: all GPU tests, gqa_4096
 #   bash bench/h200_round.sh next1   # tail + mx in one call
 #   bash bench/h200_round.sh rsc     # row_sum_carry: GPU tests of the knob, forward timing beside the default
-#   bash bench/h200_round.sh mdesc   # backward head_loop with query blocks descending: tests + timing (not yet run)
+#   bash bench/h200_round.sh mdesc   # backward head_loop knobs m_desc / fast_divmod: tests + timing (not yet run)
 #   bash bench/h200_round.sh final9  # every GPU test file + gqa_4096 shuffled (current defaults; not yet run)
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
 #   bash bench/h200_round.sh pairs   # gqa_4096 --pairs: every goal pair timed alone, 5 repeats
@@ -201,10 +201,12 @@ elif [ "$phase" = fwdval ]; then   # new forward defaults (softmax D128 / softca
   t gemma2_d256 170 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
-elif [ "$phase" = mdesc ]; then   # head_loop query blocks descending (L2 reuse vs dQ contention): tests, then timing
-  pt mdesc tests/test_attn_bwd_gpu.py -k "m_desc"; tarup
-  t mdesc_time 240 python3 bench/attn_bwd_check.py --skip-check --variants --axes m_desc \
-      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_m_desc.json"; tarup
+elif [ "$phase" = mdesc ]; then   # head_loop knobs (query blocks descending; fast divmod): tests, then timing
+  pt hlk_a tests/test_attn_bwd_gpu.py -k "head_loop_knobs and m_desc" &
+  pt hlk_b tests/test_attn_bwd_gpu.py -k "head_loop_knobs and not m_desc" &
+  wait; tarup
+  t mdesc_time 240 python3 bench/attn_bwd_check.py --skip-check --variants --axes m_desc,fast_divmod \
+      --modes softmax,softcap,sigmoid --json "$OUT/attn_bwd_head_loop_knobs.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = final9 ]; then   # every GPU test file under the current defaults, then gqa_4096 shuffled with graph steps and clocks

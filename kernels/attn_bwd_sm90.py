@@ -108,7 +108,7 @@ class AttnBwdSm90(BwdReductions):
     def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile,
                  window: tuple = (False, False), deterministic: bool = False, dq_async: bool = False,
                  lpt: bool = False, mainloop: int = 2, v_with_do: bool = False, head_loop: bool = False,
-                 dq_tma: bool = False, m_desc: bool = False):
+                 dq_tma: bool = False, m_desc: bool = False, fast_divmod: bool = False):
         assert head_dim in (64, 128, 256), "D must be 64, 128 or 256"
         # per query block (docs/NOTES_attn_bwd.md, "Main loop v2"): 2 = LSE / D read into
         # registers while the S / dV GEMMs run, and (dq_async) dQ issued before dK so the dQ
@@ -150,6 +150,11 @@ class AttnBwdSm90(BwdReductions):
         # the same dQ tile (contention): a timing knob (docs/NOTES_attn_bwd.md, SASS beside FA4)
         assert not m_desc or head_loop, "m_desc: head_loop builds only"
         self.m_desc = m_desc
+        # fast_divmod (head_loop only): the flat step's split into (head, block) by a
+        # multiply-shift divisor made once per CTA instead of an integer division per step
+        # (~25 instructions with an MUFU.RCP, in every role): a timing knob
+        assert not fast_divmod or head_loop, "fast_divmod: head_loop builds only"
+        self.fast_divmod = fast_divmod
         self.dtype = dtype
         self.D = head_dim
         self.is_causal = is_causal
@@ -436,10 +441,11 @@ class AttnBwdSm90(BwdReductions):
                 # one flat loop over (head, query block): a pipeline state advanced inside a
                 # nested loop (or a callee) is not carried across the outer loop (GPU: launch
                 # failure, round_headloop_1d337f5)
+                div = self.step_divisor(nm)
                 for it in cutlass.range(nm * (mQ.shape[2] // mK.shape[2]), unroll=1):
-                    h = it // nm
+                    h, m_block = self.head_step(it, div, m_min, m_max)
                     self.load_block(mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
-                                    pipe_q, pipe_do, state, head + h, batch, self.loop_m_block(it - h * nm, m_min, m_max))
+                                    pipe_q, pipe_do, state, head + h, batch, m_block)
                     state.advance()
             else:
                 for m_block in cutlass.range(m_min, m_max, unroll=1):
@@ -458,12 +464,23 @@ class AttnBwdSm90(BwdReductions):
                     cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
                     state.advance()
 
-    def loop_m_block(self, i, m_min, m_max):
-        """head_loop: the query block of step i (0 .. m_max - m_min - 1) of one query head;
-        every role (producer, MMA warpgroups, dQ writer) walks the same order."""
+    def step_divisor(self, nm):
+        """head_loop: what head_step divides the flat step by (nm query blocks per head): nm
+        itself, or (fast_divmod) its multiply-shift form, made once per CTA."""
+        return cute.fast_divmod_create_divisor(nm) if const_expr(self.fast_divmod) else nm
+
+    def head_step(self, it, div, m_min, m_max):
+        """head_loop: flat step `it` -> (query head offset h, query block); every role
+        (producer, MMA warpgroups, dQ writer) walks the same order: heads in turn, each
+        head's blocks ascending (or descending with m_desc)."""
+        if const_expr(self.fast_divmod):
+            h, i = divmod(it, div)
+        else:
+            h = it // div
+            i = it - h * div
         if const_expr(self.m_desc):
-            return m_max - 1 - i
-        return m_min + i
+            return h, m_max - 1 - i
+        return h, m_min + i
 
     @cute.jit
     def load_block(self, mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
@@ -548,14 +565,14 @@ class AttnBwdSm90(BwdReductions):
             if const_expr(self.head_loop):
                 nm = m_max - m_min
                 # one flat loop over (head, query block), as the producer's (load)
+                div = self.step_divisor(nm)
                 for it in cutlass.range(nm * (mdQacc.shape[2] // mdKacc.shape[2]), unroll=1):
-                    h = it // nm
+                    h, m_block = self.head_step(it, div, m_min, m_max)
                     # sdS alternates per iteration, across heads too
                     self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
                                      tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
                                      sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
-                                     n_block, self.loop_m_block(it - h * nm, m_min, m_max), head + h, batch,
-                                     chunk, seqlen_q, seqlen_k,
+                                     n_block, m_block, head + h, batch, chunk, seqlen_q, seqlen_k,
                                      args, it != 0, it % 2)
                     state.advance()
                 self.store_dkv(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
@@ -785,6 +802,7 @@ class BwdKey:
     head_loop: bool = False      # CTA per KV head over its GQA group; dK/dV stored directly
     dq_tma: bool = False         # dq_async with TMA tensor reductions of a swizzled dQ tile
     m_desc: bool = False         # head_loop: query blocks in descending order (a timing knob)
+    fast_divmod: bool = False    # head_loop: (head, block) of a step by multiply-shift (a timing knob)
 
 
 _CACHE: dict = {}
@@ -834,6 +852,8 @@ def kernel_for(key: BwdKey) -> AttnBwdSm90:
         kw["dq_tma"] = True
     if key.m_desc:
         kw["m_desc"] = True
+    if key.fast_divmod:
+        kw["fast_divmod"] = True
     return cls(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile,
                (key.window_left, key.window_right), key.deterministic, key.dq_async, key.lpt,
                1 if key.tile.split_wg else key.mainloop, key.v_with_do and not key.tile.split_wg, **kw)
@@ -860,7 +880,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
              lpt=None, split_wg=None, stages=None, sigmoid_grad=None, mainloop=None, v_with_do=None,
              program=None, head_loop=None, poly_split=None, zero_dq_in_pre=None, dq_tma=None,
-             m_desc=None):
+             m_desc=None, fast_divmod=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -894,6 +914,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     DQ_TMA_DEFAULT; other head dims keep the row reductions).
     m_desc: head_loop only, each query head's blocks in descending order (None: M_DESC_DEFAULT;
     a timing knob; ignored without head_loop).
+    fast_divmod: head_loop only, each step's (head, block) by a multiply-shift divisor made once
+    per CTA instead of an integer division per step (None: FAST_DIVMOD_DEFAULT; a timing knob).
     zero_dq_in_pre: head_loop only, the pre kernel zeroes the dQ accumulator (PreZeroKernel)
     instead of a torch memset (None: zero_dq_in_pre_default(stage): on where the pre kernel
     runs anyway, i.e. the softmax modes; one launch fewer).
@@ -934,6 +956,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
         key = dataclasses.replace(key, head_loop=True)
     if key.head_loop and (M_DESC_DEFAULT if m_desc is None else bool(m_desc)):
         key = dataclasses.replace(key, m_desc=True)
+    if key.head_loop and (FAST_DIVMOD_DEFAULT if fast_divmod is None else bool(fast_divmod)):
+        key = dataclasses.replace(key, fast_divmod=True)
     if key.dq_async and d == 128 and (DQ_TMA_DEFAULT if dq_tma is None else bool(dq_tma)):
         key = dataclasses.replace(key, dq_tma=True)
     from . import launch
@@ -981,6 +1005,9 @@ V_WITH_DO_DEFAULT = False
 # head_loop query blocks in descending order: built 2026-11-30 from a CPU L2 working-set model
 # (docs/NOTES_attn_bwd.md); not yet GPU-run, so off.
 M_DESC_DEFAULT = False
+# head_loop step split by multiply-shift (same day, CPU only; same integers by construction):
+# not yet GPU-run, so off.
+FAST_DIVMOD_DEFAULT = False
 # head_loop (a CTA per KV head over its GQA group, dK/dV stored directly) where its grid still
 # fills the GPU.  H200, 076ca7a (bench/results/attn_bwd_head_loop.md), backward ms off -> on:
 # anchor B=1 S=4096 H 32/8 D=128 (256 CTAs, 1.9 per SM): softmax 0.823 -> 0.793, softcap/poly

@@ -205,10 +205,11 @@ class BwdReductions:
             empty.arrive()
             if const_expr(self.head_loop):
                 nm = m_max - m_min   # one flat loop over (head, query block), the MMA order
+                div = self.step_divisor(nm)
                 for it in cutlass.range(nm * n_heads, unroll=1):
-                    h = it // nm
+                    h, m_block = self.head_step(it, div, m_min, m_max)
                     self.reduce_dq_block(mdQacc[None, None, head + h, batch], sdQ_addr, lane, chunk,
-                                         self.loop_m_block(it - h * nm, m_min, m_max), seqlen_q, full, sdQ, tma_dq)
+                                         m_block, seqlen_q, full, sdQ, tma_dq)
                     if it < nm * n_heads - 1:
                         empty.arrive()
             else:

@@ -529,3 +529,28 @@ def test_head_loop_m_desc_builds():
     with pytest.raises(AssertionError, match="m_desc"):
         K.AttnBwdSm90(K.cutlass.BFloat16, 128, True, bwd_side("softmax", "native"), K.BwdTile.for_head_dim(128),
                       m_desc=True)
+
+
+@pytest.mark.compile
+def test_head_loop_fast_divmod_takes_the_division_out_of_the_loops():
+    """fast_divmod: no MUFU.RCP (the integer division's reciprocal) left in the loop bodies
+    that issue HGMMA (the MMA warpgroups' per-query-block loops), and the default build keeps
+    one there; no spills either way."""
+    def loop_rcp(**kw):
+        key = K.BwdKey("bf16", 128, True, bwd_side("softmax", "native"), K.BwdTile.for_head_dim(128),
+                       dq_async=True, lpt=True, head_loop=True, **kw)
+        c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
+        txt = sass.disassemble(c.artifacts.CUBIN)
+        assert sass.count_opcodes(txt)["STL"] == 0
+        lines = sass._sass_lines(txt)
+        where = {t: i for i, (k, t) in enumerate(lines) if k == "label"}
+        rcps = []
+        for i, (kind, t) in enumerate(lines):
+            m = sass._BRA.match(t) if kind == "instr" else None
+            if m and m.group(2) in where and where[m.group(2)] < i:
+                body = [x for k, x in lines[where[m.group(2)]:i + 1] if k == "instr"]
+                if any(x.startswith("HGMMA") for x in body) and len(body) < 700:   # innermost MMA loops
+                    rcps.append(sum(x.startswith("MUFU.RCP") for x in body))
+        return rcps
+    base, fast = loop_rcp(), loop_rcp(fast_divmod=True)
+    assert base and fast and max(fast) == 0 < min(base), (base, fast)

@@ -167,11 +167,14 @@ def test_attn_bwd_head_loop_matches_fp64_autograd(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("knobs", [{"m_desc": True}, {"fast_divmod": True}, {"m_desc": True, "fast_divmod": True}],
+                         ids=["m_desc", "fast_divmod", "m_desc+fast_divmod"])
 @pytest.mark.parametrize("case", HEAD_LOOP_CASES, ids=str)
-def test_attn_bwd_head_loop_m_desc_matches_fp64_autograd(case):
-    """m_desc=True (a timing knob): head_loop walks each query head's blocks in descending
-    order in the producer, the MMA warpgroups and the dQ writer alike."""
-    _check_vs_fp64(case, head_loop=True, m_desc=True)
+def test_attn_bwd_head_loop_knobs_match_fp64_autograd(case, knobs):
+    """head_loop timing knobs: m_desc walks each query head's blocks in descending order,
+    fast_divmod splits the flat step into (head, block) by multiply-shift; the producer, the
+    MMA warpgroups and the dQ writer must walk the same (head, block) sequence."""
+    _check_vs_fp64(case, head_loop=True, **knobs)
 
 
 @pytest.mark.gpu
