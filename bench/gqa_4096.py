@@ -256,9 +256,12 @@ def run(args) -> dict:
                 r[f"{d}_sm_mhz"], r[f"{d}_power_w"] = clk[row.key]["sm_mhz"], clk[row.key]["power_w"]
                 r[f"{d}_clock_reasons"] = clk[row.key]["reasons"]
         out_rows.append(r)
-    shape = dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv,
-                 headdim=args.headdim, causal=True, dtype="bfloat16", softcap=SOFTCAP)
-    return {**protocol.header(timing), "shape": shape, "rows": out_rows, "ratios": ratios(out_rows)}
+    return {**protocol.header(timing), "shape": _shape(args), "rows": out_rows, "ratios": ratios(out_rows)}
+
+
+def _shape(args) -> dict:
+    return dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv,
+                headdim=args.headdim, causal=True, dtype="bfloat16", softcap=SOFTCAP)
 
 
 def ratio_pairs() -> dict:
@@ -307,13 +310,11 @@ PAIR_NOTE = ("Pairwise protocol (--pairs): each pair below is timed alone, its t
              "history (bench/protocol.py on order).")
 
 
-def run_pairs(args, names: list[str]) -> list[dict]:
+def run_pairs(args, names: list[str], timing) -> list[dict]:
     """Each named ratio_pairs() pair timed alone (two rows), forward and backward."""
     pairs = {n: ratio_pairs()[n] for n in names}
     rows = {r.key: r for r in all_rows(True)}
-    need = [rows[row_key(x)] for pr in pairs.values() for x in pr if row_key(x) in rows]
-    need = list({r.key: r for r in need}.values())
-    timing = protocol.Timing(args.warmup, args.rounds, args.iters, settle_ms=args.settle_ms)
+    need = list({row_key(x): rows[row_key(x)] for pr in pairs.values() for x in pr if row_key(x) in rows}.values())
     out = []
     for d, backward in (("fwd", False), ("bwd", True)):
         if backward and args.fwd_only:
@@ -420,10 +421,9 @@ def main(argv=None):
         return
     if args.pairs:
         timing = protocol.Timing(args.warmup, args.rounds, args.iters, settle_ms=args.settle_ms)
-        shape = dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv,
-                     headdim=args.headdim, causal=True, dtype="bfloat16", softcap=SOFTCAP)
+        shape = _shape(args)
         res = {**protocol.header(timing), "shape": shape, "pair_protocol": PAIR_NOTE,
-               "pairs": run_pairs(args, list(GOAL_PAIRS))}
+               "pairs": run_pairs(args, list(GOAL_PAIRS), timing)}
         md = (f"# Attention benchmark, goal pairs: {shape}\n\ndevice {res['device']}, {res['date']}, "
               f"commit {res['commit']}, torch {res['torch']}\n\nProtocol: {res['protocol']}.\n"
               + pairs_markdown(res["pairs"]))

@@ -30,9 +30,10 @@ from typing import Callable
 import torch
 
 PROTOCOL = ("{warmup} warm-up calls per implementation, then {rounds} rounds of {iters} "
-            "CUDA-event-timed back-to-back calls; implementation order alternates between rounds "
-            "({order}); a row is the median over rounds of the per-round mean time")
-ORDERS = {"alternate": "listed, reversed", "shuffle": "a seeded random permutation per round"}
+            "CUDA-event-timed back-to-back calls; {order}; a row is the median over rounds of the "
+            "per-round mean time")
+ORDERS = {"alternate": "implementation order alternates between rounds (listed, reversed)",
+          "shuffle": "implementation order changes between rounds (a seeded random permutation per round)"}
 
 
 @dataclass
@@ -52,8 +53,6 @@ class Timing:
     def describe(self) -> str:
         text = PROTOCOL.format(warmup=self.warmup, rounds=self.rounds, iters=self.iters,
                                order=ORDERS[self.order])
-        if self.order == "shuffle":
-            text = text.replace("alternates between rounds", "changes between rounds")
         if self.settle_ms:
             text += f"; the GPU idles {self.settle_ms:g} ms before every timed segment"
         return text

@@ -148,7 +148,7 @@ class AttnFwdConfig:
         base = dict(overlap=True, pingpong=ev == "poly", overlap_v2=True, lpt=True)
         # online-softmax schedule (H200, 2026-11-30, bench/results/fwd_row_sum_carry*.md, shuffled
         # order): softmax D = 128 with row_sum_carry + ping-pong + 4 max chains 0.975x the time
-        # (each alone: 1.026x / 0.992x / 0.995x); softcap at D = 128 gains nothing (native
+        # (each alone, in separate runs: 1.026x / 0.992x / 0.995x); softcap at D = 128 gains nothing (native
         # 1.02-1.04x, poly 0.99x); at D = 256 softcap takes row_sum_carry (native 0.940x, poly
         # 0.976x), softmax does not (1.010x).
         mode = getattr(stage, "mode", "")
