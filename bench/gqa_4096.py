@@ -378,7 +378,9 @@ def compile_only(head_dim: int = 128, causal: bool = True) -> dict:
     report = {}
     for mode, ev in MODES:
         dump = tempfile.mkdtemp(prefix="fap_sass_")
-        cfg = fwd.AttnFwdConfig.default(st.make_stage(mode, ev), "bf16", head_dim, causal)
+        # the config attn_fwd builds for a call (softcap 50, BF16: fixed_max on)
+        cfg = fwd.AttnFwdConfig.default(st.make_stage(mode, ev), "bf16", head_dim, causal,
+                                        **fwd._fixed_max_kw(mode, "bf16", 50.0, None))
         kf = fwd.compile_attn_fwd(cfg, options=f"--keep-cubin --dump-dir={dump}")
         key = bwd.BwdKey("bf16", head_dim, causal, stb.bwd_side(mode, ev), bwd.BwdTile.for_head_dim(head_dim))
         kb = bwd.compile_bwd(key, options=f"--keep-cubin --dump-dir={dump}")

@@ -126,6 +126,10 @@ class AttnFwdConfig:
     # the O-rescale factor is computed first and the O rescale can follow the PV wait at once
     # (stages.OnlineSoftmax sum_carry; same sum, another rounding order)
     row_sum_carry: bool = False
+    # softcap, BF16, cap <= score_stages.FIXED_MAX_CAP: a constant row max instead of the
+    # online one (no max reduction, no O rescale; SoftcapStage.fixed_lse says why it is
+    # safe).  attn_fwd turns it on per call, where the cap value is known
+    fixed_max: bool = False
 
     @staticmethod
     def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
@@ -174,6 +178,8 @@ class AttnFwdSm90:
         self.is_bf16 = cfg.dtype == "bf16"
         if cfg.stage.mode == "sigmoid":
             cfg.stage.check_dtype(self.is_bf16)
+        if cfg.fixed_max and (cfg.stage.mode != "softcap" or not self.is_bf16):
+            raise ValueError(f"fixed_max needs the softcap stage and BF16, got {cfg.stage.mode}/{cfg.dtype}")
         self.head_dim = cfg.head_dim
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
@@ -353,7 +359,8 @@ class AttnFwdSm90:
         tScS_mn = stages.acc_mn_view(thr_mma_qk.partition_C(
             cute.make_identity_tensor((self.tile_m, self.tile_n))))
         num_rows = cute.size(tScS_mn, mode=[0])
-        softmax = stages.OnlineSoftmax(num_rows, self.cfg.row_max_chains, self.cfg.row_sum_carry)
+        fixed = self.stage.fixed_lse(params) if self.cfg.fixed_max else None
+        softmax = stages.OnlineSoftmax(num_rows, self.cfg.row_max_chains, self.cfg.row_sum_carry, fixed)
         row_scale = cute.make_rmem_tensor((num_rows,), Float32)
 
         ctx = SimpleNamespace(
@@ -429,7 +436,10 @@ class AttnFwdSm90:
     def scores_to_p(self, ctx, acc_S, n_block: Int32, is_first: cutlass.Constexpr[bool],
                     masked: cutlass.Constexpr[bool], tOrP_dst):
         """Score stage on S: transform, mask (diagonal/tail blocks only), P into tOrP."""
-        self.stage.transform(acc_S, ctx.params)
+        if cutlass.const_expr(self.cfg.fixed_max):
+            self.stage.transform_fixed(acc_S, ctx.params)   # exp2 arguments against a constant max
+        else:
+            self.stage.transform(acc_S, ctx.params)
         if cutlass.const_expr(masked):
             mask_mod.apply_mask(stages.acc_mn_view(acc_S), ctx.tScS_mn, ctx.m_block, n_block,
                                 ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.causal,
@@ -439,7 +449,7 @@ class AttnFwdSm90:
 
     @cute.jit
     def rescale_o(self, ctx):
-        if cutlass.const_expr(self.stage.uses_online_softmax):
+        if cutlass.const_expr(self.stage.uses_online_softmax and not self.cfg.fixed_max):
             o_mn = stages.acc_mn_view(ctx.acc_O)
             for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
                 for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
@@ -668,6 +678,17 @@ def _launch_dlpack(cfg, tensors, params, device, window=(0, 0)):
                           *[Float32(x) for x in params], *[Int32(w) for w in window], stream)
 
 
+def _fixed_max_kw(mode: str, dtype: str, cap: float, tuning: Optional[dict]) -> dict:
+    """{"fixed_max": True} where the constant row max is safe (softcap, BF16, cap in
+    (0, FIXED_MAX_CAP]) and tuning does not set it; an explicit fixed_max=True elsewhere is an error."""
+    ok = mode == "softcap" and dtype == "bf16" and 0.0 < cap <= stages.FIXED_MAX_CAP
+    asked = (tuning or {}).get("fixed_max")
+    if asked and not ok:
+        raise ValueError(f"fixed_max needs mode='softcap', BF16 and 0 < softcap <= {stages.FIXED_MAX_CAP}, "
+                         f"got mode={mode!r}, {dtype}, softcap={cap}")
+    return {"fixed_max": True} if ok and asked is None else {}
+
+
 def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causal: bool = True,
              softmax_scale: Optional[float] = None, softcap: Optional[float] = None,
              sigmoid_bias: Optional[float] = None, stage=None, out=None, lse=None,
@@ -692,7 +713,9 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
     (has_l, has_r), window = mask_mod.window_args(window_size, causal, s_q, s_k)
     # window flags join the key only when set: the unwindowed key (and cache entry) is unchanged
     win_kw = {k: True for k, on in (("window_left", has_l), ("window_right", has_r)) if on}
-    tuning_items = tuple(sorted(dict(tuning or {}, **win_kw).items()))
+    cap = softcap if softcap is not None else 50.0
+    fixed_kw = _fixed_max_kw(mode if stage is None else stage.mode, dtype, cap, tuning)
+    tuning_items = tuple(sorted(dict(tuning or {}, **win_kw, **fixed_kw).items()))
     if stage is None:
         stage, cfg = _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items, program)
     else:
@@ -701,7 +724,7 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
         stage.check_dtype(dtype == "bf16")   # BF16 P programs: BF16 inputs only
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
     params = [float(x) for x in stage.host_scalars(
-        scale, s_k, softcap=softcap if softcap is not None else 50.0, sigmoid_bias=sigmoid_bias)]
+        scale, s_k, softcap=cap, sigmoid_bias=sigmoid_bias)]
     if out is None:
         out = torch.empty_like(q)
     lse_t = lse if lse is not None else torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)

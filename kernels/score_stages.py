@@ -48,6 +48,10 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 MODES = ("softmax", "softcap", "sigmoid")
+# softcap with a constant row max (SoftcapStage.fixed_row_max): largest p = e^HEADROOM; caps
+# up to FIXED_MAX_CAP keep the smallest p = e^(HEADROOM - 2c) >= e^-80 normal in FP32/BF16
+FIXED_MAX_HEADROOM = 20.0
+FIXED_MAX_CAP = 50.0
 EVALUATORS = ("native", "poly")
 
 
@@ -285,7 +289,7 @@ class OnlineSoftmax:
     The row sum stays thread-local (each thread sums its own columns) and is reduced over
     the quad once in `finalize`: that saves 2 shuffles per row per key block."""
 
-    def __init__(self, num_rows: int, max_chains: int = 1, sum_carry: bool = False):
+    def __init__(self, num_rows: int, max_chains: int = 1, sum_carry: bool = False, fixed_lse=None):
         if max_chains not in (1, 2, 4, 8):
             raise ValueError(f"max_chains must be 1, 2, 4 or 8, got {max_chains!r}")
         self.max_chains = max_chains
@@ -294,6 +298,11 @@ class OnlineSoftmax:
         # heads the dependency chain, so ptxas computes it first and can schedule the O
         # rescale right after the PV wait instead of after the last exp2 (docs/NOTES_attn_fwd.md)
         self.sum_carry = sum_carry
+        # fixed_lse (a Float32, or None): the stage hands `step` exp2 arguments taken against a
+        # constant max m0 (SoftcapStage.transform_fixed) and fixed_lse = m0 in natural units:
+        # no row max, no O rescale (bounded scores only)
+        self.fixed_lse = fixed_lse
+        self.fixed = fixed_lse is not None
         self.row_max = cute.make_rmem_tensor((num_rows,), Float32)
         self.row_sum = cute.make_rmem_tensor((num_rows,), Float32)
         # an empty tile (no key visible) finalises to O = 0, LSE = -inf
@@ -305,6 +314,9 @@ class OnlineSoftmax:
              row_scale: cute.Tensor):
         """P = exp2(s*scale_log2 - max*scale_log2) in place; row_scale gets the O rescale."""
         s_mn = acc_mn_view(acc_S)
+        if cutlass.const_expr(self.fixed):
+            self._step_fixed(s_mn, is_first)
+            return
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             m = self._row_max(s_mn, r)
             m = quad_allreduce(m, "max")
@@ -332,6 +344,22 @@ class OnlineSoftmax:
             else:
                 self.row_sum[r] = self.row_sum[r] * row_scale[r] + acc
 
+    @cute.jit
+    def _step_fixed(self, s_mn, is_first: cutlass.Constexpr[bool]):
+        """P = exp2(a) in place, a = (logit - m0) * log2(e) from the stage: no max, no rescale."""
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            acc = Float32(0.0)
+            if cutlass.const_expr(self.sum_carry and not is_first):
+                acc = self.row_sum[r]
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                p = exp2_approx(s_mn[r, c])
+                s_mn[r, c] = p
+                acc = acc + p
+            if cutlass.const_expr(is_first or self.sum_carry):
+                self.row_sum[r] = acc
+            else:
+                self.row_sum[r] = self.row_sum[r] + acc
+
     def _row_max(self, s_mn, r: int):
         """Max of row r's columns: max_chains running maxima (column c feeds chain c % k),
         then a pairwise tree; k = 1 is the single serial chain.  Exact in any order (PTX
@@ -352,8 +380,8 @@ class OnlineSoftmax:
             s = quad_allreduce(self.row_sum[r], "sum")
             empty = s == Float32(0.0) or s != s
             o_scale[r] = Float32(0.0) if empty else cute.arch.rcp_approx(s)
-            lse[r] = -Float32.inf if empty else (
-                self.row_max[r] * lse_scale + cute.math.log2(s, fastmath=True) * LN2)
+            m = self.fixed_lse if cutlass.const_expr(self.fixed) else self.row_max[r] * lse_scale
+            lse[r] = -Float32.inf if empty else m + cute.math.log2(s, fastmath=True) * LN2
 
 
 # ----------------------------------------------------------------------------------------
@@ -486,6 +514,40 @@ class SoftcapStage:
         if self.evaluator == "native":
             return (softmax_scale / softcap, softcap * LOG2E, softcap, 0.0)
         return (softmax_scale, LOG2E, softcap, 1.0 / softcap)
+
+    def fixed_lse(self, params):
+        """m0 = c - FIXED_MAX_HEADROOM: the constant row max of AttnFwdConfig.fixed_max (logits).
+
+        Capped logits lie in [-c, c], so every p = exp(logit - m0) lies in [e^(20-2c), e^20]
+        (FIXED_MAX_HEADROOM = 20), inside FP32's and BF16's normal range for c <= FIXED_MAX_CAP
+        = 50 (e^-80 > 2^-126): no row max and no O rescale are needed, and P keeps its relative
+        precision (a float's rounding does not depend on its exponent).  Row sums stay below
+        S_k e^20.  Not for FP16 P (its range is e^-17..e^11)."""
+        return params[2] - FIXED_MAX_HEADROOM
+
+    @cute.jit
+    def transform_fixed(self, acc_S: cute.Tensor, params):
+        """fixed_max: acc_S <- a = (logit - m0) * log2(e), the exp2 argument (the online step's
+        FFMA folded in).  native: a = tanh(s*scale/c) * c*log2e + k; poly pairs: a = logit*log2e + k;
+        poly's native pairs: a = tanh(s*(scale/c)) * c*log2e + k (one FMUL fewer than logits)."""
+        k = (FIXED_MAX_HEADROOM - params[2]) * LOG2E
+        c_log2 = params[2] * LOG2E
+        if cutlass.const_expr(self.evaluator == "native"):
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                acc_S[i] = tanh_approx(acc_S[i] * params[0]) * c_log2 + k
+        else:
+            s_mn = acc_mn_view(acc_S)
+            x_max = params[2] * self.clamp_l
+            u_scale = params[0] * params[3]
+            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                for g in cutlass.range_constexpr(cute.size(s_mn, mode=[1]) // 2):
+                    if cutlass.const_expr(self.poly_pair(g)):
+                        self._pair_poly(s_mn, r, 2 * g, x_max, params)
+                        for c in cutlass.range_constexpr(2 * g, 2 * g + 2):
+                            s_mn[r, c] = s_mn[r, c] * LOG2E + k
+                    else:
+                        for c in cutlass.range_constexpr(2 * g, 2 * g + 2):
+                            s_mn[r, c] = tanh_approx(s_mn[r, c] * u_scale) * c_log2 + k
 
     @cute.jit
     def transform(self, acc_S: cute.Tensor, params):

@@ -72,13 +72,14 @@ def _program_score_fn(mode, s_k):
     return split_score_fn(mode, S.make_stage(mode, "poly"), s_k)
 
 
-def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, tuning=None):
+def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, tuning=None,
+             qkv=None, softcap=50.0):
     from flash_attn_poly import reference, testing
     from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
 
     # softcap: spread scores over tens of logits (Gemma-2-like), so the cap matters
-    q, k, v = _inputs(dtype, b, s_q, s_k, h_q, h_kv, d, 8.0 if mode == "softcap" else 1.0)
-    kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None)
+    q, k, v = qkv if qkv is not None else _inputs(dtype, b, s_q, s_k, h_q, h_kv, d, 8.0 if mode == "softcap" else 1.0)
+    kw = dict(causal=causal, softcap=softcap if mode == "softcap" else None)
     out = testing.poison_(torch.empty_like(q))
     lse = testing.poison_(torch.empty(b, h_q, s_q, device="cuda"))
     o, l = attn_fwd(q, k, v, mode=mode, evaluator=evaluator, out=out, lse=lse, tuning=tuning, **kw)
@@ -117,6 +118,46 @@ ROW_SUM_CASES = [c for i, c in enumerate(CASES) if i in (1, 3, 4, 5, 6, 7, 8, 13
 @pytest.mark.parametrize("case", ROW_SUM_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_attn_fwd_row_sum_carry(case, carry):
     run_case(*case, tuning={"row_sum_carry": carry})
+
+
+# softcap with a constant row max (AttnFwdConfig.fixed_max, on by default for BF16 and cap <= 50):
+# both settings, both evaluators, D 64/128/256, causal or not, tails
+FIXED_MAX_CASES = [
+    ("softcap", "native", "bf16", 1, 333, 333, 8, 2, 128, True),
+    ("softcap", "poly", "bf16", 1, 333, 333, 8, 2, 128, True),
+    ("softcap", "native", "bf16", 2, 300, 411, 4, 4, 64, False),
+    ("softcap", "poly", "bf16", 1, 200, 517, 8, 1, 64, True),
+    ("softcap", "native", "bf16", 1, 517, 517, 8, 4, 256, True),
+    ("softcap", "poly", "bf16", 1, 300, 411, 4, 2, 256, False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fixed", [False, True], ids=["online", "fixed"])
+@pytest.mark.parametrize("case", FIXED_MAX_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_attn_fwd_softcap_fixed_max(case, fixed):
+    run_case(*case, tuning={"fixed_max": fixed})
+
+
+def _saturating_inputs(b, s, h_q, h_kv, d, sign):
+    """Every score of every row near sign * (a large logit): q along +-1, k along +1 plus
+    noise, so the capped logits of a whole row sit at -c (sign -1) or +c (sign +1) -- the
+    ends of the fixed max's range (p ~ e^-80 or e^20)."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q = sign * (4.0 + torch.rand(b, s, h_q, d, device="cuda", generator=g))
+    k = 4.0 + torch.rand(b, s, h_kv, d, device="cuda", generator=g)
+    v = torch.randn(b, s, h_kv, d, device="cuda", generator=g)
+    return tuple(t.to(torch.bfloat16) for t in (q, k, v))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sign", [-1.0, 1.0], ids=["all_at_minus_c", "all_at_plus_c"])
+@pytest.mark.parametrize("evaluator", ["native", "poly"])
+@pytest.mark.parametrize("cap", [50.0, 10.0])
+def test_attn_fwd_softcap_fixed_max_range_ends(sign, evaluator, cap):
+    b, s, h_q, h_kv, d = 1, 300, 4, 2, 128
+    run_case("softcap", evaluator, "bf16", b, s, s, h_q, h_kv, d, True, tuning={"fixed_max": True},
+             qkv=_saturating_inputs(b, s, h_q, h_kv, d, sign), softcap=cap)
 
 
 def time_main_shape(modes, b=1, s=4096, h_q=32, h_kv=8, d=128, reps=30):
