@@ -25,6 +25,8 @@
 #   bash bench/h200_round.sh rsc     # row_sum_carry: GPU tests of the knob, forward timing beside the default
 #   bash bench/h200_round.sh mdesc   # backward head_loop knobs m_desc / fast_divmod: tests + timing (not yet run)
 #   bash bench/h200_round.sh final9  # every GPU test file + gqa_4096 shuffled (current defaults; not yet run)
+#   bash bench/h200_round.sh fixmax  # softcap constant row max: its GPU tests, forward timing D = 128 / 256 vs the online max
+#   bash bench/h200_round.sh fixmax2 # under fixed_max: poly_split softcap (time + accuracy), gqa_4096 shuffled
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
 #   bash bench/h200_round.sh pairs   # gqa_4096 --pairs: every goal pair timed alone, 5 repeats
 #   bash bench/h200_round.sh fair    # gqa_4096 ours+FA4 only, then all rows shuffled (power-cap neighbour bias)
@@ -211,6 +213,24 @@ elif [ "$phase" = mdesc ]; then   # head_loop knobs (query blocks descending; fa
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = final9 ]; then   # every GPU test file under the current defaults, then gqa_4096 shuffled with graph steps and clocks
   all_gpu_tests tests/test_asm_gpu.py; tarup
+  t gqa_shuf 300 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
+      --json "$OUT/gqa_4096_shuffle.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = fixmax ]; then   # softcap constant row max (fixed_max): its GPU tests, then forward timing vs the online max
+  pt fwd tests/test_attn_fwd_gpu.py &
+  pt api_sc tests/test_api_gpu.py -k softcap &
+  pt bwd_sc tests/test_attn_bwd_gpu.py -k softcap &
+  pt hf tests/test_transformers_gpu.py &
+  wait; tarup
+  t fm128 120 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 --knob fixed_max=0 \
+      --modes softcap:native,softcap:poly --order shuffle --rounds 15 --iters 100 --json "$OUT/fwd_fixed_max_d128.json"; tarup
+  t fm256 150 python3 bench/fwd_tuning.py --knob fixed_max=0 --modes softcap:native,softcap:poly --order shuffle \
+      --rounds 15 --iters 50 --json "$OUT/fwd_fixed_max_d256.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = fixmax2 ]; then   # under fixed_max: softcap program x split (time + accuracy), then gqa_4096 shuffled
+  t split_sc 240 python3 bench/poly_split.py --modes softcap --json "$OUT/poly_split_fixed_max.json"; tarup
   t gqa_shuf 300 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
       --json "$OUT/gqa_4096_shuffle.json"; tarup
   only_archive
