@@ -229,7 +229,10 @@ elif [ "$phase" = fixmax ]; then   # softcap constant row max (fixed_max): its G
       --rounds 15 --iters 50 --json "$OUT/fwd_fixed_max_d256.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
-elif [ "$phase" = fixmax2 ]; then   # under fixed_max: softcap program x split (time + accuracy), then gqa_4096 shuffled
+elif [ "$phase" = fixmax2 ]; then   # under fixed_max: mended tests, softcap program x split (time + accuracy), gqa_4096 shuffled
+  pt fwd_fm tests/test_attn_fwd_gpu.py -k fixed_max &
+  pt api16 tests/test_api_gpu.py -k "fp16 or softcap" &
+  wait; tarup
   t split_sc 240 python3 bench/poly_split.py --modes softcap --json "$OUT/poly_split_fixed_max.json"; tarup
   t gqa_shuf 300 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
       --json "$OUT/gqa_4096_shuffle.json"; tarup

@@ -60,7 +60,7 @@ def _inputs(dtype, b, s_q, s_k, h_q, h_kv, d, scale_scores=1.0):
     return q, k, v
 
 
-def _program_score_fn(mode, s_k):
+def _program_score_fn(mode, s_k, softcap=50.0):
     """The math the default poly stage runs, per key column: the program replay (exact bf16
     rounding) for the columns its poly_split sends through the block, the exact function
     for its MUFU columns (tests/test_attn_fwd_split.split_score_fn)."""
@@ -69,7 +69,7 @@ def _program_score_fn(mode, s_k):
     from test_attn_fwd_split import split_score_fn
     from flash_attn_poly.kernels import score_stages as S
 
-    return split_score_fn(mode, S.make_stage(mode, "poly"), s_k)
+    return split_score_fn(mode, S.make_stage(mode, "poly"), s_k, softcap)
 
 
 def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, tuning=None,
@@ -90,7 +90,7 @@ def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, tuning=N
     if evaluator == "poly":
         # judge against the program the kernel runs (tight) and report the exact-function error
         st["exact_err"] = testing.max_abs_err(o, ref)
-        fn = _program_score_fn(mode, s_k)
+        fn = _program_score_fn(mode, s_k, softcap)
         ref, ref_lse = reference.attention_ref(q, k, v, mode, score_fn=fn, **kw)
         low, _ = reference.attention_ref_lowprec(q, k, v, mode, score_fn=fn, **kw)
     st.update(testing.assert_close_rule(o, ref, low, factor=2.0, floor=1e-3, name=f"{mode}/{evaluator} O"))
