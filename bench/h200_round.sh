@@ -27,6 +27,7 @@
 #   bash bench/h200_round.sh final9  # every GPU test file + gqa_4096 shuffled (current defaults; not yet run)
 #   bash bench/h200_round.sh fixmax  # softcap constant row max: its GPU tests, forward timing D = 128 / 256 vs the online max
 #   bash bench/h200_round.sh fixmax2 # under fixed_max: poly_split softcap (time + accuracy), gqa_4096 shuffled
+#   bash bench/h200_round.sh final10 # softcap split 1/8 + fixed_max: softcap GPU tests, gemma2 D = 256, gqa_4096 pairs
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
 #   bash bench/h200_round.sh pairs   # gqa_4096 --pairs: every goal pair timed alone, 5 repeats
 #   bash bench/h200_round.sh fair    # gqa_4096 ours+FA4 only, then all rows shuffled (power-cap neighbour bias)
@@ -236,6 +237,16 @@ elif [ "$phase" = fixmax2 ]; then   # under fixed_max: mended tests, softcap pro
   t split_sc 240 python3 bench/poly_split.py --modes softcap --json "$OUT/poly_split_fixed_max.json"; tarup
   t gqa_shuf 300 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
       --json "$OUT/gqa_4096_shuffle.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = final10 ]; then   # softcap poly split 1/8 default + fixed_max: softcap GPU tests, Gemma-2 D = 256, pairs
+  pt fwd_sc tests/test_attn_fwd_gpu.py -k softcap &
+  pt api_sc tests/test_api_gpu.py -k softcap &
+  pt bwd_sc tests/test_attn_bwd_gpu.py -k softcap &
+  pt hf tests/test_transformers_gpu.py &
+  wait; tarup
+  t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
+  t gqa_pairs 100 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$OUT/gqa_4096_pairs.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = partner ]; then   # does the pair partner's power set our clock? pairs with clocks, then with 200 ms idle per segment

@@ -760,4 +760,8 @@ def make_stage(mode: str, evaluator: str = "native", **kw):
 #            O error at std ~12: 1.31 / 1.18 / 1.10x native -> 1/4;
 #   sigmoid fwd 1/4 0.259, 1/8 0.249 (native 0.235); bwd 0.788 / 0.803; error 1.1-1.4x /
 #            1.05-1.24x native -> 1/8.
-DEFAULT_POLY_SPLIT = {"softcap": (1, 4), "sigmoid": (1, 8)}
+# Softcap with the constant row max (AttnFwdConfig.fixed_max; bench/results/poly_split_fixed_max.md,
+# d1f88d5): fwd 1/2 0.314, 1/4 0.304, 1/8 0.295 ms (native 0.287); bwd 0.852 / 0.854 / 0.832;
+#            O / dQ / dK / dV error at std ~20: 3.20 / 1.98 / 2.08 / 3.36, 2.41 / 1.61 / 1.67 /
+#            2.50, 1.92 / 1.36 / 1.40 / 1.99x native -> 1/8 (faster and within 2x native).
+DEFAULT_POLY_SPLIT = {"softcap": (1, 8), "sigmoid": (1, 8)}
