@@ -20,6 +20,7 @@ import protocol  # noqa: E402
 
 
 BOOL_KNOBS = ("lpt", "pingpong", "overlap", "overlap_v2", "row_sum_carry", "fixed_max")
+FLOAT_KNOBS = ("rescale_threshold",)
 
 
 def _knob(text: str) -> dict:
@@ -27,7 +28,7 @@ def _knob(text: str) -> dict:
     out = {}
     for part in text.split("+"):
         k, v = part.split("=")
-        out[k] = bool(int(v)) if k in BOOL_KNOBS else int(v)
+        out[k] = bool(int(v)) if k in BOOL_KNOBS else (float(v) if k in FLOAT_KNOBS else int(v))
     return out
 
 

@@ -28,6 +28,7 @@
 #   bash bench/h200_round.sh fixmax  # softcap constant row max: its GPU tests, forward timing D = 128 / 256 vs the online max
 #   bash bench/h200_round.sh fixmax2 # under fixed_max: poly_split softcap (time + accuracy), gqa_4096 shuffled
 #   bash bench/h200_round.sh final10 # softcap split 1/8 + fixed_max: softcap GPU tests, gemma2 D = 256, gqa_4096 pairs
+#   bash bench/h200_round.sh lazy    # online softmax stale-max threshold (rescale_threshold=8): tests, timing D = 128 / 256 (not yet run)
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
 #   bash bench/h200_round.sh pairs   # gqa_4096 --pairs: every goal pair timed alone, 5 repeats
 #   bash bench/h200_round.sh fair    # gqa_4096 ours+FA4 only, then all rows shuffled (power-cap neighbour bias)
@@ -247,6 +248,14 @@ elif [ "$phase" = final10 ]; then   # softcap poly split 1/8 default + fixed_max
   wait; tarup
   t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
   t gqa_pairs 100 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$OUT/gqa_4096_pairs.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = lazy ]; then   # online-softmax stale-max threshold (rescale_threshold=8): its GPU tests, then forward timing
+  pt fwd_rt tests/test_attn_fwd_gpu.py -k rescale_threshold; tarup
+  t rt128 120 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 --knob rescale_threshold=8 \
+      --modes softmax:native --order shuffle --rounds 15 --iters 100 --json "$OUT/fwd_rescale_threshold_d128.json"; tarup
+  t rt256 150 python3 bench/fwd_tuning.py --knob rescale_threshold=8 --modes softmax:native --order shuffle \
+      --rounds 15 --iters 50 --json "$OUT/fwd_rescale_threshold_d256.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = partner ]; then   # does the pair partner's power set our clock? pairs with clocks, then with 200 ms idle per segment

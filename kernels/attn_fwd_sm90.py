@@ -130,6 +130,10 @@ class AttnFwdConfig:
     # online one (no max reduction, no O rescale; SoftcapStage.fixed_lse says why it is
     # safe).  attn_fwd turns it on per call, where the cap value is known
     fixed_max: bool = False
+    # online softmax (softmax, and softcap without fixed_max): keep a row's stale max until a
+    # block raises it by more than this many log2 units (p <= 2^t), and skip the O rescale of
+    # a warp whose rows all kept theirs; 0.0 = rescale on every new max
+    rescale_threshold: float = 0.0
 
     @staticmethod
     def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
@@ -178,6 +182,8 @@ class AttnFwdSm90:
         self.is_bf16 = cfg.dtype == "bf16"
         if cfg.stage.mode == "sigmoid":
             cfg.stage.check_dtype(self.is_bf16)
+        if not 0.0 <= cfg.rescale_threshold <= 16.0:   # p <= 2^t: keep P and row sums far from overflow
+            raise ValueError(f"rescale_threshold must be in [0, 16] (log2 units), got {cfg.rescale_threshold!r}")
         if cfg.fixed_max and (cfg.stage.mode != "softcap" or not self.is_bf16):
             raise ValueError(f"fixed_max needs the softcap stage and BF16, got {cfg.stage.mode}/{cfg.dtype}")
         self.head_dim = cfg.head_dim
@@ -360,7 +366,8 @@ class AttnFwdSm90:
             cute.make_identity_tensor((self.tile_m, self.tile_n))))
         num_rows = cute.size(tScS_mn, mode=[0])
         fixed = self.stage.fixed_lse(params) if self.cfg.fixed_max else None
-        softmax = stages.OnlineSoftmax(num_rows, self.cfg.row_max_chains, self.cfg.row_sum_carry, fixed)
+        softmax = stages.OnlineSoftmax(num_rows, self.cfg.row_max_chains, self.cfg.row_sum_carry, fixed,
+                                       self.cfg.rescale_threshold)
         row_scale = cute.make_rmem_tensor((num_rows,), Float32)
 
         ctx = SimpleNamespace(
@@ -450,10 +457,18 @@ class AttnFwdSm90:
     @cute.jit
     def rescale_o(self, ctx):
         if cutlass.const_expr(self.stage.uses_online_softmax and not self.cfg.fixed_max):
-            o_mn = stages.acc_mn_view(ctx.acc_O)
-            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
-                for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                    o_mn[r, c] = o_mn[r, c] * ctx.row_scale[r]
+            if cutlass.const_expr(self.cfg.rescale_threshold > 0.0):
+                if ctx.softmax.rescale_needed(ctx.row_scale):
+                    self._scale_o(ctx)
+            else:
+                self._scale_o(ctx)
+
+    @cute.jit
+    def _scale_o(self, ctx):
+        o_mn = stages.acc_mn_view(ctx.acc_O)
+        for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+            for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                o_mn[r, c] = o_mn[r, c] * ctx.row_scale[r]
 
     @cute.jit
     def one_block(self, ctx, kv, n_block: Int32, is_first: cutlass.Constexpr[bool],

@@ -289,7 +289,8 @@ class OnlineSoftmax:
     The row sum stays thread-local (each thread sums its own columns) and is reduced over
     the quad once in `finalize`: that saves 2 shuffles per row per key block."""
 
-    def __init__(self, num_rows: int, max_chains: int = 1, sum_carry: bool = False, fixed_lse=None):
+    def __init__(self, num_rows: int, max_chains: int = 1, sum_carry: bool = False, fixed_lse=None,
+                 rescale_threshold: float = 0.0):
         if max_chains not in (1, 2, 4, 8):
             raise ValueError(f"max_chains must be 1, 2, 4 or 8, got {max_chains!r}")
         self.max_chains = max_chains
@@ -303,6 +304,11 @@ class OnlineSoftmax:
         # no row max, no O rescale (bounded scores only)
         self.fixed_lse = fixed_lse
         self.fixed = fixed_lse is not None
+        # rescale_threshold t > 0 (log2 units, AttnFwdConfig checks 0 <= t <= 16): a row keeps
+        # its stale max until a block's max exceeds it by more than t, so p <= 2^t and most
+        # blocks need no O rescale (row_scale exactly 1.0 for a kept row: `rescale_needed`);
+        # 0 = rescale on every new max
+        self.rescale_threshold = float(rescale_threshold)
         self.row_max = cute.make_rmem_tensor((num_rows,), Float32)
         self.row_sum = cute.make_rmem_tensor((num_rows,), Float32)
         # an empty tile (no key visible) finalises to O = 0, LSE = -inf
@@ -320,8 +326,14 @@ class OnlineSoftmax:
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             m = self._row_max(s_mn, r)
             m = quad_allreduce(m, "max")
+            keep = False
             if cutlass.const_expr(not is_first):
                 m = cute.arch.fmax(m, self.row_max[r])
+                if cutlass.const_expr(self.rescale_threshold > 0.0):
+                    # stale max kept while the growth is <= t (an empty row: -inf - -inf = NaN
+                    # and a first visible key: +inf both compare false, so those take m)
+                    keep = (m - self.row_max[r]) * scale_log2 <= self.rescale_threshold
+                    m = self.row_max[r] if keep else m
             # a row with every score masked keeps max = -inf: use 0 so exp2(-inf - 0) = 0
             m_safe = m if m != -Float32.inf else Float32(0.0)
             neg_m = -m_safe * scale_log2
@@ -331,6 +343,8 @@ class OnlineSoftmax:
                 old = self.row_max[r]
                 old_safe = old if old != -Float32.inf else Float32(0.0)
                 row_scale[r] = exp2_approx(old_safe * scale_log2 + neg_m)
+                if cutlass.const_expr(self.rescale_threshold > 0.0):
+                    row_scale[r] = Float32(1.0) if keep else row_scale[r]
             self.row_max[r] = m
             acc = Float32(0.0)
             if cutlass.const_expr(self.sum_carry and not is_first):
@@ -359,6 +373,15 @@ class OnlineSoftmax:
                 self.row_sum[r] = acc
             else:
                 self.row_sum[r] = self.row_sum[r] + acc
+
+    @cute.jit
+    def rescale_needed(self, row_scale: cute.Tensor):
+        """rescale_threshold > 0: whether any row of this warp has row_scale != 1 (a warp-uniform
+        vote, so the O rescale is skipped or run by the whole warp)."""
+        need = row_scale[0] != Float32(1.0)
+        for r in cutlass.range_constexpr(1, cute.size(row_scale)):
+            need = need or row_scale[r] != Float32(1.0)
+        return cute.arch.vote_any_sync(need)
 
     def _row_max(self, s_mn, r: int):
         """Max of row r's columns: max_chains running maxima (column c feeds chain c % k),

@@ -426,3 +426,38 @@ def test_fixed_max_config_refuses_other_stages():
     for stage, dt in [(S.make_stage("softmax"), "bf16"), (S.make_stage("softcap", "native"), "fp16")]:
         with pytest.raises(ValueError, match="fixed_max needs"):
             A.AttnFwdSm90(A.AttnFwdConfig.default(stage, dt, 128, True, fixed_max=True))
+
+
+@pytest.mark.compile
+def test_rescale_threshold_branches_around_the_o_rescale():
+    """AttnFwdConfig(rescale_threshold=8): a row keeps its stale max until a block raises it by
+    more than 2^8, and a warp skips the O rescale when none of its rows moved (VOTE.ANY, then a
+    branch over the 64 O FMULs; softmax D=128 causal).  No C7513 (the wgmma stay pipelined:
+    WARPGROUP.DEPBAR 9 for 72 HGMMA), no spills; the default build has no vote."""
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
+
+    cfg = A.AttnFwdConfig.default(S.make_stage("softmax", "native"), "bf16", 128, True, rescale_threshold=8.0)
+    log, n, depbar, text = _ptxas_report(cfg)
+    assert "C7513" not in log, log[-600:]
+    assert "0 bytes spill stores" in log and n["STL"] == 0 and n["LDL"] == 0, n
+    assert n["HGMMA"] > 0 and depbar < n["HGMMA"], (depbar, n)
+    lines = [ln.strip() for ln in text.splitlines()]
+    labels = {ln.split(":")[0]: i for i, ln in enumerate(lines) if ln.startswith(".L_x_")}
+    votes = [i for i, ln in enumerate(lines) if "VOTE.ANY" in ln]
+    assert votes, "no warp vote"
+    skipped = []
+    for v in votes:   # the first predicated forward branch after each vote: what it skips
+        br = next(i for i in range(v, len(lines)) if " BRA " in lines[i] and lines[i].split("*/")[1].strip().startswith("@"))
+        tgt = labels[lines[br].split("(")[1].split(")")[0]]
+        skipped.append(sum("FMUL" in ln for ln in lines[br + 1:tgt]) if tgt > br else 0)
+    assert max(skipped) >= 64, skipped
+    base = A.AttnFwdConfig.default(S.make_stage("softmax", "native"), "bf16", 128, True)
+    assert "VOTE.ANY" not in _ptxas_report(base)[3]
+
+
+def test_rescale_threshold_range_is_checked():
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
+
+    for t in (-1.0, 17.0):
+        with pytest.raises(ValueError, match="rescale_threshold"):
+            A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage("softmax"), "bf16", 128, True, rescale_threshold=t))

@@ -160,6 +160,38 @@ def test_attn_fwd_softcap_fixed_max_range_ends(sign, evaluator, cap):
              qkv=_saturating_inputs(b, s, h_q, h_kv, d, sign), softcap=cap)
 
 
+# the online softmax's stale-max threshold (AttnFwdConfig.rescale_threshold, off by default):
+# the stages that keep the online max (softmax; softcap on FP16), tails, D 64/128/256
+RESCALE_CASES = [
+    ("softmax", "native", "bf16", 1, 333, 333, 8, 2, 128, True),
+    ("softmax", "native", "bf16", 2, 300, 411, 8, 8, 128, False),
+    ("softmax", "native", "bf16", 1, 257, 257, 8, 2, 64, True),
+    ("softmax", "native", "fp16", 1, 381, 381, 8, 2, 128, True),
+    ("softmax", "native", "bf16", 1, 333, 333, 8, 4, 256, True),
+    ("softcap", "native", "fp16", 1, 333, 333, 8, 2, 128, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", RESCALE_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_attn_fwd_rescale_threshold(case):
+    run_case(*case, tuning={"rescale_threshold": 8.0})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("threshold", [0.0, 2.0, 8.0])
+def test_attn_fwd_rescale_threshold_rising_scores(threshold):
+    """Scores that grow towards the first keys, which the kernel visits last (key blocks run
+    from the diagonal down): every block raises the row max, by more or less than the
+    threshold, so both the kept-max and the rescale branches run."""
+    b, s, h_q, h_kv, d = 1, 700, 4, 2, 128
+    q, k, v = _inputs("bf16", b, s, s, h_q, h_kv, d, 2.0)
+    ramp = 1.0 + 6.0 * (1.0 - torch.arange(s, device="cuda") / s)
+    k = (k.float() * ramp[None, :, None, None]).to(torch.bfloat16)
+    run_case("softmax", "native", "bf16", b, s, s, h_q, h_kv, d, True, tuning={"rescale_threshold": threshold},
+             qkv=(q, k, v))
+
+
 def time_main_shape(modes, b=1, s=4096, h_q=32, h_kv=8, d=128, reps=30):
     from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
 
