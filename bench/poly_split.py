@@ -26,7 +26,7 @@ CONFIGS = [  # (mode, program or "" for native, split)
     ("softcap", "", None),
     ("softcap", "softcap_c50", (1, 2)), ("softcap", "softcap_c50", (1, 4)),
     ("softcap", "softcap_c50_f16", (1, 2)), ("softcap", "softcap_c50_f16", (1, 4)),
-    ("softcap", "softcap_c50_f16", (1, 8)),
+    ("softcap", "softcap_c50_f16", (1, 8)), ("softcap", "softcap_c50_f16", (1, 16)),   # 1/16: not yet run
     ("sigmoid", "", None),
     ("sigmoid", "sigmoid_attn_n4096", (1, 4)), ("sigmoid", "sigmoid_attn_n4096", (1, 8)),
     ("sigmoid", "sigmoid_attn_n4096_f16", (1, 4)), ("sigmoid", "sigmoid_attn_n4096_f16", (1, 8)),
