@@ -48,7 +48,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 MODES = ("softmax", "softcap", "sigmoid")
-# softcap with a constant row max (SoftcapStage.fixed_row_max): largest p = e^HEADROOM; caps
+# softcap with a constant row max (SoftcapStage.fixed_lse): largest p = e^HEADROOM; caps
 # up to FIXED_MAX_CAP keep the smallest p = e^(HEADROOM - 2c) >= e^-80 normal in FP32/BF16
 FIXED_MAX_HEADROOM = 20.0
 FIXED_MAX_CAP = 50.0
