@@ -786,5 +786,6 @@ def make_stage(mode: str, evaluator: str = "native", **kw):
 # Softcap with the constant row max (AttnFwdConfig.fixed_max; bench/results/poly_split_fixed_max.md,
 # d1f88d5): fwd 1/2 0.314, 1/4 0.304, 1/8 0.295 ms (native 0.287); bwd 0.852 / 0.854 / 0.832;
 #            O / dQ / dK / dV error at std ~20: 3.20 / 1.98 / 2.08 / 3.36, 2.41 / 1.61 / 1.67 /
-#            2.50, 1.92 / 1.36 / 1.40 / 1.99x native -> 1/8 (faster and within 2x native).
+#            2.50, 1.92 / 1.36 / 1.40 / 1.99x native -> 1/8 (faster, and within 2x of the
+#            fixed-max native; 2.63 / 1.70 / 1.75 / 1.99x the online-max native of accuracy.md).
 DEFAULT_POLY_SPLIT = {"softcap": (1, 8), "sigmoid": (1, 8)}
