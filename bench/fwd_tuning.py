@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import protocol  # noqa: E402
 
 
-BOOL_KNOBS = ("lpt", "pingpong", "overlap", "overlap_v2", "row_sum_carry", "fixed_max")
+BOOL_KNOBS = ("lpt", "pingpong", "overlap", "overlap_v2", "row_sum_carry", "fixed_max", "fixed_max_rsum")
 FLOAT_KNOBS = ("rescale_threshold",)
 
 

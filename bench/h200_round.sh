@@ -29,6 +29,7 @@
 #   bash bench/h200_round.sh fixmax2 # under fixed_max: poly_split softcap (time + accuracy), gqa_4096 shuffled
 #   bash bench/h200_round.sh final10 # softcap split 1/8 + fixed_max: softcap GPU tests, gemma2 D = 256, gqa_4096 pairs
 #   bash bench/h200_round.sh lazy    # online softmax stale-max threshold (rescale_threshold=8): tests, timing D = 128 / 256 (not yet run)
+#   bash bench/h200_round.sh acc     # fixed_max_rsum / rescale_threshold: tests, bench/fwd_knob_accuracy.py, timing D 128/256 (not yet run)
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
 #   bash bench/h200_round.sh pairs   # gqa_4096 --pairs: every goal pair timed alone, 5 repeats
 #   bash bench/h200_round.sh fair    # gqa_4096 ours+FA4 only, then all rows shuffled (power-cap neighbour bias)
@@ -256,6 +257,18 @@ elif [ "$phase" = lazy ]; then   # online-softmax stale-max threshold (rescale_t
       --modes softmax:native --order shuffle --rounds 15 --iters 100 --json "$OUT/fwd_rescale_threshold_d128.json"; tarup
   t rt256 150 python3 bench/fwd_tuning.py --knob rescale_threshold=8 --modes softmax:native --order shuffle \
       --rounds 15 --iters 50 --json "$OUT/fwd_rescale_threshold_d256.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = acc ]; then   # forward normalisation knobs: GPU tests, accuracy (O, LSE), then timing
+  pt fwd_knobs tests/test_attn_fwd_gpu.py -k "rsum or rescale_threshold"; tarup
+  t knob_acc 150 python3 bench/fwd_knob_accuracy.py --json "$OUT/fwd_knob_accuracy.json"; tarup
+  # softcap only (fixed_max_rsum needs the softcap stage); softmax's rescale_threshold: the lazy phase
+  t rs128 120 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 --knob fixed_max_rsum=1 \
+      --knob fixed_max=0 --knob fixed_max=0+rescale_threshold=8 --modes softcap:native,softcap:poly --order shuffle \
+      --rounds 15 --iters 100 --json "$OUT/fwd_norm_knobs_d128.json"; tarup
+  t rs256 150 python3 bench/fwd_tuning.py --knob fixed_max_rsum=1 --knob fixed_max=0 --knob fixed_max=0+rescale_threshold=8 \
+      --modes softcap:native,softcap:poly --order shuffle --rounds 15 --iters 50 \
+      --json "$OUT/fwd_norm_knobs_d256.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = partner ]; then   # does the pair partner's power set our clock? pairs with clocks, then with 200 ms idle per segment

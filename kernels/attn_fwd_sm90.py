@@ -130,6 +130,9 @@ class AttnFwdConfig:
     # online one (no max reduction, no O rescale; SoftcapStage.fixed_lse says why it is
     # safe).  attn_fwd turns it on per call, where the cap value is known
     fixed_max: bool = False
+    # fixed_max only: the row sum adds the BF16-rounded P the PV product uses (+3 ops per score
+    # pair), recovering most of the accuracy the constant max costs (CPU emulation; not GPU-run)
+    fixed_max_rsum: bool = False
     # online softmax (softmax, and softcap without fixed_max): keep a row's stale max until a
     # block raises it by more than this many log2 units (p <= 2^t), and skip the O rescale of
     # a warp whose rows all kept theirs; 0.0 = rescale on every new max
@@ -184,6 +187,8 @@ class AttnFwdSm90:
             cfg.stage.check_dtype(self.is_bf16)
         if not 0.0 <= cfg.rescale_threshold <= 16.0:   # p <= 2^t: keep P and row sums far from overflow
             raise ValueError(f"rescale_threshold must be in [0, 16] (log2 units), got {cfg.rescale_threshold!r}")
+        if cfg.fixed_max_rsum and not cfg.fixed_max:
+            raise ValueError("fixed_max_rsum is a variant of fixed_max: set fixed_max=True too")
         if cfg.fixed_max and (cfg.stage.mode != "softcap" or not self.is_bf16):
             raise ValueError(f"fixed_max needs the softcap stage and BF16, got {cfg.stage.mode}/{cfg.dtype}")
         self.head_dim = cfg.head_dim
@@ -367,7 +372,7 @@ class AttnFwdSm90:
         num_rows = cute.size(tScS_mn, mode=[0])
         fixed = self.stage.fixed_lse(params) if self.cfg.fixed_max else None
         softmax = stages.OnlineSoftmax(num_rows, self.cfg.row_max_chains, self.cfg.row_sum_carry, fixed,
-                                       self.cfg.rescale_threshold)
+                                       self.cfg.rescale_threshold, self.cfg.fixed_max_rsum)
         row_scale = cute.make_rmem_tensor((num_rows,), Float32)
 
         ctx = SimpleNamespace(

@@ -290,7 +290,7 @@ class OnlineSoftmax:
     the quad once in `finalize`: that saves 2 shuffles per row per key block."""
 
     def __init__(self, num_rows: int, max_chains: int = 1, sum_carry: bool = False, fixed_lse=None,
-                 rescale_threshold: float = 0.0):
+                 rescale_threshold: float = 0.0, fixed_rsum: bool = False):
         if max_chains not in (1, 2, 4, 8):
             raise ValueError(f"max_chains must be 1, 2, 4 or 8, got {max_chains!r}")
         self.max_chains = max_chains
@@ -304,6 +304,10 @@ class OnlineSoftmax:
         # no row max, no O rescale (bounded scores only)
         self.fixed_lse = fixed_lse
         self.fixed = fixed_lse is not None
+        # fixed_rsum: round each P pair to BF16 in the step (pack, then unpack exactly) and sum
+        # the rounded values, so the row sum normalises the weights the PV product really used
+        # (the constant max leaves the row's largest p inexact in BF16; docs/NOTES_attn_fwd.md)
+        self.fixed_rsum = fixed_rsum
         # rescale_threshold t > 0 (log2 units, AttnFwdConfig checks 0 <= t <= 16): a row keeps
         # its stale max until a block's max exceeds it by more than t, so p <= 2^t and most
         # blocks need no O rescale (row_scale exactly 1.0 for a kept row: `rescale_needed`);
@@ -365,10 +369,19 @@ class OnlineSoftmax:
             acc = Float32(0.0)
             if cutlass.const_expr(self.sum_carry and not is_first):
                 acc = self.row_sum[r]
-            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                p = exp2_approx(s_mn[r, c])
-                s_mn[r, c] = p
-                acc = acc + p
+            if cutlass.const_expr(self.fixed_rsum):
+                for g in cutlass.range_constexpr(cute.size(s_mn, mode=[1]) // 2):
+                    # columns 2g, 2g+1: one packed BF16 pair of the PV operand (acc_mn_view)
+                    p0, p1 = exp2_approx(s_mn[r, 2 * g]), exp2_approx(s_mn[r, 2 * g + 1])
+                    p0, p1 = unpack_bf16x2(pack_f32x2(p0, p1, True))
+                    s_mn[r, 2 * g], s_mn[r, 2 * g + 1] = p0, p1
+                    acc = acc + p0
+                    acc = acc + p1
+            else:
+                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                    p = exp2_approx(s_mn[r, c])
+                    s_mn[r, c] = p
+                    acc = acc + p
             if cutlass.const_expr(is_first or self.sum_carry):
                 self.row_sum[r] = acc
             else:

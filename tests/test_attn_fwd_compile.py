@@ -461,3 +461,34 @@ def test_rescale_threshold_range_is_checked():
     for t in (-1.0, 17.0):
         with pytest.raises(ValueError, match="rescale_threshold"):
             A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage("softmax"), "bf16", 128, True, rescale_threshold=t))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("evaluator", ["native", "poly"])
+def test_fixed_max_rsum_rounds_p_before_the_row_sum(evaluator):
+    """AttnFwdConfig(fixed_max=True, fixed_max_rsum=True): each P pair is packed to BF16 and
+    unpacked (shift / mask) before the row sum, so the interior loop gains one F2FP and two
+    ALU ops per pair (D=128: 32 pairs per thread and block) and nothing else; no C7513, no
+    spills.  Not GPU-run yet; the accuracy it should recover is in docs/NOTES_attn_fwd.md."""
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
+
+    def interior(**kw):
+        cfg = A.AttnFwdConfig.default(S.make_stage("softcap", evaluator), "bf16", 128, True, fixed_max=True, **kw)
+        log, n, depbar, text = _ptxas_report(cfg)
+        assert "C7513" not in log and "0 bytes spill stores" in log and n["STL"] == 0, (log[-400:], n)
+        assert depbar < n["HGMMA"]
+        lp = next(lp for lp in sass.overlap_loops(text) if not lp["masked"])
+        body = [t for k, t in sass._sass_lines(text)[lp["lines"][0]:lp["lines"][1] + 1] if k == "instr"]
+        return collections.Counter(t.split()[0].split(".")[0] for t in body)
+    from flash_attn_poly.kernels import sass
+    on, off = interior(fixed_max_rsum=True), interior()
+    assert on["F2FP"] - off["F2FP"] == 32, (on["F2FP"], off["F2FP"])
+    assert on["MUFU"] == off["MUFU"] and on["HGMMA"] == off["HGMMA"] and on["FADD"] == off["FADD"]
+
+
+def test_fixed_max_rsum_needs_fixed_max():
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
+
+    with pytest.raises(ValueError, match="fixed_max_rsum"):
+        A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage("softcap", "native"), "bf16", 128, True,
+                                              fixed_max_rsum=True))

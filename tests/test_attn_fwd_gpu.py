@@ -160,6 +160,13 @@ def test_attn_fwd_softcap_fixed_max_range_ends(sign, evaluator, cap):
              qkv=_saturating_inputs(b, s, h_q, h_kv, d, sign), softcap=cap)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FIXED_MAX_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_attn_fwd_softcap_fixed_max_rsum(case):
+    """fixed_max with the row sum over the BF16-rounded P (AttnFwdConfig.fixed_max_rsum)."""
+    run_case(*case, tuning={"fixed_max": True, "fixed_max_rsum": True})
+
+
 # the online softmax's stale-max threshold (AttnFwdConfig.rescale_threshold, off by default):
 # the stages that keep the online max (softmax; softcap on FP16), tails, D 64/128/256
 RESCALE_CASES = [
