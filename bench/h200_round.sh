@@ -264,9 +264,10 @@ elif [ "$phase" = acc ]; then   # forward normalisation knobs: GPU tests, accura
   t knob_acc 150 python3 bench/fwd_knob_accuracy.py --json "$OUT/fwd_knob_accuracy.json"; tarup
   # softcap only (fixed_max_rsum needs the softcap stage); softmax's rescale_threshold: the lazy phase
   t rs128 120 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 --knob fixed_max_rsum=1 \
-      --knob fixed_max=0 --knob fixed_max=0+rescale_threshold=8 --modes softcap:native,softcap:poly --order shuffle \
-      --rounds 15 --iters 100 --json "$OUT/fwd_norm_knobs_d128.json"; tarup
-  t rs256 150 python3 bench/fwd_tuning.py --knob fixed_max_rsum=1 --knob fixed_max=0 --knob fixed_max=0+rescale_threshold=8 \
+      --knob fixed_max=0 --knob fixed_max=0+rescale_threshold=8 --knob pingpong=1 --modes softcap:native,softcap:poly \
+      --order shuffle --rounds 15 --iters 100 --json "$OUT/fwd_norm_knobs_d128.json"; tarup
+  # pingpong=1: on for poly already (a null pair: the noise floor), new for native under fixed_max
+  t rs256 150 python3 bench/fwd_tuning.py --knob fixed_max_rsum=1 --knob fixed_max=0 --knob fixed_max=0+rescale_threshold=8 --knob pingpong=1 \
       --modes softcap:native,softcap:poly --order shuffle --rounds 15 --iters 50 \
       --json "$OUT/fwd_norm_knobs_d256.json"; tarup
   only_archive
