@@ -163,3 +163,35 @@ def test_settle_and_pair_clock_columns():
     assert "MHz" not in G.pairs_markdown([p])
     md = G.pairs_markdown([dict(p, base_sm_mhz=[1800.0, 1900.0], ours_sm_mhz=[1700.0])])
     assert "| x | bwd | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 | 1850 | 1700 |" in md
+
+
+def _round_fwd_knobs(phase: str) -> list:
+    """The --knob values of bench/fwd_tuning.py in one bench/h200_round.sh phase."""
+    import re
+    text = open(os.path.join(os.path.dirname(__file__), "..", "bench", "h200_round.sh")).read()
+    body = text.split(f'"$phase" = {phase} ]', 1)[1].split("\nelif ", 1)[0]
+    return re.findall(r"--knob (\S+)", body)
+
+
+@pytest.mark.parametrize("phase", ["acc", "lazy"])
+def test_prepared_forward_knob_runs_build_valid_configs(phase):
+    """Every knob a prepared device phase times (and bench/fwd_knob_accuracy.py's settings)
+    makes a config the forward accepts for the modes it runs with, as attn_fwd would build it
+    (softcap 50, BF16): a bad knob fails here, not on the device."""
+    pytest.importorskip("cutlass")
+    import fwd_knob_accuracy
+    import fwd_tuning
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
+
+    def build(mode, ev, tuning):
+        kw = dict(tuning, **A._fixed_max_kw(mode, "bf16", 50.0, tuning))
+        A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage(mode, ev), "bf16", 128, True, **kw))
+    knobs = _round_fwd_knobs(phase)
+    assert knobs, f"no --knob in phase {phase}"
+    modes = {"acc": [("softcap", "native"), ("softcap", "poly")], "lazy": [("softmax", "native")]}[phase]
+    for knob in knobs:
+        for mode, ev in modes:
+            build(mode, ev, fwd_tuning._knob(knob))
+    for mode, settings in fwd_knob_accuracy.SETTINGS.items():
+        for _, tuning in settings:
+            build(mode, "native", tuning)
