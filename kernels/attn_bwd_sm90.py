@@ -1003,10 +1003,11 @@ MAINLOOP_DEFAULT = 2
 # 0.811 / 0.793 ms softmax, 0.875 / 0.865 softcap/poly (FA4 0.734 / 0.737).  No consistent gain.
 V_WITH_DO_DEFAULT = False
 # head_loop query blocks in descending order: built 2026-11-30 from a CPU L2 working-set model
-# (docs/NOTES_attn_bwd.md); not yet GPU-run, so off.
+# (docs/NOTES_attn_bwd.md); GPU-tested and timed (H200, 61b04f6, attn_bwd_head_loop_knobs.md):
+# 0.94-1.04x per mode, no gain beyond noise, so off.
 M_DESC_DEFAULT = False
-# head_loop step split by multiply-shift (same day, CPU only; same integers by construction):
-# not yet GPU-run, so off.
+# head_loop step split by multiply-shift (same integers by construction): GPU-tested and timed
+# in the same run, 0.93-1.01x, so off.
 FAST_DIVMOD_DEFAULT = False
 # head_loop (a CTA per KV head over its GQA group, dK/dV stored directly) where its grid still
 # fills the GPU.  H200, 076ca7a (bench/results/attn_bwd_head_loop.md), backward ms off -> on:

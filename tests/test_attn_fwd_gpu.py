@@ -132,11 +132,17 @@ FIXED_MAX_CASES = [
 ]
 
 
+# the online max, the constant max, and the constant max with the row sum over the BF16-rounded
+# P (AttnFwdConfig.fixed_max_rsum, not yet GPU-run)
+FIXED_MAX_TUNINGS = {"online": {"fixed_max": False}, "fixed": {"fixed_max": True},
+                     "fixed_rsum": {"fixed_max": True, "fixed_max_rsum": True}}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("fixed", [False, True], ids=["online", "fixed"])
+@pytest.mark.parametrize("setting", list(FIXED_MAX_TUNINGS))
 @pytest.mark.parametrize("case", FIXED_MAX_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_attn_fwd_softcap_fixed_max(case, fixed):
-    run_case(*case, tuning={"fixed_max": fixed})
+def test_attn_fwd_softcap_fixed_max(case, setting):
+    run_case(*case, tuning=FIXED_MAX_TUNINGS[setting])
 
 
 def _saturating_inputs(b, s, h_q, h_kv, d, sign):
@@ -158,13 +164,6 @@ def test_attn_fwd_softcap_fixed_max_range_ends(sign, evaluator, cap):
     b, s, h_q, h_kv, d = 1, 300, 4, 2, 128
     run_case("softcap", evaluator, "bf16", b, s, s, h_q, h_kv, d, True, tuning={"fixed_max": True},
              qkv=_saturating_inputs(b, s, h_q, h_kv, d, sign), softcap=cap)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", FIXED_MAX_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_attn_fwd_softcap_fixed_max_rsum(case):
-    """fixed_max with the row sum over the BF16-rounded P (AttnFwdConfig.fixed_max_rsum)."""
-    run_case(*case, tuning={"fixed_max": True, "fixed_max_rsum": True})
 
 
 # the online softmax's stale-max threshold (AttnFwdConfig.rescale_threshold, off by default):
