@@ -25,7 +25,7 @@ SETTINGS = {
     "softcap": [("online", {"fixed_max": False}), ("fixed", {"fixed_max": True}),
                 ("fixed+rsum", {"fixed_max": True, "fixed_max_rsum": True}),
                 ("online+t8", {"fixed_max": False, "rescale_threshold": 8.0})],
-    "softmax": [("online", {}), ("online+t8", {"rescale_threshold": 8.0})],
+    "softmax": [("online", {"rescale_threshold": 0.0}), ("online+t8", {"rescale_threshold": 8.0})],
 }
 ROWS = [("softmax", "native", 1.0), ("softmax", "native", 2.0),
         ("softcap", "native", 1.0), ("softcap", "native", 3.5), ("softcap", "native", 4.5),

@@ -29,6 +29,7 @@
 #   bash bench/h200_round.sh fixmax2 # under fixed_max: poly_split softcap (time + accuracy), gqa_4096 shuffled
 #   bash bench/h200_round.sh final10 # softcap split 1/8 + fixed_max: softcap GPU tests, gemma2 D = 256, gqa_4096 pairs
 #   bash bench/h200_round.sh lazy    # online softmax stale-max threshold (rescale_threshold=8): tests, timing D = 128 / 256 (not yet run)
+#   bash bench/h200_round.sh tail8   # softmax rescale_threshold=8 default: tests, D = 64 timing; poly_split tail / 1/16 / rsum rows
 #   bash bench/h200_round.sh acc     # fixed_max_rsum / rescale_threshold: tests, bench/fwd_knob_accuracy.py, timing D 128/256 (not yet run)
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
 #   bash bench/h200_round.sh pairs   # gqa_4096 --pairs: every goal pair timed alone, 5 repeats
@@ -257,6 +258,19 @@ elif [ "$phase" = lazy ]; then   # online-softmax stale-max threshold (rescale_t
       --modes softmax:native --order shuffle --rounds 15 --iters 100 --json "$OUT/fwd_rescale_threshold_d128.json"; tarup
   t rt256 150 python3 bench/fwd_tuning.py --knob rescale_threshold=8 --modes softmax:native --order shuffle \
       --rounds 15 --iters 50 --json "$OUT/fwd_rescale_threshold_d256.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = tail8 ]; then   # softmax rescale_threshold default: its tests, D = 64 timing; softcap programs x split x rsum
+  pt fwd_sm tests/test_attn_fwd_gpu.py -k softmax &
+  pt api_sm tests/test_api_gpu.py -k softmax &
+  pt bwd_sm tests/test_attn_bwd_gpu.py -k softmax &
+  wait; tarup
+  t rt64 60 python3 bench/fwd_tuning.py --headdim 64 --seqlen 4096 --hq 32 --hkv 8 --knob rescale_threshold=0 \
+      --modes softmax:native --order shuffle --rounds 15 --iters 100 --json "$OUT/fwd_rescale_threshold_d64.json"; tarup
+  t split_tail 330 python3 bench/poly_split.py --modes softcap --only "softcap/softcap_c50_f16 1/8,\
+softcap/softcap_c50_f16 1/16,softcap/softcap_c50_f16_tail 1/8,softcap/softcap_c50_f16_tail 1/16,\
+softcap/native fixed_max_rsum=1,softcap/softcap_c50_f16 1/8 fixed_max_rsum=1,\
+softcap/softcap_c50_f16_tail 1/8 fixed_max_rsum=1" --json "$OUT/poly_split_tail.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = acc ]; then   # forward normalisation knobs: GPU tests, accuracy (O, LSE), then timing

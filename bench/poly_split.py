@@ -22,7 +22,7 @@ import zlib
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import protocol  # noqa: E402
 
-CONFIGS = [  # (mode, program or "" for native, split)
+CONFIGS = [  # (mode, program or "" for native, split[, forward tuning "name=int+..."])
     ("softcap", "", None),
     ("softcap", "softcap_c50", (1, 2)), ("softcap", "softcap_c50", (1, 4)),
     ("softcap", "softcap_c50_f16", (1, 2)), ("softcap", "softcap_c50_f16", (1, 4)),
@@ -33,15 +33,25 @@ CONFIGS = [  # (mode, program or "" for native, split)
     # one block column group in 16 (added 2026-11-30, not yet run): BF16 1/8 was the one poly
     # row faster than native in the forward (0.231 vs 0.235 ms) but 2.0-2.1x native's error
     ("sigmoid", "sigmoid_attn_n4096", (1, 16)), ("sigmoid", "sigmoid_attn_n4096_f16", (1, 16)),
+    # two-region FP16 softcap at the narrow splits, and the row sum over BF16-rounded P
+    # (AttnFwdConfig.fixed_max_rsum) under each program (added 2026-11-30)
+    ("softcap", "softcap_c50_f16_tail", (1, 8)), ("softcap", "softcap_c50_f16_tail", (1, 16)),
+    ("softcap", "", None, "fixed_max_rsum=1"), ("softcap", "softcap_c50_f16", (1, 8), "fixed_max_rsum=1"),
+    ("softcap", "softcap_c50_f16_tail", (1, 8), "fixed_max_rsum=1"),
 ]
 SPREADS = {"softcap": (3.5, 4.5), "sigmoid": (1.3, 1.7)}
 
 
-def _name(mode, prog, split):
-    return f"{mode}/native" if not prog else f"{mode}/{prog} {split[0]}/{split[1]}"
+def _name(mode, prog, split, tuning=""):
+    base = f"{mode}/native" if not prog else f"{mode}/{prog} {split[0]}/{split[1]}"
+    return f"{base} {tuning}" if tuning else base
 
 
-def _calls(mode, prog, split, q, k, v, do):
+def _tuning(text: str) -> dict:
+    return {k: int(x) for k, x in (kv.split("=") for kv in text.split("+"))} if text else {}
+
+
+def _calls(mode, prog, split, q, k, v, do, tuning=""):
     """(forward, backward) callables of one config on fixed inputs."""
     from flash_attn_poly.kernels import score_stages as S
     from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
@@ -49,14 +59,15 @@ def _calls(mode, prog, split, q, k, v, do):
     ev = "poly" if prog else "native"
     sc = 50.0 if mode == "softcap" else None
     stage = S.make_stage(mode, ev, program=prog, poly_split=split) if prog else None
-    fwd = lambda: attn_fwd(q, k, v, mode=mode, evaluator=ev, causal=True, softcap=sc, stage=stage)
+    tun = _tuning(tuning) or None
+    fwd = lambda: attn_fwd(q, k, v, mode=mode, evaluator=ev, causal=True, softcap=sc, stage=stage, tuning=tun)
     o, lse = fwd()
     kw = dict(program=prog, poly_split=split) if prog else {}
     bwd = lambda: attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator=ev, causal=True, softcap=sc, **kw)
     return fwd, bwd
 
 
-def accuracy(mode, prog, split, spread, shape):
+def accuracy(mode, prog, split, spread, shape, tuning=""):
     import torch
     from flash_attn_poly.reference import attention_ref, attention_ref_backward
     from flash_attn_poly.testing import rel_l2_err
@@ -64,7 +75,7 @@ def accuracy(mode, prog, split, spread, shape):
     g = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{mode} {spread}".encode()))
     mk = lambda h, a: (torch.randn(b, s, h, d, device="cuda", generator=g) * a).to(torch.bfloat16)
     q, k, v, do = mk(hq, spread), mk(hkv, spread), mk(hkv, 1.0), mk(hq, 1.0)
-    fwd, bwd = _calls(mode, prog, split, q, k, v, do)
+    fwd, bwd = _calls(mode, prog, split, q, k, v, do, tuning)
     out = fwd()[0]
     grads = bwd()
     kw = {"softcap": 50.0} if mode == "softcap" else {}
@@ -82,7 +93,10 @@ def run(args) -> dict:
     mk = lambda h: torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     q, k, v, do = mk(hq), mk(hkv), mk(hkv), mk(hq)
     configs = [c for c in CONFIGS if c[0] in args.modes.split(",")]
-    calls = {_name(*c): _calls(*c, q, k, v, do) for c in configs}
+    if args.only:   # the named configs, plus each mode's native row (the ratios' reference)
+        keep = set(args.only.split(","))
+        configs = [c for c in configs if _name(*c) in keep or (not c[1] and len(c) == 3)]
+    calls = {_name(*c): _calls(*c[:3], q, k, v, do, *c[3:]) for c in configs}
     timing = protocol.Timing(args.warmup, args.rounds, args.iters)
     fwd = protocol.time_alternating({n: f for n, (f, _) in calls.items()}, timing)
     bwd = protocol.time_alternating({n: bw for n, (_, bw) in calls.items()}, timing)
@@ -90,14 +104,14 @@ def run(args) -> dict:
     for c in configs:
         n = _name(*c)
         row = {"config": n, "mode": c[0], "program": c[1], "split": None if c[2] is None else f"{c[2][0]}/{c[2][1]}",
-               "fwd_ms": fwd[n], "bwd_ms": bwd[n]}
+               "tuning": c[3] if len(c) > 3 else "", "fwd_ms": fwd[n], "bwd_ms": bwd[n]}
         for sp in SPREADS[c[0]]:
-            e = accuracy(*c, sp, (1, 4096, 8, 2, 128))
+            e = accuracy(*c[:3], sp, (1, 4096, 8, 2, 128), *c[3:])
             row.update({f"{x}@{sp}": e[x] for x in e})
             torch.cuda.empty_cache()
         rows.append(row)
         print(n, {k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
-    native = {r["mode"]: r for r in rows if not r["program"]}
+    native = {r["mode"]: r for r in rows if not r["program"] and not r["tuning"]}
     for r in rows:
         nat = native[r["mode"]]
         for sp in SPREADS[r["mode"]]:
@@ -128,6 +142,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--only", default="", help="comma-separated config names (as printed, e.g. "
+                   "'softcap/softcap_c50_f16_tail 1/8'); each mode's native row always runs")
     p.add_argument("--json")
     args = p.parse_args(argv)
     res = run(args)

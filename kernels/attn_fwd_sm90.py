@@ -135,7 +135,7 @@ class AttnFwdConfig:
     fixed_max_rsum: bool = False
     # online softmax (softmax, and softcap without fixed_max): keep a row's stale max until a
     # block raises it by more than this many log2 units (p <= 2^t), and skip the O rescale of
-    # a warp whose rows all kept theirs; 0.0 = rescale on every new max
+    # a warp whose rows all kept theirs; 0.0 = rescale on every new max; default() sets 8 for softmax
     rescale_threshold: float = 0.0
 
     @staticmethod
@@ -163,6 +163,12 @@ class AttnFwdConfig:
         # 1.02-1.04x, poly 0.99x); at D = 256 softcap takes row_sum_carry (native 0.940x, poly
         # 0.976x), softmax does not (1.010x).
         mode = getattr(stage, "mode", "")
+        # softmax keeps a stale row max until a block raises it by more than 2^8 (H200, 13fa83b,
+        # bench/results/fwd_rescale_threshold.md, shuffled order: D = 128 0.926x the time, D = 256
+        # 0.902x; O error 1.03x / 1.20x the rescale-every-block build at score std 1 / 4,
+        # bench/results/fwd_knob_accuracy.md).  Softcap without fixed_max gains nothing from it.
+        if mode == "softmax":
+            base.update(rescale_threshold=8.0)
         if mode == "softmax" and head_dim == 128:
             base.update(pingpong=True, row_sum_carry=True, row_max_chains=4)
         elif mode == "softcap" and head_dim == 256:

@@ -432,8 +432,8 @@ def test_fixed_max_config_refuses_other_stages():
 def test_rescale_threshold_branches_around_the_o_rescale():
     """AttnFwdConfig(rescale_threshold=8): a row keeps its stale max until a block raises it by
     more than 2^8, and a warp skips the O rescale when none of its rows moved (VOTE.ANY, then a
-    branch over the 64 O FMULs; softmax D=128 causal).  No C7513 (the wgmma stay pipelined:
-    WARPGROUP.DEPBAR 9 for 72 HGMMA), no spills; the default build has no vote."""
+    branch over the 64 O FMULs; softmax D=128 causal; the softmax default).  No C7513 (the wgmma stay
+    pipelined: WARPGROUP.DEPBAR 9 for 72 HGMMA), no spills; the rescale_threshold=0 build has no vote."""
     from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
 
     cfg = A.AttnFwdConfig.default(S.make_stage("softmax", "native"), "bf16", 128, True, rescale_threshold=8.0)
@@ -451,8 +451,9 @@ def test_rescale_threshold_branches_around_the_o_rescale():
         tgt = labels[lines[br].split("(")[1].split(")")[0]]
         skipped.append(sum("FMUL" in ln for ln in lines[br + 1:tgt]) if tgt > br else 0)
     assert max(skipped) >= 64, skipped
-    base = A.AttnFwdConfig.default(S.make_stage("softmax", "native"), "bf16", 128, True)
+    base = A.AttnFwdConfig.default(S.make_stage("softmax", "native"), "bf16", 128, True, rescale_threshold=0.0)
     assert "VOTE.ANY" not in _ptxas_report(base)[3]
+    assert A.AttnFwdConfig.default(S.make_stage("softmax", "native")).rescale_threshold == 8.0   # the default
 
 
 def test_rescale_threshold_range_is_checked():

@@ -166,8 +166,9 @@ def test_attn_fwd_softcap_fixed_max_range_ends(sign, evaluator, cap):
              qkv=_saturating_inputs(b, s, h_q, h_kv, d, sign), softcap=cap)
 
 
-# the online softmax's stale-max threshold (AttnFwdConfig.rescale_threshold, off by default):
-# the stages that keep the online max (softmax; softcap on FP16), tails, D 64/128/256
+# the online softmax's stale-max threshold (AttnFwdConfig.rescale_threshold; softmax's default is 8,
+# so every softmax test runs it): the stages that keep the online max (softmax; softcap on FP16), tails,
+# D 64/128/256
 RESCALE_CASES = [
     ("softmax", "native", "bf16", 1, 333, 333, 8, 2, 128, True),
     ("softmax", "native", "bf16", 2, 300, 411, 8, 8, 128, False),

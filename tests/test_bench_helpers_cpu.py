@@ -42,10 +42,26 @@ def test_poly_split_configs_are_valid_stages():
     pytest.importorskip("cutlass")
     import poly_split
     from flash_attn_poly.kernels import score_stages as S
-    for mode, prog, split in poly_split.CONFIGS:
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A
+    for mode, prog, split, *tuning in poly_split.CONFIGS:
+        st = S.make_stage(mode, "poly", program=prog, poly_split=split) if prog else S.make_stage(mode, "native")
         if prog:
-            st = S.make_stage(mode, "poly", program=prog, poly_split=split)
             assert st.program == prog and st.poly_split == split
+        for text in tuning:   # the forward tuning, as attn_fwd builds the config
+            tun = poly_split._tuning(text)
+            kw = dict(tun, **A._fixed_max_kw(mode, "bf16", 50.0, tun))
+            A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", 128, True, **kw))
+
+
+def test_prepared_poly_split_selection_names_configs():
+    """The tail8 device phase's `poly_split.py --only` names are configs of bench/poly_split.py."""
+    import re
+    import poly_split
+    text = open(os.path.join(os.path.dirname(__file__), "..", "bench", "h200_round.sh")).read()
+    body = text.split('"$phase" = tail8 ]', 1)[1].split("\nelif ", 1)[0]
+    only = re.search(r'--only "([^"]*)"', body.replace("\\\n", "")).group(1).split(",")
+    names = {poly_split._name(*c) for c in poly_split.CONFIGS}
+    assert len(only) == 7 and set(only) <= names, set(only) - names
 
 
 def test_call_timeline_splits_kernel_idle_and_host_late_time():
@@ -173,7 +189,7 @@ def _round_fwd_knobs(phase: str) -> list:
     return re.findall(r"--knob (\S+)", body)
 
 
-@pytest.mark.parametrize("phase", ["acc", "lazy"])
+@pytest.mark.parametrize("phase", ["acc", "lazy", "tail8"])
 def test_prepared_forward_knob_runs_build_valid_configs(phase):
     """Every knob a prepared device phase times (and bench/fwd_knob_accuracy.py's settings)
     makes a config the forward accepts for the modes it runs with, as attn_fwd would build it
@@ -188,7 +204,8 @@ def test_prepared_forward_knob_runs_build_valid_configs(phase):
         A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage(mode, ev), "bf16", 128, True, **kw))
     knobs = _round_fwd_knobs(phase)
     assert knobs, f"no --knob in phase {phase}"
-    modes = {"acc": [("softcap", "native"), ("softcap", "poly")], "lazy": [("softmax", "native")]}[phase]
+    modes = {"acc": [("softcap", "native"), ("softcap", "poly")], "lazy": [("softmax", "native")],
+             "tail8": [("softmax", "native")]}[phase]
     for knob in knobs:
         for mode, ev in modes:
             build(mode, ev, fwd_tuning._knob(knob))
