@@ -30,6 +30,7 @@
 #   bash bench/h200_round.sh final10 # softcap split 1/8 + fixed_max: softcap GPU tests, gemma2 D = 256, gqa_4096 pairs
 #   bash bench/h200_round.sh lazy    # online softmax stale-max threshold (rescale_threshold=8): tests, timing D = 128 / 256 (not yet run)
 #   bash bench/h200_round.sh tail8   # softmax rescale_threshold=8 default: tests, D = 64 timing; poly_split tail / 1/16 / rsum rows
+#   bash bench/h200_round.sh grad    # softcap backward grad rule value / block x programs: tests, poly_split time + accuracy
 #   bash bench/h200_round.sh acc     # fixed_max_rsum / rescale_threshold: tests, bench/fwd_knob_accuracy.py, timing D 128/256 (not yet run)
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
 #   bash bench/h200_round.sh pairs   # gqa_4096 --pairs: every goal pair timed alone, 5 repeats
@@ -271,6 +272,16 @@ elif [ "$phase" = tail8 ]; then   # softmax rescale_threshold default: its tests
 softcap/softcap_c50_f16 1/16,softcap/softcap_c50_f16_tail 1/8,softcap/softcap_c50_f16_tail 1/16,\
 softcap/native fixed_max_rsum=1,softcap/softcap_c50_f16 1/8 fixed_max_rsum=1,\
 softcap/softcap_c50_f16_tail 1/8 fixed_max_rsum=1" --json "$OUT/poly_split_tail.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = grad ]; then   # softcap backward grad rules (value / block) x programs: tests, then time + accuracy
+  pt bwd_rule tests/test_attn_bwd_gpu.py -k "grad_rules" &
+  pt api_tail tests/test_api_gpu.py -k "tail" &
+  wait; tarup
+  t split_grad 330 python3 bench/poly_split.py --modes softcap --rounds 9 --only "\
+softcap/softcap_c50_f16 1/8 softcap_grad=block,softcap/softcap_c50_f16 1/8 softcap_grad=value,\
+softcap/softcap_c50_f16_tail 1/16 softcap_grad=block,softcap/softcap_c50_f16_tail 1/16 softcap_grad=value,\
+softcap/softcap_c50_f16_tail 1/8 softcap_grad=value" --json "$OUT/poly_split_grad.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = acc ]; then   # forward normalisation knobs: GPU tests, accuracy (O, LSE), then timing

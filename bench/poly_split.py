@@ -38,6 +38,13 @@ CONFIGS = [  # (mode, program or "" for native, split[, forward tuning "name=int
     ("softcap", "softcap_c50_f16_tail", (1, 8)), ("softcap", "softcap_c50_f16_tail", (1, 16)),
     ("softcap", "", None, "fixed_max_rsum=1"), ("softcap", "softcap_c50_f16", (1, 8), "fixed_max_rsum=1"),
     ("softcap", "softcap_c50_f16_tail", (1, 8), "fixed_max_rsum=1"),
+    # the backward's d logit/dx from the block's logit (SoftcapBwd.grad_rule "value") vs the
+    # derivative block ("block", the default until measured; added 2026-11-30)
+    ("softcap", "softcap_c50_f16", (1, 8), "softcap_grad=value"),
+    ("softcap", "softcap_c50_f16_tail", (1, 16), "softcap_grad=value"),
+    ("softcap", "softcap_c50_f16_tail", (1, 8), "softcap_grad=value"),
+    ("softcap", "softcap_c50_f16", (1, 8), "softcap_grad=block"),
+    ("softcap", "softcap_c50_f16_tail", (1, 16), "softcap_grad=block"),
 ]
 SPREADS = {"softcap": (3.5, 4.5), "sigmoid": (1.3, 1.7)}
 
@@ -47,8 +54,13 @@ def _name(mode, prog, split, tuning=""):
     return f"{base} {tuning}" if tuning else base
 
 
+BWD_KNOBS = ("softcap_grad",)   # attn_bwd keyword arguments (string values); the rest: forward tuning
+
+
 def _tuning(text: str) -> dict:
-    return {k: int(x) for k, x in (kv.split("=") for kv in text.split("+"))} if text else {}
+    """'name=value+...' -> {name: int, or str for BWD_KNOBS}."""
+    pairs = [kv.split("=") for kv in text.split("+")] if text else []
+    return {k: (x if k in BWD_KNOBS else int(x)) for k, x in pairs}
 
 
 def _calls(mode, prog, split, q, k, v, do, tuning=""):
@@ -59,10 +71,11 @@ def _calls(mode, prog, split, q, k, v, do, tuning=""):
     ev = "poly" if prog else "native"
     sc = 50.0 if mode == "softcap" else None
     stage = S.make_stage(mode, ev, program=prog, poly_split=split) if prog else None
-    tun = _tuning(tuning) or None
-    fwd = lambda: attn_fwd(q, k, v, mode=mode, evaluator=ev, causal=True, softcap=sc, stage=stage, tuning=tun)
+    tun = _tuning(tuning)
+    bwd_kw = {k: tun.pop(k) for k in BWD_KNOBS if k in tun}
+    fwd = lambda: attn_fwd(q, k, v, mode=mode, evaluator=ev, causal=True, softcap=sc, stage=stage, tuning=tun or None)
     o, lse = fwd()
-    kw = dict(program=prog, poly_split=split) if prog else {}
+    kw = dict(program=prog, poly_split=split, **bwd_kw) if prog else {}
     bwd = lambda: attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator=ev, causal=True, softcap=sc, **kw)
     return fwd, bwd
 

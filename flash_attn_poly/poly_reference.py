@@ -18,6 +18,7 @@ from .fit import runtime
 SIGMOID_PROGRAM_N = 4096          # the sigmoid-attention program the kernels inline
 SOFTCAP_PROGRAM = "softcap_c50"
 SIGMOID_GRAD_RULE = "product"     # = kernels/score_stages_bwd.SigmoidBwd.grad_rule's default
+SOFTCAP_GRAD_RULE = "block"       # = kernels/score_stages_bwd.SoftcapBwd.grad_rule's default
 
 
 def _program(name: str) -> dict:
@@ -63,14 +64,23 @@ def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, 
     return (lambda x: _apply(value, x), lambda x: _apply(grad, x))
 
 
-def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM):
-    """(score_fn, score_grad_fn): logit = x_c - c*rho(x_c/c) and d logit/dx from the _grad program."""
+def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM, grad_rule: str = None):
+    """(score_fn, score_grad_fn): logit = x_c - c*rho(x_c/c) and d logit/dx, by grad_rule
+    (kernels/score_stages_bwd.SoftcapBwd.grad_rule): "block" replays the _grad program,
+    "value" is 1 - t^2 of t = logit * fp32(1/c) in FP32."""
+    grad_rule = grad_rule or SOFTCAP_GRAD_RULE
+    if grad_rule not in ("block", "value"):
+        raise ValueError(f"softcap grad_rule must be 'block' or 'value', got {grad_rule!r}")
     prog, grad = _program(program), _program(program + "_grad")
     prog = {**prog, "params": {**prog["params"], "c": softcap}}
     lim = softcap * prog["L_c"]
+    inv_c = runtime.round_to(1.0 / softcap, "f32")
 
     def dlogit(a):
-        u = runtime.mul(np.clip(a, -lim, lim), runtime.round_to(1.0 / softcap, "f32"), "f32")
+        if grad_rule == "value":
+            t = runtime.mul(runtime.softcap_logit(prog, a, "fused"), inv_c, "f32")
+            return runtime.round_to(1.0 - runtime.mul(t, t, "f32"), "f32")
+        u = runtime.mul(np.clip(a, -lim, lim), inv_c, "f32")
         return runtime.replay(grad, u, "fused")
 
     return (lambda x: _apply(lambda a: runtime.softcap_logit(prog, a, "fused"), x),
@@ -78,14 +88,14 @@ def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM):
 
 
 def split_fns(mode: str, stage, s_k: int, softcap: float = 50.0, sigmoid_bias=None, sigmoid_grad=None,
-              io_dtype: str = "bf16"):
+              io_dtype: str = "bf16", softcap_grad=None):
     """(score_fn, score_grad_fn) of a poly stage with poly_split, per key column: column n
     uses the program replay when stage.poly_pair(n // 8) (the kernels' block columns) and
     the exact function otherwise (the MUFU columns' target).  Scores x (..., S_k) are scaled
     scores, key index last; the same rule serves the forward and the backward reference.
     io_dtype: the attention inputs' type, "bf16" or "f16" (sigmoid: the PV operand P)."""
     if mode == "softcap":
-        poly, poly_grad = softcap_fns(softcap, stage.program)
+        poly, poly_grad = softcap_fns(softcap, stage.program, softcap_grad)
         exact = lambda x: softcap * torch.tanh(x / softcap)
         exact_grad = lambda x: 1 - torch.tanh(x / softcap) ** 2
     else:

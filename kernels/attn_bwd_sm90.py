@@ -878,7 +878,7 @@ def _dl(t):
 def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
-             lpt=None, split_wg=None, stages=None, sigmoid_grad=None, mainloop=None, v_with_do=None,
+             lpt=None, split_wg=None, stages=None, sigmoid_grad=None, softcap_grad=None, mainloop=None, v_with_do=None,
              program=None, head_loop=None, poly_split=None, zero_dq_in_pre=None, dq_tma=None,
              m_desc=None, fast_divmod=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
@@ -898,6 +898,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     stages: Q/dO pipeline depth for D <= 128 (None: BwdTile.for_head_dim's; a timing knob).
     sigmoid_grad: sigmoid poly block columns' sigma' rule, "product" (default) or "surrogate"
     (score_stages_bwd.SigmoidBwd.grad_rule).
+    softcap_grad: softcap poly block columns' d logit/dx rule, "block" (default) or "value"
+    (score_stages_bwd.SoftcapBwd.grad_rule).
     mainloop: 1 or 2, the per-query-block order (None: MAINLOOP_DEFAULT; a timing knob; the
     split-warpgroup build has its own loop).
     v_with_do: V on the first dO stage's barrier, loads issued K, Q, V, dO (None:
@@ -933,7 +935,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     s_k = k.shape[1]
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
     stage = bwd_side(mode, evaluator, sigmoid_grad=sigmoid_grad if mode == "sigmoid" else None,
-                     program=program,
+                     softcap_grad=softcap_grad if mode == "softcap" else None, program=program,
                      poly_split=None if evaluator != "poly" or poly_split is None else tuple(poly_split))
     if mode == "sigmoid" and sigmoid_bias is None:
         sigmoid_bias = -math.log(s_k)

@@ -39,6 +39,9 @@ from .score_stages import (DEFAULT_POLY_SPLIT, DEFAULT_PROGRAM, _check_split, _c
 LOG2_E = math.log2(math.e)
 # sigmoid poly block columns: sigma' from the block's P ("product") or the B3 surrogate
 SIGMOID_GRAD_RULES = ("product", "surrogate")
+# softcap poly block columns: d logit/dx = 1 - (logit/c)^2 from the block's logit ("value",
+# two FP32 ops) or from the differentiated program's block ("block", seed B2)
+SOFTCAP_GRAD_RULES = ("value", "block")
 
 
 def _exp2(x):
@@ -92,12 +95,15 @@ class SoftcapBwd(_PolySplit):
 
     The c of the chain rule cancels the 1/c of u, leaving the softmax scale that the kernel
     applies at the end.  poly block columns: the forward's residual form logit = xc - c rho(u),
-    xc = clamp(x, +-c L_c), u = xc/c, rho from block softcap_fwd, d logit/dx = 1 - rho'(u)
-    from block softcap_bwd (packed bf16x2, no MUFU).  clamp_l is the table's L_c.
+    xc = clamp(x, +-c L_c), u = xc/c, rho from block softcap_fwd; d logit/dx by grad_rule:
+      "block": 1 - rho'(u) from the differentiated program's block softcap_bwd (seed B2);
+      "value": 1 - t^2 with t = logit/c, the tanh identity applied to the block's own logit
+        (two FP32 ops, no second block).  clamp_l is the table's L_c.
     """
     evaluator: str = "native"
     poly_split: tuple = None
     program: str = DEFAULT_PROGRAM["softcap"]
+    grad_rule: str = "block"
     clamp_l: float = field(default=0.0, init=False)
     tail_u: float = field(default=0.0, init=False)    # two-region program: FP32 |u| threshold
     mode = "softcap"
@@ -106,6 +112,8 @@ class SoftcapBwd(_PolySplit):
 
     def __post_init__(self):
         self._init_split()
+        if self.grad_rule not in SOFTCAP_GRAD_RULES:
+            raise ValueError(f"softcap grad_rule must be one of {SOFTCAP_GRAD_RULES}, got {self.grad_rule!r}")
         if self.evaluator == "poly":
             object.__setattr__(self, "clamp_l", float(_program(self.program)["L_c"]))
             softcap_blocks(self.program)   # a clear error for a program without blocks
@@ -150,9 +158,13 @@ class SoftcapBwd(_PolySplit):
         fwd, bwd, f16 = softcap_blocks(self.program)
         unpack = unpack_f16x2 if f16 else unpack_bf16x2
         r0, r1 = unpack(Int32(_cute_ops().named(fwd, u0, u1)))
+        l0 = softcap_combine(x0, r0, u0, args[1], self.tail_u)
+        l1 = softcap_combine(x1, r1, u1, args[1], self.tail_u)
+        if cutlass.const_expr(self.grad_rule == "value"):
+            t0, t1 = l0 * args[2], l1 * args[2]
+            return l0, l1, 1.0 - t0 * t0, 1.0 - t1 * t1
         g0, g1 = unpack(Int32(_cute_ops().named(bwd, u0, u1)))
-        return (softcap_combine(x0, r0, u0, args[1], self.tail_u),
-                softcap_combine(x1, r1, u1, args[1], self.tail_u), g0, g1)
+        return l0, l1, g0, g1
 
     @cute.jit
     def dscore2(self, f0, f1, dp0, dp1, dsum0, dsum1):
@@ -237,10 +249,12 @@ _SIDES = {"softmax": SoftmaxBwd, "softcap": SoftcapBwd, "sigmoid": SigmoidBwd}
 
 
 @functools.lru_cache(maxsize=128)
-def bwd_side(mode: str, evaluator: str = "native", poly_split=None, sigmoid_grad=None, program=None):
+def bwd_side(mode: str, evaluator: str = "native", poly_split=None, sigmoid_grad=None, program=None,
+             softcap_grad=None):
     """Backward side for (mode, evaluator); a poly side takes poly_split (default: the
     forward's score_stages.DEFAULT_POLY_SPLIT[mode], what make_stage builds).
     sigmoid_grad: SigmoidBwd.grad_rule of the sigmoid poly side (None: its default).
+    softcap_grad: SoftcapBwd.grad_rule of the softcap poly side (None: its default).
     program: the poly side's table entry (None: the stage's default; softcap also takes
     "softcap_c50_f16", which must match the forward stage's).
     Cached (sides are frozen): building a poly side reads the coefficient table, ~35 us of
@@ -254,6 +268,8 @@ def bwd_side(mode: str, evaluator: str = "native", poly_split=None, sigmoid_grad
     kw = {} if program is None or evaluator != "poly" else {"program": program}
     if mode == "sigmoid" and sigmoid_grad is not None:
         return SigmoidBwd(evaluator=evaluator, poly_split=poly_split, grad_rule=sigmoid_grad, **kw)
+    if mode == "softcap" and softcap_grad is not None:
+        return SoftcapBwd(evaluator=evaluator, poly_split=poly_split, grad_rule=softcap_grad, **kw)
     return _SIDES[mode](evaluator=evaluator, poly_split=poly_split, **kw)
 
 

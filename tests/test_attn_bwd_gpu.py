@@ -199,14 +199,14 @@ def test_attn_bwd_fp16_matches_fp64_autograd(case):
     _check_vs_fp64(case, dtype=torch.float16)
 
 
-def _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad=None, program=None):
+def _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad=None, program=None, softcap_grad=None):
     """FP64 (dq, dk, dv) of the split reference of the default poly forward stage."""
     from flash_attn_poly import poly_reference as PR, reference
     from flash_attn_poly.kernels import score_stages as S
     # what attn_fwd / attn_bwd build by default (or with the given table program)
     stage = S.make_stage(mode, "poly", **({"program": program} if program else {}))
     fn, grad_fn = PR.split_fns(mode, stage, k.shape[1], softcap or 50.0, sigmoid_grad=sigmoid_grad,
-                               io_dtype="f16" if q.dtype == torch.float16 else "bf16")
+                               io_dtype="f16" if q.dtype == torch.float16 else "bf16", softcap_grad=softcap_grad)
     return reference.attention_ref_backward(do, q, k, v, mode, causal=causal, softcap=softcap,
                                             score_fn=fn, score_grad_fn=grad_fn)
 
@@ -248,9 +248,20 @@ def test_sigmoid_poly_bwd_surrogate_matches_split_reference(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rule", ["value", "block"])
+@pytest.mark.parametrize("program", ["softcap_c50_f16", "softcap_c50_f16_tail"])
+@pytest.mark.parametrize("case", BF16_SOFTCAP_CASES, ids=str)
+def test_softcap_poly_bwd_grad_rules_match_split_reference(case, program, rule):
+    """softcap_grad: d logit/dx of the block columns from the block's logit ("value", 1 - t^2)
+    or from the differentiated program ("block"), with the residual and the two-region FP16
+    programs; the reference applies the same rule."""
+    test_poly_bwd_matches_split_reference(case, program=program, softcap_grad=rule)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("case", POLY_CASES, ids=str)
 def test_poly_bwd_matches_split_reference(case, sigmoid_grad=None, program=None, head_loop=None,
-                                         dtype=torch.bfloat16):
+                                         dtype=torch.bfloat16, softcap_grad=None):
     from flash_attn_poly import testing
     from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
     from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
@@ -266,9 +277,10 @@ def test_poly_bwd_matches_split_reference(case, sigmoid_grad=None, program=None,
     o, lse = attn_fwd(q, k, v, mode=mode, evaluator="poly", causal=causal, softcap=softcap, out=out,
                       stage=stage)
     dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator="poly", causal=causal, softcap=softcap,
-                          sigmoid_grad=sigmoid_grad, program=program, head_loop=head_loop)
+                          sigmoid_grad=sigmoid_grad, program=program, head_loop=head_loop,
+                          softcap_grad=softcap_grad)
     torch.cuda.synchronize()
-    refs = _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad, program)
+    refs = _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad, program, softcap_grad)
     for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
         assert torch.isfinite(got).all(), name
         err = ((got.double() - ref).abs().max() / ref.abs().max()).item()

@@ -49,19 +49,24 @@ def test_poly_split_configs_are_valid_stages():
             assert st.program == prog and st.poly_split == split
         for text in tuning:   # the forward tuning, as attn_fwd builds the config
             tun = poly_split._tuning(text)
+            for k in poly_split.BWD_KNOBS:   # a backward keyword: a valid side
+                if k in tun:
+                    from flash_attn_poly.kernels.score_stages_bwd import bwd_side
+                    bwd_side(mode, "poly", split, program=prog, **{k: tun.pop(k)})
             kw = dict(tun, **A._fixed_max_kw(mode, "bf16", 50.0, tun))
             A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", 128, True, **kw))
 
 
-def test_prepared_poly_split_selection_names_configs():
-    """The tail8 device phase's `poly_split.py --only` names are configs of bench/poly_split.py."""
+@pytest.mark.parametrize("phase,count", [("tail8", 7), ("grad", 5)])
+def test_prepared_poly_split_selection_names_configs(phase, count):
+    """A device phase's `poly_split.py --only` names are configs of bench/poly_split.py."""
     import re
     import poly_split
     text = open(os.path.join(os.path.dirname(__file__), "..", "bench", "h200_round.sh")).read()
-    body = text.split('"$phase" = tail8 ]', 1)[1].split("\nelif ", 1)[0]
+    body = text.split(f'"$phase" = {phase} ]', 1)[1].split("\nelif ", 1)[0]
     only = re.search(r'--only "([^"]*)"', body.replace("\\\n", "")).group(1).split(",")
     names = {poly_split._name(*c) for c in poly_split.CONFIGS}
-    assert len(only) == 7 and set(only) <= names, set(only) - names
+    assert len(only) == count and set(only) <= names, set(only) - names
 
 
 def test_call_timeline_splits_kernel_idle_and_host_late_time():

@@ -104,3 +104,24 @@ def test_sigmoid_f16_reference_rounds_p_to_bf16():
     import pytest as _pt
     with _pt.raises(ValueError):
         PR.sigmoid_fns(0.0, grad_rule="surrogate", program="sigmoid_attn_n4096_f16")
+
+
+def test_softcap_value_grad_rule():
+    """softcap_fns(grad_rule="value"): d logit/dx = 1 - t^2 of the program's own logit t*c
+    (kernels/score_stages_bwd.SoftcapBwd "value").  With the two-region FP16 program it is
+    within 7.3e-4 of 1 - tanh^2(x/c) up to the 150-logit clamp (the derivative block: 3.4e-3);
+    with the residual FP16 program within 8.4e-3 up to 100 logits (its block: 3.7e-2)."""
+    import numpy as np
+    from flash_attn_poly import poly_reference as PR
+    x = torch.linspace(-150, 150, 30001, dtype=torch.float64)
+    exact = 1 - torch.tanh(x / 50) ** 2
+    with pytest.raises(ValueError, match="grad_rule"):
+        PR.softcap_fns(50.0, "softcap_c50_f16", "exact")
+    for prog, lim, bound in [("softcap_c50_f16_tail", 150, 1e-3), ("softcap_c50_f16", 100, 1e-2)]:
+        fn, g_val = PR.softcap_fns(50.0, prog, "value")
+        _, g_blk = PR.softcap_fns(50.0, prog, "block")
+        t = fn(x) * float(np.float32(1 / 50))
+        assert torch.allclose(g_val(x), 1 - t * t, atol=1e-6)   # the rule, up to FP32 rounding
+        m = x.abs() <= lim
+        e_val, e_blk = [(g(x) - exact)[m].abs().max().item() for g in (g_val, g_blk)]
+        assert e_val < bound and e_val < e_blk / 3, (prog, e_val, e_blk)
