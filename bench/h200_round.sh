@@ -31,6 +31,8 @@
 #   bash bench/h200_round.sh lazy    # online softmax stale-max threshold (rescale_threshold=8): tests, timing D = 128 / 256 (not yet run)
 #   bash bench/h200_round.sh tail8   # softmax rescale_threshold=8 default: tests, D = 64 timing; poly_split tail / 1/16 / rsum rows
 #   bash bench/h200_round.sh grad    # softcap backward grad rule value / block x programs: tests, poly_split time + accuracy
+#   bash bench/h200_round.sh final11 # new softcap / softmax defaults: softcap GPU tests, Gemma-2 D = 256, goal pairs
+#   bash bench/h200_round.sh shuf    # every gqa_4096 row, shuffled order (the README table)
 #   bash bench/h200_round.sh acc     # fixed_max_rsum / rescale_threshold: tests, bench/fwd_knob_accuracy.py, timing D 128/256 (not yet run)
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
 #   bash bench/h200_round.sh pairs   # gqa_4096 --pairs: every goal pair timed alone, 5 repeats
@@ -282,6 +284,22 @@ elif [ "$phase" = grad ]; then   # softcap backward grad rules (value / block) x
 softcap/softcap_c50_f16 1/8 softcap_grad=block,softcap/softcap_c50_f16 1/8 softcap_grad=value,\
 softcap/softcap_c50_f16_tail 1/16 softcap_grad=block,softcap/softcap_c50_f16_tail 1/16 softcap_grad=value,\
 softcap/softcap_c50_f16_tail 1/8 softcap_grad=value" --json "$OUT/poly_split_grad.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = final11 ]; then   # softcap default two-region program 1/16 + value rule, softmax stale max: tests, Gemma-2, pairs
+  pt fwd_sc tests/test_attn_fwd_gpu.py -k softcap &
+  pt api_sc tests/test_api_gpu.py -k softcap &
+  pt bwd_sc tests/test_attn_bwd_gpu.py -k softcap &
+  pt win_sc tests/test_window_gpu.py -k softcap &
+  pt hf tests/test_transformers_gpu.py &
+  wait; tarup
+  t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
+  t gqa_pairs 110 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$OUT/gqa_4096_pairs.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = shuf ]; then   # every gqa_4096 row, shuffled order, graph columns
+  t gqa_shuf 330 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
+      --json "$OUT/gqa_4096_shuffle.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = acc ]; then   # forward normalisation knobs: GPU tests, accuracy (O, LSE), then timing

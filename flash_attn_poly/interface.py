@@ -170,12 +170,13 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     evaluator: "poly" runs a packed 16-bit polynomial program on part of the key columns
     (the rest on MUFU; kernels/score_stages.DEFAULT_POLY_SPLIT), "native" the MUFU instruction.
     program: with evaluator="poly", the coefficient-table entry to run (None: the default,
-    packed-FP16 "softcap_c50_f16" (D5) / "sigmoid_attn_n4096_f16" (D4); the seed's packed-BF16
-    programs are "softcap_c50" (D4) and "sigmoid_attn_n4096" (D3): a little faster, several
-    times less accurate at wide score spreads, bench/results/poly_split.md); softcap also has
-    "softcap_c50_f16_tail", a two-region FP16 program for spreads around std 20 (more
-    instructions; not yet timed on a GPU, docs/NOTES.md).  The reference backend always
-    computes the exact functions and ignores it.
+    packed-FP16 "softcap_c50_f16_tail" (two regions: D5 residual below |x/c| = 1, 1 - tanh
+    above; accurate up to the 150-logit clamp) / "sigmoid_attn_n4096_f16" (D4); softcap also
+    has the one-region "softcap_c50_f16" (D5 residual: about 2x native's error at score std
+    ~20, bench/results/poly_split_grad.md); the seed's packed-BF16 programs are "softcap_c50"
+    (D4) and "sigmoid_attn_n4096" (D3): several times less accurate at wide score spreads,
+    bench/results/poly_split.md).  The reference backend always computes the exact functions
+    and ignores it.
     backend: "auto" (CUDA kernels on sm_90, else the torch reference with a warning),
     "cuda", or "reference" (exact functions in FP32 torch; slow, any device).
     return_lse: also return the FP32 natural-log LSE (B, H_q, S_q) (softmax modes only).

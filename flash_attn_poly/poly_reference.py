@@ -18,7 +18,7 @@ from .fit import runtime
 SIGMOID_PROGRAM_N = 4096          # the sigmoid-attention program the kernels inline
 SOFTCAP_PROGRAM = "softcap_c50"
 SIGMOID_GRAD_RULE = "product"     # = kernels/score_stages_bwd.SigmoidBwd.grad_rule's default
-SOFTCAP_GRAD_RULE = "block"       # = kernels/score_stages_bwd.SoftcapBwd.grad_rule's default
+SOFTCAP_GRAD_RULE = "value"       # = kernels/score_stages_bwd.SoftcapBwd.grad_rule's default
 
 
 def _program(name: str) -> dict:

@@ -123,7 +123,11 @@ SIGMOID_BLOCKS = {"sigmoid_attn_n4096": ("sigmoid_fwd", "sigmoid_fwd_head", "sig
 # error is 7.5x native, the FP16 D5 program's 1.2-1.3x; sigmoid BF16 D3 2.7-9.5x, FP16 D4
 # 1.1-1.4x; the forward costs a few % more (softcap 1/4: 0.335 vs BF16 1/2 0.327 ms).
 # The BF16 programs (the seed's B2 / B3 blocks) stay selectable by name.
-DEFAULT_PROGRAM = {"softcap": "softcap_c50_f16", "sigmoid": "sigmoid_attn_n4096_f16"}
+# Softcap since 2026-11-30 (H200, 7537f4e, bench/results/poly_split_grad.md): the two-region FP16
+# program (residual D5 below |u| = 1, 1 - tanh above) at 1/16 with the backward's value rule:
+# O / dQ / dK / dV error 1.03x native at std ~20 (the residual at 1/8: 1.92 / 1.36 / 1.40 / 1.99x),
+# forward 0.289 ms and backward 0.853 vs the residual's 0.294 / 0.847 (native 0.287 / 0.821).
+DEFAULT_PROGRAM = {"softcap": "softcap_c50_f16_tail", "sigmoid": "sigmoid_attn_n4096_f16"}
 
 
 def sigmoid_blocks(program: str) -> tuple:
@@ -801,4 +805,7 @@ def make_stage(mode: str, evaluator: str = "native", **kw):
 #            O / dQ / dK / dV error at std ~20: 3.20 / 1.98 / 2.08 / 3.36, 2.41 / 1.61 / 1.67 /
 #            2.50, 1.92 / 1.36 / 1.40 / 1.99x native -> 1/8 (faster, and within 2x of the
 #            fixed-max native; 2.63 / 1.70 / 1.75 / 1.99x the online-max native of accuracy.md).
-DEFAULT_POLY_SPLIT = {"softcap": (1, 8), "sigmoid": (1, 8)}
+# Two-region FP16 softcap (the default program since then; bench/results/poly_split_grad.md, 7537f4e,
+# 9 alternating rounds): fwd 1/8 0.313, 1/16 0.289 ms; bwd (value rule) 0.890 / 0.853; error
+# 1.04-1.06 / 1.03x native at std ~20 -> 1/16.
+DEFAULT_POLY_SPLIT = {"softcap": (1, 16), "sigmoid": (1, 8)}

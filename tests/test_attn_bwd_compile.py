@@ -30,8 +30,9 @@ def _stl_bound(mode, evaluator) -> int:
 
 def _sass(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split=None, window=False,
           deterministic=False, families=None, dq_async=False, lpt=False, head_loop=False, program=None,
-          dq_tma=False, m_desc=False):
-    key = K.BwdKey(dtype, d, causal, bwd_side(mode, evaluator, poly_split, program=program), K.BwdTile.for_head_dim(d),
+          dq_tma=False, m_desc=False, softcap_grad=None):
+    key = K.BwdKey(dtype, d, causal, bwd_side(mode, evaluator, poly_split, program=program, softcap_grad=softcap_grad),
+                   K.BwdTile.for_head_dim(d),
                    window, window, deterministic, dq_async, lpt, head_loop=head_loop, dq_tma=dq_tma,
                    m_desc=m_desc)
     if key not in _SASS:
@@ -93,13 +94,15 @@ def test_d256_bwd_builds(mode, evaluator):
     """D = 256 (one 128-column chunk per CTA, S and dP over the full D): the S/dP products
     take 16 k-blocks instead of 8, so 48 HGMMA vs 32 at D = 128; the score stage is the
     D = 128 one (same MUFU counts).  ptxas spills one or two loop-invariant words (measured
-    softmax/native 2 STL + 2 LDL, softcap/poly 3 + 3: one LDL per query block, outside the
-    stage); more would mean the chunk bookkeeping costs registers in the loop."""
+    softmax/native 2 STL + 2 LDL, softcap/poly 3 + 3 with the one-region residual program; 7 + 7
+    with the two-region default (value rule; CPU SASS 2026-11-30); more would mean the chunk
+    bookkeeping costs registers in the loop."""
     n, n128 = _sass(mode, evaluator, d=256), _sass(mode, evaluator, d=128)
     assert n["HGMMA"] == 48 and n128["HGMMA"] == 32, (n, n128)
     for op in ("MUFU.EX2", "MUFU.TANH", "HFMA2"):
         assert n[op] == n128[op], (op, n, n128)
-    assert n["STL"] <= 3 and n["LDL"] <= 3, n
+    bound = 7 if (mode, evaluator) == ("softcap", "poly") else 3
+    assert n["STL"] <= bound and n["LDL"] <= bound, n
 
 
 @pytest.mark.compile
@@ -496,15 +499,17 @@ def test_dq_tma_is_refused_without_its_debug_variable(monkeypatch):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("split,stl_max", [(None, 16), ((1, 1), 8)], ids=["default-split", "all-block"])
-def test_softcap_tail_program_bwd_builds(split, stl_max):
-    """program="softcap_c50_f16_tail" (opt-in, not yet GPU-run): the backward recomputes the
-    forward's two-region logits (score_stages.softcap_combine) and takes d logit/dx from
-    softcap_bwd_f16x2_tail.  Measured (D=128 causal BF16, head_loop, dQ async, LPT): default
-    split 16 STL (both row paths per warp; the residual program's build: 1), all-block 8;
+@pytest.mark.parametrize("split,rule,stl_max", [(None, "value", 7), (None, "block", 16), ((1, 1), "block", 8)],
+                         ids=["default", "block-rule", "all-block-block-rule"])
+def test_softcap_tail_program_bwd_builds(split, rule, stl_max):
+    """program="softcap_c50_f16_tail" (the default since 2026-11-30): the backward recomputes the
+    forward's two-region logits (score_stages.softcap_combine) and takes d logit/dx as
+    1 - (logit/c)^2 ("value", default) or from softcap_bwd_f16x2_tail ("block").  Measured
+    (D=128 causal BF16, head_loop, dQ async, LPT, CPU SASS): default split, value 7 STL, block
+    16 (both row paths per warp; the one-region residual program's build: 1), all-block 8;
     no MUFU.TANH all-block."""
     n = _sass("softcap", "poly", poly_split=split, dq_async=True, lpt=True, head_loop=True,
-              program="softcap_c50_f16_tail")
+              program="softcap_c50_f16_tail", softcap_grad=rule)
     assert n["HGMMA"] > 0 and (n["MUFU.TANH"] == 0) == (split == (1, 1)), n
     assert n["STL"] <= stl_max, n
 
