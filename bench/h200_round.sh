@@ -297,6 +297,14 @@ elif [ "$phase" = final11 ]; then   # softcap default two-region program 1/16 + 
   t gqa_pairs 110 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$OUT/gqa_4096_pairs.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = fix11 ]; then   # the tests' constant-max model (attention_ref_lowprec fixed_max), then every gqa_4096 row shuffled
+  pt fwd_fm tests/test_attn_fwd_gpu.py -k "fixed_max" &
+  pt win_sc tests/test_window_gpu.py -k softcap &
+  wait; tarup
+  t gqa_shuf 330 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
+      --json "$OUT/gqa_4096_shuffle.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = shuf ]; then   # every gqa_4096 row, shuffled order, graph columns
   t gqa_shuf 330 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
       --json "$OUT/gqa_4096_shuffle.json"; tarup

@@ -100,11 +100,14 @@ def attention_ref(
 
 
 def attention_ref_lowprec(q, k, v, mode="softmax", *, causal=True, softcap=None, sigmoid_bias=None,
-                          softmax_scale=None, window_size=(-1, -1), score_fn=None):
+                          softmax_scale=None, window_size=(-1, -1), score_fn=None, fixed_max=None):
     """The same computation in the inputs' own precision pipeline: scores and the score
     function in FP32, probabilities rounded to q.dtype before the PV product, output in
     q.dtype. Its error against `attention_ref` sets the scale of what a kernel may be off
-    by (see flash_attn_poly.testing)."""
+    by (see flash_attn_poly.testing).  fixed_max (softmax modes): the constant row max m0 of
+    a kernel built with AttnFwdConfig.fixed_max: p = exp(logit - m0) is rounded to q.dtype for
+    the PV product and the row sum adds the unrounded p, so a row whose mass sits on one key
+    is off by that key's rounding (exactly 1 with the row's own max)."""
     s_q, s_k = q.shape[1], k.shape[1]
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     x = scores(q, k, scale, torch.float32)
@@ -123,6 +126,12 @@ def attention_ref_lowprec(q, k, v, mode="softmax", *, causal=True, softcap=None,
             x = score_fn(x).float() if score_fn is not None else softcap * torch.tanh(x / softcap)
         x = x.masked_fill(~allowed, float("-inf"))
         lse = torch.logsumexp(x, dim=-1)
+        if fixed_max is not None:
+            p = torch.exp(x - fixed_max)
+            rsum = p.sum(-1)
+            p = p.to(q.dtype).float() / torch.where(rsum > 0, rsum, 1.0)[..., None]
+            out = torch.einsum("bhqk,bkhd->bqhd", p, v_up.float()).to(q.dtype)
+            return out, lse
         p = torch.exp(x - lse[..., None]).nan_to_num(0.0)
     p = p.to(q.dtype).float()
     out = torch.einsum("bhqk,bkhd->bqhd", p, v_up.float()).to(q.dtype)

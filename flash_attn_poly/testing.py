@@ -38,6 +38,16 @@ def assert_close_rule(out: torch.Tensor, ref: torch.Tensor, ref_lowprec: torch.T
     return stats
 
 
+def fixed_max_m0(mode: str, dtype: torch.dtype, softcap, tuning=None):
+    """The constant row max (logits) the forward uses for these arguments (attn_fwd's
+    AttnFwdConfig.fixed_max choice), or None: for attention_ref_lowprec(fixed_max=...)."""
+    from .kernels import attn_fwd_sm90 as A, score_stages as S
+    cap = 50.0 if softcap is None else float(softcap)
+    dt = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    on = A._fixed_max_kw(mode, dt, cap, tuning).get("fixed_max") or bool((tuning or {}).get("fixed_max"))
+    return cap - S.FIXED_MAX_HEADROOM if on else None
+
+
 def poison_(t: torch.Tensor) -> torch.Tensor:
     """Fill an output buffer with NaN so an element the kernel never writes cannot pass."""
     return t.fill_(float("nan"))
