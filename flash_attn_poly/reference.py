@@ -149,9 +149,11 @@ def attention_ref_backward(
     softmax_scale: Optional[float] = None, window_size: tuple[int, int] = (-1, -1),
     score_fn: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
     score_grad_fn: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-    dtype: torch.dtype = torch.float64,
+    dtype: torch.dtype = torch.float64, out: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in `dtype` by the explicit backward formulas (no autograd needed).
+    out (softmax modes): a forward output to take D = rowsum(dO o out) from, as a backward
+    kernel does with the O it is given (None: D of the exact P).
 
     score_grad_fn(x) is the derivative the kernel uses for the score function: the
     capped-logit derivative d(softcap)/dx for softcap, the probability derivative for
@@ -187,6 +189,8 @@ def attention_ref_backward(
         logits = logits.masked_fill(~allowed, float("-inf"))
         p = torch.softmax(logits, dim=-1).nan_to_num(0.0)
         d_row = (p * dp).sum(-1, keepdim=True)  # = rowsum(dO * O)
+        if out is not None:
+            d_row = torch.einsum("bqhd,bqhd->bhq", do, out.to(dtype))[..., None]
         dx = p * (dp - d_row)
         if dcap is not None:
             dx = dx * dcap

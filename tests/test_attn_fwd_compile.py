@@ -140,10 +140,10 @@ def test_window_builds_hgmma_no_spills(mode, evaluator, causal, left, right):
     win = {k: True for k, on in (("window_left", left), ("window_right", right)) if on}
     n = _counts(mode, evaluator, 128, causal, **win)
     base = _counts(mode, evaluator, 128, causal)
-    # softcap/poly: the two-region default program's left-window build spills 2 words (CPU SASS,
-    # 2026-11-30; the one-region residual program's: none)
+    # softcap/poly: the two-region default program's left-window build spills 2 words (2 STL,
+    # 4 LDL; CPU SASS, 2026-11-30; the one-region residual program's: none)
     bound = 2 if (mode, evaluator) == ("softcap", "poly") else 0
-    assert n["HGMMA"] > 0 and n["STL"] <= bound and n["LDL"] <= bound, n
+    assert n["HGMMA"] > 0 and n["STL"] <= bound and n["LDL"] <= 2 * bound, n
     if left:
         assert n["HGMMA"] > base["HGMMA"], (n["HGMMA"], base["HGMMA"])
 

@@ -145,3 +145,18 @@ def test_lowprec_fixed_max_models_the_constant_row_max():
     e_fixed = (attention_ref_lowprec(q, k, v, "softcap", causal=True, softcap=50.0, fixed_max=30.0)[0].double()
                - ref).abs().max()
     assert 0 < e_fixed < 4 * e_plain, (e_fixed, e_plain)
+
+
+def test_ref_backward_takes_d_from_a_given_output():
+    """attention_ref_backward(out=O): D = rowsum(dO o O) from that O, as a backward kernel
+    takes it; the exact O gives the same gradients, a perturbed one moves dq/dk, not dv."""
+    from flash_attn_poly.reference import attention_ref_backward
+    g = torch.Generator().manual_seed(5)
+    q, k, v, do = (torch.randn(1, 40, 2, 16, generator=g, dtype=torch.float64) for _ in range(4))
+    kw = dict(causal=True, softcap=50.0)
+    o, _ = attention_ref(q, k, v, "softcap", **kw)
+    base = attention_ref_backward(do, q, k, v, "softcap", **kw)
+    same = attention_ref_backward(do, q, k, v, "softcap", out=o, **kw)
+    moved = attention_ref_backward(do, q, k, v, "softcap", out=o * (1 + 2 ** -9), **kw)
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(base, same))
+    assert not torch.allclose(moved[0], base[0], atol=1e-9) and torch.equal(moved[2], base[2])

@@ -74,7 +74,10 @@ def test_window_fwd_bwd_match_reference(case, mode, evaluator, **bwd_kw):
         seen = torch.isfinite(lse_ref)          # rows with no key: LSE = -inf in both
         assert torch.equal(seen, torch.isfinite(lse)), "rows without keys differ"
         assert (lse[seen].double() - lse_ref[seen]).abs().max().item() < 5e-2
-    refs = reference.attention_ref_backward(do, q, k, v, mode, score_grad_fn=grad_fn, **kw)
+    # the constant row max's O is off by up to 2^-9 on a row's dominant key (exact: 1), and
+    # D = rowsum(dO o O) carries it: the backward is checked against the O it was given there
+    fixed = testing.fixed_max_m0(mode, q.dtype, softcap) is not None
+    refs = reference.attention_ref_backward(do, q, k, v, mode, score_grad_fn=grad_fn, out=o if fixed else None, **kw)
     scale = max(r.abs().max().item() for r in refs)
     for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
         assert torch.isfinite(got).all(), name
