@@ -18,7 +18,8 @@ from .fit import runtime
 SIGMOID_PROGRAM_N = 4096          # the sigmoid-attention program the kernels inline
 SOFTCAP_PROGRAM = "softcap_c50"
 SIGMOID_GRAD_RULE = "product"     # = kernels/score_stages_bwd.SigmoidBwd.grad_rule's default
-SOFTCAP_GRAD_RULE = "value"       # = kernels/score_stages_bwd.SoftcapBwd.grad_rule's default
+# softcap d logit/dx rule by default: "value" for FP16 programs, "block" for BF16 ones
+# (= kernels/score_stages_bwd.default_softcap_grad)
 
 
 def _program(name: str) -> dict:
@@ -68,10 +69,10 @@ def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM, grad_rule: str =
     """(score_fn, score_grad_fn): logit = x_c - c*rho(x_c/c) and d logit/dx, by grad_rule
     (kernels/score_stages_bwd.SoftcapBwd.grad_rule): "block" replays the _grad program,
     "value" is 1 - t^2 of t = logit * fp32(1/c) in FP32."""
-    grad_rule = grad_rule or SOFTCAP_GRAD_RULE
+    prog, grad = _program(program), _program(program + "_grad")
+    grad_rule = grad_rule or ("value" if prog.get("dtype") == "f16" else "block")
     if grad_rule not in ("block", "value"):
         raise ValueError(f"softcap grad_rule must be 'block' or 'value', got {grad_rule!r}")
-    prog, grad = _program(program), _program(program + "_grad")
     prog = {**prog, "params": {**prog["params"], "c": softcap}}
     lim = softcap * prog["L_c"]
     inv_c = runtime.round_to(1.0 / softcap, "f32")

@@ -898,8 +898,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     stages: Q/dO pipeline depth for D <= 128 (None: BwdTile.for_head_dim's; a timing knob).
     sigmoid_grad: sigmoid poly block columns' sigma' rule, "product" (default) or "surrogate"
     (score_stages_bwd.SigmoidBwd.grad_rule).
-    softcap_grad: softcap poly block columns' d logit/dx rule, "value" (default) or "block"
-    (score_stages_bwd.SoftcapBwd.grad_rule).
+    softcap_grad: softcap poly block columns' d logit/dx rule, "value" or "block" (None: "value"
+    for the FP16 programs, "block" for the seed's BF16 one; score_stages_bwd.SoftcapBwd.grad_rule).
     mainloop: 1 or 2, the per-query-block order (None: MAINLOOP_DEFAULT; a timing knob; the
     split-warpgroup build has its own loop).
     v_with_do: V on the first dO stage's barrier, loads issued K, Q, V, dO (None:

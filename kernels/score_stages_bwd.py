@@ -44,6 +44,12 @@ SIGMOID_GRAD_RULES = ("product", "surrogate")
 SOFTCAP_GRAD_RULES = ("value", "block")
 
 
+def default_softcap_grad(program: str) -> str:
+    """The softcap poly side's default rule: "value" for FP16 programs, "block" for the seed's
+    BF16 one (flash_attn_poly.poly_reference applies the same rule)."""
+    return "value" if _program(program)["dtype"] == "f16" else "block"
+
+
 def _exp2(x):
     return cute.math.exp2(x, fastmath=True)  # ex2.approx.ftz: one MUFU.EX2
 
@@ -103,11 +109,13 @@ class SoftcapBwd(_PolySplit):
     evaluator: str = "native"
     poly_split: tuple = None
     program: str = DEFAULT_PROGRAM["softcap"]
-    # "value" since 2026-11-30 (H200, 7537f4e, bench/results/poly_split_grad.md): with the
-    # two-region program at 1/16 the backward takes 0.853 ms vs "block"'s 0.877 (CPU SASS: 7 STL
-    # vs 16 in the head-loop build), same gradient error (1.03x native); its d logit/dx is within
-    # 7.3e-4 of 1 - tanh^2 up to the clamp, the derivative block's within 3.4e-3
-    grad_rule: str = "value"
+    # None: default_softcap_grad(program): "value" for the FP16 programs since 2026-11-30 (H200,
+    # 7537f4e, bench/results/poly_split_grad.md: with the two-region program at 1/16 the
+    # backward takes 0.853 ms vs "block"'s 0.877, CPU SASS 7 STL vs 16 in the head-loop build,
+    # same gradient error, 1.03x native; its d logit/dx is within 7.3e-4 of 1 - tanh^2 up to
+    # the clamp, the derivative block's 3.4e-3); "block" for the seed's BF16 program (B2 as
+    # the seed builds it; the value rule spills 5 words there at 1/2, CPU SASS)
+    grad_rule: str = None
     clamp_l: float = field(default=0.0, init=False)
     tail_u: float = field(default=0.0, init=False)    # two-region program: FP32 |u| threshold
     mode = "softcap"
@@ -116,6 +124,8 @@ class SoftcapBwd(_PolySplit):
 
     def __post_init__(self):
         self._init_split()
+        if self.grad_rule is None:
+            object.__setattr__(self, "grad_rule", default_softcap_grad(self.program))
         if self.grad_rule not in SOFTCAP_GRAD_RULES:
             raise ValueError(f"softcap grad_rule must be one of {SOFTCAP_GRAD_RULES}, got {self.grad_rule!r}")
         if self.evaluator == "poly":

@@ -304,6 +304,23 @@ def test_sigmoid_grad_rule_default_matches_the_reference():
         bwd_side("sigmoid", "poly", sigmoid_grad="exact")
 
 
+@pytest.mark.parametrize("program,rule", [(None, "value"), ("softcap_c50_f16_tail", "value"),
+                                          ("softcap_c50_f16", "value"), ("softcap_c50", "block")])
+def test_softcap_grad_rule_default_matches_the_reference(program, rule):
+    """The softcap poly side's default d logit/dx rule ("value" for FP16 programs, "block" for
+    the seed's BF16 B2) is the one the reference replays by default."""
+    import torch
+    from flash_attn_poly import poly_reference as PR
+    side = bwd_side("softcap", "poly", program=program)
+    assert side.grad_rule == rule
+    x = torch.linspace(-120, 120, 2001, dtype=torch.float64)
+    _, g_default = PR.softcap_fns(50.0, side.program)
+    _, g_rule = PR.softcap_fns(50.0, side.program, rule)
+    assert torch.equal(g_default(x), g_rule(x))
+    with pytest.raises(ValueError, match="grad_rule"):
+        bwd_side("softcap", "poly", softcap_grad="exact")
+
+
 @pytest.mark.compile
 def test_sigmoid_poly_bwd_product_rule_is_shorter():
     """BF16 D3 program at 1/4: grad_rule "product" runs the 17-instruction forward block (3 packed FMAs, 2 squarings)
