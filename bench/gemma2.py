@@ -30,11 +30,12 @@ def _window(local: bool):
     return (WINDOW - 1, 0) if local else (-1, -1)
 
 
-def ours(evaluator, local):
+def ours(evaluator, local, program=None):
     import flash_attn_poly
+    kw = {"program": program} if program else {}
     return lambda q, k, v: flash_attn_poly.attention(
         q, k, v, "softcap", causal=True, softcap=SOFTCAP, evaluator=evaluator,
-        window_size=_window(local), backend="cuda")
+        window_size=_window(local), backend="cuda", **kw)
 
 
 def fa4(local):
@@ -84,9 +85,16 @@ def sdpa(local):
     return f
 
 
-def rows(local):
-    out = {"ours/native": lambda: ours("native", local), "ours/poly": lambda: ours("poly", local),
-           "fa4/softcap": lambda: fa4(local), "eager/softcap": lambda: eager(local), "sdpa/no-softcap": lambda: sdpa(local)}
+def rows(local, programs=(), impls=None):
+    """name -> row maker; programs: extra ours/poly rows with these table programs; impls: keep
+    the rows whose name starts with one of these prefixes (e.g. "ours"; None: all)."""
+    out = {"ours/native": lambda: ours("native", local), "ours/poly": lambda: ours("poly", local)}
+    for prog in programs:
+        out[f"ours/poly {prog}"] = lambda prog=prog: ours("poly", local, prog)
+    out.update({"fa4/softcap": lambda: fa4(local), "eager/softcap": lambda: eager(local),
+                "sdpa/no-softcap": lambda: sdpa(local)})
+    if impls:
+        out = {n: f for n, f in out.items() if n.split("/")[0] in impls}
     return out
 
 
@@ -133,7 +141,7 @@ def run(args):
     for layer in ("global", "local"):
         local = layer == "local"
         fwd_fns, step_fns, skipped = {}, {}, {}
-        for name, make in rows(local).items():
+        for name, make in rows(local, args.programs, args.impls).items():
             try:
                 fwd_fns[name], st = _step(make, args)
                 if st is not None:
@@ -162,6 +170,10 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--programs", type=lambda s: [x for x in s.split(",") if x], default=[],
+                   help="extra ours/poly rows with these programs, e.g. softcap_c50_f16")
+    p.add_argument("--impls", type=lambda s: set(s.split(",")), default=None,
+                   help="rows of these implementations only: ours, fa4, eager, sdpa (default: all)")
     p.add_argument("--json", help="write results here")
     args = p.parse_args(argv)
     res = run(args)

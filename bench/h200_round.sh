@@ -32,6 +32,7 @@
 #   bash bench/h200_round.sh tail8   # softmax rescale_threshold=8 default: tests, D = 64 timing; poly_split tail / 1/16 / rsum rows
 #   bash bench/h200_round.sh grad    # softcap backward grad rule value / block x programs: tests, poly_split time + accuracy
 #   bash bench/h200_round.sh final11 # new softcap / softmax defaults: softcap GPU tests, Gemma-2 D = 256, goal pairs
+#   bash bench/h200_round.sh next12  # Gemma-2 D = 256 with the one-region softcap program beside the default; sigmoid 1/16 (not yet run)
 #   bash bench/h200_round.sh shuf    # every gqa_4096 row, shuffled order (the README table)
 #   bash bench/h200_round.sh acc     # fixed_max_rsum / rescale_threshold: tests, bench/fwd_knob_accuracy.py, timing D 128/256 (not yet run)
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
@@ -303,6 +304,12 @@ elif [ "$phase" = fix11 ]; then   # the tests' constant-max model (attention_ref
   wait; tarup
   t gqa_shuf 330 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
       --json "$OUT/gqa_4096_shuffle.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = next12 ]; then   # prepared (not run): Gemma-2 D = 256 one- vs two-region softcap program; sigmoid 1/16 rows
+  t g256 200 python3 bench/gemma2.py --programs softcap_c50_f16 --impls ours,fa4 --json "$OUT/gemma2_d256_programs.json"; tarup
+  t split_sig 240 python3 bench/poly_split.py --modes sigmoid --rounds 9 --only "sigmoid/sigmoid_attn_n4096_f16 1/8,\
+sigmoid/sigmoid_attn_n4096_f16 1/16,sigmoid/sigmoid_attn_n4096 1/16" --json "$OUT/poly_split_sigmoid16.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = shuf ]; then   # every gqa_4096 row, shuffled order, graph columns

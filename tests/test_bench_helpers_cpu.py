@@ -57,7 +57,7 @@ def test_poly_split_configs_are_valid_stages():
             A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", 128, True, **kw))
 
 
-@pytest.mark.parametrize("phase,count", [("tail8", 7), ("grad", 5)])
+@pytest.mark.parametrize("phase,count", [("tail8", 7), ("grad", 5), ("next12", 3)])
 def test_prepared_poly_split_selection_names_configs(phase, count):
     """A device phase's `poly_split.py --only` names are configs of bench/poly_split.py."""
     import re
