@@ -131,7 +131,8 @@ class AttnFwdConfig:
     # safe).  attn_fwd turns it on per call, where the cap value is known
     fixed_max: bool = False
     # fixed_max only: the row sum adds the BF16-rounded P the PV product uses (+3 ops per score
-    # pair), recovering most of the accuracy the constant max costs (CPU emulation; not GPU-run)
+    # pair): O error 1.05-1.07x the online max's, but dV 1.15-1.23x the default's and native 3-4%
+    # slower (H200, 13fa83b, bench/results/fwd_knob_accuracy.md, poly_split_tail.md): off
     fixed_max_rsum: bool = False
     # online softmax (softmax, and softcap without fixed_max): keep a row's stale max until a
     # block raises it by more than this many log2 units (p <= 2^t), and skip the O rescale of
