@@ -76,6 +76,17 @@ all_gpu_tests() {   # every GPU test file, in parallel processes (compile is CPU
   pt elem tests/test_elementwise_gpu.py "$@" &
   wait
 }
+softcap_round() {   # softcap GPU tests in parallel ($1 = 1: the window tests too), then Gemma-2 D = 256
+  # and the goal pairs ($2: their time budget, s)
+  pt fwd_sc tests/test_attn_fwd_gpu.py -k softcap &
+  pt api_sc tests/test_api_gpu.py -k softcap &
+  pt bwd_sc tests/test_attn_bwd_gpu.py -k softcap &
+  [ "$1" = 1 ] && pt win_sc tests/test_window_gpu.py -k softcap &
+  pt hf tests/test_transformers_gpu.py &
+  wait; tarup
+  t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
+  t gqa_pairs "$2" python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$OUT/gqa_4096_pairs.json"; tarup
+}
 if [ "$phase" = tests ] || [ "$phase" = tests_split ]; then
   all_gpu_tests
   [ "$phase" = tests_split ] && t split_wg_time 200 python3 bench/attn_bwd_check.py --skip-check --split-wg
@@ -247,13 +258,7 @@ elif [ "$phase" = fixmax2 ]; then   # under fixed_max: mended tests, softcap pro
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = final10 ]; then   # softcap poly split 1/8 default + fixed_max: softcap GPU tests, Gemma-2 D = 256, pairs
-  pt fwd_sc tests/test_attn_fwd_gpu.py -k softcap &
-  pt api_sc tests/test_api_gpu.py -k softcap &
-  pt bwd_sc tests/test_attn_bwd_gpu.py -k softcap &
-  pt hf tests/test_transformers_gpu.py &
-  wait; tarup
-  t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
-  t gqa_pairs 100 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$OUT/gqa_4096_pairs.json"; tarup
+  softcap_round 0 100
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = lazy ]; then   # online-softmax stale-max threshold (rescale_threshold=8): its GPU tests, then forward timing
@@ -288,14 +293,7 @@ softcap/softcap_c50_f16_tail 1/8 softcap_grad=value" --json "$OUT/poly_split_gra
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = final11 ]; then   # softcap default two-region program 1/16 + value rule, softmax stale max: tests, Gemma-2, pairs
-  pt fwd_sc tests/test_attn_fwd_gpu.py -k softcap &
-  pt api_sc tests/test_api_gpu.py -k softcap &
-  pt bwd_sc tests/test_attn_bwd_gpu.py -k softcap &
-  pt win_sc tests/test_window_gpu.py -k softcap &
-  pt hf tests/test_transformers_gpu.py &
-  wait; tarup
-  t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
-  t gqa_pairs 110 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$OUT/gqa_4096_pairs.json"; tarup
+  softcap_round 1 110
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = fix11 ]; then   # the tests' constant-max model (attention_ref_lowprec fixed_max), then every gqa_4096 row shuffled

@@ -58,9 +58,13 @@ BWD_KNOBS = ("softcap_grad",)   # attn_bwd keyword arguments (string values); th
 
 
 def _tuning(text: str) -> dict:
-    """'name=value+...' -> {name: int, or str for BWD_KNOBS}."""
-    pairs = [kv.split("=") for kv in text.split("+")] if text else []
-    return {k: (x if k in BWD_KNOBS else int(x)) for k, x in pairs}
+    """'name=value+...' -> {name: value}: BWD_KNOBS as strings, the rest as bench/fwd_tuning.py
+    parses forward knobs."""
+    from fwd_tuning import _knob
+    parts = text.split("+") if text else []
+    bwd = dict(p.split("=") for p in parts if p.split("=")[0] in BWD_KNOBS)
+    fwd = "+".join(p for p in parts if p.split("=")[0] not in BWD_KNOBS)
+    return {**(_knob(fwd) if fwd else {}), **bwd}
 
 
 def _calls(mode, prog, split, q, k, v, do, tuning=""):

@@ -116,7 +116,7 @@ def attention_ref_lowprec(q, k, v, mode="softmax", *, causal=True, softcap=None,
         allowed &= causal_mask(s_q, s_k, device=q.device)
     h_q, h_kv = q.shape[2], v.shape[2]
     v_up = repeat(v, "b s h d -> b s (h g) d", g=h_q // h_kv)
-    lse = None
+    lse, rsum = None, None
     if mode == "sigmoid":
         bias = sigmoid_bias if sigmoid_bias is not None else default_sigmoid_bias(s_k)
         p = score_fn(x).float() if score_fn is not None else torch.sigmoid(x + bias)
@@ -126,14 +126,14 @@ def attention_ref_lowprec(q, k, v, mode="softmax", *, causal=True, softcap=None,
             x = score_fn(x).float() if score_fn is not None else softcap * torch.tanh(x / softcap)
         x = x.masked_fill(~allowed, float("-inf"))
         lse = torch.logsumexp(x, dim=-1)
-        if fixed_max is not None:
+        if fixed_max is not None:   # unnormalised p against m0; O divided by their FP32 sum
             p = torch.exp(x - fixed_max)
             rsum = p.sum(-1)
-            p = p.to(q.dtype).float() / torch.where(rsum > 0, rsum, 1.0)[..., None]
-            out = torch.einsum("bhqk,bkhd->bqhd", p, v_up.float()).to(q.dtype)
-            return out, lse
-        p = torch.exp(x - lse[..., None]).nan_to_num(0.0)
+        else:
+            p = torch.exp(x - lse[..., None]).nan_to_num(0.0)
     p = p.to(q.dtype).float()
+    if rsum is not None:
+        p = p / torch.where(rsum > 0, rsum, 1.0)[..., None]
     out = torch.einsum("bhqk,bkhd->bqhd", p, v_up.float()).to(q.dtype)
     return out, lse
 

@@ -476,7 +476,8 @@ def test_fixed_max_rsum_rounds_p_before_the_row_sum(evaluator):
     """AttnFwdConfig(fixed_max=True, fixed_max_rsum=True): each P pair is packed to BF16 and
     unpacked (shift / mask) before the row sum, so the interior loop gains one F2FP and two
     ALU ops per pair (D=128: 32 pairs per thread and block) and nothing else; no C7513, no
-    spills.  Not GPU-run yet; the accuracy it should recover is in docs/NOTES_attn_fwd.md."""
+    spills.  Off by default: on the H200 (13fa83b) it brought O error to 1.05-1.07x the online
+    max's but dV to 1.15-1.23x the default's (docs/NOTES_attn_fwd.md, fifth session)."""
     from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
 
     def interior(**kw):
