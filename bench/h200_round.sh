@@ -33,6 +33,7 @@
 #   bash bench/h200_round.sh grad    # softcap backward grad rule value / block x programs: tests, poly_split time + accuracy
 #   bash bench/h200_round.sh final11 # new softcap / softmax defaults: softcap GPU tests, Gemma-2 D = 256, goal pairs
 #   bash bench/h200_round.sh next12  # Gemma-2 D = 256 with the one-region softcap program beside the default; sigmoid 1/16 (not yet run)
+#   bash bench/h200_round.sh rest13  # window (softmax, sigmoid), deterministic, pre/post, torch.compile, elementwise, asm GPU tests
 #   bash bench/h200_round.sh shuf    # every gqa_4096 row, shuffled order (the README table)
 #   bash bench/h200_round.sh acc     # fixed_max_rsum / rescale_threshold: tests, bench/fwd_knob_accuracy.py, timing D 128/256 (not yet run)
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
@@ -308,6 +309,16 @@ elif [ "$phase" = next12 ]; then   # prepared (not run): Gemma-2 D = 256 one- vs
   t g256 200 python3 bench/gemma2.py --programs softcap_c50_f16 --impls ours,fa4 --json "$OUT/gemma2_d256_programs.json"; tarup
   t split_sig 240 python3 bench/poly_split.py --modes sigmoid --rounds 9 --only "sigmoid/sigmoid_attn_n4096_f16 1/8,\
 sigmoid/sigmoid_attn_n4096_f16 1/16,sigmoid/sigmoid_attn_n4096 1/16" --json "$OUT/poly_split_sigmoid16.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = rest13 ]; then   # GPU test files not re-run since the 2026-11-30 defaults (rescale_threshold 8, tail 1/16, value grad)
+  pt win_rest tests/test_window_gpu.py -k "not softcap" &
+  pt det tests/test_attn_bwd_deterministic_gpu.py &
+  pt prepost tests/test_attn_bwd_prepost_gpu.py &
+  pt compile tests/test_compile_gpu.py &
+  pt elem tests/test_elementwise_gpu.py &
+  pt asm tests/test_asm_gpu.py &
+  wait; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = shuf ]; then   # every gqa_4096 row, shuffled order, graph columns
