@@ -172,7 +172,7 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--programs", type=lambda s: [x for x in s.split(",") if x], default=[],
                    help="extra ours/poly rows with these programs, e.g. softcap_c50_f16")
-    p.add_argument("--impls", type=lambda s: set(s.split(",")), default=None,
+    p.add_argument("--impls", type=lambda s: [x for x in s.split(",") if x], default=None,
                    help="rows of these implementations only: ours, fa4, eager, sdpa (default: all)")
     p.add_argument("--json", help="write results here")
     args = p.parse_args(argv)

@@ -319,6 +319,10 @@ elif [ "$phase" = rest13 ]; then   # GPU test files not re-run since the 2026-11
   pt elem tests/test_elementwise_gpu.py &
   pt asm tests/test_asm_gpu.py &
   wait; tarup
+  pt fwd_sig tests/test_attn_fwd_gpu.py -k sigmoid &   # sigmoid poly default moved to 1/16
+  pt bwd_sig tests/test_attn_bwd_gpu.py -k sigmoid &
+  pt api_sig tests/test_api_gpu.py -k sigmoid &
+  wait; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = shuf ]; then   # every gqa_4096 row, shuffled order, graph columns

@@ -141,15 +141,14 @@ def run(args) -> dict:
 
 
 def markdown(res) -> str:
-    cols = ["config", "fwd_ms", "bwd_ms"] + [c for c in res["rows"][0] if c.startswith("/native@")]
-    sig = [r for r in res["rows"] if r["mode"] == "sigmoid"]
     lines = [f"# Poly program x split ({res['device']}, {res['date']}, commit {res['commit']})", "",
              f"Protocol: {res['protocol']}.", "", protocol.doc_body(__doc__), "",
-             "`/native@s`: O / dQ / dK / dV error of the row divided by the native row's, at spread s.", "",
-             protocol.markdown_table([r for r in res["rows"] if r["mode"] == "softcap"], cols)]
-    if sig:
-        cols = ["config", "fwd_ms", "bwd_ms"] + [c for c in sig[0] if c.startswith("/native@")]
-        lines += ["", protocol.markdown_table(sig, cols)]
+             "`/native@s`: O / dQ / dK / dV error of the row divided by the native row's, at spread s."]
+    for mode in ("softcap", "sigmoid"):   # one table per mode run (their spreads differ)
+        rows = [r for r in res["rows"] if r["mode"] == mode]
+        if rows:
+            cols = ["config", "fwd_ms", "bwd_ms"] + [c for c in rows[0] if c.startswith("/native@")]
+            lines += ["", protocol.markdown_table(rows, cols)]
     return "\n".join(lines) + "\n"
 
 

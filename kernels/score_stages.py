@@ -808,4 +808,7 @@ def make_stage(mode: str, evaluator: str = "native", **kw):
 # Two-region FP16 softcap (the default program since then; bench/results/poly_split_grad.md, 7537f4e,
 # 9 alternating rounds): fwd 1/8 0.313, 1/16 0.289 ms; bwd (value rule) 0.890 / 0.853; error
 # 1.04-1.06 / 1.03x native at std ~20 -> 1/16.
-DEFAULT_POLY_SPLIT = {"softcap": (1, 16), "sigmoid": (1, 8)}
+# Sigmoid FP16 program on 1/16 (bench/results/poly_split_sigmoid16.md, f4f609b, 9 alternating
+# rounds): fwd 1/8 0.248, 1/16 0.234 ms (native 0.231); bwd 0.751 / 0.757 (native 0.750); error
+# at std 1.7: 1.12-1.24 / 1.06-1.12x native -> 1/16.
+DEFAULT_POLY_SPLIT = {"softcap": (1, 16), "sigmoid": (1, 16)}
