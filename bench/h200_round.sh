@@ -34,6 +34,7 @@
 #   bash bench/h200_round.sh final11 # new softcap / softmax defaults: softcap GPU tests, Gemma-2 D = 256, goal pairs
 #   bash bench/h200_round.sh next12  # Gemma-2 D = 256 with the one-region softcap program beside the default; sigmoid 1/16 (not yet run)
 #   bash bench/h200_round.sh rest13  # window (softmax, sigmoid), deterministic, pre/post, torch.compile, elementwise, asm GPU tests
+#   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh shuf    # every gqa_4096 row, shuffled order (the README table)
 #   bash bench/h200_round.sh acc     # fixed_max_rsum / rescale_threshold: tests, bench/fwd_knob_accuracy.py, timing D 128/256 (not yet run)
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
@@ -323,6 +324,13 @@ elif [ "$phase" = rest13 ]; then   # GPU test files not re-run since the 2026-11
   pt bwd_sig tests/test_attn_bwd_gpu.py -k sigmoid &
   pt api_sig tests/test_api_gpu.py -k sigmoid &
   wait; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = final13 ]; then   # pre/post tests (zero_dq bound), Gemma-2 D = 256 programs (JSON), every gqa_4096 row shuffled
+  pt prepost tests/test_attn_bwd_prepost_gpu.py; tarup
+  t g256 150 python3 bench/gemma2.py --programs softcap_c50_f16 --impls ours,fa4 --json "$OUT/gemma2_d256_programs.json"; tarup
+  t gqa_shuf 330 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
+      --json "$OUT/gqa_4096_shuffle.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = shuf ]; then   # every gqa_4096 row, shuffled order, graph columns

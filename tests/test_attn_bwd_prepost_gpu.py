@@ -190,7 +190,9 @@ ZERO_DQ_E2E = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode, evaluator)
 @pytest.mark.parametrize("case", ZERO_DQ_E2E, ids=str)
 def test_attn_bwd_zero_dq_in_pre(case):
     """head_loop backward with the dQ accumulator zeroed by the pre kernel vs by a memset:
-    the same sums up to the dQ reductions' order (norm-relative 1e-5)."""
+    the same sums up to the order of the FP32 dQ atomics, which can flip BF16 roundings of dQ
+    (one ulp = 2^-8 relative; a 1/16 of elements flipped is rel L2 ~1e-3): bound 2e-3, far
+    below what a missed or doubled zeroing gives (NaN from the poisoned pool, or O(1))."""
     from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
     b, sq, sk, hq, hkv, d, causal, mode, ev = case
     g = torch.Generator(device="cuda").manual_seed(sq + d)
@@ -206,4 +208,4 @@ def test_attn_bwd_zero_dq_in_pre(case):
     from flash_attn_poly.testing import rel_l2_err
     for name, a, r in zip(("dq", "dk", "dv"), got, ref):
         assert torch.isfinite(a).all(), name
-        assert rel_l2_err(a, r) < 1e-5, (name, rel_l2_err(a, r))
+        assert rel_l2_err(a, r) < 2e-3, (name, rel_l2_err(a, r))
