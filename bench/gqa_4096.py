@@ -43,9 +43,9 @@ class Row:
 
 # the seed's packed-BF16 programs (attention(program=...)), timed beside the default FP16 ones
 BF16_PROGRAMS = {"softcap": "softcap_c50", "sigmoid": "sigmoid_attn_n4096"}
-# the one-region FP16 D5 residual softcap (the default program until 2026-11-30, when the
-# two-region one replaced it: score_stages.DEFAULT_PROGRAM)
-RESIDUAL_PROGRAM = "softcap_c50_f16"
+# the two-region FP16 softcap (residual D5 below |x/c| = 1, 1 - tanh above; the default program for
+# part of 2026-11-30, more accurate at saturating spreads, slower backward: score_stages.DEFAULT_PROGRAM)
+TWO_REGION_PROGRAM = "softcap_c50_f16_tail"
 
 
 def ours(mode: str, evaluator: str, program: str = "") -> Row:
@@ -132,7 +132,7 @@ def all_rows(bf16: bool = True) -> list[Row]:
             ours("sigmoid", "native"), ours("sigmoid", "poly")]
     if bf16:
         rows += [ours(m, "poly", p) for m, p in BF16_PROGRAMS.items()]
-        rows.append(ours("softcap", "poly", RESIDUAL_PROGRAM))
+        rows.append(ours("softcap", "poly", TWO_REGION_PROGRAM))
     rows += [r for r in (fa4("softmax"), fa4("softcap"), fa4_poly_softcap()) if r is not None]
     rows += [sdpa_cudnn(), flex_softcap(), compiled_sigmoid()]
     return rows
@@ -281,10 +281,10 @@ def ratio_pairs() -> dict:
              "softcap poly bf16 program vs default (f16)": (("ours", "softcap", "poly", ""), sc_bf16),
              "sigmoid poly bf16 program vs FA4 softmax": (("fa4", "softmax", "native", ""), sg_bf16),
              "sigmoid poly bf16 program vs default (f16)": (("ours", "sigmoid", "poly", ""), sg_bf16),
-             "softcap poly residual program vs FA4 softcap": (("fa4", "softcap", "native", ""),
-                                                              ("ours", "softcap", "poly", RESIDUAL_PROGRAM)),
-             "softcap poly residual program vs default": (("ours", "softcap", "poly", ""),
-                                                          ("ours", "softcap", "poly", RESIDUAL_PROGRAM))}
+             "softcap poly two-region program vs FA4 softcap": (("fa4", "softcap", "native", ""),
+                                                              ("ours", "softcap", "poly", TWO_REGION_PROGRAM)),
+             "softcap poly two-region program vs default": (("ours", "softcap", "poly", ""),
+                                                          ("ours", "softcap", "poly", TWO_REGION_PROGRAM))}
 
 
 def ratios(rows: list[dict]) -> dict:

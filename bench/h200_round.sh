@@ -35,6 +35,7 @@
 #   bash bench/h200_round.sh next12  # Gemma-2 D = 256 with the one-region softcap program beside the default; sigmoid 1/16 (not yet run)
 #   bash bench/h200_round.sh rest13  # window (softmax, sigmoid), deterministic, pre/post, torch.compile, elementwise, asm GPU tests
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
+#   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh shuf    # every gqa_4096 row, shuffled order (the README table)
 #   bash bench/h200_round.sh acc     # fixed_max_rsum / rescale_threshold: tests, bench/fwd_knob_accuracy.py, timing D 128/256 (not yet run)
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
@@ -331,6 +332,17 @@ elif [ "$phase" = final13 ]; then   # pre/post tests (zero_dq bound), Gemma-2 D 
   t g256 150 python3 bench/gemma2.py --programs softcap_c50_f16 --impls ours,fa4 --json "$OUT/gemma2_d256_programs.json"; tarup
   t gqa_shuf 330 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
       --json "$OUT/gqa_4096_shuffle.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = sc14 ]; then   # one- vs two-region softcap on 1/16 (value rule): time + accuracy; softcap GPU tests under the new default
+  t split_r16 200 python3 bench/poly_split.py --modes softcap --rounds 9 --only "softcap/softcap_c50_f16 1/16 softcap_grad=value,\
+softcap/softcap_c50_f16_tail 1/16 softcap_grad=value" --json "$OUT/poly_split_r16.json"; tarup
+  pt fwd_sc tests/test_attn_fwd_gpu.py -k softcap &
+  pt api_sc tests/test_api_gpu.py -k softcap &
+  pt bwd_sc tests/test_attn_bwd_gpu.py -k softcap &
+  pt win_sc tests/test_window_gpu.py -k softcap &
+  pt hf tests/test_transformers_gpu.py &
+  wait; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = shuf ]; then   # every gqa_4096 row, shuffled order, graph columns

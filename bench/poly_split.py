@@ -26,12 +26,12 @@ CONFIGS = [  # (mode, program or "" for native, split[, forward tuning "name=int
     ("softcap", "", None),
     ("softcap", "softcap_c50", (1, 2)), ("softcap", "softcap_c50", (1, 4)),
     ("softcap", "softcap_c50_f16", (1, 2)), ("softcap", "softcap_c50_f16", (1, 4)),
-    ("softcap", "softcap_c50_f16", (1, 8)), ("softcap", "softcap_c50_f16", (1, 16)),   # 1/16: not yet run
+    ("softcap", "softcap_c50_f16", (1, 8)), ("softcap", "softcap_c50_f16", (1, 16)),
     ("sigmoid", "", None),
     ("sigmoid", "sigmoid_attn_n4096", (1, 4)), ("sigmoid", "sigmoid_attn_n4096", (1, 8)),
     ("sigmoid", "sigmoid_attn_n4096_f16", (1, 4)), ("sigmoid", "sigmoid_attn_n4096_f16", (1, 8)),
-    # one block column group in 16 (added 2026-11-30, not yet run): BF16 1/8 was the one poly
-    # row faster than native in the forward (0.231 vs 0.235 ms) but 2.0-2.1x native's error
+    # one block column group in 16 (added 2026-11-30; run: poly_split_sigmoid16.md): BF16 1/8 was
+    # the one poly row faster than native in the forward (0.231 vs 0.235 ms) but 2.0-2.1x native's error
     ("sigmoid", "sigmoid_attn_n4096", (1, 16)), ("sigmoid", "sigmoid_attn_n4096_f16", (1, 16)),
     # two-region FP16 softcap at the narrow splits, and the row sum over BF16-rounded P
     # (AttnFwdConfig.fixed_max_rsum) under each program (added 2026-11-30)
@@ -45,6 +45,8 @@ CONFIGS = [  # (mode, program or "" for native, split[, forward tuning "name=int
     ("softcap", "softcap_c50_f16_tail", (1, 8), "softcap_grad=value"),
     ("softcap", "softcap_c50_f16", (1, 8), "softcap_grad=block"),
     ("softcap", "softcap_c50_f16_tail", (1, 16), "softcap_grad=block"),
+    # the one-region program on 1/16 with the value rule (the softcap default since f0bbc82's runs)
+    ("softcap", "softcap_c50_f16", (1, 16), "softcap_grad=value"),
 ]
 SPREADS = {"softcap": (3.5, 4.5), "sigmoid": (1.3, 1.7)}
 

@@ -127,7 +127,14 @@ SIGMOID_BLOCKS = {"sigmoid_attn_n4096": ("sigmoid_fwd", "sigmoid_fwd_head", "sig
 # program (residual D5 below |u| = 1, 1 - tanh above) at 1/16 with the backward's value rule:
 # O / dQ / dK / dV error 1.03x native at std ~20 (the residual at 1/8: 1.92 / 1.36 / 1.40 / 1.99x),
 # forward 0.289 ms and backward 0.853 vs the residual's 0.294 / 0.847 (native 0.287 / 0.821).
-DEFAULT_PROGRAM = {"softcap": "softcap_c50_f16_tail", "sigmoid": "sigmoid_attn_n4096_f16"}
+# Softcap back to the one-region residual, now on 1/16 with the value rule (H200, f0bbc82, every
+# gqa_4096 row shuffled, 9 rounds, bench/results/gqa_4096_shuffle.md; Gemma-2 D = 256,
+# gemma2_d256_programs.md): fwd 0.295 / bwd 0.822 ms vs the two-region's 0.300 / 0.856 at D = 128;
+# Gemma-2 step 2.714 vs 2.818 ms (global), 2.092 vs 2.176 (local): the two-region backward
+# spills (its coefficient selects raise the register peak).  Its cost is accuracy at saturating
+# spreads only: 1.03x native at std ~12 for both, ~1.7x vs 1.03x at std ~20
+# (bench/results/poly_split_r16.md).  The two-region program stays selectable by name.
+DEFAULT_PROGRAM = {"softcap": "softcap_c50_f16", "sigmoid": "sigmoid_attn_n4096_f16"}
 
 
 def sigmoid_blocks(program: str) -> tuple:
