@@ -13,8 +13,9 @@ issues' accuracy goal is poly <= 2x native + floor. Spread: q and k are scaled b
 scaled scores have standard deviation about spread^2 (softcap 3.5: scores spanning tens of
 logits, as Gemma-2's; 4.5: std ~20). Softcap is 50. Rows with a program name run that
 program (`attention(program=...)`) on the same inputs as the default (FP16-program) rows: the
-seed's BF16 B2 / B3 programs, and softcap_c50_f16 (the one-region FP16 D5 residual softcap,
-the default until 2026-11-30, when the two-region softcap_c50_f16_tail replaced it).
+seed's BF16 B2 / B3 programs, and softcap_c50_f16_tail (the two-region FP16 softcap: more
+accurate at saturating spreads than the one-region default softcap_c50_f16, slower backward at
+D = 256; the default for part of 2026-11-30).
 """
 from __future__ import annotations
 
@@ -28,11 +29,11 @@ import protocol  # noqa: E402
 
 # the seed's packed-BF16 programs (attention(program=)); "" = the default (FP16) program
 SC_BF16, SG_BF16 = "softcap_c50", "sigmoid_attn_n4096"
-SC_RES = "softcap_c50_f16"   # one-region FP16 D5 residual softcap (the default until 2026-11-30)
+SC_ALT = "softcap_c50_f16_tail"   # two-region FP16 softcap (selectable by name)
 ROWS = [("softmax", "native", 1.0, ""),
         ("softcap", "native", 1.0, ""), ("softcap", "poly", 1.0, ""), ("softcap", "poly", 1.0, SC_BF16),
-        ("softcap", "native", 3.5, ""), ("softcap", "poly", 3.5, ""), ("softcap", "poly", 3.5, SC_BF16), ("softcap", "poly", 3.5, SC_RES),
-        ("softcap", "native", 4.5, ""), ("softcap", "poly", 4.5, ""), ("softcap", "poly", 4.5, SC_BF16), ("softcap", "poly", 4.5, SC_RES),
+        ("softcap", "native", 3.5, ""), ("softcap", "poly", 3.5, ""), ("softcap", "poly", 3.5, SC_BF16), ("softcap", "poly", 3.5, SC_ALT),
+        ("softcap", "native", 4.5, ""), ("softcap", "poly", 4.5, ""), ("softcap", "poly", 4.5, SC_BF16), ("softcap", "poly", 4.5, SC_ALT),
         ("sigmoid", "native", 1.0, ""), ("sigmoid", "poly", 1.0, ""), ("sigmoid", "poly", 1.0, SG_BF16),
         ("sigmoid", "native", 1.3, ""), ("sigmoid", "poly", 1.3, ""), ("sigmoid", "poly", 1.3, SG_BF16),
         ("sigmoid", "native", 1.7, ""), ("sigmoid", "poly", 1.7, ""), ("sigmoid", "poly", 1.7, SG_BF16)]

@@ -32,10 +32,11 @@
 #   bash bench/h200_round.sh tail8   # softmax rescale_threshold=8 default: tests, D = 64 timing; poly_split tail / 1/16 / rsum rows
 #   bash bench/h200_round.sh grad    # softcap backward grad rule value / block x programs: tests, poly_split time + accuracy
 #   bash bench/h200_round.sh final11 # new softcap / softmax defaults: softcap GPU tests, Gemma-2 D = 256, goal pairs
-#   bash bench/h200_round.sh next12  # Gemma-2 D = 256 with the one-region softcap program beside the default; sigmoid 1/16 (not yet run)
+#   bash bench/h200_round.sh next12  # Gemma-2 D = 256 with the one-region softcap program beside the default; sigmoid 1/16
 #   bash bench/h200_round.sh rest13  # window (softmax, sigmoid), deterministic, pre/post, torch.compile, elementwise, asm GPU tests
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
+#   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
 #   bash bench/h200_round.sh shuf    # every gqa_4096 row, shuffled order (the README table)
 #   bash bench/h200_round.sh acc     # fixed_max_rsum / rescale_threshold: tests, bench/fwd_knob_accuracy.py, timing D 128/256 (not yet run)
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
@@ -307,7 +308,7 @@ elif [ "$phase" = fix11 ]; then   # the tests' constant-max model (attention_ref
       --json "$OUT/gqa_4096_shuffle.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
-elif [ "$phase" = next12 ]; then   # prepared (not run): Gemma-2 D = 256 one- vs two-region softcap program; sigmoid 1/16 rows
+elif [ "$phase" = next12 ]; then   # Gemma-2 D = 256 one- vs two-region softcap program; sigmoid 1/16 rows
   t g256 200 python3 bench/gemma2.py --programs softcap_c50_f16 --impls ours,fa4 --json "$OUT/gemma2_d256_programs.json"; tarup
   t split_sig 240 python3 bench/poly_split.py --modes sigmoid --rounds 9 --only "sigmoid/sigmoid_attn_n4096_f16 1/8,\
 sigmoid/sigmoid_attn_n4096_f16 1/16,sigmoid/sigmoid_attn_n4096 1/16" --json "$OUT/poly_split_sigmoid16.json"; tarup
@@ -343,6 +344,12 @@ softcap/softcap_c50_f16_tail 1/16 softcap_grad=value" --json "$OUT/poly_split_r1
   pt win_sc tests/test_window_gpu.py -k softcap &
   pt hf tests/test_transformers_gpu.py &
   wait; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = final14 ]; then   # the session's final defaults: Gemma-2 D = 256 (+ two-region rows) and 128, goal pairs
+  t gemma2_d256 150 python3 bench/gemma2.py --programs softcap_c50_f16_tail --json "$OUT/gemma2_d256.json"; tarup
+  t gemma2_d128 120 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"; tarup
+  t gqa_pairs 200 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$OUT/gqa_4096_pairs.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = shuf ]; then   # every gqa_4096 row, shuffled order, graph columns

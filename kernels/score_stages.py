@@ -127,13 +127,15 @@ SIGMOID_BLOCKS = {"sigmoid_attn_n4096": ("sigmoid_fwd", "sigmoid_fwd_head", "sig
 # program (residual D5 below |u| = 1, 1 - tanh above) at 1/16 with the backward's value rule:
 # O / dQ / dK / dV error 1.03x native at std ~20 (the residual at 1/8: 1.92 / 1.36 / 1.40 / 1.99x),
 # forward 0.289 ms and backward 0.853 vs the residual's 0.294 / 0.847 (native 0.287 / 0.821).
-# Softcap back to the one-region residual, now on 1/16 with the value rule (H200, f0bbc82, every
-# gqa_4096 row shuffled, 9 rounds, bench/results/gqa_4096_shuffle.md; Gemma-2 D = 256,
-# gemma2_d256_programs.md): fwd 0.295 / bwd 0.822 ms vs the two-region's 0.300 / 0.856 at D = 128;
-# Gemma-2 step 2.714 vs 2.818 ms (global), 2.092 vs 2.176 (local): the two-region backward
-# spills (its coefficient selects raise the register peak).  Its cost is accuracy at saturating
-# spreads only: 1.03x native at std ~12 for both, ~1.7x vs 1.03x at std ~20
-# (bench/results/poly_split_r16.md).  The two-region program stays selectable by name.
+# Softcap back to the one-region residual, now on 1/16 with the value rule.  At Gemma-2's head dim
+# it is the faster one in both side-by-side runs (H200, bench/results/gemma2_d256_programs.md):
+# step 2.689 / 2.714 ms vs 2.767 / 2.818 (global), 2.059 / 2.092 vs 2.156 / 2.176 (local); the
+# two-region backward spills 7 words there (its selects raise the register peak), the one-region
+# one 1.  At D = 128 the two are within run-to-run noise (f0bbc82 shuffled: fwd 0.295 / bwd
+# 0.822 vs 0.300 / 0.856; 8c57383 poly_split_r16.md: 0.298 / 0.846 vs 0.289 / 0.852).  Cost:
+# accuracy at saturating spreads only (poly_split_r16.md): O / dQ / dK / dV 1.03 / 1.01 / 1.01 /
+# 1.03x native at std ~12 for both; at std ~20 1.65 / 1.17 / 1.20 / 1.69x vs 1.03x.  The
+# two-region program stays selectable by name (program="softcap_c50_f16_tail").
 DEFAULT_PROGRAM = {"softcap": "softcap_c50_f16", "sigmoid": "sigmoid_attn_n4096_f16"}
 
 

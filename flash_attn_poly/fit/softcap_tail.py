@@ -13,8 +13,9 @@ eps is a degree-`deg` polynomial in the centred t, least squares on Chebyshev no
 fit.runtime replays the blocks); |x| is clamped at c L.
 
 `tail_logit` is the CPU model that chose the form (FP32 centring, 1.37x native at std 20).
-`entries` makes the table pair the kernels run (softcap_c50_f16_tail and its _grad, the
-default softcap poly program since 2026-11-30, kernels/score_stages.DEFAULT_PROGRAM): there the block centres in FP16 after rounding |u| (one
+`entries` makes the table pair the kernels run (softcap_c50_f16_tail and its _grad; the
+default softcap poly program for part of 2026-11-30, now selectable by name: see
+kernels/score_stages.DEFAULT_PROGRAM): there the block centres in FP16 after rounding |u| (one
 packed sub), which scores 1.59x.  `attn_ratios` scores a candidate with softcap.AttnScore (the
 selection that picked the deployed entry: attention-output rel L2 over native FP32 tanh's,
 at raw score std 10 and 20 logits).
