@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh final15 # deterministic + pre/post tests, train_sanity.py, elementwise_variants.py
 #   bash bench/h200_round.sh shuf    # every gqa_4096 row, shuffled order (the README table)
 #   bash bench/h200_round.sh acc     # fixed_max_rsum / rescale_threshold: tests, bench/fwd_knob_accuracy.py, timing D 128/256 (not yet run)
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
@@ -350,6 +351,14 @@ elif [ "$phase" = final14 ]; then   # the session's final defaults: Gemma-2 D = 
   t gemma2_d256 150 python3 bench/gemma2.py --programs softcap_c50_f16_tail --json "$OUT/gemma2_d256.json"; tarup
   t gemma2_d128 120 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"; tarup
   t gqa_pairs 200 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$OUT/gqa_4096_pairs.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the one-region softcap default, training sanity, elementwise variants
+  pt det tests/test_attn_bwd_deterministic_gpu.py &
+  pt prepost tests/test_attn_bwd_prepost_gpu.py &
+  wait; tarup
+  t train 150 python3 bench/train_sanity.py --json "$OUT/train_sanity.json" --md "$OUT/train_sanity.md"; tarup
+  t elem_variants 120 python3 bench/elementwise_variants.py --json "$OUT/elementwise_variants.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = shuf ]; then   # every gqa_4096 row, shuffled order, graph columns
