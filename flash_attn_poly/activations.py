@@ -84,9 +84,10 @@ def _compiled(kind: str, dtype: str, evaluator: str, layout: str, tvm_ffi: bool 
 
 @functools.lru_cache(maxsize=4096)   # per (n, kind, device): bounded, n varies
 def _grid(n: int, kind: str, device_index: int) -> int:
-    from flash_attn_poly.kernels.elementwise import CHUNK, ElementwiseKernel, grid_size
+    from flash_attn_poly.kernels.elementwise import CHUNK, GRID_POLICY, ElementwiseKernel, grid_size
 
-    return grid_size(n // CHUNK, ElementwiseKernel.unroll_for(kind), _sm_count(device_index))
+    return grid_size(n // CHUNK, ElementwiseKernel.unroll_for(kind), _sm_count(device_index),
+                     GRID_POLICY.get(kind, "default"))
 
 
 def _launch_dlpack(cfg: tuple, tensors: list, ints: tuple) -> None:

@@ -115,6 +115,14 @@ class ElementwiseKey:
         return cutlass.BFloat16 if self.dtype == "bf16" else cutlass.Float16
 
 
+# Host grid policy of the API's launches per kind (activations._grid), where one was measured
+# better than "default" (H200, bench/results/elementwise_variants.md: two runs, bc7eeaa and
+# a123dee): B1 SiLU forward "balanced" 93.1 / 94.1% of a same-bytes copy vs 91.1 / 91.7%.
+# Host-side only (same kernel; tests/test_elementwise_variants.py models every chunk once).
+# The SiLU backward stays "default" (balanced 97.0% vs 97.6 / 97.8%); other kinds unmeasured.
+GRID_POLICY = {"silu_fwd": "balanced"}
+
+
 def grid_size(n_chunks: int, unroll: int, sm_count: int, policy: str = "default",
               resident: int = BLOCKS_PER_SM) -> int:
     """Blocks to launch (THREADS each, grid-stride over groups of THREADS * unroll chunks).

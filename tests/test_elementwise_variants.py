@@ -82,6 +82,21 @@ def test_grid_policies():
     assert ew.grid_size(ev.B1_N // CHUNK, 4, 132) == 1056                # default unchanged
 
 
+def test_api_grid_follows_the_measured_policy(monkeypatch):
+    """activations._grid launches SiLU forward with the balanced grid (GRID_POLICY) and every
+    other kind with the default one."""
+    from flash_attn_poly import activations as A
+    monkeypatch.setattr(A, "_sm_count", lambda dev: 132)
+    A._grid.cache_clear()
+    try:
+        assert ew.GRID_POLICY == {"silu_fwd": "balanced"}
+        assert A._grid(ev.B1_N, "silu_fwd", 0) == 1024
+        assert A._grid(ev.B1_N, "silu_bwd", 0) == ew.grid_size(ev.B1_N // CHUNK, 2, 132)
+        assert A._grid(ev.B1_N, "swiglu_fwd", 0) == ew.grid_size(ev.B1_N // CHUNK, 2, 132)
+    finally:
+        A._grid.cache_clear()
+
+
 def test_resident_blocks_and_tune_validation():
     assert [ew.resident_blocks(r) for r in (16, 32, 40, 48, 56, 64, 255)] == [8, 8, 6, 5, 4, 4, 1]
     for bad in (dict(unroll=3), dict(remainder="x"), dict(cache="nc"), dict(grid="x"),
