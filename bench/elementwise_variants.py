@@ -1,19 +1,22 @@
-"""B1 SiLU tuning variants (kernels/elementwise.py ElementwiseTune), side by side, one call.
+"""Elementwise tuning variants (kernels/elementwise.py ElementwiseTune), side by side, one call.
 
     python bench/elementwise_variants.py --json $OUT/elementwise_variants.json  # (+ .md)
     python bench/elementwise_variants.py --quick ...    # fewer rounds/calls, same checks
+    python bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd ...    # B4 SwiGLU
 
 1. Builds every variant (tvm-ffi, cubin kept: registers -> resident 256-thread blocks/SM).
-2. Bit-exact check: each variant's output equals the default build's (default tune, default
-   grid) on random inputs of sizes 1, 7, 1023, 2^20+3 and 58,720,256; a mismatch is
-   reported and the variant is left out of the timing.
-3. Times B1 SiLU forward and backward (poly, 58,720,256 BF16) for every variant with
-   torch F.silu / aten.silu_backward and a device copy of the same bytes (torch copy_:
-   2n elements' bytes for forward, 3n for backward), bench/protocol.py time_alternating.
-   "% copy" = same-bytes copy time / row time; "% copy 1G" = vs the 1 GiB copy bandwidth
-   measured in the same run (the reference of bench/results/elementwise.md).
-Backward variants use the forward variant's tune without the unroll override (U = 2 for
-two inputs), deduplicated.
+2. Bit-exact check: each variant's outputs equal the "default" build's (ElementwiseTune(),
+   "default" grid policy) on random inputs of sizes 1, 7, 1023, 2^20+3 and the section's
+   size; a mismatch is reported and the variant is left out of the timing.
+3. Times each kind (poly, BF16; B1 SiLU: 58,720,256 elements, B4 SwiGLU: 24,576 x 1,280,
+   flat two-tensor layout) for every variant with torch's eager op(s) and a device copy of
+   the same bytes (torch copy_ of every input and output element's bytes),
+   bench/protocol.py time_alternating. "% copy" = same-bytes copy time / row time; "% copy
+   1G" = vs the 1 GiB copy bandwidth measured in the same run (the reference of
+   bench/results/elementwise.md).
+Kinds with more than one input use each variant's tune without the unroll override (U = 2),
+deduplicated. "default" is the untuned launch; the API's policy per kind is
+kernels/elementwise.GRID_POLICY (SiLU forward: "balanced").
 """
 from __future__ import annotations
 
@@ -33,10 +36,14 @@ from protocol import Timing, header, markdown_table, time_alternating, write_jso
 from elementwise import copy_bandwidth, gbps  # noqa: E402  (the 1 GiB copy of bench/elementwise.py)
 
 from flash_attn_poly.kernels import elementwise as ew  # noqa: E402
+from flash_attn_poly.kernels import elementwise_ops as ops  # noqa: E402
 from flash_attn_poly.kernels import sass  # noqa: E402
 
 B1_N = 58_720_256
+B4_N = 24_576 * 1_280
 CHECK_SIZES = (1, 7, 1023, 2**20 + 3, B1_N)
+SECTIONS = {"silu_fwd": ("B1 SiLU fwd", B1_N), "silu_bwd": ("B1 SiLU bwd", B1_N),
+            "swiglu_fwd": ("B4 SwiGLU fwd", B4_N), "swiglu_bwd": ("B4 SwiGLU bwd", B4_N)}
 T = ew.ElementwiseTune
 VARIANTS = {                     # name -> forward tune (~8: compile is ~1 s each)
     "default": T(),
@@ -92,46 +99,58 @@ def check(kind: str, variants: dict, sizes) -> dict:
     """name -> list of failed sizes (empty = bit-exact with variants['default'])."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     failed = {name: [] for name in variants}
-    n_in = 1 if kind == "silu_fwd" else 2
+    n_in, n_out = ops.ARITY[kind]
     for n in sizes:
         ins = [(torch.randn(n, device="cuda", generator=gen) * 4).to(torch.bfloat16)
                for _ in range(n_in)]
-        ref = torch.full((n,), float("nan"), device="cuda", dtype=torch.bfloat16)
-        variants["default"](ins, [ref])
+        refs = [torch.full((n,), float("nan"), device="cuda", dtype=torch.bfloat16)
+                for _ in range(n_out)]
+        variants["default"](ins, refs)
         for name, v in variants.items():
-            out = torch.full((n,), -7.0, device="cuda", dtype=torch.bfloat16)   # poison
-            v(ins, [out])
-            if not torch.equal(_bits(out), _bits(ref)):
+            outs = [torch.full((n,), -7.0, device="cuda", dtype=torch.bfloat16)   # poison
+                    for _ in range(n_out)]
+            v(ins, outs)
+            if not all(torch.equal(_bits(o), _bits(r)) for o, r in zip(outs, refs)):
                 failed[name].append(n)
     torch.cuda.synchronize()
     return failed
 
 
-def time_section(section, kind, variants, timing, copy1g):
-    x = torch.randn(B1_N, device="cuda").to(torch.bfloat16)
-    g = torch.randn_like(x)
-    y = torch.empty_like(x)
-    n_io = 2 if kind == "silu_fwd" else 3                     # tensors moved
-    src = torch.empty(n_io * B1_N // 2, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    fns = {"device copy (same bytes)": lambda: dst.copy_(src)}
+def _swiglu_bwd_torch(dy, g, u):
+    s = torch.sigmoid(g)
+    return dy * u * s * (1 + g * (1 - s)), dy * g * s
+
+
+def _torch_rows(kind: str, ins: list) -> dict:
+    """torch's eager op(s) for the kind, on the same inputs (ins in the kernel's order)."""
     if kind == "silu_fwd":
-        fns["torch F.silu"] = lambda: F.silu(x)
-        ins = [x]
-    else:
-        fns["torch silu_backward"] = lambda: torch.ops.aten.silu_backward(g, x)
-        ins = [x, g]
+        return {"torch F.silu": lambda: F.silu(ins[0])}
+    if kind == "silu_bwd":
+        return {"torch silu_backward": lambda: torch.ops.aten.silu_backward(ins[1], ins[0])}
+    if kind == "swiglu_fwd":
+        return {"torch eager silu(g)*u": lambda: F.silu(ins[0]) * ins[1]}
+    return {"torch eager ops": lambda: _swiglu_bwd_torch(*ins)}
+
+
+def time_section(section, kind, n, variants, timing, copy1g):
+    n_in, n_out = ops.ARITY[kind]
+    ins = [torch.randn(n, device="cuda").to(torch.bfloat16) for _ in range(n_in)]
+    outs = [torch.empty_like(ins[0]) for _ in range(n_out)]
+    n_io = n_in + n_out                                       # tensors moved
+    src = torch.empty(n_io * n // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    fns = {"device copy (same bytes)": lambda: dst.copy_(src), **_torch_rows(kind, ins)}
     for name, v in variants.items():
-        fns[name] = (lambda v=v: v(ins, [y]))
+        fns[name] = (lambda v=v: v(ins, outs))
     times = time_alternating(fns, timing)
-    nbytes = n_io * B1_N * 2
+    nbytes = n_io * n * 2
     rows = []
     for name, ms in times.items():
         v = variants.get(name)
         rows.append({"section": section, "impl": name, "ms": ms, "GB/s": gbps(nbytes, ms),
                      "% copy": 100 * times["device copy (same bytes)"] / ms,
                      "% copy 1G": 100 * gbps(nbytes, ms) / copy1g,
-                     "grid": v.grid(B1_N) if v else None, "U": v.kernel.unroll if v else None,
+                     "grid": v.grid(n) if v else None, "U": v.kernel.unroll if v else None,
                      "regs": v.regs if v else None, "blocks/SM": v.resident if v else None})
     return rows
 
@@ -141,43 +160,51 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", help="write results here (and a .md table beside it)")
     p.add_argument("--quick", action="store_true", help="10 warm-ups, 3 rounds x 30 calls")
+    p.add_argument("--kinds", default="silu_fwd,silu_bwd",
+                   help="comma-separated subset of: " + ", ".join(SECTIONS))
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help="comma-separated subset of: " + ", ".join(VARIANTS))
     args = p.parse_args(argv)
     timing = Timing(10, 3, 30) if args.quick else Timing(25, 5, 100)
     names = ["default"] + [v for v in args.variants.split(",") if v and v != "default"]
+    kinds = [k for k in args.kinds.split(",") if k]
+    for k in kinds:
+        if k not in SECTIONS:
+            p.error(f"unknown kind {k!r}; known: {', '.join(SECTIONS)}")
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     t0 = time.time()
 
     built = {}
-    for kind in ("silu_fwd", "silu_bwd"):
+    for kind in kinds:
         built[kind] = {}
         seen = set()
         for name in names:
             tune = VARIANTS[name]
-            if kind != "silu_fwd":
+            if ops.ARITY[kind][0] > 1:
                 tune = dataclasses.replace(tune, unroll=0)
             if tune in seen:
                 continue
             seen.add(tune)
             built[kind][name] = v = Variant(kind, tune, sm_count)
             print(f"built {kind:8s} {name:20s} U={v.kernel.unroll} regs={v.regs} "
-                  f"blocks/SM={v.resident} grid(B1)={v.grid(B1_N)} {v.sass} "
+                  f"blocks/SM={v.resident} grid={v.grid(SECTIONS[kind][1])} {v.sass} "
                   f"{v.compile_s:.1f}s", flush=True)
 
     copy1g = copy_bandwidth(timing)
 
     rows, failures = [], {}
-    for kind, section in (("silu_fwd", "B1 SiLU fwd"), ("silu_bwd", "B1 SiLU bwd")):
-        failed = check(kind, built[kind], CHECK_SIZES)
+    for kind in kinds:
+        section, n = SECTIONS[kind]
+        sizes = CHECK_SIZES[:-1] + (n,)
+        failed = check(kind, built[kind], sizes)
         for name, sizes in failed.items():
             if sizes:
                 failures[f"{kind} {name}"] = sizes
                 print(f"NOT BIT-EXACT: {kind} {name} at n = {sizes}", flush=True)
         ok = {k: v for k, v in built[kind].items() if not failed[k]}
         print(f"{kind}: {len(ok)}/{len(built[kind])} variants bit-exact with default on "
-              f"n = {CHECK_SIZES}", flush=True)
-        rows += time_section(section, kind, ok, timing, copy1g)
+              f"n = {sizes}", flush=True)
+        rows += time_section(section, kind, n, ok, timing, copy1g)
 
     cols = ["section", "impl", "ms", "GB/s", "% copy", "% copy 1G", "U", "grid", "regs",
             "blocks/SM"]
@@ -188,7 +215,7 @@ def main(argv=None) -> int:
         print("FAILURES:", failures)
     if args.json:
         out = {**header(timing), "copy_1GiB_GBps": copy1g, "sm_count": sm_count,
-               "check_sizes": list(CHECK_SIZES), "failures": failures,
+               "check_sizes": list(CHECK_SIZES[:-1]) + ["section size"], "failures": failures,
                "variants": {k: {n: {"tune": vars(v.tune), "U": v.kernel.unroll, "regs": v.regs,
                                     "resident_blocks": v.resident, "sass": v.sass}
                                 for n, v in vs.items()} for k, vs in built.items()},
@@ -198,7 +225,8 @@ def main(argv=None) -> int:
             f.write(f"# Elementwise tuning variants ({out['device']}, {out['date']}, "
                     f"commit {out['commit']})\n\nProtocol: {out['protocol']}.\n"
                     f"1 GiB device copy in the same run: {copy1g:.0f} GB/s; {sm_count} SMs. "
-                    f"Bit-exact vs default on n = {list(CHECK_SIZES)}; failures: "
+                    f"Bit-exact vs default on n = {list(CHECK_SIZES[:-1])} and the section's "
+                    f"size; failures: "
                     f"{failures or 'none'}.\n\n{__doc__.split(chr(10) * 2, 1)[1].strip()}\n\n"
                     f"{table}\n")
     return 1 if failures else 0

@@ -38,6 +38,7 @@
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
 #   bash bench/h200_round.sh final15 # deterministic + pre/post tests, train_sanity.py, elementwise_variants.py
+#   bash bench/h200_round.sh elem16  # B4 SwiGLU tuning variants, elementwise GPU tests, elementwise --graph (not yet run)
 #   bash bench/h200_round.sh shuf    # every gqa_4096 row, shuffled order (the README table)
 #   bash bench/h200_round.sh acc     # fixed_max_rsum / rescale_threshold: tests, bench/fwd_knob_accuracy.py, timing D 128/256 (not yet run)
 #   bash bench/h200_round.sh partner # pairs with SM clocks, then with the GPU idle 200 ms before each segment (not yet run)
@@ -359,6 +360,13 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   wait; tarup
   t train 150 python3 bench/train_sanity.py --json "$OUT/train_sanity.json" --md "$OUT/train_sanity.md"; tarup
   t elem_variants 120 python3 bench/elementwise_variants.py --json "$OUT/elementwise_variants.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
+  pt elem tests/test_elementwise_gpu.py; tarup
+  t elem_var_b4 150 python3 bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd \
+      --json "$OUT/elementwise_variants_b4.json"; tarup
+  t elem_graph 150 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = shuf ]; then   # every gqa_4096 row, shuffled order, graph columns

@@ -123,7 +123,7 @@ SIGMOID_BLOCKS = {"sigmoid_attn_n4096": ("sigmoid_fwd", "sigmoid_fwd_head", "sig
 # error is 7.5x native, the FP16 D5 program's 1.2-1.3x; sigmoid BF16 D3 2.7-9.5x, FP16 D4
 # 1.1-1.4x; the forward costs a few % more (softcap 1/4: 0.335 vs BF16 1/2 0.327 ms).
 # The BF16 programs (the seed's B2 / B3 blocks) stay selectable by name.
-# Softcap since 2026-11-30 (H200, 7537f4e, bench/results/poly_split_grad.md): the two-region FP16
+# Softcap from a1f6741 to 8c57383 (H200, 7537f4e, bench/results/poly_split_grad.md): the two-region FP16
 # program (residual D5 below |u| = 1, 1 - tanh above) at 1/16 with the backward's value rule:
 # O / dQ / dK / dV error 1.03x native at std ~20 (the residual at 1/8: 1.92 / 1.36 / 1.40 / 1.99x),
 # forward 0.289 ms and backward 0.853 vs the residual's 0.294 / 0.847 (native 0.287 / 0.821).
