@@ -45,7 +45,7 @@ CONFIGS = [  # (mode, program or "" for native, split[, forward tuning "name=int
     ("softcap", "softcap_c50_f16_tail", (1, 8), "softcap_grad=value"),
     ("softcap", "softcap_c50_f16", (1, 8), "softcap_grad=block"),
     ("softcap", "softcap_c50_f16_tail", (1, 16), "softcap_grad=block"),
-    # the one-region program on 1/16 with the value rule (the softcap default since f0bbc82's runs)
+    # the one-region program on 1/16 with the value rule (the softcap default since 8c57383)
     ("softcap", "softcap_c50_f16", (1, 16), "softcap_grad=value"),
 ]
 SPREADS = {"softcap": (3.5, 4.5), "sigmoid": (1.3, 1.7)}
