@@ -82,14 +82,20 @@ all_gpu_tests() {   # every GPU test file, in parallel processes (compile is CPU
   pt elem tests/test_elementwise_gpu.py "$@" &
   wait
 }
-softcap_round() {   # softcap GPU tests in parallel ($1 = 1: the window tests too), then Gemma-2 D = 256
-  # and the goal pairs ($2: their time budget, s)
+gqa_shuffle() {   # every gqa_4096 row, shuffled order, 9 rounds, clocks and graph columns
+  t gqa_shuf 330 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
+      --json "$OUT/gqa_4096_shuffle.json"; tarup
+}
+softcap_tests() {   # softcap GPU tests in parallel ($1 = 1: the window tests too)
   pt fwd_sc tests/test_attn_fwd_gpu.py -k softcap &
   pt api_sc tests/test_api_gpu.py -k softcap &
   pt bwd_sc tests/test_attn_bwd_gpu.py -k softcap &
   [ "$1" = 1 ] && pt win_sc tests/test_window_gpu.py -k softcap &
   pt hf tests/test_transformers_gpu.py &
   wait; tarup
+}
+softcap_round() {   # softcap_tests ($1 as there), then Gemma-2 D = 256 and the goal pairs ($2: their time budget, s)
+  softcap_tests "$1"
   t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
   t gqa_pairs "$2" python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$OUT/gqa_4096_pairs.json"; tarup
 }
@@ -306,8 +312,7 @@ elif [ "$phase" = fix11 ]; then   # the tests' constant-max model (attention_ref
   pt fwd_fm tests/test_attn_fwd_gpu.py -k "fixed_max" &
   pt win_sc tests/test_window_gpu.py -k softcap &
   wait; tarup
-  t gqa_shuf 330 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
-      --json "$OUT/gqa_4096_shuffle.json"; tarup
+  gqa_shuffle
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = next12 ]; then   # Gemma-2 D = 256 one- vs two-region softcap program; sigmoid 1/16 rows
@@ -333,19 +338,13 @@ elif [ "$phase" = rest13 ]; then   # GPU test files not re-run since the 2026-11
 elif [ "$phase" = final13 ]; then   # pre/post tests (zero_dq bound), Gemma-2 D = 256 programs (JSON), every gqa_4096 row shuffled
   pt prepost tests/test_attn_bwd_prepost_gpu.py; tarup
   t g256 150 python3 bench/gemma2.py --programs softcap_c50_f16 --impls ours,fa4 --json "$OUT/gemma2_d256_programs.json"; tarup
-  t gqa_shuf 330 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
-      --json "$OUT/gqa_4096_shuffle.json"; tarup
+  gqa_shuffle
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = sc14 ]; then   # one- vs two-region softcap on 1/16 (value rule): time + accuracy; softcap GPU tests under the new default
   t split_r16 200 python3 bench/poly_split.py --modes softcap --rounds 9 --only "softcap/softcap_c50_f16 1/16 softcap_grad=value,\
 softcap/softcap_c50_f16_tail 1/16 softcap_grad=value" --json "$OUT/poly_split_r16.json"; tarup
-  pt fwd_sc tests/test_attn_fwd_gpu.py -k softcap &
-  pt api_sc tests/test_api_gpu.py -k softcap &
-  pt bwd_sc tests/test_attn_bwd_gpu.py -k softcap &
-  pt win_sc tests/test_window_gpu.py -k softcap &
-  pt hf tests/test_transformers_gpu.py &
-  wait; tarup
+  softcap_tests 1
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = final14 ]; then   # the session's final defaults: Gemma-2 D = 256 (+ two-region rows) and 128, goal pairs
@@ -370,8 +369,7 @@ elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning varian
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = shuf ]; then   # every gqa_4096 row, shuffled order, graph columns
-  t gqa_shuf 330 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
-      --json "$OUT/gqa_4096_shuffle.json"; tarup
+  gqa_shuffle
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = acc ]; then   # forward normalisation knobs: GPU tests, accuracy (O, LSE), then timing

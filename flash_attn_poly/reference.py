@@ -188,9 +188,10 @@ def attention_ref_backward(
             dcap = score_grad_fn(x).to(dtype) if score_grad_fn is not None else 1 - torch.tanh(x / softcap) ** 2
         logits = logits.masked_fill(~allowed, float("-inf"))
         p = torch.softmax(logits, dim=-1).nan_to_num(0.0)
-        d_row = (p * dp).sum(-1, keepdim=True)  # = rowsum(dO * O)
         if out is not None:
             d_row = torch.einsum("bqhd,bqhd->bhq", do, out.to(dtype))[..., None]
+        else:
+            d_row = (p * dp).sum(-1, keepdim=True)  # = rowsum(dO * O) of the exact O
         dx = p * (dp - d_row)
         if dcap is not None:
             dx = dx * dcap

@@ -814,9 +814,10 @@ def make_stage(mode: str, evaluator: str = "native", **kw):
 #            O / dQ / dK / dV error at std ~20: 3.20 / 1.98 / 2.08 / 3.36, 2.41 / 1.61 / 1.67 /
 #            2.50, 1.92 / 1.36 / 1.40 / 1.99x native -> 1/8 (faster, and within 2x of the
 #            fixed-max native; 2.63 / 1.70 / 1.75 / 1.99x the online-max native of accuracy.md).
-# Two-region FP16 softcap (the default program since then; bench/results/poly_split_grad.md, 7537f4e,
-# 9 alternating rounds): fwd 1/8 0.313, 1/16 0.289 ms; bwd (value rule) 0.890 / 0.853; error
-# 1.04-1.06 / 1.03x native at std ~20 -> 1/16.
+# Two-region FP16 softcap (the default program from a1f6741 to 8c57383; bench/results/
+# poly_split_grad.md, 7537f4e, 9 alternating rounds): fwd 1/8 0.313, 1/16 0.289 ms; bwd (value
+# rule) 0.890 / 0.853; error 1.04-1.06 / 1.03x native at std ~20 -> 1/16, kept for the
+# one-region default (bench/results/poly_split_r16.md: 0.298 / 0.846 ms at 1/16).
 # Sigmoid FP16 program on 1/16 (bench/results/poly_split_sigmoid16.md, f4f609b, 9 alternating
 # rounds): fwd 1/8 0.248, 1/16 0.234 ms (native 0.231); bwd 0.751 / 0.757 (native 0.750); error
 # at std 1.7: 1.12-1.24 / 1.06-1.12x native -> 1/16.
