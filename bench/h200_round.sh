@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh rates17 # bench/issue_rates.py (F2FP / unpack / MUFU mixes), then elem16's steps
 #   bash bench/h200_round.sh final15 # deterministic + pre/post tests, train_sanity.py, elementwise_variants.py
 #   bash bench/h200_round.sh elem16  # B4 SwiGLU tuning variants, elementwise GPU tests, elementwise --graph (not yet run)
 #   bash bench/h200_round.sh shuf    # every gqa_4096 row, shuffled order (the README table)
@@ -362,6 +363,14 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
+  pt elem tests/test_elementwise_gpu.py; tarup
+  t elem_var_b4 150 python3 bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd \
+      --json "$OUT/elementwise_variants_b4.json"; tarup
+  t elem_graph 150 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = rates17 ]; then   # issue rates of the stage's ops (F2FP, unpack, MUFU mixes), then elem16's steps
+  t rates 150 python3 bench/issue_rates.py --json "$OUT/issue_rates.json"; tarup
   pt elem tests/test_elementwise_gpu.py; tarup
   t elem_var_b4 150 python3 bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd \
       --json "$OUT/elementwise_variants_b4.json"; tarup

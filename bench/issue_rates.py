@@ -1,0 +1,208 @@
+"""Per-SM issue rates of the instructions our score stages are made of (H200 microbenchmark).
+
+Why: ANCHORS.md has MUFU (tanh, ex2) and FMA rates, but not the conversions around a packed
+polynomial block: cvt.rn.{f16,bf16}x2.f32 (SASS F2FP, also the P pack of every mode) and the
+f16 -> f32 unpack (HADD2.F32).  If F2FP ran at MUFU rate, or on the MUFU pipe, a poly pair
+that replaces two MUFU.TANH with one F2FP and ~20 FMA-pipe ops would free little of the pipe
+it is meant to relieve.  This measures each op alone and mixed 1:1 with tanh.approx.
+
+Method: every thread runs 8 independent chains; one inline-asm call applies UNROLL ops to
+each chain (ops depend on the chain's previous value, so nothing folds); a runtime loop
+repeats the call.  Thread 0 of each CTA reads %clock64 before and after (the reads are
+volatile asm tied to the chains' data, so the work cannot move across them).  CTAS_PER_SM
+CTAs of 512 threads per SM, all resident: rate per SM = ops per CTA * CTAS_PER_SM / median
+CTA cycles.  Values are whatever the chains produce (NaN/Inf included); throughput does not
+depend on them for these ops.
+
+    python bench/issue_rates.py [--iters 2000] [--json PATH]     # GPU
+    python bench/issue_rates.py --sass                             # CPU: SASS of each op's loop
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+THREADS = 512
+CTAS_PER_SM = 2
+CHAINS = 8
+UNROLL = 16
+
+# name -> list of (kind, PTX template); chain i uses entry i % len(list).
+# {a}: the chain as an f32 register, {r}: b32 scratch, {h}/{g}: f16 scratch (per chain).
+# "mov.b32" between f32/b32/f16 registers of the same bits is free after ptxas.
+TANH = ("tanh.approx.f32", "tanh.approx.f32 {a}, {a};")
+EX2 = ("ex2.approx.ftz.f32", "ex2.approx.ftz.f32 {a}, {a};")
+FMA = ("fma.rn.f32", "fma.rn.f32 {a}, {a}, 0f3F7FFFFF, 0f3A800000;")
+HFMA2 = ("fma.rn.f16x2", "mov.b32 {r}, {a}; fma.rn.f16x2 {r}, {r}, {r}, {r}; mov.b32 {a}, {r};")
+MINMAX = ("min.f32+max.f32", "min.f32 {a}, {a}, 0f3F000000; max.f32 {a}, {a}, 0fBF000000;")
+F2FP_H = ("cvt.rn.f16x2.f32", "cvt.rn.f16x2.f32 {r}, {a}, {a}; mov.b32 {a}, {r};")
+F2FP_B = ("cvt.rn.bf16x2.f32", "cvt.rn.bf16x2.f32 {r}, {a}, {a}; mov.b32 {a}, {r};")
+UNPACK = ("cvt.f32.f16", "mov.b32 {{{h}, {g}}}, {a}; cvt.f32.f16 {a}, {g};")
+PRMT = ("prmt.b32", "mov.b32 {r}, {a}; prmt.b32 {r}, {r}, {r}, 0x1032; mov.b32 {a}, {r};")
+OPS = {
+    "tanh": [TANH], "ex2": [EX2], "fma.f32": [FMA], "fma.f16x2": [HFMA2], "min+max.f32": [MINMAX],
+    "cvt.f16x2.f32": [F2FP_H], "cvt.bf16x2.f32": [F2FP_B], "cvt.f32.f16": [UNPACK], "prmt": [PRMT],
+    "tanh+cvt.bf16x2": [TANH, F2FP_B], "tanh+cvt.f16x2": [TANH, F2FP_H],
+    "tanh+cvt.f32.f16": [TANH, UNPACK], "tanh+ex2": [TANH, EX2], "tanh+fma.f16x2": [TANH, HFMA2],
+}
+
+
+def asm_text(name: str) -> str:
+    """One inline-asm body: chains in $0..$7 (tied in/out), UNROLL ops on each, interleaved."""
+    temps = [t for _, t in OPS[name]]
+    decl = [".reg .f32 a<8>;", ".reg .b32 r<8>;", ".reg .f16 h<8>, g<8>;"]
+    body = [f"mov.b32 a{i}, ${i};" for i in range(CHAINS)]
+    for _ in range(UNROLL):
+        for i in range(CHAINS):
+            body.append(temps[i % len(temps)].format(a=f"a{i}", r=f"r{i}", h=f"h{i}", g=f"g{i}"))
+    body += [f"mov.b32 ${i}, a{i};" for i in range(CHAINS)]
+    return "{\n" + "\n".join(decl + body) + "\n}"
+
+
+def ops_per_call(name: str) -> dict:
+    """Ops of each kind per asm call per thread."""
+    out: dict = {}
+    for i in range(CHAINS):
+        kind = OPS[name][i % len(OPS[name])][0]
+        out[kind] = out.get(kind, 0) + UNROLL
+    return out
+
+
+def _build(name: str):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int32, Int64
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cutlass_dsl import T, dsl_user_op
+
+    text = asm_text(name)
+
+    @dsl_user_op
+    def step(vals, *, loc=None, ip=None):
+        ops = [Int32(v).ir_value(loc=loc, ip=ip) for v in vals]
+        st = llvm.StructType.get_literal([T.i32()] * CHAINS)
+        cons = ",".join(["=r"] * CHAINS + [str(i) for i in range(CHAINS)])
+        res = llvm.inline_asm(st, ops, text, cons, has_side_effects=False, is_align_stack=False,
+                              asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+        return tuple(Int32(llvm.extractvalue(T.i32(), res, [k], loc=loc, ip=ip)) for k in range(CHAINS))
+
+    @dsl_user_op
+    def clock_through(v, *, loc=None, ip=None):
+        """(%clock64, v) from one volatile asm: v's later uses depend on the clock read."""
+        st = llvm.StructType.get_literal([T.i64(), T.i32()])
+        res = llvm.inline_asm(st, [Int32(v).ir_value(loc=loc, ip=ip)],
+                              "mov.u64 $0, %clock64;\nmov.b32 $1, $2;", "=l,=r,r",
+                              has_side_effects=True, is_align_stack=False,
+                              asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+        return (Int64(llvm.extractvalue(T.i64(), res, [0], loc=loc, ip=ip)),
+                Int32(llvm.extractvalue(T.i32(), res, [1], loc=loc, ip=ip)))
+
+    @cute.kernel
+    def kern(seed: cute.Tensor, out: cute.Tensor, cycles: cute.Tensor, iters: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        g = bidx * THREADS + tidx
+        x0 = seed[g]
+        t0, x0 = clock_through(x0)
+        # eight named chains (the DSL carries named values through a dynamic loop)
+        v0, v1, v2, v3 = x0, x0 + Int32(977), x0 + Int32(1954), x0 + Int32(2931)
+        v4, v5, v6, v7 = x0 + Int32(3908), x0 + Int32(4885), x0 + Int32(5862), x0 + Int32(6839)
+        for _ in cutlass.range(iters, unroll=1):
+            v0, v1, v2, v3, v4, v5, v6, v7 = step((v0, v1, v2, v3, v4, v5, v6, v7))
+        acc = v0 ^ v1 ^ v2 ^ v3 ^ v4 ^ v5 ^ v6 ^ v7
+        t1, acc = clock_through(acc)
+        out[g] = acc
+        if tidx == 0:
+            cycles[bidx] = t1 - t0
+
+    @cute.jit
+    def launch(seed: cute.Tensor, out: cute.Tensor, cycles: cute.Tensor, iters: Int32, n_cta: Int32):
+        kern(seed, out, cycles, iters).launch(grid=(n_cta, 1, 1), block=(THREADS, 1, 1))
+
+    return launch
+
+
+def sass_of(name: str) -> str:
+    from cutlass import Int32
+    from cutlass.cute.runtime import make_fake_compact_tensor
+    import cutlass
+    from flash_attn_poly.kernels import sass
+
+    n_cta = 264
+    args = (make_fake_compact_tensor(cutlass.Int32, (n_cta * THREADS,)),
+            make_fake_compact_tensor(cutlass.Int32, (n_cta * THREADS,)),
+            make_fake_compact_tensor(cutlass.Int64, (n_cta,)), Int32(10), Int32(n_cta))
+    return sass.sass_of(_build(name), *args)
+
+
+def measure(name: str, iters: int) -> dict:
+    import torch
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Int32
+    from cutlass.cute.runtime import from_dlpack
+
+    n_sm = torch.cuda.get_device_properties(0).multi_processor_count
+    n_cta = n_sm * CTAS_PER_SM
+    seed = torch.randint(0x3E000000, 0x3F800000, (n_cta * THREADS,), dtype=torch.int32, device="cuda")
+    out = torch.full_like(seed, -1)
+    cyc = torch.zeros(n_cta, dtype=torch.int64, device="cuda")
+    args = [from_dlpack(t, assumed_align=16) for t in (seed, out, cyc)]
+    fn = cute.compile(_build(name), *args, Int32(iters), Int32(n_cta))
+    fn(*args, Int32(iters), Int32(n_cta))          # warm-up
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ev[0].record()
+    fn(*args, Int32(iters), Int32(n_cta))
+    ev[1].record()
+    torch.cuda.synchronize()
+    ms = ev[0].elapsed_time(ev[1])
+    cycles = statistics.median(cyc.cpu().tolist())
+    per_thread = {k: v * iters for k, v in ops_per_call(name).items()}
+    total_thread_ops = sum(per_thread.values())
+    rate = total_thread_ops * THREADS * CTAS_PER_SM / cycles
+    return {"op": name, "ops_per_clk_per_sm": rate,
+            "per_kind_per_clk_per_sm": {k: v * THREADS * CTAS_PER_SM / cycles for k, v in per_thread.items()},
+            "median_cta_cycles": cycles, "kernel_ms": ms,
+            "implied_sm_mhz": cycles / (ms * 1e3), "n_sm": n_sm}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--ops", default="", help="comma-separated subset of OPS names")
+    ap.add_argument("--sass", action="store_true", help="print each op's SASS opcode histogram (CPU)")
+    ap.add_argument("--json", default="")
+    a = ap.parse_args(argv)
+    names = [n for n in OPS if not a.ops or n in a.ops.split(",")]
+    if a.sass:
+        from flash_attn_poly.kernels import sass
+        for n in names:
+            h = sass.histogram(sass_of(n))
+            print(f"{n:34s} " + " ".join(f"{k}:{v}" for k, v in h.most_common(6)))
+        return 0
+    import datetime
+    import subprocess
+    import torch
+    rows = [measure(n, a.iters) for n in names]
+    commit = os.environ.get("FAP_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(f"{'op':34s} {'ops/clk/SM':>10s}  per kind")
+    for r in rows:
+        kinds = ", ".join(f"{k} {v:.1f}" for k, v in r["per_kind_per_clk_per_sm"].items())
+        print(f"{r['op']:34s} {r['ops_per_clk_per_sm']:10.1f}  {kinds}  ({r['implied_sm_mhz']:.0f} MHz)")
+    if a.json:
+        doc = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
+               "commit": commit,
+               "protocol": f"{CTAS_PER_SM} CTAs x {THREADS} threads per SM, {CHAINS} independent chains "
+                           f"per thread, {UNROLL} ops per chain per asm call, {a.iters} calls; "
+                           "rate = thread-ops per SM / median CTA %clock64 cycles; one warm-up launch",
+               "rows": rows}
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
