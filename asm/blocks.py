@@ -285,6 +285,8 @@ BUILDERS = {
     # FP16 D5 softcap residual (accuracy; not in a kernel yet)
     "softcap_fwd_f16x2": unary("softcap_fwd_f16x2", SOFTCAP + "_f16", "f16x2", in_f32=True),
     "softcap_bwd_f16x2": unary("softcap_bwd_f16x2", SOFTCAP + "_f16_grad", "f16x2", in_f32=True),
+    # odd polynomial in u^2, clamp outside the block (fit/softcap_odd.py)
+    "softcap_fwd_f16x2_odd": unary("softcap_fwd_f16x2_odd", SOFTCAP + "_f16_odd", "f16x2", in_f32=True),
     # the two-region FP16 softcap (fit/softcap_tail.py): residual below |u| = 1, 1 - tanh above
     "softcap_fwd_f16x2_tail": unary("softcap_fwd_f16x2_tail", SOFTCAP + "_f16_tail", "f16x2", in_f32=True),
     "softcap_bwd_f16x2_tail": unary("softcap_bwd_f16x2_tail", SOFTCAP + "_f16_tail_grad", "f16x2", in_f32=True),

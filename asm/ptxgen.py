@@ -145,7 +145,15 @@ def abs_piecewise2(b: Builder, prog: dict, x: str, odd_out: bool) -> str:
     return b.emit("lop3.b32", x, imm(SIGN2), h, f"0x{LUT_SIGN_XOR:02x}") if odd_out else h
 
 
-FORMS = {"odd": odd, "residual_odd": odd, "even": even, "residual_even": residual_even,
+def odd_u2(b: Builder, prog: dict, x: str) -> str:
+    """(v * x) * Q(v), v = x * x (fit/runtime.py odd_u2): no clamp, abs or sign ops; the
+    caller hands in x already clamped to [-L_c, L_c]."""
+    v = b.mul(x, x)
+    t = b.mul(v, x)
+    return b.mul(horner(b, prog["coeffs"], v, zero_c0=False), t)
+
+
+FORMS = {"odd": odd, "odd_u2": odd_u2, "residual_odd": odd, "even": even, "residual_even": residual_even,
          "odd_piecewise2": lambda b, prog, x: abs_piecewise2(b, prog, x, True),
          "even_piecewise2": lambda b, prog, x: abs_piecewise2(b, prog, x, False)}
 

@@ -197,10 +197,10 @@ def main(argv=None) -> int:
         section, n = SECTIONS[kind]
         sizes = CHECK_SIZES[:-1] + (n,)
         failed = check(kind, built[kind], sizes)
-        for name, sizes in failed.items():
-            if sizes:
-                failures[f"{kind} {name}"] = sizes
-                print(f"NOT BIT-EXACT: {kind} {name} at n = {sizes}", flush=True)
+        for name, bad in failed.items():
+            if bad:
+                failures[f"{kind} {name}"] = bad
+                print(f"NOT BIT-EXACT: {kind} {name} at n = {bad}", flush=True)
         ok = {k: v for k, v in built[kind].items() if not failed[k]}
         print(f"{kind}: {len(ok)}/{len(built[kind])} variants bit-exact with default on "
               f"n = {sizes}", flush=True)

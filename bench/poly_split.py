@@ -47,6 +47,12 @@ CONFIGS = [  # (mode, program or "" for native, split[, forward tuning "name=int
     ("softcap", "softcap_c50_f16_tail", (1, 16), "softcap_grad=block"),
     # the one-region program on 1/16 with the value rule (the softcap default since 8c57383)
     ("softcap", "softcap_c50_f16", (1, 16), "softcap_grad=value"),
+    # the odd_u2 program (fit/softcap_odd.py: clamp on the FMA pipe, no ALU ops in the block;
+    # added 2026-11-30 after bench/issue_rates.py): does a wider split pay now?
+    ("softcap", "softcap_c50_f16_odd", (1, 16), "softcap_grad=value"),
+    ("softcap", "softcap_c50_f16_odd", (1, 8), "softcap_grad=value"),
+    ("softcap", "softcap_c50_f16_odd", (1, 4), "softcap_grad=value"),
+    ("softcap", "softcap_c50_f16_odd", (1, 2), "softcap_grad=value"),
 ]
 SPREADS = {"softcap": (3.5, 4.5), "sigmoid": (1.3, 1.7)}
 

@@ -69,10 +69,11 @@ def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM, grad_rule: str =
     """(score_fn, score_grad_fn): logit = x_c - c*rho(x_c/c) and d logit/dx, by grad_rule
     (kernels/score_stages_bwd.SoftcapBwd.grad_rule): "block" replays the _grad program,
     "value" is 1 - t^2 of t = logit * fp32(1/c) in FP32."""
-    prog, grad = _program(program), _program(program + "_grad")
+    prog = _program(program)
     grad_rule = grad_rule or ("value" if prog.get("dtype") == "f16" else "block")
     if grad_rule not in ("block", "value"):
         raise ValueError(f"softcap grad_rule must be 'block' or 'value', got {grad_rule!r}")
+    grad = _program(program + "_grad") if grad_rule == "block" else None   # odd_u2 programs have none
     prog = {**prog, "params": {**prog["params"], "c": softcap}}
     lim = softcap * prog["L_c"]
     inv_c = runtime.round_to(1.0 / softcap, "f32")

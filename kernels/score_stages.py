@@ -71,6 +71,13 @@ def tanh_approx(x: Float32, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
+def fma_sat(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
+    """fma.rn.sat.f32: a*b + c clamped to [0, 1] on the FMA pipe (NaN -> +0)."""
+    return Float32(_asm(T.f32(), [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c)],
+                        "fma.rn.sat.f32 $0, $1, $2, $3;", "=f,f,f,f"))
+
+
+@dsl_user_op
 def exp2_approx(x: Float32, *, loc=None, ip=None) -> Float32:
     """MUFU.EX2 with flush-to-zero; ex2(-inf) = +0 exactly."""
     return Float32(_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)],
@@ -108,7 +115,10 @@ def unpack_f16x2(p: Int32, *, loc=None, ip=None):
 SOFTCAP_BLOCKS = {"softcap_c50": ("softcap_fwd", "softcap_bwd"),
                   "softcap_c50_f16": ("softcap_fwd_f16x2", "softcap_bwd_f16x2"),
                   # two-region FP16 (fit/softcap_tail.py): residual below |u| = 1, 1 - tanh above
-                  "softcap_c50_f16_tail": ("softcap_fwd_f16x2_tail", "softcap_bwd_f16x2_tail")}
+                  "softcap_c50_f16_tail": ("softcap_fwd_f16x2_tail", "softcap_bwd_f16x2_tail"),
+                  # true odd polynomial, clamp on the FMA pipe (fit/softcap_odd.py); no derivative
+                  # block: the backward takes the value rule
+                  "softcap_c50_f16_odd": ("softcap_fwd_f16x2_odd", None)}
 
 
 # sigmoid-attention programs with their blocks (full, overlap_v2 head, tail): BF16 D3 (B3) and
@@ -192,6 +202,27 @@ def softcap_blocks(program: str) -> tuple:
         raise ValueError(f"softcap program {program!r} has no PTX blocks; known: {sorted(SOFTCAP_BLOCKS)}")
     fwd, bwd = SOFTCAP_BLOCKS[program]
     return fwd, bwd, _program(program)["dtype"] == "f16"
+
+
+def softcap_is_u2(program: str) -> bool:
+    """The program is of form odd_u2 (fit/softcap_odd.py): the caller clamps u on the FMA pipe."""
+    return _program(program)["form"] == "odd_u2"
+
+
+def softcap_u2_scalars(scale, c, clamp_l: float):
+    """(alpha, 2 L): u = fma_sat(s, alpha, 0.5) * 2L - L = clamp(s * scale / c, +-L)."""
+    return scale / (c * (2.0 * clamp_l)), Float32(2.0 * clamp_l)
+
+
+@cute.jit
+def softcap_u2_pair(s0, s1, alpha, two_l, clamp_l: cutlass.Constexpr[float], block: cutlass.Constexpr[str]):
+    """Odd_u2 program on two raw scores: (u0, u1, rho0, rho1), u clamped to [-L, L] with one
+    fma.rn.sat.f32 + one FFMA each (no FMNMX), rho = the f16x2 block unpacked.  The forward and
+    the backward both call this, so they recompute the same logits c u - c rho."""
+    u0 = fma_sat(s0, alpha, Float32(0.5)) * two_l - Float32(clamp_l)
+    u1 = fma_sat(s1, alpha, Float32(0.5)) * two_l - Float32(clamp_l)
+    r0, r1 = unpack_f16x2(Int32(_cute_ops().named(block, u0, u1)))
+    return u0, u1, r0, r1
 
 
 @dsl_user_op
@@ -544,6 +575,7 @@ class SoftcapStage:
     clamp_l: float = field(default=0.0, init=False)   # the program's L_c: |u| clamped there
     rho_f16: bool = field(default=False, init=False)  # the program's block returns f16x2
     tail_u: float = field(default=0.0, init=False)    # two-region program: FP32 |u| threshold
+    u2: bool = field(default=False, init=False)       # odd_u2 program: FMA-pipe clamp (softcap_u2_pair)
     has_lse = True
     uses_online_softmax = True
 
@@ -555,6 +587,7 @@ class SoftcapStage:
             object.__setattr__(self, "clamp_l", float(prog["L_c"]))
             object.__setattr__(self, "rho_f16", softcap_blocks(self.program)[2])
             object.__setattr__(self, "tail_u", softcap_tail_u(self.program))
+            object.__setattr__(self, "u2", softcap_is_u2(self.program))
 
     def poly_pair(self, col_group: int) -> bool:
         return self.evaluator == "poly" and poly_pair(self.poly_split, col_group)
@@ -588,9 +621,16 @@ class SoftcapStage:
             s_mn = acc_mn_view(acc_S)
             x_max = params[2] * self.clamp_l
             u_scale = params[0] * params[3]
+            alpha, two_l = softcap_u2_scalars(params[0], params[2], self.clamp_l)
             for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                 for g in cutlass.range_constexpr(cute.size(s_mn, mode=[1]) // 2):
-                    if cutlass.const_expr(self.poly_pair(g)):
+                    if cutlass.const_expr(self.poly_pair(g) and self.u2):
+                        # a = (c u - c rho) log2e + k as two FFMAs: c log2e u + k, then - c log2e rho
+                        u0, u1, r0, r1 = softcap_u2_pair(s_mn[r, 2 * g], s_mn[r, 2 * g + 1], alpha, two_l,
+                                                         self.clamp_l, softcap_blocks(self.program)[0])
+                        s_mn[r, 2 * g] = (u0 * c_log2 + k) - c_log2 * r0
+                        s_mn[r, 2 * g + 1] = (u1 * c_log2 + k) - c_log2 * r1
+                    elif cutlass.const_expr(self.poly_pair(g)):
                         self._pair_poly(s_mn, r, 2 * g, x_max, params)
                         for c in cutlass.range_constexpr(2 * g, 2 * g + 2):
                             s_mn[r, c] = s_mn[r, c] * LOG2E + k
@@ -610,10 +650,16 @@ class SoftcapStage:
     def _transform_poly(self, acc_S: cute.Tensor, params):
         s_mn = acc_mn_view(acc_S)
         x_max = params[2] * self.clamp_l
+        alpha, two_l = softcap_u2_scalars(params[0], params[2], self.clamp_l)
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             for g in cutlass.range_constexpr(cute.size(s_mn, mode=[1]) // 2):
                 # s_mn columns (2 adjacent, N/8 groups): flat column 2g, 2g+1 = group g
-                if cutlass.const_expr(self.poly_pair(g)):
+                if cutlass.const_expr(self.poly_pair(g) and self.u2):
+                    u0, u1, r0, r1 = softcap_u2_pair(s_mn[r, 2 * g], s_mn[r, 2 * g + 1], alpha, two_l,
+                                                     self.clamp_l, softcap_blocks(self.program)[0])
+                    s_mn[r, 2 * g] = (params[2] * u0) - params[2] * r0
+                    s_mn[r, 2 * g + 1] = (params[2] * u1) - params[2] * r1
+                elif cutlass.const_expr(self.poly_pair(g)):
                     self._pair_poly(s_mn, r, 2 * g, x_max, params)
                 else:
                     for c in cutlass.range_constexpr(2 * g, 2 * g + 2):

@@ -32,8 +32,8 @@ from cutlass import Float32, Int32
 
 from .score_stages import (DEFAULT_POLY_SPLIT, DEFAULT_PROGRAM, _check_split, _cute_ops, _program,
                            check_sigmoid_dtype, pack_f32x2,
-                           poly_pair, sigmoid_blocks, softcap_blocks, softcap_combine, softcap_tail_u,
-                           tanh_approx, unpack_bf16x2,
+                           poly_pair, sigmoid_blocks, softcap_blocks, softcap_combine, softcap_is_u2,
+                           softcap_tail_u, softcap_u2_pair, softcap_u2_scalars, tanh_approx, unpack_bf16x2,
                            unpack_f16x2)
 
 LOG2_E = math.log2(math.e)
@@ -118,6 +118,7 @@ class SoftcapBwd(_PolySplit):
     grad_rule: str = None
     clamp_l: float = field(default=0.0, init=False)
     tail_u: float = field(default=0.0, init=False)    # two-region program: FP32 |u| threshold
+    u2: bool = field(default=False, init=False)       # odd_u2 program (score_stages.softcap_u2_pair)
     mode = "softcap"
     needs_lse = True
     needs_dsum = True
@@ -130,8 +131,11 @@ class SoftcapBwd(_PolySplit):
             raise ValueError(f"softcap grad_rule must be one of {SOFTCAP_GRAD_RULES}, got {self.grad_rule!r}")
         if self.evaluator == "poly":
             object.__setattr__(self, "clamp_l", float(_program(self.program)["L_c"]))
-            softcap_blocks(self.program)   # a clear error for a program without blocks
+            if softcap_blocks(self.program)[1] is None and self.grad_rule == "block":
+                raise ValueError(f"softcap program {self.program!r} has no derivative block: "
+                                 "use grad_rule='value'")
             object.__setattr__(self, "tail_u", softcap_tail_u(self.program))
+            object.__setattr__(self, "u2", softcap_is_u2(self.program))
 
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
         # native: the forward's (scale/c, c log2e); poly: (scale, c, 1/c) as its params 0, 2, 3
@@ -165,6 +169,13 @@ class SoftcapBwd(_PolySplit):
 
     @cute.jit
     def _logit2_block(self, s0, s1, args):
+        if cutlass.const_expr(self.u2):
+            alpha, two_l = softcap_u2_scalars(args[0], args[1], self.clamp_l)
+            u0, u1, r0, r1 = softcap_u2_pair(s0, s1, alpha, two_l, self.clamp_l, softcap_blocks(self.program)[0])
+            l0 = (args[1] * u0) - args[1] * r0
+            l1 = (args[1] * u1) - args[1] * r1
+            t0, t1 = l0 * args[2], l1 * args[2]
+            return l0, l1, 1.0 - t0 * t0, 1.0 - t1 * t1
         x_max = args[1] * self.clamp_l
         x0 = cute.arch.fmin(cute.arch.fmax(s0 * args[0], -x_max), x_max)
         x1 = cute.arch.fmin(cute.arch.fmax(s1 * args[0], -x_max), x_max)

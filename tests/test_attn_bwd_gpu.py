@@ -249,12 +249,17 @@ def test_sigmoid_poly_bwd_surrogate_matches_split_reference(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rule", ["value", "block"])
-@pytest.mark.parametrize("program", ["softcap_c50_f16", "softcap_c50_f16_tail"])
+@pytest.mark.parametrize("program", ["softcap_c50_f16", "softcap_c50_f16_tail", "softcap_c50_f16_odd"])
 @pytest.mark.parametrize("case", BF16_SOFTCAP_CASES, ids=str)
 def test_softcap_poly_bwd_grad_rules_match_split_reference(case, program, rule):
     """softcap_grad: d logit/dx of the block columns from the block's logit ("value", 1 - t^2)
     or from the differentiated program ("block"), with the residual and the two-region FP16
-    programs; the reference applies the same rule."""
+    programs; the reference applies the same rule.  The odd_u2 program has no derivative
+    block: "block" must raise, naming the value rule."""
+    if program == "softcap_c50_f16_odd" and rule == "block":
+        with pytest.raises(ValueError, match="grad_rule='value'"):
+            test_poly_bwd_matches_split_reference(case, program=program, softcap_grad=rule)
+        return
     test_poly_bwd_matches_split_reference(case, program=program, softcap_grad=rule)
 
 

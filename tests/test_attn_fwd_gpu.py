@@ -60,7 +60,7 @@ def _inputs(dtype, b, s_q, s_k, h_q, h_kv, d, scale_scores=1.0):
     return q, k, v
 
 
-def _program_score_fn(mode, s_k, softcap=50.0):
+def _program_score_fn(mode, s_k, softcap=50.0, stage=None):
     """The math the default poly stage runs, per key column: the program replay (exact bf16
     rounding) for the columns its poly_split sends through the block, the exact function
     for its MUFU columns (tests/test_attn_fwd_split.split_score_fn)."""
@@ -69,11 +69,11 @@ def _program_score_fn(mode, s_k, softcap=50.0):
     from test_attn_fwd_split import split_score_fn
     from flash_attn_poly.kernels import score_stages as S
 
-    return split_score_fn(mode, S.make_stage(mode, "poly"), s_k, softcap)
+    return split_score_fn(mode, stage or S.make_stage(mode, "poly"), s_k, softcap)
 
 
 def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, tuning=None,
-             qkv=None, softcap=50.0):
+             qkv=None, softcap=50.0, stage=None):
     from flash_attn_poly import reference, testing
     from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
 
@@ -82,7 +82,7 @@ def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, tuning=N
     kw = dict(causal=causal, softcap=softcap if mode == "softcap" else None)
     out = testing.poison_(torch.empty_like(q))
     lse = testing.poison_(torch.empty(b, h_q, s_q, device="cuda"))
-    o, l = attn_fwd(q, k, v, mode=mode, evaluator=evaluator, out=out, lse=lse, tuning=tuning, **kw)
+    o, l = attn_fwd(q, k, v, mode=mode, evaluator=evaluator, out=out, lse=lse, tuning=tuning, stage=stage, **kw)
     torch.cuda.synchronize()
     ref, ref_lse = reference.attention_ref(q, k, v, mode, **kw)
     # the same-dtype pipeline, with the kernel's constant row max where it uses one
@@ -92,7 +92,7 @@ def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, tuning=N
     if evaluator == "poly":
         # judge against the program the kernel runs (tight) and report the exact-function error
         st["exact_err"] = testing.max_abs_err(o, ref)
-        fn = _program_score_fn(mode, s_k, softcap)
+        fn = _program_score_fn(mode, s_k, softcap, stage)
         ref, ref_lse = reference.attention_ref(q, k, v, mode, score_fn=fn, **kw)
         low, _ = reference.attention_ref_lowprec(q, k, v, mode, score_fn=fn, fixed_max=m0, **kw)
     st.update(testing.assert_close_rule(o, ref, low, factor=2.0, floor=1e-3, name=f"{mode}/{evaluator} O"))
@@ -108,6 +108,22 @@ def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, tuning=N
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_attn_fwd(case):
     run_case(*case)
+
+
+# the odd_u2 softcap program (fit/softcap_odd.py: clamp on the FMA pipe, true odd polynomial):
+# several splits, BF16 (constant row max) and FP16 (online max), tails, D 64/128/256
+ODD_CASES = [("softcap", "poly", "bf16", 1, 257, 257, 4, 1, 128, True),
+             ("softcap", "poly", "fp16", 2, 200, 333, 8, 2, 64, False),
+             ("softcap", "poly", "bf16", 1, 300, 300, 4, 2, 256, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [(1, 16), (1, 2), (1, 1)], ids=lambda s: f"{s[0]}of{s[1]}")
+@pytest.mark.parametrize("case", ODD_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_attn_fwd_softcap_odd_program(case, split):
+    from flash_attn_poly.kernels import score_stages as S
+    stage = S.make_stage("softcap", "poly", program="softcap_c50_f16_odd", poly_split=split)
+    run_case(*case, stage=stage)
 
 
 # the online-softmax row-sum order knob (AttnFwdConfig.row_sum_carry): both settings, the

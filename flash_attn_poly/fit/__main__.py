@@ -1,4 +1,4 @@
-"""CLI: python -m flash_attn_poly.fit search|write|table|sweep|attn-metric|identities"""
+"""CLI: python -m flash_attn_poly.fit search|write|table|sweep|attn-metric|identities|softcap-tail|softcap-odd"""
 from __future__ import annotations
 
 import argparse
@@ -41,6 +41,12 @@ def main(argv=None):
     st.add_argument("--u0", type=float, default=1.0)
     st.add_argument("--L", type=float, default=3.0)
     st.add_argument("--write", action="store_true", help="add/replace the two entries in programs.json")
+    so = sub.add_parser("softcap-odd", help="FP16 softcap residual as a true odd polynomial (form odd_u2, "
+                        "fit/softcap_odd.py): softcap_c50_f16_odd")
+    so.add_argument("--n-coeffs", type=int, default=5)
+    so.add_argument("--L", type=float, default=2.0)
+    so.add_argument("--floor", type=float, default=0.03)
+    so.add_argument("--write", action="store_true", help="add/replace the entry in programs.json")
     idn = sub.add_parser("identities", help="identity backward rules vs direct/differentiated programs")
     idn.add_argument("--json", default=None, help="write rows here (and PATH.md)")
     a = ap.parse_args(argv)
@@ -62,6 +68,17 @@ def main(argv=None):
         entries = softcap_tail.entries(table, a.u0, a.L, command=cmd)
         print(json.dumps(P._clean(entries), indent=1))
         if a.write:
+            table["programs"].update(P._clean(entries))
+            table["programs"] = dict(sorted(table["programs"].items()))
+            P.write(table)
+    elif a.cmd == "softcap-odd":
+        from . import softcap_odd
+        p = softcap_odd.make(a.L, a.n_coeffs, floor=a.floor)
+        p["fit"] = {"command": cmd}
+        entries = {"softcap_c50_f16_odd": p}
+        print(json.dumps(P._clean(entries), indent=1))
+        if a.write:
+            table = P.load_table()
             table["programs"].update(P._clean(entries))
             table["programs"] = dict(sorted(table["programs"].items()))
             P.write(table)

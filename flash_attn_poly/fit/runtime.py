@@ -33,6 +33,10 @@ Forms (t = min(|x|, L_c), q(t) = sum_k c_k t^k, Horner from c_D down):
                     shift 0, else one rounding); h = q_r(v), Horner of the selected
                     coefficients down to c_0 (a c_0 of 0 still costs an fma); odd: y =
                     sign(xb) * h, even: y = h.  No offset, no squarings.
+* ``odd_u2``        y = (v * u) * Q(v), v = u * u, u = cvt.rn(x), Q(v) = sum_k c_k v^k: a
+                    true odd polynomial (degree 2K + 3), no abs, clamp or sign ops in the
+                    block.  The caller clamps x to [-L_c, L_c] first (the softcap kernels do
+                    it on the FMA pipe with fma.rn.sat.f32; fit/softcap_odd.py).
 * ``piecewise2_factored``  derivative surrogate dy = P * g, g = a_r + b_r * u, P the
                     forward value (after the squarings) of the same u; with
                     params.g_squared: dy = P * (g * g) (two roundings).
@@ -93,6 +97,12 @@ FUSED_OPS["odd_piecewise2"] = [
     "c_k = lop3(m, c_k[hi], c_k[lo], 0xca) for k = 0..D",
     "h  = c_D; h = fma.rn(h, v, c_k) for k = D-1 .. 0",
     "y  = h ^ (xb & 0x8000)              # sign restore, exact (lop3 0x6a)",
+]
+FUSED_OPS["odd_u2"] = [
+    "u  = cvt.rn(x)                      # x already clamped to [-L_c, L_c] by the caller",
+    "v  = mul.rn(u, u); t = mul.rn(v, u)",
+    "h  = c_K; h = fma.rn(h, v, c_k) for k = K-1 .. 0",
+    "y  = mul.rn(h, t)",
 ]
 FUSED_OPS["even_piecewise2"] = FUSED_OPS["odd_piecewise2"][:-1]
 FUSED_OPS["residual_odd"] = FUSED_OPS["odd"]
@@ -315,7 +325,16 @@ def _pw2_abs(program, ar, x, fp64, odd: bool):
     return np.where(np.signbit(xb), -h, h) if odd else h
 
 
+def _odd_u2(program, ar, x, fp64):
+    """odd_u2 (module docstring): no clamp here, the caller's."""
+    u = ar.inp(x)
+    v = ar.mul(u, u)
+    t = ar.mul(v, u)
+    return ar.mul(horner(ar, _coeffs(program, fp64), v, zero_c0=False), t)
+
+
 _FORMS = {
+    "odd_u2": _odd_u2,
     "odd_piecewise2": lambda program, ar, x, fp64: _pw2_abs(program, ar, x, fp64, True),
     "even_piecewise2": lambda program, ar, x, fp64: _pw2_abs(program, ar, x, fp64, False),
     "odd": _odd,
@@ -348,6 +367,8 @@ def softcap_logit(program: dict, x, order: str = "fused") -> np.ndarray:
         rho = block(u)  -- the odd-form program (cvt.rn.bf16, |.|, Horner, sign)
         out = fma.rn.f32(-c, rho, xc)                               # logit = xc - c*rho
     """
+    if program["form"] == "odd_u2":
+        return _softcap_logit_u2(program, x, order)
     c = float(program["params"]["c"])
     lc = program["L_c"] * c
     x = np.asarray(x, np.float64)
@@ -363,6 +384,24 @@ def softcap_logit(program: dict, x, order: str = "fused") -> np.ndarray:
     if two:   # tail region: logit = sign(x) c - c (sign(x) eps), the same region test as the block
         xc = np.where(np.abs(u) >= region_threshold_f32(program), np.copysign(c, xc), xc)
     return fma(-c, rho, xc, "f32")
+
+
+def _softcap_logit_u2(program: dict, x, order: str) -> np.ndarray:
+    """softcap_logit of an odd_u2 program (fit/softcap_odd.py).  Kernel:
+        u   = clamp(x / c, +-L_c)  -- fma.rn.sat.f32(s, scale/(2 c L_c), 0.5) * 2 L_c - L_c:
+              within a few FP32 ulps of mul.rn.f32(x, rn32(1/c)) clamped, modelled as the latter
+        rho = block(u)            -- cvt.rn.f16x2, v = u^2, (v u) Q(v)
+        out = fma.rn.f32(-c, rho, mul.rn.f32(c, u))   # logit = c u - c rho
+    """
+    c = float(program["params"]["c"])
+    L = float(program["L_c"])
+    x = np.asarray(x, np.float64)
+    if order == "real":
+        u = np.clip(x / c, -L, L)
+        return c * u - c * replay(program, u, "real")
+    u = pmin(pmax(mul(round_to(x, "f32"), round_to(1.0 / c, "f32"), "f32"), -L), L)
+    rho = replay(program, u, order)
+    return fma(-c, rho, mul(c, u, "f32"), "f32")
 
 
 def region_threshold_f32(program: dict) -> float:
