@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh odd19   # odd_u2 with 6 coefficients, backward MUFU columns as native's: tests, poly_split, Gemma-2 D = 256 twice
 #   bash bench/h200_round.sh odd18   # odd_u2 softcap program (fit/softcap_odd.py): GPU tests, poly_split rows, Gemma-2 D = 256
 #   bash bench/h200_round.sh rates17 # bench/issue_rates.py (F2FP / unpack / MUFU mixes), then elem16's steps
 #   bash bench/h200_round.sh final15 # deterministic + pre/post tests, train_sanity.py, elementwise_variants.py
@@ -368,6 +369,20 @@ elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning varian
   t elem_var_b4 150 python3 bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd \
       --json "$OUT/elementwise_variants_b4.json"; tarup
   t elem_graph 150 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = odd19 ]; then   # odd_u2 refit (6 coefficients) + cheaper backward MUFU columns: tests, poly_split, Gemma-2 D = 256 x2
+  pt fwd_odd tests/test_attn_fwd_gpu.py -k softcap_odd &
+  pt bwd_odd tests/test_attn_bwd_gpu.py -k "grad_rules and odd" &
+  pt asm tests/test_asm_gpu.py &
+  wait; tarup
+  t split_odd 240 python3 bench/poly_split.py --modes softcap --rounds 9 --only "softcap/softcap_c50_f16 1/16 softcap_grad=value,\
+softcap/softcap_c50_f16_odd 1/16 softcap_grad=value,softcap/softcap_c50_f16_odd 1/8 softcap_grad=value,\
+softcap/softcap_c50_f16_odd 1/4 softcap_grad=value" --json "$OUT/poly_split_odd.json"; tarup
+  for r in 1 2; do
+    t gemma2_d256_$r 150 python3 bench/gemma2.py --impls ours --programs softcap_c50_f16_odd --rounds 9 \
+        --json "$OUT/gemma2_d256_odd_$r.json"; tarup
+  done
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = odd18 ]; then   # the odd_u2 softcap program: its GPU tests, then poly_split (time + accuracy) and Gemma-2 D = 256

@@ -50,6 +50,7 @@ FAMILIES = {
     "LOP3": r"LOP3(\..*)?",
     "F2FP": r"F2FP(\..*)?",
     "FFMA": r"FFMA(\..*)?",
+    "FMNMX": r"FMNMX(\..*)?",                        # FP32 min/max (ALU pipe)
     "LDG.E.128": r"LDG\.E\.128(\..*)?",
     "STG.E.128": r"STG\.E\.128(\..*)?",
     "LDG.128": r"LDG(\.[A-Z0-9_]+)*\.128(\..*)?",    # any 128-bit load: .CONSTANT, .NA, ...

@@ -33,7 +33,7 @@ from cutlass import Float32, Int32
 from .score_stages import (DEFAULT_POLY_SPLIT, DEFAULT_PROGRAM, _check_split, _cute_ops, _program,
                            check_sigmoid_dtype, pack_f32x2,
                            poly_pair, sigmoid_blocks, softcap_blocks, softcap_combine, softcap_is_u2,
-                           softcap_tail_u, softcap_u2_pair, softcap_u2_scalars, tanh_approx, unpack_bf16x2,
+                           softcap_tail_u, softcap_u2_pair, tanh_approx, unpack_bf16x2,
                            unpack_f16x2)
 
 LOG2_E = math.log2(math.e)
@@ -138,9 +138,14 @@ class SoftcapBwd(_PolySplit):
             object.__setattr__(self, "u2", softcap_is_u2(self.program))
 
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
-        # native: the forward's (scale/c, c log2e); poly: (scale, c, 1/c) as its params 0, 2, 3
+        # native: the forward's (scale/c, c log2e); poly: (scale, c, 1/c) as its params 0, 2, 3;
+        # poly with an odd_u2 program: (scale/c, c, c log2e), so that its MUFU columns cost what
+        # native's do (one FMUL before the tanh, none after) and its block columns take
+        # t = u - rho, e = t c log2e (_e2_u2)
         if self.evaluator == "native":
             return (softmax_scale / softcap, softcap * LOG2_E, 0.0)
+        if self.u2:
+            return (softmax_scale / softcap, softcap, softcap * LOG2_E)
         return (softmax_scale, softcap, 1.0 / softcap)
 
     @cute.jit
@@ -150,6 +155,12 @@ class SoftcapBwd(_PolySplit):
             # the forward's native P = exp2(t * c log2e - max), t = tanh.approx(s * scale/c)
             t0, t1 = tanh_approx(s0 * args[0]), tanh_approx(s1 * args[0])
             e0, e1, a0, a1 = t0 * args[1], t1 * args[1], 1.0 - t0 * t0, 1.0 - t1 * t1
+        elif cutlass.const_expr(self.u2):
+            if cutlass.const_expr(block):
+                e0, e1, a0, a1 = self._e2_u2(s0, s1, args)
+            else:   # MUFU column: as native, with c log2e in args[2]
+                t0, t1 = tanh_approx(s0 * args[0]), tanh_approx(s1 * args[0])
+                e0, e1, a0, a1 = t0 * args[2], t1 * args[2], 1.0 - t0 * t0, 1.0 - t1 * t1
         else:
             if cutlass.const_expr(block):
                 l0, l1, a0, a1 = self._logit2_block(s0, s1, args)
@@ -168,14 +179,18 @@ class SoftcapBwd(_PolySplit):
         return args[1] * t0, args[1] * t1, 1.0 - t0 * t0, 1.0 - t1 * t1
 
     @cute.jit
+    def _e2_u2(self, s0, s1, args):
+        """odd_u2 block column: (e0, e1, a0, a1), e = t c log2e the exp2 argument, a = 1 - t^2
+        (value rule), t = u - rho = logit / c; u = clamp(s scale/c, +-L) as the forward's
+        softcap_u2_pair (alpha = (scale/c) / (2L), one FMUL per kernel)."""
+        alpha = args[0] * Float32(1.0 / (2.0 * self.clamp_l))
+        u0, u1, r0, r1 = softcap_u2_pair(s0, s1, alpha, Float32(2.0 * self.clamp_l), self.clamp_l,
+                                         softcap_blocks(self.program)[0])
+        t0, t1 = u0 - r0, u1 - r1
+        return t0 * args[2], t1 * args[2], 1.0 - t0 * t0, 1.0 - t1 * t1
+
+    @cute.jit
     def _logit2_block(self, s0, s1, args):
-        if cutlass.const_expr(self.u2):
-            alpha, two_l = softcap_u2_scalars(args[0], args[1], self.clamp_l)
-            u0, u1, r0, r1 = softcap_u2_pair(s0, s1, alpha, two_l, self.clamp_l, softcap_blocks(self.program)[0])
-            l0 = (args[1] * u0) - args[1] * r0
-            l1 = (args[1] * u1) - args[1] * r1
-            t0, t1 = l0 * args[2], l1 * args[2]
-            return l0, l1, 1.0 - t0 * t0, 1.0 - t1 * t1
         x_max = args[1] * self.clamp_l
         x0 = cute.arch.fmin(cute.arch.fmax(s0 * args[0], -x_max), x_max)
         x1 = cute.arch.fmin(cute.arch.fmax(s1 * args[0], -x_max), x_max)

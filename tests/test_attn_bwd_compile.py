@@ -578,3 +578,25 @@ def test_head_loop_fast_divmod_takes_the_division_out_of_the_loops():
         return rcps
     base, fast = loop_rcp(), loop_rcp(fast_divmod=True)
     assert base and fast and max(fast) == 0 < min(base), (base, fast)
+
+
+# ------------------------------------------------------------------------------ odd_u2 program
+def test_softcap_odd_program_side():
+    """The odd_u2 program has no derivative block: the value rule by default, "block" refused;
+    its host scalars are (scale/c, c, c log2e) (MUFU columns cost what native's do)."""
+    side = bwd_side("softcap", "poly", (1, 16), program="softcap_c50_f16_odd")
+    assert side.grad_rule == "value" and side.u2
+    assert side.host_args(0.125, 50.0, None) == (0.125 / 50.0, 50.0, 50.0 * 1.4426950408889634)
+    with pytest.raises(ValueError, match="grad_rule='value'"):
+        bwd_side("softcap", "poly", (1, 16), program="softcap_c50_f16_odd", softcap_grad="block")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("d", [128, 256])
+def test_softcap_odd_program_bwd_compiles(d):
+    """Built as deployed (head_loop, LPT; dq_async at D = 128): HGMMA, spills within the
+    softcap poly bound (CPU SASS 2026-11-30: 1 word at D = 128, 0 at D = 256)."""
+    n = _sass("softcap", "poly", d=d, poly_split=(1, 16), program="softcap_c50_f16_odd",
+              head_loop=True, dq_async=d == 128, lpt=True)
+    assert n["HGMMA"] > 0
+    assert n["STL"] <= SOFTCAP_POLY_BWD_STL

@@ -498,3 +498,19 @@ def test_fixed_max_rsum_needs_fixed_max():
     with pytest.raises(ValueError, match="fixed_max_rsum"):
         A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage("softcap", "native"), "bf16", 128, True,
                                               fixed_max_rsum=True))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("fixed_max", [True, False], ids=["fixed_max", "online"])
+def test_softcap_odd_program_clamps_on_the_fma_pipe(fixed_max):
+    """odd_u2 program (fit/softcap_odd.py) at split 1/2: its pairs clamp with fma.rn.sat.f32 and
+    run no abs / min / sign ops, so the forward has no HMNMX2, no FMNMX beyond native's (the
+    online row max; none under fixed_max) and fewer LOP3 than the one-region program; HGMMA,
+    no spills, half of native's MUFU.TANH."""
+    odd = _counts("softcap", "poly", split=(1, 2), program="softcap_c50_f16_odd", fixed_max=fixed_max)
+    one = _counts("softcap", "poly", split=(1, 2), program="softcap_c50_f16", fixed_max=fixed_max)
+    nat = _counts("softcap", "native", fixed_max=fixed_max)
+    assert odd["HGMMA"] > 0 and odd["STL"] == 0 and odd["LDL"] == 0
+    assert odd["HMNMX2"] == 0 and odd["FMNMX"] == nat["FMNMX"] < one["FMNMX"]
+    assert odd["LOP3"] < one["LOP3"]
+    assert odd["MUFU.TANH"] == nat["MUFU.TANH"] // 2

@@ -43,9 +43,10 @@ def main(argv=None):
     st.add_argument("--write", action="store_true", help="add/replace the two entries in programs.json")
     so = sub.add_parser("softcap-odd", help="FP16 softcap residual as a true odd polynomial (form odd_u2, "
                         "fit/softcap_odd.py): softcap_c50_f16_odd")
-    so.add_argument("--n-coeffs", type=int, default=5)
-    so.add_argument("--L", type=float, default=2.0)
-    so.add_argument("--floor", type=float, default=0.03)
+    so.add_argument("--n-coeffs", type=int, default=None, help="fix the number of Q coefficients "
+                    "(default: search the grid of fit/softcap_odd.GRID)")
+    so.add_argument("--L", type=float, default=None)
+    so.add_argument("--floor", type=float, default=None)
     so.add_argument("--write", action="store_true", help="add/replace the entry in programs.json")
     idn = sub.add_parser("identities", help="identity backward rules vs direct/differentiated programs")
     idn.add_argument("--json", default=None, help="write rows here (and PATH.md)")
@@ -73,8 +74,9 @@ def main(argv=None):
             P.write(table)
     elif a.cmd == "softcap-odd":
         from . import softcap_odd
-        p = softcap_odd.make(a.L, a.n_coeffs, floor=a.floor)
-        p["fit"] = {"command": cmd}
+        fixed = {k: (v,) for k, v in (("L_c", a.L), ("n_coeffs", a.n_coeffs), ("floor", a.floor)) if v is not None}
+        p = softcap_odd.search(fixed, progress=True)
+        p["fit"]["command"] = cmd
         entries = {"softcap_c50_f16_odd": p}
         print(json.dumps(P._clean(entries), indent=1))
         if a.write:
