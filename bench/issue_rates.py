@@ -9,9 +9,11 @@ it is meant to relieve.  This measures each op alone and mixed 1:1 with tanh.app
 Method: every thread runs 8 independent chains; one inline-asm call applies UNROLL ops to
 each chain (ops depend on the chain's previous value, so nothing folds); a runtime loop
 repeats the call.  Thread 0 of each CTA reads %clock64 before and after (the reads are
-volatile asm tied to the chains' data, so the work cannot move across them).  CTAS_PER_SM
-CTAs of 512 threads per SM, all resident: rate per SM = ops per CTA * CTAS_PER_SM / median
-CTA cycles.  Values are whatever the chains produce (NaN/Inf included); throughput does not
+volatile asm tied to the chains' data, so the work cannot move across them) and %smid.
+CTAS_PER_SM * SMs CTAs of 512 threads; the block scheduler may place them unevenly (the first
+run, c1595e0, assumed 2 per SM and read ~1.33x too high: MUFU 21.3/clk), so the rate of an SM
+is the thread-ops of the CTAs it ran / (last end - first start) on its clock, and a row is
+the median over SMs.  Values are whatever the chains produce (NaN/Inf included); throughput does not
 depend on them for these ops.
 
     python bench/issue_rates.py [--iters 2000] [--json PATH]     # GPU
@@ -99,6 +101,11 @@ def _build(name: str):
         return (Int64(llvm.extractvalue(T.i64(), res, [0], loc=loc, ip=ip)),
                 Int32(llvm.extractvalue(T.i32(), res, [1], loc=loc, ip=ip)))
 
+    @dsl_user_op
+    def smid(*, loc=None, ip=None):
+        return Int32(llvm.inline_asm(T.i32(), [], "mov.u32 $0, %smid;", "=r", has_side_effects=True,
+                                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
     @cute.kernel
     def kern(seed: cute.Tensor, out: cute.Tensor, cycles: cute.Tensor, iters: Int32):
         tidx, _, _ = cute.arch.thread_idx()
@@ -115,7 +122,9 @@ def _build(name: str):
         t1, acc = clock_through(acc)
         out[g] = acc
         if tidx == 0:
-            cycles[bidx] = t1 - t0
+            cycles[bidx, 0] = t0
+            cycles[bidx, 1] = t1
+            cycles[bidx, 2] = Int64(smid())
 
     @cute.jit
     def launch(seed: cute.Tensor, out: cute.Tensor, cycles: cute.Tensor, iters: Int32, n_cta: Int32):
@@ -133,7 +142,7 @@ def sass_of(name: str) -> str:
     n_cta = 264
     args = (make_fake_compact_tensor(cutlass.Int32, (n_cta * THREADS,)),
             make_fake_compact_tensor(cutlass.Int32, (n_cta * THREADS,)),
-            make_fake_compact_tensor(cutlass.Int64, (n_cta,)), Int32(10), Int32(n_cta))
+            make_fake_compact_tensor(cutlass.Int64, (n_cta, 3)), Int32(10), Int32(n_cta))
     return sass.sass_of(_build(name), *args)
 
 
@@ -148,7 +157,7 @@ def measure(name: str, iters: int) -> dict:
     n_cta = n_sm * CTAS_PER_SM
     seed = torch.randint(0x3E000000, 0x3F800000, (n_cta * THREADS,), dtype=torch.int32, device="cuda")
     out = torch.full_like(seed, -1)
-    cyc = torch.zeros(n_cta, dtype=torch.int64, device="cuda")
+    cyc = torch.zeros(n_cta, 3, dtype=torch.int64, device="cuda")
     args = [from_dlpack(t, assumed_align=16) for t in (seed, out, cyc)]
     fn = cute.compile(_build(name), *args, Int32(iters), Int32(n_cta))
     fn(*args, Int32(iters), Int32(n_cta))          # warm-up
@@ -158,14 +167,20 @@ def measure(name: str, iters: int) -> dict:
     ev[1].record()
     torch.cuda.synchronize()
     ms = ev[0].elapsed_time(ev[1])
-    cycles = statistics.median(cyc.cpu().tolist())
     per_thread = {k: v * iters for k, v in ops_per_call(name).items()}
     total_thread_ops = sum(per_thread.values())
-    rate = total_thread_ops * THREADS * CTAS_PER_SM / cycles
+    by_sm: dict = {}
+    for t0, t1, sm in cyc.cpu().tolist():
+        lo, hi, n = by_sm.get(sm, (t0, t1, 0))
+        by_sm[sm] = (min(lo, t0), max(hi, t1), n + 1)
+    # thread-ops per clock of each SM over the span its CTAs ran; the row: median over SMs
+    rates = sorted(n * THREADS * total_thread_ops / (hi - lo) for lo, hi, n in by_sm.values())
+    rate = statistics.median(rates)
+    cycles = statistics.median(hi - lo for lo, hi, _ in by_sm.values())
     return {"op": name, "ops_per_clk_per_sm": rate,
-            "per_kind_per_clk_per_sm": {k: v * THREADS * CTAS_PER_SM / cycles for k, v in per_thread.items()},
-            "median_cta_cycles": cycles, "kernel_ms": ms,
-            "implied_sm_mhz": cycles / (ms * 1e3), "n_sm": n_sm}
+            "per_kind_per_clk_per_sm": {k: rate * v / total_thread_ops for k, v in per_thread.items()},
+            "sm_rate_range": [rates[0], rates[-1]], "median_sm_cycles": cycles, "kernel_ms": ms,
+            "implied_sm_mhz": cycles / (ms * 1e3), "n_sm": n_sm, "sms_used": len(by_sm)}
 
 
 def main(argv=None) -> int:
@@ -195,9 +210,10 @@ def main(argv=None) -> int:
     if a.json:
         doc = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
                "commit": commit,
-               "protocol": f"{CTAS_PER_SM} CTAs x {THREADS} threads per SM, {CHAINS} independent chains "
-                           f"per thread, {UNROLL} ops per chain per asm call, {a.iters} calls; "
-                           "rate = thread-ops per SM / median CTA %clock64 cycles; one warm-up launch",
+               "protocol": f"{CTAS_PER_SM} x SMs CTAs of {THREADS} threads, {CHAINS} independent chains "
+                           f"per thread, {UNROLL} ops per chain per asm call, {a.iters} calls; per SM "
+                           "(%smid): thread-ops of its CTAs / (last %clock64 end - first start); "
+                           "median over SMs; one warm-up launch",
                "rows": rows}
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)

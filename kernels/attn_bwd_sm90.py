@@ -904,7 +904,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     split-warpgroup build has its own loop).
     v_with_do: V on the first dO stage's barrier, loads issued K, Q, V, dO (None:
     V_WITH_DO_DEFAULT; a timing knob).
-    program: the poly stage's table entry, as the forward stage's (softcap: "softcap_c50_f16"
+    program: the poly stage's table entry, as the forward stage's (softcap: e.g. "softcap_c50_f16"
     selects the FP16 D5 blocks; None: the default program).
     poly_split: the poly side's (j, k) column split, as the forward stage's (None: the mode's
     score_stages.DEFAULT_POLY_SPLIT); must match the forward's for the same P.

@@ -146,7 +146,17 @@ SIGMOID_BLOCKS = {"sigmoid_attn_n4096": ("sigmoid_fwd", "sigmoid_fwd_head", "sig
 # accuracy at saturating spreads only (poly_split_r16.md): O / dQ / dK / dV 1.03 / 1.01 / 1.01 /
 # 1.03x native at std ~12 for both; at std ~20 1.65 / 1.17 / 1.20 / 1.69x vs 1.03x.  The
 # two-region program stays selectable by name (program="softcap_c50_f16_tail").
-DEFAULT_PROGRAM = {"softcap": "softcap_c50_f16", "sigmoid": "sigmoid_attn_n4096_f16"}
+# Softcap since this change: the odd_u2 program softcap_c50_f16_odd (fit/softcap_odd.py: rho =
+# (v u) Q(v), 6 FP16 coefficients, u clamped with fma.rn.sat.f32), still on 1/16 with the value
+# rule.  Its pairs run no FMNMX / HMNMX2 / LOP3 (Hopper's ALU pipe, half the FMA rate:
+# bench/results/issue_rates.md).  H200, ab31b85, bench/results/poly_split_odd.md (one run, 9
+# alternating rounds, D = 128): fwd 0.290 / bwd 0.837 ms vs the one-region odd-form program's
+# 0.297 / 0.849 (native 0.286 / 0.824); O / dQ / dK / dV error 1.02 / 1.01 / 1.01 / 1.03x native
+# at std ~12, 1.55 / 1.16 / 1.18 / 1.59x at std ~20 (one-region: 1.65 / 1.17 / 1.20 / 1.69x).
+# Gemma-2 D = 256 step (gemma2_d256_odd.md, two runs): global 2.770 / 2.756 ms vs 2.792 / 2.773,
+# local 2.098 / 2.099 vs 2.121 / 2.129 (native 2.757 / 2.742, 2.057 / 2.040).  The one-region
+# odd-form program stays selectable by name (program="softcap_c50_f16").
+DEFAULT_PROGRAM = {"softcap": "softcap_c50_f16_odd", "sigmoid": "sigmoid_attn_n4096_f16"}
 
 
 def sigmoid_blocks(program: str) -> tuple:

@@ -17,10 +17,12 @@ SCORES_D128 = 128 * 64 // 256
 # the seed's packed-BF16 programs (the poly default is FP16: score_stages.DEFAULT_PROGRAM)
 BF16 = {"softcap": "softcap_c50", "sigmoid": "sigmoid_attn_n4096"}
 # The default softcap poly side (k >= 4 compiles both row paths, the evaluator of a key row
-# depends on the warp) may spill a few words.  One-region FP16 residual program at 1/16 with
-# the value rule (the default since 8c57383, CPU SASS): 4 STL in the plain build, none with
-# head_loop + dq_async + LPT (the deployed build) or windowed, 1 deterministic, 1 at D = 256.
-# (The two-region program: 7 with head_loop, 3 without, 5 deterministic, 7 windowed, 7 at D = 256.)
+# depends on the warp) may spill a few words.  The odd_u2 program at 1/16 with the value rule
+# (the default since this session, CPU SASS 2026-11-30): 2 STL in the plain build, 1 with
+# head_loop + dq_async + LPT (the deployed build), at D = 256 3 plain and 0 with head_loop.
+# (The one-region odd-form program, default from 8c57383: 4 plain, 0 deployed, 1 deterministic,
+# 1 at D = 256; the two-region program: 7 with head_loop, 3 without, 5 deterministic, 7 windowed,
+# 7 at D = 256.)
 # The bound catches a regression.
 SOFTCAP_POLY_BWD_STL = 4
 
