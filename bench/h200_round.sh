@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh final21 # deterministic, pre/post, torch.compile GPU tests and training sanity under the odd_u2 default
 #   bash bench/h200_round.sh final20 # the odd_u2 softcap default: softcap + deterministic GPU tests, issue rates, goal pairs, Gemma-2 D = 256
 #   bash bench/h200_round.sh odd19   # odd_u2 with 6 coefficients, backward MUFU columns as native's: tests, poly_split, Gemma-2 D = 256 twice
 #   bash bench/h200_round.sh odd18   # odd_u2 softcap program (fit/softcap_odd.py): GPU tests, poly_split rows, Gemma-2 D = 256
@@ -370,6 +371,14 @@ elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning varian
   t elem_var_b4 150 python3 bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd \
       --json "$OUT/elementwise_variants_b4.json"; tarup
   t elem_graph 150 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = final21 ]; then   # odd_u2 softcap default: deterministic, pre/post and torch.compile GPU tests, training sanity
+  pt det tests/test_attn_bwd_deterministic_gpu.py &
+  pt prepost tests/test_attn_bwd_prepost_gpu.py &
+  pt compile tests/test_compile_gpu.py &
+  wait; tarup
+  t train 150 python3 bench/train_sanity.py --json "$OUT/train_sanity.json" --md "$OUT/train_sanity.md"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = final20 ]; then   # odd_u2 softcap default: softcap GPU tests (+ deterministic), issue rates per SM, goal pairs, Gemma-2 D = 256

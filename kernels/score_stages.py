@@ -571,7 +571,9 @@ class SoftcapStage:
     poly:   residual form logit = x_c - c * rho(u), x_c = clamp(x, +-c*L_c), u = x_c / c,
             rho(u) = u - tanh(u) from the packed bf16x2 block `softcap_fwd` (program
             softcap_c50; program="softcap_c50_f16": the f16x2 D5 block, rho unpacked by
-            cvt.f32.f16): the tanh leaves the MUFU pipe; ex2 stays.  With poly_split
+            cvt.f32.f16; program="softcap_c50_f16_odd", the default: an odd_u2 program,
+            u clamped on the FMA pipe and logit = c u - c rho, softcap_u2_pair): the tanh
+            leaves the MUFU pipe; ex2 stays.  With poly_split
             (j, k), pairs outside the split take logit = c * tanh.approx(x / c) (MUFU);
             softmax runs over logits in both cases (LSE scale 1).
     clamp_l (L_c), coeff_bits come from the table in __post_init__, never from a literal.
