@@ -228,7 +228,8 @@ def softcap_u2_scalars(scale, c, clamp_l: float):
 def softcap_u2_pair(s0, s1, alpha, two_l, clamp_l: cutlass.Constexpr[float], block: cutlass.Constexpr[str]):
     """Odd_u2 program on two raw scores: (u0, u1, rho0, rho1), u clamped to [-L, L] with one
     fma.rn.sat.f32 + one FFMA each (no FMNMX), rho = the f16x2 block unpacked.  The forward and
-    the backward both call this, so they recompute the same logits c u - c rho."""
+    the backward both call this (their alpha = scale / (2 c L) may differ in its last FP32 bit,
+    and each forms its exp2 argument from u and rho in its own FP32 order)."""
     u0 = fma_sat(s0, alpha, Float32(0.5)) * two_l - Float32(clamp_l)
     u1 = fma_sat(s1, alpha, Float32(0.5)) * two_l - Float32(clamp_l)
     r0, r1 = unpack_f16x2(Int32(_cute_ops().named(block, u0, u1)))

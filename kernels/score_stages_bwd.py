@@ -105,6 +105,8 @@ class SoftcapBwd(_PolySplit):
       "block": 1 - rho'(u) from the differentiated program's block softcap_bwd (seed B2);
       "value": 1 - t^2 with t = logit/c, the tanh identity applied to the block's own logit
         (two FP32 ops, no second block).  clamp_l is the table's L_c.
+    An odd_u2 program (fit/softcap_odd.py, the default) has no derivative block: value rule
+    only, u and rho from score_stages.softcap_u2_pair, t = u - rho (_e2_u2).
     """
     evaluator: str = "native"
     poly_split: tuple = None

@@ -10,7 +10,9 @@ kernel clamps u with fma.rn.sat.f32 on the FMA pipe (runtime.softcap_logit, odd_
 Fit: FP64 weighted least squares on Chebyshev nodes of [0, L_c] in the odd basis
 u^(2k+3), k = 0..K, weights sqrt(Gemma-2 score density) + floor (softcap.gemma_weight);
 coefficients then rounded to the program dtype one at a time from the top, refitting the
-lower ones after each rounding (the rounded top terms are held fixed).
+lower ones after each rounding (the rounded top terms are held fixed).  search() picks (L_c,
+number of coefficients, floor) over GRID by the attention-output error (softcap.AttnScore);
+the defaults below are its pick for the committed entry (6 coefficients, L_c 2, floor 10).
 """
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ from .search import as_bits
 from .softcap import C, errors, gemma_weight, rho
 from .solver import chebyshev_nodes
 
-N_COEFFS = 5      # Q of degree 4 in v: rho of odd degree 11
+N_COEFFS = 6      # Q of degree 5 in v: rho of odd degree 13
 L_C = 2.0
-FLOOR = 0.03
+FLOOR = 10.0      # weights nearly flat: the row's largest logits dominate attention
 # search grid (search()): clamp L_c, number of Q coefficients, weight floor
 GRID = {"L_c": (2.0, 2.25, 2.5), "n_coeffs": (5, 6), "floor": (0.3, 1.0, 10.0)}
 
