@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh mend22  # odd_u2 + softcap GPU tests after the review mend of the u2 clamp scalars
 #   bash bench/h200_round.sh final21 # deterministic, pre/post, torch.compile GPU tests and training sanity under the odd_u2 default
 #   bash bench/h200_round.sh final20 # the odd_u2 softcap default: softcap + deterministic GPU tests, issue rates, goal pairs, Gemma-2 D = 256
 #   bash bench/h200_round.sh odd19   # odd_u2 with 6 coefficients, backward MUFU columns as native's: tests, poly_split, Gemma-2 D = 256 twice
@@ -86,6 +87,12 @@ all_gpu_tests() {   # every GPU test file, in parallel processes (compile is CPU
   pt hf tests/test_transformers_gpu.py &
   pt elem tests/test_elementwise_gpu.py "$@" &
   wait
+}
+odd_tests() {   # the odd_u2 softcap program's GPU tests and the PTX blocks on the GPU, in parallel
+  pt fwd_odd tests/test_attn_fwd_gpu.py -k softcap_odd &
+  pt bwd_odd tests/test_attn_bwd_gpu.py -k "grad_rules and odd" &
+  pt asm tests/test_asm_gpu.py &
+  wait; tarup
 }
 gqa_shuffle() {   # every gqa_4096 row, shuffled order, 9 rounds, clocks and graph columns
   t gqa_shuf 330 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
@@ -373,6 +380,11 @@ elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning varian
   t elem_graph 150 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = mend22 ]; then   # after the review mend (alpha = (scale/c) / (2L) by one FMUL): odd_u2 and softcap GPU tests
+  odd_tests
+  softcap_tests 0
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = final21 ]; then   # odd_u2 softcap default: deterministic, pre/post and torch.compile GPU tests, training sanity
   pt det tests/test_attn_bwd_deterministic_gpu.py &
   pt prepost tests/test_attn_bwd_prepost_gpu.py &
@@ -391,10 +403,7 @@ elif [ "$phase" = final20 ]; then   # odd_u2 softcap default: softcap GPU tests 
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = odd19 ]; then   # odd_u2 refit (6 coefficients) + cheaper backward MUFU columns: tests, poly_split, Gemma-2 D = 256 x2
-  pt fwd_odd tests/test_attn_fwd_gpu.py -k softcap_odd &
-  pt bwd_odd tests/test_attn_bwd_gpu.py -k "grad_rules and odd" &
-  pt asm tests/test_asm_gpu.py &
-  wait; tarup
+  odd_tests
   t split_odd 240 python3 bench/poly_split.py --modes softcap --rounds 9 --only "softcap/softcap_c50_f16 1/16 softcap_grad=value,\
 softcap/softcap_c50_f16_odd 1/16 softcap_grad=value,softcap/softcap_c50_f16_odd 1/8 softcap_grad=value,\
 softcap/softcap_c50_f16_odd 1/4 softcap_grad=value" --json "$OUT/poly_split_odd.json"; tarup
@@ -405,10 +414,7 @@ softcap/softcap_c50_f16_odd 1/4 softcap_grad=value" --json "$OUT/poly_split_odd.
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = odd18 ]; then   # the odd_u2 softcap program: its GPU tests, then poly_split (time + accuracy) and Gemma-2 D = 256
-  pt fwd_odd tests/test_attn_fwd_gpu.py -k softcap_odd &
-  pt bwd_odd tests/test_attn_bwd_gpu.py -k "grad_rules and odd" &
-  pt asm tests/test_asm_gpu.py &
-  wait; tarup
+  odd_tests
   t split_odd 240 python3 bench/poly_split.py --modes softcap --rounds 9 --only "softcap/softcap_c50_f16 1/16 softcap_grad=value,\
 softcap/softcap_c50_f16_odd 1/16 softcap_grad=value,softcap/softcap_c50_f16_odd 1/8 softcap_grad=value,\
 softcap/softcap_c50_f16_odd 1/4 softcap_grad=value,softcap/softcap_c50_f16_odd 1/2 softcap_grad=value" \

@@ -219,19 +219,22 @@ def softcap_is_u2(program: str) -> bool:
     return _program(program)["form"] == "odd_u2"
 
 
-def softcap_u2_scalars(scale, c, clamp_l: float):
-    """(alpha, 2 L): u = fma_sat(s, alpha, 0.5) * 2L - L = clamp(s * scale / c, +-L)."""
-    return scale / (c * (2.0 * clamp_l)), Float32(2.0 * clamp_l)
+def softcap_u2_alpha(u_scale, clamp_l: float):
+    """alpha of softcap_u2_pair from u_scale = scale / c (one FMUL, no division)."""
+    return u_scale * Float32(1.0 / (2.0 * clamp_l))
 
 
 @cute.jit
-def softcap_u2_pair(s0, s1, alpha, two_l, clamp_l: cutlass.Constexpr[float], block: cutlass.Constexpr[str]):
-    """Odd_u2 program on two raw scores: (u0, u1, rho0, rho1), u clamped to [-L, L] with one
-    fma.rn.sat.f32 + one FFMA each (no FMNMX), rho = the f16x2 block unpacked.  The forward and
-    the backward both call this (their alpha = scale / (2 c L) may differ in its last FP32 bit,
-    and each forms its exp2 argument from u and rho in its own FP32 order)."""
-    u0 = fma_sat(s0, alpha, Float32(0.5)) * two_l - Float32(clamp_l)
-    u1 = fma_sat(s1, alpha, Float32(0.5)) * two_l - Float32(clamp_l)
+def softcap_u2_pair(s0, s1, alpha, clamp_l: cutlass.Constexpr[float], block: cutlass.Constexpr[str]):
+    """Odd_u2 program on two raw scores: (u0, u1, rho0, rho1), u = fma_sat(s, alpha, 0.5) * 2L - L
+    = clamp(s * scale / c, +-L) with one fma.rn.sat.f32 + one FFMA each (no FMNMX), alpha =
+    softcap_u2_alpha(scale / c, L); rho = the f16x2 block unpacked.  The forward and the backward
+    both call this (their scale / c may differ in the last FP32 bit: the forward's is
+    scale * (1/c) on the device, the backward's the host's); each forms its exp2 argument from
+    u and rho in its own FP32 order."""
+    two_l, lim = Float32(2.0 * clamp_l), Float32(clamp_l)
+    u0 = fma_sat(s0, alpha, Float32(0.5)) * two_l - lim
+    u1 = fma_sat(s1, alpha, Float32(0.5)) * two_l - lim
     r0, r1 = unpack_f16x2(Int32(_cute_ops().named(block, u0, u1)))
     return u0, u1, r0, r1
 
@@ -634,12 +637,12 @@ class SoftcapStage:
             s_mn = acc_mn_view(acc_S)
             x_max = params[2] * self.clamp_l
             u_scale = params[0] * params[3]
-            alpha, two_l = softcap_u2_scalars(params[0], params[2], self.clamp_l)
+            alpha = softcap_u2_alpha(u_scale, self.clamp_l)
             for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                 for g in cutlass.range_constexpr(cute.size(s_mn, mode=[1]) // 2):
                     if cutlass.const_expr(self.poly_pair(g) and self.u2):
                         # a = (c u - c rho) log2e + k as two FFMAs: c log2e u + k, then - c log2e rho
-                        u0, u1, r0, r1 = softcap_u2_pair(s_mn[r, 2 * g], s_mn[r, 2 * g + 1], alpha, two_l,
+                        u0, u1, r0, r1 = softcap_u2_pair(s_mn[r, 2 * g], s_mn[r, 2 * g + 1], alpha,
                                                          self.clamp_l, softcap_blocks(self.program)[0])
                         s_mn[r, 2 * g] = (u0 * c_log2 + k) - c_log2 * r0
                         s_mn[r, 2 * g + 1] = (u1 * c_log2 + k) - c_log2 * r1
@@ -663,13 +666,13 @@ class SoftcapStage:
     def _transform_poly(self, acc_S: cute.Tensor, params):
         s_mn = acc_mn_view(acc_S)
         x_max = params[2] * self.clamp_l
-        alpha, two_l = softcap_u2_scalars(params[0], params[2], self.clamp_l)
         u_scale = params[0] * params[3]   # scale/c once ((s*scale)*(1/c) per score cost an FMUL more)
+        alpha = softcap_u2_alpha(u_scale, self.clamp_l)
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             for g in cutlass.range_constexpr(cute.size(s_mn, mode=[1]) // 2):
                 # s_mn columns (2 adjacent, N/8 groups): flat column 2g, 2g+1 = group g
                 if cutlass.const_expr(self.poly_pair(g) and self.u2):
-                    u0, u1, r0, r1 = softcap_u2_pair(s_mn[r, 2 * g], s_mn[r, 2 * g + 1], alpha, two_l,
+                    u0, u1, r0, r1 = softcap_u2_pair(s_mn[r, 2 * g], s_mn[r, 2 * g + 1], alpha,
                                                      self.clamp_l, softcap_blocks(self.program)[0])
                     s_mn[r, 2 * g] = (params[2] * u0) - params[2] * r0
                     s_mn[r, 2 * g + 1] = (params[2] * u1) - params[2] * r1

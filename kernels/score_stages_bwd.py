@@ -33,7 +33,7 @@ from cutlass import Float32, Int32
 from .score_stages import (DEFAULT_POLY_SPLIT, DEFAULT_PROGRAM, _check_split, _cute_ops, _program,
                            check_sigmoid_dtype, pack_f32x2,
                            poly_pair, sigmoid_blocks, softcap_blocks, softcap_combine, softcap_is_u2,
-                           softcap_tail_u, softcap_u2_pair, tanh_approx, unpack_bf16x2,
+                           softcap_tail_u, softcap_u2_alpha, softcap_u2_pair, tanh_approx, unpack_bf16x2,
                            unpack_f16x2)
 
 LOG2_E = math.log2(math.e)
@@ -184,9 +184,9 @@ class SoftcapBwd(_PolySplit):
     def _e2_u2(self, s0, s1, args):
         """odd_u2 block column: (e0, e1, a0, a1), e = t c log2e the exp2 argument, a = 1 - t^2
         (value rule), t = u - rho = logit / c; u = clamp(s scale/c, +-L) as the forward's
-        softcap_u2_pair (alpha = (scale/c) / (2L), one FMUL per kernel)."""
-        alpha = args[0] * Float32(1.0 / (2.0 * self.clamp_l))
-        u0, u1, r0, r1 = softcap_u2_pair(s0, s1, alpha, Float32(2.0 * self.clamp_l), self.clamp_l,
+        softcap_u2_pair (args[0] = scale/c)."""
+        alpha = softcap_u2_alpha(args[0], self.clamp_l)
+        u0, u1, r0, r1 = softcap_u2_pair(s0, s1, alpha, self.clamp_l,
                                          softcap_blocks(self.program)[0])
         t0, t1 = u0 - r0, u1 - r1
         return t0 * args[2], t1 * args[2], 1.0 - t0 * t0, 1.0 - t1 * t1

@@ -66,32 +66,15 @@ def main(argv=None):
     elif a.cmd == "softcap-tail":
         from . import softcap_tail
         table = P.load_table()
-        entries = softcap_tail.entries(table, a.u0, a.L, command=cmd)
-        print(json.dumps(P._clean(entries), indent=1))
-        if a.write:
-            table["programs"].update(P._clean(entries))
-            table["programs"] = dict(sorted(table["programs"].items()))
-            P.write(table)
+        _emit(softcap_tail.entries(table, a.u0, a.L, command=cmd), a.write, P)
     elif a.cmd == "softcap-odd":
         from . import softcap_odd
         fixed = {k: (v,) for k, v in (("L_c", a.L), ("n_coeffs", a.n_coeffs), ("floor", a.floor)) if v is not None}
         p = softcap_odd.search(fixed, progress=True)
         p["fit"]["command"] = cmd
-        entries = {"softcap_c50_f16_odd": p}
-        print(json.dumps(P._clean(entries), indent=1))
-        if a.write:
-            table = P.load_table()
-            table["programs"].update(P._clean(entries))
-            table["programs"] = dict(sorted(table["programs"].items()))
-            P.write(table)
+        _emit({"softcap_c50_f16_odd": p}, a.write, P)
     elif a.cmd == "search":
-        entries = _search(a, cmd, P)
-        print(json.dumps(P._clean(entries), indent=1))
-        if a.write:
-            table = P.load_table()
-            table["programs"].update(P._clean(entries))
-            table["programs"] = dict(sorted(table["programs"].items()))
-            P.write(table)
+        _emit(_search(a, cmd, P), a.write, P)
     elif a.cmd == "table":
         from .table2 import table_rows
         rows = table_rows(progress=True)
@@ -126,6 +109,15 @@ def main(argv=None):
         from .sweep import sweep
         for path in sweep(a.out, a.dtype):
             print(path)
+
+
+def _emit(entries, write: bool, P):
+    """Print new table entries; with write, add/replace them in programs.json (sorted)."""
+    print(json.dumps(P._clean(entries), indent=1))
+    if write:
+        table = P.load_table()
+        table["programs"] = dict(sorted({**table["programs"], **P._clean(entries)}.items()))
+        P.write(table)
 
 
 def _search(a, cmd, P):
