@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh all23   # per-CTA fixed cost (bench/cta_overhead.py), then every GPU test file and the PTX blocks
 #   bash bench/h200_round.sh mend22  # odd_u2 + softcap GPU tests after the review mend of the u2 clamp scalars
 #   bash bench/h200_round.sh final21 # deterministic, pre/post, torch.compile GPU tests and training sanity under the odd_u2 default
 #   bash bench/h200_round.sh final20 # the odd_u2 softcap default: softcap + deterministic GPU tests, issue rates, goal pairs, Gemma-2 D = 256
@@ -378,6 +379,12 @@ elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning varian
   t elem_var_b4 150 python3 bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd \
       --json "$OUT/elementwise_variants_b4.json"; tarup
   t elem_graph 150 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = all23 ]; then   # eighth session: per-CTA fixed cost while the GPU is idle, then every GPU test file
+  t cta 240 python3 bench/cta_overhead.py --json "$OUT/cta_overhead.json"; tarup
+  all_gpu_tests; tarup
+  pt asm tests/test_asm_gpu.py; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = mend22 ]; then   # after the review mend (alpha = (scale/c) / (2L) by one FMUL): odd_u2 and softcap GPU tests
