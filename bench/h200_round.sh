@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh pers24  # persistent forward: its GPU tests, then forward timing vs the default at D = 128 and 256
 #   bash bench/h200_round.sh all23   # per-CTA fixed cost (bench/cta_overhead.py), then every GPU test file and the PTX blocks
 #   bash bench/h200_round.sh mend22  # odd_u2 + softcap GPU tests after the review mend of the u2 clamp scalars
 #   bash bench/h200_round.sh final21 # deterministic, pre/post, torch.compile GPU tests and training sanity under the odd_u2 default
@@ -379,6 +380,15 @@ elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning varian
   t elem_var_b4 150 python3 bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd \
       --json "$OUT/elementwise_variants_b4.json"; tarup
   t elem_graph 150 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = pers24 ]; then   # persistent forward (AttnFwdConfig.persistent): tests, then timing beside the default
+  pt pers tests/test_attn_fwd_persistent_gpu.py; tarup
+  t pers_d128 200 python3 bench/fwd_tuning.py --seqlen 4096 --hq 32 --hkv 8 --headdim 128 --knob persistent=1 \
+      --order shuffle --rounds 9 --modes softmax:native,softcap:native,softcap:poly,sigmoid:native,sigmoid:poly \
+      --json "$OUT/fwd_persistent_d128.json"; tarup
+  t pers_d256 150 python3 bench/fwd_tuning.py --knob persistent=1 --order shuffle --rounds 9 \
+      --modes softmax:native,softcap:native,softcap:poly --json "$OUT/fwd_persistent_d256.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = all23 ]; then   # eighth session: per-CTA fixed cost while the GPU is idle, then every GPU test file

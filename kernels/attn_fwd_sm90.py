@@ -41,12 +41,13 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 try:  # installed package layout
     from flash_attn_poly.kernels import mask as mask_mod
     from flash_attn_poly.kernels import score_stages as stages
-    from flash_attn_poly.kernels.tile_scheduler import SectionLptScheduler, SingleTileScheduler, section_heads
+    from flash_attn_poly.kernels.tile_scheduler import (SectionLptScheduler, SingleTileScheduler, persistent_tile,
+                                                        section_heads)
     from flash_attn_poly.kernels import launch
 except ImportError:  # running from the repository root
     from kernels import mask as mask_mod
     from kernels import score_stages as stages
-    from kernels.tile_scheduler import SectionLptScheduler, SingleTileScheduler, section_heads
+    from kernels.tile_scheduler import SectionLptScheduler, SingleTileScheduler, persistent_tile, section_heads
     from kernels import launch
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
@@ -138,6 +139,11 @@ class AttnFwdConfig:
     # block raises it by more than this many log2 units (p <= 2^t), and skip the O rescale of
     # a warp whose rows all kept theirs; 0.0 = rescale on every new max; default() sets 8 for softmax
     rescale_threshold: float = 0.0
+    # > 0: a persistent grid of at most this many CTAs (attn_fwd puts the device's SM count
+    # here); each CTA walks LPT-ordered tiles in snake order (tile_scheduler.persistent_tile),
+    # so the producer loads the next tile's Q, K and V while the consumers finish the current
+    # one (the per-CTA fixed cost, bench/results/cta_overhead.md).  Needs lpt.  0 = one CTA per tile
+    persistent: int = 0
 
     @staticmethod
     def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
@@ -196,6 +202,8 @@ class AttnFwdSm90:
             raise ValueError(f"rescale_threshold must be in [0, 16] (log2 units), got {cfg.rescale_threshold!r}")
         if cfg.fixed_max_rsum and not cfg.fixed_max:
             raise ValueError("fixed_max_rsum is a variant of fixed_max: set fixed_max=True too")
+        if cfg.persistent and not cfg.lpt:
+            raise ValueError("persistent needs lpt (its tiles are walked in the LPT order)")
         if cfg.fixed_max and (cfg.stage.mode != "softcap" or not self.is_bf16):
             raise ValueError(f"fixed_max needs the softcap stage and BF16, got {cfg.stage.mode}/{cfg.dtype}")
         self.head_dim = cfg.head_dim
@@ -259,6 +267,9 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.cfg.lpt):
             sched = SectionLptScheduler(reverse=self.causal)
             grid = SectionLptScheduler.grid(num_m_blocks, mQ.shape[2], mQ.shape[3])
+            if cutlass.const_expr(self.cfg.persistent > 0):
+                tiles = num_m_blocks * mQ.shape[2] * mQ.shape[3]
+                grid = (cutlass.min(tiles, self.cfg.persistent), 1, 1)
         else:
             sched = SingleTileScheduler(longest_first=self.causal)
             grid = SingleTileScheduler.grid(num_m_blocks, mQ.shape[2], mQ.shape[3])
@@ -294,20 +305,43 @@ class AttnFwdSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        if cutlass.const_expr(self.cfg.lpt):
-            # section working set: the K and V rows of its KV heads (reused by the group's
-            # query heads and by every query tile); Q and O stream through once
-            h_q = mQ.shape[2]
-            group = section_heads(h_q, mK.shape[0], self.head_dim * 4, h_q // mK.shape[2])
-            m_block, head, batch = sched.work_tile(cute.ceil_div(mQ.shape[0], self.tile_m), h_q, group)
-        else:
-            m_block, head, batch = sched.work_tile()
         blocks = mask_mod.BlockRange(self.tile_m, self.tile_n, self.causal,
                                      self.cfg.window_left, self.cfg.window_right)
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        if cutlass.const_expr(self.cfg.persistent > 0):
+            self.persistent_roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
+                                  tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params,
+                                  window, sched, blocks, warp_idx)
+        else:
+            self.single_tile_roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
+                                   tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params,
+                                   window, sched, blocks, warp_idx)
+
+    def _section_group(self, mQ, mK):
+        """LPT section width: the K and V rows of its KV heads (reused by the group's query
+        heads and by every query tile) fit L2; Q and O stream through once."""
+        h_q = mQ.shape[2]
+        return section_heads(h_q, mK.shape[0], self.head_dim * 4, h_q // mK.shape[2])
+
+    def _key_range(self, blocks, m_block, seqlen_q, seqlen_k, window):
+        """(n_max, n_cnt): key blocks [n_max - n_cnt, n_max) are visited (n_cnt is n_max
+        itself without a left window)."""
         n_max = blocks.n_block_max(m_block, seqlen_q, seqlen_k, window[1])
-        # key blocks [n_min, n_max) are visited; n_cnt is n_max itself without a left window
         n_cnt = mask_mod.sub0(n_max, blocks.n_block_min(m_block, seqlen_q, seqlen_k, window[0]))
+        return n_max, n_cnt
+
+    @cute.jit
+    def single_tile_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
+                          tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params, window,
+                          sched: cutlass.Constexpr, blocks, warp_idx):
+        """One CTA = one tile (the grid has a CTA per tile)."""
+        if cutlass.const_expr(self.cfg.lpt):
+            m_block, head, batch = sched.work_tile(cute.ceil_div(mQ.shape[0], self.tile_m), mQ.shape[2],
+                                                   self._section_group(mQ, mK))
+        else:
+            m_block, head, batch = sched.work_tile()
+        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        n_max, n_cnt = self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.num_producer_regs)
             if warp_idx == 0:
@@ -318,6 +352,57 @@ class AttnFwdSm90:
             cute.arch.setmaxregister_increase(self.num_mma_regs)
             self.mma(mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
                      params, blocks, m_block, head, batch, n_max, seqlen_q, seqlen_k, window, n_cnt)
+
+    @cute.jit
+    def persistent_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
+                         tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params, window,
+                         sched: cutlass.Constexpr, blocks, warp_idx):
+        """Persistent CTAs: every role walks the same tiles (persistent_tile, snake order over
+        the LPT order); the pipeline states run on across tiles, so the producer starts the
+        next tile's K/V as stages free up and its Q once the consumers release Q (after
+        their last QK GEMM of a tile), while they finish the last PV and the epilogue."""
+        num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
+        h_q = mQ.shape[2]
+        group = self._section_group(mQ, mK)
+        tiles = num_m_blocks * h_q * mQ.shape[3]
+        cta = cute.arch.block_idx()[0]
+        num_ctas = cute.arch.grid_dim()[0]
+        rounds = cute.ceil_div(tiles, num_ctas)
+        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        kv_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        q_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        kv_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.num_producer_regs)
+            if warp_idx == 0:
+                for r in cutlass.range(rounds, unroll=1):
+                    t = persistent_tile(r, cta, num_ctas)
+                    for _ in cutlass.range(cutlass.min(cutlass.max(tiles - t, 0), 1), unroll=1):
+                        m_block, head, batch = sched.tile_at(t, num_m_blocks, h_q, group)
+                        n_max, n_cnt = self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
+                        head_kv = head // (h_q // mK.shape[2])
+                        q_prod, kv_prod = self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v,
+                                                    pipe_q, pipe_k, pipe_v, m_block, head, head_kv,
+                                                    batch, n_max, n_cnt, q_prod, kv_prod)
+        else:
+            cute.arch.setmaxregister_increase(self.num_mma_regs)
+            wg = cute.arch.make_warp_uniform((cute.arch.thread_idx()[0] - self.num_threads_per_wg)
+                                             // self.num_threads_per_wg)
+            if cutlass.const_expr(self.pingpong):
+                if wg == 1:  # warpgroup 0 issues its first GEMM first (once: turns run on across tiles)
+                    self.pingpong_arrive(0)
+            for r in cutlass.range(rounds, unroll=1):
+                t = persistent_tile(r, cta, num_ctas)
+                for _ in cutlass.range(cutlass.min(cutlass.max(tiles - t, 0), 1), unroll=1):
+                    m_block, head, batch = sched.tile_at(t, num_m_blocks, h_q, group)
+                    n_max, n_cnt = self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
+                    kv_cons, q_cons = self.mma(mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q,
+                                               pipe_k, pipe_v, params, blocks, m_block, head, batch, n_max,
+                                               seqlen_q, seqlen_k, window, n_cnt, kv_cons, q_cons)
+            if cutlass.const_expr(self.pingpong):
+                if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced
+                    self.pingpong_sync(0)
 
     def _make_pipelines(self, storage):
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
@@ -331,8 +416,10 @@ class AttnFwdSm90:
 
     @cute.jit
     def load(self, mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v, pipe_q, pipe_k, pipe_v,
-             m_block: Int32, head: Int32, head_kv: Int32, batch: Int32, n_max: Int32, n_cnt: Int32):
-        """Producer warp: Q once, then (K, V) for key blocks n_max-1 .. n_max-n_cnt."""
+             m_block: Int32, head: Int32, head_kv: Int32, batch: Int32, n_max: Int32, n_cnt: Int32,
+             q_state=None, kv_state=None):
+        """Producer warp: Q once, then (K, V) for key blocks n_max-1 .. n_max-n_cnt.
+        Persistent CTAs pass their running pipeline states and get them back advanced."""
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0))
         gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
         gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
@@ -340,26 +427,45 @@ class AttnFwdSm90:
         tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        if cutlass.const_expr(q_state is not None):
+            for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):   # `if n_max > 0` that carries the states
+                pipe_q.producer_acquire(q_state)
+                cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                q_state.advance()
+                for i in cutlass.range(n_cnt, unroll=1):
+                    n_block = n_max - 1 - i
+                    pipe_k.producer_acquire(kv_state)
+                    cute.copy(tma_k, tKgK[None, n_block], tKsK[None, kv_state.index],
+                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                    pipe_v.producer_acquire(kv_state)
+                    cute.copy(tma_v, tVgV[None, n_block], tVsV[None, kv_state.index],
+                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                    kv_state.advance()
+            return q_state, kv_state
         if n_max > 0:
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-            pipe_q.producer_acquire(q_state)
-            cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+            q_st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipe_q.producer_acquire(q_st)
+            cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_st))
+            kv_st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
             for i in cutlass.range(n_cnt, unroll=1):
                 n_block = n_max - 1 - i
-                pipe_k.producer_acquire(kv_state)
-                cute.copy(tma_k, tKgK[None, n_block], tKsK[None, kv_state.index],
-                          tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                pipe_v.producer_acquire(kv_state)
-                cute.copy(tma_v, tVgV[None, n_block], tVsV[None, kv_state.index],
-                          tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-                kv_state.advance()
+                pipe_k.producer_acquire(kv_st)
+                cute.copy(tma_k, tKgK[None, n_block], tKsK[None, kv_st.index],
+                          tma_bar_ptr=pipe_k.producer_get_barrier(kv_st))
+                pipe_v.producer_acquire(kv_st)
+                cute.copy(tma_v, tVgV[None, n_block], tVsV[None, kv_st.index],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(kv_st))
+                kv_st.advance()
 
     @cute.jit
     def mma(self, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
             params, blocks, m_block: Int32, head: Int32, batch: Int32, n_max: Int32,
-            seqlen_q: Int32, seqlen_k: Int32, window, n_cnt: Int32):
-        """Consumer warpgroups: the main loop over key blocks, then the epilogue."""
+            seqlen_q: Int32, seqlen_k: Int32, window, n_cnt: Int32, kv_run=None, q_run=None):
+        """Consumer warpgroups: the main loop over key blocks, then the epilogue.  Persistent
+        CTAs pass their running K/V and Q consumer states (kv_run, q_run) and get them back:
+        Q is released after the tile's last QK GEMM, and the ping-pong turns are set up once
+        per CTA by the caller instead of once per tile."""
+        persistent = q_run is not None
         tidx = cute.arch.thread_idx()[0] - self.num_threads_per_wg
         wg = cute.arch.make_warp_uniform(tidx // self.num_threads_per_wg)
         wg_mma_qk = tiled_mma_qk.get_slice(wg * self.num_threads_per_wg)
@@ -397,14 +503,18 @@ class AttnFwdSm90:
         n_diag = n_max - 1 - cutlass.max(n_unmasked, n_min)
         n_diag_lo = cutlass.max(n_unmasked, n_min) if cutlass.const_expr(blocks.has_left) else n_unmasked
         n_inner = mask_mod.sub0(cutlass.min(n_unmasked, n_max - 1), n_lo)
-        kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        if cutlass.const_expr(self.pingpong):
+        if cutlass.const_expr(persistent):
+            kv = kv_run
+        else:
+            kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        if cutlass.const_expr(self.pingpong and not persistent):
             if wg == 1:  # warpgroup 0 issues its first GEMM first
                 self.pingpong_arrive(0)
         # dynamic `for` loops of 0 or 1 trips stand in for `if` (a tile that sees no key
         # skips all work and still writes O = 0, LSE = -inf)
         for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
-            pipe_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+            pipe_q.consumer_wait(q_run if cutlass.const_expr(persistent)
+                                 else pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
             if cutlass.const_expr(self.overlap):
                 kv = self.first_block_overlap(ctx, kv, n_max - 1)
             else:
@@ -425,16 +535,23 @@ class AttnFwdSm90:
             n_left_top = cutlass.min(n_lo, n_lo + n_inner)   # n_inner < 0: no interior
             for i in cutlass.range(n_left_top - n_min, unroll=1):
                 kv = self.next_block(ctx, kv, n_left_top - 1 - i, True)
+        if cutlass.const_expr(persistent):
+            # every QK GEMM of the tile has completed (the loops end on wait_group 0): Q may be refilled
+            for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
+                pipe_q.consumer_release(q_run)
+                q_run.advance()
         if cutlass.const_expr(self.overlap):
             for _ in cutlass.range(cutlass.min(n_cnt, 1) - cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
                 kv = self.last_pv(ctx, kv, True)    # n_max == 1: O = P V
             for _ in cutlass.range(cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
                 kv = self.last_pv(ctx, kv, False)   # n_max >= 2: O += P V
-        if cutlass.const_expr(self.pingpong):
+        if cutlass.const_expr(self.pingpong and not persistent):
             if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced
                 self.pingpong_sync(0)
         self.epilogue(acc_O, softmax, params, mO, mLSE, tiled_mma_pv, tidx, m_block, head, batch,
                       seqlen_q, n_max)
+        if cutlass.const_expr(persistent):
+            return kv, q_run
 
     # ---- warpgroup ping-pong: the two consumer warpgroups take turns issuing GEMMs, so one
     # runs its score stage (MUFU/FMA) while the other's wgmma keep the tensor cores busy.
@@ -741,6 +858,8 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
     # window flags join the key only when set: the unwindowed key (and cache entry) is unchanged
     win_kw = {k: True for k, on in (("window_left", has_l), ("window_right", has_r)) if on}
     cap = softcap if softcap is not None else 50.0
+    if tuning and tuning.get("persistent") in (1, True):   # 1 / True: the device's SM count
+        tuning = dict(tuning, persistent=torch.cuda.get_device_properties(q.device).multi_processor_count)
     fixed_kw = _fixed_max_kw(mode if stage is None else stage.mode, dtype, cap, tuning)
     tuning_items = tuple(sorted(dict(tuning or {}, **win_kw, **fixed_kw).items()))
     if stage is None:
