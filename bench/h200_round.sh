@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh pers25  # persistent forward default: forward/API/window/transformers tests, goal pairs, Gemma-2 D = 256 / 128
 #   bash bench/h200_round.sh pers24  # persistent forward: its GPU tests, then forward timing vs the default at D = 128 and 256
 #   bash bench/h200_round.sh all23   # per-CTA fixed cost (bench/cta_overhead.py), then every GPU test file and the PTX blocks
 #   bash bench/h200_round.sh mend22  # odd_u2 + softcap GPU tests after the review mend of the u2 clamp scalars
@@ -380,6 +381,17 @@ elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning varian
   t elem_var_b4 150 python3 bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd \
       --json "$OUT/elementwise_variants_b4.json"; tarup
   t elem_graph 150 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = pers25 ]; then   # the persistent forward as the default: forward-path GPU tests, then the timed tables
+  pt fwd tests/test_attn_fwd_gpu.py &
+  pt api tests/test_api_gpu.py &
+  pt win tests/test_window_gpu.py &
+  pt hf tests/test_transformers_gpu.py &
+  wait; tarup
+  t gqa_pairs 200 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$OUT/gqa_4096_pairs.json"; tarup
+  t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
+  t gemma2_d128 120 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = pers24 ]; then   # persistent forward (AttnFwdConfig.persistent): tests, then timing beside the default

@@ -83,10 +83,14 @@ def test_softcap_pure_poly_has_no_tanh():
 
 @pytest.mark.compile
 def test_sigmoid_pure_poly_has_no_mufu():
-    n = _counts("sigmoid", "poly", split=(1, 1), overlap=False, pingpong=True)
+    n = _counts("sigmoid", "poly", split=(1, 1), overlap=False, pingpong=True, persistent=0)
     # the only MUFU left are RCP of the prologue's integer divides: 2 for head // (H_q / H_kv),
     # 3 more for the LPT tile decode (kernels/tile_scheduler.py), once per CTA
     assert n["MUFU"] - n["MUFU.RCP"] == 0 and n["MUFU.RCP"] <= 5 and n["HFMA2"] > 0
+    # persistent CTAs (the default): the decode runs once per tile in the producer and in the
+    # consumers (rounds, batch and section divides): RCP only, a handful
+    n2 = _counts("sigmoid", "poly", split=(1, 1), overlap=False, pingpong=True)
+    assert n2["MUFU"] - n2["MUFU.RCP"] == 0 and n2["MUFU.RCP"] <= 10 and n2["HFMA2"] > 0, n2
     n1 = _counts("sigmoid", "poly", split=(1, 1), overlap=False, pingpong=True, lpt=False)
     assert n1["MUFU"] == n1["MUFU.RCP"] <= 2, n1
 
@@ -97,11 +101,38 @@ def test_lpt_order_changes_only_the_prologue(mode, evaluator):
     """AttnFwdConfig.lpt (the default): the tile decode adds 3 integer-divide RCPs once per
     CTA; the loop (HGMMA, the stage's MUFU and packed FMAs) is the single-tile build's, and
     neither spills."""
-    a, b = _counts(mode, evaluator, lpt=True), _counts(mode, evaluator, lpt=False)
+    a, b = _counts(mode, evaluator, lpt=True, persistent=0), _counts(mode, evaluator, lpt=False)
     assert a["MUFU.RCP"] == b["MUFU.RCP"] + 3, (a, b)
     for op in ("HGMMA", "MUFU.EX2", "MUFU.TANH", "HFMA2"):
         assert a[op] == b[op], (op, a, b)
     assert a["STL"] == b["STL"] == 0, (a, b)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator,head_dim", [("softmax", "native", 128), ("softcap", "poly", 128),
+                                                     ("sigmoid", "poly", 64), ("softcap", "poly", 256)])
+def test_persistent_default_keeps_the_loop(mode, evaluator, head_dim):
+    """The default forward is persistent (AttnFwdConfig.persistent = SM count, wherever lpt is
+    on): the tile loop wraps the single-tile body, so the GEMMs and the stage's MUFU and packed
+    FMAs are the single-tile LPT build's, with no spills; only the tile decode (integer
+    divides, RCP) is added."""
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
+
+    assert A.AttnFwdConfig.default(S.make_stage(mode, evaluator)).persistent == A.DEFAULT_PERSISTENT_CTAS
+    assert A.AttnFwdConfig.default(S.make_stage(mode, evaluator), lpt=False).persistent == 0
+    a, b = _counts(mode, evaluator, head_dim), _counts(mode, evaluator, head_dim, persistent=0)
+    for op in ("HGMMA", "MUFU.EX2", "MUFU.TANH", "HFMA2"):
+        assert a[op] == b[op], (op, a, b)
+    assert a["STL"] == b["STL"] and a["LDL"] == b["LDL"], (a, b)
+    assert b["MUFU.RCP"] < a["MUFU.RCP"] <= b["MUFU.RCP"] + 6, (a, b)
+
+
+@pytest.mark.compile
+def test_persistent_needs_lpt():
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
+
+    with pytest.raises(ValueError, match="persistent needs lpt"):
+        A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage("softmax", "native"), lpt=False, persistent=8))
 
 
 @pytest.mark.compile
@@ -267,8 +298,10 @@ def test_stage_fence_keeps_stage_before_pv_wait(mode, evaluator, split):   # pol
 
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     st = S.make_stage(mode, evaluator, **({"poly_split": split, "program": BF16[mode]} if split else {}))
-    # softmax without its stale-max default (rescale_threshold: a branch around the O rescale)
-    kw = {"rescale_threshold": 0.0} if mode == "softmax" else {}
+    # softmax without its stale-max default (rescale_threshold: a branch around the O rescale);
+    # the single-tile build: sass.overlap_loops reads the key-block loops of one tile, which the
+    # persistent default wraps in its tile loop unchanged (test_persistent_default_keeps_the_loop)
+    kw = dict({"rescale_threshold": 0.0} if mode == "softmax" else {}, persistent=0)
     base = A.AttnFwdConfig.default(st, "bf16", 128, True, **kw)
     assert base.stage_fence == "" and base.overlap_v2, base
     log, n, _, text = _ptxas_report(A.AttnFwdConfig.default(st, "bf16", 128, True, stage_fence="interior", **kw))
@@ -369,7 +402,8 @@ def test_row_sum_carry_moves_o_rescale_to_the_pv_wait():
     from flash_attn_poly.kernels import attn_fwd_sm90 as A, sass, score_stages as S
 
     def gap_after_pv_wait(**kw):   # without softmax's stale-max default (its branch moves the rescale)
-        cfg = A.AttnFwdConfig.default(S.make_stage("softmax", "native"), "bf16", 128, True, rescale_threshold=0.0, **kw)
+        cfg = A.AttnFwdConfig.default(S.make_stage("softmax", "native"), "bf16", 128, True, rescale_threshold=0.0,
+                                      persistent=0, **kw)   # one tile's loops (sass.overlap_loops)
         dump = tempfile.mkdtemp(prefix="fap_attn_")
         txt = sass.disassemble(A.compile_attn_fwd(cfg, options=f"--keep-cubin --dump-dir={dump}").artifacts.CUBIN)
         assert sass.count_opcodes(txt)["STL"] == 0

@@ -29,3 +29,27 @@ def test_heads_per_section():
     assert T.heads_per_section(4, 128, 128 * 8) == 4                # never above all heads
     # forward: K + V rows of a KV head, shared by its 4 query heads
     assert T.heads_per_section(32, 4096, 128 * 4, 4) == 32
+
+
+@pytest.mark.parametrize("tiles,ctas", [(1024, 132), (512, 132), (5, 3), (7, 7), (100, 7), (1, 132), (133, 132)])
+def test_persistent_tiles_cover_each_tile_once(tiles, ctas):
+    """A persistent grid of min(tiles, ctas) CTAs, each walking rounds until its index passes
+    the tile count (the kernel's loop), visits every tile exactly once."""
+    g = min(tiles, ctas)
+    rounds = -(-tiles // g)
+    seen = [T.persistent_tile(r, c, g) for c in range(g) for r in range(rounds)]
+    assert sorted(t for t in seen if t < tiles) == list(range(tiles))
+
+
+def test_persistent_snake_balances_lpt_tiles():
+    """Causal anchor shape (32 query tiles x 32 heads, LPT order: block-major, longest
+    first): the snake walk's longest CTA is within 1% of the mean load (a plain round-robin's
+    is 10% above it), counting a per-tile cost of one block."""
+    lengths = [nb + 1 + 1 for nb in reversed(range(32)) for _ in range(32)]   # blocks + 1 per tile
+    g = 132
+    rounds = -(-len(lengths) // g)
+    load = [sum(lengths[t] for r in range(rounds) if (t := T.persistent_tile(r, c, g)) < len(lengths))
+            for c in range(g)]
+    rr = [sum(lengths[t] for t in range(c, len(lengths), g)) for c in range(g)]
+    mean = sum(lengths) / g
+    assert max(load) <= 1.01 * mean and max(rr) >= 1.1 * mean, (max(load), max(rr), mean)
