@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh pers26  # persistent forward default: backward, deterministic, pre/post, torch.compile GPU tests (they run the forward)
 #   bash bench/h200_round.sh pers25  # persistent forward default: forward/API/window/transformers tests, goal pairs, Gemma-2 D = 256 / 128
 #   bash bench/h200_round.sh pers24  # persistent forward: its GPU tests, then forward timing vs the default at D = 128 and 256
 #   bash bench/h200_round.sh all23   # per-CTA fixed cost (bench/cta_overhead.py), then every GPU test file and the PTX blocks
@@ -381,6 +382,14 @@ elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning varian
   t elem_var_b4 150 python3 bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd \
       --json "$OUT/elementwise_variants_b4.json"; tarup
   t elem_graph 150 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = pers26 ]; then   # the GPU test files pers25 did not run (their forward calls are persistent now)
+  pt bwd tests/test_attn_bwd_gpu.py &
+  pt det tests/test_attn_bwd_deterministic_gpu.py &
+  pt prepost tests/test_attn_bwd_prepost_gpu.py &
+  pt compile tests/test_compile_gpu.py &
+  wait; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = pers25 ]; then   # the persistent forward as the default: forward-path GPU tests, then the timed tables
