@@ -10,6 +10,9 @@ one CTA costs besides its key blocks (launch, barrier/TMA set-up, the Q and firs
 latency, the epilogue). A persistent kernel could hide part of c0; this measures whether it
 is worth building. Rows are CUDA-graph device time (bench/protocol.py GRAPH_PROTOCOL).
 FA4 softmax (non-causal, same shapes) runs as a row when flash-attn-4 is installed.
+`--knob persistent=0` adds each mode again with that forward tuning (AttnFwdConfig field=int):
+with the persistent grid (the default since 019d8f7) the intercept / waves reads as the fixed
+cost per tile that the persistent CTAs did not hide (a CTA walks `waves` tiles in a row).
 """
 from __future__ import annotations
 
@@ -46,10 +49,15 @@ def run(args) -> dict:
     kv = {s: [torch.randn(1, s, args.hkv, args.headdim, device="cuda", dtype=torch.bfloat16, generator=g)
               for _ in range(2)] for s in sks}
     impls = {}
+    knobs = [None] + [dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in kn.split("+"))
+                      for kn in (args.knob or [])]
     for me in args.modes.split(","):
         mode, ev = me.split(":")
-        impls[f"ours {mode}/{ev}"] = lambda k, v, mode=mode, ev=ev: attn_fwd(
-            q, k, v, mode=mode, evaluator=ev, causal=False, softcap=50.0 if mode == "softcap" else None)
+        for kn in knobs:
+            tag = "" if kn is None else " " + "+".join(f"{a}={b}" for a, b in kn.items())
+            impls[f"ours {mode}/{ev}{tag}"] = lambda k, v, mode=mode, ev=ev, kn=kn: attn_fwd(
+                q, k, v, mode=mode, evaluator=ev, causal=False, softcap=50.0 if mode == "softcap" else None,
+                tuning=kn)
     if flash_attn_func is not None:
         impls["fa4 softmax"] = lambda k, v: flash_attn_func(q, k, v, causal=False)
     fns = {f"{name} sk={s}": (lambda f=f, s=s: f(*kv[s])) for name, f in impls.items() for s in sks}
@@ -93,6 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--headdim", type=int, default=128)
     p.add_argument("--sk", default="512,1024,2048,3072,4096")
     p.add_argument("--modes", default="softmax:native,sigmoid:native,softcap:native,softcap:poly")
+    p.add_argument("--knob", action="append", help="forward tuning NAME=INT[+NAME=INT] rows beside the default")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--iters", type=int, default=50)

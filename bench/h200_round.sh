@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh warp27  # prepared (not run): MUFU/FMA issue rates with one / two warps per quadrant; per-tile cost of the persistent forward
 #   bash bench/h200_round.sh pers26  # persistent forward default: backward, deterministic, pre/post, torch.compile GPU tests (they run the forward)
 #   bash bench/h200_round.sh pers25  # persistent forward default: forward/API/window/transformers tests, goal pairs, Gemma-2 D = 256 / 128
 #   bash bench/h200_round.sh pers24  # persistent forward: its GPU tests, then forward timing vs the default at D = 128 and 256
@@ -382,6 +383,15 @@ elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning varian
   t elem_var_b4 150 python3 bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd \
       --json "$OUT/elementwise_variants_b4.json"; tarup
   t elem_graph 150 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = warp27 ]; then   # is the score stage bound by what one warp per quadrant can issue?
+  for w in 128 256 512; do
+    t "rates_t$w" 120 python3 bench/issue_rates.py --threads "$w" --ctas-per-sm 1 \
+        --ops tanh,ex2,tanh+ex2,fma.f32,fma.f16x2,tanh+fma.f16x2 --json "$OUT/issue_rates_t$w.json"; tarup
+  done
+  t cta_pers 240 python3 bench/cta_overhead.py --modes softmax:native,sigmoid:native,softcap:native \
+      --knob persistent=0 --json "$OUT/cta_overhead_persistent.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = pers26 ]; then   # the GPU test files pers25 did not run (their forward calls are persistent now)

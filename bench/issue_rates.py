@@ -17,6 +17,13 @@ the median over SMs.  Values are whatever the chains produce (NaN/Inf included);
 depend on them for these ops.
 
     python bench/issue_rates.py [--iters 2000] [--json PATH]     # GPU
+    python bench/issue_rates.py --threads 128 --ctas-per-sm 1 ... # one warp per SM sub-partition
+
+`--threads 128 --ctas-per-sm 1` asks what one warp per quadrant can issue: the attention
+forward's score stage runs that way (with ping-pong one consumer warpgroup, i.e. one warp per
+quadrant, works on its stage while the other's GEMMs run), and its measured per-block cost
+sits at ~2.3x its MUFU-throughput bound (docs/NOTES_attn_fwd.md, eighth session). The
+block scheduler may still put two 128-thread CTAs on an SM; the per-SM rate counts them.
     python bench/issue_rates.py --sass                             # CPU: SASS of each op's loop
 """
 
@@ -72,7 +79,7 @@ def ops_per_call(name: str) -> dict:
     return out
 
 
-def _build(name: str):
+def _build(name: str, threads: int = THREADS):
     import cutlass
     import cutlass.cute as cute
     from cutlass import Int32, Int64
@@ -110,7 +117,7 @@ def _build(name: str):
     def kern(seed: cute.Tensor, out: cute.Tensor, cycles: cute.Tensor, iters: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        g = bidx * THREADS + tidx
+        g = bidx * threads + tidx
         x0 = seed[g]
         t0, x0 = clock_through(x0)
         # eight named chains (the DSL carries named values through a dynamic loop)
@@ -128,7 +135,7 @@ def _build(name: str):
 
     @cute.jit
     def launch(seed: cute.Tensor, out: cute.Tensor, cycles: cute.Tensor, iters: Int32, n_cta: Int32):
-        kern(seed, out, cycles, iters).launch(grid=(n_cta, 1, 1), block=(THREADS, 1, 1))
+        kern(seed, out, cycles, iters).launch(grid=(n_cta, 1, 1), block=(threads, 1, 1))
 
     return launch
 
@@ -146,7 +153,7 @@ def sass_of(name: str) -> str:
     return sass.sass_of(_build(name), *args)
 
 
-def measure(name: str, iters: int) -> dict:
+def measure(name: str, iters: int, threads: int = THREADS, ctas_per_sm: int = CTAS_PER_SM) -> dict:
     import torch
     import cutlass
     import cutlass.cute as cute
@@ -154,12 +161,12 @@ def measure(name: str, iters: int) -> dict:
     from cutlass.cute.runtime import from_dlpack
 
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count
-    n_cta = n_sm * CTAS_PER_SM
-    seed = torch.randint(0x3E000000, 0x3F800000, (n_cta * THREADS,), dtype=torch.int32, device="cuda")
+    n_cta = n_sm * ctas_per_sm
+    seed = torch.randint(0x3E000000, 0x3F800000, (n_cta * threads,), dtype=torch.int32, device="cuda")
     out = torch.full_like(seed, -1)
     cyc = torch.zeros(n_cta, 3, dtype=torch.int64, device="cuda")
     args = [from_dlpack(t, assumed_align=16) for t in (seed, out, cyc)]
-    fn = cute.compile(_build(name), *args, Int32(iters), Int32(n_cta))
+    fn = cute.compile(_build(name, threads), *args, Int32(iters), Int32(n_cta))
     fn(*args, Int32(iters), Int32(n_cta))          # warm-up
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
     ev[0].record()
@@ -174,13 +181,15 @@ def measure(name: str, iters: int) -> dict:
         lo, hi, n = by_sm.get(sm, (t0, t1, 0))
         by_sm[sm] = (min(lo, t0), max(hi, t1), n + 1)
     # thread-ops per clock of each SM over the span its CTAs ran; the row: median over SMs
-    rates = sorted(n * THREADS * total_thread_ops / (hi - lo) for lo, hi, n in by_sm.values())
+    rates = sorted(n * threads * total_thread_ops / (hi - lo) for lo, hi, n in by_sm.values())
     rate = statistics.median(rates)
     cycles = statistics.median(hi - lo for lo, hi, _ in by_sm.values())
     return {"op": name, "ops_per_clk_per_sm": rate,
             "per_kind_per_clk_per_sm": {k: rate * v / total_thread_ops for k, v in per_thread.items()},
             "sm_rate_range": [rates[0], rates[-1]], "median_sm_cycles": cycles, "kernel_ms": ms,
-            "implied_sm_mhz": cycles / (ms * 1e3), "n_sm": n_sm, "sms_used": len(by_sm)}
+            "implied_sm_mhz": cycles / (ms * 1e3), "n_sm": n_sm, "sms_used": len(by_sm),
+            "threads": threads, "ctas_per_sm": ctas_per_sm,
+            "max_ctas_on_one_sm": max(n for _, _, n in by_sm.values())}
 
 
 def main(argv=None) -> int:
@@ -188,6 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--ops", default="", help="comma-separated subset of OPS names")
     ap.add_argument("--sass", action="store_true", help="print each op's SASS opcode histogram (CPU)")
+    ap.add_argument("--threads", type=int, default=THREADS, help="threads per CTA (128: one warp per quadrant)")
+    ap.add_argument("--ctas-per-sm", type=int, default=CTAS_PER_SM, help="CTAs launched per SM")
     ap.add_argument("--json", default="")
     a = ap.parse_args(argv)
     names = [n for n in OPS if not a.ops or n in a.ops.split(",")]
@@ -200,7 +211,7 @@ def main(argv=None) -> int:
     import datetime
     import subprocess
     import torch
-    rows = [measure(n, a.iters) for n in names]
+    rows = [measure(n, a.iters, a.threads, a.ctas_per_sm) for n in names]
     commit = os.environ.get("FAP_COMMIT") or subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"{'op':34s} {'ops/clk/SM':>10s}  per kind")
@@ -210,7 +221,7 @@ def main(argv=None) -> int:
     if a.json:
         doc = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
                "commit": commit,
-               "protocol": f"{CTAS_PER_SM} x SMs CTAs of {THREADS} threads, {CHAINS} independent chains "
+               "protocol": f"{a.ctas_per_sm} x SMs CTAs of {a.threads} threads, {CHAINS} independent chains "
                            f"per thread, {UNROLL} ops per chain per asm call, {a.iters} calls; per SM "
                            "(%smid): thread-ops of its CTAs / (last %clock64 end - first start); "
                            "median over SMs; one warm-up launch",

@@ -439,30 +439,28 @@ class AttnFwdSm90:
                 pipe_q.producer_acquire(q_state)
                 cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                 q_state.advance()
-                for i in cutlass.range(n_cnt, unroll=1):
-                    n_block = n_max - 1 - i
-                    pipe_k.producer_acquire(kv_state)
-                    cute.copy(tma_k, tKgK[None, n_block], tKsK[None, kv_state.index],
-                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                    pipe_v.producer_acquire(kv_state)
-                    cute.copy(tma_v, tVgV[None, n_block], tVsV[None, kv_state.index],
-                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-                    kv_state.advance()
+                kv_state = self.load_kv(tma_k, tma_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v, kv_state, n_max, n_cnt)
             return q_state, kv_state
         if n_max > 0:
             q_st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipe_q.producer_acquire(q_st)
             cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_st))
             kv_st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-            for i in cutlass.range(n_cnt, unroll=1):
-                n_block = n_max - 1 - i
-                pipe_k.producer_acquire(kv_st)
-                cute.copy(tma_k, tKgK[None, n_block], tKsK[None, kv_st.index],
-                          tma_bar_ptr=pipe_k.producer_get_barrier(kv_st))
-                pipe_v.producer_acquire(kv_st)
-                cute.copy(tma_v, tVgV[None, n_block], tVsV[None, kv_st.index],
-                          tma_bar_ptr=pipe_v.producer_get_barrier(kv_st))
-                kv_st.advance()
+            kv_st = self.load_kv(tma_k, tma_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v, kv_st, n_max, n_cnt)
+
+    @cute.jit
+    def load_kv(self, tma_k, tma_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v, kv_state, n_max: Int32, n_cnt: Int32):
+        """(K, V) of key blocks n_max-1 .. n_max-n_cnt into the ring; returns the advanced state."""
+        for i in cutlass.range(n_cnt, unroll=1):
+            n_block = n_max - 1 - i
+            pipe_k.producer_acquire(kv_state)
+            cute.copy(tma_k, tKgK[None, n_block], tKsK[None, kv_state.index],
+                      tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+            pipe_v.producer_acquire(kv_state)
+            cute.copy(tma_v, tVgV[None, n_block], tVsV[None, kv_state.index],
+                      tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+            kv_state.advance()
+        return kv_state
 
     @cute.jit
     def mma(self, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
