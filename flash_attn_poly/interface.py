@@ -63,6 +63,9 @@ def _check_tensors(q, k, v) -> None:
     h_kv = k.shape[2]
     if h_kv == 0 or h_q % h_kv != 0:
         raise ValueError(f"number of query heads ({h_q}) must be a multiple of key/value heads ({h_kv})")
+    if k.shape[1] == 0:
+        raise ValueError("k and v have seqlen 0: attention needs at least one key (no softmax normaliser, "
+                         "no default sigmoid bias -ln S_k)")
 
 
 # table target of each mode's poly programs (flash_attn_poly/data/programs.json)
@@ -323,6 +326,11 @@ def _reference_backward(dout, q, k, v, a: AttnArgs):
 
 
 def _cuda_forward(q, k, v, a: AttnArgs):
+    if q.numel() == 0:   # no query rows (batch, seqlen_q or heads 0): nothing to compute, and a
+        # grid of 0 CTAs is a CUDA launch error
+        b, s_q, h_q, _ = q.shape
+        lse = None if a.mode == "sigmoid" else q.new_empty((b, h_q, s_q), dtype=torch.float32)
+        return torch.empty_like(q), lse
     from .kernels import attn_fwd_sm90
     return attn_fwd_sm90.attn_fwd(q, k, v, mode=a.mode, evaluator=a.evaluator, causal=a.causal,
                                   softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
@@ -331,6 +339,8 @@ def _cuda_forward(q, k, v, a: AttnArgs):
 
 
 def _cuda_backward(dout, q, k, v, out, lse, a: AttnArgs):
+    if q.numel() == 0:   # no query rows: no (query, key) pair, every gradient is zero; no launch
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     try:
         from .kernels import attn_bwd_sm90
     except ImportError as e:

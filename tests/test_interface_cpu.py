@@ -219,3 +219,35 @@ def test_eager_path_routes_to_cuda_bodies(monkeypatch):
     (gq,) = torch.autograd.grad(out.float().sum(), (q,))
     assert [c[0] for c in calls] == ["fwd", "bwd"] and calls[1][1].deterministic and calls[1][1].softcap == 10.0
     assert gq.shape == q.shape and torch.isfinite(gq.float()).all()
+
+
+def test_rejects_zero_keys():
+    """seqlen_k = 0 has no softmax normaliser and no default sigmoid bias (-ln S_k): a clear
+    error instead of a math domain error from the bias."""
+    q, k, v = _qkv()
+    for mode in ("softmax", "sigmoid"):
+        with pytest.raises(ValueError, match="seqlen 0"):
+            fi.attention(q, k[:, :0], v[:, :0], mode, backend="reference")
+
+
+@pytest.mark.parametrize("shape", [(0, 16, 4), (1, 0, 4), (1, 16, 0)], ids=["batch0", "seqlen_q0", "heads0"])
+@pytest.mark.parametrize("mode", ["softmax", "sigmoid"])
+def test_cuda_bodies_skip_the_launch_without_queries(shape, mode):
+    """No query rows: the CUDA bodies return without launching (a grid of 0 CTAs is a CUDA
+    launch error): empty O and LSE, zero gradients, the shapes the reference backend gives.
+    Runs on the CPU: neither body reaches the kernels."""
+    b, s_q, h_q = shape
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(b, s_q, h_q, 64, generator=g).to(torch.bfloat16)
+    k = torch.randn(b, 16, max(h_q // 2, 1) if h_q else 2, 64, generator=g).to(torch.bfloat16)
+    v = torch.randn_like(k)
+    a = fi._args_from_op(mode, "poly", True, 0.0, -2.0, 0.125, (-1, -1), False, None)
+    out, lse = fi._cuda_forward(q, k, v, a)
+    ref_out, ref_lse = fi._reference_forward(q, k, v, a)
+    assert out.shape == ref_out.shape == q.shape
+    assert (lse is None) == (ref_lse is None) == (mode == "sigmoid")
+    if lse is not None:
+        assert lse.shape == ref_lse.shape == (b, h_q, s_q) and lse.dtype == torch.float32
+    dq, dk, dv = fi._cuda_backward(torch.zeros_like(q), q, k, v, out, lse, a)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    assert not dk.any() and not dv.any()
