@@ -12,6 +12,9 @@ for causal attention, so the short CTAs fill the tail of every section, while th
 that run together touch the tensors of a few heads only.  (Across heads, the single-tile order
 starts head 31's 32-block CTA about when the grid is nearly done: a late long job.)
 grid = (num_blocks * H, 1, B).
+
+persistent_tile: the forward's persistent grid (min(tiles, SMs) CTAs) walks the same linear
+order, CTA c taking one tile per round in snake order (SectionLptScheduler.tile_at decodes it).
 """
 from __future__ import annotations
 
@@ -108,7 +111,7 @@ class SectionLptScheduler:
 def persistent_tile(round_: int, cta: int, num_ctas: int) -> int:
     """Linear tile of a persistent CTA in a round: snake order (rounds alternate direction),
     so over LPT-sorted tiles every CTA's total stays near the mean (a plain round-robin hands
-    CTA 0 the longest tile of every round: 12-25% longer makespan at causal shapes).  Host
+    CTA 0 the longest tile of every round: 10-25% longer makespan at causal shapes).  Host
     mirror and device code (plain integer arithmetic works on Int32 too)."""
     odd = round_ % 2
     return round_ * num_ctas + cta + odd * (num_ctas - 1 - 2 * cta)
