@@ -23,6 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import protocol  # noqa: E402
+from fwd_tuning import _knob  # noqa: E402
 
 
 def fit_line(xs, ys):
@@ -44,13 +45,12 @@ def run(args) -> dict:
         flash_attn_func = None
         print("flash-attn-4 not installed: no FA4 rows")
     g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(1, args.seqlen, args.hq, args.headdim, device="cuda", dtype=torch.bfloat16, generator=g)
+    q = torch.randn(args.batch, args.seqlen, args.hq, args.headdim, device="cuda", dtype=torch.bfloat16, generator=g)
     sks = [int(s) for s in args.sk.split(",")]
-    kv = {s: [torch.randn(1, s, args.hkv, args.headdim, device="cuda", dtype=torch.bfloat16, generator=g)
+    kv = {s: [torch.randn(args.batch, s, args.hkv, args.headdim, device="cuda", dtype=torch.bfloat16, generator=g)
               for _ in range(2)] for s in sks}
     impls = {}
-    knobs = [None] + [dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in kn.split("+"))
-                      for kn in (args.knob or [])]
+    knobs = [None] + [_knob(kn) for kn in (args.knob or [])]
     for me in args.modes.split(","):
         mode, ev = me.split(":")
         for kn in knobs:
@@ -63,7 +63,7 @@ def run(args) -> dict:
     fns = {f"{name} sk={s}": (lambda f=f, s=s: f(*kv[s])) for name, f in impls.items() for s in sks}
     timing = protocol.Timing(args.warmup, args.rounds, args.iters, "shuffle")
     times = protocol.time_alternating_graph(fns, timing)
-    ctas = math.ceil(args.seqlen / 128) * args.hq
+    ctas = math.ceil(args.seqlen / 128) * args.hq * args.batch
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     waves = math.ceil(ctas / sms)
     rows, fits = [], []
@@ -76,7 +76,7 @@ def run(args) -> dict:
         fits.append({"impl": name, "us_per_block_per_wave": round(slope / waves, 3),
                      "intercept_us": round(icpt, 2), "c0_us_per_cta": round(icpt / waves, 3),
                      "c0_share_at_sk4096": round(icpt / ys[-1], 4), "max_resid_us": round(resid, 2)})
-    shape = dict(batch=1, seqlen_q=args.seqlen, hq=args.hq, hkv=args.hkv, headdim=args.headdim,
+    shape = dict(batch=args.batch, seqlen_q=args.seqlen, hq=args.hq, hkv=args.hkv, headdim=args.headdim,
                  causal=False, ctas=ctas, sms=sms, waves=waves, s_k=sks)
     graph_protocol = protocol.GRAPH_PROTOCOL.format(warmup=args.warmup, iters=args.iters, rounds=args.rounds)
     graph_protocol = graph_protocol.replace("alternating between rounds (listed, reversed)", "shuffled each round (seeded)")
@@ -95,10 +95,7 @@ def markdown(res: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seqlen", type=int, default=4096)
-    p.add_argument("--hq", type=int, default=32)
-    p.add_argument("--hkv", type=int, default=8)
-    p.add_argument("--headdim", type=int, default=128)
+    protocol.add_shape_args(p)   # --seqlen is S_q
     p.add_argument("--sk", default="512,1024,2048,3072,4096")
     p.add_argument("--modes", default="softmax:native,sigmoid:native,softcap:native,softcap:poly")
     p.add_argument("--knob", action="append", help="forward tuning NAME=INT[+NAME=INT] rows beside the default")

@@ -93,6 +93,12 @@ all_gpu_tests() {   # every GPU test file, in parallel processes (compile is CPU
   pt elem tests/test_elementwise_gpu.py "$@" &
   wait
 }
+elem16_steps() {   # elementwise GPU tests, B4 SwiGLU tuning variants, elementwise CUDA-graph timing
+  pt elem tests/test_elementwise_gpu.py; tarup
+  t elem_var_b4 150 python3 bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd \
+      --json "$OUT/elementwise_variants_b4.json"; tarup
+  t elem_graph 150 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"; tarup
+}
 odd_tests() {   # the odd_u2 softcap program's GPU tests and the PTX blocks on the GPU, in parallel
   pt fwd_odd tests/test_attn_fwd_gpu.py -k softcap_odd &
   pt bwd_odd tests/test_attn_bwd_gpu.py -k "grad_rules and odd" &
@@ -379,10 +385,7 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
-  pt elem tests/test_elementwise_gpu.py; tarup
-  t elem_var_b4 150 python3 bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd \
-      --json "$OUT/elementwise_variants_b4.json"; tarup
-  t elem_graph 150 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"; tarup
+  elem16_steps
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = warp27 ]; then   # is the score stage bound by what one warp per quadrant can issue?
@@ -472,10 +475,7 @@ softcap/softcap_c50_f16_odd 1/4 softcap_grad=value,softcap/softcap_c50_f16_odd 1
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = rates17 ]; then   # issue rates of the stage's ops (F2FP, unpack, MUFU mixes), then elem16's steps
   t rates 150 python3 bench/issue_rates.py --json "$OUT/issue_rates.json"; tarup
-  pt elem tests/test_elementwise_gpu.py; tarup
-  t elem_var_b4 150 python3 bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd \
-      --json "$OUT/elementwise_variants_b4.json"; tarup
-  t elem_graph 150 python3 bench/elementwise.py --graph --json "$OUT/elementwise_graph.json"; tarup
+  elem16_steps
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = shuf ]; then   # every gqa_4096 row, shuffled order, graph columns

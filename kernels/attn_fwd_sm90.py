@@ -337,6 +337,12 @@ class AttnFwdSm90:
         n_cnt = mask_mod.sub0(n_max, blocks.n_block_min(m_block, seqlen_q, seqlen_k, window[0]))
         return n_max, n_cnt
 
+    def _tile(self, sched, t, num_m_blocks, h_q, group, blocks, seqlen_q, seqlen_k, window):
+        """(m_block, head, batch, n_max, n_cnt) of linear tile t (persistent CTAs; every role
+        decodes the tiles it walks itself)."""
+        m_block, head, batch = sched.tile_at(t, num_m_blocks, h_q, group)
+        return (m_block, head, batch) + self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
+
     @cute.jit
     def single_tile_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                           tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params, window,
@@ -386,8 +392,8 @@ class AttnFwdSm90:
                 for r in cutlass.range(rounds, unroll=1):
                     t = persistent_tile(r, cta, num_ctas)
                     for _ in cutlass.range(cutlass.min(cutlass.max(tiles - t, 0), 1), unroll=1):
-                        m_block, head, batch = sched.tile_at(t, num_m_blocks, h_q, group)
-                        n_max, n_cnt = self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
+                        m_block, head, batch, n_max, n_cnt = self._tile(sched, t, num_m_blocks, h_q, group,
+                                                                        blocks, seqlen_q, seqlen_k, window)
                         head_kv = head // (h_q // mK.shape[2])
                         q_prod, kv_prod = self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v,
                                                     pipe_q, pipe_k, pipe_v, m_block, head, head_kv,
@@ -402,8 +408,8 @@ class AttnFwdSm90:
             for r in cutlass.range(rounds, unroll=1):
                 t = persistent_tile(r, cta, num_ctas)
                 for _ in cutlass.range(cutlass.min(cutlass.max(tiles - t, 0), 1), unroll=1):
-                    m_block, head, batch = sched.tile_at(t, num_m_blocks, h_q, group)
-                    n_max, n_cnt = self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
+                    m_block, head, batch, n_max, n_cnt = self._tile(sched, t, num_m_blocks, h_q, group,
+                                                                    blocks, seqlen_q, seqlen_k, window)
                     kv_cons, q_cons = self.mma(mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q,
                                                pipe_k, pipe_v, params, blocks, m_block, head, batch, n_max,
                                                seqlen_q, seqlen_k, window, n_cnt, kv_cons, q_cons)
@@ -833,10 +839,18 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@lru_cache(maxsize=None)
+def _default_tuning(device_index: int) -> dict:
+    return {"persistent": _sm_count(device_index)}   # read only: callers copy before adding keys
+
+
 def _persistent_tuning(tuning: Optional[dict], device) -> Optional[dict]:
     """The persistent grid (the default wherever lpt is on) sized to this device's SMs:
-    tuning persistent absent / True / 1 -> the SM count, False / 0 -> one CTA per tile, n > 1 -> n."""
-    t = dict(tuning or {})
+    tuning persistent absent / True / 1 -> the SM count, False / 0 -> one CTA per tile, n > 1 -> n.
+    A call without tuning (the API's) gets one cached dict per device."""
+    if not tuning:
+        return _default_tuning(device.index if device.index is not None else 0)
+    t = dict(tuning)
     if t.get("lpt", True) is False and "persistent" not in t:
         return tuning
     p = t.get("persistent", True)

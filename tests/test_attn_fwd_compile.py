@@ -548,3 +548,25 @@ def test_softcap_odd_program_clamps_on_the_fma_pipe(fixed_max):
     assert odd["HMNMX2"] == 0 and odd["FMNMX"] == nat["FMNMX"] < one["FMNMX"]
     assert odd["LOP3"] < one["LOP3"]
     assert odd["MUFU.TANH"] == nat["MUFU.TANH"] // 2
+
+
+def test_persistent_tuning_maps_to_the_device_sm_count(monkeypatch):
+    """attn_fwd's grid knob: absent / True / 1 -> the device's SM count (one cached dict for the
+    API's tuning-less calls), 0 -> one CTA per tile, n > 1 -> n; lpt off without the knob -> as is."""
+    import torch
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A
+
+    monkeypatch.setattr(A, "_sm_count", lambda index: 114 + index)
+    A._default_tuning.cache_clear()
+    dev = torch.device("cuda", 1)
+    try:
+        assert A._persistent_tuning(None, dev) == {"persistent": 115}
+        assert A._persistent_tuning(None, dev) is A._persistent_tuning({}, dev)
+        assert A._persistent_tuning({"persistent": True, "lpt": True}, dev) == {"persistent": 115, "lpt": True}
+        assert A._persistent_tuning({"persistent": 1}, dev) == {"persistent": 115}
+        assert A._persistent_tuning({"persistent": 0}, dev) == {"persistent": 0}
+        assert A._persistent_tuning({"persistent": False}, dev) == {"persistent": 0}
+        assert A._persistent_tuning({"persistent": 7}, dev) == {"persistent": 7}
+        assert A._persistent_tuning({"lpt": False}, dev) == {"lpt": False}
+    finally:
+        A._default_tuning.cache_clear()
