@@ -37,7 +37,8 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
-#   bash bench/h200_round.sh warp27  # prepared (not run): MUFU/FMA issue rates with one / two warps per quadrant; per-tile cost of the persistent forward
+#   bash bench/h200_round.sh ncu28   # Nsight Compute of one warm forward launch: softmax, softcap native (+ping-pong), softcap poly, sigmoid native
+#   bash bench/h200_round.sh warp27  # MUFU/FMA issue rates with one / two warps per quadrant; per-tile cost of the persistent forward
 #   bash bench/h200_round.sh pers26  # persistent forward default: backward, deterministic, pre/post, torch.compile GPU tests (they run the forward)
 #   bash bench/h200_round.sh pers25  # persistent forward default: forward/API/window/transformers tests, goal pairs, Gemma-2 D = 256 / 128
 #   bash bench/h200_round.sh pers24  # persistent forward: its GPU tests, then forward timing vs the default at D = 128 and 256
@@ -386,6 +387,23 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = ncu28 ]; then   # Nsight Compute, one warm forward launch per build: pipe use, stalls, SASS-level samples
+  ncu_one() {   # $1 name, rest: bench/ncu_fwd.py args
+    local n=$1; shift
+    t "ncu_$n" 150 ncu --kernel-name regex:AttnFwdSm90 --launch-skip 2 --launch-count 1 --set full \
+        --import-source no -f -o "$OUT/$n" python3 bench/ncu_fwd.py "$@"
+    ncu -i "$OUT/$n.ncu-rep" --page raw --csv > "$OUT/${n}_raw.csv" 2>&1
+    ncu -i "$OUT/$n.ncu-rep" --page details --csv > "$OUT/${n}_details.csv" 2>&1
+    ncu -i "$OUT/$n.ncu-rep" --page source --csv --print-source sass > "$OUT/${n}_sass.csv" 2>&1
+    rm -f "$OUT/$n.ncu-rep"; tarup
+  }
+  ncu_one softmax --mode softmax --evaluator native
+  ncu_one softcap_native --mode softcap --evaluator native
+  ncu_one softcap_native_pp --mode softcap --evaluator native --knob pingpong=1
+  ncu_one softcap_poly --mode softcap --evaluator poly
+  ncu_one sigmoid_native --mode sigmoid --evaluator native
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = warp27 ]; then   # is the score stage bound by what one warp per quadrant can issue?

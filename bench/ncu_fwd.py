@@ -1,0 +1,46 @@
+"""One forward build, launched a few times, for Nsight Compute to profile (H200).
+
+    ncu --kernel-name regex:AttnFwdSm90 --launch-skip 2 --launch-count 1 --set full \
+        python3 bench/ncu_fwd.py --mode softcap --evaluator native --knob pingpong=1
+
+Runs attn_fwd at the anchor shape (B=1, S=4096, H 32/8, D=128, causal, BF16, softcap 50)
+`--launches` times with the given AttnFwdConfig overrides (bench/fwd_tuning.py's knob syntax),
+so that `--launch-skip 2` profiles a warm launch. Profiling itself is done by ncu (see
+bench/h200_round.sh ncu28); this file only makes the launches.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import protocol  # noqa: E402
+from fwd_tuning import _knob  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    protocol.add_shape_args(p)
+    p.add_argument("--mode", default="softcap")
+    p.add_argument("--evaluator", default="native")
+    p.add_argument("--knob", help="AttnFwdConfig overrides NAME=INT[+NAME=INT...]")
+    p.add_argument("--launches", type=int, default=4)
+    args = p.parse_args(argv)
+    import torch
+    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda h: torch.randn(args.batch, args.seqlen, h, args.headdim, device="cuda",
+                               dtype=torch.bfloat16, generator=g)
+    q, k, v = mk(args.hq), mk(args.hkv), mk(args.hkv)
+    tuning = _knob(args.knob) if args.knob else None
+    for _ in range(args.launches):
+        attn_fwd(q, k, v, mode=args.mode, evaluator=args.evaluator, causal=True,
+                 softcap=50.0 if args.mode == "softcap" else None, tuning=tuning)
+    torch.cuda.synchronize()
+    print(f"{args.mode}/{args.evaluator} knob={args.knob}: {args.launches} launches done")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
