@@ -21,14 +21,17 @@ import protocol  # noqa: E402
 
 BOOL_KNOBS = ("lpt", "pingpong", "overlap", "overlap_v2", "row_sum_carry", "fixed_max", "fixed_max_rsum")
 FLOAT_KNOBS = ("rescale_threshold",)
+STR_KNOBS = ("stage_fence",)
 
 
 def _knob(text: str) -> dict:
-    """'name=int' or several joined by '+', e.g. 'row_sum_carry=1+pingpong=1'."""
+    """'name=int' or several joined by '+', e.g. 'row_sum_carry=1+pingpong=1' (stage_fence takes
+    its string: 'stage_fence=interior')."""
     out = {}
     for part in text.split("+"):
         k, v = part.split("=")
-        out[k] = bool(int(v)) if k in BOOL_KNOBS else (float(v) if k in FLOAT_KNOBS else int(v))
+        out[k] = (bool(int(v)) if k in BOOL_KNOBS else float(v) if k in FLOAT_KNOBS
+                  else v if k in STR_KNOBS else int(v))
     return out
 
 

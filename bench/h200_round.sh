@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh fence29 # stage_fence (PV wait below the stage) +- ping-pong for softcap/sigmoid, D = 128 and 256, side by side
 #   bash bench/h200_round.sh ncu28   # Nsight Compute of one warm forward launch: softmax, softcap native (+ping-pong), softcap poly, sigmoid native
 #   bash bench/h200_round.sh warp27  # MUFU/FMA issue rates with one / two warps per quadrant; per-tile cost of the persistent forward
 #   bash bench/h200_round.sh pers26  # persistent forward default: backward, deterministic, pre/post, torch.compile GPU tests (they run the forward)
@@ -387,6 +388,16 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = fence29 ]; then   # the PV wait below the whole stage (stage_fence) with ping-pong, under today's defaults
+  t fence_d128 330 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 \
+      --modes softcap:native,softcap:poly,sigmoid:native,sigmoid:poly --order shuffle --rounds 9 --iters 30 \
+      --knob stage_fence=interior --knob pingpong=1+stage_fence=interior --knob pingpong=1+stage_fence=all \
+      --json "$OUT/fwd_stage_fence_d128.json"; tarup
+  t fence_d256 200 python3 bench/fwd_tuning.py --modes softcap:native,softcap:poly --order shuffle --rounds 9 --iters 30 \
+      --knob stage_fence=interior --knob pingpong=1+stage_fence=interior \
+      --json "$OUT/fwd_stage_fence_d256.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = ncu28 ]; then   # Nsight Compute, one warm forward launch per build: pipe use, stalls, SASS-level samples
