@@ -21,7 +21,7 @@ import protocol  # noqa: E402
 
 BOOL_KNOBS = ("lpt", "pingpong", "overlap", "overlap_v2", "row_sum_carry", "fixed_max", "fixed_max_rsum")
 FLOAT_KNOBS = ("rescale_threshold",)
-STR_KNOBS = ("stage_fence",)
+STR_KNOBS = ("stage_fence", "pingpong_arrive")
 
 
 def _knob(text: str) -> dict:

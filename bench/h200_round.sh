@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh pp31    # ping-pong hand-over once the QK GEMM landed (pingpong_arrive=qk), D = 128 / 256, side by side
 #   bash bench/h200_round.sh fence29 # stage_fence (PV wait below the stage) +- ping-pong for softcap/sigmoid, D = 128 and 256, side by side
 #   bash bench/h200_round.sh ncu28   # Nsight Compute of one warm forward launch: softmax, softcap native (+ping-pong), softcap poly, sigmoid native
 #   bash bench/h200_round.sh warp27  # MUFU/FMA issue rates with one / two warps per quadrant; per-tile cost of the persistent forward
@@ -388,6 +389,16 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = pp31 ]; then   # ping-pong hand-over after the QK GEMM completed (pingpong_arrive=qk), D = 128 and 256
+  t ppqk_d128 360 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 \
+      --modes softcap:native,softcap:poly,softmax:native,sigmoid:native,sigmoid:poly --order shuffle --rounds 9 --iters 30 \
+      --knob pingpong=1+pingpong_arrive=qk --knob pingpong=1+pingpong_arrive=qk+stage_fence=interior \
+      --json "$OUT/fwd_pingpong_arrive_d128.json"; tarup
+  t ppqk_d256 200 python3 bench/fwd_tuning.py --modes softcap:native,softcap:poly,softmax:native --order shuffle --rounds 9 --iters 30 \
+      --knob pingpong=1+pingpong_arrive=qk --knob pingpong=1+pingpong_arrive=qk+stage_fence=interior \
+      --json "$OUT/fwd_pingpong_arrive_d256.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = fence29 ]; then   # the PV wait below the whole stage (stage_fence) with ping-pong, under today's defaults

@@ -118,6 +118,10 @@ class AttnFwdConfig:
     # hoisting the wait over the stage ("": off, the measured default; "interior": mask-free
     # blocks only; "all": every overlapped block).  docs/NOTES_attn_fwd.md, stage before the PV wait
     stage_fence: str = ""
+    # ping-pong only: when a warpgroup lets the other one issue its GEMMs. "issue": right after
+    # issuing its own (FA3's order); "qk": once its own QK GEMM has completed (wait_group(1)),
+    # so the other's QK queues behind this PV and the two score stages do not start together
+    pingpong_arrive: str = "issue"
     # CTA order: False = SingleTileScheduler (per head, longest query tile first); True =
     # SectionLptScheduler (heads in L2-sized sections, longest tiles of all their heads first)
     lpt: bool = False
@@ -220,6 +224,9 @@ class AttnFwdSm90:
         self.overlap, self.pingpong = cfg.overlap, cfg.pingpong
         self.overlap_v2 = cfg.overlap and cfg.overlap_v2
         assert cfg.stage_fence in ("", "interior", "all"), cfg.stage_fence
+        if cfg.pingpong_arrive not in ("issue", "qk"):
+            raise ValueError(f"pingpong_arrive must be 'issue' or 'qk', got {cfg.pingpong_arrive!r}")
+        self.arrive_after_qk = cfg.pingpong and cfg.pingpong_arrive == "qk"
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
         assert self.tile_m == 64 * self.num_mma_wg
 
@@ -636,10 +643,13 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.pingpong):
             self.pingpong_sync(ctx.wg)
         self.wgmma(ctx.tiled_mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, kv.index], True)
-        if cutlass.const_expr(self.pingpong):
+        if cutlass.const_expr(self.pingpong and not self.arrive_after_qk):
             self.pingpong_arrive(1 - ctx.wg)
         warpgroup.wait_group(0)
         fence_fragment(acc_S)
+        if cutlass.const_expr(self.arrive_after_qk):
+            self.pingpong_arrive(1 - ctx.wg)
+            stage_fence()   # ptxas would sink the arrive below the whole stage (no data edge)
         ctx.pipe_k.consumer_release(kv)
         return acc_S
 
@@ -658,7 +668,7 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.overlap_v2):
             return self.block_overlap_v2(ctx, kv, n_block, masked, first_pv)
         kv_prev, acc_S = self.issue_qk_pv(ctx, kv, first_pv)
-        warpgroup.wait_group(1)
+        self.qk_done(ctx)
         ctx.pipe_k.consumer_release(kv)
         # P_n goes to a second fragment: tOrP is still being read by the PV wgmma in flight
         tOrP_next = cute.make_rmem_tensor_like(ctx.tOrP)
@@ -688,9 +698,17 @@ class AttnFwdSm90:
         ctx.pipe_v.consumer_wait(kv_prev)
         self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv_prev.index],
                    first_pv)
-        if cutlass.const_expr(self.pingpong):
+        if cutlass.const_expr(self.pingpong and not self.arrive_after_qk):
             self.pingpong_arrive(1 - ctx.wg)
         return kv_prev, acc_S
+
+    def qk_done(self, ctx):
+        """wait_group(1) of an overlapped step: S_n has landed (P_{n-1} V may still run);
+        with pingpong_arrive="qk" the other warpgroup may issue from here."""
+        warpgroup.wait_group(1)
+        if cutlass.const_expr(self.arrive_after_qk):
+            self.pingpong_arrive(1 - ctx.wg)
+            stage_fence()   # ptxas would sink the arrive below the whole stage (no data edge)
 
     @cute.jit
     def block_overlap_v2(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool],
@@ -702,7 +720,7 @@ class AttnFwdSm90:
         that wgmma through the loop-back mov.  Same instruction count as v1 minus the
         32 movs per block, and no second 32-register P fragment."""
         kv_prev, acc_S = self.issue_qk_pv(ctx, kv, first_pv)
-        warpgroup.wait_group(1)
+        self.qk_done(ctx)
         fence_fragment(acc_S)   # the score stage must not rise above wait_group(1); no PTX
         ctx.pipe_k.consumer_release(kv)
         self.scores_to_p(ctx, acc_S, n_block, False, masked, None)
