@@ -193,6 +193,7 @@ class AttnFwdConfig:
             base.update(persistent=DEFAULT_PERSISTENT_CTAS)
         kw = dict(base, **kw)
         stages = kw.pop("num_stages", 2)   # K/V pipeline depth (a timing knob; 3 fills 224 KB at D = 128)
+        tile_n = kw.pop("tile_n", tile_n)   # a timing knob (64 at D = 128: half the stage per block)
         return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, stages, **kw)
 
 
