@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh tn33    # softcap D = 128, tile_n 64: ping-pong off for poly, 3 / 4 K/V stages, side by side
 #   bash bench/h200_round.sh tn32    # tile_n 64 at D = 128 for softcap / softmax (2 and 4 K/V stages, +- ping-pong), side by side
 #   bash bench/h200_round.sh pp31    # ping-pong hand-over once the QK GEMM landed (pingpong_arrive=qk), D = 128 / 256, side by side
 #   bash bench/h200_round.sh fence29 # stage_fence (PV wait below the stage) +- ping-pong for softcap/sigmoid, D = 128 and 256, side by side
@@ -390,6 +391,13 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = tn33 ]; then   # softcap at D = 128 with tile_n 64: ping-pong off for poly, 3 / 4 K/V stages, side by side
+  t tn64b_d128 330 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 \
+      --modes softcap:native,softcap:poly --order shuffle --rounds 11 --iters 30 \
+      --knob tile_n=64+num_stages=4+pingpong=0 --knob tile_n=64+num_stages=3+pingpong=0 \
+      --knob tile_n=64+num_stages=4+pingpong=1 --json "$OUT/fwd_tile_n64_softcap_d128.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = tn32 ]; then   # tile_n 64 at D = 128 (half the score stage per key block), 2 / 4 K/V stages, side by side
