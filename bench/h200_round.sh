@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh knobs34 # GPU tests of pingpong_arrive=qk and tile_n 64 at D = 128 (tests/test_attn_fwd_knobs_gpu.py)
 #   bash bench/h200_round.sh tn33    # softcap D = 128, tile_n 64: ping-pong off for poly, 3 / 4 K/V stages, side by side
 #   bash bench/h200_round.sh tn32    # tile_n 64 at D = 128 for softcap / softmax (2 and 4 K/V stages, +- ping-pong), side by side
 #   bash bench/h200_round.sh pp31    # ping-pong hand-over once the QK GEMM landed (pingpong_arrive=qk), D = 128 / 256, side by side
@@ -391,6 +392,10 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = knobs34 ]; then   # GPU tests of the selectable forward knobs (pingpong_arrive=qk, tile_n 64 at D = 128)
+  pt knobs tests/test_attn_fwd_knobs_gpu.py; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = tn33 ]; then   # softcap at D = 128 with tile_n 64: ping-pong off for poly, 3 / 4 K/V stages, side by side

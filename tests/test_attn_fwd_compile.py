@@ -570,3 +570,27 @@ def test_persistent_tuning_maps_to_the_device_sm_count(monkeypatch):
         assert A._persistent_tuning({"lpt": False}, dev) == {"lpt": False}
     finally:
         A._default_tuning.cache_clear()
+
+
+@pytest.mark.compile
+def test_pingpong_arrive_qk_hands_over_right_after_the_qk_wait():
+    """AttnFwdConfig(pingpong_arrive="qk"): in the SASS every wait_group(1) of the overlapped
+    loops (WARPGROUP.DEPBAR.LE gsb0, 0x1: S_n landed) is followed at once by the BAR.ARV that
+    lets the other warpgroup issue (the CTA fence after it keeps ptxas from sinking the arrive
+    below the score stage); in the default order ("issue") the arrive follows the GEMM issue
+    instead.  A wrong value is a ValueError."""
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, sass, score_stages as S
+
+    def after_qk_wait(**kw):
+        cfg = A.AttnFwdConfig.default(S.make_stage("softcap", "poly"), "bf16", 128, True, fixed_max=True, **kw)
+        instrs = [t for k, t in sass._sass_lines(sass.disassemble(A.compile_attn_fwd(
+            cfg, options=f"--keep-cubin --dump-dir={tempfile.mkdtemp(prefix='fap_pp_')}").artifacts.CUBIN))
+                  if k == "instr"]
+        return [instrs[i + 1].split()[0] for i, t in enumerate(instrs)
+                if t.startswith("WARPGROUP.DEPBAR") and t.endswith("0x1")]
+    qk = after_qk_wait(pingpong_arrive="qk")
+    assert qk and all(op == "BAR.ARV" for op in qk), qk
+    assert "BAR.ARV" not in after_qk_wait(), "the default order already hands over after the QK wait"
+    with pytest.raises(ValueError, match="pingpong_arrive"):
+        A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage("softmax", "native"), pingpong_arrive="pv"))

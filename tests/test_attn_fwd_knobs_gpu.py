@@ -1,0 +1,63 @@
+"""GPU tests of forward timing knobs that are off by default but selectable through
+`tuning` (docs/NOTES_attn_fwd.md, ninth session):
+- pingpong_arrive="qk": a warpgroup hands the GEMM turn over once its own QK GEMM landed.
+  Only the issue order changes, so O and LSE must be bitwise equal to the default build's,
+  for the persistent grid and the single-tile one (a lost or extra hand-over would hang or
+  race, and the poisoned outputs would show it).
+- tile_n=64 at D = 128: other key blocks, so another summation order: checked against the
+  reference with the tolerance rule (tests/test_attn_fwd_gpu.run_case).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+# (mode, evaluator, dtype, B, S_q, S_k, H_q, H_kv, D, causal, window)
+QK_CASES = [
+    ("softmax", "native", "bf16", 2, 333, 333, 8, 2, 128, True, (-1, -1)),
+    ("softmax", "native", "bf16", 2, 517, 200, 4, 1, 128, True, (-1, -1)),    # tiles with no key
+    ("softcap", "native", "bf16", 1, 333, 333, 8, 2, 128, True, (-1, -1)),
+    ("softcap", "poly", "bf16", 2, 333, 411, 8, 2, 128, False, (-1, -1)),
+    ("softcap", "poly", "bf16", 1, 517, 517, 8, 4, 256, True, (100, 0)),     # sliding window
+    ("sigmoid", "poly", "bf16", 2, 300, 411, 4, 2, 128, False, (-1, -1)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", [1, 0], ids=["persistent", "single_tile"])
+@pytest.mark.parametrize("case", QK_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_pingpong_arrive_qk_equals_default(case, persistent):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from test_attn_fwd_persistent_gpu import _qkv, _run
+
+    mode, ev, dtype, b, s_q, s_k, h_q, h_kv, d, causal, window = case
+    q, k, v = _qkv(dtype, b, s_q, s_k, h_q, h_kv, d, 8.0 if mode == "softcap" else 1.0)
+    o0, l0 = _run(q, k, v, mode, ev, causal, window, {"persistent": persistent})
+    o1, l1 = _run(q, k, v, mode, ev, causal, window,
+                  {"persistent": persistent, "pingpong": True, "pingpong_arrive": "qk"})
+    assert not torch.isnan(o1).any(), "O has unwritten (poisoned) elements"
+    assert torch.equal(o0, o1), f"O differs: max |diff| {(o0.float() - o1.float()).abs().max().item()}"
+    if l0 is not None:
+        assert torch.equal(l0, l1), "LSE differs"
+
+
+TILE_N64_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
+                  ("softcap", "native", "bf16", 1, 333, 333, 8, 2, 128, True),
+                  ("softcap", "poly", "bf16", 1, 300, 411, 4, 4, 128, False),
+                  ("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 128, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", TILE_N64_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_tile_n64_d128_against_reference(case):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from test_attn_fwd_gpu import run_case
+
+    run_case(*case, tuning={"tile_n": 64, "num_stages": 3})
