@@ -734,31 +734,33 @@ class AttnFwdSm90:
     @cute.jit
     def step_la(self, ctx, kv_pv, kv, n_block: Int32, masked: cutlass.Constexpr[bool],
                 is_first: cutlass.Constexpr[bool], pv: cutlass.Constexpr[int], has_next: cutlass.Constexpr[bool]):
-        """One lookahead step: S of block n is in ctx.acc_S (kv), P of block n+1 in tOrP (kv_pv).
-        Issue S_{n-1} = Q K_{n-1}^T (has_next) and O (+)= P_{n+1} V_{n+1} (pv: 0 none, 1 O =, 2 O +=),
-        run the stage on S_n, wait for both GEMMs, pack P_n, rescale O, move S_{n-1} into acc_S.
-        Returns (kv, kv of block n-1) -- the next step's (kv_pv, kv)."""
+        """One lookahead step for block n (kv); P of block n+1 is in tOrP (kv_pv).  S_n is in
+        ctx.acc_S (first block: the prologue's) or in flight in ctx.acc_S_nxt (issued by the
+        previous step): wait for it and move it over.  Then issue O (+)= P_{n+1} V_{n+1} (pv: 0
+        none, 1 O =, 2 O +=) and S_{n-1} = Q K_{n-1}^T (has_next), run the stage on S_n, wait
+        for the PV GEMM only, pack P_n and rescale O.  Returns the next step's (kv_pv, kv)."""
+        if cutlass.const_expr(not is_first):
+            warpgroup.wait_group(0)
+            fence_fragment(ctx.acc_S_nxt)
+            ctx.pipe_k.consumer_release(kv)
+            ctx.acc_S.store(ctx.acc_S_nxt.load())
+            fence_fragment(ctx.acc_S)   # own values: the stage must not read the next QK's accumulators (C7514)
+        if cutlass.const_expr(pv > 0):
+            ctx.pipe_v.consumer_wait(kv_pv)
+            self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv_pv.index], pv == 1)
         kv_next = kv.clone()
         if cutlass.const_expr(has_next):
             kv_next.advance()
             ctx.pipe_k.consumer_wait(kv_next)
             self.wgmma(ctx.tiled_mma_qk, ctx.acc_S_nxt, ctx.tSrQ, ctx.tSrK[None, None, None, kv_next.index], True)
-        if cutlass.const_expr(pv > 0):
-            ctx.pipe_v.consumer_wait(kv_pv)
-            self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv_pv.index], pv == 1)
         self.scores_to_p(ctx, ctx.acc_S, n_block, is_first, masked, None)
-        warpgroup.wait_group(0)
-        fence_fragment(ctx.acc_O)
-        if cutlass.const_expr(has_next):
-            fence_fragment(ctx.acc_S_nxt)
-            ctx.pipe_k.consumer_release(kv_next)
         if cutlass.const_expr(pv > 0):
+            warpgroup.wait_group(1 if cutlass.const_expr(has_next) else 0)   # the PV GEMM (issued first)
+            fence_fragment(ctx.acc_O)
             ctx.pipe_v.consumer_release(kv_pv)
         self.stage.write_p(ctx.acc_S, ctx.tOrP, self.is_bf16)
         if cutlass.const_expr(pv > 0):
             self.rescale_o(ctx)
-        if cutlass.const_expr(has_next):
-            ctx.acc_S.store(ctx.acc_S_nxt.load())
         return kv, kv_next
 
     @cute.jit
