@@ -37,8 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
-#   bash bench/h200_round.sh la36    # lookahead v2 (PV issued first, the step waits for PV only) beside tile_n 64, + its equality tests
-#   bash bench/h200_round.sh la35    # lookahead forward (D = 128, tile_n 64): timing beside the default, then its GPU tests
+#   (la35 / la36: the lookahead forward, measured and removed; its code and phases are in commit 45b6790)
 #   bash bench/h200_round.sh knobs34 # GPU tests of pingpong_arrive=qk and tile_n 64 at D = 128 (tests/test_attn_fwd_knobs_gpu.py)
 #   bash bench/h200_round.sh tn33    # softcap D = 128, tile_n 64: ping-pong off for poly, 3 / 4 K/V stages, side by side
 #   bash bench/h200_round.sh tn32    # tile_n 64 at D = 128 for softcap / softmax (2 and 4 K/V stages, +- ping-pong), side by side
@@ -394,22 +393,6 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
-  only_archive
-  echo "== summary"; cat "$OUT/summary.txt"; exit 0
-elif [ "$phase" = la36 ]; then   # lookahead v2 (PV issued first, only the PV waited in the step), beside tile_n 64 without it
-  t la2_d128 200 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 \
-      --modes softcap:native,softcap:poly,softmax:native --order shuffle --rounds 7 --iters 30 \
-      --knob tile_n=64+num_stages=4+pingpong=0 --knob lookahead=1+num_stages=4+tile_n=64+pingpong=0 \
-      --json "$OUT/fwd_lookahead2_d128.json"; tarup
-  pt la_tests tests/test_attn_fwd_knobs_gpu.py -k "lookahead_equals and persistent and not single" -x; tarup
-  only_archive
-  echo "== summary"; cat "$OUT/summary.txt"; exit 0
-elif [ "$phase" = la35 ]; then   # lookahead (next QK issued before the stage), D = 128 tile_n 64: timing side by side, then its GPU tests
-  t la_d128 300 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 \
-      --modes softcap:native,softcap:poly,softmax:native,sigmoid:poly --order shuffle --rounds 9 --iters 30 \
-      --knob lookahead=1+num_stages=3+tile_n=64+pingpong=0 --knob lookahead=1+num_stages=4+tile_n=64+pingpong=0 \
-      --json "$OUT/fwd_lookahead_d128.json"; tarup
-  pt la_tests tests/test_attn_fwd_knobs_gpu.py -k "lookahead" -x; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = knobs34 ]; then   # GPU tests of the selectable forward knobs (pingpong_arrive=qk, tile_n 64 at D = 128)

@@ -122,11 +122,6 @@ class AttnFwdConfig:
     # issuing its own (FA3's order); "qk": once its own QK GEMM has completed (wait_group(1)),
     # so the other's QK queues behind this PV and the two score stages do not start together
     pingpong_arrive: str = "issue"
-    # overlap_v2 without ping-pong: the QK GEMM of the next key block is issued before the
-    # score stage of this one (S double-buffered in registers), so the stage never waits for
-    # its own QK and both GEMMs of a step run under it.  Needs >= 3 K/V stages (the step holds
-    # V of the previous block, K/V of this one and K of the next)
-    lookahead: bool = False
     # CTA order: False = SingleTileScheduler (per head, longest query tile first); True =
     # SectionLptScheduler (heads in L2-sized sections, longest tiles of all their heads first)
     lpt: bool = False
@@ -233,10 +228,6 @@ class AttnFwdSm90:
         if cfg.pingpong_arrive not in ("issue", "qk"):
             raise ValueError(f"pingpong_arrive must be 'issue' or 'qk', got {cfg.pingpong_arrive!r}")
         self.arrive_after_qk = cfg.pingpong and cfg.pingpong_arrive == "qk"
-        self.lookahead = cfg.lookahead
-        if cfg.lookahead and (not self.overlap_v2 or cfg.pingpong or cfg.num_stages < 3):
-            raise ValueError("lookahead needs overlap_v2, no ping-pong and num_stages >= 3, got "
-                             f"overlap_v2={self.overlap_v2} pingpong={cfg.pingpong} num_stages={cfg.num_stages}")
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
         assert self.tile_m == 64 * self.num_mma_wg
 
@@ -520,10 +511,7 @@ class AttnFwdSm90:
             tiled_mma_qk=tiled_mma_qk, tiled_mma_pv=tiled_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrV=tOrV,
             tOrP=tOrP, acc_O=acc_O, s_shape=s_shape, tScS_mn=tScS_mn, softmax=softmax,
             row_scale=row_scale, params=params, pipe_k=pipe_k, pipe_v=pipe_v, m_block=m_block,
-            seqlen_q=seqlen_q, seqlen_k=seqlen_k, wg=wg, n_max=n_max, window=window,
-            # lookahead: S of the block in the stage, S of the next block (its GEMM in flight)
-            acc_S=cute.make_rmem_tensor(s_shape, Float32) if cutlass.const_expr(self.lookahead) else None,
-            acc_S_nxt=cute.make_rmem_tensor(s_shape, Float32) if cutlass.const_expr(self.lookahead) else None)
+            seqlen_q=seqlen_q, seqlen_k=seqlen_k, wg=wg, n_max=n_max, window=window)
         n_unmasked = cutlass.min(blocks.n_unmasked_end(m_block, seqlen_q, seqlen_k, window[1]), n_max)
         # key blocks: first = n_max-1 (tail + diagonal, masked); then the ones crossing the
         # causal diagonal / right window edge (masked; none when not bounded); then the
@@ -543,33 +531,29 @@ class AttnFwdSm90:
                 self.pingpong_arrive(0)
         # dynamic `for` loops of 0 or 1 trips stand in for `if` (a tile that sees no key
         # skips all work and still writes O = 0, LSE = -inf)
-        if cutlass.const_expr(self.lookahead):
-            kv = self.lookahead_blocks(ctx, kv, pipe_q, q_run if cutlass.const_expr(persistent) else None,
-                                       n_max, n_cnt, n_diag, n_diag_lo, n_inner, n_lo, n_min, blocks)
-        else:
-            for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
-                pipe_q.consumer_wait(q_run if cutlass.const_expr(persistent)
-                                     else pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-                if cutlass.const_expr(self.overlap):
-                    kv = self.first_block_overlap(ctx, kv, n_max - 1)
-                else:
-                    kv = self.one_block(ctx, kv, n_max - 1, True, True)
+        for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
+            pipe_q.consumer_wait(q_run if cutlass.const_expr(persistent)
+                                 else pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
             if cutlass.const_expr(self.overlap):
-                # The first PV product must overwrite O (zero-init is a compile-time flag: a
-                # runtime one puts a predicate move inside the wgmma stage and ptxas then
-                # serialises every wgmma, C7513), so the second block is peeled (kept masked).
-                for _ in cutlass.range(cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
-                    kv = self.block_overlap(ctx, kv, n_max - 2, True, True)
-                n_diag = n_diag - 1
-                n_inner = cutlass.min(n_inner, mask_mod.sub0(n_max - 2, n_lo))
-            for i in cutlass.range(n_diag, unroll=1):
-                kv = self.next_block(ctx, kv, n_diag_lo + n_diag - 1 - i, True)
-            for i in cutlass.range(n_inner, unroll=1):
-                kv = self.next_block(ctx, kv, mask_mod.add0(n_lo, n_inner) - 1 - i, False)
-            if cutlass.const_expr(blocks.has_left):
-                n_left_top = cutlass.min(n_lo, n_lo + n_inner)   # n_inner < 0: no interior
-                for i in cutlass.range(n_left_top - n_min, unroll=1):
-                    kv = self.next_block(ctx, kv, n_left_top - 1 - i, True)
+                kv = self.first_block_overlap(ctx, kv, n_max - 1)
+            else:
+                kv = self.one_block(ctx, kv, n_max - 1, True, True)
+        if cutlass.const_expr(self.overlap):
+            # The first PV product must overwrite O (zero-init is a compile-time flag: a
+            # runtime one puts a predicate move inside the wgmma stage and ptxas then
+            # serialises every wgmma, C7513), so the second block is peeled (kept masked).
+            for _ in cutlass.range(cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
+                kv = self.block_overlap(ctx, kv, n_max - 2, True, True)
+            n_diag = n_diag - 1
+            n_inner = cutlass.min(n_inner, mask_mod.sub0(n_max - 2, n_lo))
+        for i in cutlass.range(n_diag, unroll=1):
+            kv = self.next_block(ctx, kv, n_diag_lo + n_diag - 1 - i, True)
+        for i in cutlass.range(n_inner, unroll=1):
+            kv = self.next_block(ctx, kv, mask_mod.add0(n_lo, n_inner) - 1 - i, False)
+        if cutlass.const_expr(blocks.has_left):
+            n_left_top = cutlass.min(n_lo, n_lo + n_inner)   # n_inner < 0: no interior
+            for i in cutlass.range(n_left_top - n_min, unroll=1):
+                kv = self.next_block(ctx, kv, n_left_top - 1 - i, True)
         if cutlass.const_expr(persistent):
             # every QK GEMM of the tile has completed (the loops end on wait_group 0): Q may be refilled
             for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
@@ -676,92 +660,6 @@ class AttnFwdSm90:
         acc_S = self.qk_waited(ctx, kv)
         self.scores_to_p(ctx, acc_S, n_block, True, True, ctx.tOrP)
         return kv
-
-    # ---- lookahead (AttnFwdConfig.lookahead): the stage of block n runs while the QK GEMM
-    # of block n-1 and the PV GEMM of block n+1 are in flight (blocks run n_max-1 down to n_min)
-    @cute.jit
-    def lookahead_blocks(self, ctx, kv, pipe_q, q_run, n_max: Int32, n_cnt: Int32, n_diag: Int32,
-                         n_diag_lo: Int32, n_inner: Int32, n_lo: Int32, n_min: Int32, blocks):
-        """The key blocks of one tile in the lookahead schedule; the same block order and mask
-        segments as the overlapped loop.  The last block's step issues no QK; it runs masked
-        (a no-op on a visible block) so that it can close any segment.  Returns kv at the last
-        block (its PV is the caller's last_pv)."""
-        for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
-            pipe_q.consumer_wait(q_run if cutlass.const_expr(q_run is not None)
-                                 else pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-            self.qk_la_first(ctx, kv)
-        kv_pv = kv.clone()
-        one = cutlass.min(n_cnt, 1) - cutlass.min(cutlass.max(n_cnt - 1, 0), 1)   # n_cnt == 1
-        for _ in cutlass.range(one, unroll=1):
-            kv_pv, kv = self.step_la(ctx, kv_pv, kv, n_max - 1, True, True, 0, False)
-        for _ in cutlass.range(cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):   # n_cnt >= 2
-            kv_pv, kv = self.step_la(ctx, kv_pv, kv, n_max - 1, True, True, 0, True)
-        two = cutlass.min(cutlass.max(n_cnt - 1, 0), 1) - cutlass.min(cutlass.max(n_cnt - 2, 0), 1)
-        for _ in cutlass.range(two, unroll=1):                                             # n_cnt == 2
-            kv_pv, kv = self.step_la(ctx, kv_pv, kv, n_max - 2, True, False, 1, False)
-        for _ in cutlass.range(cutlass.min(cutlass.max(n_cnt - 2, 0), 1), unroll=1):   # n_cnt >= 3
-            kv_pv, kv = self.step_la(ctx, kv_pv, kv, n_max - 2, True, False, 1, True)
-        # the blocks after the two peeled ones, as the overlapped loop's segments, less the last
-        n_diag = n_diag - 1
-        n_inner = cutlass.min(n_inner, mask_mod.sub0(n_max - 2, n_lo))
-        n_left_top = cutlass.min(n_lo, n_lo + n_inner)
-        n_d, n_i = cutlass.max(n_diag, 0), cutlass.max(n_inner, 0)
-        n_l = cutlass.max(n_left_top - n_min, 0) if cutlass.const_expr(blocks.has_left) else 0
-        take_l = cutlass.min(n_l, 1)
-        take_i = cutlass.min(n_i, 1 - take_l)
-        take_d = cutlass.min(n_d, 1 - take_l - take_i)
-        for i in cutlass.range(n_d - take_d, unroll=1):
-            kv_pv, kv = self.step_la(ctx, kv_pv, kv, n_diag_lo + n_diag - 1 - i, True, False, 2, True)
-        for i in cutlass.range(n_i - take_i, unroll=1):
-            kv_pv, kv = self.step_la(ctx, kv_pv, kv, mask_mod.add0(n_lo, n_inner) - 1 - i, False, False, 2, True)
-        if cutlass.const_expr(blocks.has_left):
-            for i in cutlass.range(n_l - take_l, unroll=1):
-                kv_pv, kv = self.step_la(ctx, kv_pv, kv, n_left_top - 1 - i, True, False, 2, True)
-        for _ in cutlass.range(cutlass.min(cutlass.max(n_cnt - 2, 0), 1), unroll=1):   # n_cnt >= 3: the last
-            kv_pv, kv = self.step_la(ctx, kv_pv, kv, n_max - n_cnt, True, False, 2, False)
-        return kv
-
-    @cute.jit
-    def qk_la_first(self, ctx, kv):
-        """S of the tile's first key block into ctx.acc_S, completed; K released.  (Calls on
-        ctx members sit in helpers: a loop that calls ctx.x.f() would carry ctx.)"""
-        ctx.pipe_k.consumer_wait(kv)
-        self.wgmma(ctx.tiled_mma_qk, ctx.acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, kv.index], True)
-        warpgroup.wait_group(0)
-        fence_fragment(ctx.acc_S)
-        ctx.pipe_k.consumer_release(kv)
-
-    @cute.jit
-    def step_la(self, ctx, kv_pv, kv, n_block: Int32, masked: cutlass.Constexpr[bool],
-                is_first: cutlass.Constexpr[bool], pv: cutlass.Constexpr[int], has_next: cutlass.Constexpr[bool]):
-        """One lookahead step for block n (kv); P of block n+1 is in tOrP (kv_pv).  S_n is in
-        ctx.acc_S (first block: the prologue's) or in flight in ctx.acc_S_nxt (issued by the
-        previous step): wait for it and move it over.  Then issue O (+)= P_{n+1} V_{n+1} (pv: 0
-        none, 1 O =, 2 O +=) and S_{n-1} = Q K_{n-1}^T (has_next), run the stage on S_n, wait
-        for the PV GEMM only, pack P_n and rescale O.  Returns the next step's (kv_pv, kv)."""
-        if cutlass.const_expr(not is_first):
-            warpgroup.wait_group(0)
-            fence_fragment(ctx.acc_S_nxt)
-            ctx.pipe_k.consumer_release(kv)
-            ctx.acc_S.store(ctx.acc_S_nxt.load())
-            fence_fragment(ctx.acc_S)   # own values: the stage must not read the next QK's accumulators (C7514)
-        if cutlass.const_expr(pv > 0):
-            ctx.pipe_v.consumer_wait(kv_pv)
-            self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv_pv.index], pv == 1)
-        kv_next = kv.clone()
-        if cutlass.const_expr(has_next):
-            kv_next.advance()
-            ctx.pipe_k.consumer_wait(kv_next)
-            self.wgmma(ctx.tiled_mma_qk, ctx.acc_S_nxt, ctx.tSrQ, ctx.tSrK[None, None, None, kv_next.index], True)
-        self.scores_to_p(ctx, ctx.acc_S, n_block, is_first, masked, None)
-        if cutlass.const_expr(pv > 0):
-            warpgroup.wait_group(1 if cutlass.const_expr(has_next) else 0)   # the PV GEMM (issued first)
-            fence_fragment(ctx.acc_O)
-            ctx.pipe_v.consumer_release(kv_pv)
-        self.stage.write_p(ctx.acc_S, ctx.tOrP, self.is_bf16)
-        if cutlass.const_expr(pv > 0):
-            self.rescale_o(ctx)
-        return kv, kv_next
 
     @cute.jit
     def block_overlap(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool],

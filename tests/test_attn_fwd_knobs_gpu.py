@@ -4,7 +4,6 @@
   Only the issue order changes, so O and LSE must be bitwise equal to the default build's,
   for the persistent grid and the single-tile one (a lost or extra hand-over would hang or
   race, and the poisoned outputs would show it).
-- lookahead: bitwise equal to the overlapped loop at the same tile_n (below).
 - tile_n=64 at D = 128: other key blocks, so another summation order: checked against the
   reference with the tolerance rule (tests/test_attn_fwd_gpu.run_case).
 """
@@ -63,46 +62,3 @@ def test_tile_n64_d128_against_reference(case):
 
     run_case(*case, tuning={"tile_n": 64, "num_stages": 3})
 
-
-# lookahead (AttnFwdConfig.lookahead): the same blocks, stage arithmetic and PV order as the
-# overlapped loop at the same tile_n, only issued earlier: bitwise equal to it.
-LA = {"tile_n": 64, "num_stages": 3, "pingpong": False}
-LA_CASES = QK_CASES[:4] + [
-    ("softmax", "native", "bf16", 1, 200, 517, 8, 8, 64, False, (-1, -1)),
-    ("softmax", "native", "fp16", 1, 381, 381, 8, 2, 128, True, (-1, -1)),
-    ("softmax", "native", "bf16", 1, 600, 600, 4, 2, 128, False, (150, 90)),   # both window edges
-    ("softcap", "poly", "bf16", 1, 517, 517, 8, 4, 128, True, (100, 0)),
-    ("sigmoid", "native", "bf16", 1, 333, 333, 8, 2, 128, True, (-1, -1)),
-    ("sigmoid", "poly", "bf16", 2, 300, 411, 4, 2, 128, False, (-1, -1)),
-    ("softmax", "native", "bf16", 1, 64, 64, 2, 1, 128, True, (-1, -1)),      # 1 key block
-    ("softmax", "native", "bf16", 1, 128, 128, 2, 1, 128, True, (-1, -1)),    # 1-2 key blocks
-    ("softcap", "native", "bf16", 1, 192, 192, 2, 1, 128, True, (-1, -1)),    # 1-3 key blocks
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("persistent", [1, 0], ids=["persistent", "single_tile"])
-@pytest.mark.parametrize("case", LA_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_lookahead_equals_overlapped_loop(case, persistent):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    from test_attn_fwd_persistent_gpu import _qkv, _run
-
-    mode, ev, dtype, b, s_q, s_k, h_q, h_kv, d, causal, window = case
-    q, k, v = _qkv(dtype, b, s_q, s_k, h_q, h_kv, d, 8.0 if mode == "softcap" else 1.0)
-    o0, l0 = _run(q, k, v, mode, ev, causal, window, dict(LA, persistent=persistent))
-    o1, l1 = _run(q, k, v, mode, ev, causal, window, dict(LA, persistent=persistent, lookahead=True))
-    assert not torch.isnan(o1).any(), "O has unwritten (poisoned) elements"
-    assert torch.equal(o0, o1), f"O differs: max |diff| {(o0.float() - o1.float()).abs().max().item()}"
-    if l0 is not None:
-        assert torch.equal(l0, l1), "LSE differs"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", TILE_N64_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_lookahead_against_reference(case):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    from test_attn_fwd_gpu import run_case
-
-    run_case(*case, tuning=dict(LA, lookahead=True))
