@@ -1,4 +1,5 @@
 """CPU tier: the host-side rules the benchmarks and the backward's defaults depend on."""
+import json
 import os
 import sys
 
@@ -222,3 +223,23 @@ def test_prepared_forward_knob_runs_build_valid_configs(phase):
     for mode, settings in fwd_knob_accuracy.SETTINGS.items():
         for _, tuning in settings:
             build(mode, "native", tuning)
+
+
+def test_ncu_summary_reads_the_committed_round(tmp_path):
+    """bench/ncu_summary.py on the committed Nsight Compute round: every build has its pipe
+    shares and loop stall split (shares of the loop summing to 1), and the finding the notes
+    rest on is in the data: softcap keeps the tensor pipe less busy than softmax and the MUFU
+    pipe busier."""
+    import ncu_summary
+
+    folder = os.path.join(os.path.dirname(__file__), "..", "bench", "results", "logs", "round_ncu28_fc43451")
+    out = tmp_path / "ncu.json"
+    assert ncu_summary.main([folder, "--json", str(out)]) == 0
+    rows = {r["build"]: r for r in json.load(open(out))["rows"]}
+    assert set(rows) == set(ncu_summary.BUILDS)
+    for r in rows.values():
+        shares = [v for k, v in r.items() if k.startswith("loop: ") and k != "loop: loop_share_of_samples"]
+        assert abs(sum(shares) - 1.0) < 1e-9 and 0 < r["loop: loop_share_of_samples"] < 1
+    assert rows["softcap_native"]["tensor_pct"] < rows["softmax"]["tensor_pct"] - 10
+    assert rows["softcap_native"]["mufu_pct"] > rows["softmax"]["mufu_pct"] + 10
+    assert (tmp_path / "ncu.md").read_text().count("| softcap_poly |") == 2
