@@ -25,8 +25,8 @@ STR_KNOBS = ("stage_fence", "pingpong_arrive")
 
 
 def _knob(text: str) -> dict:
-    """'name=int' or several joined by '+', e.g. 'row_sum_carry=1+pingpong=1' (stage_fence takes
-    its string: 'stage_fence=interior')."""
+    """'name=int' or several joined by '+', e.g. 'row_sum_carry=1+pingpong=1' (stage_fence and
+    pingpong_arrive take their strings: 'stage_fence=interior', 'pingpong_arrive=qk')."""
     out = {}
     for part in text.split("+"):
         k, v = part.split("=")

@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     protocol.add_shape_args(p)
     p.add_argument("--mode", default="softcap")
     p.add_argument("--evaluator", default="native")
-    p.add_argument("--knob", help="AttnFwdConfig overrides NAME=INT[+NAME=INT...]")
+    p.add_argument("--knob", help="AttnFwdConfig overrides NAME=VALUE[+NAME=VALUE...] (bench/fwd_tuning.py syntax)")
     p.add_argument("--launches", type=int, default=4)
     args = p.parse_args(argv)
     import torch

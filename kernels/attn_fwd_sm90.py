@@ -197,6 +197,9 @@ class AttnFwdConfig:
         return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, stages, **kw)
 
 
+SMEM_BYTES = 232448   # shared memory per CTA on sm_90 (227 KB)
+
+
 class AttnFwdSm90:
     num_threads_per_wg = 128
     num_mma_wg = 2
@@ -230,6 +233,11 @@ class AttnFwdSm90:
         self.arrive_after_qk = cfg.pingpong and cfg.pingpong_arrive == "qk"
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
         assert self.tile_m == 64 * self.num_mma_wg
+        tiles = 2 * (self.tile_m + 2 * self.num_stages * self.tile_n) * self.head_dim   # 16-bit Q, K, V
+        if tiles > SMEM_BYTES - 1024:   # leave room for the mbarriers
+            raise ValueError(f"forward config needs {tiles} bytes of shared memory for Q ({self.tile_m} x "
+                             f"{self.head_dim}) and {self.num_stages} K/V stages of {self.tile_n} rows; "
+                             f"sm_90 has {SMEM_BYTES}: lower num_stages or tile_n")
 
     # ------------------------------------------------------------------ host side
     def _smem_layout(self, rows: int, stages_: Optional[int]):

@@ -594,3 +594,17 @@ def test_pingpong_arrive_qk_hands_over_right_after_the_qk_wait():
     assert "BAR.ARV" not in after_qk_wait(), "the default order already hands over after the QK wait"
     with pytest.raises(ValueError, match="pingpong_arrive"):
         A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage("softmax", "native"), pingpong_arrive="pv"))
+
+
+def test_forward_refuses_configs_over_shared_memory():
+    """A tuning that cannot fit sm_90's 227 KB of shared memory is a ValueError naming the
+    sizes, not a launch failure; the defaults and the largest measured knob (3 K/V stages at
+    D = 128) fit."""
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
+
+    st = S.make_stage("softmax", "native")
+    for d, kw in [(128, {}), (256, {}), (64, {}), (128, {"num_stages": 3}), (128, {"tile_n": 64, "num_stages": 4})]:
+        A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", d, True, **kw))
+    for d, kw in [(256, {"tile_n": 128}), (128, {"num_stages": 4}), (256, {"num_stages": 3})]:
+        with pytest.raises(ValueError, match="shared memory"):
+            A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", d, True, **kw))
