@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh ho37    # prepared (not run): ping-pong hand-over halfway through the stage: its GPU tests, then timing D = 128 / 256
 #   (la35 / la36: the lookahead forward, measured and removed; its code and phases are in commit 45b6790)
 #   bash bench/h200_round.sh knobs34 # GPU tests of pingpong_arrive=qk and tile_n 64 at D = 128 (tests/test_attn_fwd_knobs_gpu.py)
 #   bash bench/h200_round.sh tn33    # softcap D = 128, tile_n 64: ping-pong off for poly, 3 / 4 K/V stages, side by side
@@ -393,6 +394,15 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = ho37 ]; then   # prepared: ping-pong hand-over halfway through the stage (pingpong_arrive=stage), tests then timing
+  pt knobs tests/test_attn_fwd_knobs_gpu.py -k "pingpong_arrive" -x; tarup
+  t ho_d128 300 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 \
+      --modes softcap:native,softcap:poly,softmax:native,sigmoid:native,sigmoid:poly --order shuffle --rounds 9 --iters 30 \
+      --knob pingpong=1+pingpong_arrive=stage --knob pingpong=1 --json "$OUT/fwd_pingpong_stage_d128.json"; tarup
+  t ho_d256 200 python3 bench/fwd_tuning.py --modes softcap:native,softcap:poly,softmax:native --order shuffle --rounds 9 --iters 30 \
+      --knob pingpong=1+pingpong_arrive=stage --knob pingpong=1 --json "$OUT/fwd_pingpong_stage_d256.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = knobs34 ]; then   # GPU tests of the selectable forward knobs (pingpong_arrive=qk, tile_n 64 at D = 128)

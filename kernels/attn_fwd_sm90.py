@@ -120,7 +120,10 @@ class AttnFwdConfig:
     stage_fence: str = ""
     # ping-pong only: when a warpgroup lets the other one issue its GEMMs. "issue": right after
     # issuing its own (FA3's order); "qk": once its own QK GEMM has completed (wait_group(1)),
-    # so the other's QK queues behind this PV and the two score stages do not start together
+    # so the other's QK queues behind this PV and the two score stages do not start together;
+    # "stage": halfway through its score stage (after the transform: softcap's tanh pass), so
+    # the other's S lands as this stage ends and the two stages take turns on the MUFU pipe
+    # (overlapped blocks; the first block of a tile hands over at issue)
     pingpong_arrive: str = "issue"
     # CTA order: False = SingleTileScheduler (per head, longest query tile first); True =
     # SectionLptScheduler (heads in L2-sized sections, longest tiles of all their heads first)
@@ -228,9 +231,10 @@ class AttnFwdSm90:
         self.overlap, self.pingpong = cfg.overlap, cfg.pingpong
         self.overlap_v2 = cfg.overlap and cfg.overlap_v2
         assert cfg.stage_fence in ("", "interior", "all"), cfg.stage_fence
-        if cfg.pingpong_arrive not in ("issue", "qk"):
-            raise ValueError(f"pingpong_arrive must be 'issue' or 'qk', got {cfg.pingpong_arrive!r}")
+        if cfg.pingpong_arrive not in ("issue", "qk", "stage"):
+            raise ValueError(f"pingpong_arrive must be 'issue', 'qk' or 'stage', got {cfg.pingpong_arrive!r}")
         self.arrive_after_qk = cfg.pingpong and cfg.pingpong_arrive == "qk"
+        self.arrive_mid_stage = cfg.pingpong and cfg.overlap and cfg.pingpong_arrive == "stage"
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
         assert self.tile_m == 64 * self.num_mma_wg
         tiles = 2 * (self.tile_m + 2 * self.num_stages * self.tile_n) * self.head_dim   # 16-bit Q, K, V
@@ -597,12 +601,17 @@ class AttnFwdSm90:
 
     @cute.jit
     def scores_to_p(self, ctx, acc_S, n_block: Int32, is_first: cutlass.Constexpr[bool],
-                    masked: cutlass.Constexpr[bool], tOrP_dst):
-        """Score stage on S: transform, mask (diagonal/tail blocks only), P into tOrP."""
+                    masked: cutlass.Constexpr[bool], tOrP_dst, handover: cutlass.Constexpr[bool] = False):
+        """Score stage on S: transform, mask (diagonal/tail blocks only), P into tOrP.
+        handover (pingpong_arrive="stage"): the ping-pong arrive after the transform."""
         if cutlass.const_expr(self.cfg.fixed_max):
             self.stage.transform_fixed(acc_S, ctx.params)   # exp2 arguments against a constant max
         else:
             self.stage.transform(acc_S, ctx.params)
+        if cutlass.const_expr(handover):
+            stage_fence()   # the transform stays above the arrive, the rest below
+            self.pingpong_arrive(1 - ctx.wg)
+            stage_fence()
         if cutlass.const_expr(masked):
             mask_mod.apply_mask(stages.acc_mn_view(acc_S), ctx.tScS_mn, ctx.m_block, n_block,
                                 ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.causal,
@@ -681,7 +690,7 @@ class AttnFwdSm90:
         ctx.pipe_k.consumer_release(kv)
         # P_n goes to a second fragment: tOrP is still being read by the PV wgmma in flight
         tOrP_next = cute.make_rmem_tensor_like(ctx.tOrP)
-        self.scores_to_p(ctx, acc_S, n_block, False, masked, tOrP_next)
+        self.scores_to_p(ctx, acc_S, n_block, False, masked, tOrP_next, self.arrive_mid_stage)
         warpgroup.wait_group(0)
         # pin O and the P just consumed here: keeps LLVM from building P_n in the registers
         # the PV wgmma was still reading (it thinks the wgmma read them at issue)
@@ -707,7 +716,7 @@ class AttnFwdSm90:
         ctx.pipe_v.consumer_wait(kv_prev)
         self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv_prev.index],
                    first_pv)
-        if cutlass.const_expr(self.pingpong and not self.arrive_after_qk):
+        if cutlass.const_expr(self.pingpong and not (self.arrive_after_qk or self.arrive_mid_stage)):
             self.pingpong_arrive(1 - ctx.wg)
         return kv_prev, acc_S
 
@@ -732,7 +741,7 @@ class AttnFwdSm90:
         self.qk_done(ctx)
         fence_fragment(acc_S)   # the score stage must not rise above wait_group(1); no PTX
         ctx.pipe_k.consumer_release(kv)
-        self.scores_to_p(ctx, acc_S, n_block, False, masked, None)
+        self.scores_to_p(ctx, acc_S, n_block, False, masked, None, self.arrive_mid_stage)
         if cutlass.const_expr(self.cfg.stage_fence == "all" or (self.cfg.stage_fence == "interior" and not masked)):
             stage_fence()   # the stage issues before the PV wait (ptxas hoists the wait otherwise)
         warpgroup.wait_group(0)

@@ -1,7 +1,7 @@
 """GPU tests of forward timing knobs that are off by default but selectable through
 `tuning` (docs/NOTES_attn_fwd.md, ninth session):
-- pingpong_arrive="qk": a warpgroup hands the GEMM turn over once its own QK GEMM landed.
-  Only the issue order changes, so O and LSE must be bitwise equal to the default build's,
+- pingpong_arrive="qk" / "stage": a warpgroup hands the GEMM turn over once its own QK GEMM
+  landed / halfway through its score stage.  Only the issue order changes, so O and LSE must be bitwise equal to the default build's,
   for the persistent grid and the single-tile one (a lost or extra hand-over would hang or
   race, and the poisoned outputs would show it).
 - tile_n=64 at D = 128: other key blocks, so another summation order: checked against the
@@ -29,9 +29,10 @@ QK_CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("arrive", ["qk", "stage"])
 @pytest.mark.parametrize("persistent", [1, 0], ids=["persistent", "single_tile"])
 @pytest.mark.parametrize("case", QK_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_pingpong_arrive_qk_equals_default(case, persistent):
+def test_pingpong_arrive_equals_default(case, persistent, arrive):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from test_attn_fwd_persistent_gpu import _qkv, _run
@@ -40,7 +41,7 @@ def test_pingpong_arrive_qk_equals_default(case, persistent):
     q, k, v = _qkv(dtype, b, s_q, s_k, h_q, h_kv, d, 8.0 if mode == "softcap" else 1.0)
     o0, l0 = _run(q, k, v, mode, ev, causal, window, {"persistent": persistent})
     o1, l1 = _run(q, k, v, mode, ev, causal, window,
-                  {"persistent": persistent, "pingpong": True, "pingpong_arrive": "qk"})
+                  {"persistent": persistent, "pingpong": True, "pingpong_arrive": arrive})
     assert not torch.isnan(o1).any(), "O has unwritten (poisoned) elements"
     assert torch.equal(o0, o1), f"O differs: max |diff| {(o0.float() - o1.float()).abs().max().item()}"
     if l0 is not None:
