@@ -1,9 +1,10 @@
 """GPU tests of forward timing knobs that are off by default but selectable through
 `tuning` (docs/NOTES_attn_fwd.md, ninth session):
 - pingpong_arrive="qk" / "stage": a warpgroup hands the GEMM turn over once its own QK GEMM
-  landed / halfway through its score stage.  Only the issue order changes, so O and LSE must be bitwise equal to the default build's,
-  for the persistent grid and the single-tile one (a lost or extra hand-over would hang or
-  race, and the poisoned outputs would show it).
+  landed / halfway through its score stage.  Only the issue order changes, so O and LSE must
+  be bitwise equal to the default build's, for the persistent grid and the single-tile one (a
+  lost or extra hand-over would hang or race, and the poisoned outputs would show it).
+  "qk" passed on the H200 (round knobs34); "stage" is prepared (round ho37).
 - tile_n=64 at D = 128: other key blocks, so another summation order: checked against the
   reference with the tolerance rule (tests/test_attn_fwd_gpu.run_case).
 """
