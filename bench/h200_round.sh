@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh wg38    # prepared (not run): three consumer warpgroups (tile_m 192, tile_n 64): GPU tests, then timing at D = 128
 #   bash bench/h200_round.sh ho37    # prepared (not run): ping-pong hand-over halfway through the stage: its GPU tests, then timing D = 128 / 256
 #   (la35 / la36: the lookahead forward, measured and removed; its code and phases are in commit 45b6790)
 #   bash bench/h200_round.sh knobs34 # GPU tests of pingpong_arrive=qk and tile_n 64 at D = 128 (tests/test_attn_fwd_knobs_gpu.py)
@@ -394,6 +395,14 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = wg38 ]; then   # prepared: three consumer warpgroups (tile_m 192, tile_n 64): GPU tests, then timing at D = 128
+  pt wg3 tests/test_attn_fwd_knobs_gpu.py -k "three_warpgroups" -x; tarup
+  t wg3_d128 300 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 \
+      --modes softcap:native,softcap:poly,softmax:native,sigmoid:poly --order shuffle --rounds 9 --iters 30 \
+      --knob tile_m=192+tile_n=64+num_stages=4+pingpong=0 --knob tile_n=64+num_stages=4+pingpong=0 \
+      --json "$OUT/fwd_three_wg_d128.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = ho37 ]; then   # prepared: ping-pong hand-over halfway through the stage (pingpong_arrive=stage), tests then timing

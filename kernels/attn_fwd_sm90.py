@@ -106,7 +106,7 @@ class AttnFwdConfig:
     dtype: str = "bf16"           # "bf16" | "fp16"
     head_dim: int = 128
     causal: bool = True
-    tile_m: int = 128             # 2 consumer warpgroups x 64 rows (wgmma M = 64)
+    tile_m: int = 128             # consumer warpgroups x 64 rows (wgmma M = 64): 128 (2) or 192 (3)
     tile_n: int = 128
     num_stages: int = 2
     overlap: bool = False         # S_n and P_{n-1} V GEMMs in flight together (v1 alone: ptxas C7513 serialises the wgmma)
@@ -197,7 +197,8 @@ class AttnFwdConfig:
         kw = dict(base, **kw)
         stages = kw.pop("num_stages", 2)   # K/V pipeline depth (a timing knob; 3 fills 224 KB at D = 128)
         tile_n = kw.pop("tile_n", tile_n)   # a timing knob (64 at D = 128: half the stage per block)
-        return AttnFwdConfig(stage, dtype, head_dim, causal, 128, tile_n, stages, **kw)
+        tile_m = kw.pop("tile_m", 128)      # a timing knob (192: three consumer warpgroups, no ping-pong)
+        return AttnFwdConfig(stage, dtype, head_dim, causal, tile_m, tile_n, stages, **kw)
 
 
 SMEM_BYTES = 232448   # shared memory per CTA on sm_90 (227 KB)
@@ -205,9 +206,8 @@ SMEM_BYTES = 232448   # shared memory per CTA on sm_90 (227 KB)
 
 class AttnFwdSm90:
     num_threads_per_wg = 128
-    num_mma_wg = 2
     num_producer_regs = 24    # 24 + 2*240 = 504 <= 512 regs/thread budget per SM quadrant
-    num_mma_regs = 240
+    MMA_REGS = {2: 240, 3: 160}   # consumer registers per thread by warpgroup count (24 + 3*160 = 504)
 
     def __init__(self, cfg: AttnFwdConfig):
         self.cfg = cfg
@@ -235,8 +235,13 @@ class AttnFwdSm90:
             raise ValueError(f"pingpong_arrive must be 'issue', 'qk' or 'stage', got {cfg.pingpong_arrive!r}")
         self.arrive_after_qk = cfg.pingpong and cfg.pingpong_arrive == "qk"
         self.arrive_mid_stage = cfg.pingpong and cfg.overlap and cfg.pingpong_arrive == "stage"
+        self.num_mma_wg = self.tile_m // 64
+        if self.tile_m % 64 or self.num_mma_wg not in self.MMA_REGS:
+            raise ValueError(f"tile_m must be 128 or 192 (2 or 3 consumer warpgroups), got {self.tile_m}")
+        if self.num_mma_wg != 2 and cfg.pingpong:
+            raise ValueError("ping-pong pairs two consumer warpgroups: tile_m 192 needs pingpong=False")
+        self.num_mma_regs = self.MMA_REGS[self.num_mma_wg]
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
-        assert self.tile_m == 64 * self.num_mma_wg
         tiles = 2 * (self.tile_m + 2 * self.num_stages * self.tile_n) * self.head_dim   # 16-bit Q, K, V
         if tiles > SMEM_BYTES - 1024:   # leave room for the mbarriers
             raise ValueError(f"forward config needs {tiles} bytes of shared memory for Q ({self.tile_m} x "

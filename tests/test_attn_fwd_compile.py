@@ -634,3 +634,31 @@ def test_pingpong_arrive_stage_hands_over_between_tanh_and_exp2():
     assert len(arv) == 1 and tanh and ex2, (arv, len(tanh), len(ex2))
     # LLVM may sink a tanh whose result is only used after the fence (seen: 1 of 64)
     assert sum(i < arv[0] for i in tanh) >= 0.9 * len(tanh) and arv[0] < min(ex2), (arv, tanh, min(ex2))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator", [("softcap", "native"), ("softcap", "poly"), ("softmax", "native"),
+                                            ("sigmoid", "poly")])
+def test_three_consumer_warpgroups_build_without_spills(mode, evaluator):
+    """tile_m 192 = three consumer warpgroups of 160 registers (24 + 3 x 160 = 504 per thread
+    slot), tile_n 64, no ping-pong: HGMMA present, no spills, no wgmma serialisation (C7512 /
+    C7513 / C7514).  At tile_n 128 the same build spills (not a supported combination)."""
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
+
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    kw = dict(tile_m=192, tile_n=64, pingpong=False, num_stages=4, **({"fixed_max": True} if mode == "softcap" else {}))
+    log, n, _, _ = _ptxas_report(A.AttnFwdConfig.default(S.make_stage(mode, evaluator), "bf16", 128, True, **kw))
+    assert n.get("HGMMA", 0) > 0 and n.get("STL", 0) == 0 and n.get("LDL", 0) == 0, n
+    assert "0 bytes spill stores" in log and not any(c in log for c in ("C7512", "C7513", "C7514")), log[-800:]
+
+
+def test_tile_m_choices_are_checked():
+    """tile_m other than 128 / 192 and ping-pong with three warpgroups are ValueErrors."""
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
+
+    st = S.make_stage("softmax", "native")
+    A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", 128, True, tile_m=192, tile_n=64, pingpong=False))
+    with pytest.raises(ValueError, match="tile_m"):
+        A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", 128, True, tile_m=256, tile_n=64, pingpong=False))
+    with pytest.raises(ValueError, match="ping-pong"):
+        A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", 128, True, tile_m=192, tile_n=64))

@@ -7,6 +7,7 @@
   "qk" passed on the H200 (round knobs34); "stage" is prepared (round ho37).
 - tile_n=64 at D = 128: other key blocks, so another summation order: checked against the
   reference with the tolerance rule (tests/test_attn_fwd_gpu.run_case).
+- tile_m=192 (three consumer warpgroups, prepared in the ninth session): against the reference.
 """
 from __future__ import annotations
 
@@ -64,3 +65,25 @@ def test_tile_n64_d128_against_reference(case):
 
     run_case(*case, tuning={"tile_n": 64, "num_stages": 3})
 
+
+
+# three consumer warpgroups (tile_m 192, 160 registers each, no ping-pong): other query tiles,
+# so checked against the reference; the shapes put tails, tiles with no key and GQA in play
+WG3 = {"tile_m": 192, "tile_n": 64, "num_stages": 4, "pingpong": False}
+WG3_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
+             ("softmax", "native", "bf16", 1, 517, 200, 4, 1, 128, True),
+             ("softmax", "native", "bf16", 1, 200, 517, 8, 8, 64, False),
+             ("softcap", "native", "bf16", 1, 333, 333, 8, 2, 128, True),
+             ("softcap", "poly", "bf16", 1, 300, 411, 4, 4, 128, False),
+             ("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 128, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", [1, 0], ids=["persistent", "single_tile"])
+@pytest.mark.parametrize("case", WG3_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_three_warpgroups_against_reference(case, persistent):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from test_attn_fwd_gpu import run_case
+
+    run_case(*case, tuning=dict(WG3, persistent=persistent))
