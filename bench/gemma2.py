@@ -167,9 +167,7 @@ def main(argv=None):
     p.add_argument("--hq", type=int, default=8)
     p.add_argument("--hkv", type=int, default=4)
     p.add_argument("--headdim", type=int, default=256)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--iters", type=int, default=10)
+    protocol.add_timing_args(p, warmup=5, rounds=5, iters=10)
     p.add_argument("--programs", type=lambda s: [x for x in s.split(",") if x], default=[],
                    help="extra ours/poly rows with these programs, e.g. softcap_c50_f16")
     p.add_argument("--impls", type=lambda s: [x for x in s.split(",") if x], default=None,

@@ -395,9 +395,7 @@ def compile_only(head_dim: int = 128, causal: bool = True) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     protocol.add_shape_args(p)
-    p.add_argument("--warmup", type=int, default=25)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--iters", type=int, default=100)
+    protocol.add_timing_args(p, warmup=25, rounds=5, iters=100)
     p.add_argument("--fwd-only", action="store_true")
     p.add_argument("--order", choices=sorted(protocol.ORDERS), default="alternate",
                    help="implementation order per round: the seed's listed/reversed, or a seeded "

@@ -163,9 +163,7 @@ def markdown(res) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", default="softcap,sigmoid")
-    p.add_argument("--warmup", type=int, default=25)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--iters", type=int, default=100)
+    protocol.add_timing_args(p, warmup=25, rounds=5, iters=100)
     p.add_argument("--only", default="", help="comma-separated config names (as printed, e.g. "
                    "'softcap/softcap_c50_f16_tail 1/8'); each mode's native row always runs")
     p.add_argument("--json")

@@ -211,6 +211,12 @@ def add_shape_args(p, batch=1, seqlen=4096, hq=32, hkv=8, headdim=128) -> None:
         p.add_argument(f"--{name}", type=int, default=default)
 
 
+def add_timing_args(p, warmup: int, rounds: int, iters: int) -> None:
+    """--warmup --rounds --iters (the Timing fields) on an argparse parser, with this script's defaults."""
+    for name, default in (("warmup", warmup), ("rounds", rounds), ("iters", iters)):
+        p.add_argument(f"--{name}", type=int, default=default)
+
+
 def doc_body(doc: str) -> str:
     """A bench script's docstring after its title and usage paragraphs (what its rows mean)."""
     return doc.split("\n\n", 2)[2].strip()

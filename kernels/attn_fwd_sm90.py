@@ -598,6 +598,12 @@ class AttnFwdSm90:
     def pingpong_arrive(self, wg):
         cute.arch.barrier_arrive(barrier_id=1 + wg, number_of_threads=2 * self.num_threads_per_wg)
 
+    def pinned_handover(self, ctx):
+        """The other warpgroup's turn (pingpong_arrive "qk" / "stage"), then a CTA fence: without
+        it ptxas sinks the arrive below the whole stage (the arrive has no data edge)."""
+        self.pingpong_arrive(1 - ctx.wg)
+        stage_fence()
+
     @cute.jit
     def next_block(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool]):
         if cutlass.const_expr(self.overlap):
@@ -614,9 +620,8 @@ class AttnFwdSm90:
         else:
             self.stage.transform(acc_S, ctx.params)
         if cutlass.const_expr(handover):
-            stage_fence()   # the transform stays above the arrive, the rest below
-            self.pingpong_arrive(1 - ctx.wg)
-            stage_fence()
+            stage_fence()   # the transform stays above the arrive
+            self.pinned_handover(ctx)
         if cutlass.const_expr(masked):
             mask_mod.apply_mask(stages.acc_mn_view(acc_S), ctx.tScS_mn, ctx.m_block, n_block,
                                 ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.causal,
@@ -671,8 +676,7 @@ class AttnFwdSm90:
         warpgroup.wait_group(0)
         fence_fragment(acc_S)
         if cutlass.const_expr(self.arrive_after_qk):
-            self.pingpong_arrive(1 - ctx.wg)
-            stage_fence()   # ptxas would sink the arrive below the whole stage (no data edge)
+            self.pinned_handover(ctx)
         ctx.pipe_k.consumer_release(kv)
         return acc_S
 
@@ -730,8 +734,7 @@ class AttnFwdSm90:
         with pingpong_arrive="qk" the other warpgroup may issue from here."""
         warpgroup.wait_group(1)
         if cutlass.const_expr(self.arrive_after_qk):
-            self.pingpong_arrive(1 - ctx.wg)
-            stage_fence()   # ptxas would sink the arrive below the whole stage (no data edge)
+            self.pinned_handover(ctx)
 
     @cute.jit
     def block_overlap_v2(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool],
