@@ -22,17 +22,31 @@ import protocol  # noqa: E402
 BOOL_KNOBS = ("lpt", "pingpong", "overlap", "overlap_v2", "row_sum_carry", "fixed_max", "fixed_max_rsum")
 FLOAT_KNOBS = ("rescale_threshold",)
 STR_KNOBS = ("stage_fence", "pingpong_arrive")
+STAGE_KNOBS = ("split",)   # not AttnFwdConfig fields: the poly stage's column split, 'split=J/K'
 
 
 def _knob(text: str) -> dict:
     """'name=int' or several joined by '+', e.g. 'row_sum_carry=1+pingpong=1' (stage_fence and
-    pingpong_arrive take their strings: 'stage_fence=interior', 'pingpong_arrive=qk')."""
+    pingpong_arrive take their strings: 'stage_fence=interior', 'pingpong_arrive=qk'; split the
+    poly stage's column split: 'split=1/8')."""
     out = {}
     for part in text.split("+"):
         k, v = part.split("=")
         out[k] = (bool(int(v)) if k in BOOL_KNOBS else float(v) if k in FLOAT_KNOBS
-                  else v if k in STR_KNOBS else int(v))
+                  else v if k in STR_KNOBS + STAGE_KNOBS else int(v))
     return out
+
+
+def _stage(mode: str, ev: str, tuning: dict):
+    """Pops the stage knobs out of tuning; the stage they ask for, or None (attn_fwd's default)."""
+    split = tuning.pop("split", None) if tuning else None
+    if split is None:
+        return None
+    if ev != "poly":
+        raise ValueError(f"split={split} needs a poly evaluator, got {mode}:{ev}")
+    from flash_attn_poly.kernels import score_stages as S
+    j, k = (int(x) for x in split.split("/"))
+    return S.make_stage(mode, ev, poly_split=(j, k))
 
 
 def run(args) -> dict:
@@ -48,11 +62,15 @@ def run(args) -> dict:
         mode, ev = me.split(":")
         kw = dict(mode=mode, evaluator=ev, causal=True, softcap=50.0 if mode == "softcap" else None)
         outs = {}
-        for name, tuning in [("default", None)] + [(kn, _knob(kn)) for kn in knobs]:
-            fn = lambda tuning=tuning, kw=kw: attn_fwd(q, k, v, tuning=tuning, **kw)
+        mine = [kn for kn in knobs if ev == "poly" or "split" not in _knob(kn)]
+        for kn in sorted(set(knobs) - set(mine)):
+            print(f"{me}: row '{kn}' skipped (split=J/K needs a poly evaluator)")
+        for name, tuning in [("default", None)] + [(kn, _knob(kn)) for kn in mine]:
+            stage = _stage(mode, ev, tuning)
+            fn = lambda tuning=tuning or None, kw=kw, stage=stage: attn_fwd(q, k, v, tuning=tuning, stage=stage, **kw)
             outs[name] = fn()[0].float()
             fns[f"{mode}/{ev} {name}"] = fn
-        for kn in knobs:
+        for kn in mine:
             diffs[f"{me} {kn}"] = (outs["default"] - outs[kn]).abs().max().item()
             print(f"{me}: max |default - {kn}| = {diffs[f'{me} {kn}']:.3e}")
     timing = protocol.Timing(args.warmup, args.rounds, args.iters, args.order)
@@ -61,6 +79,8 @@ def run(args) -> dict:
     for me in args.modes.split(","):
         mode, ev = me.split(":")
         for kn in knobs:
+            if f"{mode}/{ev} {kn}" not in times:   # a poly-only row
+                continue
             a, b = times[f"{mode}/{ev} default"], times[f"{mode}/{ev} {kn}"]
             rows.append({"row": f"{mode}/{ev} {kn} / default", "ms": b / a})
     shape = dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv, headdim=args.headdim)

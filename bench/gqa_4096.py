@@ -381,10 +381,13 @@ def compile_only(head_dim: int = 128, causal: bool = True) -> dict:
     for mode, ev in MODES:
         dump = tempfile.mkdtemp(prefix="fap_sass_")
         # the config attn_fwd builds for a call (softcap 50, BF16: fixed_max on)
-        cfg = fwd.AttnFwdConfig.default(st.make_stage(mode, ev), "bf16", head_dim, causal,
+        kb = st.default_key_block(head_dim)
+        cfg = fwd.AttnFwdConfig.default(st.make_stage(mode, ev, key_block=kb), "bf16", head_dim, causal,
                                         **fwd._fixed_max_kw(mode, "bf16", 50.0, None))
         kf = fwd.compile_attn_fwd(cfg, options=f"--keep-cubin --dump-dir={dump}")
-        key = bwd.BwdKey("bf16", head_dim, causal, stb.bwd_side(mode, ev), bwd.BwdTile.for_head_dim(head_dim))
+        split = st.default_poly_split(mode, kb) if ev == "poly" else None   # attn_bwd's default for this D
+        key = bwd.BwdKey("bf16", head_dim, causal, stb.bwd_side(mode, ev, poly_split=split),
+                         bwd.BwdTile.for_head_dim(head_dim))
         kb = bwd.compile_bwd(key, options=f"--keep-cubin --dump-dir={dump}")
         for d, k in (("fwd", kf), ("bwd", kb)):
             counts = sass.count_opcodes(sass.disassemble(k.artifacts.CUBIN))

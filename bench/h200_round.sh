@@ -37,8 +37,9 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
-#   bash bench/h200_round.sh wg38    # prepared (not run): three consumer warpgroups (tile_m 192, tile_n 64): GPU tests, then timing at D = 128
-#   bash bench/h200_round.sh ho37    # prepared (not run): ping-pong hand-over halfway through the stage: its GPU tests, then timing D = 128 / 256
+#   bash bench/h200_round.sh sp40    # D = 256 poly split 1/8 (forward and backward agree): its GPU tests; three-WG split sweep; Gemma-2 D = 256
+#   bash bench/h200_round.sh wg38    # (run 2026-11-30, b6410e8): three consumer warpgroups (tile_m 192, tile_n 64): GPU tests, then timing at D = 128
+#   bash bench/h200_round.sh ho37    # (run 2026-11-30, b6410e8): ping-pong hand-over halfway through the stage: its GPU tests, then timing D = 128 / 256
 #   (la35 / la36: the lookahead forward, measured and removed; its code and phases are in commit 45b6790)
 #   bash bench/h200_round.sh knobs34 # GPU tests of pingpong_arrive=qk and tile_n 64 at D = 128 (tests/test_attn_fwd_knobs_gpu.py)
 #   bash bench/h200_round.sh tn33    # softcap D = 128, tile_n 64: ping-pong off for poly, 3 / 4 K/V stages, side by side
@@ -395,6 +396,20 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = sp40 ]; then   # poly split 1/8 at 64-key forward blocks (D = 256): its GPU tests, three-WG split sweep, Gemma-2 D = 256
+  pt fwd256 tests/test_attn_fwd_gpu.py -k 256 &
+  pt bwd256 tests/test_attn_bwd_gpu.py -k "256 and (poly or test_softcap)" &
+  pt hf tests/test_transformers_gpu.py &
+  pt knobs tests/test_attn_fwd_knobs_gpu.py -k "tile_n64 or three_warpgroups" &
+  wait; tarup
+  t wg3s_d128 300 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 \
+      --modes softcap:poly,softcap:native,softmax:native --order shuffle --rounds 11 --iters 30 \
+      --knob tile_m=192+tile_n=64+num_stages=4+pingpong=0 --knob tile_m=192+tile_n=64+num_stages=5+pingpong=0 \
+      --knob tile_m=192+tile_n=64+num_stages=4+pingpong=0+split=1/4 --knob tile_m=192+tile_n=64+num_stages=4+pingpong=0+split=1/2 \
+      --json "$OUT/fwd_three_wg_split_d128.json"; tarup
+  t gemma2_d256 150 python3 bench/gemma2.py --json "$OUT/gemma2_d256.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = wg38 ]; then   # prepared: three consumer warpgroups (tile_m 192, tile_n 64): GPU tests, then timing at D = 128

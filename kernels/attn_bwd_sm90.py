@@ -875,6 +875,15 @@ def _dl(t):
     return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=t.dim() - 1)
 
 
+def default_split(mode: str, evaluator: str, head_dim: int):
+    """The poly split a default forward at this head dim runs (score_stages.default_poly_split
+    of its key block), so the backward recomputes the same P; None where there is no split."""
+    from .score_stages import default_key_block, default_poly_split
+    if evaluator != "poly" or mode not in ("softcap", "sigmoid"):
+        return None
+    return default_poly_split(mode, default_key_block(head_dim))
+
+
 def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
@@ -906,8 +915,9 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     V_WITH_DO_DEFAULT; a timing knob).
     program: the poly stage's table entry, as the forward stage's (softcap: e.g. "softcap_c50_f16"
     selects the FP16 D5 blocks; None: the default program).
-    poly_split: the poly side's (j, k) column split, as the forward stage's (None: the mode's
-    score_stages.DEFAULT_POLY_SPLIT); must match the forward's for the same P.
+    poly_split: the poly side's (j, k) column split, as the forward stage's (None: the split a
+    default forward at this head dim runs, score_stages.default_poly_split: 1/16 up to D = 128,
+    1/8 at D = 256); must match the forward's for the same P.
     head_loop: a CTA per (key block, KV head) runs all G query heads of the group and stores
     dK/dV directly (no FP32 dK/dV accumulators, atomics or post pass; None: head_loop_auto;
     not with deterministic, v_with_do or the split-warpgroup build).
@@ -932,6 +942,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     dout, q, k, v = (t.contiguous() for t in (dout, q, k, v))
     from .score_stages_bwd import bwd_side
     b, s_q, h_q, d = q.shape
+    if poly_split is None:
+        poly_split = default_split(mode, evaluator, d)
     s_k = k.shape[1]
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
     stage = bwd_side(mode, evaluator, sigmoid_grad=sigmoid_grad if mode == "sigmoid" else None,

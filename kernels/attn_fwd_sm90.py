@@ -158,7 +158,7 @@ class AttnFwdConfig:
     def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
         # smem: Q tile_m*D + 2 stages * (K + V) tile_n*D, 16-bit:
         #   D=64/128: tile_n 128 -> 32 + 128 KB at D=128;  D=256: tile_n 64 -> 64 + 128 KB
-        tile_n = 128 if head_dim <= 128 else 64
+        tile_n = stages.default_key_block(head_dim)
         # measured on H200 (B=1 S=4096 Hq=32 Hkv=8 D=128 causal, bench/results/fwd_overlap_v2.md):
         # the C7513-free overlapped loop (overlap_v2) is fastest for every stage: softmax 0.268
         # (v1 overlap) -> 0.250 ms, softcap native 0.367 (ping-pong) -> 0.316, sigmoid native
@@ -195,10 +195,10 @@ class AttnFwdConfig:
         if kw.get("lpt", base["lpt"]):
             base.update(persistent=DEFAULT_PERSISTENT_CTAS)
         kw = dict(base, **kw)
-        stages = kw.pop("num_stages", 2)   # K/V pipeline depth (a timing knob; 3 fills 224 KB at D = 128)
+        kv_stages = kw.pop("num_stages", 2)   # K/V pipeline depth (a timing knob; 3 fills 224 KB at D = 128)
         tile_n = kw.pop("tile_n", tile_n)   # a timing knob (64 at D = 128: half the stage per block)
         tile_m = kw.pop("tile_m", 128)      # a timing knob (192: three consumer warpgroups, no ping-pong)
-        return AttnFwdConfig(stage, dtype, head_dim, causal, tile_m, tile_n, stages, **kw)
+        return AttnFwdConfig(stage, dtype, head_dim, causal, tile_m, tile_n, kv_stages, **kw)
 
 
 SMEM_BYTES = 232448   # shared memory per CTA on sm_90 (227 KB)
@@ -240,6 +240,11 @@ class AttnFwdSm90:
             raise ValueError(f"tile_m must be 128 or 192 (2 or 3 consumer warpgroups), got {self.tile_m}")
         if self.num_mma_wg != 2 and cfg.pingpong:
             raise ValueError("ping-pong pairs two consumer warpgroups: tile_m 192 needs pingpong=False")
+        split = getattr(cfg.stage, "poly_split", None)
+        if cfg.stage.evaluator == "poly" and split is not None and not stages.split_fits_block(split, self.tile_n):
+            raise ValueError(f"poly_split {split} repeats every {8 * split[1]} keys, more than the forward's "
+                             f"key block (tile_n {self.tile_n}): the forward could not send the key columns "
+                             f"the backward recomputes through the block; use k <= {self.tile_n // 8}")
         self.num_mma_regs = self.MMA_REGS[self.num_mma_wg]
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
         tiles = 2 * (self.tile_m + 2 * self.num_stages * self.tile_n) * self.head_dim   # 16-bit Q, K, V
@@ -857,7 +862,8 @@ def _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items, program=N
     """Stage + config per call signature: building them costs ~7 us a call (CPU timing,
     docs/NOTES.md), a few % of a 0.27 ms kernel when calls run back to back."""
     kw = {"program": program} if program is not None and evaluator == "poly" else {}
-    stage = stages.make_stage(mode, evaluator, **kw)
+    key_block = dict(tuning_items).get("tile_n", stages.default_key_block(d))
+    stage = stages.make_stage(mode, evaluator, key_block=key_block, **kw)
     return stage, AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
 
 

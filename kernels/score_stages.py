@@ -26,7 +26,11 @@ otherwise (native numerics, in the poly stage's units).  Why: on Hopper MUFU iss
 and a packed block is ~9 FMA/ALU-pipe instructions per score, so all-poly overloads the FMA
 and ALU pipes while all-native overloads MUFU; a fraction balances them.  The rule depends
 only on the key index, so a backward recompute that calls `poly_pair(key_index // 8)` gets
-the same P bit for bit.  (1, 1) = all pairs poly, (0, k) = all MUFU.
+the same P bit for bit.  (1, 1) = all pairs poly, (0, k) = all MUFU.  The forward decides
+per column group at compile time from g's place in its key block (blocks start at multiples
+of tile_n), which is the global rule only when the rule repeats inside a block: 8k must
+divide tile_n (AttnFwdSm90 checks it; `default_poly_split` makes the defaults fit, so at
+D = 256, 64-key forward blocks, the default 1/16 becomes 1/8 in both directions).
 
 Program facts (name, clamp L_c, n) come from the coefficient table through
 `flash_attn_poly.asm.blocks.load_table()/program()` at stage construction, the same table
@@ -512,9 +516,32 @@ def _bits(prog) -> tuple:
 def _check_split(split) -> tuple:
     j, k = (int(v) for v in split)
     if not (k >= 1 and 0 <= j <= k and 16 % k == 0):
-        # k | 16: the rule then repeats inside every key block (tile_n/8 = 16 or 8 groups)
+        # k | 16: the rule repeats inside a 128-key block (64-key blocks: split_fits_block)
         raise ValueError(f"poly_split (j, k) needs 0 <= j <= k, k in (1, 2, 4, 8, 16); got {split}")
     return (j, k)
+
+
+def default_key_block(head_dim: int) -> int:
+    """The forward's default key block (AttnFwdConfig.default's tile_n): 128 keys up to
+    D = 128, 64 at D = 256 (shared memory)."""
+    return 128 if head_dim <= 128 else 64
+
+
+def split_fits_block(split: tuple, key_block: int) -> bool:
+    """Can a forward with key blocks of key_block keys apply the per-key rule of split at
+    compile time?  Yes when all or no pairs go through the block, or the rule's period
+    (8k keys) divides the block."""
+    j, k = split
+    return j in (0, k) or key_block % (8 * k) == 0
+
+
+def default_poly_split(mode: str, key_block: int = 128) -> tuple:
+    """DEFAULT_POLY_SPLIT[mode] (measured with 128-key blocks), coarsened to the finest
+    split whose period fits a forward key block of key_block keys: (1, 16) -> (1, 8) for
+    64-key blocks.  The forward and the backward of one call must resolve the same split."""
+    j, k = DEFAULT_POLY_SPLIT[mode]
+    k_max = key_block // 8
+    return (j, k) if k <= k_max else (max(1, j * k_max // k), k_max)
 
 
 def poly_pair(split: tuple, col_group: int) -> bool:
@@ -844,9 +871,11 @@ class SigmoidStage:
         return None
 
 
-def make_stage(mode: str, evaluator: str = "native", **kw):
+def make_stage(mode: str, evaluator: str = "native", key_block: int = 128, **kw):
     """Build the stage for (mode, evaluator); poly stages read program facts (L_c, n,
-    coefficient bits) from the coefficient table themselves.  kw: program, poly_split."""
+    coefficient bits) from the coefficient table themselves.  kw: program, poly_split.
+    key_block: the forward's key block (tile_n), which bounds the default split
+    (default_poly_split)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if evaluator not in EVALUATORS:
@@ -854,7 +883,7 @@ def make_stage(mode: str, evaluator: str = "native", **kw):
     if mode == "softmax":
         return SoftmaxStage(evaluator="native")
     if evaluator == "poly" and "poly_split" not in kw:
-        kw["poly_split"] = DEFAULT_POLY_SPLIT[mode]
+        kw["poly_split"] = default_poly_split(mode, key_block)
     cls = SoftcapStage if mode == "softcap" else SigmoidStage
     return cls(evaluator=evaluator, **kw)
 

@@ -294,7 +294,8 @@ _SIDES = {"softmax": SoftmaxBwd, "softcap": SoftcapBwd, "sigmoid": SigmoidBwd}
 def bwd_side(mode: str, evaluator: str = "native", poly_split=None, sigmoid_grad=None, program=None,
              softcap_grad=None):
     """Backward side for (mode, evaluator); a poly side takes poly_split (default: the
-    forward's score_stages.DEFAULT_POLY_SPLIT[mode], what make_stage builds).
+    forward's score_stages.DEFAULT_POLY_SPLIT[mode], what make_stage builds for 128-key
+    blocks; attn_bwd passes the head dim's split, score_stages.default_poly_split).
     sigmoid_grad: SigmoidBwd.grad_rule of the sigmoid poly side (None: its default).
     softcap_grad: SoftcapBwd.grad_rule of the softcap poly side (None: its default).
     program: the poly side's table entry (None: the stage's default; softcap also takes

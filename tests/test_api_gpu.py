@@ -38,13 +38,14 @@ def _kw(mode):
     return {"softcap": 50.0} if mode == "softcap" else {}
 
 
-def _score_fns(mode, evaluator, s_k, program=None, dtype=torch.bfloat16):
+def _score_fns(mode, evaluator, s_k, program=None, dtype=torch.bfloat16, d=128):
     """The math the kernel runs: per key column, the program replay on the columns the
     default poly split sends through the block, the exact function on the MUFU columns."""
     if evaluator == "native":
         return None, None
-    from flash_attn_poly.kernels.score_stages import make_stage
-    return pr.split_fns(mode, make_stage(mode, "poly", **({"program": program} if program else {})), s_k,
+    from flash_attn_poly.kernels.score_stages import default_key_block, make_stage
+    kw = dict({"program": program} if program else {}, key_block=default_key_block(d))
+    return pr.split_fns(mode, make_stage(mode, "poly", **kw), s_k,
                         io_dtype="f16" if dtype == torch.float16 else "bf16")
 
 
@@ -54,7 +55,7 @@ def test_forward_and_backward(mode, evaluator, program, case, dtype=torch.bfloat
     causal = case[-1]
     # a seed fixed per case (hash() of a str tuple changes with every process)
     q, k, v = _inputs(case, zlib.crc32(repr((mode, evaluator, program, case, str(dtype))).encode()) % 1000, mode, dtype)
-    fn, gfn = _score_fns(mode, evaluator, k.shape[1], program, dtype)
+    fn, gfn = _score_fns(mode, evaluator, k.shape[1], program, dtype, q.shape[-1])
     kw = dict(causal=causal, **_kw(mode))
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
     out = flash_attn_poly.attention(qg, kg, vg, mode, evaluator=evaluator, program=program, **kw)

@@ -31,9 +31,18 @@ def _stl_bound(mode, evaluator) -> int:
     return SOFTCAP_POLY_BWD_STL if (mode, evaluator) == ("softcap", "poly") else 0
 
 
+def _default_split(mode, evaluator, d):
+    """attn_bwd's poly_split=None for this head dim (the default forward's split)."""
+    if evaluator != "poly" or mode == "softmax":
+        return None
+    return S.default_poly_split(mode, S.default_key_block(d))
+
+
 def _sass(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split=None, window=False,
           deterministic=False, families=None, dq_async=False, lpt=False, head_loop=False, program=None,
           dq_tma=False, m_desc=False, softcap_grad=None):
+    if poly_split is None:   # what attn_bwd builds for this head dim
+        poly_split = _default_split(mode, evaluator, d)
     key = K.BwdKey(dtype, d, causal, bwd_side(mode, evaluator, poly_split, program=program, softcap_grad=softcap_grad),
                    K.BwdTile.for_head_dim(d),
                    window, window, deterministic, dq_async, lpt, head_loop=head_loop, dq_tma=dq_tma,
@@ -99,8 +108,10 @@ def test_d256_bwd_builds(mode, evaluator):
     D = 128 one (same MUFU counts).  ptxas spills one or two loop-invariant words (measured
     softmax/native 2 STL + 2 LDL, softcap/poly (one-region residual program, value rule, the
     default) 1 + 1, 7 + 7 with the two-region program; CPU SASS 2026-11-30); more would mean
-    the chunk bookkeeping costs registers in the loop."""
-    n, n128 = _sass(mode, evaluator, d=256), _sass(mode, evaluator, d=128)
+    the chunk bookkeeping costs registers in the loop.  Both builds take D = 256's default split
+    (1/8 for poly: the forward's 64-key blocks, score_stages.default_poly_split)."""
+    split = _default_split(mode, evaluator, 256)
+    n, n128 = _sass(mode, evaluator, d=256), _sass(mode, evaluator, d=128, poly_split=split)
     assert n["HGMMA"] == 48 and n128["HGMMA"] == 32, (n, n128)
     for op in ("MUFU.EX2", "MUFU.TANH", "HFMA2"):
         assert n[op] == n128[op], (op, n, n128)
@@ -115,11 +126,12 @@ def test_split_wg_d256_builds(mode, evaluator):
     48 HGMMA, as many as the chunked build, which runs its 7 GEMMs of 128 columns twice as
     two CTAs), the D = 128 stage's MUFU and packed-FMA counts, no spills, and f moved with
     8 STS.128 / 8 LDS.128 per thread and query block."""
-    key = K.BwdKey("bf16", 256, True, bwd_side(mode, evaluator), K.BwdTile(64, 64, 2, True))
+    split = _default_split(mode, evaluator, 256)
+    key = K.BwdKey("bf16", 256, True, bwd_side(mode, evaluator, split), K.BwdTile(64, 64, 2, True))
     c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
     n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS,
                            **{"STS.128": r"STS\.128", "LDS.128": r"LDS\.128"}))
-    ref = _sass(mode, evaluator, d=128)
+    ref = _sass(mode, evaluator, d=128, poly_split=split)
     assert n["HGMMA"] == 48 and n["STL"] == 0 and n["LDL"] == 0, n
     for op in ("MUFU.EX2", "MUFU.TANH", "HFMA2"):
         assert n[op] == ref[op], (op, n, ref)
@@ -597,8 +609,9 @@ def test_softcap_odd_program_side():
 @pytest.mark.parametrize("d", [128, 256])
 def test_softcap_odd_program_bwd_compiles(d):
     """Built as deployed (head_loop, LPT; dq_async at D = 128): HGMMA, spills within the
-    softcap poly bound (CPU SASS 2026-11-30: 1 word at D = 128, 0 at D = 256)."""
-    n = _sass("softcap", "poly", d=d, poly_split=(1, 16), program="softcap_c50_f16_odd",
+    softcap poly bound (CPU SASS 2026-11-30: 1 word at D = 128, 0 at D = 256).  The head dim's
+    default split: 1/16 at D = 128, 1/8 at D = 256."""
+    n = _sass("softcap", "poly", d=d, program="softcap_c50_f16_odd",
               head_loop=True, dq_async=d == 128, lpt=True)
     assert n["HGMMA"] > 0
     assert n["STL"] <= SOFTCAP_POLY_BWD_STL

@@ -204,7 +204,8 @@ def _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad=None, program=
     from flash_attn_poly import poly_reference as PR, reference
     from flash_attn_poly.kernels import score_stages as S
     # what attn_fwd / attn_bwd build by default (or with the given table program)
-    stage = S.make_stage(mode, "poly", **({"program": program} if program else {}))
+    stage = S.make_stage(mode, "poly", key_block=S.default_key_block(q.shape[-1]),
+                         **({"program": program} if program else {}))
     fn, grad_fn = PR.split_fns(mode, stage, k.shape[1], softcap or 50.0, sigmoid_grad=sigmoid_grad,
                                io_dtype="f16" if q.dtype == torch.float16 else "bf16", softcap_grad=softcap_grad)
     return reference.attention_ref_backward(do, q, k, v, mode, causal=causal, softcap=softcap,
@@ -278,7 +279,7 @@ def test_poly_bwd_matches_split_reference(case, sigmoid_grad=None, program=None,
     softcap = 50.0 if mode == "softcap" else None
     out = testing.poison_(torch.empty_like(q))
     from flash_attn_poly.kernels import score_stages as S
-    stage = S.make_stage(mode, "poly", program=program) if program else None
+    stage = S.make_stage(mode, "poly", program=program, key_block=S.default_key_block(d)) if program else None
     o, lse = attn_fwd(q, k, v, mode=mode, evaluator="poly", causal=causal, softcap=softcap, out=out,
                       stage=stage)
     dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator="poly", causal=causal, softcap=softcap,

@@ -39,7 +39,7 @@ def _counts_cached(mode, evaluator, head_dim, causal, dtype, split, program, tun
     kw = {"poly_split": split} if split else {}
     if program:
         kw["program"] = program
-    stage = S.make_stage(mode, evaluator, **kw)
+    stage = S.make_stage(mode, evaluator, key_block=dict(tuning).get("tile_n", S.default_key_block(head_dim)), **kw)
     cfg = A.AttnFwdConfig.default(stage, dtype, head_dim, causal, **dict(tuning))
     dump = tempfile.mkdtemp(prefix="fap_attn_")
     compiled = A.compile_attn_fwd(cfg, options=f"--keep-cubin --dump-dir={dump}")

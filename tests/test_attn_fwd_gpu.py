@@ -60,7 +60,7 @@ def _inputs(dtype, b, s_q, s_k, h_q, h_kv, d, scale_scores=1.0):
     return q, k, v
 
 
-def _program_score_fn(mode, s_k, softcap=50.0, stage=None):
+def _program_score_fn(mode, s_k, softcap=50.0, stage=None, key_block=128):
     """The math the default poly stage runs, per key column: the program replay (exact bf16
     rounding) for the columns its poly_split sends through the block, the exact function
     for its MUFU columns (tests/test_attn_fwd_split.split_score_fn)."""
@@ -69,7 +69,7 @@ def _program_score_fn(mode, s_k, softcap=50.0, stage=None):
     from test_attn_fwd_split import split_score_fn
     from flash_attn_poly.kernels import score_stages as S
 
-    return split_score_fn(mode, stage or S.make_stage(mode, "poly"), s_k, softcap)
+    return split_score_fn(mode, stage or S.make_stage(mode, "poly", key_block=key_block), s_k, softcap)
 
 
 def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, tuning=None,
@@ -92,7 +92,9 @@ def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, tuning=N
     if evaluator == "poly":
         # judge against the program the kernel runs (tight) and report the exact-function error
         st["exact_err"] = testing.max_abs_err(o, ref)
-        fn = _program_score_fn(mode, s_k, softcap, stage)
+        from flash_attn_poly.kernels import score_stages as S
+        key_block = (tuning or {}).get("tile_n", S.default_key_block(d))   # attn_fwd's default split
+        fn = _program_score_fn(mode, s_k, softcap, stage, key_block)
         ref, ref_lse = reference.attention_ref(q, k, v, mode, score_fn=fn, **kw)
         low, _ = reference.attention_ref_lowprec(q, k, v, mode, score_fn=fn, fixed_max=m0, **kw)
     st.update(testing.assert_close_rule(o, ref, low, factor=2.0, floor=1e-3, name=f"{mode}/{evaluator} O"))
@@ -123,6 +125,10 @@ ODD_CASES = [("softcap", "poly", "bf16", 1, 257, 257, 4, 1, 128, True),
 def test_attn_fwd_softcap_odd_program(case, split):
     from flash_attn_poly.kernels import score_stages as S
     stage = S.make_stage("softcap", "poly", program="softcap_c50_f16_odd", poly_split=split)
+    if not S.split_fits_block(split, S.default_key_block(case[8])):   # 1/16 at D = 256 (64-key blocks)
+        with pytest.raises(ValueError, match="repeats every 128 keys"):
+            run_case(*case, stage=stage)
+        return
     run_case(*case, stage=stage)
 
 

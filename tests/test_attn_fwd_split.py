@@ -92,6 +92,45 @@ def test_split_rule():
         S.make_stage("softcap", "poly", poly_split=(1, 3))
 
 
+@pytest.mark.parametrize("mode", ["softcap", "sigmoid"])
+@pytest.mark.parametrize("d,tuning", [(64, ()), (128, ()), (256, ()), (128, (("tile_n", 64),))])
+def test_forward_split_is_the_backward_rule(mode, d, tuning):
+    """The forward decides block or MUFU per column group g of its key block (compile time);
+    the backward per global key group (key // 8).  For the stage attn_fwd builds by default
+    (any head dim, or tile_n 64 as a knob) the two agree on every key of several blocks, and
+    attn_bwd's default split is that stage's (D = 256: 1/8, the 64-key block's finest)."""
+    pytest.importorskip("cutlass")
+    from flash_attn_poly.kernels import attn_bwd_sm90 as B, attn_fwd_sm90 as A
+    S = _stages()
+    stage, cfg = A._stage_and_config(mode, "poly", "bf16", d, True, tuning)
+    A.AttnFwdSm90(cfg)   # accepted
+    j, k = stage.poly_split
+    assert 0 < j < k
+    for key in range(4 * cfg.tile_n):
+        assert stage.poly_pair((key % cfg.tile_n) // 8) == S.poly_pair(stage.poly_split, key // 8), key
+    if not tuning:
+        assert B.default_split(mode, "poly", d) == stage.poly_split
+    assert stage.poly_split == ((1, 8) if cfg.tile_n == 64 else S.DEFAULT_POLY_SPLIT[mode])
+
+
+def test_forward_refuses_a_split_longer_than_its_key_block():
+    """1/16 repeats every 128 keys: a 64-key forward block cannot apply it at compile time
+    (it would send group 0 of every block through the polynomial, the backward only that of
+    even blocks), so the config is refused, naming the limit; 1/8, all and none are fine."""
+    pytest.importorskip("cutlass")
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A
+    S = _stages()
+    bad = S.make_stage("softcap", "poly", poly_split=(1, 16))
+    with pytest.raises(ValueError, match=r"repeats every 128 keys.*tile_n 64.*k <= 8"):
+        A.AttnFwdSm90(A.AttnFwdConfig.default(bad, "bf16", 256, True))
+    with pytest.raises(ValueError, match="repeats every 128 keys"):
+        A.AttnFwdSm90(A.AttnFwdConfig.default(bad, "bf16", 128, True, tile_n=64))
+    for split in [(1, 8), (1, 1), (0, 16), (16, 16)]:
+        A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage("softcap", "poly", poly_split=split), "bf16", 256, True))
+    assert S.default_poly_split("softcap", 128) == (1, 16) and S.default_poly_split("sigmoid", 64) == (1, 8)
+    assert S.make_stage("sigmoid", "poly", key_block=64).poly_split == (1, 8)
+
+
 def test_frag_a_col_group():
     S = _stages()
     # ((2 cols, 2 rows, 2 groups), M=1, (N/16=8, 1)): element 4 is group 1, element 8 group 2

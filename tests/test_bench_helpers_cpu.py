@@ -195,7 +195,7 @@ def _round_fwd_knobs(phase: str) -> list:
     return re.findall(r"--knob (\S+)", body)
 
 
-@pytest.mark.parametrize("phase", ["acc", "lazy", "tail8", "fence29", "pp31", "tn32", "tn33", "ho37", "wg38"])
+@pytest.mark.parametrize("phase", ["acc", "lazy", "tail8", "fence29", "pp31", "tn32", "tn33", "ho37", "wg38", "sp40"])
 def test_prepared_forward_knob_runs_build_valid_configs(phase):
     """Every knob a prepared device phase times (and bench/fwd_knob_accuracy.py's settings)
     makes a config the forward accepts for the modes it runs with, as attn_fwd would build it
@@ -206,12 +206,16 @@ def test_prepared_forward_knob_runs_build_valid_configs(phase):
     from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
 
     def build(mode, ev, tuning):
+        tuning = dict(tuning)
+        # split=J/K popped; else attn_fwd's default stage for the knob's key block
+        stage = fwd_tuning._stage(mode, ev, tuning) or S.make_stage(mode, ev, key_block=tuning.get("tile_n", 128))
         kw = dict(tuning, **A._fixed_max_kw(mode, "bf16", 50.0, tuning))
-        A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage(mode, ev), "bf16", 128, True, **kw))
+        A.AttnFwdSm90(A.AttnFwdConfig.default(stage, "bf16", 128, True, **kw))
     knobs = _round_fwd_knobs(phase)
     assert knobs, f"no --knob in phase {phase}"
     modes = {"acc": [("softcap", "native"), ("softcap", "poly")], "lazy": [("softmax", "native")],
              "tail8": [("softmax", "native")],
+             "sp40": [("softcap", "poly"), ("softcap", "native"), ("softmax", "native")],
              "wg38": [("softcap", "native"), ("softcap", "poly"), ("softmax", "native"), ("sigmoid", "poly")],
              "ho37": [("softcap", "native"), ("softcap", "poly"), ("softmax", "native"), ("sigmoid", "native"),
                       ("sigmoid", "poly")],
@@ -222,7 +226,8 @@ def test_prepared_forward_knob_runs_build_valid_configs(phase):
              "fence29": [("softcap", "native"), ("softcap", "poly"), ("sigmoid", "native"), ("sigmoid", "poly")]}[phase]
     for knob in knobs:
         for mode, ev in modes:
-            build(mode, ev, fwd_tuning._knob(knob))
+            if ev == "poly" or "split" not in fwd_tuning._knob(knob):   # fwd_tuning skips split rows of native modes
+                build(mode, ev, fwd_tuning._knob(knob))
     for mode, settings in fwd_knob_accuracy.SETTINGS.items():
         for _, tuning in settings:
             build(mode, "native", tuning)

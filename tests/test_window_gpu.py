@@ -29,12 +29,12 @@ def _inputs(case, mode):
     return mk(sq, hq, 8.0 if mode == "softcap" else 1.0), mk(sk, hkv), mk(sk, hkv), mk(sq, hq)
 
 
-def _score_fns(mode, evaluator, s_k):
+def _score_fns(mode, evaluator, s_k, d):
     if evaluator != "poly":
         return None, None
     from flash_attn_poly import poly_reference as PR
     from flash_attn_poly.kernels import score_stages as S
-    return PR.split_fns(mode, S.make_stage(mode, "poly"), s_k, 50.0)
+    return PR.split_fns(mode, S.make_stage(mode, "poly", key_block=S.default_key_block(d)), s_k, 50.0)
 
 
 def _rel(got, ref, scale=None):
@@ -57,7 +57,7 @@ def test_window_fwd_bwd_match_reference(case, mode, evaluator, **bwd_kw):
     b, sq, sk, hq, hkv, d, causal, win = case
     q, k, v, do = _inputs(case, mode)
     softcap = 50.0 if mode == "softcap" else None
-    fn, grad_fn = _score_fns(mode, evaluator, sk)
+    fn, grad_fn = _score_fns(mode, evaluator, sk, d)
     out = testing.poison_(torch.empty_like(q))
     o, lse = attn_fwd(q, k, v, mode=mode, evaluator=evaluator, causal=causal, softcap=softcap,
                       out=out, window_size=win)
