@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh wgd41   # softcap D = 128 default on three warpgroups, split 1/8: softcap GPU tests, goal pairs, accuracy, Gemma-2 D = 128
 #   bash bench/h200_round.sh sp40    # D = 256 poly split 1/8 (forward and backward agree): its GPU tests; three-WG split sweep; Gemma-2 D = 256
 #   bash bench/h200_round.sh wg38    # (run 2026-11-30, b6410e8): three consumer warpgroups (tile_m 192, tile_n 64): GPU tests, then timing at D = 128
 #   bash bench/h200_round.sh ho37    # (run 2026-11-30, b6410e8): ping-pong hand-over halfway through the stage: its GPU tests, then timing D = 128 / 256
@@ -396,6 +397,19 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = wgd41 ]; then   # softcap at D = 128 on three warpgroups (tile 192 x 64) by default, split 1/8: tests, goal pairs, accuracy, Gemma-2 D = 128
+  pt fwd tests/test_attn_fwd_gpu.py -k softcap &
+  pt api tests/test_api_gpu.py -k softcap &
+  pt win tests/test_window_gpu.py -k softcap &
+  pt bwd tests/test_attn_bwd_gpu.py -k "softcap and not 256" &
+  pt pers tests/test_attn_fwd_persistent_gpu.py -k softcap &
+  pt knobs tests/test_attn_fwd_knobs_gpu.py -k "pingpong_arrive and softcap" &
+  wait; tarup
+  t gqa_pairs 200 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$OUT/gqa_4096_pairs.json"; tarup
+  t accuracy 150 python3 bench/accuracy.py --modes softcap --json "$OUT/accuracy_softcap.json"; tarup
+  t gemma2_d128 120 python3 bench/gemma2.py --headdim 128 --json "$OUT/gemma2_d128.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = sp40 ]; then   # poly split 1/8 at 64-key forward blocks (D = 256): its GPU tests, three-WG split sweep, Gemma-2 D = 256

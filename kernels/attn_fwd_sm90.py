@@ -194,6 +194,14 @@ class AttnFwdConfig:
         # puts the device's SM count here; a direct default() call gets H100/H200 SXM's 132
         if kw.get("lpt", base["lpt"]):
             base.update(persistent=DEFAULT_PERSISTENT_CTAS)
+        # softcap under the constant row max at D = 128: three consumer warpgroups, tile 192 x 64,
+        # 4 K/V stages, no ping-pong (H200, shuffled, 9 / 11 rounds, b6410e8 / 00c83d8,
+        # bench/results/fwd_three_wg_d128.md, fwd_three_wg_split_d128.md): poly 0.957x / 0.952x the
+        # time, native 0.982x / 0.975x; softmax 1.08x and sigmoid poly 1.05x slower, so theirs stay.
+        # A tuning that sets tile_m, tile_n or pingpong gets the two-warpgroup base instead.
+        if (mode == "softcap" and head_dim == 128 and kw.get("fixed_max")
+                and not {"tile_m", "tile_n", "pingpong"} & set(kw)):
+            base.update(tile_m=192, tile_n=64, num_stages=4, pingpong=False)
         kw = dict(base, **kw)
         kv_stages = kw.pop("num_stages", 2)   # K/V pipeline depth (a timing knob; 3 fills 224 KB at D = 128)
         tile_n = kw.pop("tile_n", tile_n)   # a timing knob (64 at D = 128: half the stage per block)
@@ -862,9 +870,25 @@ def _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items, program=N
     """Stage + config per call signature: building them costs ~7 us a call (CPU timing,
     docs/NOTES.md), a few % of a 0.27 ms kernel when calls run back to back."""
     kw = {"program": program} if program is not None and evaluator == "poly" else {}
-    key_block = dict(tuning_items).get("tile_n", stages.default_key_block(d))
-    stage = stages.make_stage(mode, evaluator, key_block=key_block, **kw)
-    return stage, AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
+    stage = stages.make_stage(mode, evaluator, key_block=stages.default_key_block(d), **kw)
+    cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
+    if stage.evaluator == "poly" and not stages.split_fits_block(stage.poly_split, cfg.tile_n):
+        # a tuning with a shorter key block: the default split coarsened to fit it
+        stage = stages.make_stage(mode, evaluator, key_block=cfg.tile_n, **kw)
+        cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
+    return stage, cfg
+
+
+def _config_for_stage(stage, dtype, d, causal, tuning_items):
+    """The default config for a caller's stage; a poly split the default key block cannot
+    repeat (1/16 under softcap's 64-key three-warpgroup tile at D = 128) takes the head dim's
+    plain key block instead (AttnFwdSm90 refuses it where none fits: 1/16 at D = 256)."""
+    cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
+    split = getattr(stage, "poly_split", None)
+    if (stage.evaluator == "poly" and split is not None and not stages.split_fits_block(split, cfg.tile_n)
+            and "tile_n" not in dict(tuning_items)):
+        cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items, tile_n=stages.default_key_block(d)))
+    return cfg
 
 
 def _to_cute(t, leading_dim):
@@ -953,7 +977,7 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
     if stage is None:
         stage, cfg = _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items, program)
     else:
-        cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
+        cfg = _config_for_stage(stage, dtype, d, causal, tuning_items)
     if stage.mode == "sigmoid":
         stage.check_dtype(dtype == "bf16")   # BF16 P programs: BF16 inputs only
     scale = d ** -0.5 if softmax_scale is None else softmax_scale

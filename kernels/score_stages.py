@@ -912,4 +912,8 @@ def make_stage(mode: str, evaluator: str = "native", key_block: int = 128, **kw)
 # Sigmoid FP16 program on 1/16 (bench/results/poly_split_sigmoid16.md, f4f609b, 9 alternating
 # rounds): fwd 1/8 0.248, 1/16 0.234 ms (native 0.231); bwd 0.751 / 0.757 (native 0.750); error
 # at std 1.7: 1.12-1.24 / 1.06-1.12x native -> 1/16.
-DEFAULT_POLY_SPLIT = {"softcap": (1, 16), "sigmoid": (1, 16)}
+# Softcap 1/16 -> 1/8 (2026-11-30, tenth session) with the three-warpgroup forward at D = 128 (64-key
+# blocks cannot repeat a 1/16 rule; attn_fwd_sm90.AttnFwdConfig.default): odd_u2 program at 1/8 vs 1/16
+# (bench/results/poly_split_odd.md): fwd 0.284 / 0.290, bwd 0.838 / 0.837 ms, O error at std ~20
+# 1.77-1.84x / 1.55-1.59x native (the goal: <= 2x); 1/4 was 2.2x.
+DEFAULT_POLY_SPLIT = {"softcap": (1, 8), "sigmoid": (1, 16)}

@@ -102,7 +102,8 @@ def test_forward_split_is_the_backward_rule(mode, d, tuning):
     pytest.importorskip("cutlass")
     from flash_attn_poly.kernels import attn_bwd_sm90 as B, attn_fwd_sm90 as A
     S = _stages()
-    stage, cfg = A._stage_and_config(mode, "poly", "bf16", d, True, tuning)
+    items = dict(tuning, **A._fixed_max_kw(mode, "bf16", 50.0, dict(tuning)))   # as attn_fwd resolves it
+    stage, cfg = A._stage_and_config(mode, "poly", "bf16", d, True, tuple(sorted(items.items())))
     A.AttnFwdSm90(cfg)   # accepted
     j, k = stage.poly_split
     assert 0 < j < k
@@ -110,7 +111,10 @@ def test_forward_split_is_the_backward_rule(mode, d, tuning):
         assert stage.poly_pair((key % cfg.tile_n) // 8) == S.poly_pair(stage.poly_split, key // 8), key
     if not tuning:
         assert B.default_split(mode, "poly", d) == stage.poly_split
-    assert stage.poly_split == ((1, 8) if cfg.tile_n == 64 else S.DEFAULT_POLY_SPLIT[mode])
+    assert stage.poly_split == ((1, 16) if (mode, cfg.tile_n) == ("sigmoid", 128) else (1, 8))
+    # softcap at D = 128: the three-warpgroup tile 192 x 64 unless a tuning sets the tile
+    assert (cfg.tile_m, cfg.tile_n) == ((192, 64) if (mode, d, tuning) == ("softcap", 128, ()) else
+                                        (128, S.default_key_block(d) if not tuning else 64))
 
 
 def test_forward_refuses_a_split_longer_than_its_key_block():
@@ -127,8 +131,16 @@ def test_forward_refuses_a_split_longer_than_its_key_block():
         A.AttnFwdSm90(A.AttnFwdConfig.default(bad, "bf16", 128, True, tile_n=64))
     for split in [(1, 8), (1, 1), (0, 16), (16, 16)]:
         A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage("softcap", "poly", poly_split=split), "bf16", 256, True))
-    assert S.default_poly_split("softcap", 128) == (1, 16) and S.default_poly_split("sigmoid", 64) == (1, 8)
+    assert S.default_poly_split("sigmoid", 128) == (1, 16) and S.default_poly_split("sigmoid", 64) == (1, 8)
     assert S.make_stage("sigmoid", "poly", key_block=64).poly_split == (1, 8)
+    # a caller's 1/16 stage at D = 128 (BF16 softcap: the 64-key three-warpgroup default) runs
+    # on the two-warpgroup 128-key tile instead of being refused
+    items = tuple(A._fixed_max_kw("softcap", "bf16", 50.0, None).items())
+    cfg = A._config_for_stage(bad, "bf16", 128, True, items)
+    assert (cfg.tile_m, cfg.tile_n) == (128, 128)
+    A.AttnFwdSm90(cfg)
+    with pytest.raises(ValueError, match="repeats every 128 keys"):
+        A.AttnFwdSm90(A._config_for_stage(bad, "bf16", 256, True, ()))
 
 
 def test_frag_a_col_group():

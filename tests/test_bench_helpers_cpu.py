@@ -55,7 +55,7 @@ def test_poly_split_configs_are_valid_stages():
                     from flash_attn_poly.kernels.score_stages_bwd import bwd_side
                     bwd_side(mode, "poly", split, program=prog, **{k: tun.pop(k)})
             kw = dict(tun, **A._fixed_max_kw(mode, "bf16", 50.0, tun))
-            A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", 128, True, **kw))
+            A.AttnFwdSm90(A._config_for_stage(st, "bf16", 128, True, tuple(sorted(kw.items()))))
 
 
 @pytest.mark.parametrize("phase,count", [("tail8", 7), ("grad", 5), ("next12", 3)])
