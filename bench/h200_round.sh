@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh fin42   # deterministic, pre/post, torch.compile tests + training sanity, then every gqa_4096 row shuffled
 #   bash bench/h200_round.sh wgd41   # softcap D = 128 default on three warpgroups, split 1/8: softcap GPU tests, goal pairs, accuracy, Gemma-2 D = 128
 #   bash bench/h200_round.sh sp40    # D = 256 poly split 1/8 (forward and backward agree): its GPU tests; three-WG split sweep; Gemma-2 D = 256
 #   bash bench/h200_round.sh wg38    # (run 2026-11-30, b6410e8): three consumer warpgroups (tile_m 192, tile_n 64): GPU tests, then timing at D = 128
@@ -397,6 +398,15 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = fin42 ]; then   # the GPU test files wgd41 did not run, training sanity, every gqa_4096 row shuffled
+  pt det tests/test_attn_bwd_deterministic_gpu.py &
+  pt prepost tests/test_attn_bwd_prepost_gpu.py &
+  pt compile tests/test_compile_gpu.py &
+  t train 240 python3 bench/train_sanity.py --json "$OUT/train_sanity.json" --md "$OUT/train_sanity.md" &
+  wait; tarup
+  gqa_shuffle
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = wgd41 ]; then   # softcap at D = 128 on three warpgroups (tile 192 x 64) by default, split 1/8: tests, goal pairs, accuracy, Gemma-2 D = 128

@@ -171,11 +171,12 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     mode: "softmax" | "softcap" (Gemma-2: logits = softcap * tanh(logits / softcap)) |
     "sigmoid" (O_i = sum_j sigmoid(scale * q_i.k_j + sigmoid_bias) v_j, bias default -ln S_k).
     evaluator: "poly" runs a packed 16-bit polynomial program on part of the key columns
-    (the rest on MUFU; kernels/score_stages.DEFAULT_POLY_SPLIT), "native" the MUFU instruction.
+    (the rest on MUFU; kernels/score_stages.default_poly_split: softcap 1/8, sigmoid 1/16, 1/8
+    at D = 256), "native" the MUFU instruction.
     program: with evaluator="poly", the coefficient-table entry to run (None: the default,
     packed-FP16 "softcap_c50_f16_odd" (residual u - tanh u as an odd polynomial in u, clamp on
-    the FMA pipe: native's error at score std ~12, 1.2-1.6x it at a saturating std ~20,
-    bench/results/poly_split_odd.md) / "sigmoid_attn_n4096_f16" (D4); softcap also has
+    the FMA pipe: native's error at score std ~12, 1.3-1.8x it at a saturating std ~20,
+    bench/results/accuracy_softcap.md) / "sigmoid_attn_n4096_f16" (D4); softcap also has
     "softcap_c50_f16" (the previous default, D5 in |u|, 1.2-1.7x at std ~20) and
     "softcap_c50_f16_tail" (two regions: D5 residual below |x/c| = 1, 1 - tanh above; 1.03x
     native's error at std ~20, its backward slower at D = 256: bench/results/poly_split_r16.md,

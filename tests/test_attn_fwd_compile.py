@@ -442,8 +442,9 @@ def test_fixed_max_drops_the_row_max_and_o_rescale(evaluator):
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     from flash_attn_poly.kernels import attn_fwd_sm90 as A, sass, score_stages as S
 
-    def interior(fixed):
-        cfg = A.AttnFwdConfig.default(S.make_stage("softcap", evaluator), "bf16", 128, True, fixed_max=fixed)
+    def interior(fixed):   # the two-warpgroup 128 x 128 tile both ways (fixed_max's default is 192 x 64)
+        cfg = A.AttnFwdConfig.default(S.make_stage("softcap", evaluator), "bf16", 128, True, fixed_max=fixed,
+                                      tile_n=128)
         dump = tempfile.mkdtemp(prefix="fap_attn_")
         txt = sass.disassemble(A.compile_attn_fwd(cfg, options=f"--keep-cubin --dump-dir={dump}").artifacts.CUBIN)
         assert sass.count_opcodes(txt)["STL"] == 0
