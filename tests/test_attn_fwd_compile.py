@@ -513,8 +513,9 @@ def test_fixed_max_rsum_rounds_p_before_the_row_sum(evaluator):
     max's but dV to 1.15-1.23x the default's (docs/NOTES_attn_fwd.md, fifth session)."""
     from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
 
-    def interior(**kw):
-        cfg = A.AttnFwdConfig.default(S.make_stage("softcap", evaluator), "bf16", 128, True, fixed_max=True, **kw)
+    def interior(**kw):   # the two-warpgroup 128 x 128 tile (fixed_max's default is 192 x 64)
+        cfg = A.AttnFwdConfig.default(S.make_stage("softcap", evaluator), "bf16", 128, True, fixed_max=True,
+                                      tile_n=128, **kw)
         log, n, depbar, text = _ptxas_report(cfg)
         assert "C7513" not in log and "0 bytes spill stores" in log and n["STL"] == 0, (log[-400:], n)
         assert depbar < n["HGMMA"]
@@ -590,9 +591,10 @@ def test_pingpong_arrive_qk_hands_over_right_after_the_qk_wait():
                   if k == "instr"]
         return [instrs[i + 1].split()[0] for i, t in enumerate(instrs)
                 if t.startswith("WARPGROUP.DEPBAR") and t.endswith("0x1")]
-    qk = after_qk_wait(pingpong_arrive="qk")
+    # ping-pong asked for: softcap's default at D = 128 is the three-warpgroup tile without it
+    qk = after_qk_wait(pingpong=True, pingpong_arrive="qk")
     assert qk and all(op == "BAR.ARV" for op in qk), qk
-    assert "BAR.ARV" not in after_qk_wait(), "the default order already hands over after the QK wait"
+    assert "BAR.ARV" not in after_qk_wait(pingpong=True), "the default order already hands over after the QK wait"
     with pytest.raises(ValueError, match="pingpong_arrive"):
         A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage("softmax", "native"), pingpong_arrive="pv"))
 
@@ -648,7 +650,8 @@ def test_three_consumer_warpgroups_build_without_spills(mode, evaluator):
 
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     kw = dict(tile_m=192, tile_n=64, pingpong=False, num_stages=4, **({"fixed_max": True} if mode == "softcap" else {}))
-    log, n, _, _ = _ptxas_report(A.AttnFwdConfig.default(S.make_stage(mode, evaluator), "bf16", 128, True, **kw))
+    stage = S.make_stage(mode, evaluator, key_block=64)   # a split that repeats in 64-key blocks
+    log, n, _, _ = _ptxas_report(A.AttnFwdConfig.default(stage, "bf16", 128, True, **kw))
     assert n.get("HGMMA", 0) > 0 and n.get("STL", 0) == 0 and n.get("LDL", 0) == 0, n
     assert "0 bytes spill stores" in log and not any(c in log for c in ("C7512", "C7513", "C7514")), log[-800:]
 
