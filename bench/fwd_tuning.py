@@ -22,7 +22,8 @@ import protocol  # noqa: E402
 BOOL_KNOBS = ("lpt", "pingpong", "overlap", "overlap_v2", "row_sum_carry", "fixed_max", "fixed_max_rsum")
 FLOAT_KNOBS = ("rescale_threshold",)
 STR_KNOBS = ("stage_fence", "pingpong_arrive")
-STAGE_KNOBS = ("split",)   # not AttnFwdConfig fields: the poly stage's column split, 'split=J/K'
+STAGE_KNOBS = ("split", "program")   # not AttnFwdConfig fields: the poly stage's column split,
+                                     # 'split=J/K', and its coefficient-table program
 
 
 def _knob(text: str) -> dict:
@@ -38,15 +39,19 @@ def _knob(text: str) -> dict:
 
 
 def _stage(mode: str, ev: str, tuning: dict):
-    """Pops the stage knobs out of tuning; the stage they ask for, or None (attn_fwd's default)."""
+    """Pops the stage knobs out of tuning; the stage they ask for, or None (attn_fwd's default).
+    A program without a split takes the default split for the knob's key block."""
     split = tuning.pop("split", None) if tuning else None
-    if split is None:
+    program = tuning.pop("program", None) if tuning else None
+    if split is None and program is None:
         return None
     if ev != "poly":
-        raise ValueError(f"split={split} needs a poly evaluator, got {mode}:{ev}")
+        raise ValueError(f"split / program knobs need a poly evaluator, got {mode}:{ev}")
     from flash_attn_poly.kernels import score_stages as S
-    j, k = (int(x) for x in split.split("/"))
-    return S.make_stage(mode, ev, poly_split=(j, k))
+    kw = {"program": program} if program else {}
+    if split is not None:
+        kw["poly_split"] = tuple(int(x) for x in split.split("/"))
+    return S.make_stage(mode, ev, key_block=tuning.get("tile_n", 128), **kw)
 
 
 def run(args) -> dict:
@@ -62,9 +67,9 @@ def run(args) -> dict:
         mode, ev = me.split(":")
         kw = dict(mode=mode, evaluator=ev, causal=True, softcap=50.0 if mode == "softcap" else None)
         outs = {}
-        mine = [kn for kn in knobs if ev == "poly" or "split" not in _knob(kn)]
+        mine = [kn for kn in knobs if ev == "poly" or not set(STAGE_KNOBS) & set(_knob(kn))]
         for kn in sorted(set(knobs) - set(mine)):
-            print(f"{me}: row '{kn}' skipped (split=J/K needs a poly evaluator)")
+            print(f"{me}: row '{kn}' skipped (split / program knobs need a poly evaluator)")
         for name, tuning in [("default", None)] + [(kn, _knob(kn)) for kn in mine]:
             stage = _stage(mode, ev, tuning)
             fn = lambda tuning=tuning or None, kw=kw, stage=stage: attn_fwd(q, k, v, tuning=tuning, stage=stage, **kw)

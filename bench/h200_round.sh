@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh tl43    # three-warpgroup softcap: the two-region program at 1/8, 1/4, 1/2 beside the odd_u2 default, side by side
 #   bash bench/h200_round.sh fin42   # deterministic, pre/post, torch.compile tests + training sanity, then every gqa_4096 row shuffled
 #   bash bench/h200_round.sh wgd41   # softcap D = 128 default on three warpgroups, split 1/8: softcap GPU tests, goal pairs, accuracy, Gemma-2 D = 128
 #   bash bench/h200_round.sh sp40    # D = 256 poly split 1/8 (forward and backward agree): its GPU tests; three-WG split sweep; Gemma-2 D = 256
@@ -398,6 +399,13 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = tl43 ]; then   # softcap on three warpgroups: the two-region program (1.03-1.06x native's error) at wider splits
+  t tail_d128 300 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 \
+      --modes softcap:poly,softcap:native --order shuffle --rounds 11 --iters 30 \
+      --knob tile_m=192+tile_n=64+num_stages=4+pingpong=0+split=1/4 --knob tile_m=192+tile_n=64+num_stages=4+pingpong=0+program=softcap_c50_f16_tail --knob tile_m=192+tile_n=64+num_stages=4+pingpong=0+split=1/4+program=softcap_c50_f16_tail \
+      --knob tile_m=192+tile_n=64+num_stages=4+pingpong=0+split=1/2+program=softcap_c50_f16_tail --json "$OUT/fwd_three_wg_tail_d128.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = fin42 ]; then   # the GPU test files wgd41 did not run, training sanity, every gqa_4096 row shuffled

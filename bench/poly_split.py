@@ -4,6 +4,9 @@
 
 A poly stage sends key column group g (8 keys) through the packed block when g % k < j and
 through MUFU otherwise (score_stages, "Poly split"); the backward recomputes the same P.
+A split that cannot repeat inside softcap's default 64-key three-warpgroup tile at D = 128
+(1/16) runs on the two-warpgroup 128-key tile (attn_fwd_sm90._config_for_stage), so compare
+such rows with that in mind (bench/fwd_tuning.py times tiles side by side).
 For each (mode, program, split) and the native evaluator:
   * time: forward (attn_fwd) and backward (attn_bwd, forward excluded) at the gqa_4096 shape
     (B=1 S=4096 H_q=32 H_kv=8 D=128 causal BF16, softcap 50) under bench/protocol.py, every

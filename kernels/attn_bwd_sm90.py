@@ -916,8 +916,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     program: the poly stage's table entry, as the forward stage's (softcap: e.g. "softcap_c50_f16"
     selects the FP16 D5 blocks; None: the default program).
     poly_split: the poly side's (j, k) column split, as the forward stage's (None: the split a
-    default forward at this head dim runs, score_stages.default_poly_split: 1/16 up to D = 128,
-    1/8 at D = 256); must match the forward's for the same P.
+    default forward at this head dim runs, score_stages.default_poly_split: softcap 1/8, sigmoid
+    1/16 up to D = 128 and 1/8 at D = 256); must match the forward's for the same P.
     head_loop: a CTA per (key block, KV head) runs all G query heads of the group and stores
     dK/dV directly (no FP32 dK/dV accumulators, atomics or post pass; None: head_loop_auto;
     not with deterministic, v_with_do or the split-warpgroup build).

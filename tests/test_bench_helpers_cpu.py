@@ -195,7 +195,7 @@ def _round_fwd_knobs(phase: str) -> list:
     return re.findall(r"--knob (\S+)", body)
 
 
-@pytest.mark.parametrize("phase", ["acc", "lazy", "tail8", "fence29", "pp31", "tn32", "tn33", "ho37", "wg38", "sp40"])
+@pytest.mark.parametrize("phase", ["acc", "lazy", "tail8", "fence29", "pp31", "tn32", "tn33", "ho37", "wg38", "sp40", "tl43"])
 def test_prepared_forward_knob_runs_build_valid_configs(phase):
     """Every knob a prepared device phase times (and bench/fwd_knob_accuracy.py's settings)
     makes a config the forward accepts for the modes it runs with, as attn_fwd would build it
@@ -216,6 +216,7 @@ def test_prepared_forward_knob_runs_build_valid_configs(phase):
     modes = {"acc": [("softcap", "native"), ("softcap", "poly")], "lazy": [("softmax", "native")],
              "tail8": [("softmax", "native")],
              "sp40": [("softcap", "poly"), ("softcap", "native"), ("softmax", "native")],
+             "tl43": [("softcap", "poly"), ("softcap", "native")],
              "wg38": [("softcap", "native"), ("softcap", "poly"), ("softmax", "native"), ("sigmoid", "poly")],
              "ho37": [("softcap", "native"), ("softcap", "poly"), ("softmax", "native"), ("sigmoid", "native"),
                       ("sigmoid", "poly")],
@@ -226,7 +227,7 @@ def test_prepared_forward_knob_runs_build_valid_configs(phase):
              "fence29": [("softcap", "native"), ("softcap", "poly"), ("sigmoid", "native"), ("sigmoid", "poly")]}[phase]
     for knob in knobs:
         for mode, ev in modes:
-            if ev == "poly" or "split" not in fwd_tuning._knob(knob):   # fwd_tuning skips split rows of native modes
+            if ev == "poly" or not set(fwd_tuning.STAGE_KNOBS) & set(fwd_tuning._knob(knob)):   # skipped rows
                 build(mode, ev, fwd_tuning._knob(knob))
     for mode, settings in fwd_knob_accuracy.SETTINGS.items():
         for _, tuning in settings:
