@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh rest44  # non-softcap forward / API / window GPU tests and the D = 256 sigmoid backward ones
 #   bash bench/h200_round.sh tl43    # three-warpgroup softcap: the two-region program at 1/8, 1/4, 1/2 beside the odd_u2 default, side by side
 #   bash bench/h200_round.sh fin42   # deterministic, pre/post, torch.compile tests + training sanity, then every gqa_4096 row shuffled
 #   bash bench/h200_round.sh wgd41   # softcap D = 128 default on three warpgroups, split 1/8: softcap GPU tests, goal pairs, accuracy, Gemma-2 D = 128
@@ -399,6 +400,14 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = rest44 ]; then   # GPU tests the tenth session's rounds did not select: non-softcap forward/API/window, D = 256 sigmoid backward
+  pt fwd tests/test_attn_fwd_gpu.py -k "not softcap" &
+  pt api tests/test_api_gpu.py -k "not softcap" &
+  pt win tests/test_window_gpu.py -k "not softcap" &
+  pt bwd tests/test_attn_bwd_gpu.py -k "256 and sigmoid" &
+  wait; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = tl43 ]; then   # softcap on three warpgroups: the two-region program (1.03-1.06x native's error) at wider splits
