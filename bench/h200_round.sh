@@ -37,6 +37,7 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh e2f45   # exp2 on the FMA pipe for 1-4 of 8 column groups (exp2_fma), softcap D = 128, side by side
 #   bash bench/h200_round.sh rest44  # non-softcap forward / API / window GPU tests and the D = 256 sigmoid backward ones
 #   bash bench/h200_round.sh tl43    # three-warpgroup softcap: the two-region program at 1/8, 1/4, 1/2 beside the odd_u2 default, side by side
 #   bash bench/h200_round.sh fin42   # deterministic, pre/post, torch.compile tests + training sanity, then every gqa_4096 row shuffled
@@ -400,6 +401,12 @@ elif [ "$phase" = final15 ]; then   # deterministic + pre/post tests under the o
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = elem16 ]; then   # prepared (not run): B4 SwiGLU tuning variants; the API's elementwise rows (SiLU fwd balanced grid)
   elem16_steps
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = e2f45 ]; then   # exp2 on the FMA pipe for n of 8 column groups (AttnFwdConfig.exp2_fma), softcap D = 128, side by side
+  t e2f_d128 240 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 \
+      --modes softcap:poly,softcap:native --order shuffle --rounds 11 --iters 30 \
+      --knob exp2_fma=1 --knob exp2_fma=2 --knob exp2_fma=3 --knob exp2_fma=4 --json "$OUT/fwd_exp2_fma_d128.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = rest44 ]; then   # GPU tests the tenth session's rounds did not select: non-softcap forward/API/window, D = 256 sigmoid backward

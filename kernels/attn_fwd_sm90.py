@@ -153,6 +153,10 @@ class AttnFwdConfig:
     # so the producer loads the next tile's Q, K and V while the consumers finish the current
     # one (the per-CTA fixed cost, bench/results/cta_overhead.md).  Needs lpt.  0 = one CTA per tile
     persistent: int = 0
+    # fixed_max only, a timing knob (off): in mask-free key blocks, n of every 8 key column
+    # groups (g % 8 >= 8 - n) compute P = 2^a on the FMA pipe (score_stages.exp2_fma: 3 FADD,
+    # 3 FFMA, 1 IMAD) instead of MUFU.EX2, moving part of softcap's second MUFU op per score
+    exp2_fma: int = 0
 
     @staticmethod
     def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
@@ -230,6 +234,9 @@ class AttnFwdSm90:
             raise ValueError("fixed_max_rsum is a variant of fixed_max: set fixed_max=True too")
         if cfg.persistent and not cfg.lpt:
             raise ValueError("persistent needs lpt (its tiles are walked in the LPT order)")
+        if not 0 <= cfg.exp2_fma <= 8 or (cfg.exp2_fma and not cfg.fixed_max) or (cfg.exp2_fma and cfg.fixed_max_rsum):
+            raise ValueError(f"exp2_fma (column groups of 8 on the FMA pipe) needs 0..8 and fixed_max without "
+                             f"fixed_max_rsum, got {cfg.exp2_fma} (fixed_max={cfg.fixed_max})")
         if cfg.fixed_max and (cfg.stage.mode != "softcap" or not self.is_bf16):
             raise ValueError(f"fixed_max needs the softcap stage and BF16, got {cfg.stage.mode}/{cfg.dtype}")
         self.head_dim = cfg.head_dim
@@ -534,7 +541,7 @@ class AttnFwdSm90:
         num_rows = cute.size(tScS_mn, mode=[0])
         fixed = self.stage.fixed_lse(params) if self.cfg.fixed_max else None
         softmax = stages.OnlineSoftmax(num_rows, self.cfg.row_max_chains, self.cfg.row_sum_carry, fixed,
-                                       self.cfg.rescale_threshold, self.cfg.fixed_max_rsum)
+                                       self.cfg.rescale_threshold, self.cfg.fixed_max_rsum, self.cfg.exp2_fma)
         row_scale = cute.make_rmem_tensor((num_rows,), Float32)
 
         ctx = SimpleNamespace(

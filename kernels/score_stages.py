@@ -88,6 +88,31 @@ def exp2_approx(x: Float32, *, loc=None, ip=None) -> Float32:
                         "ex2.approx.ftz.f32 $0, $1;", "=f,f"))
 
 
+# 2^f on [-0.5, 0.5], degree 3, c0..c3: relative minimax by Lawson-reweighted FP64 least squares
+# on 2000 Chebyshev nodes, rounded to FP32; the FP32 Horner replay in exp2_fma's order has max
+# relative error 7.5e-5 (2^-13.7, tests/test_attn_fwd_split.py re-checks it), far below BF16 P's 2^-9.
+EXP2_FMA_COEFFS = (0.9999280571937561, 0.6932609677314758, 0.2426111251115799, 0.0551716648042202)
+
+
+def _f32_hex(x: float) -> str:
+    import struct
+    return "0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+@dsl_user_op
+def exp2_fma(a: Float32, *, loc=None, ip=None) -> Float32:
+    """2^a without MUFU, for finite a in [-125, 127] (normal results): j = round(a) by the
+    1.5 * 2^23 add, f = a - j in [-0.5, 0.5] exactly, p = 2^f by Horner (EXP2_FMA_COEFFS), then
+    j added to p's exponent field with one integer multiply-add.  Three FADD, three FFMA, one
+    IMAD: FMA-pipe work instead of one MUFU.EX2.  -inf (a masked score) is NOT mapped to 0."""
+    c0, c1, c2, c3 = (_f32_hex(c) for c in EXP2_FMA_COEFFS)
+    text = ("{ .reg .f32 t, j, f, p; .reg .b32 tb, pb;\n"
+            " add.rn.f32 t, $1, 0f4B400000;\n sub.rn.f32 j, t, 0f4B400000;\n sub.rn.f32 f, $1, j;\n"
+            f" fma.rn.f32 p, f, {c3}, {c2};\n fma.rn.f32 p, p, f, {c1};\n fma.rn.f32 p, p, f, {c0};\n"
+            " mov.b32 tb, t;\n mov.b32 pb, p;\n mad.lo.s32 pb, tb, 8388608, pb;\n mov.b32 $0, pb; }")
+    return Float32(_asm(T.f32(), [Float32(a).ir_value(loc=loc, ip=ip)], text, "=f,f"))
+
+
 @dsl_user_op
 def pack_f32x2(lo: Float32, hi: Float32, is_bf16: cutlass.Constexpr[bool], *, loc=None, ip=None) -> Int32:
     """cvt.rn.{bf16x2,f16x2}.f32: one F2FP packs two scores; lo lands in bits 0..15."""
@@ -334,10 +359,10 @@ def write_p_pinned(acc_S: cute.Tensor, tOrP: cute.Tensor, is_bf16: cutlass.Const
 
 @cute.jit
 def online_softmax_probs(acc_S, tOrP, state, scale_log2, is_first: cutlass.Constexpr[bool],
-                         row_scale, is_bf16: cutlass.Constexpr[bool]):
+                         row_scale, is_bf16: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool] = True):
     """P = exp2(S * scale_log2 - max) in place (softmax and softcap); packed into tOrP unless
     tOrP is None (overlap_v2: FP32 P stays in acc_S until write_p after the PV wait)."""
-    state.step(acc_S, scale_log2, is_first, row_scale)
+    state.step(acc_S, scale_log2, is_first, row_scale, masked)
     if cutlass.const_expr(tOrP is not None):
         write_p_native(acc_S, tOrP, is_bf16)
 
@@ -352,7 +377,7 @@ class OnlineSoftmax:
     the quad once in `finalize`: that saves 2 shuffles per row per key block."""
 
     def __init__(self, num_rows: int, max_chains: int = 1, sum_carry: bool = False, fixed_lse=None,
-                 rescale_threshold: float = 0.0, fixed_rsum: bool = False):
+                 rescale_threshold: float = 0.0, fixed_rsum: bool = False, exp2_fma: int = 0):
         if max_chains not in (1, 2, 4, 8):
             raise ValueError(f"max_chains must be 1, 2, 4 or 8, got {max_chains!r}")
         self.max_chains = max_chains
@@ -370,6 +395,9 @@ class OnlineSoftmax:
         # the rounded values, so the row sum normalises the weights the PV product really used
         # (the constant max leaves the row's largest p inexact in BF16; docs/NOTES_attn_fwd.md)
         self.fixed_rsum = fixed_rsum
+        # exp2_fma n (fixed only): in mask-free blocks, column groups g with g % 8 >= 8 - n take
+        # exp2_fma (FMA pipe) instead of MUFU.EX2 (AttnFwdConfig.exp2_fma; off by default)
+        self.exp2_fma = int(exp2_fma)
         # rescale_threshold t > 0 (log2 units, AttnFwdConfig checks 0 <= t <= 16): a row keeps
         # its stale max until a block's max exceeds it by more than t, so p <= 2^t and most
         # blocks need no O rescale (row_scale exactly 1.0 for a kept row: `rescale_needed`);
@@ -383,11 +411,11 @@ class OnlineSoftmax:
 
     @cute.jit
     def step(self, acc_S: cute.Tensor, scale_log2: Float32, is_first: cutlass.Constexpr[bool],
-             row_scale: cute.Tensor):
+             row_scale: cute.Tensor, masked: cutlass.Constexpr[bool] = True):
         """P = exp2(s*scale_log2 - max*scale_log2) in place; row_scale gets the O rescale."""
         s_mn = acc_mn_view(acc_S)
         if cutlass.const_expr(self.fixed):
-            self._step_fixed(s_mn, is_first)
+            self._step_fixed(s_mn, is_first, masked)
             return
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             m = self._row_max(s_mn, r)
@@ -425,7 +453,7 @@ class OnlineSoftmax:
                 self.row_sum[r] = self.row_sum[r] * row_scale[r] + acc
 
     @cute.jit
-    def _step_fixed(self, s_mn, is_first: cutlass.Constexpr[bool]):
+    def _step_fixed(self, s_mn, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool] = True):
         """P = exp2(a) in place, a = (logit - m0) * log2(e) from the stage: no max, no rescale."""
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             acc = Float32(0.0)
@@ -441,7 +469,10 @@ class OnlineSoftmax:
                     acc = acc + p1
             else:
                 for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    p = exp2_approx(s_mn[r, c])
+                    if cutlass.const_expr(not masked and (c // 2) % 8 >= 8 - self.exp2_fma):
+                        p = exp2_fma(s_mn[r, c])   # bounded argument, no -inf in a mask-free block
+                    else:
+                        p = exp2_approx(s_mn[r, c])
                     s_mn[r, c] = p
                     acc = acc + p
             if cutlass.const_expr(is_first or self.sum_carry):
@@ -723,7 +754,7 @@ class SoftcapStage:
     @cute.jit
     def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
               masked: cutlass.Constexpr[bool], row_scale, is_bf16: cutlass.Constexpr[bool]):
-        online_softmax_probs(acc_S, tOrP, state, params[1], is_first, row_scale, is_bf16)
+        online_softmax_probs(acc_S, tOrP, state, params[1], is_first, row_scale, is_bf16, masked)
 
     @cute.jit
     def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):

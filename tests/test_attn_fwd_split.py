@@ -143,6 +143,40 @@ def test_forward_refuses_a_split_longer_than_its_key_block():
         A.AttnFwdSm90(A._config_for_stage(bad, "bf16", 256, True, ()))
 
 
+def test_exp2_fma_replay_error():
+    """score_stages.exp2_fma in its instruction order, replayed in FP32 (FMA: exact product, one
+    rounding): relative error <= 7.6e-5 against 2^a over the fixed-max argument range and the
+    block's limits [-125, 127]; j = round(a) by the 1.5 * 2^23 add, added to p's exponent bits."""
+    import numpy as np
+    S = _stages()
+    c0, c1, c2, c3 = (np.float32(c) for c in S.EXP2_FMA_COEFFS)
+    a = np.concatenate([np.linspace(-125, 127, 400001), np.arange(-125, 128) + 0.5]).astype(np.float32)
+    m = np.float32(12582912.0)
+    t = (a + m).astype(np.float32)
+    j = (t - m).astype(np.float32)
+    f = (a - j).astype(np.float32)
+    assert np.abs(f).max() <= 0.5
+    fma = lambda x, y, z: (x.astype(np.float64) * y + z).astype(np.float32)
+    p = fma(fma(fma(f, c3, np.float64(c2)), f, np.float64(c1)), f, np.float64(c0))
+    bits = (t.view(np.uint32).astype(np.uint64) * (1 << 23) + p.view(np.uint32)) % (1 << 32)
+    got = bits.astype(np.uint32).view(np.float32).astype(np.float64)
+    rel = np.abs(got / np.exp2(a.astype(np.float64)) - 1)
+    assert rel.max() <= 7.6e-5, rel.max()
+
+
+def test_exp2_fma_config_checks():
+    """AttnFwdConfig.exp2_fma: 0..8 groups of 8, only under fixed_max (a bounded exp2 argument)."""
+    pytest.importorskip("cutlass")
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A
+    S = _stages()
+    st = S.make_stage("softcap", "native")
+    A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", 128, True, fixed_max=True, exp2_fma=2))
+    for kw in ({"exp2_fma": 2}, {"fixed_max": True, "exp2_fma": 9},
+               {"fixed_max": True, "fixed_max_rsum": True, "exp2_fma": 1}):
+        with pytest.raises(ValueError, match="exp2_fma"):
+            A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", 128, True, **kw))
+
+
 def test_frag_a_col_group():
     S = _stages()
     # ((2 cols, 2 rows, 2 groups), M=1, (N/16=8, 1)): element 4 is group 1, element 8 group 2
