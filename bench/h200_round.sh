@@ -37,6 +37,8 @@
 #   bash bench/h200_round.sh final13 # pre/post tests, Gemma-2 D = 256 one- vs two-region program, gqa_4096 shuffled
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
+#   bash bench/h200_round.sh ncu47   # Nsight Compute, final defaults: forward (anchor; Gemma-2 D = 256) and backward, pipe use + stall samples
+#   bash bench/h200_round.sh all46   # every GPU test file (persistent, knobs and PTX blocks included) under the final defaults
 #   bash bench/h200_round.sh e2f45   # exp2 on the FMA pipe for 1-4 of 8 column groups (exp2_fma), softcap D = 128, side by side
 #   bash bench/h200_round.sh rest44  # non-softcap forward / API / window GPU tests and the D = 256 sigmoid backward ones
 #   bash bench/h200_round.sh tl43    # three-warpgroup softcap: the two-region program at 1/8, 1/4, 1/2 beside the odd_u2 default, side by side
@@ -513,6 +515,43 @@ elif [ "$phase" = fence29 ]; then   # the PV wait below the whole stage (stage_f
   t fence_d256 200 python3 bench/fwd_tuning.py --modes softcap:native,softcap:poly --order shuffle --rounds 9 --iters 30 \
       --knob stage_fence=interior --knob pingpong=1+stage_fence=interior \
       --json "$OUT/fwd_stage_fence_d256.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = all46 ]; then   # every GPU test file under the final defaults, in parallel processes
+  pt fwd tests/test_attn_fwd_gpu.py &
+  pt api tests/test_api_gpu.py &
+  pt win_a tests/test_window_gpu.py -k "softmax or softcap-native" &
+  pt win_b tests/test_window_gpu.py -k "not softmax and not softcap-native" &
+  pt bwd_a tests/test_attn_bwd_gpu.py -k "softcap" &
+  pt bwd_b tests/test_attn_bwd_gpu.py -k "not softcap" &
+  pt det tests/test_attn_bwd_deterministic_gpu.py &
+  pt prepost tests/test_attn_bwd_prepost_gpu.py &
+  pt compile tests/test_compile_gpu.py &
+  pt hf tests/test_transformers_gpu.py &
+  pt elem tests/test_elementwise_gpu.py &
+  pt asm tests/test_asm_gpu.py &
+  pt pers tests/test_attn_fwd_persistent_gpu.py &
+  pt knobs tests/test_attn_fwd_knobs_gpu.py &
+  wait; tarup; only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = ncu47 ]; then   # Nsight Compute under the final defaults: forward and backward, anchor and Gemma-2 D = 256
+  ncu_k() {   # $1 kernel regex, $2 name, $3 launcher, rest: its args
+    local k=$1 n=$2 py=$3; shift 3
+    t "ncu_$n" 170 ncu --kernel-name "regex:$k" --launch-skip 2 --launch-count 1 --set full \
+        --import-source no -f -o "$OUT/$n" python3 "$py" "$@"
+    ncu -i "$OUT/$n.ncu-rep" --page raw --csv > "$OUT/${n}_raw.csv" 2>&1
+    ncu -i "$OUT/$n.ncu-rep" --page source --csv --print-source sass > "$OUT/${n}_sass.csv" 2>&1
+    rm -f "$OUT/$n.ncu-rep"; gzip -f "$OUT/${n}_raw.csv" "$OUT/${n}_sass.csv"; tarup
+  }
+  G="--headdim 256 --seqlen 8192 --hq 8 --hkv 4"
+  for b in softmax:native softcap:native softcap:poly sigmoid:native sigmoid:poly; do
+    ncu_k AttnFwdSm90 "${b%%:*}_${b##*:}" bench/ncu_fwd.py --mode "${b%%:*}" --evaluator "${b##*:}"
+  done
+  for e in native poly; do ncu_k AttnFwdSm90 "g256_softcap_$e" bench/ncu_fwd.py --mode softcap --evaluator "$e" $G; done
+  for b in softmax:native softcap:native softcap:poly; do
+    ncu_k AttnBwdSm90 "bwd_${b%%:*}_${b##*:}" bench/ncu_bwd.py --mode "${b%%:*}" --evaluator "${b##*:}"
+  done
+  for e in native poly; do ncu_k AttnBwdSm90 "bwd_g256_softcap_$e" bench/ncu_bwd.py --mode softcap --evaluator "$e" $G; done
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = ncu28 ]; then   # Nsight Compute, one warm forward launch per build: pipe use, stalls, SASS-level samples

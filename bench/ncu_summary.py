@@ -53,7 +53,7 @@ def raw_metrics(folder: str, name: str) -> dict:
     return {k: float(vals[m].replace(",", "")) for k, m in METRICS.items()}
 
 
-def loop_samples(folder: str, name: str) -> dict:
+def loop_samples(folder: str, name: str, fwd: bool = True) -> dict:
     rows = _rows(_find(folder, f"{name}_sass"))
     hdr, data = rows[1], rows[2:]
     ix = {h: i for i, h in enumerate(hdr)}
@@ -65,7 +65,8 @@ def loop_samples(folder: str, name: str) -> dict:
     for r in loop:
         src = r[1].strip()
         op = re.sub(r"^@!?U?P\w+\s+", "", src).split()[0] if src else "?"
-        cat = ("wait S (DEPBAR 0x1)" if "DEPBAR" in src and src.endswith("0x1") else
+        cat = (f"wgmma wait (DEPBAR {src.split()[-1]})" if "DEPBAR" in src and not fwd else
+               "wait S (DEPBAR 0x1)" if "DEPBAR" in src and src.endswith("0x1") else
                "wait PV (DEPBAR 0x0)" if "DEPBAR" in src else
                "mbarrier wait" if op == "BRA" else "HGMMA issue" if op.startswith("HGMMA") else
                "MUFU" if op.startswith("MUFU") else "rest of the stage")
@@ -80,26 +81,33 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folder")
     p.add_argument("--json")
+    p.add_argument("--builds", help="comma-separated build names (default: ncu28's five forward builds); "
+                                    "a name starting with bwd_ is a backward build")
+    p.add_argument("--note", help="the source/shape paragraph of the Markdown (default: ncu28's)")
     args = p.parse_args(argv)
+    builds = args.builds.split(",") if args.builds else BUILDS
     rows = []
-    for name in BUILDS:
+    for name in builds:
         row = {"build": name, **raw_metrics(args.folder, name)}
-        row["cycles_per_key_block"] = row["cycles"] / (16896 / 132)   # causal anchor: 16,896 blocks on 132 SMs
-        row.update({f"loop: {k}": v for k, v in loop_samples(args.folder, name).items()})
+        if not args.builds:
+            row["cycles_per_key_block"] = row["cycles"] / (16896 / 132)   # causal anchor: 16,896 blocks on 132 SMs
+        row.update({f"loop: {k}": v for k, v in loop_samples(args.folder, name, not name.startswith("bwd_")).items()})
         rows.append(row)
-    cols = ["build", "cycles", "cycles_per_key_block"] + list(METRICS)[1:]
+    cols = ["build", "cycles"] + (["cycles_per_key_block"] if not args.builds else []) + list(METRICS)[1:]
     table = protocol.markdown_table(rows, cols)
     cats = sorted({k for r in rows for k in r if k.startswith("loop: ")})
     table2 = protocol.markdown_table(rows, ["build"] + cats)
     print(table + "\n\n" + table2)
     if args.json:
         payload = {"source": args.folder, "generated_by": "bench/ncu_summary.py", "rows": rows}
-        md = (f"# Nsight Compute: one warm forward launch per build (H200, ncu --set full)\n\n"
-              f"{protocol.doc_body(__doc__)}\nSource: `{args.folder}` (bench/h200_round.sh ncu28; ncu locks the "
-              f"SM clock, 1.32 GHz here, so cycles, not times, compare). Shape: B=1 S=4096 H 32/8 D=128 "
-              f"causal BF16, softcap 50, default builds (softcap_native_pp: pingpong=1).\n\n"
+        note = args.note or (f"Source: `{args.folder}` (bench/h200_round.sh ncu28; ncu locks the "
+                             f"SM clock, 1.32 GHz here, so cycles, not times, compare). Shape: B=1 S=4096 H 32/8 D=128 "
+                             f"causal BF16, softcap 50, default builds (softcap_native_pp: pingpong=1).")
+        md = (f"# Nsight Compute: one warm launch per build (H200, ncu --set full)\n\n"
+              f"{protocol.doc_body(__doc__)}\n{note}\n\n"
               f"{table}\n\nConsumer-warp stall samples in the mask-free key-block loop (shares of the loop's "
-              f"samples; `loop_share_of_samples` is the loop's share of all samples, producer warp included):\n\n"
+              f"samples; `loop_share_of_samples` is the loop's share of all samples, producer warp included; "
+              f"for a backward build the loop is its most executed lines, its waits named by the DEPBAR argument):\n\n"
               f"{table2}\n")
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=1)
