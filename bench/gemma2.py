@@ -135,8 +135,18 @@ def attended_pairs(s, local):
     return sum(min(i + 1, w) for i in range(s)) if s <= 65536 else s * w
 
 
+def _timed(fns, timing, with_clocks: bool):
+    """protocol.time_alternating, plus per-row SM clock / power (bench/clocks.py) with --clocks."""
+    if not with_clocks:
+        return protocol.time_alternating(fns, timing), {}
+    import clocks
+    with clocks.Sampler() as sampler:
+        times = protocol.time_alternating(fns, timing)
+    return times, clocks.per_name(sampler.samples(), protocol.last_segments())
+
+
 def run(args):
-    timing = protocol.Timing(args.warmup, args.rounds, args.iters)
+    timing = protocol.Timing(args.warmup, args.rounds, args.iters, args.order)
     result = {**protocol.header(timing), "shape": vars(args).copy(), "layers": {}}
     for layer in ("global", "local"):
         local = layer == "local"
@@ -149,14 +159,20 @@ def run(args):
             except Exception as e:  # noqa: BLE001 - a path that cannot run is reported, not fatal
                 skipped[name] = f"{type(e).__name__}: {str(e)[:300]}"
                 print(f"skip {layer} {name}: {skipped[name]}")
-        fwd = protocol.time_alternating(fwd_fns, timing)
-        step = protocol.time_alternating(step_fns, timing)
+        fwd, fwd_clk = _timed(fwd_fns, timing, args.clocks)
+        step, step_clk = _timed(step_fns, timing, args.clocks)
         f = 4 * args.batch * args.hq * args.headdim * attended_pairs(args.seqlen, local)
         table = [{"impl": n, "fwd_ms": fwd[n], "fwd_bwd_ms": step.get(n), "fwd_tflops": f / fwd[n] / 1e9,
                   "fwd_bwd_tflops": 3.5 * f / step[n] / 1e9 if n in step else None} for n in fwd_fns]
+        for r in table:   # --clocks: mean SM clock / power over the samples inside the row's segments
+            for pre, clk in (("fwd", fwd_clk), ("fwd_bwd", step_clk)):
+                if r["impl"] in clk:
+                    r[f"{pre}_sm_mhz"] = clk[r["impl"]]["sm_mhz"]
+                    r[f"{pre}_power_w"] = clk[r["impl"]]["power_w"]
         result["layers"][layer] = {"rows": table, "skipped": skipped, "window_size": list(_window(local))}
         print(f"\n{layer} layer (window {_window(local)}):")
-        print(protocol.markdown_table(table, ["impl", "fwd_ms", "fwd_bwd_ms", "fwd_tflops", "fwd_bwd_tflops"]))
+        extra = ["fwd_sm_mhz", "fwd_power_w", "fwd_bwd_sm_mhz", "fwd_bwd_power_w"] if args.clocks else []
+        print(protocol.markdown_table(table, ["impl", "fwd_ms", "fwd_bwd_ms", "fwd_tflops", "fwd_bwd_tflops"] + extra))
     return result
 
 
@@ -172,6 +188,10 @@ def main(argv=None):
                    help="extra ours/poly rows with these programs, e.g. softcap_c50_f16")
     p.add_argument("--impls", type=lambda s: [x for x in s.split(",") if x], default=None,
                    help="rows of these implementations only: ours, fa4, eager, sdpa (default: all)")
+    p.add_argument("--order", default="alternate", choices=sorted(protocol.ORDERS),
+                   help="row order per round (bench/protocol.py): the seed's alternation or a seeded shuffle")
+    p.add_argument("--clocks", action="store_true",
+                   help="SM clock / power per row from nvidia-smi samples inside its timed segments (bench/clocks.py)")
     p.add_argument("--json", help="write results here")
     args = p.parse_args(argv)
     res = run(args)

@@ -38,6 +38,7 @@
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
 #   bash bench/h200_round.sh ncu47   # Nsight Compute, final defaults: forward (anchor; Gemma-2 D = 256) and backward, pipe use + stall samples
+#   bash bench/h200_round.sh clk48   # Gemma-2 D = 256 / 128, ours native vs poly, shuffled, with SM clock and power per row
 #   bash bench/h200_round.sh all46   # every GPU test file (persistent, knobs and PTX blocks included) under the final defaults
 #   bash bench/h200_round.sh e2f45   # exp2 on the FMA pipe for 1-4 of 8 column groups (exp2_fma), softcap D = 128, side by side
 #   bash bench/h200_round.sh rest44  # non-softcap forward / API / window GPU tests and the D = 256 sigmoid backward ones
@@ -515,6 +516,13 @@ elif [ "$phase" = fence29 ]; then   # the PV wait below the whole stage (stage_f
   t fence_d256 200 python3 bench/fwd_tuning.py --modes softcap:native,softcap:poly --order shuffle --rounds 9 --iters 30 \
       --knob stage_fence=interior --knob pingpong=1+stage_fence=interior \
       --json "$OUT/fwd_stage_fence_d256.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = clk48 ]; then   # Gemma-2 ours native vs poly with SM clock / power per row (is poly's D = 256 loss clock?)
+  t g256_clk 280 python3 bench/gemma2.py --impls ours --clocks --order shuffle --rounds 9 --iters 40 \
+      --json "$OUT/gemma2_d256_clocks.json"; tarup
+  t g128_clk 200 python3 bench/gemma2.py --impls ours --clocks --order shuffle --rounds 9 --iters 40 --headdim 128 \
+      --json "$OUT/gemma2_d128_clocks.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = all46 ]; then   # every GPU test file under the final defaults, in parallel processes

@@ -53,7 +53,17 @@ def raw_metrics(folder: str, name: str) -> dict:
     return {k: float(vals[m].replace(",", "")) for k, m in METRICS.items()}
 
 
-def loop_samples(folder: str, name: str, fwd: bool = True) -> dict:
+def stall_shares(folder: str, name: str) -> dict:
+    """Every warp's stall samples (producer and writer warps included) by ncu's reason, as shares."""
+    rows = _rows(_find(folder, f"{name}_raw"))
+    pre = "smsp__pcsamp_warps_issue_stalled_"
+    got = {h[len(pre):]: float(v.replace(",", "") or 0) for h, v in zip(rows[0], rows[2])
+           if h.startswith(pre) and not h.endswith("_not_issued")}
+    total = sum(got.values()) or 1.0
+    return {k: v / total for k, v in got.items()}
+
+
+def loop_samples(folder: str, name: str) -> dict:
     rows = _rows(_find(folder, f"{name}_sass"))
     hdr, data = rows[1], rows[2:]
     ix = {h: i for i, h in enumerate(hdr)}
@@ -65,8 +75,7 @@ def loop_samples(folder: str, name: str, fwd: bool = True) -> dict:
     for r in loop:
         src = r[1].strip()
         op = re.sub(r"^@!?U?P\w+\s+", "", src).split()[0] if src else "?"
-        cat = (f"wgmma wait (DEPBAR {src.split()[-1]})" if "DEPBAR" in src and not fwd else
-               "wait S (DEPBAR 0x1)" if "DEPBAR" in src and src.endswith("0x1") else
+        cat = ("wait S (DEPBAR 0x1)" if "DEPBAR" in src and src.endswith("0x1") else
                "wait PV (DEPBAR 0x0)" if "DEPBAR" in src else
                "mbarrier wait" if op == "BRA" else "HGMMA issue" if op.startswith("HGMMA") else
                "MUFU" if op.startswith("MUFU") else "rest of the stage")
@@ -91,13 +100,18 @@ def main(argv=None) -> int:
         row = {"build": name, **raw_metrics(args.folder, name)}
         if not args.builds:
             row["cycles_per_key_block"] = row["cycles"] / (16896 / 132)   # causal anchor: 16,896 blocks on 132 SMs
-        row.update({f"loop: {k}": v for k, v in loop_samples(args.folder, name, not name.startswith("bwd_")).items()})
+        if not name.startswith("bwd_"):   # a backward's most executed lines are not one loop: no loop split
+            row.update({f"loop: {k}": v for k, v in loop_samples(args.folder, name).items()})
+        if args.builds:
+            row.update({f"stall: {k}": v for k, v in stall_shares(args.folder, name).items()})
         rows.append(row)
     cols = ["build", "cycles"] + (["cycles_per_key_block"] if not args.builds else []) + list(METRICS)[1:]
     table = protocol.markdown_table(rows, cols)
     cats = sorted({k for r in rows for k in r if k.startswith("loop: ")})
-    table2 = protocol.markdown_table(rows, ["build"] + cats)
-    print(table + "\n\n" + table2)
+    table2 = protocol.markdown_table([r for r in rows if not r["build"].startswith("bwd_")], ["build"] + cats)
+    stalls = sorted({k for r in rows for k, v in r.items() if k.startswith("stall: ") and v >= 0.04})
+    table3 = protocol.markdown_table(rows, ["build"] + stalls) if stalls else ""
+    print(table + "\n\n" + table2 + ("\n\n" + table3 if table3 else ""))
     if args.json:
         payload = {"source": args.folder, "generated_by": "bench/ncu_summary.py", "rows": rows}
         note = args.note or (f"Source: `{args.folder}` (bench/h200_round.sh ncu28; ncu locks the "
@@ -107,8 +121,9 @@ def main(argv=None) -> int:
               f"{protocol.doc_body(__doc__)}\n{note}\n\n"
               f"{table}\n\nConsumer-warp stall samples in the mask-free key-block loop (shares of the loop's "
               f"samples; `loop_share_of_samples` is the loop's share of all samples, producer warp included; "
-              f"for a backward build the loop is its most executed lines, its waits named by the DEPBAR argument):\n\n"
-              f"{table2}\n")
+              f"forward builds only):\n\n{table2}\n"
+              + (f"\nAll warps' stall samples by ncu's reason (shares; reasons with >= 4% in some build):\n\n{table3}\n"
+                 if table3 else ""))
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=1)
         with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
