@@ -38,6 +38,7 @@
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
 #   bash bench/h200_round.sh ncu47   # Nsight Compute, final defaults: forward (anchor; Gemma-2 D = 256) and backward, pipe use + stall samples
+#   bash bench/h200_round.sh e2f49   # exp2_fma=1 / 2 for softcap native and poly at D = 128 again (21 shuffled rounds, twice)
 #   bash bench/h200_round.sh clk48   # Gemma-2 D = 256 / 128, ours native vs poly, shuffled, with SM clock and power per row
 #   bash bench/h200_round.sh all46   # every GPU test file (persistent, knobs and PTX blocks included) under the final defaults
 #   bash bench/h200_round.sh e2f45   # exp2 on the FMA pipe for 1-4 of 8 column groups (exp2_fma), softcap D = 128, side by side
@@ -516,6 +517,14 @@ elif [ "$phase" = fence29 ]; then   # the PV wait below the whole stage (stage_f
   t fence_d256 200 python3 bench/fwd_tuning.py --modes softcap:native,softcap:poly --order shuffle --rounds 9 --iters 30 \
       --knob stage_fence=interior --knob pingpong=1+stage_fence=interior \
       --json "$OUT/fwd_stage_fence_d256.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = e2f49 ]; then   # repeat of e2f45's native exp2_fma rows (0.975x once), 21 shuffled rounds, twice
+  for i in 1 2; do
+    t "e2f_native_$i" 240 python3 bench/fwd_tuning.py --headdim 128 --seqlen 4096 --hq 32 --hkv 8 \
+        --modes softcap:native,softcap:poly --order shuffle --rounds 21 --iters 30 \
+        --knob exp2_fma=1 --knob exp2_fma=2 --json "$OUT/fwd_exp2_fma_native_$i.json"; tarup
+  done
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = clk48 ]; then   # Gemma-2 ours native vs poly with SM clock / power per row (is poly's D = 256 loss clock?)
