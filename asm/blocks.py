@@ -22,6 +22,7 @@ SIGMOID_ATTN_F16 = "sigmoid_attn_n4096_f16"   # f16x2 D4 variant (accuracy; not 
 # B2: the residual rho(u) = u - tanh(u) that runtime.softcap_logit combines as
 # fma.rn.f32(-c, rho, xc); "_grad" is the differentiated D3 (dtanh/du = 1 - rho').
 SOFTCAP = "softcap_c50"
+EXP2 = "exp2_f32_d3"               # FP32 2^a (fit/exp2.py): the softcap stage's exp2 offload
 F16_FUNCTIONS = ("sigmoid", "tanh", "silu", "gelu")
 F16_DEGREES = (3, 4, 5, 6)
 F16_DEFAULT_DEGREE = 4               # the seed's standalone sweep uses D4 derivative programs
@@ -272,6 +273,29 @@ def f16_block(fn: str, direction: str, degree: int):
     return name, build
 
 
+def exp2_f32(name: str, prog_name: str):
+    """2^a in FP32 (form exp2_f32, fit/exp2.py): t = a + 1.5*2^23, j = t - 1.5*2^23, f = a - j,
+    p = Horner of the coefficients by fma.rn.f32, then j << 23 added to p's bits by one
+    mad.lo.s32 on t's bits.  In one FP32 score, out the FP32 result's bits."""
+    def build(table):
+        prog = program(table, prog_name)
+        if prog["form"] != "exp2_f32":
+            raise ValueError(f"{prog_name}: form {prog['form']!r} is not exp2_f32")
+        imm = lambda bits: "0f" + bits[2:].upper()          # coeffs_bits "0x3f7ffb49" -> 0f3F7FFB49
+        magic = "0f4B400000"                                  # 1.5 * 2^23
+        c = [imm(x) for x in prog["coeffs_bits"]]
+        (a,) = inputs(1, 1)
+        b = g.Builder("f16x2")                                # registers only; no packed op emitted
+        t = b.emit("add.rn.f32", a, magic)
+        j = b.emit("sub.rn.f32", t, magic)
+        f = b.emit("sub.rn.f32", a, j)
+        p = b.emit("fma.rn.f32", f, c[-1], c[-2])
+        for k in range(len(c) - 3, -1, -1):
+            p = b.emit("fma.rn.f32", p, f, c[k])
+        return finish(name, b, ("f32",), [b.emit("mad.lo.s32", t, "8388608", p)], [prog_name])
+    return build
+
+
 BUILDERS = {
     "sigmoid_fwd": sigmoid_attn("sigmoid_fwd", SIGMOID_ATTN, with_grad=False),
     "sigmoid_fwd_bwd": sigmoid_attn("sigmoid_fwd_bwd", SIGMOID_ATTN, with_grad=True),
@@ -291,6 +315,7 @@ BUILDERS = {
     "softcap_fwd_f16x2_tail": unary("softcap_fwd_f16x2_tail", SOFTCAP + "_f16_tail", "f16x2", in_f32=True),
     "softcap_bwd_f16x2_tail": unary("softcap_bwd_f16x2_tail", SOFTCAP + "_f16_tail_grad", "f16x2", in_f32=True),
     "sigmoid_bf16x2": unary("sigmoid_bf16x2", SIGMOID_D3, "bf16x2", in_f32=False),
+    "exp2_f32": exp2_f32("exp2_f32", EXP2),
     "silu_fwd_bf16x2": silu_fwd,
     "silu_bwd_bf16x2": silu_bwd,
     "swiglu_fwd_bf16x2": swiglu_fwd,

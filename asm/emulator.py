@@ -269,8 +269,33 @@ def _set(m, opcode, mods, ops):
     m.write(ops[0], fb.pack(*halves))
 
 
+def _arith_f32(m, opcode, mods, ops):
+    """fma/mul/add/sub.rn.f32 (no .ftz: subnormals kept), one rounding; immediates allowed."""
+    if mods != ["rn", "f32"]:
+        raise UnsupportedOp(f"unsupported PTX op {opcode!r}")
+    name = opcode.split(".")[0]
+    srcs = [fb.f32_bits_to_f64(w) for w in _srcs(m, ops, 3 if name == "fma" else 2, True, opcode)]
+    with np.errstate(invalid="ignore", over="ignore"):
+        if name == "fma":
+            val = fb.fma_exact(*srcs, fb.F32)            # 24 x 24 bits: the product is exact in f64
+        elif name == "mul":
+            val = fb.round_to_format(srcs[0] * srcs[1], 0.0, fb.F32)
+        else:
+            val = fb.round_to_format(*fb.two_sum(srcs[0], srcs[1] if name == "add" else -srcs[1]), fb.F32)
+    m.write(ops[0], val.astype(np.float32).view(np.uint32))
+
+
+def _mad(m, opcode, mods, ops):
+    """mad.lo.{s32,u32}: the low 32 bits of a * b + c."""
+    _need(opcode, mods, ("lo", "s32"), ("lo", "u32"))
+    a, b, c = (x.astype(np.uint64) for x in _srcs(m, ops, 3, True, opcode))
+    m.write(ops[0], ((a * b + c) & 0xFFFFFFFF).astype(np.uint32))
+
+
 def _arith(m, opcode, mods, ops):
     """fma/mul/add/sub on packed 16-bit floats, one rounding (.rn is the default)."""
+    if mods and mods[-1] == "f32":
+        return _arith_f32(m, opcode, mods, ops)
     fmt = _packed_fmt(opcode, mods)
     if mods[:-1] not in ([], ["rn"]):
         raise UnsupportedOp(f"unsupported PTX op {opcode!r}")     # .ftz/.sat/.relu
@@ -293,7 +318,7 @@ _HANDLERS = {
     "mov": _mov, "and": _bitwise, "or": _bitwise, "xor": _bitwise, "not": _bitwise,
     "shl": _shift, "shr": _shift, "lop3": _lop3, "prmt": _prmt, "cvt": _cvt,
     "min": _minmax, "max": _minmax, "set": _set,
-    "fma": _arith, "mul": _arith, "add": _arith, "sub": _arith,
+    "fma": _arith, "mul": _arith, "add": _arith, "sub": _arith, "mad": _mad,
 }
 
 

@@ -28,6 +28,7 @@ class Fmt:
 
 BF16 = Fmt("bf16", 8, -126, 127)
 F16 = Fmt("f16", 11, -14, 15)
+F32 = Fmt("f32", 24, -126, 127)   # scalar FP32 ops (the exp2_f32 block)
 FMTS = {"bf16x2": BF16, "f16x2": F16, "bf16": BF16, "f16": F16}
 M32 = np.uint32(0xFFFFFFFF)
 

@@ -28,11 +28,27 @@ def lane_inputs(n_inputs: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(patterns(2 * i), patterns(2 * i + 1)) for i in range(n_inputs)]
 
 
+def is_scalar_f32(block: B.PtxBlock) -> bool:
+    """One FP32 operand in, one FP32 result's bits out (exp2_f32): no 16-bit lanes."""
+    return block.in_types == ("f32",)
+
+
+def scalar_f32_inputs() -> np.ndarray:
+    """N FP32 arguments of a scalar block: every half-integer in [-125, 127) (the rounding
+    ties of exp2_f32's j), then a uniform grid of the rest of its valid range [-125, 127]."""
+    halves = np.arange(-125, 127) + 0.5
+    grid = np.linspace(-125.0, 127.0, N - halves.size)
+    return np.concatenate([halves, grid]).astype(np.float32)
+
+
 def block_inputs(block: B.PtxBlock, dtype: str) -> list[np.ndarray]:
     """Emulator/kernel operands: packed uint32 words, or float32 arrays for f32 inputs.
 
     An f32 input is the exact value of the 16-bit pattern (cvt.rn is then the identity), so
-    lane k of input i carries pattern lane_inputs(...)[i][k]."""
+    lane k of input i carries pattern lane_inputs(...)[i][k].  A scalar FP32 block takes
+    scalar_f32_inputs()."""
+    if is_scalar_f32(block):
+        return [scalar_f32_inputs()]
     ins = lane_inputs(len(block.in_types) if block.in_types[0] == "b32" else 1)
     if block.in_types[0] == "f32":
         lo, hi = ins[0]
@@ -81,7 +97,13 @@ def expected_words(block: B.PtxBlock, table: dict) -> tuple[list[np.ndarray], np
 
     f32-input blocks: lanes whose input is NaN are excluded, because cvt.rn makes every NaN
     the canonical positive 0x7fff while runtime.replay keeps the NaN's sign bit (kernels
-    never pass NaN scores: softcap clamps first)."""
+    never pass NaN scores: softcap clamps first).  A scalar FP32 block's word is its FP32
+    result (fit/exp2.replay for exp2_f32)."""
+    if is_scalar_f32(block):
+        from flash_attn_poly.fit import exp2
+        (prog,) = [B.program(table, p) for p in block.programs]
+        val = exp2.replay(prog, scalar_f32_inputs().astype(np.float64))
+        return [val.astype(np.float32).view(np.uint32)], np.ones(N, bool)
     dtype = block_dtype(block)
     ins = lane_inputs(len(block.in_types) if block.in_types[0] == "b32" else 1)
     lanes_out = []

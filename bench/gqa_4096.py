@@ -46,6 +46,9 @@ BF16_PROGRAMS = {"softcap": "softcap_c50", "sigmoid": "sigmoid_attn_n4096"}
 # the two-region FP16 softcap (residual D5 below |x/c| = 1, 1 - tanh above; the default program for
 # part of 2026-11-30, more accurate at saturating spreads, slower backward: score_stages.DEFAULT_PROGRAM)
 TWO_REGION_PROGRAM = "softcap_c50_f16_tail"
+# the exp2 offload (fit/exp2.py): every tanh on MUFU, P = 2^a by an FP32 polynomial for 1/8 of the
+# columns under the constant row max (score_stages.offloads_exp2)
+EXP2_PROGRAM = "exp2_f32_d3"
 
 
 def ours(mode: str, evaluator: str, program: str = "") -> Row:
@@ -133,6 +136,7 @@ def all_rows(bf16: bool = True) -> list[Row]:
     if bf16:
         rows += [ours(m, "poly", p) for m, p in BF16_PROGRAMS.items()]
         rows.append(ours("softcap", "poly", TWO_REGION_PROGRAM))
+        rows.append(ours("softcap", "poly", EXP2_PROGRAM))
     rows += [r for r in (fa4("softmax"), fa4("softcap"), fa4_poly_softcap()) if r is not None]
     rows += [sdpa_cudnn(), flex_softcap(), compiled_sigmoid()]
     return rows
@@ -284,7 +288,12 @@ def ratio_pairs() -> dict:
              "softcap poly two-region program vs FA4 softcap": (("fa4", "softcap", "native", ""),
                                                               ("ours", "softcap", "poly", TWO_REGION_PROGRAM)),
              "softcap poly two-region program vs default": (("ours", "softcap", "poly", ""),
-                                                          ("ours", "softcap", "poly", TWO_REGION_PROGRAM))}
+                                                          ("ours", "softcap", "poly", TWO_REGION_PROGRAM)),
+             **{f"softcap poly exp2 program vs {name}": (base, ("ours", "softcap", "poly", EXP2_PROGRAM))
+                for name, base in (("ours native", ("ours", "softcap", "native", "")),
+                                   ("FA4 softcap", ("fa4", "softcap", "native", "")),
+                                   ("ours softmax", ("ours", "softmax", "native", "")),
+                                   ("default (odd_u2)", ("ours", "softcap", "poly", "")))}}
 
 
 def ratios(rows: list[dict]) -> dict:
@@ -406,6 +415,7 @@ def main(argv=None):
     p.add_argument("--pairs", action="store_true",
                    help="time only the goal pairs, each pair alone (GOAL_PAIRS; PAIR_NOTE says how)")
     p.add_argument("--pair-repeats", type=int, default=3)
+    p.add_argument("--pair-names", help="with --pairs: these ratio_pairs() names, comma-separated, instead of GOAL_PAIRS")
     p.add_argument("--settle-ms", type=float, default=0.0,
                    help="idle the GPU this long before every timed segment (protocol.Timing.settle_ms)")
     p.add_argument("--impls", help="comma-separated impls to keep, e.g. ours,fa4 (default: every row)")
@@ -437,7 +447,7 @@ def main(argv=None):
         timing = protocol.Timing(args.warmup, args.rounds, args.iters, settle_ms=args.settle_ms)
         shape = _shape(args)
         res = {**protocol.header(timing), "shape": shape, "pair_protocol": PAIR_NOTE,
-               "pairs": run_pairs(args, list(GOAL_PAIRS), timing)}
+               "pairs": run_pairs(args, args.pair_names.split(",") if args.pair_names else list(GOAL_PAIRS), timing)}
         md = (f"# Attention benchmark, goal pairs: {shape}\n\ndevice {res['device']}, {res['date']}, "
               f"commit {res['commit']}, torch {res['torch']}\n\nProtocol: {res['protocol']}.\n"
               + pairs_markdown(res["pairs"]))

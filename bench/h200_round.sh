@@ -38,6 +38,8 @@
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
 #   bash bench/h200_round.sh ncu47   # Nsight Compute, final defaults: forward (anchor; Gemma-2 D = 256) and backward, pipe use + stall samples
+#   bash bench/h200_round.sh x50     # the exp2 offload (program exp2_f32_d3): its GPU tests, its goal pairs timed alone
+#   bash bench/h200_round.sh x51     # the exp2 offload: accuracy (softcap rows), Gemma-2 D = 128 / 256 with its rows
 #   bash bench/h200_round.sh e2f49   # exp2_fma=1 / 2 for softcap native and poly at D = 128 again (21 shuffled rounds, twice)
 #   bash bench/h200_round.sh clk48   # Gemma-2 D = 256 / 128, ours native vs poly, shuffled, with SM clock and power per row
 #   bash bench/h200_round.sh all46   # every GPU test file (persistent, knobs and PTX blocks included) under the final defaults
@@ -517,6 +519,22 @@ elif [ "$phase" = fence29 ]; then   # the PV wait below the whole stage (stage_f
   t fence_d256 200 python3 bench/fwd_tuning.py --modes softcap:native,softcap:poly --order shuffle --rounds 9 --iters 30 \
       --knob stage_fence=interior --knob pingpong=1+stage_fence=interior \
       --json "$OUT/fwd_stage_fence_d256.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = x50 ]; then   # the exp2 offload (program exp2_f32_d3): its GPU tests, then its pairs timed alone
+  pt api_x tests/test_api_gpu.py -k "exp2" &
+  pt asm_x tests/test_asm_gpu.py -k "exp2" &
+  wait; tarup
+  t pairs_x 330 python3 bench/gqa_4096.py --pairs --pair-repeats 3 --pair-names "softcap poly exp2 program vs ours native,softcap poly exp2 program vs default (odd_u2),softcap poly exp2 program vs FA4 softcap,softcap poly exp2 program vs ours softmax,softcap poly vs ours native" \
+      --json "$OUT/gqa_4096_pairs_exp2.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = x51 ]; then   # the exp2 offload: accuracy rows (softcap), Gemma-2 D = 128 / 256 with its rows, shuffled
+  t accuracy 200 python3 bench/accuracy.py --modes softcap --json "$OUT/accuracy_softcap.json"; tarup
+  t g128_x 170 python3 bench/gemma2.py --impls ours --programs exp2_f32_d3 --order shuffle --rounds 9 --iters 30 \
+      --headdim 128 --json "$OUT/gemma2_d128_exp2.json"; tarup
+  t g256_x 200 python3 bench/gemma2.py --impls ours --programs exp2_f32_d3 --order shuffle --rounds 9 --iters 30 \
+      --json "$OUT/gemma2_d256_exp2.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = e2f49 ]; then   # repeat of e2f45's native exp2_fma rows (0.975x once), 21 shuffled rounds, twice

@@ -68,8 +68,9 @@ def _check_tensors(q, k, v) -> None:
                          "no default sigmoid bias -ln S_k)")
 
 
-# table target of each mode's poly programs (flash_attn_poly/data/programs.json)
-PROGRAM_TARGETS = {"softcap": "softcap", "sigmoid": "sigmoid_attn"}
+# table targets of each mode's poly programs (flash_attn_poly/data/programs.json); softcap's
+# "exp2" entries offload the exp2 instead of the tanh (kernels/score_stages.offloads_exp2)
+PROGRAM_TARGETS = {"softcap": ("softcap", "exp2"), "sigmoid": ("sigmoid_attn",)}
 
 
 def _check_program(mode, evaluator, program) -> None:
@@ -84,7 +85,7 @@ def _check_program(mode, evaluator, program) -> None:
     from .asm import blocks
     table = blocks.load_table()
     known = sorted(n for n, e in table["programs"].items()
-                   if e["target"] == PROGRAM_TARGETS[mode] and not e["derivative"])
+                   if e["target"] in PROGRAM_TARGETS[mode] and not e["derivative"])
     if program not in known:
         raise ValueError(f"program {program!r} is not a {mode} program of the coefficient table; known: {known}")
 

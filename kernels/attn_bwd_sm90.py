@@ -942,6 +942,11 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     dout, q, k, v = (t.contiguous() for t in (dout, q, k, v))
     from .score_stages_bwd import bwd_side
     b, s_q, h_q, d = q.shape
+    from .score_stages import offloads_exp2
+    if mode == "softcap" and evaluator == "poly" and offloads_exp2(program):
+        # the exp2 offload's forward takes every logit from MUFU tanh and P = 2^a within 7.5e-5
+        # relative: the native backward recomputes the same logits and P to BF16 P's precision
+        evaluator, program, poly_split = "native", None, None
     if poly_split is None:
         poly_split = default_split(mode, evaluator, d)
     s_k = k.shape[1]

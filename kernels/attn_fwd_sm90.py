@@ -206,6 +206,10 @@ class AttnFwdConfig:
         if (mode == "softcap" and head_dim == 128 and kw.get("fixed_max")
                 and not {"tile_m", "tile_n", "pingpong"} & set(kw)):
             base.update(tile_m=192, tile_n=64, num_stages=4, pingpong=False)
+        # the exp2 offload of an exp2_f32 softcap program (score_stages.offloads_exp2) runs where
+        # the constant row max bounds the exp2 argument; elsewhere every P stays on MUFU
+        if getattr(stage, "exp2_split", ()) and kw.get("fixed_max") and not kw.get("fixed_max_rsum"):
+            base.update(exp2_fma=stages.exp2_groups(stage.exp2_split))
         kw = dict(base, **kw)
         kv_stages = kw.pop("num_stages", 2)   # K/V pipeline depth (a timing knob; 3 fills 224 KB at D = 128)
         tile_n = kw.pop("tile_n", tile_n)   # a timing knob (64 at D = 128: half the stage per block)

@@ -88,29 +88,14 @@ def exp2_approx(x: Float32, *, loc=None, ip=None) -> Float32:
                         "ex2.approx.ftz.f32 $0, $1;", "=f,f"))
 
 
-# 2^f on [-0.5, 0.5], degree 3, c0..c3: relative minimax by Lawson-reweighted FP64 least squares
-# on 2000 Chebyshev nodes, rounded to FP32; the FP32 Horner replay in exp2_fma's order has max
-# relative error 7.5e-5 (2^-13.7, tests/test_attn_fwd_split.py re-checks it), far below BF16 P's 2^-9.
-EXP2_FMA_COEFFS = (0.9999280571937561, 0.6932609677314758, 0.2426111251115799, 0.0551716648042202)
-
-
-def _f32_hex(x: float) -> str:
-    import struct
-    return "0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
-
-
-@dsl_user_op
-def exp2_fma(a: Float32, *, loc=None, ip=None) -> Float32:
-    """2^a without MUFU, for finite a in [-125, 127] (normal results): j = round(a) by the
-    1.5 * 2^23 add, f = a - j in [-0.5, 0.5] exactly, p = 2^f by Horner (EXP2_FMA_COEFFS), then
-    j added to p's exponent field with one integer multiply-add.  Three FADD, three FFMA, one
-    IMAD: FMA-pipe work instead of one MUFU.EX2.  -inf (a masked score) is NOT mapped to 0."""
-    c0, c1, c2, c3 = (_f32_hex(c) for c in EXP2_FMA_COEFFS)
-    text = ("{ .reg .f32 t, j, f, p; .reg .b32 tb, pb;\n"
-            " add.rn.f32 t, $1, 0f4B400000;\n sub.rn.f32 j, t, 0f4B400000;\n sub.rn.f32 f, $1, j;\n"
-            f" fma.rn.f32 p, f, {c3}, {c2};\n fma.rn.f32 p, p, f, {c1};\n fma.rn.f32 p, p, f, {c0};\n"
-            " mov.b32 tb, t;\n mov.b32 pb, p;\n mad.lo.s32 pb, tb, 8388608, pb;\n mov.b32 $0, pb; }")
-    return Float32(_asm(T.f32(), [Float32(a).ir_value(loc=loc, ip=ip)], text, "=f,f"))
+@cute.jit
+def exp2_fma(a: Float32) -> Float32:
+    """2^a without MUFU, for finite a in [-125, 127] (normal results): the asm block exp2_f32
+    (program exp2_f32_d3 of the coefficient table, fit/exp2.py): j = round(a) by the 1.5 * 2^23
+    add, f = a - j, p = 2^f by a degree-3 FFMA Horner, j added to p's exponent field by one
+    integer multiply-add.  Three FADD, three FFMA, one IMAD: FMA-pipe work instead of one
+    MUFU.EX2, relative error 7.5e-5.  -inf (a masked score) is NOT mapped to 0."""
+    return b32_as_f32(Int32(_cute_ops().named("exp2_f32", a)))
 
 
 @dsl_user_op
@@ -575,6 +560,23 @@ def default_poly_split(mode: str, key_block: int = 128) -> tuple:
     return (j, k) if k <= k_max else (max(1, j * k_max // k), k_max)
 
 
+def offloads_exp2(program) -> bool:
+    """Is `program` an exp2_f32 table entry (fit/exp2.py)?  For mode softcap with evaluator
+    "poly" it selects the exp2 offload: tanh on MUFU for every score, P = 2^a on the FMA pipe
+    for a split of the key columns (make_stage, AttnFwdConfig.exp2_fma); the backward then
+    recomputes P with MUFU (attn_bwd): P differs by <= 7.5e-5 relative, below BF16 P's 2^-9."""
+    return bool(program) and _program(program)["form"] == "exp2_f32"
+
+
+def exp2_groups(split: tuple) -> int:
+    """Column groups of every 8 that the exp2 offload takes for split (j, k): 8 j / k."""
+    j, k = _check_split(split)
+    if 8 % k or not 0 < 8 * j // k <= 8:
+        raise ValueError(f"the exp2 offload runs j/k of the key columns in groups of 8 out of 8: "
+                         f"k must divide 8, got split {split}")
+    return 8 * j // k
+
+
 def poly_pair(split: tuple, col_group: int) -> bool:
     """Does key column group `col_group` (= key index // 8) go through the block?"""
     j, k = split
@@ -650,11 +652,19 @@ class SoftcapStage:
     rho_f16: bool = field(default=False, init=False)  # the program's block returns f16x2
     tail_u: float = field(default=0.0, init=False)    # two-region program: FP32 |u| threshold
     u2: bool = field(default=False, init=False)       # odd_u2 program: FMA-pipe clamp (softcap_u2_pair)
+    # exp2 offload (an exp2_f32 program, make_stage): the tanh stays on MUFU for every score and
+    # this split of the key column groups computes P = 2^a by the exp2_f32 block instead of
+    # MUFU.EX2, where the constant row max bounds a (AttnFwdConfig.exp2_fma); () = none
+    exp2_split: tuple = ()
     has_lse = True
     uses_online_softmax = True
 
     def __post_init__(self):
         object.__setattr__(self, "poly_split", _check_split(self.poly_split))
+        if self.exp2_split:
+            exp2_groups(self.exp2_split)                  # a clear error for a split it cannot run
+            if self.evaluator != "native":
+                raise ValueError("the exp2 offload keeps the tanh on MUFU: it is a native-tanh stage")
         if self.evaluator == "poly":
             prog = _program(self.program)
             object.__setattr__(self, "coeff_bits", _bits(prog))
@@ -915,6 +925,8 @@ def make_stage(mode: str, evaluator: str = "native", key_block: int = 128, **kw)
         return SoftmaxStage(evaluator="native")
     if evaluator == "poly" and "poly_split" not in kw:
         kw["poly_split"] = default_poly_split(mode, key_block)
+    if mode == "softcap" and evaluator == "poly" and offloads_exp2(kw.get("program")):
+        return SoftcapStage(evaluator="native", exp2_split=tuple(kw["poly_split"]))
     cls = SoftcapStage if mode == "softcap" else SigmoidStage
     return cls(evaluator=evaluator, **kw)
 

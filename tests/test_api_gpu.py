@@ -22,7 +22,8 @@ CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal)
 MODES = [("softmax", "native", None), ("softcap", "native", None), ("softcap", "poly", None),
          ("sigmoid", "native", None), ("sigmoid", "poly", None),
          ("softcap", "poly", "softcap_c50"), ("sigmoid", "poly", "sigmoid_attn_n4096"),   # the BF16 programs
-         ("softcap", "poly", "softcap_c50_f16")]   # one-region FP16 residual (the default until 2026-11-30)
+         ("softcap", "poly", "softcap_c50_f16"),   # one-region FP16 residual (the default until 2026-11-30)
+         ("softcap", "poly", "exp2_f32_d3")]       # the exp2 offload (tanh on MUFU, 2^a on the FMA pipe)
 
 
 def _inputs(case, seed, mode, dtype=torch.bfloat16):
@@ -45,8 +46,10 @@ def _score_fns(mode, evaluator, s_k, program=None, dtype=torch.bfloat16, d=128):
         return None, None
     from flash_attn_poly.kernels.score_stages import default_key_block, make_stage
     kw = dict({"program": program} if program else {}, key_block=default_key_block(d))
-    return pr.split_fns(mode, make_stage(mode, "poly", **kw), s_k,
-                        io_dtype="f16" if dtype == torch.float16 else "bf16")
+    stage = make_stage(mode, "poly", **kw)
+    if stage.evaluator != "poly":   # the exp2 offload: exact logits, P = 2^a within 7.5e-5 relative
+        return None, None
+    return pr.split_fns(mode, stage, s_k, io_dtype="f16" if dtype == torch.float16 else "bf16")
 
 
 @pytest.mark.parametrize("mode, evaluator, program", MODES)
@@ -115,3 +118,27 @@ def test_head_dim_256_forward_and_backward():
         err = rel_l2_err(got, exp)
         print(f"  d256 {name}: rel L2 vs FP64 reference {err:.2e}")
         assert err < 2e-2, f"d256 {name} rel L2 error {err:.3e}"
+
+
+@pytest.mark.parametrize("d,causal", [(128, True), (128, False), (256, True)])
+def test_softcap_exp2_offload_next_to_native(d, causal):
+    """program="exp2_f32_d3" into a NaN-poisoned output: BF16 inputs within one BF16 step of
+    the native build's output (the offloaded P = 2^a differs by <= 7.5e-5 relative, the logits
+    not at all) and its LSE within 1e-4; FP16 inputs (no constant row max: no offload) bitwise
+    the native build's."""
+    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
+    from flash_attn_poly.testing import poison_
+    case = (1, 777, 777, 8, 2, d, causal)
+    for dtype in (torch.bfloat16, torch.float16):
+        q, k, v = _inputs(case, 11 + d, "softcap", dtype)
+        o_nat, lse_nat = attn_fwd(q, k, v, mode="softcap", evaluator="native", causal=causal, softcap=50.0)
+        out = poison_(torch.empty_like(q))
+        o, lse = attn_fwd(q, k, v, mode="softcap", evaluator="poly", causal=causal, softcap=50.0,
+                          program="exp2_f32_d3", out=out)
+        assert torch.isfinite(o).all()
+        if dtype == torch.float16:
+            assert torch.equal(o, o_nat) and torch.equal(lse, lse_nat)
+            continue
+        step = o_nat.float().abs().clamp_min(2.0 ** -10) * 2.0 ** -7     # one BF16 step of each output
+        assert ((o.float() - o_nat.float()).abs() <= step).all(), (o.float() - o_nat.float()).abs().max()
+        assert (lse - lse_nat).abs().max().item() <= 1e-4

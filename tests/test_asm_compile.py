@@ -40,7 +40,7 @@ def test_block_sass_is_fma_pipe_only(name):
         pytest.skip(str(err))
     counts = sass.count_opcodes(sk.sass_of_selftest(blk))
     assert counts["MUFU"] == 0, counts
-    fam = "HFMA2" if "_f16x2" in name else "HFMA2.BF16"
+    fam = "FFMA" if blk.in_types == ("f32",) else "HFMA2" if "_f16x2" in name else "HFMA2.BF16"
     # every fma.rn becomes one packed HFMA2; ptxas may add HFMA2 moves, never remove FMAs
     assert counts[fam] >= blk.n_fma, counts
     assert counts["STL"] == 0 and counts["LDL"] == 0, counts

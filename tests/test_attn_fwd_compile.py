@@ -666,3 +666,26 @@ def test_tile_m_choices_are_checked():
         A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", 128, True, tile_m=256, tile_n=64, pingpong=False))
     with pytest.raises(ValueError, match="ping-pong"):
         A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", 128, True, tile_m=192, tile_n=64))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim,causal", [(128, True), (128, False), (256, True)])
+def test_softcap_exp2_offload_build(head_dim, causal):
+    """program="exp2_f32_d3" (the exp2 offload, BF16 under the constant row max): the tanh
+    stays on MUFU for every score (native's MUFU.TANH count), the exp2_f32 block replaces
+    MUFU.EX2 in 1/8 of the mask-free blocks' columns (its 3 FFMA + 1 IMAD per score), and
+    the build neither spills nor serialises its wgmma."""
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
+
+    st = S.make_stage("softcap", "poly", key_block=S.default_key_block(head_dim), program="exp2_f32_d3")
+    assert st.evaluator == "native" and st.exp2_split == (1, 8)
+    cfg = A.AttnFwdConfig.default(st, "bf16", head_dim, causal, fixed_max=True)
+    assert cfg.exp2_fma == 1
+    n = _counts("softcap", "poly", head_dim, causal, program="exp2_f32_d3", fixed_max=True)
+    nat = _counts("softcap", "native", head_dim, causal, fixed_max=True)
+    assert n["MUFU.TANH"] == nat["MUFU.TANH"] > 0
+    assert 0 < n["MUFU.EX2"] < nat["MUFU.EX2"], (n["MUFU.EX2"], nat["MUFU.EX2"])
+    assert n["FFMA"] > nat["FFMA"] and n["HGMMA"] == nat["HGMMA"]
+    assert n["STL"] == 0 and n["LDL"] == 0, n
+    log = _ptxas_report(cfg)[0]
+    assert "C7512" not in log and "C7513" not in log, log

@@ -143,25 +143,27 @@ def test_forward_refuses_a_split_longer_than_its_key_block():
         A.AttnFwdSm90(A._config_for_stage(bad, "bf16", 256, True, ()))
 
 
-def test_exp2_fma_replay_error():
-    """score_stages.exp2_fma in its instruction order, replayed in FP32 (FMA: exact product, one
-    rounding): relative error <= 7.6e-5 against 2^a over the fixed-max argument range and the
-    block's limits [-125, 127]; j = round(a) by the 1.5 * 2^23 add, added to p's exponent bits."""
+def test_exp2_fma_block_replay_error():
+    """The exp2_f32 block that score_stages.exp2_fma inlines, run by the PTX emulator: bit-exact
+    with fit/exp2.replay (the program's FP32 order) and within 7.6e-5 relative of 2^a over the
+    fixed-max argument range and the block's limits [-125, 127] (half-integers included: the
+    round-to-nearest of the 1.5 * 2^23 add)."""
     import numpy as np
-    S = _stages()
-    c0, c1, c2, c3 = (np.float32(c) for c in S.EXP2_FMA_COEFFS)
+    from flash_attn_poly.asm import blocks as B, emulator as E
+    from flash_attn_poly.fit import exp2 as X
     a = np.concatenate([np.linspace(-125, 127, 400001), np.arange(-125, 128) + 0.5]).astype(np.float32)
-    m = np.float32(12582912.0)
-    t = (a + m).astype(np.float32)
-    j = (t - m).astype(np.float32)
-    f = (a - j).astype(np.float32)
-    assert np.abs(f).max() <= 0.5
-    fma = lambda x, y, z: (x.astype(np.float64) * y + z).astype(np.float32)
-    p = fma(fma(fma(f, c3, np.float64(c2)), f, np.float64(c1)), f, np.float64(c0))
-    bits = (t.view(np.uint32).astype(np.uint64) * (1 << 23) + p.view(np.uint32)) % (1 << 32)
-    got = bits.astype(np.uint32).view(np.float32).astype(np.float64)
+    (bits,) = E.run_block(B.get_block("exp2_f32"), a)
+    got = bits.view(np.float32).astype(np.float64)
+    assert np.array_equal(got, X.replay(B.program(B.load_table(), X.NAME), a.astype(np.float64)))
     rel = np.abs(got / np.exp2(a.astype(np.float64)) - 1)
     assert rel.max() <= 7.6e-5, rel.max()
+
+
+def test_exp2_program_fit_reproduces_the_table():
+    """`python -m flash_attn_poly.fit exp2` rebuilds the committed entry bit for bit."""
+    from flash_attn_poly.asm import blocks as B
+    from flash_attn_poly.fit import exp2 as X
+    assert X.make()["coeffs_bits"] == B.program(B.load_table(), X.NAME)["coeffs_bits"]
 
 
 def test_exp2_fma_config_checks():

@@ -142,11 +142,27 @@ def test_deterministic_reaches_the_backward_op(monkeypatch):
     (dict(mode="sigmoid", program="softcap_c50_f16"), ValueError, "not a sigmoid program"),
     (dict(mode="softcap", softcap=50.0, program="softcap_c50_nope"), ValueError, "not a softcap program"),
     (dict(mode="softcap", softcap=50.0, program=3), TypeError, "program must be a str"),
+    (dict(mode="sigmoid", program="exp2_f32_d3"), ValueError, "not a sigmoid program"),
 ])
 def test_rejects_bad_programs(kw, err, match):
     q, k, v = _qkv()
     with pytest.raises(err, match=match):
         fi.attention(q, k, v, backend="reference", **kw)
+
+
+def test_softcap_takes_the_exp2_program():
+    """program="exp2_f32_d3" is a softcap program (the exp2 offload), poly evaluator only; its
+    stage keeps the tanh on MUFU (a native-tanh stage) and offloads 1/8 of the exp2s."""
+    from flash_attn_poly.kernels import score_stages as S
+    q, k, v = _qkv()
+    fi.attention(q, k, v, "softcap", softcap=50.0, backend="reference", program="exp2_f32_d3")
+    with pytest.raises(ValueError, match="needs evaluator='poly'"):
+        fi.attention(q, k, v, "softcap", softcap=50.0, evaluator="native", backend="reference", program="exp2_f32_d3")
+    st = S.make_stage("softcap", "poly", key_block=64, program="exp2_f32_d3")
+    assert (st.evaluator, st.exp2_split) == ("native", (1, 8)) and S.offloads_exp2("exp2_f32_d3")
+    assert not S.offloads_exp2(None) and not S.offloads_exp2("softcap_c50_f16_odd")
+    with pytest.raises(ValueError, match="k must divide 8"):
+        S.make_stage("softcap", "poly", program="exp2_f32_d3", poly_split=(1, 16))
 
 
 def test_program_reaches_both_ops(monkeypatch):

@@ -1,4 +1,4 @@
-"""CLI: python -m flash_attn_poly.fit search|write|table|sweep|attn-metric|identities|softcap-tail|softcap-odd"""
+"""CLI: python -m flash_attn_poly.fit search|write|table|sweep|attn-metric|identities|softcap-tail|softcap-odd|exp2"""
 from __future__ import annotations
 
 import argparse
@@ -48,6 +48,8 @@ def main(argv=None):
     so.add_argument("--L", type=float, default=None)
     so.add_argument("--floor", type=float, default=None)
     so.add_argument("--write", action="store_true", help="add/replace the entry in programs.json")
+    e2 = sub.add_parser("exp2", help="FP32 2^a for the softcap stage's exp2 offload (fit/exp2.py): exp2_f32_d3")
+    e2.add_argument("--write", action="store_true", help="add/replace the entry in programs.json")
     idn = sub.add_parser("identities", help="identity backward rules vs direct/differentiated programs")
     idn.add_argument("--json", default=None, help="write rows here (and PATH.md)")
     a = ap.parse_args(argv)
@@ -73,6 +75,11 @@ def main(argv=None):
         p = softcap_odd.search(fixed, progress=True)
         p["fit"]["command"] = cmd
         _emit({"softcap_c50_f16_odd": p}, a.write, P)
+    elif a.cmd == "exp2":
+        from . import exp2
+        p = exp2.make()
+        p["fit"]["command"] = cmd
+        _emit({exp2.NAME: p}, a.write, P)
     elif a.cmd == "search":
         _emit(_search(a, cmd, P), a.write, P)
     elif a.cmd == "table":
