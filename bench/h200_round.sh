@@ -530,7 +530,9 @@ elif [ "$phase" = x50 ]; then   # the exp2 offload (program exp2_f32_d3): its GP
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = x51 ]; then   # the exp2 offload: accuracy rows (softcap), Gemma-2 D = 128 / 256 with its rows, shuffled
-  t accuracy 200 python3 bench/accuracy.py --modes softcap --json "$OUT/accuracy_softcap.json"; tarup
+  pt api_x tests/test_api_gpu.py -k "exp2_offload_next" &
+  t accuracy 200 python3 bench/accuracy.py --modes softcap --json "$OUT/accuracy_softcap.json" &
+  wait; tarup
   t g128_x 170 python3 bench/gemma2.py --impls ours --programs exp2_f32_d3 --order shuffle --rounds 9 --iters 30 \
       --headdim 128 --json "$OUT/gemma2_d128_exp2.json"; tarup
   t g256_x 200 python3 bench/gemma2.py --impls ours --programs exp2_f32_d3 --order shuffle --rounds 9 --iters 30 \
