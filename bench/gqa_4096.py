@@ -47,8 +47,11 @@ BF16_PROGRAMS = {"softcap": "softcap_c50", "sigmoid": "sigmoid_attn_n4096"}
 # part of 2026-11-30, more accurate at saturating spreads, slower backward: score_stages.DEFAULT_PROGRAM)
 TWO_REGION_PROGRAM = "softcap_c50_f16_tail"
 # the exp2 offload (fit/exp2.py): every tanh on MUFU, P = 2^a by an FP32 polynomial for 1/8 of the
-# columns under the constant row max (score_stages.offloads_exp2)
+# columns under the constant row max (score_stages.offloads_exp2); attention()'s softcap poly
+# default for BF16 inputs since 2026-12-01 (score_stages.default_program), so the "" rows run it
 EXP2_PROGRAM = "exp2_f32_d3"
+# the FP16 tanh program (odd_u2), the BF16 softcap poly default before that (FP16 inputs' still)
+TANH_PROGRAM = "softcap_c50_f16_odd"
 
 
 def ours(mode: str, evaluator: str, program: str = "") -> Row:
@@ -137,6 +140,7 @@ def all_rows(bf16: bool = True) -> list[Row]:
         rows += [ours(m, "poly", p) for m, p in BF16_PROGRAMS.items()]
         rows.append(ours("softcap", "poly", TWO_REGION_PROGRAM))
         rows.append(ours("softcap", "poly", EXP2_PROGRAM))
+        rows.append(ours("softcap", "poly", TANH_PROGRAM))
     rows += [r for r in (fa4("softmax"), fa4("softcap"), fa4_poly_softcap()) if r is not None]
     rows += [sdpa_cudnn(), flex_softcap(), compiled_sigmoid()]
     return rows
@@ -293,7 +297,11 @@ def ratio_pairs() -> dict:
                 for name, base in (("ours native", ("ours", "softcap", "native", "")),
                                    ("FA4 softcap", ("fa4", "softcap", "native", "")),
                                    ("ours softmax", ("ours", "softmax", "native", "")),
-                                   ("default (odd_u2)", ("ours", "softcap", "poly", "")))}}
+                                   ("default (odd_u2)", ("ours", "softcap", "poly", TANH_PROGRAM)))},
+             "softcap poly tanh program vs ours native": (("ours", "softcap", "native", ""),
+                                                          ("ours", "softcap", "poly", TANH_PROGRAM)),
+             "softcap poly tanh program vs FA4 softcap": (("fa4", "softcap", "native", ""),
+                                                          ("ours", "softcap", "poly", TANH_PROGRAM))}
 
 
 def ratios(rows: list[dict]) -> dict:
@@ -391,11 +399,14 @@ def compile_only(head_dim: int = 128, causal: bool = True) -> dict:
         dump = tempfile.mkdtemp(prefix="fap_sass_")
         # the config attn_fwd builds for a call (softcap 50, BF16: fixed_max on)
         kb = st.default_key_block(head_dim)
-        cfg = fwd.AttnFwdConfig.default(st.make_stage(mode, ev, key_block=kb), "bf16", head_dim, causal,
+        prog = {"program": st.default_program(mode, "bf16", 50.0)} if ev == "poly" and mode != "softmax" else {}
+        stage = st.make_stage(mode, ev, key_block=kb, **prog)     # attention()'s program for BF16
+        cfg = fwd.AttnFwdConfig.default(stage, "bf16", head_dim, causal,
                                         **fwd._fixed_max_kw(mode, "bf16", 50.0, None))
         kf = fwd.compile_attn_fwd(cfg, options=f"--keep-cubin --dump-dir={dump}")
-        split = st.default_poly_split(mode, kb) if ev == "poly" else None   # attn_bwd's default for this D
-        key = bwd.BwdKey("bf16", head_dim, causal, stb.bwd_side(mode, ev, poly_split=split),
+        bev = stage.evaluator                                     # the exp2 offload's backward is native
+        split = st.default_poly_split(mode, kb) if bev == "poly" else None   # attn_bwd's default for this D
+        key = bwd.BwdKey("bf16", head_dim, causal, stb.bwd_side(mode, bev, poly_split=split, **(prog if bev == "poly" else {})),
                          bwd.BwdTile.for_head_dim(head_dim))
         kb = bwd.compile_bwd(key, options=f"--keep-cubin --dump-dir={dump}")
         for d, k in (("fwd", kf), ("bwd", kb)):

@@ -38,6 +38,8 @@
 #   bash bench/h200_round.sh sc14    # one- vs two-region softcap on 1/16 (time, accuracy), softcap GPU tests
 #   bash bench/h200_round.sh final14 # Gemma-2 D = 256 (with two-region rows) and 128, goal pairs, under the final defaults
 #   bash bench/h200_round.sh ncu47   # Nsight Compute, final defaults: forward (anchor; Gemma-2 D = 256) and backward, pipe use + stall samples
+#   bash bench/h200_round.sh x52     # exp2 offload as the BF16 softcap poly default: API / transformers / torch.compile GPU tests, goal pairs
+#   bash bench/h200_round.sh x53     # Gemma-2 D = 256 / 128, ours + FA4 rows, under it (the FP16 tanh program as an extra row)
 #   bash bench/h200_round.sh x50     # the exp2 offload (program exp2_f32_d3): its GPU tests, its goal pairs timed alone
 #   bash bench/h200_round.sh x51     # the exp2 offload: accuracy (softcap rows), Gemma-2 D = 128 / 256 with its rows
 #   bash bench/h200_round.sh e2f49   # exp2_fma=1 / 2 for softcap native and poly at D = 128 again (21 shuffled rounds, twice)
@@ -519,6 +521,20 @@ elif [ "$phase" = fence29 ]; then   # the PV wait below the whole stage (stage_f
   t fence_d256 200 python3 bench/fwd_tuning.py --modes softcap:native,softcap:poly --order shuffle --rounds 9 --iters 30 \
       --knob stage_fence=interior --knob pingpong=1+stage_fence=interior \
       --json "$OUT/fwd_stage_fence_d256.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = x52 ]; then   # the exp2 offload as attention()'s BF16 softcap poly default: API / transformers / compile GPU tests, goal pairs
+  pt api tests/test_api_gpu.py &
+  pt hf tests/test_transformers_gpu.py &
+  pt compile tests/test_compile_gpu.py &
+  pt win_x tests/test_window_gpu.py -k "exp2" &
+  wait; tarup
+  t gqa_pairs 200 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$OUT/gqa_4096_pairs.json"; tarup
+  only_archive
+  echo "== summary"; cat "$OUT/summary.txt"; exit 0
+elif [ "$phase" = x53 ]; then   # Gemma-2 D = 256 / 128 under the new default (every row; the tanh program as an extra row)
+  t gemma2_d256 250 python3 bench/gemma2.py --impls ours,fa4 --programs softcap_c50_f16_odd --json "$OUT/gemma2_d256.json"; tarup
+  t gemma2_d128 200 python3 bench/gemma2.py --impls ours,fa4 --programs softcap_c50_f16_odd --headdim 128 --json "$OUT/gemma2_d128.json"; tarup
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = x50 ]; then   # the exp2 offload (program exp2_f32_d3): its GPU tests, then its pairs timed alone

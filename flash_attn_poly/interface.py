@@ -120,9 +120,21 @@ def validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_sc
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale!r}")
+    if program is None and evaluator == "poly" and mode in PROGRAM_TARGETS:
+        program = _default_program(mode, q.dtype, softcap)
     return AttnArgs(mode, evaluator, bool(causal), None if softcap is None else float(softcap),
                     None if sigmoid_bias is None else float(sigmoid_bias), scale, tuple(window_size),
                     deterministic, program)
+
+
+def _default_program(mode: str, dtype: torch.dtype, softcap) -> Optional[str]:
+    """kernels/score_stages.default_program for these inputs (None where the kernels are not
+    installed: the reference backend ignores the program)."""
+    try:
+        from .kernels import score_stages
+    except ImportError:
+        return None
+    return score_stages.default_program(mode, "bf16" if dtype == torch.bfloat16 else "f16", softcap)
 
 
 def _pick_backend(q: torch.Tensor, backend: str) -> str:

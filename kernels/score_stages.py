@@ -172,6 +172,27 @@ SIGMOID_BLOCKS = {"sigmoid_attn_n4096": ("sigmoid_fwd", "sigmoid_fwd_head", "sig
 # odd-form program stays selectable by name (program="softcap_c50_f16").
 DEFAULT_PROGRAM = {"softcap": "softcap_c50_f16_odd", "sigmoid": "sigmoid_attn_n4096_f16"}
 
+# The exp2 offload (program exp2_f32_d3, fit/exp2.py; H200, 2026-12-01): every tanh on MUFU and
+# P = 2^a by an FP32 polynomial for 1/8 of the columns.  Next to softcap_c50_f16_odd, each pair
+# timed alone (bench/results/gqa_4096_pairs_exp2.md, 59cca6e): forward 1.008x faster (1.033x
+# faster than native), backward the native one (1.001x); O / dQ / dK / dV error 1.00x native at
+# every spread against the odd_u2 program's 1.77 / 1.25 / 1.28 / 1.84x at std ~20
+# (accuracy_softcap.md); Gemma-2 forward the fastest row in all four cells (gemma2_exp2.md).  It
+# needs the constant row max (BF16, cap <= FIXED_MAX_CAP): default_program picks it there.
+EXP2_PROGRAM = "exp2_f32_d3"
+
+
+def default_program(mode: str, io_dtype: str, softcap=None) -> str:
+    """The program attention() runs for evaluator="poly" when none is named: for softcap with
+    BF16 inputs and 0 < cap <= FIXED_MAX_CAP (the constant row max bounds the exp2 argument)
+    the exp2 offload EXP2_PROGRAM, else DEFAULT_PROGRAM[mode] (FP16 inputs, larger caps: the
+    FP16 tanh program).  Kernel entries (attn_fwd / attn_bwd) given program=None run
+    DEFAULT_PROGRAM[mode]: this rule is the public API's (flash_attn_poly.interface.validate)."""
+    cap = 50.0 if softcap is None else float(softcap)
+    if mode == "softcap" and io_dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP:
+        return EXP2_PROGRAM
+    return DEFAULT_PROGRAM[mode]
+
 
 def sigmoid_blocks(program: str) -> tuple:
     """(full block, head, tail, P is f16x2) of a sigmoid-attention program."""

@@ -23,7 +23,8 @@ MODES = [("softmax", "native", None), ("softcap", "native", None), ("softcap", "
          ("sigmoid", "native", None), ("sigmoid", "poly", None),
          ("softcap", "poly", "softcap_c50"), ("sigmoid", "poly", "sigmoid_attn_n4096"),   # the BF16 programs
          ("softcap", "poly", "softcap_c50_f16"),   # one-region FP16 residual (the default until 2026-11-30)
-         ("softcap", "poly", "exp2_f32_d3")]       # the exp2 offload (tanh on MUFU, 2^a on the FMA pipe)
+         ("softcap", "poly", "exp2_f32_d3"),       # the exp2 offload (tanh on MUFU, 2^a on the FMA pipe)
+         ("softcap", "poly", "softcap_c50_f16_odd")]   # the FP16 tanh program (BF16 default until 2026-12-01)
 
 
 def _inputs(case, seed, mode, dtype=torch.bfloat16):
@@ -44,12 +45,14 @@ def _score_fns(mode, evaluator, s_k, program=None, dtype=torch.bfloat16, d=128):
     default poly split sends through the block, the exact function on the MUFU columns."""
     if evaluator == "native":
         return None, None
-    from flash_attn_poly.kernels.score_stages import default_key_block, make_stage
-    kw = dict({"program": program} if program else {}, key_block=default_key_block(d))
+    from flash_attn_poly.kernels.score_stages import default_key_block, default_program, make_stage
+    io = "f16" if dtype == torch.float16 else "bf16"
+    program = program or default_program(mode, io, 50.0)   # what attention() runs for program=None
+    kw = dict(program=program, key_block=default_key_block(d))
     stage = make_stage(mode, "poly", **kw)
     if stage.evaluator != "poly":   # the exp2 offload: exact logits, P = 2^a within 7.5e-5 relative
         return None, None
-    return pr.split_fns(mode, stage, s_k, io_dtype="f16" if dtype == torch.float16 else "bf16")
+    return pr.split_fns(mode, stage, s_k, io_dtype=io)
 
 
 @pytest.mark.parametrize("mode, evaluator, program", MODES)

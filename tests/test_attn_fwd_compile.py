@@ -669,7 +669,7 @@ def test_tile_m_choices_are_checked():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("head_dim,causal", [(128, True), (128, False), (256, True)])
+@pytest.mark.parametrize("head_dim,causal", [(128, True), (128, False), (256, True), (64, True)])
 def test_softcap_exp2_offload_build(head_dim, causal):
     """program="exp2_f32_d3" (the exp2 offload, BF16 under the constant row max): the tanh
     stays on MUFU for every score (native's MUFU.TANH count), the exp2_f32 block replaces

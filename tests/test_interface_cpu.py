@@ -150,6 +150,20 @@ def test_rejects_bad_programs(kw, err, match):
         fi.attention(q, k, v, backend="reference", **kw)
 
 
+def test_default_program_follows_the_inputs():
+    """attention()'s program for evaluator="poly" and program=None: the exp2 offload for BF16
+    softcap with cap <= 50 (the constant row max), the FP16 tanh program for FP16 inputs or a
+    larger cap, the sigmoid default for sigmoid; native and softmax calls carry none."""
+    from flash_attn_poly.kernels import score_stages as S
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    h = q.half()
+    prog = lambda x, mode, ev="poly", cap=None: fi.validate(x, x, x, mode, ev, True, cap, None, None).program
+    assert prog(q, "softcap", cap=50.0) == prog(q, "softcap", cap=30.0) == S.EXP2_PROGRAM == "exp2_f32_d3"
+    assert prog(h, "softcap", cap=50.0) == prog(q, "softcap", cap=60.0) == S.DEFAULT_PROGRAM["softcap"]
+    assert prog(q, "sigmoid") == S.DEFAULT_PROGRAM["sigmoid"]
+    assert prog(q, "softcap", "native", 50.0) is None and prog(q, "softmax") is None
+
+
 def test_softcap_takes_the_exp2_program():
     """program="exp2_f32_d3" is a softcap program (the exp2 offload), poly evaluator only; its
     stage keeps the tanh on MUFU (a native-tanh stage) and offloads 1/8 of the exp2s."""
@@ -167,8 +181,10 @@ def test_softcap_takes_the_exp2_program():
 
 def test_program_reaches_both_ops(monkeypatch):
     """attention(program=...) -> forward op -> autograd context -> backward op, as AttnArgs.program
-    (the CUDA paths hand it to the kernels' stages); the reference backend computes the exact
+    (the CUDA paths hand it to the kernels' stages; program=None arrives as the API's default
+    for the inputs, score_stages.default_program); the reference backend computes the exact
     function whatever the program, so its results do not change."""
+    from flash_attn_poly.kernels import score_stages as S
     seen = []
     real_f, real_b = fi._reference_forward, fi._reference_backward
     monkeypatch.setattr(fi, "_reference_forward", lambda q, k, v, a: seen.append(("f", a.program)) or real_f(q, k, v, a))
@@ -181,7 +197,8 @@ def test_program_reaches_both_ops(monkeypatch):
         out = fi.attention(qq, k, v, "sigmoid", backend="reference", program=prog)
         out.float().sum().backward()
         outs.append((out, qq.grad))
-    assert seen == [("f", None), ("b", None), ("f", "sigmoid_attn_n4096_f16"), ("b", "sigmoid_attn_n4096_f16")]
+    dflt = S.default_program("sigmoid", "bf16" if q.dtype == torch.bfloat16 else "f16")
+    assert seen == [("f", dflt), ("b", dflt), ("f", "sigmoid_attn_n4096_f16"), ("b", "sigmoid_attn_n4096_f16")]
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     torch.library.opcheck(torch.ops.flash_attn_poly.attn_fwd.default,
                           (q, k, v, "softcap", "poly", True, 50.0, 0.0, 0.125, [-1, -1], "reference", False,

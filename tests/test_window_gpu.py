@@ -50,19 +50,20 @@ def _rel(got, ref, scale=None):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode,evaluator", MODES, ids=lambda x: str(x))
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_window_fwd_bwd_match_reference(case, mode, evaluator, **bwd_kw):
+def test_window_fwd_bwd_match_reference(case, mode, evaluator, program=None, **bwd_kw):
     from flash_attn_poly import reference, testing
     from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
     from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
     b, sq, sk, hq, hkv, d, causal, win = case
     q, k, v, do = _inputs(case, mode)
     softcap = 50.0 if mode == "softcap" else None
-    fn, grad_fn = _score_fns(mode, evaluator, sk, d)
+    # the exp2 offload (program exp2_f32_d3) computes the exact logits: the exact-function reference
+    fn, grad_fn = (None, None) if program else _score_fns(mode, evaluator, sk, d)
     out = testing.poison_(torch.empty_like(q))
     o, lse = attn_fwd(q, k, v, mode=mode, evaluator=evaluator, causal=causal, softcap=softcap,
-                      out=out, window_size=win)
+                      out=out, window_size=win, program=program)
     dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator=evaluator, causal=causal,
-                          softcap=softcap, window_size=win, **bwd_kw)
+                          softcap=softcap, window_size=win, program=program, **bwd_kw)
     torch.cuda.synchronize()
     kw = dict(causal=causal, softcap=softcap, window_size=win, score_fn=fn)
     o_ref, lse_ref = reference.attention_ref(q, k, v, mode, **kw)
@@ -82,6 +83,14 @@ def test_window_fwd_bwd_match_reference(case, mode, evaluator, **bwd_kw):
     for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
         assert torch.isfinite(got).all(), name
         assert _rel(got, ref, scale) < 2e-2, (name, _rel(got, ref, scale))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES[:6], ids=str)
+def test_window_exp2_offload(case):
+    """Softcap with the exp2 offload (attention()'s BF16 default) under sliding windows: the
+    offload runs in mask-free blocks only, MUFU where a window or causal mask cuts a block."""
+    test_window_fwd_bwd_match_reference(case, "softcap", "poly", program="exp2_f32_d3")
 
 
 @pytest.mark.gpu
