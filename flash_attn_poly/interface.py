@@ -183,20 +183,27 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
 
     mode: "softmax" | "softcap" (Gemma-2: logits = softcap * tanh(logits / softcap)) |
     "sigmoid" (O_i = sum_j sigmoid(scale * q_i.k_j + sigmoid_bias) v_j, bias default -ln S_k).
-    evaluator: "poly" runs a packed 16-bit polynomial program on part of the key columns
+    evaluator: "poly" runs a polynomial program on the FMA pipe for part of the key columns
     (the rest on MUFU; kernels/score_stages.default_poly_split: softcap 1/8, sigmoid 1/16, 1/8
-    at D = 256), "native" the MUFU instruction.
-    program: with evaluator="poly", the coefficient-table entry to run (None: the default,
-    packed-FP16 "softcap_c50_f16_odd" (residual u - tanh u as an odd polynomial in u, clamp on
-    the FMA pipe: native's error at score std ~12, 1.3-1.8x it at a saturating std ~20,
-    bench/results/accuracy_softcap.md) / "sigmoid_attn_n4096_f16" (D4); softcap also has
-    "softcap_c50_f16" (the previous default, D5 in |u|, 1.2-1.7x at std ~20) and
-    "softcap_c50_f16_tail" (two regions: D5 residual below |x/c| = 1, 1 - tanh above; 1.03x
-    native's error at std ~20, its backward slower at D = 256: bench/results/poly_split_r16.md,
-    gemma2_d256_programs.md); the seed's packed-BF16 programs are "softcap_c50"
-    (D4) and "sigmoid_attn_n4096" (D3): several times less accurate at wide score spreads,
-    bench/results/poly_split.md).  The reference backend always computes the exact functions
-    and ignores it.
+    at D = 256), "native" the MUFU instructions.
+    program: with evaluator="poly", the coefficient-table entry to run (None: the default for
+    the inputs, kernels/score_stages.default_program). Softcap with BF16 inputs and
+    softcap <= 50: "exp2_f32_d3", the exp2 offload. Every tanh stays on MUFU, and P = 2^a comes
+    from an FP32 degree-3 polynomial (fit/exp2.py) for 1/8 of the columns of the mask-free key
+    blocks. Its error is native's (1.00x at every spread, bench/results/accuracy_softcap.md). Its
+    forward is 1.04x faster than native's at the anchor shape (gqa_4096_pairs.md), and its
+    backward is the native one. Softcap otherwise (FP16 inputs, larger caps): packed-FP16
+    "softcap_c50_f16_odd". This evaluates the residual u - tanh u as an odd polynomial in u, with
+    the clamp on the FMA pipe, on 1/8 of the columns. Its error is native's at score std ~12 and
+    1.3-1.8x native's at a saturating std ~20 (accuracy_softcap.md). Sigmoid: packed-FP16
+    "sigmoid_attn_n4096_f16" (D4). Softcap also has:
+      - "softcap_c50_f16" (D5 in |u|, 1.2-1.7x at std ~20);
+      - "softcap_c50_f16_tail" (two regions: D5 residual below |x/c| = 1, 1 - tanh above; 1.03x
+        native's error at std ~20; its backward is slower at D = 256: poly_split_r16.md,
+        gemma2_d256_programs.md).
+    The seed's packed-BF16 programs are "softcap_c50" (D4) and "sigmoid_attn_n4096" (D3). They
+    are several times less accurate at wide score spreads (bench/results/poly_split.md). The
+    reference backend always computes the exact functions and ignores program.
     backend: "auto" (CUDA kernels on sm_90, else the torch reference with a warning),
     "cuda", or "reference" (exact functions in FP32 torch; slow, any device).
     return_lse: also return the FP32 natural-log LSE (B, H_q, S_q) (softmax modes only).
