@@ -684,8 +684,11 @@ class SoftcapStage:
         object.__setattr__(self, "poly_split", _check_split(self.poly_split))
         if self.exp2_split:
             exp2_groups(self.exp2_split)                  # a clear error for a split it cannot run
-            if self.evaluator != "native":
-                raise ValueError("the exp2 offload keeps the tanh on MUFU: it is a native-tanh stage")
+            if self.evaluator != "native" or self.program != EXP2_PROGRAM:
+                raise ValueError(f"the exp2 offload is a native-tanh stage running {EXP2_PROGRAM!r} (the "
+                                 f"program the exp2_f32 block is built from), got evaluator="
+                                 f"{self.evaluator!r}, program={self.program!r}")
+            object.__setattr__(self, "coeff_bits", _bits(_program(self.program)))   # in the hash
         if self.evaluator == "poly":
             prog = _program(self.program)
             object.__setattr__(self, "coeff_bits", _bits(prog))
@@ -947,7 +950,7 @@ def make_stage(mode: str, evaluator: str = "native", key_block: int = 128, **kw)
     if evaluator == "poly" and "poly_split" not in kw:
         kw["poly_split"] = default_poly_split(mode, key_block)
     if mode == "softcap" and evaluator == "poly" and offloads_exp2(kw.get("program")):
-        return SoftcapStage(evaluator="native", exp2_split=tuple(kw["poly_split"]))
+        return SoftcapStage(evaluator="native", program=kw["program"], exp2_split=tuple(kw["poly_split"]))
     cls = SoftcapStage if mode == "softcap" else SigmoidStage
     return cls(evaluator=evaluator, **kw)
 

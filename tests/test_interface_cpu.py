@@ -177,6 +177,9 @@ def test_softcap_takes_the_exp2_program():
     assert not S.offloads_exp2(None) and not S.offloads_exp2("softcap_c50_f16_odd")
     with pytest.raises(ValueError, match="k must divide 8"):
         S.make_stage("softcap", "poly", program="exp2_f32_d3", poly_split=(1, 16))
+    assert st.program == "exp2_f32_d3" and st.coeff_bits   # the coefficients are in the stage's hash
+    with pytest.raises(ValueError, match="native-tanh stage running 'exp2_f32_d3'"):
+        S.SoftcapStage(evaluator="native", exp2_split=(1, 8))    # no exp2 program named
 
 
 def test_program_reaches_both_ops(monkeypatch):
