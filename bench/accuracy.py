@@ -15,10 +15,10 @@ logits, as Gemma-2's; 4.5: std ~20). Softcap is 50. Rows with a program name run
 program (`attention(program=...)`) on the same inputs as the default (FP16-program) rows: the
 seed's BF16 B2 / B3 programs, and softcap_c50_f16_tail (the two-region FP16 softcap: more
 accurate at saturating spreads than the one-region default softcap_c50_f16, slower backward at
-D = 256; the default for part of 2026-11-30), and exp2_f32_d3 (the exp2 offload: every tanh on
-MUFU, P = 2^a by an FP32 polynomial on 1/8 of the columns, fit/exp2.py; attention()'s BF16 softcap
-poly default since 2026-12-01, so the default rows run it too) and softcap_c50_f16_odd (the FP16
-tanh program, the default before).
+D = 256; the default for part of 2026-11-30), and softcap_c50_f16_odd (the FP16 tanh program,
+the BF16 default until 2026-12-01). The default softcap poly rows run attention()'s BF16 default
+since then, exp2_f32_d3 (every tanh on MUFU, P = 2^a by an FP32 polynomial on 1/8 of the columns,
+fit/exp2.py); 570ac6d's run named it as extra rows.
 """
 from __future__ import annotations
 
@@ -33,13 +33,12 @@ import protocol  # noqa: E402
 # the seed's packed-BF16 programs (attention(program=)); "" = the default (FP16) program
 SC_BF16, SG_BF16 = "softcap_c50", "sigmoid_attn_n4096"
 SC_ALT = "softcap_c50_f16_tail"   # two-region FP16 softcap (selectable by name)
-SC_EXP2 = "exp2_f32_d3"           # the exp2 offload: tanh on MUFU, 2^a on the FMA pipe for 1/8
 SC_TANH = "softcap_c50_f16_odd"   # the FP16 tanh program (the BF16 default before 2026-12-01)
 
 ROWS = [("softmax", "native", 1.0, ""),
-        ("softcap", "native", 1.0, ""), ("softcap", "poly", 1.0, ""), ("softcap", "poly", 1.0, SC_BF16), ("softcap", "poly", 1.0, SC_EXP2), ("softcap", "poly", 1.0, SC_TANH),
-        ("softcap", "native", 3.5, ""), ("softcap", "poly", 3.5, ""), ("softcap", "poly", 3.5, SC_BF16), ("softcap", "poly", 3.5, SC_ALT), ("softcap", "poly", 3.5, SC_EXP2), ("softcap", "poly", 3.5, SC_TANH),
-        ("softcap", "native", 4.5, ""), ("softcap", "poly", 4.5, ""), ("softcap", "poly", 4.5, SC_BF16), ("softcap", "poly", 4.5, SC_ALT), ("softcap", "poly", 4.5, SC_EXP2), ("softcap", "poly", 4.5, SC_TANH),
+        ("softcap", "native", 1.0, ""), ("softcap", "poly", 1.0, ""), ("softcap", "poly", 1.0, SC_BF16), ("softcap", "poly", 1.0, SC_TANH),
+        ("softcap", "native", 3.5, ""), ("softcap", "poly", 3.5, ""), ("softcap", "poly", 3.5, SC_BF16), ("softcap", "poly", 3.5, SC_ALT), ("softcap", "poly", 3.5, SC_TANH),
+        ("softcap", "native", 4.5, ""), ("softcap", "poly", 4.5, ""), ("softcap", "poly", 4.5, SC_BF16), ("softcap", "poly", 4.5, SC_ALT), ("softcap", "poly", 4.5, SC_TANH),
         ("sigmoid", "native", 1.0, ""), ("sigmoid", "poly", 1.0, ""), ("sigmoid", "poly", 1.0, SG_BF16),
         ("sigmoid", "native", 1.3, ""), ("sigmoid", "poly", 1.3, ""), ("sigmoid", "poly", 1.3, SG_BF16),
         ("sigmoid", "native", 1.7, ""), ("sigmoid", "poly", 1.7, ""), ("sigmoid", "poly", 1.7, SG_BF16)]

@@ -135,16 +135,6 @@ def attended_pairs(s, local):
     return sum(min(i + 1, w) for i in range(s)) if s <= 65536 else s * w
 
 
-def _timed(fns, timing, with_clocks: bool):
-    """protocol.time_alternating, plus per-row SM clock / power (bench/clocks.py) with --clocks."""
-    if not with_clocks:
-        return protocol.time_alternating(fns, timing), {}
-    import clocks
-    with clocks.Sampler() as sampler:
-        times = protocol.time_alternating(fns, timing)
-    return times, clocks.per_name(sampler.samples(), protocol.last_segments())
-
-
 def run(args):
     timing = protocol.Timing(args.warmup, args.rounds, args.iters, args.order)
     result = {**protocol.header(timing), "shape": vars(args).copy(), "layers": {}}
@@ -159,8 +149,8 @@ def run(args):
             except Exception as e:  # noqa: BLE001 - a path that cannot run is reported, not fatal
                 skipped[name] = f"{type(e).__name__}: {str(e)[:300]}"
                 print(f"skip {layer} {name}: {skipped[name]}")
-        fwd, fwd_clk = _timed(fwd_fns, timing, args.clocks)
-        step, step_clk = _timed(step_fns, timing, args.clocks)
+        fwd, fwd_clk = protocol.time_with_clocks(fwd_fns, timing, args.clocks)
+        step, step_clk = protocol.time_with_clocks(step_fns, timing, args.clocks)
         f = 4 * args.batch * args.hq * args.headdim * attended_pairs(args.seqlen, local)
         table = [{"impl": n, "fwd_ms": fwd[n], "fwd_bwd_ms": step.get(n), "fwd_tflops": f / fwd[n] / 1e9,
                   "fwd_bwd_tflops": 3.5 * f / step[n] / 1e9 if n in step else None} for n in fwd_fns]

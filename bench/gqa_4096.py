@@ -46,11 +46,10 @@ BF16_PROGRAMS = {"softcap": "softcap_c50", "sigmoid": "sigmoid_attn_n4096"}
 # the two-region FP16 softcap (residual D5 below |x/c| = 1, 1 - tanh above; the default program for
 # part of 2026-11-30, more accurate at saturating spreads, slower backward: score_stages.DEFAULT_PROGRAM)
 TWO_REGION_PROGRAM = "softcap_c50_f16_tail"
-# the exp2 offload (fit/exp2.py): every tanh on MUFU, P = 2^a by an FP32 polynomial for 1/8 of the
-# columns under the constant row max (score_stages.offloads_exp2); attention()'s softcap poly
-# default for BF16 inputs since 2026-12-01 (score_stages.default_program), so the "" rows run it
-EXP2_PROGRAM = "exp2_f32_d3"
-# the FP16 tanh program (odd_u2), the BF16 softcap poly default before that (FP16 inputs' still)
+# the FP16 tanh program (odd_u2): the BF16 softcap poly default until 2026-12-01 (FP16 inputs'
+# still). Since then the "" softcap poly rows run the exp2 offload exp2_f32_d3 (every tanh on
+# MUFU, P = 2^a by an FP32 polynomial for 1/8 of the columns: score_stages.default_program);
+# the x50 round (59cca6e) timed it as a named row beside the then-default tanh program.
 TANH_PROGRAM = "softcap_c50_f16_odd"
 
 
@@ -139,7 +138,6 @@ def all_rows(bf16: bool = True) -> list[Row]:
     if bf16:
         rows += [ours(m, "poly", p) for m, p in BF16_PROGRAMS.items()]
         rows.append(ours("softcap", "poly", TWO_REGION_PROGRAM))
-        rows.append(ours("softcap", "poly", EXP2_PROGRAM))
         rows.append(ours("softcap", "poly", TANH_PROGRAM))
     rows += [r for r in (fa4("softmax"), fa4("softcap"), fa4_poly_softcap()) if r is not None]
     rows += [sdpa_cudnn(), flex_softcap(), compiled_sigmoid()]
@@ -225,27 +223,17 @@ def flops(args, backward: bool) -> float:
     return f * (2.5 if backward else 1.0)
 
 
-def _timed(fns, timing, with_clocks: bool):
-    """protocol.time_alternating, plus per-row SM clock / power from bench/clocks.py."""
-    if not with_clocks:
-        return protocol.time_alternating(fns, timing), {}
-    import clocks
-    with clocks.Sampler() as sampler:
-        times = protocol.time_alternating(fns, timing)
-    return times, clocks.per_name(sampler.samples(), protocol.last_segments())
-
-
 def run(args) -> dict:
     rows = select_rows(all_rows(not args.no_bf16), args.impls)
     timing = protocol.Timing(args.warmup, args.rounds, args.iters, args.order, args.settle_ms)
     fwd_fns = _prepare(rows, args, False)
-    fwd, fwd_clk = _timed(fwd_fns, timing, args.clocks)
+    fwd, fwd_clk = protocol.time_with_clocks(fwd_fns, timing, args.clocks)
     want_graph = args.graph or args.graph_bwd
     graph = {k: protocol.graph_time(f, timing) for k, f in fwd_fns.items()} if want_graph else {}
     bwd, bwd_clk, bwd_graph = {}, {}, {}
     if not args.fwd_only:
         bwd_fns = _prepare(rows, args, True)
-        bwd, bwd_clk = _timed(bwd_fns, timing, args.clocks)
+        bwd, bwd_clk = protocol.time_with_clocks(bwd_fns, timing, args.clocks)
         del bwd_fns
         if args.graph_bwd:
             step = {k: protocol.graph_time(f, timing) for k, f in _prepare_step(rows, args).items()}
@@ -293,11 +281,8 @@ def ratio_pairs() -> dict:
                                                               ("ours", "softcap", "poly", TWO_REGION_PROGRAM)),
              "softcap poly two-region program vs default": (("ours", "softcap", "poly", ""),
                                                           ("ours", "softcap", "poly", TWO_REGION_PROGRAM)),
-             **{f"softcap poly exp2 program vs {name}": (base, ("ours", "softcap", "poly", EXP2_PROGRAM))
-                for name, base in (("ours native", ("ours", "softcap", "native", "")),
-                                   ("FA4 softcap", ("fa4", "softcap", "native", "")),
-                                   ("ours softmax", ("ours", "softmax", "native", "")),
-                                   ("default (odd_u2)", ("ours", "softcap", "poly", TANH_PROGRAM)))},
+             "softcap poly (exp2 default) vs tanh program": (("ours", "softcap", "poly", TANH_PROGRAM),
+                                                             ("ours", "softcap", "poly", "")),
              "softcap poly tanh program vs ours native": (("ours", "softcap", "native", ""),
                                                           ("ours", "softcap", "poly", TANH_PROGRAM)),
              "softcap poly tanh program vs FA4 softcap": (("fa4", "softcap", "native", ""),
@@ -345,7 +330,7 @@ def run_pairs(args, names: list[str], timing) -> list[dict]:
             for n, (base, mine) in pairs.items():
                 b, m = row_key(base), row_key(mine)
                 if b in fns and m in fns:
-                    t, c = _timed({b: fns[b], m: fns[m]}, timing, args.clocks)
+                    t, c = protocol.time_with_clocks({b: fns[b], m: fns[m]}, timing, args.clocks)
                     res[n].append((t[b], t[m]))
                     if c.get(b) and c.get(m):
                         clk[n].append((c[b]["sm_mhz"], c[m]["sm_mhz"]))

@@ -538,6 +538,7 @@ elif [ "$phase" = x53 ]; then   # Gemma-2 D = 256 / 128 under the new default (e
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = x50 ]; then   # the exp2 offload (program exp2_f32_d3): its GPU tests, then its pairs timed alone
+  # (run at 59cca6e; its "exp2 program" pairs left bench/gqa_4096.py when exp2 became the default, c7a4e39)
   pt api_x tests/test_api_gpu.py -k "exp2" &
   pt asm_x tests/test_asm_gpu.py -k "exp2" &
   wait; tarup
@@ -571,21 +572,12 @@ elif [ "$phase" = clk48 ]; then   # Gemma-2 ours native vs poly with SM clock / 
   only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = all46 ]; then   # every GPU test file under the final defaults, in parallel processes
-  pt fwd tests/test_attn_fwd_gpu.py &
-  pt api tests/test_api_gpu.py &
-  pt win_a tests/test_window_gpu.py -k "softmax or softcap-native" &
-  pt win_b tests/test_window_gpu.py -k "not softmax and not softcap-native" &
-  pt bwd_a tests/test_attn_bwd_gpu.py -k "softcap" &
-  pt bwd_b tests/test_attn_bwd_gpu.py -k "not softcap" &
-  pt det tests/test_attn_bwd_deterministic_gpu.py &
-  pt prepost tests/test_attn_bwd_prepost_gpu.py &
-  pt compile tests/test_compile_gpu.py &
-  pt hf tests/test_transformers_gpu.py &
-  pt elem tests/test_elementwise_gpu.py &
+  # (the 188a9c3 run split the backward file in two, -k softcap / -k "not softcap"; all_gpu_tests runs it whole)
   pt asm tests/test_asm_gpu.py &
   pt pers tests/test_attn_fwd_persistent_gpu.py &
   pt knobs tests/test_attn_fwd_knobs_gpu.py &
-  wait; tarup; only_archive
+  all_gpu_tests   # its wait also waits for the three above
+  tarup; only_archive
   echo "== summary"; cat "$OUT/summary.txt"; exit 0
 elif [ "$phase" = ncu47 ]; then   # Nsight Compute under the final defaults: forward and backward, anchor and Gemma-2 D = 256
   ncu_k() {   # $1 kernel regex, $2 name, $3 launcher, rest: its args

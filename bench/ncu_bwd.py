@@ -11,29 +11,19 @@ the launches.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import protocol  # noqa: E402
+from ncu_fwd import launcher_inputs, launcher_parser  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    protocol.add_shape_args(p)
-    p.add_argument("--mode", default="softcap")
-    p.add_argument("--evaluator", default="native")
-    p.add_argument("--launches", type=int, default=4)
-    args = p.parse_args(argv)
+    args = launcher_parser(__doc__).parse_args(argv)
     import torch
     from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
     from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
-    g = torch.Generator(device="cuda").manual_seed(0)
-    mk = lambda h: torch.randn(args.batch, args.seqlen, h, args.headdim, device="cuda",
-                               dtype=torch.bfloat16, generator=g)
-    q, k, v = mk(args.hq), mk(args.hkv), mk(args.hkv)
-    do = mk(args.hq)
+    q, k, v, do = launcher_inputs(args, 4)
     kw = dict(mode=args.mode, evaluator=args.evaluator, causal=True,
               softcap=50.0 if args.mode == "softcap" else None)
     o, lse = attn_fwd(q, k, v, **kw)

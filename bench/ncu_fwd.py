@@ -19,20 +19,32 @@ import protocol  # noqa: E402
 from fwd_tuning import _knob  # noqa: E402
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def launcher_parser(doc: str) -> argparse.ArgumentParser:
+    """Shape, mode, evaluator and launch count: the arguments of both ncu launchers."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     protocol.add_shape_args(p)
     p.add_argument("--mode", default="softcap")
     p.add_argument("--evaluator", default="native")
-    p.add_argument("--knob", help="AttnFwdConfig overrides NAME=VALUE[+NAME=VALUE...] (bench/fwd_tuning.py syntax)")
     p.add_argument("--launches", type=int, default=4)
-    args = p.parse_args(argv)
+    return p
+
+
+def launcher_inputs(args, n: int) -> list:
+    """q, k, v (and a fourth tensor shaped like q when n = 4): seeded BF16 CUDA tensors."""
     import torch
-    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
     g = torch.Generator(device="cuda").manual_seed(0)
     mk = lambda h: torch.randn(args.batch, args.seqlen, h, args.headdim, device="cuda",
                                dtype=torch.bfloat16, generator=g)
-    q, k, v = mk(args.hq), mk(args.hkv), mk(args.hkv)
+    return [mk(h) for h in (args.hq, args.hkv, args.hkv, args.hq)[:n]]
+
+
+def main(argv=None) -> int:
+    p = launcher_parser(__doc__)
+    p.add_argument("--knob", help="AttnFwdConfig overrides NAME=VALUE[+NAME=VALUE...] (bench/fwd_tuning.py syntax)")
+    args = p.parse_args(argv)
+    import torch
+    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
+    q, k, v = launcher_inputs(args, 3)
     tuning = _knob(args.knob) if args.knob else None
     for _ in range(args.launches):
         attn_fwd(q, k, v, mode=args.mode, evaluator=args.evaluator, causal=True,

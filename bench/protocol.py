@@ -126,6 +126,16 @@ def _capture(fn: Callable[[], object], iters: int) -> "torch.cuda.CUDAGraph":
     return graph
 
 
+def time_with_clocks(fns: dict[str, Callable[[], object]], timing: Timing, with_clocks: bool):
+    """(time_alternating's times, per-name SM clock / power from bench/clocks.py or {})."""
+    if not with_clocks:
+        return time_alternating(fns, timing), {}
+    import clocks
+    with clocks.Sampler() as sampler:
+        times = time_alternating(fns, timing)
+    return times, clocks.per_name(sampler.samples(), last_segments())
+
+
 def time_alternating_graph(fns: dict[str, Callable[[], object]], timing: Timing) -> dict[str, float]:
     """time_alternating with each implementation's `iters` calls captured in one CUDA graph:
     per-call device time (ms), host dispatch excluded (GRAPH_PROTOCOL)."""

@@ -6,6 +6,7 @@ only decides which one runs.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -127,9 +128,11 @@ def validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_sc
                     deterministic, program)
 
 
+@functools.lru_cache(maxsize=None)
 def _default_program(mode: str, dtype: torch.dtype, softcap) -> Optional[str]:
     """kernels/score_stages.default_program for these inputs (None where the kernels are not
-    installed: the reference backend ignores the program)."""
+    installed: the reference backend ignores the program).  Cached: validate runs per call, and
+    without the kernels a failed import would be retried every time."""
     try:
         from .kernels import score_stages
     except ImportError:
