@@ -1,13 +1,13 @@
 """Forward tuning knobs side by side at one shape: the default config vs overrides.
 
-    python bench/fwd_tuning.py --headdim 256 --seqlen 8192 --hq 8 --hkv 4 --knob lpt=1 \
-        --modes softmax:native,softcap:native,sigmoid:poly --json bench/results/fwd_lpt_d256.json
+    python bench/tools/fwd_tuning.py --headdim 256 --seqlen 8192 --hq 8 --hkv 4 --knob num_stages=3 \
+        --modes softmax:native,softcap:native,sigmoid:poly      # H200
 
-For every mode:evaluator, two rows run side by side under bench/protocol.py (alternating
-order): `default` (AttnFwdConfig.default for that head dim) and `knob` (the same with the
-override, e.g. lpt=1 or num_stages=3). Before timing, both outputs are computed on the same
-inputs and their max abs difference printed (equal up to nothing: the knobs change CTA order
-or pipelining, not arithmetic). Causal, BF16, softcap 50.
+For every mode:evaluator, a `default` row (the config attn_fwd builds for that head dim) and
+one row per `--knob` (the same with the override, e.g. num_stages=3 or pingpong=0) run side
+by side under bench/protocol.py. Before timing, both outputs are computed on the same inputs
+and their max abs difference printed (0 for knobs that change CTA order or pipelining, not
+arithmetic). Causal, BF16, softcap 50. Writes bench/out/fwd_tuning.json (+ .md) unless --json.
 """
 from __future__ import annotations
 
@@ -15,21 +15,22 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
 import protocol  # noqa: E402
 
 
-BOOL_KNOBS = ("lpt", "pingpong", "overlap", "overlap_v2", "row_sum_carry", "fixed_max", "fixed_max_rsum")
+BOOL_KNOBS = ("pingpong", "row_sum_carry", "fixed_max")
 FLOAT_KNOBS = ("rescale_threshold",)
-STR_KNOBS = ("stage_fence", "pingpong_arrive")
+STR_KNOBS = ()
 STAGE_KNOBS = ("split", "program")   # not AttnFwdConfig fields: the poly stage's column split,
                                      # 'split=J/K', and its coefficient-table program
 
 
 def _knob(text: str) -> dict:
-    """'name=int' or several joined by '+', e.g. 'row_sum_carry=1+pingpong=1' (stage_fence and
-    pingpong_arrive take their strings: 'stage_fence=interior', 'pingpong_arrive=qk'; split the
-    poly stage's column split: 'split=1/8')."""
+    """'name=int' or several joined by '+', e.g. 'row_sum_carry=1+pingpong=1' (AttnFwdConfig
+    fields; BOOL_KNOBS as 0 / 1, FLOAT_KNOBS as floats; split the poly stage's column split:
+    'split=1/8', program its coefficient-table entry)."""
     out = {}
     for part in text.split("+"):
         k, v = part.split("=")
@@ -61,7 +62,7 @@ def run(args) -> dict:
     mk = lambda h: torch.randn(args.batch, args.seqlen, h, args.headdim, device="cuda",
                                dtype=torch.bfloat16, generator=g)
     q, k, v = mk(args.hq), mk(args.hkv), mk(args.hkv)
-    knobs = args.knob or ["lpt=1"]
+    knobs = args.knob
     fns, diffs = {}, {}
     for me in args.modes.split(","):
         mode, ev = me.split(":")
@@ -95,22 +96,24 @@ def run(args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     protocol.add_shape_args(p, seqlen=8192, hq=8, hkv=4, headdim=256)
-    p.add_argument("--knob", action="append",
-                   help="AttnFwdConfig override NAME=INT[+NAME=INT...] (lpt, num_stages, row_sum_carry, ...); "
-                        "repeat for more variants, each a row beside the default (default: lpt=1)")
+    p.add_argument("--knob", action="append", default=[],
+                   help="AttnFwdConfig override NAME=INT[+NAME=INT...] (num_stages, tile_n, pingpong, "
+                        "row_sum_carry, ...); repeat for more variants, each a row beside the default")
     p.add_argument("--order", choices=sorted(protocol.ORDERS), default="alternate")
     p.add_argument("--modes", default="softmax:native,softcap:native,sigmoid:poly")
     protocol.add_timing_args(p, warmup=10, rounds=5, iters=20)
-    p.add_argument("--json")
+    protocol.add_json_arg(p, "fwd_tuning")
     args = p.parse_args(argv)
+    if not args.knob:
+        p.error("give at least one --knob (e.g. --knob num_stages=3)")
+    path = protocol.output_path(args.json, "fwd_tuning")
     res = run(args)
     table = protocol.markdown_table(res["rows"], ["row", "ms"])
     print(table)
-    if args.json:
-        protocol.write_results(args.json, res,
-                               f"# Forward knobs {res['knob']} ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
-                               f"Shape: {res['shape']}, causal, BF16. Protocol: {res['protocol']}.\n"
-                               f"Max |default - knob| per row: {res['max_abs_diff']}.\n\n{table}\n")
+    protocol.write_results(path, res,
+                           f"# Forward knobs {res['knob']} ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
+                           f"Shape: {res['shape']}, causal, BF16. Protocol: {res['protocol']}.\n"
+                           f"Max |default - knob| per row: {res['max_abs_diff']}.\n\n{table}\n")
     return 0
 
 

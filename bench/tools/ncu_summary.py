@@ -1,28 +1,31 @@
-"""Summarise the Nsight Compute round (bench/h200_round.sh ncu28) on the CPU.
+"""Summarise an Nsight Compute round (`bash bench/round.sh ncu`) on the CPU.
 
-    python bench/ncu_summary.py bench/results/logs/round_ncu28_fc43451 --json bench/results/fwd_ncu.json
+    python bench/tools/ncu_summary.py DIR     # the unpacked round: bench/out/attn_ncu.json (+ .md)
+    python bench/tools/ncu_summary.py DIR --json bench/results/attn_ncu.json   # commit it
 
 Reads `<name>_raw.csv(.gz)` (ncu --page raw) and `<name>_sass.csv(.gz)` (ncu --page source
---print-source sass) per profiled build and writes one row per build: kernel cycles, the
+--print-source sass) of every profiled build in DIR (or those of --builds; a name starting
+with bwd_ is a backward build) and writes one row per build: kernel cycles, the
 tensor / MUFU (XU) / FMA / ALU pipes' busy share, issue-active share, and where the consumer
 warps' stall samples fall in the mask-free key-block loop (the SASS lines executed as often as
 the most executed one): MUFU instructions, the two wgmma waits (DEPBAR gsb0 0x1 = S landed,
-0x0 = PV landed), HGMMA issue, mbarrier waits, the rest of the stage.
+0x0 = PV landed), HGMMA issue, mbarrier waits, the rest of the stage (forward builds only:
+a backward's most executed lines are not one loop), and every warp's stall samples by ncu's
+reason.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import gzip
-import json
 import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
 import protocol  # noqa: E402
 
-BUILDS = ["softmax", "sigmoid_native", "softcap_native", "softcap_native_pp", "softcap_poly"]
 METRICS = {
     "cycles": "gpc__cycles_elapsed.max",
     "tensor_pct": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
@@ -86,48 +89,57 @@ def loop_samples(folder: str, name: str) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("folder")
-    p.add_argument("--json")
-    p.add_argument("--builds", help="comma-separated build names (default: ncu28's five forward builds); "
-                                    "a name starting with bwd_ is a backward build")
-    p.add_argument("--note", help="the source/shape paragraph of the Markdown (default: ncu28's)")
-    args = p.parse_args(argv)
-    builds = args.builds.split(",") if args.builds else BUILDS
+def discover(folder: str) -> list[str]:
+    """The builds profiled in folder (names of its <name>_raw.csv[.gz]), forward builds first."""
+    names = {re.sub(r"_raw\.csv(\.gz)?$", "", f) for f in os.listdir(folder) if re.search(r"_raw\.csv(\.gz)?$", f)}
+    return sorted(names, key=lambda n: (n.startswith("bwd_"), n))
+
+
+def summarise(folder: str, builds: list[str]) -> list[dict]:
     rows = []
     for name in builds:
-        row = {"build": name, **raw_metrics(args.folder, name)}
-        if not args.builds:
-            row["cycles_per_key_block"] = row["cycles"] / (16896 / 132)   # causal anchor: 16,896 blocks on 132 SMs
+        row = {"build": name, **raw_metrics(folder, name)}
         if not name.startswith("bwd_"):   # a backward's most executed lines are not one loop: no loop split
-            row.update({f"loop: {k}": v for k, v in loop_samples(args.folder, name).items()})
-        if args.builds:
-            row.update({f"stall: {k}": v for k, v in stall_shares(args.folder, name).items()})
+            row.update({f"loop: {k}": v for k, v in loop_samples(folder, name).items()})
+        row.update({f"stall: {k}": v for k, v in stall_shares(folder, name).items()})
         rows.append(row)
-    cols = ["build", "cycles"] + (["cycles_per_key_block"] if not args.builds else []) + list(METRICS)[1:]
-    table = protocol.markdown_table(rows, cols)
+    return rows
+
+
+def markdown(folder: str, rows: list[dict], note: str) -> str:
+    table = protocol.markdown_table(rows, ["build"] + list(METRICS))
     cats = sorted({k for r in rows for k in r if k.startswith("loop: ")})
-    table2 = protocol.markdown_table([r for r in rows if not r["build"].startswith("bwd_")], ["build"] + cats)
+    fwd = [r for r in rows if not r["build"].startswith("bwd_")]
+    table2 = protocol.markdown_table(fwd, ["build"] + cats) if fwd else ""
     stalls = sorted({k for r in rows for k, v in r.items() if k.startswith("stall: ") and v >= 0.04})
     table3 = protocol.markdown_table(rows, ["build"] + stalls) if stalls else ""
-    print(table + "\n\n" + table2 + ("\n\n" + table3 if table3 else ""))
-    if args.json:
-        payload = {"source": args.folder, "generated_by": "bench/ncu_summary.py", "rows": rows}
-        note = args.note or (f"Source: `{args.folder}` (bench/h200_round.sh ncu28; ncu locks the "
-                             f"SM clock, 1.32 GHz here, so cycles, not times, compare). Shape: B=1 S=4096 H 32/8 D=128 "
-                             f"causal BF16, softcap 50, default builds (softcap_native_pp: pingpong=1).")
-        md = (f"# Nsight Compute: one warm launch per build (H200, ncu --set full)\n\n"
-              f"{protocol.doc_body(__doc__)}\n{note}\n\n"
-              f"{table}\n\nConsumer-warp stall samples in the mask-free key-block loop (shares of the loop's "
-              f"samples; `loop_share_of_samples` is the loop's share of all samples, producer warp included; "
-              f"forward builds only):\n\n{table2}\n"
-              + (f"\nAll warps' stall samples by ncu's reason (shares; reasons with >= 4% in some build):\n\n{table3}\n"
-                 if table3 else ""))
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=1)
-        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
-            f.write(md)
+    return (f"# Nsight Compute: one warm launch per build (H200, ncu --set full)\n\n"
+            f"{protocol.doc_body(__doc__)}\n\nSource: `{folder}`. {note}\n\n{table}\n"
+            + (f"\nConsumer-warp stall samples in the mask-free key-block loop (shares of the loop's "
+               f"samples; `loop_share_of_samples` is the loop's share of all samples, producer warp "
+               f"included; forward builds only):\n\n{table2}\n" if table2 else "")
+            + (f"\nAll warps' stall samples by ncu's reason (shares; reasons with >= 4% in some build):"
+               f"\n\n{table3}\n" if table3 else ""))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folder", help="an unpacked ncu round: <build>_raw.csv[.gz] and <build>_sass.csv[.gz] files")
+    p.add_argument("--builds", help="comma-separated build names (default: every build in the folder)")
+    p.add_argument("--note", default=("ncu locks the SM clock, so cycles, not times, compare. Builds: "
+                                      "bench/round.sh ncu (anchor B=1 S=4096 H 32/8 D=128 causal BF16, "
+                                      "softcap 50; g256_*: Gemma-2 D = 256, B=1 S=8192 H 8/4)."),
+                   help="the source/shape sentence of the Markdown")
+    protocol.add_json_arg(p, "attn_ncu")
+    args = p.parse_args(argv)
+    builds = args.builds.split(",") if args.builds else discover(args.folder)
+    if not builds:
+        p.error(f"no <build>_raw.csv[.gz] in {args.folder}")
+    path = protocol.output_path(args.json, "attn_ncu")
+    rows = summarise(args.folder, builds)
+    md = markdown(args.folder, rows, args.note)
+    print(md)
+    protocol.write_results(path, {"source": args.folder, "generated_by": "bench/tools/ncu_summary.py", "rows": rows}, md)
     return 0
 
 

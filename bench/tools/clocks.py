@@ -2,10 +2,10 @@
 lower SM clock?
 
 Why: at the gqa_4096 shape our backward's wall time (seed protocol: 100 back-to-back calls
-per round) exceeds its summed device time from kernel_breakdown.py (20 profiled calls) by
-~160 us per call while FA4's exceeds its own by ~56 us, with no host stall found
-(call_timeline.md). One explanation is a lower SM clock under sustained load (power or
-thermal capping). This module samples `nvidia-smi` in the background and averages the
+per round) exceeded its summed device time from bench/tools/kernel_breakdown.py (20 profiled
+calls) by ~160 us per call while FA4's exceeded its own by ~56 us, with no host stall found
+(bench/tools/call_timeline.py; docs/MEASURED.md). One explanation is a lower SM clock under
+sustained load (power or thermal capping). This module samples `nvidia-smi` in the background and averages the
 samples that fall inside each timed segment of bench/protocol.py.
 
     with clocks.Sampler() as s:            # nvidia-smi -lms <period> in a subprocess

@@ -1,12 +1,13 @@
 """Polynomial program x column split side by side: forward/backward time and accuracy.
 
-    python bench/poly_split.py --json bench/results/poly_split.json     # on the H200
+    python bench/tools/poly_split.py --only "softcap/softcap_c50_f16_odd 1/8 softcap_grad=value"   # H200
 
 A poly stage sends key column group g (8 keys) through the packed block when g % k < j and
 through MUFU otherwise (score_stages, "Poly split"); the backward recomputes the same P.
 A split that cannot repeat inside softcap's default 64-key three-warpgroup tile at D = 128
 (1/16) runs on the two-warpgroup 128-key tile (attn_fwd_sm90._config_for_stage), so compare
-such rows with that in mind (bench/fwd_tuning.py times tiles side by side).
+such rows with that in mind (bench/tools/fwd_tuning.py times tiles side by side).
+Writes bench/out/poly_split.json (+ .md) unless --json names a path.
 For each (mode, program, split) and the native evaluator:
   * time: forward (attn_fwd) and backward (attn_bwd, forward excluded) at the gqa_4096 shape
     (B=1 S=4096 H_q=32 H_kv=8 D=128 causal BF16, softcap 50) under bench/protocol.py, every
@@ -22,7 +23,8 @@ import os
 import sys
 import zlib
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
 import protocol  # noqa: E402
 
 CONFIGS = [  # (mode, program or "" for native, split[, forward tuning "name=int+..."])
@@ -33,25 +35,22 @@ CONFIGS = [  # (mode, program or "" for native, split[, forward tuning "name=int
     ("sigmoid", "", None),
     ("sigmoid", "sigmoid_attn_n4096", (1, 4)), ("sigmoid", "sigmoid_attn_n4096", (1, 8)),
     ("sigmoid", "sigmoid_attn_n4096_f16", (1, 4)), ("sigmoid", "sigmoid_attn_n4096_f16", (1, 8)),
-    # one block column group in 16 (added 2026-11-30; run: poly_split_sigmoid16.md): BF16 1/8 was
-    # the one poly row faster than native in the forward (0.231 vs 0.235 ms) but 2.0-2.1x native's error
+    # one block column group in 16 (docs/MEASURED.md): BF16 1/8 was the one poly row faster
+    # than native in the forward (0.231 vs 0.235 ms) but 2.0-2.1x native's error
     ("sigmoid", "sigmoid_attn_n4096", (1, 16)), ("sigmoid", "sigmoid_attn_n4096_f16", (1, 16)),
-    # two-region FP16 softcap at the narrow splits, and the row sum over BF16-rounded P
-    # (AttnFwdConfig.fixed_max_rsum) under each program (added 2026-11-30)
+    # two-region FP16 softcap at the narrow splits
     ("softcap", "softcap_c50_f16_tail", (1, 8)), ("softcap", "softcap_c50_f16_tail", (1, 16)),
-    ("softcap", "", None, "fixed_max_rsum=1"), ("softcap", "softcap_c50_f16", (1, 8), "fixed_max_rsum=1"),
-    ("softcap", "softcap_c50_f16_tail", (1, 8), "fixed_max_rsum=1"),
     # the backward's d logit/dx from the block's logit (SoftcapBwd.grad_rule "value") vs the
-    # derivative block ("block", the default until measured; added 2026-11-30)
+    # derivative block ("block")
     ("softcap", "softcap_c50_f16", (1, 8), "softcap_grad=value"),
     ("softcap", "softcap_c50_f16_tail", (1, 16), "softcap_grad=value"),
     ("softcap", "softcap_c50_f16_tail", (1, 8), "softcap_grad=value"),
     ("softcap", "softcap_c50_f16", (1, 8), "softcap_grad=block"),
     ("softcap", "softcap_c50_f16_tail", (1, 16), "softcap_grad=block"),
-    # the one-region program on 1/16 with the value rule (the softcap default since 8c57383)
+    # the one-region program on 1/16 with the value rule
     ("softcap", "softcap_c50_f16", (1, 16), "softcap_grad=value"),
-    # the odd_u2 program (fit/softcap_odd.py: clamp on the FMA pipe, no ALU ops in the block;
-    # added 2026-11-30 after bench/issue_rates.py): does a wider split pay now?
+    # the odd_u2 program (fit/softcap_odd.py: clamp on the FMA pipe, no ALU ops in the block):
+    # does a wider split pay?
     ("softcap", "softcap_c50_f16_odd", (1, 16), "softcap_grad=value"),
     ("softcap", "softcap_c50_f16_odd", (1, 8), "softcap_grad=value"),
     ("softcap", "softcap_c50_f16_odd", (1, 4), "softcap_grad=value"),
@@ -69,7 +68,7 @@ BWD_KNOBS = ("softcap_grad",)   # attn_bwd keyword arguments (string values); th
 
 
 def _tuning(text: str) -> dict:
-    """'name=value+...' -> {name: value}: BWD_KNOBS as strings, the rest as bench/fwd_tuning.py
+    """'name=value+...' -> {name: value}: BWD_KNOBS as strings, the rest as bench/tools/fwd_tuning.py
     parses forward knobs."""
     from fwd_tuning import _knob
     parts = text.split("+") if text else []
@@ -169,12 +168,12 @@ def main(argv=None) -> int:
     protocol.add_timing_args(p, warmup=25, rounds=5, iters=100)
     p.add_argument("--only", default="", help="comma-separated config names (as printed, e.g. "
                    "'softcap/softcap_c50_f16_tail 1/8'); each mode's native row always runs")
-    p.add_argument("--json")
+    protocol.add_json_arg(p, "poly_split")
     args = p.parse_args(argv)
+    path = protocol.output_path(args.json, "poly_split")
     res = run(args)
     md = markdown(res)
-    if args.json:
-        protocol.write_results(args.json, res, md)
+    protocol.write_results(path, res, md)
     print(md)
     return 0
 

@@ -1,6 +1,6 @@
 """Per-CTA fixed cost of the forward: time vs key length at a fixed grid, non-causal.
 
-    python bench/cta_overhead.py --json bench/results/cta_overhead.json
+    python bench/tools/cta_overhead.py          # H200: bench/out/cta_overhead.json (+ .md)
 
 With S_q fixed (B=1, S_q=4096, H 32/8, D=128: 32 x 32 = 1024 CTAs, every CTA the same work
 without a causal mask), the forward's device time is waves x (c0 + n x t_block), n = S_k /
@@ -10,9 +10,10 @@ one CTA costs besides its key blocks (launch, barrier/TMA set-up, the Q and firs
 latency, the epilogue). A persistent kernel could hide part of c0; this measures whether it
 is worth building. Rows are CUDA-graph device time (bench/protocol.py GRAPH_PROTOCOL).
 FA4 softmax (non-causal, same shapes) runs as a row when flash-attn-4 is installed.
-`--knob persistent=0` adds each mode again with that forward tuning (AttnFwdConfig field=int):
-with the persistent grid (the default since 019d8f7) the intercept / waves reads as the fixed
-cost per tile that the persistent CTAs did not hide (a CTA walks `waves` tiles in a row).
+`--knob persistent=0` adds each mode again with that forward tuning (AttnFwdConfig field=int,
+bench/tools/fwd_tuning.py syntax): with the persistent grid (the default) the intercept / waves
+reads as the fixed cost per tile that the persistent CTAs did not hide (a CTA walks `waves`
+tiles in a row).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import math
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
 import protocol  # noqa: E402
 from fwd_tuning import _knob  # noqa: E402
 
@@ -100,13 +102,13 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default="softmax:native,sigmoid:native,softcap:native,softcap:poly")
     p.add_argument("--knob", action="append", help="forward tuning NAME=INT[+NAME=INT] rows beside the default")
     protocol.add_timing_args(p, warmup=5, rounds=7, iters=50)
-    p.add_argument("--json")
+    protocol.add_json_arg(p, "cta_overhead")
     args = p.parse_args(argv)
+    path = protocol.output_path(args.json, "cta_overhead")
     res = run(args)
     for f in res["fits"]:
         print(f)
-    if args.json:
-        protocol.write_results(args.json, res, markdown(res))
+    protocol.write_results(path, res, markdown(res))
     return 0
 
 

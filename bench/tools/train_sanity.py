@@ -13,9 +13,10 @@ PolySwiGLU kernel; its pair is softmax_native).  softcap uses --softcap (default
 not Gemma-2's 50: with 50 the cap never bites on a model this small, so softcap would
 be softmax in disguise); sigmoid uses the default bias -ln(S).
 
-    python bench/train_sanity.py --json bench/results/train_sanity.json   # H200, all arms
-    python bench/train_sanity.py --from-json X.json --md bench/results/train_sanity.md
-    python bench/train_sanity.py --tiny            # CPU smoke: reference backend, 2 steps
+    python bench/tools/train_sanity.py       # H200, all arms: bench/out/train_sanity.json (+ .md)
+    python bench/tools/train_sanity.py --json bench/results/train_sanity.json   # commit a run
+    python bench/tools/train_sanity.py --from-json X.json --md Y.md   # re-render the table
+    python bench/tools/train_sanity.py --tiny   # CPU smoke: reference backend, 2 steps
 
 Reported per arm: loss every 10 steps (raw and EMA-smoothed, alpha 0.1), final smoothed
 loss, ms/step (median after 3 warm-up steps: the first steps compile the kernels), and
@@ -35,9 +36,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
 # The repository root goes LAST: first on sys.path it would shadow an installed (or, on the
 # device machine, laid-out) flash_attn_poly whose kernels/ and asm/ live inside the package.
-sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.append(os.path.dirname(os.path.dirname(HERE)))
+import protocol  # noqa: E402
 from flash_attn_poly import PolySwiGLU, attention  # noqa: E402
 
 ARMS = ("softmax_native", "softcap_native", "softcap_poly", "sigmoid_native", "sigmoid_poly",
@@ -250,15 +254,8 @@ def markdown(out) -> str:
 
 def _meta():
     import datetime
-    import subprocess
-    commit = os.environ.get("FAP_COMMIT")   # the device copy has no reliable .git
-    try:
-        commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                          text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except Exception:  # noqa: BLE001
-        commit = "?"
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"device": dev, "date": datetime.date.today().isoformat(), "commit": commit}
+    return {"device": dev, "date": datetime.date.today().isoformat(), "commit": protocol.commit_id()}
 
 
 def main(argv=None) -> int:
@@ -273,9 +270,9 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=("cuda", "reference"), default=None,
                    help="default: cuda when available, else reference")
     p.add_argument("--tiny", action="store_true", help="2 steps, small sizes (CPU smoke)")
-    p.add_argument("--json", help="write results here")
-    p.add_argument("--md", help="write the Markdown table here")
-    p.add_argument("--from-json", help="only render --md from an earlier --json")
+    protocol.add_json_arg(p, "train_sanity")
+    p.add_argument("--md", help="write the Markdown table here instead of beside the JSON")
+    p.add_argument("--from-json", help="only render the Markdown (to --md, and stdout) from an earlier JSON")
     a = p.parse_args(argv)
     if a.from_json:
         with open(a.from_json) as f:
@@ -323,13 +320,12 @@ def main(argv=None) -> int:
            "total_s": time.perf_counter() - t_all}
     text = markdown(out)
     print(text)
-    if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
-    if a.md:
-        with open(a.md, "w") as f:
-            f.write(text)
+    path = protocol.output_path(a.json, "train_sanity")
+    protocol.write_json(path, out)
+    md = a.md or os.path.splitext(path)[0] + ".md"
+    with open(md, "w") as f:
+        f.write(text)
+    protocol.progress(f"wrote {path} and {md}")
     return 0 if all("error" not in r for r in results) else 1
 
 

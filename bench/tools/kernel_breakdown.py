@@ -1,6 +1,6 @@
 """Per-kernel device time of one attention forward and one backward call, ours vs FA4.
 
-    python bench/kernel_breakdown.py --json bench/results/kernel_breakdown.json   # on the H200
+    python bench/tools/kernel_breakdown.py     # H200: bench/out/kernel_breakdown.json (+ .md)
 
 Shape and rows as bench/gqa_4096.py (B=1 S=4096 H_q=32 H_kv=8 D=128 causal BF16; ours
 softmax / softcap native, poly / sigmoid native, poly; FA4 softmax and softcap). Each
@@ -8,7 +8,7 @@ callable runs `--warmup` times, then `--iters` times under torch.profiler (CUDA 
 only); a row is one kernel's summed device time divided by the number of calls, so the
 pre-processing, memset, main kernel and post-processing of the backward show up
 separately. Device time only: host dispatch and launch gaps are not in these numbers (the
-side-by-side wall times are gqa_4096.md's).
+side-by-side wall times are bench/gqa_4096.py's).
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import re
 import sys
 from collections import defaultdict
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol, gqa_4096)
 import gqa_4096 as G  # noqa: E402
 import protocol  # noqa: E402
 
@@ -78,15 +79,15 @@ def main(argv=None) -> int:
     protocol.add_shape_args(p)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--json")
+    protocol.add_json_arg(p, "kernel_breakdown")
     args = p.parse_args(argv)
+    path = protocol.output_path(args.json, "kernel_breakdown")
     res = run(args)
     table = protocol.markdown_table(res["rows"], ["row", "dir", "kernel", "us_per_call", "share"])
     print(table)
-    if args.json:
-        protocol.write_results(args.json, res,
-                               f"# Per-kernel device time ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
-                               f"Protocol: {res['protocol']}.\n\n{protocol.doc_body(__doc__)}\n\n{table}\n")
+    protocol.write_results(path, res,
+                           f"# Per-kernel device time ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
+                           f"Protocol: {res['protocol']}.\n\n{protocol.doc_body(__doc__)}\n\n{table}\n")
     return 0
 
 

@@ -1,8 +1,8 @@
 """Elementwise tuning variants (kernels/elementwise.py ElementwiseTune), side by side, one call.
 
-    python bench/elementwise_variants.py --json $OUT/elementwise_variants.json  # (+ .md)
-    python bench/elementwise_variants.py --quick ...    # fewer rounds/calls, same checks
-    python bench/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd ...    # B4 SwiGLU
+    python bench/tools/elementwise_variants.py          # H200: bench/out/elementwise_variants.json (+ .md)
+    python bench/tools/elementwise_variants.py --quick  # fewer rounds/calls, same checks
+    python bench/tools/elementwise_variants.py --kinds swiglu_fwd,swiglu_bwd    # B4 SwiGLU
 
 1. Builds every variant (tvm-ffi, cubin kept: registers -> resident 256-thread blocks/SM).
 2. Bit-exact check: each variant's outputs equal the "default" build's (ElementwiseTune(),
@@ -31,8 +31,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from protocol import Timing, header, markdown_table, time_alternating, write_json  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol, elementwise)
+import protocol  # noqa: E402
+from protocol import Timing, header, markdown_table, time_alternating  # noqa: E402
 from elementwise import copy_bandwidth, gbps  # noqa: E402  (the 1 GiB copy of bench/elementwise.py)
 
 from flash_attn_poly.kernels import elementwise as ew  # noqa: E402
@@ -158,13 +160,14 @@ def time_section(section, kind, n, variants, timing, copy1g):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", help="write results here (and a .md table beside it)")
+    protocol.add_json_arg(p, "elementwise_variants")
     p.add_argument("--quick", action="store_true", help="10 warm-ups, 3 rounds x 30 calls")
     p.add_argument("--kinds", default="silu_fwd,silu_bwd",
                    help="comma-separated subset of: " + ", ".join(SECTIONS))
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help="comma-separated subset of: " + ", ".join(VARIANTS))
     args = p.parse_args(argv)
+    path = protocol.output_path(args.json, "elementwise_variants")
     timing = Timing(10, 3, 30) if args.quick else Timing(25, 5, 100)
     names = ["default"] + [v for v in args.variants.split(",") if v and v != "default"]
     kinds = [k for k in args.kinds.split(",") if k]
@@ -213,22 +216,20 @@ def main(argv=None) -> int:
     print(table)
     if failures:
         print("FAILURES:", failures)
-    if args.json:
-        out = {**header(timing), "copy_1GiB_GBps": copy1g, "sm_count": sm_count,
-               "check_sizes": list(CHECK_SIZES[:-1]) + ["section size"], "failures": failures,
-               "variants": {k: {n: {"tune": vars(v.tune), "U": v.kernel.unroll, "regs": v.regs,
-                                    "resident_blocks": v.resident, "sass": v.sass}
-                                for n, v in vs.items()} for k, vs in built.items()},
-               "rows": rows}
-        write_json(args.json, out)
-        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
-            f.write(f"# Elementwise tuning variants ({out['device']}, {out['date']}, "
-                    f"commit {out['commit']})\n\nProtocol: {out['protocol']}.\n"
-                    f"1 GiB device copy in the same run: {copy1g:.0f} GB/s; {sm_count} SMs. "
-                    f"Bit-exact vs default on n = {list(CHECK_SIZES[:-1])} and the section's "
-                    f"size; failures: "
-                    f"{failures or 'none'}.\n\n{__doc__.split(chr(10) * 2, 1)[1].strip()}\n\n"
-                    f"{table}\n")
+    out = {**header(timing), "copy_1GiB_GBps": copy1g, "sm_count": sm_count,
+           "check_sizes": list(CHECK_SIZES[:-1]) + ["section size"], "failures": failures,
+           "variants": {k: {n: {"tune": vars(v.tune), "U": v.kernel.unroll, "regs": v.regs,
+                                "resident_blocks": v.resident, "sass": v.sass}
+                            for n, v in vs.items()} for k, vs in built.items()},
+           "rows": rows}
+    protocol.write_results(path, out,
+                           f"# Elementwise tuning variants ({out['device']}, {out['date']}, "
+                           f"commit {out['commit']})\n\nProtocol: {out['protocol']}.\n"
+                           f"1 GiB device copy in the same run: {copy1g:.0f} GB/s; {sm_count} SMs. "
+                           f"Bit-exact vs default on n = {list(CHECK_SIZES[:-1])} and the section's "
+                           f"size; failures: "
+                           f"{failures or 'none'}.\n\n{__doc__.split(chr(10) * 2, 1)[1].strip()}\n\n"
+                           f"{table}\n")
     return 1 if failures else 0
 
 

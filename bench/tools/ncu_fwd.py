@@ -1,12 +1,12 @@
 """One forward build, launched a few times, for Nsight Compute to profile (H200).
 
     ncu --kernel-name regex:AttnFwdSm90 --launch-skip 2 --launch-count 1 --set full \
-        python3 bench/ncu_fwd.py --mode softcap --evaluator native --knob pingpong=1
+        python3 bench/tools/ncu_fwd.py --mode softcap --evaluator native --knob pingpong=0
 
 Runs attn_fwd at the anchor shape (B=1, S=4096, H 32/8, D=128, causal, BF16, softcap 50)
-`--launches` times with the given AttnFwdConfig overrides (bench/fwd_tuning.py's knob syntax),
+`--launches` times with the given AttnFwdConfig overrides (bench/tools/fwd_tuning.py's knob syntax),
 so that `--launch-skip 2` profiles a warm launch. Profiling itself is done by ncu (see
-bench/h200_round.sh ncu28); this file only makes the launches.
+`bash bench/round.sh ncu`); this file only makes the launches.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
 import protocol  # noqa: E402
 from fwd_tuning import _knob  # noqa: E402
 
@@ -40,7 +41,7 @@ def launcher_inputs(args, n: int) -> list:
 
 def main(argv=None) -> int:
     p = launcher_parser(__doc__)
-    p.add_argument("--knob", help="AttnFwdConfig overrides NAME=VALUE[+NAME=VALUE...] (bench/fwd_tuning.py syntax)")
+    p.add_argument("--knob", help="AttnFwdConfig overrides NAME=VALUE[+NAME=VALUE...] (bench/tools/fwd_tuning.py syntax)")
     args = p.parse_args(argv)
     import torch
     from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd

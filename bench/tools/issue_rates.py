@@ -16,22 +16,25 @@ is the thread-ops of the CTAs it ran / (last end - first start) on its clock, an
 the median over SMs.  Values are whatever the chains produce (NaN/Inf included); throughput does not
 depend on them for these ops.
 
-    python bench/issue_rates.py [--iters 2000] [--json PATH]     # GPU
-    python bench/issue_rates.py --threads 128 --ctas-per-sm 1 ... # one warp per SM sub-partition
+    python bench/tools/issue_rates.py [--iters 2000]                  # GPU: bench/out/issue_rates.json (+ .md)
+    python bench/tools/issue_rates.py --threads 128 --ctas-per-sm 1 ... # one warp per SM sub-partition
 
 `--threads 128 --ctas-per-sm 1` asks what one warp per quadrant can issue: the attention
 forward's score stage runs that way (with ping-pong one consumer warpgroup, i.e. one warp per
 quadrant, works on its stage while the other's GEMMs run), and its measured per-block cost
 sits at ~2.3x its MUFU-throughput bound (docs/NOTES_attn_fwd.md, eighth session). The
 block scheduler may still put two 128-thread CTAs on an SM; the per-SM rate counts them.
-    python bench/issue_rates.py --sass                             # CPU: SASS of each op's loop
+    python bench/tools/issue_rates.py --sass                             # CPU: SASS of each op's loop
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
+import protocol  # noqa: E402
 
 THREADS = 512
 CTAS_PER_SM = 2
@@ -199,7 +202,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sass", action="store_true", help="print each op's SASS opcode histogram (CPU)")
     ap.add_argument("--threads", type=int, default=THREADS, help="threads per CTA (128: one warp per quadrant)")
     ap.add_argument("--ctas-per-sm", type=int, default=CTAS_PER_SM, help="CTAs launched per SM")
-    ap.add_argument("--json", default="")
+    protocol.add_json_arg(ap, "issue_rates")
     a = ap.parse_args(argv)
     names = [n for n in OPS if not a.ops or n in a.ops.split(",")]
     if a.sass:
@@ -209,25 +212,27 @@ def main(argv=None) -> int:
             print(f"{n:34s} " + " ".join(f"{k}:{v}" for k, v in h.most_common(6)))
         return 0
     import datetime
-    import subprocess
+
     import torch
+    path = protocol.output_path(a.json, "issue_rates")
     rows = [measure(n, a.iters, a.threads, a.ctas_per_sm) for n in names]
-    commit = os.environ.get("FAP_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"{'op':34s} {'ops/clk/SM':>10s}  per kind")
     for r in rows:
         kinds = ", ".join(f"{k} {v:.1f}" for k, v in r["per_kind_per_clk_per_sm"].items())
         print(f"{r['op']:34s} {r['ops_per_clk_per_sm']:10.1f}  {kinds}  ({r['implied_sm_mhz']:.0f} MHz)")
-    if a.json:
-        doc = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
-               "commit": commit,
-               "protocol": f"{a.ctas_per_sm} x SMs CTAs of {a.threads} threads, {CHAINS} independent chains "
-                           f"per thread, {UNROLL} ops per chain per asm call, {a.iters} calls; per SM "
-                           "(%smid): thread-ops of its CTAs / (last %clock64 end - first start); "
-                           "median over SMs; one warm-up launch",
-               "rows": rows}
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    doc = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
+           "commit": protocol.commit_id(),
+           "protocol": f"{a.ctas_per_sm} x SMs CTAs of {a.threads} threads, {CHAINS} independent chains "
+                       f"per thread, {UNROLL} ops per chain per asm call, {a.iters} calls; per SM "
+                       "(%smid): thread-ops of its CTAs / (last %clock64 end - first start); "
+                       "median over SMs; one warm-up launch",
+           "rows": rows}
+    table = protocol.markdown_table(
+        [{"op": r["op"], "ops/clk/SM": r["ops_per_clk_per_sm"],
+          "per kind": ", ".join(f"{k} {v:.1f}" for k, v in r["per_kind_per_clk_per_sm"].items()),
+          "SM MHz": f"{r['implied_sm_mhz']:.0f}"} for r in rows], ["op", "ops/clk/SM", "per kind", "SM MHz"])
+    protocol.write_results(path, doc, f"# Per-SM issue rates ({doc['device']}, {doc['date']}, commit "
+                                      f"{doc['commit']})\n\nProtocol: {doc['protocol']}.\n\n{table}\n")
     return 0
 
 

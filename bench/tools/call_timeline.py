@@ -1,9 +1,9 @@
 """Where a back-to-back call's wall time goes: host cost, kernel time, and idle gaps.
 
-    python bench/call_timeline.py --json bench/results/call_timeline.json   # on the H200
+    python bench/tools/call_timeline.py     # H200: bench/out/call_timeline.json (+ .md)
 
-gqa_4096.md's wall-clock times exceed kernel_breakdown.md's summed kernel times by tens of
-microseconds per call. This script splits that difference. Shape and rows as
+bench/gqa_4096.py's wall-clock times exceed bench/tools/kernel_breakdown.py's summed kernel
+times by tens of microseconds per call. This script splits that difference. Shape and rows as
 bench/gqa_4096.py (the same callables: forward under no_grad, backward as
 `torch.autograd.grad` on a retained graph). Per row and direction:
 
@@ -29,7 +29,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol, gqa_4096)
 import gqa_4096 as G  # noqa: E402
 import protocol  # noqa: E402
 
@@ -135,16 +136,16 @@ def main(argv=None) -> int:
     protocol.add_shape_args(p)
     p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--json")
+    protocol.add_json_arg(p, "call_timeline")
     args = p.parse_args(argv)
+    path = protocol.output_path(args.json, "call_timeline")
     res = run(args)
     cols = ["row", "dir", "host_us", "wall_us", "kernel_us", "idle_us", "host_late_us", "kernels_per_call", "gaps"]
     table = protocol.markdown_table(res["rows"], cols)
     print(table)
-    if args.json:
-        protocol.write_results(args.json, res,
-                               f"# Call timeline ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
-                               f"Protocol: {res['protocol']}.\n\n{protocol.doc_body(__doc__)}\n\n{table}\n")
+    protocol.write_results(path, res,
+                           f"# Call timeline ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
+                           f"Protocol: {res['protocol']}.\n\n{protocol.doc_body(__doc__)}\n\n{table}\n")
     return 0
 
 

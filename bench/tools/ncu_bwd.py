@@ -1,12 +1,12 @@
 """One backward build, launched a few times, for Nsight Compute to profile (H200).
 
     ncu --kernel-name regex:AttnBwdSm90 --launch-skip 2 --launch-count 1 --set full \
-        python3 bench/ncu_bwd.py --mode softcap --evaluator poly --headdim 256 --seqlen 8192 --hq 8 --hkv 4
+        python3 bench/tools/ncu_bwd.py --mode softcap --evaluator poly --headdim 256 --seqlen 8192 --hq 8 --hkv 4
 
 Runs attn_fwd once (for O and LSE), then attn_bwd `--launches` times on the same inputs at the
 given shape (default: the anchor, B=1 S=4096 H 32/8 D=128, causal, BF16, softcap 50), with the
 backward's defaults for that shape, so that `--launch-skip 2` profiles a warm launch of the
-main backward kernel. Profiling is done by ncu (bench/h200_round.sh ncu47); this file only makes
+main backward kernel. Profiling is done by ncu (`bash bench/round.sh ncu`); this file only makes
 the launches.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
 from ncu_fwd import launcher_inputs, launcher_parser  # noqa: E402
 
 
