@@ -327,24 +327,22 @@ class ElementwiseKernel:
                                                  assumed_align=16)
         return [fake() for _ in range(5)] + [Int32(0), Int32(0), Int32(1)]
 
-    def compile(self, tvm_ffi: bool = True, options: str = ""):
-        """cute.compile against fake tensors; with tvm_ffi the result takes torch tensors
-        and launches on torch's current stream."""
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
-        opts = (options + (" --enable-tvm-ffi" if tvm_ffi else "")).strip()
-        return cute.compile(self, *self.fake_args(), stream, options=opts)
+    def compile(self, options: str = ""):
+        """cute.compile against fake tensors, uncached (options: e.g. --keep-cubin); the
+        result takes torch tensors and launches on torch's current stream."""
+        from flash_attn_poly.kernels import compile_cache
+        return compile_cache.compile_tvm_ffi(self, self.fake_args(), options)
 
 
-_CACHE: dict = {}
+def _build(key: ElementwiseKey):
+    kern = ElementwiseKernel(key)
+    return kern, kern.fake_args()
 
 
-def get_compiled(key: ElementwiseKey, tvm_ffi: bool = True):
-    """Compiled kernel for `key`, built once per process and launch path (tvm_ffi: torch
-    tensors in directly; False: the from_dlpack path, kernels/launch.py)."""
-    fn = _CACHE.get((key, tvm_ffi))
-    if fn is None:
-        fn = _CACHE[(key, tvm_ffi)] = ElementwiseKernel(key).compile(tvm_ffi=tvm_ffi)
-    return fn
+def get_compiled(key: ElementwiseKey):
+    """Compiled kernel for `key` (kernels/compile_cache.py: memory, disk, then compile)."""
+    from flash_attn_poly.kernels import compile_cache
+    return compile_cache.compiled("elementwise", key, lambda: _build(key))
 
 
 def program_bits(kind: str, dtype: str, evaluator: str) -> tuple:
