@@ -12,8 +12,8 @@ torch dispatch, argument marshalling and the kernel launches. Rows:
   registered autograd), softmax and sigmoid/poly; bwd = torch.autograd.grad on a retained
   graph, as bench/gqa_4096.py times it;
 - ours attn_bwd called directly (kernels/attn_bwd_sm90.attn_bwd), and its parts: the time
-  spent inside preprocess, the main kernel's launch (launch.run), postprocess_dq and the
-  torch allocations, accumulated by wrappers (each wrapper adds ~0.2 us);
+  spent inside preprocess, postprocess_dq, the compiled kernel calls (every launch, pre/post
+  included) and the torch allocations, accumulated by wrappers (each wrapper adds ~0.2 us);
 - FA4 fwd / bwd (flash_attn.cute.flash_attn_func), the same shapes, when installed.
 Each row: `--warmup` calls, then the median over `--rounds` of the per-call mean of `--iters`.
 """
@@ -103,7 +103,7 @@ def attn_bwd_parts(args) -> list[dict]:
     """attn_bwd (sigmoid/poly and softmax) called directly, time inside its parts."""
     import torch
 
-    from flash_attn_poly.kernels import attn_bwd_sm90 as A, launch
+    from flash_attn_poly.kernels import attn_bwd_sm90 as A, compile_cache
     from flash_attn_poly.kernels import attn_fwd_sm90 as F
     acc = defaultdict(float)
 
@@ -117,10 +117,12 @@ def attn_bwd_parts(args) -> list[dict]:
         return w
 
     pp = A.prepost_module()
-    saved = (pp.preprocess, pp.postprocess_dq, launch.run, torch.zeros, torch.empty_like)
+    saved = (pp.preprocess, pp.postprocess_dq, compile_cache.compiled, torch.zeros, torch.empty_like)
     pp.preprocess = timed("preprocess (pre kernel)", pp.preprocess)
     pp.postprocess_dq = timed("postprocess_dq (post kernel)", pp.postprocess_dq)
-    launch.run = timed("launch.run (all launches)", launch.run)
+    lookup = compile_cache.compiled
+    compile_cache.compiled = lambda family, key, build: timed(
+        "compiled kernel calls (all launches)", lookup(family, key, build))
     torch.zeros = timed("torch.zeros", torch.zeros)
     torch.empty_like = timed("torch.empty_like", torch.empty_like)
     rows = []
@@ -138,7 +140,7 @@ def attn_bwd_parts(args) -> list[dict]:
             for name, sec in sorted(acc.items()):
                 rows.append({"row": f"  inside: {name}", "us": sec / args.iters * 1e6})
     finally:
-        pp.preprocess, pp.postprocess_dq, launch.run, torch.zeros, torch.empty_like = saved
+        pp.preprocess, pp.postprocess_dq, compile_cache.compiled, torch.zeros, torch.empty_like = saved
     return rows
 
 

@@ -1,5 +1,5 @@
-"""Host launch overhead: compiled kernel with prebuilt arguments vs the torch wrappers on
-the tvm-ffi fast path and on the old from_dlpack path (kernels/launch.py).
+"""Host launch overhead: the compiled tvm-ffi kernel called with torch tensors directly vs the
+torch wrappers around it (kernels/compile_cache.py is the one launch path).
 
 Shapes: attention forward B=1 S=4096 Hq=32 Hkv=8 D=128 bf16 causal softmax (the kernel
 is 0.266 ms prebuilt; the old wrapper measured 0.375 ms back to back) and SiLU (poly)
@@ -22,28 +22,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from protocol import Timing, header, markdown_table, time_alternating, write_json  # noqa: E402
 
 from flash_attn_poly import activations as act  # noqa: E402
-from flash_attn_poly.kernels import attn_fwd_sm90 as A, launch, score_stages as S  # noqa: E402
+from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S  # noqa: E402
 
 
-def _with_mode(mode: str, fn):
-    """Time fn with FLASH_ATTN_POLY_LAUNCH=mode (set outside the timed loop)."""
-    def timed(timing):
-        old = os.environ.get(launch.ENV)
-        os.environ[launch.ENV] = mode
-        try:
-            return time_alternating({"x": fn}, timing)["x"]
-        finally:
-            if old is None:
-                os.environ.pop(launch.ENV, None)
-            else:
-                os.environ[launch.ENV] = old
-    return timed
+def _timed(fn):
+    return lambda timing: time_alternating({"x": fn}, timing)["x"]
 
 
 def attn_rows():
-    import cuda.bindings.driver as cuda
-    from cutlass import Float32
-
     b, s, hq, hkv, d = 1, 4096, 32, 8, 128
     q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -52,49 +38,25 @@ def attn_rows():
     cfg = A.AttnFwdConfig.default(stage, "bf16", d, True)
     params = [float(x) for x in stage.host_scalars(d ** -0.5, s)]
     tensors = (q, k, v, out, lse)
-    cute_args = [A._to_cute(t, t.dim() - 1) for t in tensors]
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    dl_fn, tvm_fn = A._compiled(cfg, False), A._compiled(cfg, True)
-    f32 = [Float32(x) for x in params]
-    wrapper = lambda: A.attn_fwd(q, k, v, causal=True, out=out, lse=lse)  # noqa: E731
+    fn = A._compiled(cfg)
     return "attn_fwd B1 S4096 H32/8 D128", {
-        "compiled, prebuilt cute args (dlpack build)": lambda t: time_alternating(
-            {"x": lambda: dl_fn(*cute_args, *f32, stream)}, t)["x"],
-        "compiled tvm-ffi, torch tensors direct": lambda t: time_alternating(
-            {"x": lambda: tvm_fn(*tensors, *params)}, t)["x"],
-        "attn_fwd wrapper, tvm path": _with_mode("tvm", wrapper),
-        "attn_fwd wrapper, dlpack path (old)": _with_mode("dlpack", wrapper),
+        "compiled tvm-ffi, torch tensors direct": _timed(lambda: fn(*tensors, *params, 0, 0)),
+        "attn_fwd wrapper": _timed(lambda: A.attn_fwd(q, k, v, causal=True, out=out, lse=lse)),
     }
 
 
 def silu_rows():
-    import cuda.bindings.driver as cuda
-    from cutlass import Int32
-    from cutlass.cute.runtime import from_dlpack
-
     n = 4 * 1024 * 1024
     x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
-    cfg = ("silu_fwd", "bf16", "poly", "flat")
-    tvm_fn, _ = act._compiled(*cfg)
-    dl_fn, _ = act._compiled(*cfg, tvm_ffi=False)
+    fn = act._compiled(act._key("silu_fwd", "bf16", "poly", "flat"))
     ints = (n, 1, act._grid(n, "silu_fwd", x.device.index or 0))
     flat = [x, x, x, y, y]
-    cute_args = [from_dlpack(t, assumed_align=16).mark_layout_dynamic() for t in flat]
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    i32 = [Int32(i) for i in ints]
-    raw_launch = lambda: act.launch("silu_fwd", "bf16", "poly", [x], [y])  # noqa: E731
-    public = lambda: act.silu(x, evaluator="poly")  # noqa: E731
     return "silu poly 4M bf16", {
-        "torch F.silu (reference)": lambda t: time_alternating({"x": lambda: F.silu(x)}, t)["x"],
-        "compiled, prebuilt cute args (dlpack build)": lambda t: time_alternating(
-            {"x": lambda: dl_fn(*cute_args, *i32, stream)}, t)["x"],
-        "compiled tvm-ffi, torch tensors direct": lambda t: time_alternating(
-            {"x": lambda: tvm_fn(*flat, *ints)}, t)["x"],
-        "activations.launch, tvm path": _with_mode("tvm", raw_launch),
-        "activations.launch, dlpack path (old)": _with_mode("dlpack", raw_launch),
-        "silu() custom op, tvm path": _with_mode("tvm", public),
-        "silu() custom op, dlpack path (old)": _with_mode("dlpack", public),
+        "torch F.silu (reference)": _timed(lambda: F.silu(x)),
+        "compiled tvm-ffi, torch tensors direct": _timed(lambda: fn(*flat, *ints)),
+        "activations.launch": _timed(lambda: act.launch("silu_fwd", "bf16", "poly", [x], [y])),
+        "silu()": _timed(lambda: act.silu(x, evaluator="poly")),
     }
 
 
