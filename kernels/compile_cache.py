@@ -369,15 +369,16 @@ def _version(dist: str) -> str:
 def _codegen_sources() -> list:
     """(relative name, path) of every file whose content can change a kernel: the kernel and
     asm packages' Python sources and the package data (the coefficient table)."""
+    import importlib.util
+
     kernels = Path(__file__).resolve().parent
     roots = [("kernels", kernels)]
-    try:
-        import flash_attn_poly.asm as asm_pkg
-        import flash_attn_poly as pkg
-
-        roots += [("asm", Path(asm_pkg.__file__).resolve().parent),
-                  ("data", Path(pkg.__file__).resolve().parent / "data")]
-    except ImportError:   # imported as the top-level `kernels` from the repository root
+    try:   # located, not imported: the package's __init__ sits above kernels/
+        pkg = importlib.util.find_spec("flash_attn_poly")
+        asm = importlib.util.find_spec("flash_attn_poly.asm")
+        roots += [("asm", Path(asm.origin).resolve().parent),
+                  ("data", Path(pkg.origin).resolve().parent / "data")]
+    except (ImportError, AttributeError, TypeError):   # kernels imported as a top-level package
         roots += [("asm", kernels.parent / "asm"), ("data", kernels.parent / "flash_attn_poly" / "data")]
     out = []
     for name, root in roots:

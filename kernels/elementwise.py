@@ -43,7 +43,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
-from flash_attn_poly.kernels import elementwise_ops as ops
+from flash_attn_poly.kernels import compile_cache, elementwise_ops as ops
 
 THREADS = 256
 BLOCKS_PER_SM = 8          # 8 x 256 = 2,048 resident threads per SM on sm_90
@@ -109,6 +109,14 @@ class ElementwiseKey:
             raise ValueError(f"layout must be 'flat' or 'concat', got {self.layout!r}")
         if self.layout == "concat" and not self.kind.startswith("swiglu"):
             raise ValueError("the concatenated [gate | up] layout is for swiglu kinds only")
+
+    def __hash__(self) -> int:
+        # every launch looks its compiled kernel up by this key: hash the nested fields once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.kind, self.dtype, self.evaluator, self.layout, self.program_bits, self.tune))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     @property
     def cutlass_dtype(self):
@@ -330,7 +338,6 @@ class ElementwiseKernel:
     def compile(self, options: str = ""):
         """cute.compile against fake tensors, uncached (options: e.g. --keep-cubin); the
         result takes torch tensors and launches on torch's current stream."""
-        from flash_attn_poly.kernels import compile_cache
         return compile_cache.compile_tvm_ffi(self, self.fake_args(), options)
 
 
@@ -341,7 +348,6 @@ def _build(key: ElementwiseKey):
 
 def get_compiled(key: ElementwiseKey):
     """Compiled kernel for `key` (kernels/compile_cache.py: memory, disk, then compile)."""
-    from flash_attn_poly.kernels import compile_cache
     return compile_cache.compiled("elementwise", key, lambda: _build(key))
 
 
