@@ -66,6 +66,7 @@ _FAMILY = re.compile(r"[A-Za-z0-9_.-]+")
 _log = logging.getLogger("flash_attn_poly.compile_cache")
 _memory: dict = {}
 _mutex = threading.RLock()
+_warned: set = set()
 # what the process did, per event: "build" (cute.compile), "load" (an entry read from disk),
 # "export" (an entry written), "corrupt" (an entry that did not load and was rebuilt),
 # "memory_only" (a key without a stable repr)
@@ -135,8 +136,10 @@ def _load_or_build(family: str, key, build):
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        _log.warning("compile cache: cannot create %s (%s); compiling without the disk cache",
-                     path.parent, e)
+        if str(root) not in _warned:     # once per directory, not once per kernel
+            _warned.add(str(root))
+            _log.warning("compile cache: cannot create %s (%s); compiling without the disk cache",
+                         path.parent, e)
         return _build(build)
     with _EntryLock(path.with_suffix(".lock")) as locked:
         if locked:   # another process may have written it while this one waited

@@ -258,6 +258,7 @@ def test_damaged_entry_is_rebuilt_with_a_warning(fresh, damage, caplog):
 
 @pytest.mark.compile
 def test_unwritable_cache_dir_falls_back_to_memory(fresh, monkeypatch, caplog):
+    monkeypatch.setattr(cc, "_warned", set())
     blocker = fresh / "not_a_dir"
     blocker.write_text("a file where the cache directory should be")
     monkeypatch.setenv(cc.ENV, str(blocker))
