@@ -37,6 +37,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import datetime
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import protocol  # noqa: E402  (bench/protocol.py)
 
 _T0 = time.perf_counter()
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -181,7 +185,7 @@ def main(argv=None):
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--shape", default="1,4096,32,8,128", help="B,S,H_q,H_kv,D")
     ap.add_argument("--cpu", action="store_true", help="CPU breakdown: imports, compile vs load")
-    ap.add_argument("--json", help="also write the rows here")
+    protocol.add_json_arg(ap, "first_call")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -201,10 +205,10 @@ def main(argv=None):
         rows = run_gpu(modes, tuple(int(x) for x in a.shape.split(",")))
         table = table_gpu(rows)
     print(table)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(tool="bench/tools/first_call.py", machine=platform.node(),
-                           python=platform.python_version(), cpu=a.cpu, rows=rows), f, indent=1)
+    protocol.write_results(protocol.output_path(a.json, "first_call"),
+                           dict(tool="bench/tools/first_call.py", machine=platform.node(),
+                                commit=protocol.commit_id(), date=datetime.date.today().isoformat(),
+                                python=platform.python_version(), cpu=a.cpu, rows=rows), table + "\n")
 
 
 if __name__ == "__main__":
