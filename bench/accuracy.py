@@ -1,6 +1,7 @@
 """Output and gradient error of every mode and evaluator against FP64 math of the exact function.
 
-    python bench/accuracy.py --json bench/results/accuracy.json        # on the H200
+    python bench/accuracy.py                   # on the H200: bench/out/accuracy.json (+ .md)
+    python bench/accuracy.py --modes softcap --json bench/results/accuracy_softcap.json  # commit one
     python bench/accuracy.py --backend reference --seqlen 128 --hq 2 --hkv 1   # CPU dry run
 
 For each (mode, evaluator) and score spread, one causal GQA problem (default B=1 S=4096
@@ -92,7 +93,7 @@ def run(args) -> dict:
             r["poly/native"] = " / ".join(f"{r[x] / n[x]:.2f}" for x in ("O", "dQ", "dK", "dV"))
     timing = protocol.Timing(0, 1, 1)
     hdr = protocol.header(timing) if device == "cuda" else {"device": "cpu (reference backend)",
-                                                            "commit": protocol.git_commit()}
+                                                            "commit": protocol.commit_id()}
     hdr["protocol"] = (f"one call per row, B={args.batch} S={args.seqlen} H_q={args.hq} H_kv={args.hkv} "
                        f"D={args.headdim} causal BF16, backend={args.backend}; rel L2 vs FP64 exact-function "
                        "reference (flash_attn_poly.reference)")
@@ -104,17 +105,17 @@ def main(argv=None) -> int:
     protocol.add_shape_args(p, hq=8, hkv=2)
     p.add_argument("--backend", default="cuda", choices=("cuda", "reference"))
     p.add_argument("--modes", default="softmax,softcap,sigmoid", help="rows of these modes only")
-    p.add_argument("--json")
+    protocol.add_json_arg(p, "accuracy")
     args = p.parse_args(argv)
+    path = protocol.output_path(args.json, "accuracy")
     res = run(args)
     cols = ["mode", "evaluator", "program", "spread", "O", "dQ", "dK", "dV", "poly/native"]
     table = protocol.markdown_table([{k: (f"{v:.2e}" if k in ("O", "dQ", "dK", "dV") else v)
                                       for k, v in r.items()} for r in res["rows"]], cols)
     print(table)
-    if args.json:
-        protocol.write_results(args.json, res,
-                               f"# Attention accuracy vs FP64 exact math ({res['device']}, commit {res['commit']})\n\n"
-                               f"Protocol: {res['protocol']}.\n\n{protocol.doc_body(__doc__)}\n\n{table}\n")
+    protocol.write_results(path, res,
+                           f"# Attention accuracy vs FP64 exact math ({res['device']}, commit {res['commit']})\n\n"
+                           f"Protocol: {res['protocol']}.\n\n{protocol.doc_body(__doc__)}\n\n{table}\n")
     return 0
 
 

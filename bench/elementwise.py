@@ -1,9 +1,10 @@
 """B1 SiLU, B4 fused SwiGLU and the FP16 standalone sweep: poly vs native, side by side.
 
-    python bench/elementwise.py --json bench/results/elementwise.json
-    python bench/elementwise.py --graph --json bench/results/elementwise_graph.json
+    python bench/elementwise.py            # H200: bench/out/elementwise.json (+ .md)
+    python bench/elementwise.py --graph    # bench/out/elementwise_graph.json
         # every implementation's timed calls captured in CUDA graphs: device time, no host
         # dispatch (the 4M-element sweep and the B4 fwd+bwd step are host-bound otherwise)
+    python bench/elementwise.py --graph --json bench/results/elementwise_graph.json  # commit one
 
 Rows: median per-round mean time (bench/protocol.py), achieved GB/s (bytes each call must
 move: every input read once, every output written once) and the device copy bandwidth
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import protocol  # noqa: E402
-from protocol import Timing, header, markdown_table, write_json  # noqa: E402
+from protocol import Timing, header, markdown_table  # noqa: E402
 
 from flash_attn_poly import activations as act  # noqa: E402
 
@@ -164,7 +165,7 @@ def bench_sweep(timing, copy_gbps, sizes):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", help="write results here (and a .md table beside it)")
+    protocol.add_json_arg(p, "elementwise")
     p.add_argument("--sections", default="b1,b4,sweep")
     protocol.add_timing_args(p, warmup=25, rounds=5, iters=100)
     p.add_argument("--sweep-warmup", type=int, default=1000)
@@ -174,6 +175,7 @@ def main(argv=None) -> int:
     p.add_argument("--graph", action="store_true",
                    help="capture each implementation's timed calls in a CUDA graph (device time)")
     args = p.parse_args(argv)
+    path = protocol.output_path(args.json, "elementwise_graph" if args.graph else "elementwise")
     global _GRAPH
     _GRAPH = args.graph
     sections = args.sections.split(",")
@@ -199,14 +201,12 @@ def main(argv=None) -> int:
                             for r in rows], cols + ["speedup"])
     print(f"device copy bandwidth: {copy_gbps:.0f} GB/s")
     print(table)
-    if args.json:
-        write_json(args.json, out)
-        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
-            f.write(f"# Elementwise benchmark ({out['device']}, {out['date']}, commit {out['commit']})\n\n"
-                    f"Protocol: {out['protocol']}. Sweep: {out['sweep_protocol']}.\n"
-                    f"Device copy bandwidth in the same run: {copy_gbps:.0f} GB/s. "
-                    f"speedup = baseline time / row time (baseline: first row of each section).\n\n"
-                    f"{out['notes']}\n\n{table}\n")
+    protocol.write_results(path, out,
+                           f"# Elementwise benchmark ({out['device']}, {out['date']}, commit {out['commit']})\n\n"
+                           f"Protocol: {out['protocol']}. Sweep: {out['sweep_protocol']}.\n"
+                           f"Device copy bandwidth in the same run: {copy_gbps:.0f} GB/s. "
+                           f"speedup = baseline time / row time (baseline: first row of each section).\n\n"
+                           f"{out['notes']}\n\n{table}\n")
     return 0
 
 

@@ -10,8 +10,11 @@ NotImplementedError for the backward reports its forward time and "n/a" for the 
 Local layers use our sliding-window kernels (GPU-verified: tests/test_window_gpu.py).
 Protocol: bench/protocol.py.
 
-    python bench/gemma2.py --json bench/results/gemma2.json                       # H200
-    python bench/gemma2.py --headdim 128 --json bench/results/gemma2_d128.json
+    python bench/gemma2.py                  # H200, D = 256: bench/out/gemma2_d256.json (+ .md)
+    python bench/gemma2.py --headdim 128    # bench/out/gemma2_d128.json
+    python bench/gemma2.py --json bench/results/gemma2_d256.json   # commit a result
+
+bench/results/gemma2.md is the hand-kept summary of the committed tables.
 """
 from __future__ import annotations
 
@@ -161,9 +164,27 @@ def run(args):
                     r[f"{pre}_power_w"] = clk[r["impl"]]["power_w"]
         result["layers"][layer] = {"rows": table, "skipped": skipped, "window_size": list(_window(local))}
         print(f"\n{layer} layer (window {_window(local)}):")
-        extra = ["fwd_sm_mhz", "fwd_power_w", "fwd_bwd_sm_mhz", "fwd_bwd_power_w"] if args.clocks else []
-        print(protocol.markdown_table(table, ["impl", "fwd_ms", "fwd_bwd_ms", "fwd_tflops", "fwd_bwd_tflops"] + extra))
+        print(protocol.markdown_table(table, _columns(args.clocks)))
     return result
+
+
+def _columns(clocks: bool) -> list[str]:
+    extra = ["fwd_sm_mhz", "fwd_power_w", "fwd_bwd_sm_mhz", "fwd_bwd_power_w"] if clocks else []
+    return ["impl", "fwd_ms", "fwd_bwd_ms", "fwd_tflops", "fwd_bwd_tflops"] + extra
+
+
+def markdown(res: dict) -> str:
+    sh = res["shape"]
+    lines = [f"# Gemma-2 attention step, head_dim {sh['headdim']} ({res['device']}, {res['date']}, "
+             f"commit {res['commit']}, torch {res['torch']})", "",
+             f"B={sh['batch']} S={sh['seqlen']} H_q={sh['hq']} H_kv={sh['hkv']}, softcap {SOFTCAP:g}, causal; "
+             f"the local layer adds a sliding window of {WINDOW}. Protocol: {res['protocol']}. "
+             "fwd_bwd = forward + torch.autograd.grad of q, k, v; TFLOP/s counts the attended pairs only."]
+    for layer, data in res["layers"].items():
+        lines += ["", f"## {layer} layer (window_size {tuple(data['window_size'])})", "",
+                  protocol.markdown_table(data["rows"], _columns(bool(sh.get("clocks"))))]
+        lines += [f"- skipped {name}: {why}" for name, why in data["skipped"].items()]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
@@ -181,12 +202,12 @@ def main(argv=None):
     p.add_argument("--order", default="alternate", choices=sorted(protocol.ORDERS),
                    help="row order per round (bench/protocol.py): the seed's alternation or a seeded shuffle")
     p.add_argument("--clocks", action="store_true",
-                   help="SM clock / power per row from nvidia-smi samples inside its timed segments (bench/clocks.py)")
-    p.add_argument("--json", help="write results here")
+                   help="SM clock / power per row from nvidia-smi samples inside its timed segments (bench/tools/clocks.py)")
+    protocol.add_json_arg(p, "gemma2_d256")
     args = p.parse_args(argv)
+    path = protocol.output_path(args.json, f"gemma2_d{args.headdim}")
     res = run(args)
-    if args.json:
-        protocol.write_json(args.json, res)
+    protocol.write_results(path, res, markdown(res))
     return 0
 
 

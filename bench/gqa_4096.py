@@ -1,11 +1,14 @@
 """Causal GQA attention benchmark (the seed's B2/B3 shape): ours vs named baselines.
 
+    python bench/gqa_4096.py --order shuffle --rounds 9 --graph-bwd   # H200: every row, side by side
+    python bench/gqa_4096.py --pairs --pair-repeats 5                 # H200: the goal pairs, each alone
+    python bench/gqa_4096.py --compile-only                           # CPU: SASS counts per kernel
+
 Default shape: B=1, S=4096, H_q=32, H_kv=8, D=128, causal, BF16. Every row is timed side
 by side in one run with the protocol in bench/protocol.py; forward and backward are
 timed separately (backward: `torch.autograd.grad` on a retained graph, forward excluded).
-
-    python bench/gqa_4096.py --json bench/results/gqa_4096.json     # on the H200
-    python bench/gqa_4096.py --compile-only                         # CPU: SASS counts per kernel
+Results go to bench/out/gqa_4096.json (`--pairs`: gqa_4096_pairs.json, `--compile-only`:
+gqa_4096_sass.json) and the Markdown beside it; `--json bench/results/...` commits one.
 
 Baselines (skipped, saying so, when not installed): flash-attn-4 4.0.0b36 softmax and
 softcap, torch SDPA with the cuDNN backend, FlexAttention softcap (torch.compile), and
@@ -372,32 +375,37 @@ MODES = (("softmax", "native"), ("softcap", "native"), ("softcap", "poly"),
          ("sigmoid", "native"), ("sigmoid", "poly"))
 
 
-def compile_only(head_dim: int = 128, causal: bool = True) -> dict:
-    """Build every forward and backward kernel for sm_90a (no GPU) and count SASS opcodes."""
-    import os
-    import tempfile
+def compile_only(head_dim: int = 128) -> dict:
+    """Build every forward and backward kernel attention() picks at the anchor shape for sm_90a
+    (no GPU) and count SASS opcodes. The builds are tests/sass_catalogue.py's (the SASS safety
+    net's adapters), so this reads exactly what a BF16 call with softcap 50 runs."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    from flash_attn_poly.kernels import attn_bwd_sm90 as bwd, attn_fwd_sm90 as fwd, sass
-    from flash_attn_poly.kernels import score_stages as st, score_stages_bwd as stb
+    sys.path.insert(0, os.path.join(os.path.dirname(protocol.BENCH_DIR), "tests"))
+    import time
+
+    import sass_catalogue as cat
+    from flash_attn_poly.kernels import sass
+    catalogue = cat.builds()
+    jobs = [(mode, ev, d) for mode, ev in MODES for d in ("fwd", "bwd")]
     report = {}
-    for mode, ev in MODES:
-        dump = tempfile.mkdtemp(prefix="fap_sass_")
-        # the config attn_fwd builds for a call (softcap 50, BF16: fixed_max on)
-        kb = st.default_key_block(head_dim)
-        prog = {"program": st.default_program(mode, "bf16", 50.0)} if ev == "poly" and mode != "softmax" else {}
-        stage = st.make_stage(mode, ev, key_block=kb, **prog)     # attention()'s program for BF16
-        cfg = fwd.AttnFwdConfig.default(stage, "bf16", head_dim, causal,
-                                        **fwd._fixed_max_kw(mode, "bf16", 50.0, None))
-        kf = fwd.compile_attn_fwd(cfg, options=f"--keep-cubin --dump-dir={dump}")
-        bev = stage.evaluator                                     # the exp2 offload's backward is native
-        split = st.default_poly_split(mode, kb) if bev == "poly" else None   # attn_bwd's default for this D
-        key = bwd.BwdKey("bf16", head_dim, causal, stb.bwd_side(mode, bev, poly_split=split, **(prog if bev == "poly" else {})),
-                         bwd.BwdTile.for_head_dim(head_dim))
-        kb = bwd.compile_bwd(key, options=f"--keep-cubin --dump-dir={dump}")
-        for d, k in (("fwd", kf), ("bwd", kb)):
-            counts = sass.count_opcodes(sass.disassemble(k.artifacts.CUBIN))
-            report[f"{mode}/{ev}/{d}"] = {f: counts.get(f, 0) for f in SASS_FAMILIES}
+    for i, (mode, ev, d) in enumerate(jobs):
+        name = f"{mode}_{ev}_d{head_dim}_bf16"
+        if name not in catalogue:
+            raise SystemExit(f"--headdim {head_dim}: no default build {name!r} in tests/sass_catalogue.py")
+        t0 = time.time()
+        call = catalogue[name]
+        text = cat.sass_text(cat.fwd_kernel(call) if d == "fwd" else cat.bwd_kernel(call))
+        counts = sass.count_opcodes(text)
+        report[f"{mode}/{ev}/{d}"] = {f: counts.get(f, 0) for f in SASS_FAMILIES}
+        protocol.progress(f"[{i + 1}/{len(jobs)}] {mode}/{ev} {d}, D={head_dim}: compiled and "
+                          f"disassembled in {time.time() - t0:.1f} s")
     return report
+
+
+def sass_markdown(res: dict) -> str:
+    rows = [{"kernel": k, **v} for k, v in res["kernels"].items()]
+    return (f"# Attention SASS counts ({res['arch']}, {res['date']}, commit {res['commit']})\n\n"
+            f"{res['what']}.\n\n" + protocol.markdown_table(rows, ["kernel", *SASS_FAMILIES]) + "\n")
 
 
 def main(argv=None):
@@ -423,23 +431,25 @@ def main(argv=None):
                         "bwd_graph_ms = step graph - forward graph")
     p.add_argument("--clocks", action="store_true",
                    help="sample nvidia-smi while timing: mean SM clock, power and clock-event reasons per row "
-                        "(bench/clocks.py)")
-    p.add_argument("--compile-only", action="store_true", help="CPU: compile every kernel, print SASS counts as JSON")
-    p.add_argument("--json", help="write results here")
+                        "(bench/tools/clocks.py)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="CPU: compile every default kernel at --headdim, write SASS counts (a progress line per build)")
+    protocol.add_json_arg(p, "gqa_4096")
     args = p.parse_args(argv)
     if args.compile_only:
         import datetime
-        res = {"arch": "sm_90a (CUTE_DSL_ARCH, compiled on the CPU)", "commit": protocol.git_commit(),
+        path = protocol.output_path(args.json, "gqa_4096_sass")
+        res = {"arch": "sm_90a (CUTE_DSL_ARCH, compiled on the CPU)", "commit": protocol.commit_id(),
                "date": datetime.date.today().isoformat(),
-               "what": "SASS opcode counts per kernel (whole kernel, all loops), B=1 S=4096 Hq=32 Hkv=8 "
-                       "D=128 causal BF16 defaults as attention() builds them (softcap 50)",
-               "kernels": compile_only()}
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(res, f, indent=2)
+               "what": f"SASS opcode counts per kernel (whole kernel, all loops), B=1 S=4096 Hq=32 Hkv=8 "
+                       f"D={args.headdim} causal BF16 defaults as attention() builds them (softcap 50; "
+                       f"tests/sass_catalogue.py)",
+               "kernels": compile_only(args.headdim)}
+        protocol.write_results(path, res, sass_markdown(res))
         print(json.dumps(res, indent=2))
         return
     if args.pairs:
+        path = protocol.output_path(args.json, "gqa_4096_pairs")
         timing = protocol.Timing(args.warmup, args.rounds, args.iters, settle_ms=args.settle_ms)
         shape = _shape(args)
         res = {**protocol.header(timing), "shape": shape, "pair_protocol": PAIR_NOTE,
@@ -447,13 +457,12 @@ def main(argv=None):
         md = (f"# Attention benchmark, goal pairs: {shape}\n\ndevice {res['device']}, {res['date']}, "
               f"commit {res['commit']}, torch {res['torch']}\n\nProtocol: {res['protocol']}.\n"
               + pairs_markdown(res["pairs"]))
-        if args.json:
-            protocol.write_results(args.json, res, md)
+        protocol.write_results(path, res, md)
         print(md)
         return
+    path = protocol.output_path(args.json, "gqa_4096")
     res = run(args)
-    if args.json:
-        protocol.write_results(args.json, res, markdown(res))
+    protocol.write_results(path, res, markdown(res))
     print(markdown(res))
 
 
@@ -471,7 +480,7 @@ def markdown(res: dict) -> str:
              "launch cost included where it exceeds GPU time); fwd_graph_ms: the same call captured "
              "in a CUDA graph and replayed (GPU time only); bwd_graph_ms (--graph-bwd): a forward+backward "
              "step captured the same way, minus fwd_graph_ms; *_sm_mhz / *_power_w / bwd_clock_reasons (--clocks): nvidia-smi samples "
-             "inside the row's timed segments (bench/clocks.py).", "",
+             "inside the row's timed segments (bench/tools/clocks.py).", "",
              "| ratio (baseline time / ours) | value |", "|---|---|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in res["ratios"].items()]
     return "\n".join(lines) + "\n"

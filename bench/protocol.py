@@ -11,9 +11,15 @@ medians measured in the same run.
 H200 runs under its power cap during these loops and its SM clock follows the power of the
 last tens of milliseconds, so with listed/reversed order a row keeps the same neighbours
 every round, and rows listed beside low-power baselines (torch.compile'd sigmoid, flex) ran
-at higher clocks (bench/results/gqa_4096_clocks.md). Shuffling spreads the neighbours.
+at higher clocks (docs/MEASURED.md, "Benchmark protocol"). Shuffling spreads the neighbours.
 `Timing(settle_ms=...)` idles the GPU before every segment instead, so that each starts from
-the same power state (burst rather than sustained clocks; bench/results/protocol_sensitivity.md).
+the same power state (burst rather than sustained clocks; docs/MEASURED.md).
+
+Job outputs: every bench script writes its JSON (and the Markdown beside it) to
+bench/out/<name>.json, a git-ignored scratch folder, unless `--json PATH` names another file;
+committing a result under bench/results/ is always that explicit path (`output_path`). The
+commit a result was measured at is `commit_id()` (FAP_COMMIT, else git, else the package
+version + "unknown").
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import os
 import random
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -80,7 +87,7 @@ _SEGMENTS: list[tuple[str, float, float]] = []
 
 def last_segments() -> list[tuple[str, float, float]]:
     """(name, host start, host end) in seconds of every timed segment of the last
-    time_alternating call (for bench/clocks.py; the GPU is idle before each start, and each
+    time_alternating call (for bench/tools/clocks.py; the GPU is idle before each start, and each
     end follows the end event's synchronize)."""
     return list(_SEGMENTS)
 
@@ -127,9 +134,12 @@ def _capture(fn: Callable[[], object], iters: int) -> "torch.cuda.CUDAGraph":
 
 
 def time_with_clocks(fns: dict[str, Callable[[], object]], timing: Timing, with_clocks: bool):
-    """(time_alternating's times, per-name SM clock / power from bench/clocks.py or {})."""
+    """(time_alternating's times, per-name SM clock / power from bench/tools/clocks.py or {})."""
     if not with_clocks:
         return time_alternating(fns, timing), {}
+    tools = os.path.join(BENCH_DIR, "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
     import clocks
     with clocks.Sampler() as sampler:
         times = time_alternating(fns, timing)
@@ -192,24 +202,69 @@ def graph_time(fn: Callable[[], object], timing: Timing) -> float | None:
         return None
 
 
-def git_commit() -> str:
-    """The checkout's commit; on the device machine (no .git) the caller exports FAP_COMMIT."""
-    if os.environ.get("FAP_COMMIT"):
-        return os.environ["FAP_COMMIT"]
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+OUT_DIR = os.path.join(BENCH_DIR, "out")   # scratch for job outputs (git-ignored)
+
+
+def package_version() -> str:
+    """flash-attn-poly's installed version, read from the package metadata (no torch import)."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except Exception:
+        from importlib.metadata import version
+        return version("flash-attn-poly")
+    except Exception:  # noqa: BLE001 - not installed (a bare copy on PYTHONPATH)
         return "unknown"
+
+
+def commit_id() -> str:
+    """The commit a result was measured at, recorded even outside a git checkout.
+
+    FAP_COMMIT when set (the device machine gets a copy of the tree without .git: the caller
+    exports the sha), else HEAD of the checkout this file is in (short sha, "-dirty" when a
+    tracked file differs from it), else "<package version>+unknown"."""
+    env = os.environ.get("FAP_COMMIT", "").strip()
+    if env:
+        return env
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR,
+                              capture_output=True, text=True, timeout=30)
+        sha = head.stdout.strip()
+        if head.returncode == 0 and sha:
+            status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                    cwd=BENCH_DIR, capture_output=True, text=True, timeout=30)
+            return sha + ("-dirty" if status.returncode == 0 and status.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return f"{package_version()}+unknown"
+
+
+def progress(message: str) -> None:
+    """One progress line on stderr (long jobs: a line per build or step)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def add_json_arg(p, name: str) -> None:
+    """--json on an argparse parser; output_path() resolves it (default: bench/out/<name>.json)."""
+    p.add_argument("--json", metavar="PATH",
+                   help=f"write the results here, and the Markdown table beside it (.md); default "
+                        f"bench/out/{name}.json (scratch, git-ignored). A committed results file is "
+                        f"always an explicit path, e.g. --json bench/results/{name}.json")
+
+
+def output_path(json_path: str | None, name: str) -> str:
+    """Where a job writes its JSON: the explicit --json path, else bench/out/<name>.json."""
+    path = json_path or os.path.join(OUT_DIR, name + ".json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return path
 
 
 def header(timing: Timing) -> dict:
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"device": dev, "date": _dt.date.today().isoformat(), "commit": git_commit(),
+    return {"device": dev, "date": _dt.date.today().isoformat(), "commit": commit_id(),
             "torch": torch.__version__, "protocol": timing.describe()}
 
 
 def write_json(path: str, payload: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(payload, f, indent=2)
         f.write("\n")
@@ -235,8 +290,10 @@ def doc_body(doc: str) -> str:
 def write_results(path: str, payload: dict, markdown: str) -> None:
     """payload as JSON at path, and the Markdown beside it (same name, .md)."""
     write_json(path, payload)
-    with open(os.path.splitext(path)[0] + ".md", "w") as f:
+    md = os.path.splitext(path)[0] + ".md"
+    with open(md, "w") as f:
         f.write(markdown)
+    progress(f"wrote {path} and {md}")
 
 
 def markdown_table(rows: list[dict], cols: list[str]) -> str:

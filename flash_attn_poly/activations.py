@@ -71,15 +71,25 @@ def _aligned(t: Tensor) -> Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(kind: str, dtype: str, evaluator: str, layout: str, tvm_ffi: bool = True):
-    """(compiled kernel, unroll) per configuration and launch path.  Cached here because
-    building the key (program bits from the table) costs ~100 us, more than a
-    4M-element kernel runs."""
+def _key(kind: str, dtype: str, evaluator: str, layout: str):
+    """The kernel's compile key per configuration.  Memoised here because building it
+    (program bits from the table) costs ~100 us, more than a 4M-element kernel runs; the
+    compiled kernel itself lives in kernels/compile_cache.py."""
     from flash_attn_poly.kernels import elementwise as ew
 
-    key = ew.ElementwiseKey(kind, dtype, evaluator, layout,
-                            ew.program_bits(kind, dtype, evaluator))
-    return ew.get_compiled(key, tvm_ffi), ew.ElementwiseKernel.unroll_for(kind)
+    return ew.ElementwiseKey(kind, dtype, evaluator, layout, ew.program_bits(kind, dtype, evaluator))
+
+
+def _compiled(key):
+    """The compiled kernel of an ElementwiseKey (kernels/compile_cache.py)."""
+    return _ew().get_compiled(key)
+
+
+@functools.lru_cache(maxsize=None)
+def _ew():
+    from flash_attn_poly.kernels import elementwise as ew
+
+    return ew
 
 
 @functools.lru_cache(maxsize=4096)   # per (n, kind, device): bounded, n varies
@@ -90,26 +100,12 @@ def _grid(n: int, kind: str, device_index: int) -> int:
                      GRID_POLICY.get(kind, "default"))
 
 
-def _launch_dlpack(cfg: tuple, tensors: list, ints: tuple) -> None:
-    """The original marshalling (from_dlpack per tensor, Int32, explicit stream), kept as
-    the fallback and for side-by-side timing (FLASH_ATTN_POLY_LAUNCH=dlpack)."""
-    import cuda.bindings.driver as cuda
-    from cutlass import Int32
-    from cutlass.cute.runtime import from_dlpack
-
-    fn, _ = _compiled(*cfg, tvm_ffi=False)
-    stream = cuda.CUstream(torch.cuda.current_stream(tensors[0].device).cuda_stream)
-    fn(*(from_dlpack(t, assumed_align=_ALIGN).mark_layout_dynamic() for t in tensors),
-       *(Int32(i) for i in ints), stream)
-
-
 def launch(kind: str, dtype: str, evaluator: str, ins: list, outs: list,
            layout: str = "flat", h: int = 0) -> None:
     """Run the compiled kernel for (kind, dtype, evaluator, layout) on flat views.
 
     `ins`/`outs`: contiguous tensors (any shape); `h`: half-row width for concat.
-    Launch path: FLASH_ATTN_POLY_LAUNCH (kernels/launch.py)."""
-    from flash_attn_poly.kernels import launch as lp
+    Torch tensors and ints go straight into the tvm-ffi build (kernels/compile_cache.py)."""
     from flash_attn_poly.kernels.elementwise import CHUNK
 
     cfg = (kind, dtype, evaluator, layout)
@@ -121,19 +117,17 @@ def launch(kind: str, dtype: str, evaluator: str, ins: list, outs: list,
     flat_out = [t.view(-1) for t in outs]
     flat_in += [flat_in[0]] * (3 - len(flat_in))      # unused slots: never touched
     flat_out += [flat_out[0]] * (2 - len(flat_out))
-    tensors = flat_in + flat_out
-    lp.run(("elementwise",) + cfg, lambda: _compiled(*cfg)[0](*tensors, *ints),
-           lambda: _launch_dlpack(cfg, tensors, ints))
+    _compiled(_key(*cfg))(*flat_in, *flat_out, *ints)
 
 
-_FAST: dict = {}    # (kind, dtype, evaluator, layout, n, h, device index) -> (cfg, ints)
+_FAST: dict = {}    # (kind, dtype, evaluator, layout, n, h, device index) -> (compile key, ints)
 
 
 def _launch_fast(kind: str, dtype: str, evaluator: str, ins: list, outs: list,
                  layout: str = "flat", h: int = 0) -> None:
-    """launch() with the per-shape work cached: grid, ints and the compiled-kernel lookup
-    are computed once per (config, numel, h, device); per call only the alignment test
-    of the inputs, the flat views and the launch-path dispatch remain."""
+    """launch() with the per-shape work cached: grid, ints and the compile key are computed
+    once per (config, numel, h, device); per call only the alignment test of the inputs,
+    the flat views and the compiled-kernel lookup (a dict hit) remain."""
     out0 = outs[0]
     numel = out0.numel()
     if numel == 0:
@@ -145,10 +139,10 @@ def _launch_fast(kind: str, dtype: str, evaluator: str, ins: list, outs: list,
         from flash_attn_poly.kernels.elementwise import CHUNK
 
         n = numel if layout == "flat" else numel // (2 if kind.endswith("bwd") else 1)
-        hit = ((kind, dtype, evaluator, layout),
+        hit = (_key(kind, dtype, evaluator, layout),
                (n, max(h // CHUNK, 1), _grid(n, kind, max(dev, 0))))
         _FAST[key] = hit
-    cfg, ints = hit
+    ew_key, ints = hit
     # inputs are contiguous (checked / .contiguous() by the callers); views only when
     # not already 1-D, and one view per distinct tensor (concat passes gate_up twice)
     flat_in = [t if t.data_ptr() % _ALIGN == 0 else t.clone() for t in ins]
@@ -159,15 +153,7 @@ def _launch_fast(kind: str, dtype: str, evaluator: str, ins: list, outs: list,
             else [t.view(-1) for t in outs]
     flat_in = flat_in + [flat_in[0]] * (3 - len(flat_in))      # unused slots: never touched
     tensors = flat_in + (outs if len(outs) == 2 else [outs[0], outs[0]])
-    _lp().run(("elementwise",) + cfg, lambda: _compiled(*cfg)[0](*tensors, *ints),
-              lambda: _launch_dlpack(cfg, tensors, ints))
-
-
-@functools.lru_cache(maxsize=None)
-def _lp():
-    from flash_attn_poly.kernels import launch as lp
-
-    return lp
+    _compiled(ew_key)(*tensors, *ints)
 
 
 def _concat_ok(gate_up: Tensor) -> bool:

@@ -32,8 +32,8 @@ post (one launch for all three gradients): dq = dq_acc * scale, dk = dk_acc * sc
   threads x 4 chunks per thread per block, loads first.
 
 Compile: PreKernel(PreKey).compile() / PostKernel(PostKey).compile(); the torch entries
-preprocess() / postprocess() below launch through kernels/launch.py (tvm-ffi fast path,
-dlpack fallback) like the other kernels.  Limits: tensors 16-byte aligned (LSE 4),
+preprocess() / postprocess() below launch through kernels/compile_cache.py (tvm-ffi: torch
+tensors in) like the other kernels.  Limits: tensors 16-byte aligned (LSE 4),
 contiguous, element counts < 2**31 (32-bit indexing); the entries check and raise
 otherwise.  Empty tensors and an O whose dtype differs from dO go to the torch reference.
 """
@@ -62,8 +62,8 @@ def _dtype(name: str):
 
 def _fake(dt, rank: int, div: int = 1, align: int = 16):
     """rank-D fake tensor: 32-bit symbolic shape, 64-bit symbolic strides (multiples of
-    div), unit innermost stride, `align`-byte aligned base (what from_dlpack +
-    mark_layout_dynamic passes, see attn_bwd_sm90.fake_args)."""
+    div), unit innermost stride, `align`-byte aligned base: what the tvm-ffi entry checks
+    the torch tensors against (see attn_bwd_sm90.fake_args)."""
     shape = tuple(cute.sym_int(32) for _ in range(rank))
     stride = tuple(cute.sym_int64(divisibility=div) for _ in range(rank - 1)) + (1,)
     return cute.runtime.make_fake_tensor(dt, shape, stride, assumed_align=align)
@@ -174,10 +174,10 @@ class PreKernel:
         lse = _fake(Float32, 3, align=4)                          # (B, H, S), read per value
         return io + [lse] + [_fake(Float32, 3) for _ in range(2)]  # lse2, dsum (B, H, S_pad)
 
-    def compile(self, tvm_ffi: bool = True, options: str = ""):
-        from . import launch
-        stream, opts = launch.compile_kwargs(tvm_ffi, options)
-        return cute.compile(self, *self.fake_args(), stream, options=opts)
+    def compile(self, options: str = ""):
+        """Uncached build with compiler options (SASS inspection); launches use compiled()."""
+        from . import compile_cache
+        return compile_cache.compile_tvm_ffi(self, self.fake_args(), options)
 
 
 class PreZeroKernel(PreKernel):
@@ -285,23 +285,29 @@ class PostKernel:
         outs = [_fake(self.dtype, 4, div=8) for _ in range(3)]
         return accs + outs + [Float32(1.0)]
 
-    def compile(self, tvm_ffi: bool = True, options: str = ""):
-        from . import launch
-        stream, opts = launch.compile_kwargs(tvm_ffi, options)
-        return cute.compile(self, *self.fake_args(), stream, options=opts)
+    def compile(self, options: str = ""):
+        """Uncached build with compiler options (SASS inspection); launches use compiled()."""
+        from . import compile_cache
+        return compile_cache.compile_tvm_ffi(self, self.fake_args(), options)
 
 
 # ------------------------------------------------------------------- cache + torch entries
-_CACHE: dict = {}
+def kernel_for(key):
+    """The kernel object of a PreKey or PostKey."""
+    if isinstance(key, PreKey):
+        return (PreZeroKernel if key.zero_dq else PreKernel)(key)
+    return PostKernel(key)
 
 
-def get_compiled(key, tvm_ffi: bool = True):
-    fn = _CACHE.get((key, tvm_ffi))
-    if fn is None:
-        kern = ((PreZeroKernel if key.zero_dq else PreKernel)(key) if isinstance(key, PreKey)
-                else PostKernel(key))
-        fn = _CACHE[(key, tvm_ffi)] = kern.compile(tvm_ffi=tvm_ffi)
-    return fn
+def _build(key):
+    kern = kernel_for(key)
+    return kern, kern.fake_args()
+
+
+def get_compiled(key):
+    """The cached build of a PreKey / PostKey (kernels/compile_cache.py)."""
+    from . import compile_cache
+    return compile_cache.compiled("attn_bwd_prepost", key, lambda: _build(key))
 
 
 def _dtype_name(t) -> str:
@@ -317,18 +323,8 @@ def _check(*ts, align: int = 16):
 
 
 def _run(key, args, scalars=()):
-    """Launch through kernels/launch.py: tvm-ffi (torch tensors in) or from_dlpack."""
-    from . import launch
-
-    def dlpack():
-        import torch
-        import cuda.bindings.driver as cuda
-        from cutlass.cute.runtime import from_dlpack
-        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-        dl = [from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=t.dim() - 1) for t in args]
-        get_compiled(key, False)(*dl, *[Float32(x) for x in scalars], stream)
-
-    launch.run(("attn_bwd_prepost", key), lambda: get_compiled(key, True)(*args, *scalars), dlpack)
+    """Launch: torch tensors and floats straight into the tvm-ffi build."""
+    get_compiled(key)(*args, *scalars)
 
 
 def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str, pad_to: int,

@@ -730,9 +730,6 @@ class BwdKey:
     head_loop: bool = False      # CTA per KV head over its GQA group; dK/dV stored directly
 
 
-_CACHE: dict = {}
-
-
 def _cutlass_dtype(name: str):
     return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
 
@@ -770,20 +767,17 @@ def kernel_for(key: BwdKey) -> AttnBwdSm90:
                (key.window_left, key.window_right), key.deterministic, key.dq_async, key.lpt, key.head_loop)
 
 
-def compile_bwd(key: BwdKey, options: str = "", tvm_ffi: bool = False):
-    """Compile (cached) for the current device (or CUTE_DSL_ARCH on a CPU machine).
-    tvm_ffi=True: the fast-launch variant taking torch tensors and Python floats directly,
-    on torch's current stream (kernels/launch.py); same device code."""
-    from . import launch
-    if (key, tvm_ffi) not in _CACHE:
-        stream, opts = launch.compile_kwargs(tvm_ffi, options)
-        _CACHE[(key, tvm_ffi)] = cute.compile(kernel_for(key), *fake_args(key), stream, options=opts)
-    return _CACHE[(key, tvm_ffi)]
+def compile_bwd(key: BwdKey, options: str = ""):
+    """Compile for the current device (or CUTE_DSL_ARCH on a CPU machine), uncached: for
+    inspection with compiler options (SASS).  The build is the one attn_bwd runs."""
+    from . import compile_cache
+    return compile_cache.compile_tvm_ffi(kernel_for(key), fake_args(key), options)
 
 
-def _dl(t):
-    from cutlass.cute.runtime import from_dlpack
-    return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=t.dim() - 1)
+def _compiled(key: BwdKey):
+    """The cached build of key (memory, then disk, then compile; kernels/compile_cache.py)."""
+    from . import compile_cache
+    return compile_cache.compiled("attn_bwd", key, lambda: (kernel_for(key), fake_args(key)))
 
 
 def default_split(mode: str, evaluator: str, head_dim: int):
@@ -863,7 +857,6 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     use_loop = head_loop_auto(b, h_q, k.shape[2], s_k, tile, d, q.device) if head_loop is None else bool(head_loop)
     if use_loop and not deterministic:
         key = dataclasses.replace(key, head_loop=True)
-    from . import launch
     zero_dq = key.head_loop and (zero_dq_in_pre_default(stage) if zero_dq_in_pre is None else bool(zero_dq_in_pre))
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if zero_dq else None
     lse2, dsum = prepost.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128,
@@ -880,9 +873,7 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
         extra = accs[3:]   # (Int32 turn counters,) in deterministic builds, else ()
     tensors = (q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc)
     scalars = [float(a) for a in stage.host_args(scale, softcap, sigmoid_bias)]
-    launch.run(("attn_bwd", key),
-               lambda: compile_bwd(key, tvm_ffi=True)(*tensors, *scalars, *window, *extra),
-               lambda: _launch_dlpack(key, tensors, scalars, window, extra))
+    _compiled(key)(*tensors, *scalars, *window, *extra)
     if key.head_loop:
         return prepost.postprocess_dq(dq_acc, scale, q.dtype), dk_acc, dv_acc
     return prepost.postprocess(dq_acc, dk_acc, dv_acc, scale, q.dtype)
@@ -926,14 +917,3 @@ def turn_counters(b: int, s_q: int, s_k: int, h_q: int, h_kv: int, tile: BwdTile
     (kernel: dq_turn, dkv_turn; D = 256 has 2 chunks)."""
     chunks = max(1, d // 128)
     return (b * h_q * -(-s_q // tile.tile_m) + b * h_kv * -(-s_k // tile.tile_n)) * chunks
-
-
-def _launch_dlpack(key, tensors, scalars, window=(0, 0), extra=()):
-    """The original path: from_dlpack + mark_layout_dynamic for 9 tensors per call; extra:
-    the deterministic build's turn counters (a 10th tensor) or head_loop's dK scale (float)."""
-    import torch
-    import cuda.bindings.driver as cuda
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    compile_bwd(key)(*(_dl(t) for t in tensors), *[Float32(a) for a in scalars],
-                     *[Int32(w) for w in window],
-                     *(Float32(t) if isinstance(t, float) else _dl(t) for t in extra), stream)

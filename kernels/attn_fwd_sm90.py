@@ -46,12 +46,12 @@ try:  # installed package layout
     from flash_attn_poly.kernels import mask as mask_mod
     from flash_attn_poly.kernels import score_stages as stages
     from flash_attn_poly.kernels.tile_scheduler import SectionLptScheduler, persistent_tile, section_heads
-    from flash_attn_poly.kernels import launch
+    from flash_attn_poly.kernels import compile_cache
 except ImportError:  # running from the repository root
     from kernels import mask as mask_mod
     from kernels import score_stages as stages
     from kernels.tile_scheduler import SectionLptScheduler, persistent_tile, section_heads
-    from kernels import launch
+    from kernels import compile_cache
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 DEFAULT_PERSISTENT_CTAS = 132   # SMs of an H100 / H200 SXM; attn_fwd uses the device's own count
@@ -710,8 +710,8 @@ class AttnFwdSm90:
 
 # ---------------------------------------------------------------------- compile + torch entry
 def _fake_args(cfg: AttnFwdConfig):
-    """Fake tensors with symbolic B/S/H and strides (D static), matching what
-    from_dlpack(...).mark_layout_dynamic(leading_dim) produces at run time."""
+    """Fake tensors with symbolic B/S/H and strides (D static): the signature the tvm-ffi
+    entry checks the torch tensors against (dtype, rank, stride divisibility) and packs."""
     from cutlass.cute.runtime import make_fake_tensor
 
     dt = _DTYPES[cfg.dtype]
@@ -728,18 +728,16 @@ def _fake_args(cfg: AttnFwdConfig):
             Int32(0), Int32(0))   # window (left, right) sizes
 
 
-def compile_attn_fwd(cfg: AttnFwdConfig, *, options: str = "", tvm_ffi: bool = False):
+def compile_attn_fwd(cfg: AttnFwdConfig, *, options: str = ""):
     """cute.compile the kernel for cfg against fake tensors (works on a CPU machine with
-    CUTE_DSL_ARCH=sm_90a).  Returns the compiled callable.  tvm_ffi=True builds the
-    fast-launch variant (kernels/launch.py): it takes the torch tensors and Python floats
-    directly and runs on torch's current stream; the device code is identical."""
-    stream, opts = launch.compile_kwargs(tvm_ffi, options)
-    return cute.compile(AttnFwdSm90(cfg), *_fake_args(cfg), stream, options=opts)
+    CUTE_DSL_ARCH=sm_90a), uncached: for inspection with compiler options (SASS, PTX).
+    The build is the one attn_fwd runs (kernels/compile_cache.py launch path)."""
+    return compile_cache.compile_tvm_ffi(AttnFwdSm90(cfg), _fake_args(cfg), options)
 
 
-@lru_cache(maxsize=None)
-def _compiled(cfg: AttnFwdConfig, tvm_ffi: bool = False):
-    return compile_attn_fwd(cfg, tvm_ffi=tvm_ffi)
+def _compiled(cfg: AttnFwdConfig):
+    """The cached build of cfg (memory, then disk, then compile)."""
+    return compile_cache.compiled("attn_fwd", cfg, lambda: (AttnFwdSm90(cfg), _fake_args(cfg)))
 
 
 @lru_cache(maxsize=None)
@@ -766,22 +764,6 @@ def _config_for_stage(stage, dtype, d, causal, tuning_items):
             and "tile_n" not in dict(tuning_items)):
         cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items, tile_n=stages.default_key_block(d)))
     return cfg
-
-
-def _to_cute(t, leading_dim):
-    from cutlass.cute.runtime import from_dlpack
-
-    return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=leading_dim)
-
-
-def _launch_dlpack(cfg, tensors, params, device, window=(0, 0)):
-    """The original path: ~62 us of from_dlpack/mark_layout_dynamic for 5 tensors."""
-    import torch
-    import cuda.bindings.driver as cuda
-
-    stream = cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
-    _compiled(cfg, False)(*(_to_cute(t, t.dim() - 1) for t in tensors),
-                          *[Float32(x) for x in params], *[Int32(w) for w in window], stream)
 
 
 @lru_cache(maxsize=None)
@@ -831,7 +813,7 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
     program: the poly stage's coefficient-table entry (None: the mode's default program).
     window_size: (left, right) sliding window, flash-attn semantics (-1 = unbounded); only
     "bounded or not" is compiled in, the sizes are runtime arguments (kernels/mask.py).
-    Launch path: FLASH_ATTN_POLY_LAUNCH (kernels/launch.py)."""
+    Launch: torch tensors and floats straight into the tvm-ffi build (kernels/compile_cache.py)."""
     import torch
 
     b, s_q, h_q, d = q.shape
@@ -862,9 +844,7 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
         out = torch.empty_like(q)
     lse_t = lse if lse is not None else torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     tensors = (q, k, v, out, lse_t)
-    launch.run(("attn_fwd", cfg),
-               lambda: _compiled(cfg, True)(*tensors, *params, *window),
-               lambda: _launch_dlpack(cfg, tensors, params, q.device, window))
+    _compiled(cfg)(*tensors, *params, *window)
     return out, (lse_t if stage.has_lse else None)
 
 

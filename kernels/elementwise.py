@@ -43,7 +43,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
-from flash_attn_poly.kernels import elementwise_ops as ops
+from flash_attn_poly.kernels import compile_cache, elementwise_ops as ops
 
 THREADS = 256
 BLOCKS_PER_SM = 8          # 8 x 256 = 2,048 resident threads per SM on sm_90
@@ -109,6 +109,14 @@ class ElementwiseKey:
             raise ValueError(f"layout must be 'flat' or 'concat', got {self.layout!r}")
         if self.layout == "concat" and not self.kind.startswith("swiglu"):
             raise ValueError("the concatenated [gate | up] layout is for swiglu kinds only")
+
+    def __hash__(self) -> int:
+        # every launch looks its compiled kernel up by this key: hash the nested fields once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.kind, self.dtype, self.evaluator, self.layout, self.program_bits, self.tune))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     @property
     def cutlass_dtype(self):
@@ -327,24 +335,20 @@ class ElementwiseKernel:
                                                  assumed_align=16)
         return [fake() for _ in range(5)] + [Int32(0), Int32(0), Int32(1)]
 
-    def compile(self, tvm_ffi: bool = True, options: str = ""):
-        """cute.compile against fake tensors; with tvm_ffi the result takes torch tensors
-        and launches on torch's current stream."""
-        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
-        opts = (options + (" --enable-tvm-ffi" if tvm_ffi else "")).strip()
-        return cute.compile(self, *self.fake_args(), stream, options=opts)
+    def compile(self, options: str = ""):
+        """cute.compile against fake tensors, uncached (options: e.g. --keep-cubin); the
+        result takes torch tensors and launches on torch's current stream."""
+        return compile_cache.compile_tvm_ffi(self, self.fake_args(), options)
 
 
-_CACHE: dict = {}
+def _build(key: ElementwiseKey):
+    kern = ElementwiseKernel(key)
+    return kern, kern.fake_args()
 
 
-def get_compiled(key: ElementwiseKey, tvm_ffi: bool = True):
-    """Compiled kernel for `key`, built once per process and launch path (tvm_ffi: torch
-    tensors in directly; False: the from_dlpack path, kernels/launch.py)."""
-    fn = _CACHE.get((key, tvm_ffi))
-    if fn is None:
-        fn = _CACHE[(key, tvm_ffi)] = ElementwiseKernel(key).compile(tvm_ffi=tvm_ffi)
-    return fn
+def get_compiled(key: ElementwiseKey):
+    """Compiled kernel for `key` (kernels/compile_cache.py: memory, disk, then compile)."""
+    return compile_cache.compiled("elementwise", key, lambda: _build(key))
 
 
 def program_bits(kind: str, dtype: str, evaluator: str) -> tuple:

@@ -63,7 +63,7 @@ def _program(call):
 
 def fwd_kernel(call):
     """(kernel object, compile args) of the forward build `attention()` picks for call."""
-    from flash_attn_poly.kernels import attn_fwd_sm90 as F, launch, mask
+    from flash_attn_poly.kernels import attn_fwd_sm90 as F, mask
     b, s, h_q, h_kv = call["shape"]
     dtype = call["dtype"]
     tuning = {"persistent": SM_COUNT}
@@ -73,13 +73,13 @@ def fwd_kernel(call):
     items = tuple(sorted(dict(tuning, **win_kw, **fixed_kw).items()))
     _, cfg = F._stage_and_config(call["mode"], call["evaluator"], dtype, call["d"], call["causal"], items,
                                  _program(call))
-    stream, _ = launch.compile_kwargs(False)
+    stream = F.cute.runtime.make_fake_stream()
     return F.AttnFwdSm90(cfg), F._fake_args(cfg) + (stream,)
 
 
 def bwd_kernel(call):
     """(kernel object, compile args) of the backward build `attention()` picks for call."""
-    from flash_attn_poly.kernels import attn_bwd_sm90 as B, launch, mask
+    from flash_attn_poly.kernels import attn_bwd_sm90 as B, mask
     from flash_attn_poly.kernels.score_stages import offloads_exp2
     from flash_attn_poly.kernels.score_stages_bwd import bwd_side
     b, s, h_q, h_kv = call["shape"]
@@ -97,7 +97,7 @@ def bwd_kernel(call):
     loop = h_q == h_kv or ctas >= B.HEAD_LOOP_MIN_CTAS_PER_SM * SM_COUNT
     if loop and not det:
         key = B.dataclasses.replace(key, head_loop=True)
-    stream, _ = launch.compile_kwargs(False)
+    stream = B.cute.runtime.make_fake_stream()
     return B.kernel_for(key), B.fake_args(key) + (stream,)
 
 

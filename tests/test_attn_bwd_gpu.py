@@ -1,6 +1,6 @@
 """GPU tier: dQ/dK/dV of kernels/attn_bwd_sm90.py against FP64 references.
 
-Native modes: FP64 autograd of the exact function (bench/attn_bwd_check.py).  Poly modes:
+Native modes: FP64 autograd of the exact function (tests/bwd_fp64.py).  Poly modes:
 the forward kernel (default poly_split, NaN-poisoned preallocated O) feeds the backward
 kernel, and both are judged against the FP64 explicit backward of the per-key-column split
 reference (poly_reference.split_fns: block columns replay the program and its derivative
@@ -34,10 +34,8 @@ POLY_CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode)
 
 def _check_vs_fp64(case, **kw):
     """dQ/dK/dV of attn_bwd (options kw) vs FP64 autograd of the exact function
-    (bench/attn_bwd_check.run_case): finite, max relative error < 2e-2."""
-    import sys, os
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-    from attn_bwd_check import run_case
+    (tests/bwd_fp64.run_case): finite, max relative error < 2e-2."""
+    from bwd_fp64 import run_case
     errs, finite = run_case(case, **kw)
     assert finite
     assert max(errs) < 2e-2, errs

@@ -63,14 +63,14 @@ def test_tvm_ffi_signatures():
     gets as far as the device check of argument 0 (no CUDA here)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("tvm_ffi")
-    pre = P.get_compiled(P.PreKey("bf16", 128, True, True), tvm_ffi=True)
+    pre = P.get_compiled(P.PreKey("bf16", 128, True, True))
     x, st = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16), torch.zeros(1, 4, 256)
     with pytest.raises(Exception, match="device_type=cuda"):
         pre(x, x, st, st, st)
-    pre_zero = P.get_compiled(P.PreKey("bf16", 128, True, True, zero_dq=True), tvm_ffi=True)
+    pre_zero = P.get_compiled(P.PreKey("bf16", 128, True, True, zero_dq=True))
     with pytest.raises(Exception, match="device_type=cuda"):
         pre_zero(x, x, st, st, st, torch.zeros(1, 256, 4, 128))
-    post = P.get_compiled(P.PostKey("bf16"), tvm_ffi=True)
+    post = P.get_compiled(P.PostKey("bf16"))
     acc = torch.zeros(1, 256, 4, 128)
     with pytest.raises(Exception, match="device_type=cuda"):
         post(acc, acc, acc, x, x, x, 0.125)

@@ -1,11 +1,17 @@
-"""CPU tier: the host-side rules the benchmarks and the backward's defaults depend on."""
+"""CPU tier: the host-side rules the benchmarks and the backward's defaults depend on, and the
+bench layout's contracts (job outputs, the commit record, the device round script)."""
 import json
 import os
+import re
+import shutil
+import subprocess
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+sys.path[:0] = [BENCH, os.path.join(BENCH, "tools")]
 
 
 def test_head_loop_auto_rule(monkeypatch):
@@ -56,18 +62,6 @@ def test_poly_split_configs_are_valid_stages():
                     bwd_side(mode, "poly", split, program=prog, **{k: tun.pop(k)})
             kw = dict(tun, **A._fixed_max_kw(mode, "bf16", 50.0, tun))
             A.AttnFwdSm90(A._config_for_stage(st, "bf16", 128, True, tuple(sorted(kw.items()))))
-
-
-@pytest.mark.parametrize("phase,count", [("tail8", 7), ("grad", 5), ("next12", 3)])
-def test_prepared_poly_split_selection_names_configs(phase, count):
-    """A device phase's `poly_split.py --only` names are configs of bench/poly_split.py."""
-    import re
-    import poly_split
-    text = open(os.path.join(os.path.dirname(__file__), "..", "bench", "h200_round.sh")).read()
-    body = text.split(f'"$phase" = {phase} ]', 1)[1].split("\nelif ", 1)[0]
-    only = re.search(r'--only "([^"]*)"', body.replace("\\\n", "")).group(1).split(",")
-    names = {poly_split._name(*c) for c in poly_split.CONFIGS}
-    assert len(only) == count and set(only) <= names, set(only) - names
 
 
 def test_call_timeline_splits_kernel_idle_and_host_late_time():
@@ -187,65 +181,204 @@ def test_settle_and_pair_clock_columns():
     assert "| x | bwd | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 | 1850 | 1700 |" in md
 
 
-def _round_fwd_knobs(phase: str) -> list:
-    """The --knob values of bench/fwd_tuning.py in one bench/h200_round.sh phase."""
-    import re
-    text = open(os.path.join(os.path.dirname(__file__), "..", "bench", "h200_round.sh")).read()
-    body = text.split(f'"$phase" = {phase} ]', 1)[1].split("\nelif ", 1)[0]
-    return re.findall(r"--knob (\S+)", body)
+ALL_MODES = (("softmax", "native"), ("softcap", "native"), ("softcap", "poly"), ("sigmoid", "poly"))
+FWD_KNOBS = [(k, ALL_MODES) for k in ("num_stages=3", "pingpong=0", "row_sum_carry=1+pingpong=1",
+                                      "tile_n=64+num_stages=4", "rescale_threshold=0", "persistent=0", "split=1/8")]
+FWD_KNOBS.append(("program=softcap_c50_f16_odd+split=1/8", (("softcap", "poly"),)))
 
 
-@pytest.mark.parametrize("phase", ["acc", "lazy", "tail8", "tn32", "tn33", "wg38", "sp40", "tl43", "e2f45", "e2f49"])
-def test_prepared_forward_knob_runs_build_valid_configs(phase):
-    """Every knob a prepared device phase times (and bench/fwd_knob_accuracy.py's settings)
-    makes a config the forward accepts for the modes it runs with, as attn_fwd would build it
-    (softcap 50, BF16): a bad knob fails here, not on the device."""
+@pytest.mark.parametrize("knob,modes", FWD_KNOBS)
+def test_fwd_tuning_knobs_build_valid_configs(knob, modes):
+    """bench/tools/fwd_tuning.py's knob syntax makes configs the forward accepts, as attn_fwd
+    builds them (softcap 50, BF16), for the modes it applies to: a knob the forward lost fails
+    here, not on the device."""
     pytest.importorskip("cutlass")
-    import fwd_knob_accuracy
     import fwd_tuning
     from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
-
-    def build(mode, ev, tuning):
-        tuning = dict(tuning)
-        # split=J/K popped; else attn_fwd's default stage for the knob's key block
+    for mode, ev in modes:
+        tuning = fwd_tuning._knob(knob)
+        if ev != "poly" and set(fwd_tuning.STAGE_KNOBS) & set(tuning):
+            continue                                   # stage knobs need a poly stage (the tool skips)
         stage = fwd_tuning._stage(mode, ev, tuning) or S.make_stage(mode, ev, key_block=tuning.get("tile_n", 128))
         kw = dict(tuning, **A._fixed_max_kw(mode, "bf16", 50.0, tuning))
         A.AttnFwdSm90(A.AttnFwdConfig.default(stage, "bf16", 128, True, **kw))
-    knobs = _round_fwd_knobs(phase)
-    assert knobs, f"no --knob in phase {phase}"
-    modes = {"acc": [("softcap", "native"), ("softcap", "poly")], "lazy": [("softmax", "native")],
-             "tail8": [("softmax", "native")],
-             "sp40": [("softcap", "poly"), ("softcap", "native"), ("softmax", "native")],
-             "tl43": [("softcap", "poly"), ("softcap", "native")],
-             "e2f45": [("softcap", "poly"), ("softcap", "native")],
-             "e2f49": [("softcap", "native"), ("softcap", "poly")],
-             "wg38": [("softcap", "native"), ("softcap", "poly"), ("softmax", "native"), ("sigmoid", "poly")],
-             "tn33": [("softcap", "native"), ("softcap", "poly")],
-             "tn32": [("softcap", "native"), ("softcap", "poly"), ("softmax", "native")]}[phase]
-    for knob in knobs:
-        for mode, ev in modes:
-            if ev == "poly" or not set(fwd_tuning.STAGE_KNOBS) & set(fwd_tuning._knob(knob)):   # skipped rows
-                build(mode, ev, fwd_tuning._knob(knob))
-    for mode, settings in fwd_knob_accuracy.SETTINGS.items():
-        for _, tuning in settings:
-            build(mode, "native", tuning)
 
 
-def test_ncu_summary_reads_the_committed_round(tmp_path):
-    """bench/ncu_summary.py on the committed Nsight Compute round: every build has its pipe
-    shares and loop stall split (shares of the loop summing to 1), and the finding the notes
-    rest on is in the data: softcap keeps the tensor pipe less busy than softmax and the MUFU
-    pipe busier."""
-    import ncu_summary
+def test_bwd_tuning_parses_knobs_and_names_bad_ones():
+    import bwd_tuning as B
+    assert B.parse_knob("head_loop=0+lpt=1") == {"head_loop": False, "lpt": True}
+    assert B.parse_knob("stages=3+softcap_grad=value") == {"stages": 3, "softcap_grad": "value"}
+    assert B.parse_knob("split=1/8+program=softcap_c50_f16_odd") == {
+        "poly_split": (1, 8), "program": "softcap_c50_f16_odd"}
+    with pytest.raises(ValueError, match="mainloop: unknown"):
+        B.parse_knob("mainloop=1")
+    with pytest.raises(ValueError, match="head_loop: expected 0 or 1"):
+        B.parse_knob("head_loop=yes")
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        B.parse_knob("lpt")
 
-    folder = os.path.join(os.path.dirname(__file__), "..", "bench", "results", "logs", "round_ncu28_fc43451")
+
+def test_bwd_tuning_knobs_are_attn_bwd_keywords():
+    """Every knob bwd_tuning accepts is a keyword of kernels/attn_bwd_sm90.attn_bwd."""
+    pytest.importorskip("cutlass")
+    import inspect
+
+    import bwd_tuning as B
+    from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
+    params = set(inspect.signature(attn_bwd).parameters)
+    assert set(B.BOOL_KNOBS + B.INT_KNOBS + B.STR_KNOBS + ("poly_split",)) <= params
+
+
+def _ncu_round(folder, builds):
+    """A synthetic ncu round: <build>_raw.csv (header, units, values) and <build>_sass.csv."""
+    import ncu_summary as N
+    pre = "smsp__pcsamp_warps_issue_stalled_"
+    for i, b in enumerate(builds):
+        head = list(N.METRICS.values()) + [pre + "math_pipe_throttle", pre + "wait", pre + "wait_not_issued"]
+        vals = [f"{1000 * (i + 1):,}", "75.0", "40.0", "12.0", "20.0", "38.0", "30", "10", "99"]
+        with open(folder / f"{b}_raw.csv", "w") as f:
+            f.write("\n".join(",".join(f'"{x}"' for x in row) for row in (head, [""] * len(head), vals)) + "\n")
+        sass = [["# source page"], ["Address", "Source", "Instructions Executed", N.SAMPLES],
+                ["0x10", "MUFU.EX2 R1, R2", "100", "40"], ["0x20", "HGMMA.64x128x16.F32 R0, gdesc", "100", "10"],
+                ["0x30", "DEPBAR.LE SB0, 0x1", "100", "20"], ["0x40", "FFMA R1, R2, R3, R4", "100", "30"],
+                ["0x50", "STG.E [R2], R4", "1", "50"]]
+        with open(folder / f"{b}_sass.csv", "w") as f:
+            f.write("\n".join(",".join(f'"{x}"' for x in row) for row in sass) + "\n")
+
+
+def test_ncu_summary_on_a_synthetic_round(tmp_path):
+    """bench/tools/ncu_summary.py finds every build of a round (forward first), reads the pipe
+    shares, splits a forward build's loop samples (shares of the loop summing to 1; the line run
+    once is outside the loop) and every build's stall reasons, and writes JSON + Markdown."""
+    import ncu_summary as N
+    _ncu_round(tmp_path, ["bwd_softmax_native", "softcap_poly", "softmax_native"])
+    assert N.discover(str(tmp_path)) == ["softcap_poly", "softmax_native", "bwd_softmax_native"]
     out = tmp_path / "ncu.json"
-    assert ncu_summary.main([folder, "--json", str(out)]) == 0
+    assert N.main([str(tmp_path), "--json", str(out)]) == 0
     rows = {r["build"]: r for r in json.load(open(out))["rows"]}
-    assert set(rows) == set(ncu_summary.BUILDS)
-    for r in rows.values():
-        shares = [v for k, v in r.items() if k.startswith("loop: ") and k != "loop: loop_share_of_samples"]
-        assert abs(sum(shares) - 1.0) < 1e-9 and 0 < r["loop: loop_share_of_samples"] < 1
-    assert rows["softcap_native"]["tensor_pct"] < rows["softmax"]["tensor_pct"] - 10
-    assert rows["softcap_native"]["mufu_pct"] > rows["softmax"]["mufu_pct"] + 10
-    assert (tmp_path / "ncu.md").read_text().count("| softcap_poly |") == 2
+    assert rows["softmax_native"]["cycles"] == 3000.0 and rows["softcap_poly"]["tensor_pct"] == 75.0
+    loop = {k[6:]: v for k, v in rows["softcap_poly"].items() if k.startswith("loop: ")}
+    assert loop["loop_share_of_samples"] == pytest.approx(100 / 150)
+    assert loop["MUFU"] == pytest.approx(0.4) and loop["wait S (DEPBAR 0x1)"] == pytest.approx(0.2)
+    assert not any(k.startswith("loop: ") for k in rows["bwd_softmax_native"])
+    assert rows["bwd_softmax_native"]["stall: math_pipe_throttle"] == pytest.approx(0.75)
+    assert "stall: wait_not_issued" not in rows["bwd_softmax_native"]
+    assert (tmp_path / "ncu.md").read_text().count("| softcap_poly |") == 3
+
+
+def test_commit_is_recorded_outside_a_checkout(tmp_path, monkeypatch):
+    """protocol.commit_id: FAP_COMMIT wins; in the checkout, HEAD's short sha (+ -dirty);
+    in a copy without .git, the package version + "unknown"."""
+    import protocol
+    monkeypatch.setenv("FAP_COMMIT", "abc1234")
+    assert protocol.commit_id() == "abc1234"
+    monkeypatch.delenv("FAP_COMMIT")
+    if shutil.which("git") and os.path.isdir(os.path.join(ROOT, ".git")) or os.path.isfile(os.path.join(ROOT, ".git")):
+        assert re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", protocol.commit_id())
+    copy = tmp_path / "bench"
+    copy.mkdir()
+    shutil.copy(os.path.join(BENCH, "protocol.py"), copy / "protocol.py")
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import protocol; print(protocol.commit_id())"
+    env = {k: v for k, v in os.environ.items() if k != "FAP_COMMIT"}
+    got = subprocess.run([sys.executable, "-c", code, str(copy)], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, check=True).stdout.strip()
+    assert got == f"{protocol.package_version()}+unknown"
+
+
+def test_job_outputs_default_to_the_scratch_folder(tmp_path):
+    import protocol
+    assert protocol.output_path(None, "gqa_4096") == os.path.join(BENCH, "out", "gqa_4096.json")
+    explicit = tmp_path / "deep" / "x.json"
+    assert protocol.output_path(str(explicit), "gqa_4096") == str(explicit) and explicit.parent.is_dir()
+    protocol.write_results(str(explicit), {"a": 1}, "# x\n")
+    assert json.load(open(explicit)) == {"a": 1} and (tmp_path / "deep" / "x.md").read_text() == "# x\n"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "bench/out/x.json"], cwd=ROOT)
+    if ignored.returncode != 128:   # 128: not a git checkout
+        assert ignored.returncode == 0, "bench/out/ must be git-ignored"
+
+
+def _scripts():
+    return [os.path.join(d, f) for d in (BENCH, os.path.join(BENCH, "tools"))
+            for f in sorted(os.listdir(d)) if f.endswith(".py")]
+
+
+def test_every_result_writer_defaults_to_the_scratch_folder():
+    """A bench script with a --json option declares it through protocol.add_json_arg (default:
+    bench/out/<name>.json), never with a committed path as its default."""
+    for path in _scripts():
+        if path.endswith(os.sep + "protocol.py"):
+            continue
+        text = open(path).read()
+        assert 'add_argument("--json"' not in text, f"{path}: use protocol.add_json_arg"
+        assert not re.search(r"default=[^,)]*bench/results", text), f"{path}: a default under bench/results"
+
+
+def _round_commands():
+    """(script, [flags]) of every bench script bench/round.sh runs (python3 or under ncu)."""
+    text = open(os.path.join(BENCH, "round.sh")).read().replace("\\\n", " ")
+    body = text.split("set -u", 1)[1]
+    out = []
+    for m in re.finditer(r"(bench/\S+\.py)([^;\n]*)", body):
+        out.append((m.group(1), re.findall(r"(?<!\S)(--[a-z][a-z0-9-]*)", m.group(2))))
+    return text, out
+
+
+def test_round_script_phases_and_commands():
+    """bench/round.sh: at most 10 phases, each listed in PHASES and in the header; every script it
+    runs exists and defines every flag it passes (argparse flags, or protocol's shared ones)."""
+    text, cmds = _round_commands()
+    phases = re.search(r'PHASES="([^"]+)"', text).group(1).split()
+    assert len(phases) <= 10
+    header = text.split("set -u", 1)[0]
+    cases = re.findall(r"^    ([a-z_0-9]+)\)", text, re.M)
+    assert sorted(cases) == sorted(phases)
+    for ph in phases:
+        assert re.search(rf"^#   {ph} ", header, re.M), f"phase {ph} has no line in the header"
+    shared = {"add_json_arg": ["--json"], "add_shape_args": ["--batch", "--seqlen", "--hq", "--hkv", "--headdim"],
+              "add_timing_args": ["--warmup", "--rounds", "--iters"]}
+    assert cmds
+    for script, flags in cmds:
+        path = os.path.join(ROOT, script)
+        if script == "bench/tools/first_call.py" and not os.path.exists(path):
+            continue                                   # the phase says so when it is absent
+        src = open(path).read()
+        for mod in re.findall(r"^from (\w+) import", src, re.M):   # a parser built by a sibling module
+            sib = [os.path.join(os.path.dirname(path), mod + ".py"), os.path.join(BENCH, mod + ".py")]
+            src += "".join(open(f).read() for f in sib if os.path.exists(f) and mod != "protocol")
+        known = set(re.findall(r'"(--[a-z][a-z0-9-]*)"', src))
+        for helper, names in shared.items():
+            if f"protocol.{helper}(" in src:
+                known |= set(names)
+        assert set(flags) <= known, (script, set(flags) - known)
+
+
+def test_round_script_runs_every_gpu_test_file():
+    """The tests phase picks the files by the gpu marker: every test file with a GPU test has it."""
+    tests = os.path.join(ROOT, "tests")
+    for f in sorted(os.listdir(tests)):
+        if f.startswith("test_") and f.endswith(".py"):
+            text = open(os.path.join(tests, f)).read()
+            if re.search(r"mark\.gpu\b", text):
+                assert "pytest.mark.gpu" in text, f"{f}: round.sh greps for 'pytest.mark.gpu'"
+
+
+def test_compile_only_reports_progress_per_build(monkeypatch, capsys):
+    """gqa_4096.py --compile-only builds every default kernel through tests/sass_catalogue.py
+    and prints one progress line per build on stderr (a long CPU job)."""
+    import types
+
+    import gqa_4096 as G
+    names = {f"{m}_{e}_d128_bf16": {"mode": m} for m, e in G.MODES}
+    fake = types.SimpleNamespace(
+        builds=lambda: names, fwd_kernel=lambda call: ("fwd", call), bwd_kernel=lambda call: ("bwd", call),
+        sass_text=lambda k: "        /*0010*/   MUFU.EX2 R1, R2 ;\n        /*0020*/   HGMMA.64x128x16.F32 R0 ;\n"
+                            + ("        /*0030*/   MUFU.TANH R3, R4 ;\n" if k[1]["mode"] == "softcap" else ""))
+    monkeypatch.setitem(sys.modules, "sass_catalogue", fake)
+    pytest.importorskip("cutlass")
+    rep = G.compile_only(128)
+    err = capsys.readouterr().err
+    assert len(re.findall(r"^\[\d+/10\] ", err, re.M)) == 10
+    assert rep["softcap/poly/fwd"]["MUFU.TANH"] == 1 and rep["softmax/native/bwd"]["MUFU.TANH"] == 0
+    assert rep["sigmoid/poly/bwd"]["HGMMA"] == 1
+    with pytest.raises(SystemExit, match="headdim 96"):
+        G.compile_only(96)

@@ -1,4 +1,4 @@
-"""GPU tier: a compiled model step (issue 4). A tiny decoder (bench/train_sanity.TinyLM: our
+"""GPU tier: a compiled model step (issue 4). A tiny decoder (bench/tools/train_sanity.TinyLM: our
 attention + the PolySwiGLU MLP) run eagerly and under torch.compile(fullgraph=True) must
 give the same loss and gradients: both run the same kernels, the compiled graph only
 rearranges the torch ops around them, so the gap is BF16 rounding of those ops.
@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "tools"))
 
 
 def _model(mode, evaluator):

@@ -1,4 +1,4 @@
-"""ElementwiseTune variants (bench/elementwise_variants.py): index model on the CPU, SASS
+"""ElementwiseTune variants (bench/tools/elementwise_variants.py): index model on the CPU, SASS
 of every benched variant compiled for sm_90a."""
 import dataclasses
 import os
@@ -11,7 +11,7 @@ import pytest
 from flash_attn_poly.kernels import elementwise as ew
 from flash_attn_poly.kernels import sass
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "bench", "tools"))
 import elementwise_variants as ev  # noqa: E402
 
 THREADS, CHUNK = ew.THREADS, ew.CHUNK

@@ -1,15 +1,15 @@
-"""Both launch paths (kernels/launch.py) build for sm_90a on the CPU, and the tvm-ffi
-variant takes torch tensors + Python floats directly: called with CPU tensors it gets as
-far as the device check of argument 0 (no CUDA here), which proves the signature."""
+"""The one launch path (kernels/compile_cache.py): every kernel family's cached build is a
+tvm-ffi function taking torch tensors and Python numbers.  Called with CPU tensors it gets as
+far as the device check of argument 0 (no CUDA here), which proves the signature; the
+backward pre/post builds are checked the same way in tests/test_attn_bwd_prepost_compile.py."""
 from __future__ import annotations
 
-import os
+import ast
+import pathlib
 
 import pytest
 
-pytest.importorskip("cutlass")
-pytest.importorskip("tvm_ffi")
-torch = pytest.importorskip("torch")
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _rejects_cpu_tensor(fn, *args):
@@ -17,62 +17,67 @@ def _rejects_cpu_tensor(fn, *args):
         fn(*args)
 
 
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    from flash_attn_poly.kernels import compile_cache
+
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    compile_cache.clear_memory()
+    yield tmp_path
+    compile_cache.clear_memory()
+
+
 @pytest.mark.compile
-def test_attn_fwd_tvm_ffi_signature():
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+def test_attn_fwd_signature(cache_dir):
+    torch = pytest.importorskip("torch")
     from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
 
-    cfg = A.AttnFwdConfig.default(S.make_stage("softmax", "native"))
-    fn = A.compile_attn_fwd(cfg, tvm_ffi=True)
+    fn = A._compiled(A.AttnFwdConfig.default(S.make_stage("softmax", "native")))
     q = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16)
     _rejects_cpu_tensor(fn, q, q, q, q, torch.zeros(1, 4, 256), 1.0, 1.0, 1.0, 1.0,
-                       0, 0)   # window (left, right) sizes: Python ints for Int32
+                        0, 0)   # window (left, right) sizes: Python ints for Int32
 
 
 @pytest.mark.compile
-def test_attn_bwd_tvm_ffi_signature():
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+def test_attn_bwd_signature(cache_dir):
+    torch = pytest.importorskip("torch")
     from flash_attn_poly.kernels import attn_bwd_sm90 as K
     from flash_attn_poly.kernels.score_stages_bwd import bwd_side
 
     key = K.BwdKey("bf16", 128, True, bwd_side("softmax", "native"), K.BwdTile.for_head_dim(128))
-    fn = K.compile_bwd(key, tvm_ffi=True)
+    fn = K._compiled(key)
     x = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16)
     st, acc = torch.zeros(1, 4, 256), torch.zeros(1, 256, 4, 128)
     _rejects_cpu_tensor(fn, x, x, x, x, st, st, acc, acc, acc, 1.0, 0.0, 0.0, 0, 0)   # + window sizes
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("tvm_ffi", [True, False])
-def test_elementwise_both_paths_compile(tvm_ffi):
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+def test_elementwise_signature(cache_dir):
+    torch = pytest.importorskip("torch")
     from flash_attn_poly.kernels import elementwise as ew
 
-    key = ew.ElementwiseKey("silu_fwd", "bf16", "native", "flat", ())
-    fn = ew.get_compiled(key, tvm_ffi)
-    if tvm_ffi:
-        x = torch.zeros(4096, dtype=torch.bfloat16)
-        _rejects_cpu_tensor(fn, x, x, x, x, x, 4096, 1, 1)
+    fn = ew.get_compiled(ew.ElementwiseKey("silu_fwd", "bf16", "native", "flat", ()))
+    x = torch.zeros(4096, dtype=torch.bfloat16)
+    _rejects_cpu_tensor(fn, x, x, x, x, x, 4096, 1, 1)
 
 
-def test_launch_mode_env(monkeypatch):
-    from flash_attn_poly.kernels import launch
+def _product_sources():
+    for folder in ("kernels", "flash_attn_poly"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            yield path
 
-    calls = []
-    monkeypatch.setenv(launch.ENV, "dlpack")
-    launch.run("k", lambda: calls.append("tvm"), lambda: calls.append("dl"))
-    monkeypatch.setenv(launch.ENV, "tvm")
-    launch.run("k", lambda: calls.append("tvm"), lambda: calls.append("dl"))
-    monkeypatch.delenv(launch.ENV)
 
-    def broken():
-        raise RuntimeError("boom")
-    launch.run("k2", broken, lambda: calls.append("dl"))     # auto: falls back, logged
-    launch.run("k2", lambda: calls.append("tvm"), lambda: calls.append("dl"))  # sticky
-    assert calls == ["dl", "tvm", "dl", "dl"]
-    monkeypatch.setenv(launch.ENV, "tvm")
-    with pytest.raises(RuntimeError):
-        launch.run("k3", broken, lambda: None)
-    monkeypatch.setenv(launch.ENV, "bogus")
-    with pytest.raises(ValueError):
-        launch.mode()
+def test_no_second_launch_path():
+    """No product module calls from_dlpack or reads a launch-path switch: a kernel launch is a
+    call of the compiled tvm-ffi function (a second path would need its own tests and drift)."""
+    offenders = []
+    for path in _product_sources():
+        text = path.read_text()
+        if "FLASH_ATTN_POLY_LAUNCH" in text:
+            offenders.append(f"{path.name}: FLASH_ATTN_POLY_LAUNCH")
+        for node in ast.walk(ast.parse(text)):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if name == "from_dlpack" or (isinstance(node, ast.alias) and node.name == "from_dlpack"):
+                offenders.append(f"{path.name}:{node.lineno}: from_dlpack")
+    assert not offenders, offenders
+    assert not (ROOT / "kernels" / "launch.py").exists()

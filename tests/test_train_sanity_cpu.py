@@ -1,10 +1,10 @@
-"""CPU smoke of bench/train_sanity.py: --tiny, reference backend, 2 steps, all CPU arms."""
+"""CPU smoke of bench/tools/train_sanity.py: --tiny, reference backend, 2 steps, all CPU arms."""
 import json
 import math
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tools"))
 import train_sanity as ts  # noqa: E402
 
 

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The device round: GPU tests and the benchmarks of the current defaults, one phase or several
+# per device call (each phase fits one 600 s call on the H200).
+#
+#   source .payload/setup.sh || exit 3; export FAP_COMMIT=<sha>; source bench/device_env.sh || exit 4
+#   bash bench/round.sh PHASE [PHASE...]
+#
+# (FAP_COMMIT as a literal sha: the copied tree has no .git; bench/protocol.commit_id records it.)
+# Phases:
+#   tests        every GPU test file (the files that use pytest.mark.gpu), one process each, in parallel
+#   goals        bench/gqa_4096.py --pairs: the issues' goal pairs, each pair timed alone, 2 repeats
+#   table        bench/gqa_4096.py: every row side by side, shuffled order, CUDA-graph and clock columns
+#   gemma2       bench/gemma2.py at D = 256 and D = 128 (ours + FA4 rows, the FP16 tanh program as a row)
+#   accuracy     bench/accuracy.py: output and gradient error vs FP64, every mode and evaluator
+#   elementwise  bench/elementwise.py, CUDA-graph device time, then eager
+#   ncu          Nsight Compute of one warm launch per default build (forward and backward, anchor
+#                and Gemma-2 D = 256), summarised by bench/tools/ncu_summary.py
+#   first_call   bench/tools/first_call.py: import + first call per mode, cold and warm compile cache
+#   train        bench/tools/train_sanity.py: 200 training steps of a tiny decoder, every arm
+# Outputs: each step's log, results JSON + Markdown and summary.txt are written to
+# $OUT/round_<phases>/ ($OUT: the device tool's folder; default bench/out), which at the end
+# becomes $OUT/round_<phases>.tgz; summary.txt and (when there are few) the Markdown tables are
+# also copied beside it, since the device tool returns at most 8 files. Copy a table into
+# bench/results/ to commit it.
+set -u
+PHASES="tests goals table gemma2 accuracy elementwise ncu first_call train"
+[ $# -ge 1 ] || { awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 2; }
+for phase in "$@"; do
+  case " $PHASES " in *" $phase "*) ;; *) echo "unknown phase $phase (phases: $PHASES)"; exit 2 ;; esac
+done
+cd "$(dirname "$0")/.." || exit 2
+name=round_$(IFS=_; echo "$*")
+OUT=${OUT:-bench/out}; W="$OUT/$name"; rm -rf "$W"; mkdir -p "$W" || exit 2; S=$SECONDS
+echo "$name at commit ${FAP_COMMIT:-(FAP_COMMIT unset: bench/protocol.commit_id decides)}" | tee -a "$W/summary.txt"
+
+t() {   # t NAME SECONDS CMD...: run under a timeout, log to $W/NAME.log, one summary line
+  local n=$1 s=$2; shift 2
+  timeout "$s" "$@" > "$W/$n.log" 2>&1
+  echo "$n rc=$? t=$((SECONDS - S))s $(tail -n 1 "$W/$n.log" | cut -c1-120)" >> "$W/summary.txt"
+}
+pt() { local n=$1; shift; t "$n" 500 python3 -m pytest -q -p no:cacheprovider -m gpu "$@"; }
+
+gpu_test_files() { grep -l "pytest.mark.gpu" tests/test_*.py; }
+
+phase_tests() {   # compile is CPU-bound: every file in its own process; the window file in two halves
+  local f n
+  for f in $(gpu_test_files); do
+    n=$(basename "$f" .py); n=${n#test_}
+    if [ "$n" = window_gpu ]; then
+      pt window_gpu_a "$f" -k "softmax or softcap-native" &
+      pt window_gpu_b "$f" -k "not softmax and not softcap-native" &
+    else
+      pt "$n" "$f" &
+    fi
+  done
+  wait
+}
+
+phase_ncu() {   # one warm launch per build under ncu --set full; raw and SASS pages as CSV
+  local d="$W/ncu"; mkdir -p "$d"
+  ncu_k() {   # $1 kernel regex, $2 build name, $3 launcher, rest: its args
+    local k=$1 n=$2 py=$3; shift 3
+    t "ncu_$n" 170 ncu --kernel-name "regex:$k" --launch-skip 2 --launch-count 1 --set full \
+        --import-source no -f -o "$d/$n" python3 "$py" "$@"
+    ncu -i "$d/$n.ncu-rep" --page raw --csv > "$d/${n}_raw.csv" 2>&1
+    ncu -i "$d/$n.ncu-rep" --page source --csv --print-source sass > "$d/${n}_sass.csv" 2>&1
+    rm -f "$d/$n.ncu-rep"; gzip -f "$d/${n}_raw.csv" "$d/${n}_sass.csv"
+  }
+  local G="--headdim 256 --seqlen 8192 --hq 8 --hkv 4" b e
+  for b in softmax:native softcap:native softcap:poly sigmoid:native sigmoid:poly; do
+    ncu_k AttnFwdSm90 "${b%%:*}_${b##*:}" bench/tools/ncu_fwd.py --mode "${b%%:*}" --evaluator "${b##*:}"
+  done
+  for e in native poly; do ncu_k AttnFwdSm90 "g256_softcap_$e" bench/tools/ncu_fwd.py --mode softcap --evaluator "$e" $G; done
+  for b in softmax:native softcap:native softcap:poly; do
+    ncu_k AttnBwdSm90 "bwd_${b%%:*}_${b##*:}" bench/tools/ncu_bwd.py --mode "${b%%:*}" --evaluator "${b##*:}"
+  done
+  for e in native poly; do ncu_k AttnBwdSm90 "bwd_g256_softcap_$e" bench/tools/ncu_bwd.py --mode softcap --evaluator "$e" $G; done
+  t ncu_summary 60 python3 bench/tools/ncu_summary.py "$d" --json "$W/attn_ncu.json"
+}
+
+for phase in "$@"; do
+  case $phase in
+    tests)       phase_tests ;;
+    goals)       t goals 400 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$W/gqa_4096_pairs.json" ;;
+    table)       t table 400 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
+                     --json "$W/gqa_4096_shuffle.json" ;;
+    gemma2)      t gemma2_d256 260 python3 bench/gemma2.py --impls ours,fa4 --programs softcap_c50_f16_odd \
+                     --json "$W/gemma2_d256.json"
+                 t gemma2_d128 220 python3 bench/gemma2.py --impls ours,fa4 --programs softcap_c50_f16_odd \
+                     --headdim 128 --json "$W/gemma2_d128.json" ;;
+    accuracy)    t accuracy 300 python3 bench/accuracy.py --json "$W/accuracy.json" ;;
+    elementwise) t elementwise_graph 250 python3 bench/elementwise.py --graph --json "$W/elementwise_graph.json"
+                 t elementwise 250 python3 bench/elementwise.py --json "$W/elementwise.json" ;;
+    ncu)         phase_ncu ;;
+    first_call)  if [ -f bench/tools/first_call.py ]; then
+                   t first_call 500 python3 bench/tools/first_call.py --json "$W/first_call.json"
+                 else
+                   echo "first_call: bench/tools/first_call.py is not in this tree" >> "$W/summary.txt"
+                 fi ;;
+    train)       t train 300 python3 bench/tools/train_sanity.py --json "$W/train_sanity.json" ;;
+  esac
+done
+
+grep -h -E "^(FAILED|ERROR)" "$W"/*.log 2>/dev/null | head -20
+echo "== summary"; cat "$W/summary.txt"
+tar czf "$OUT/$name.tgz" -C "$OUT" "$name" && cp "$W/summary.txt" "$OUT/${name}_summary.txt"
+md=$(find "$W" -maxdepth 1 -name "*.md")
+[ -n "$md" ] && [ "$(echo "$md" | wc -l)" -le 6 ] && cp $md "$OUT/"
+rm -rf "$W"

@@ -1,0 +1,59 @@
+"""One forward build, launched a few times, for Nsight Compute to profile (H200).
+
+    ncu --kernel-name regex:AttnFwdSm90 --launch-skip 2 --launch-count 1 --set full \
+        python3 bench/tools/ncu_fwd.py --mode softcap --evaluator native --knob pingpong=0
+
+Runs attn_fwd at the anchor shape (B=1, S=4096, H 32/8, D=128, causal, BF16, softcap 50)
+`--launches` times with the given AttnFwdConfig overrides (bench/tools/fwd_tuning.py's knob syntax),
+so that `--launch-skip 2` profiles a warm launch. Profiling itself is done by ncu (see
+`bash bench/round.sh ncu`); this file only makes the launches.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
+import protocol  # noqa: E402
+from fwd_tuning import _knob  # noqa: E402
+
+
+def launcher_parser(doc: str) -> argparse.ArgumentParser:
+    """Shape, mode, evaluator and launch count: the arguments of both ncu launchers."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    protocol.add_shape_args(p)
+    p.add_argument("--mode", default="softcap")
+    p.add_argument("--evaluator", default="native")
+    p.add_argument("--launches", type=int, default=4)
+    return p
+
+
+def launcher_inputs(args, n: int) -> list:
+    """q, k, v (and a fourth tensor shaped like q when n = 4): seeded BF16 CUDA tensors."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda h: torch.randn(args.batch, args.seqlen, h, args.headdim, device="cuda",
+                               dtype=torch.bfloat16, generator=g)
+    return [mk(h) for h in (args.hq, args.hkv, args.hkv, args.hq)[:n]]
+
+
+def main(argv=None) -> int:
+    p = launcher_parser(__doc__)
+    p.add_argument("--knob", help="AttnFwdConfig overrides NAME=VALUE[+NAME=VALUE...] (bench/tools/fwd_tuning.py syntax)")
+    args = p.parse_args(argv)
+    import torch
+    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
+    q, k, v = launcher_inputs(args, 3)
+    tuning = _knob(args.knob) if args.knob else None
+    for _ in range(args.launches):
+        attn_fwd(q, k, v, mode=args.mode, evaluator=args.evaluator, causal=True,
+                 softcap=50.0 if args.mode == "softcap" else None, tuning=tuning)
+    torch.cuda.synchronize()
+    print(f"{args.mode}/{args.evaluator} knob={args.knob}: {args.launches} launches done")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

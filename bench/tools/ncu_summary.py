@@ -1,0 +1,147 @@
+"""Summarise an Nsight Compute round (`bash bench/round.sh ncu`) on the CPU.
+
+    python bench/tools/ncu_summary.py DIR     # the unpacked round: bench/out/attn_ncu.json (+ .md)
+    python bench/tools/ncu_summary.py DIR --json bench/results/attn_ncu.json   # commit it
+
+Reads `<name>_raw.csv(.gz)` (ncu --page raw) and `<name>_sass.csv(.gz)` (ncu --page source
+--print-source sass) of every profiled build in DIR (or those of --builds; a name starting
+with bwd_ is a backward build) and writes one row per build: kernel cycles, the
+tensor / MUFU (XU) / FMA / ALU pipes' busy share, issue-active share, and where the consumer
+warps' stall samples fall in the mask-free key-block loop (the SASS lines executed as often as
+the most executed one): MUFU instructions, the two wgmma waits (DEPBAR gsb0 0x1 = S landed,
+0x0 = PV landed), HGMMA issue, mbarrier waits, the rest of the stage (forward builds only:
+a backward's most executed lines are not one loop), and every warp's stall samples by ncu's
+reason.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
+import protocol  # noqa: E402
+
+METRICS = {
+    "cycles": "gpc__cycles_elapsed.max",
+    "tensor_pct": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+    "mufu_pct": "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+    "fma_pct": "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+    "alu_pct": "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
+    "issue_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+}
+SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def _rows(path: str) -> list[list[str]]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return list(csv.reader(f))
+
+
+def _find(folder: str, stem: str) -> str:
+    for ext in (".csv.gz", ".csv"):
+        if os.path.exists(os.path.join(folder, stem + ext)):
+            return os.path.join(folder, stem + ext)
+    raise FileNotFoundError(os.path.join(folder, stem + ".csv[.gz]"))
+
+
+def raw_metrics(folder: str, name: str) -> dict:
+    rows = _rows(_find(folder, f"{name}_raw"))
+    vals = dict(zip(rows[0], rows[2]))
+    return {k: float(vals[m].replace(",", "")) for k, m in METRICS.items()}
+
+
+def stall_shares(folder: str, name: str) -> dict:
+    """Every warp's stall samples (producer and writer warps included) by ncu's reason, as shares."""
+    rows = _rows(_find(folder, f"{name}_raw"))
+    pre = "smsp__pcsamp_warps_issue_stalled_"
+    got = {h[len(pre):]: float(v.replace(",", "") or 0) for h, v in zip(rows[0], rows[2])
+           if h.startswith(pre) and not h.endswith("_not_issued")}
+    total = sum(got.values()) or 1.0
+    return {k: v / total for k, v in got.items()}
+
+
+def loop_samples(folder: str, name: str) -> dict:
+    rows = _rows(_find(folder, f"{name}_sass"))
+    hdr, data = rows[1], rows[2:]
+    ix = {h: i for i, h in enumerate(hdr)}
+    num = lambda r, h: float(r[ix[h]].replace(",", "") or 0)
+    total = sum(num(r, SAMPLES) for r in data)
+    top = max(num(r, "Instructions Executed") for r in data)
+    loop = [r for r in data if num(r, "Instructions Executed") >= 0.9 * top]
+    cats: dict[str, float] = {}
+    for r in loop:
+        src = r[1].strip()
+        op = re.sub(r"^@!?U?P\w+\s+", "", src).split()[0] if src else "?"
+        cat = ("wait S (DEPBAR 0x1)" if "DEPBAR" in src and src.endswith("0x1") else
+               "wait PV (DEPBAR 0x0)" if "DEPBAR" in src else
+               "mbarrier wait" if op == "BRA" else "HGMMA issue" if op.startswith("HGMMA") else
+               "MUFU" if op.startswith("MUFU") else "rest of the stage")
+        cats[cat] = cats.get(cat, 0.0) + num(r, SAMPLES)
+    in_loop = sum(cats.values())
+    out = {"loop_share_of_samples": in_loop / total}
+    out.update({k: v / in_loop for k, v in sorted(cats.items(), key=lambda kv: -kv[1])})
+    return out
+
+
+def discover(folder: str) -> list[str]:
+    """The builds profiled in folder (names of its <name>_raw.csv[.gz]), forward builds first."""
+    names = {re.sub(r"_raw\.csv(\.gz)?$", "", f) for f in os.listdir(folder) if re.search(r"_raw\.csv(\.gz)?$", f)}
+    return sorted(names, key=lambda n: (n.startswith("bwd_"), n))
+
+
+def summarise(folder: str, builds: list[str]) -> list[dict]:
+    rows = []
+    for name in builds:
+        row = {"build": name, **raw_metrics(folder, name)}
+        if not name.startswith("bwd_"):   # a backward's most executed lines are not one loop: no loop split
+            row.update({f"loop: {k}": v for k, v in loop_samples(folder, name).items()})
+        row.update({f"stall: {k}": v for k, v in stall_shares(folder, name).items()})
+        rows.append(row)
+    return rows
+
+
+def markdown(folder: str, rows: list[dict], note: str) -> str:
+    table = protocol.markdown_table(rows, ["build"] + list(METRICS))
+    cats = sorted({k for r in rows for k in r if k.startswith("loop: ")})
+    fwd = [r for r in rows if not r["build"].startswith("bwd_")]
+    table2 = protocol.markdown_table(fwd, ["build"] + cats) if fwd else ""
+    stalls = sorted({k for r in rows for k, v in r.items() if k.startswith("stall: ") and v >= 0.04})
+    table3 = protocol.markdown_table(rows, ["build"] + stalls) if stalls else ""
+    return (f"# Nsight Compute: one warm launch per build (H200, ncu --set full)\n\n"
+            f"{protocol.doc_body(__doc__)}\n\nSource: `{folder}`. {note}\n\n{table}\n"
+            + (f"\nConsumer-warp stall samples in the mask-free key-block loop (shares of the loop's "
+               f"samples; `loop_share_of_samples` is the loop's share of all samples, producer warp "
+               f"included; forward builds only):\n\n{table2}\n" if table2 else "")
+            + (f"\nAll warps' stall samples by ncu's reason (shares; reasons with >= 4% in some build):"
+               f"\n\n{table3}\n" if table3 else ""))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folder", help="an unpacked ncu round: <build>_raw.csv[.gz] and <build>_sass.csv[.gz] files")
+    p.add_argument("--builds", help="comma-separated build names (default: every build in the folder)")
+    p.add_argument("--note", default=("ncu locks the SM clock, so cycles, not times, compare. Builds: "
+                                      "bench/round.sh ncu (anchor B=1 S=4096 H 32/8 D=128 causal BF16, "
+                                      "softcap 50; g256_*: Gemma-2 D = 256, B=1 S=8192 H 8/4)."),
+                   help="the source/shape sentence of the Markdown")
+    protocol.add_json_arg(p, "attn_ncu")
+    args = p.parse_args(argv)
+    builds = args.builds.split(",") if args.builds else discover(args.folder)
+    if not builds:
+        p.error(f"no <build>_raw.csv[.gz] in {args.folder}")
+    path = protocol.output_path(args.json, "attn_ncu")
+    rows = summarise(args.folder, builds)
+    md = markdown(args.folder, rows, args.note)
+    print(md)
+    protocol.write_results(path, {"source": args.folder, "generated_by": "bench/tools/ncu_summary.py", "rows": rows}, md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,283 @@
+"""kernels/compile_cache.py: keys, the cache directory, the fingerprint (CPU unit tier) and the
+on-disk round trip with a real tvm-ffi build of a small elementwise kernel (compile tier: a
+new process loads the entry without tracing, a damaged entry is rebuilt with a warning,
+processes racing on one entry build it once)."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from flash_attn_poly.kernels import compile_cache as cc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Inner:
+    n: int
+    x: float = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    name: str
+    inner: Inner
+    bits: tuple = ()
+
+
+class Color(enum.Enum):
+    RED = 1
+
+
+class Refuses:
+    def cache_key(self):
+        return None
+
+
+class Named:
+    def __init__(self, name):
+        self.name = name
+
+    def cache_key(self):
+        return ("named", self.name)
+
+
+# ------------------------------------------------------------------------------ keys
+def test_stable_repr_spells_plain_values_and_frozen_dataclasses():
+    k = Key("a", Inner(3), (("0x3e91", 6.0), None, True))
+    s = cc.stable_repr(k)
+    assert s == cc.stable_repr(Key("a", Inner(3), (("0x3e91", 6.0), None, True)))
+    assert "Key(" in s and "Inner(n=3,x=0.5)" in s and " at 0x" not in s
+    # every field counts: a different value anywhere is a different key
+    assert len({s, cc.stable_repr(Key("b", Inner(3))), cc.stable_repr(Key("a", Inner(4))),
+                cc.stable_repr(Key("a", Inner(3, 0.25))), cc.stable_repr(Key("a", Inner(3), (1,))),
+                cc.stable_repr(Key("a", Inner(3), [1]))}) == 6
+    assert cc.stable_repr(0.1) == repr(0.1) and cc.stable_repr(-0.0) != cc.stable_repr(0.0)
+    assert cc.stable_repr(Color.RED).endswith("Color.RED")
+    assert cc.stable_repr(int) == "<type builtins.int>"
+    assert cc.stable_repr({"b": 1, "a": 2}) == cc.stable_repr({"a": 2, "b": 1})
+    assert cc.stable_repr(frozenset({3, 1})) == cc.stable_repr(frozenset({1, 3}))
+
+
+def test_stable_repr_refuses_what_it_cannot_spell():
+    assert cc.stable_repr(lambda x: x) is None                  # a user function
+    assert cc.stable_repr(object()) is None                     # an arbitrary instance
+    assert cc.stable_repr(Key("a", Inner(1), (Refuses(),))) is None   # the hook says no, deep inside
+    assert cc.stable_repr(Key("a", Inner(1), (lambda: 0,))) is None
+    spelled = cc.stable_repr(Key("a", Inner(1), (Named("alibi"),)))
+    assert spelled is not None and "('named','alibi')" in spelled
+    assert spelled != cc.stable_repr(Key("a", Inner(1), (Named("softcap"),)))
+
+
+def test_real_keys_have_stable_reprs():
+    """The keys of every family spell out (cutlass types by qualified name, stages field by field)."""
+    from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as P, attn_bwd_sm90 as B
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, elementwise as ew, score_stages as S
+    from flash_attn_poly.kernels.score_stages_bwd import bwd_side
+
+    keys = [A.AttnFwdConfig.default(S.make_stage("softcap", "poly"), "bf16", 128, True, persistent=132),
+            B.BwdKey("bf16", 128, True, bwd_side("sigmoid", "poly"), B.BwdTile.for_head_dim(128)),
+            P.PreKey("bf16", 128, True, True), P.PostKey("bf16"),
+            ew.ElementwiseKey("silu_fwd", "bf16", "poly", "flat", ew.program_bits("silu_fwd", "bf16", "poly"))]
+    spelled = [cc.stable_repr(k) for k in keys]
+    assert all(s is not None and " at 0x" not in s for s in spelled), spelled
+    assert len(set(spelled)) == len(keys)
+
+
+def test_family_must_be_a_plain_name():
+    with pytest.raises(ValueError, match="family"):
+        cc.compiled("../escape", Key("a", Inner(1)), lambda: None)
+
+
+# ------------------------------------------------------------------------------ directory
+def test_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.delenv(cc.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cc.cache_dir() == tmp_path / "xdg" / "flash_attn_poly"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cc.cache_dir() == cc.Path.home() / ".cache" / "flash_attn_poly"
+    monkeypatch.setenv(cc.ENV, str(tmp_path / "moved"))
+    assert cc.cache_dir() == tmp_path / "moved"
+    for off in ("0", "off", "OFF", "false"):
+        monkeypatch.setenv(cc.ENV, off)
+        assert cc.cache_dir() is None
+    path = cc.entry_path("attn_fwd", "spelled", tmp_path)
+    assert path.parent == tmp_path / cc.fingerprint() / "attn_fwd" and path.suffix == ".o"
+    assert path != cc.entry_path("attn_bwd", "spelled", tmp_path) != cc.entry_path("attn_fwd", "other", tmp_path)
+
+
+def test_fingerprint_covers_sources_versions_and_arch():
+    parts = dict(cc.fingerprint_parts())
+    assert parts["arch"] == os.environ.get("CUTE_DSL_ARCH", parts["arch"])
+    for name in ("python", "nvidia-cutlass-dsl", "apache-tvm-ffi", "torch"):
+        assert parts[name] not in ("", "absent"), name
+    for source in ("kernels/compile_cache.py", "kernels/attn_fwd_sm90.py", "asm/blocks.py",
+                   "data/programs.json"):
+        assert len(parts[source]) == 64, source
+    assert len(cc.fingerprint()) == 16 and int(cc.fingerprint(), 16) >= 0
+
+
+# ------------------------------------------------------------------------------ round trip
+_KEY_SRC = 'ew.ElementwiseKey("silu_fwd", "bf16", "native", "flat", ())'
+
+_CHILD = textwrap.dedent(f"""
+    import json, sys, time
+    t0 = time.perf_counter()
+    import torch
+    from flash_attn_poly.kernels import compile_cache as cc, elementwise as ew
+    t1 = time.perf_counter()
+    key = {_KEY_SRC}
+    build = (lambda: ew._build(key)) if sys.argv[1] == "may_build" else None
+    fn = cc.compiled("elementwise", key, build)
+    t2 = time.perf_counter()
+    x = torch.zeros(16, dtype=torch.bfloat16)
+    try:
+        fn(x, x, x, x, x, 16, 2, 1)
+        err = ""
+    except Exception as e:  # no CUDA here: the device check of argument 0 rejects the call
+        err = str(e)
+    print(json.dumps(dict(counters=dict(cc.counters), import_s=t1 - t0, get_s=t2 - t1,
+                          seconds=dict(cc.seconds), error=err)))
+""")
+
+
+def _child(cache_dir, mode="may_build"):
+    env = dict(os.environ, **{cc.ENV: str(cache_dir), "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    return subprocess.Popen([sys.executable, "-c", _CHILD, mode], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc):
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv(cc.ENV, str(tmp_path))
+    cc.clear_memory()
+    yield tmp_path
+    cc.clear_memory()
+
+
+def _elementwise():
+    from flash_attn_poly.kernels import elementwise as ew
+
+    key = ew.ElementwiseKey("silu_fwd", "bf16", "native", "flat", ())
+    return key, (lambda: ew._build(key))
+
+
+def _call_error(fn):
+    import torch
+
+    x = torch.zeros(16, dtype=torch.bfloat16)
+    with pytest.raises(Exception, match="device_type=cuda") as info:
+        fn(x, x, x, x, x, 16, 2, 1)
+    return str(info.value)
+
+
+@pytest.mark.compile
+def test_round_trip_new_process_loads_without_tracing(fresh):
+    key, build = _elementwise()
+    before = cc.counters.copy()
+    fn = cc.compiled("elementwise", key, build)
+    delta = cc.counters - before
+    assert delta == {"build": 1, "export": 1, "load": 1}, delta    # built, written, read back
+    assert cc.compiled("elementwise", key, build) is fn               # memory hit: nothing else
+    assert cc.counters - before == delta
+    entries = list(fresh.glob(f"{cc.fingerprint()}/elementwise/*.o"))
+    assert entries == [cc.entry_path("elementwise", cc.stable_repr(key))]
+    # a new process with no way to build (build=None would raise if called) loads the entry
+    got = _result(_child(fresh, "load_only"))
+    assert got["counters"] == {"load": 1}, got
+    assert got["error"] == _call_error(fn)        # the same tvm-ffi signature, argument checks
+    print(f"\nnew process: import {got['import_s']:.2f} s, cached kernel {got['get_s'] * 1e3:.1f} ms "
+          f"(load {got['seconds']['load'] * 1e3:.1f} ms, fingerprint "
+          f"{got['seconds']['fingerprint'] * 1e3:.1f} ms); this process built it in "
+          f"{cc.seconds['build']:.2f} s")
+
+
+@pytest.mark.compile
+def test_disabled_cache_builds_in_memory(fresh, monkeypatch):
+    monkeypatch.setenv(cc.ENV, "off")
+    key, build = _elementwise()
+    before = cc.counters.copy()
+    fn = cc.compiled("elementwise", key, build)
+    assert cc.counters - before == {"build": 1}
+    assert not any(fresh.iterdir())
+    _call_error(fn)
+
+
+@pytest.mark.compile
+def test_memory_only_key_writes_nothing(fresh):
+    from flash_attn_poly.kernels import elementwise as ew
+
+    @dataclasses.dataclass(frozen=True)
+    class UserKey:            # e.g. a user's score function: no stable spelling
+        base: object
+        hook: object
+
+    key = UserKey(ew.ElementwiseKey("silu_fwd", "bf16", "native", "flat", ()), Refuses())
+    before = cc.counters.copy()
+    cc.compiled("elementwise", key, lambda: ew._build(key.base))
+    assert cc.counters - before == {"build": 1, "memory_only": 1}
+    assert not any(fresh.iterdir())
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage"])
+def test_damaged_entry_is_rebuilt_with_a_warning(fresh, damage, caplog):
+    key, build = _elementwise()
+    cc.compiled("elementwise", key, build)
+    path = cc.entry_path("elementwise", cc.stable_repr(key))
+    good = path.read_bytes()
+    path.write_bytes({"empty": b"", "truncated": good[: len(good) // 2],
+                      "garbage": os.urandom(4096)}[damage])
+    cc.clear_memory()
+    before = cc.counters.copy()
+    with caplog.at_level(logging.WARNING, logger="flash_attn_poly.compile_cache"):
+        fn = cc.compiled("elementwise", key, build)
+    assert cc.counters - before == {"corrupt": 1, "build": 1, "export": 1, "load": 1}
+    assert any("does not load" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
+    assert path.stat().st_size > 0
+    _call_error(fn)
+    cc.clear_memory()     # the rewritten entry loads
+    before = cc.counters.copy()
+    cc.compiled("elementwise", key, build)
+    assert cc.counters - before == {"load": 1}
+
+
+@pytest.mark.compile
+def test_unwritable_cache_dir_falls_back_to_memory(fresh, monkeypatch, caplog):
+    monkeypatch.setattr(cc, "_warned", set())
+    blocker = fresh / "not_a_dir"
+    blocker.write_text("a file where the cache directory should be")
+    monkeypatch.setenv(cc.ENV, str(blocker))
+    key, build = _elementwise()
+    before = cc.counters.copy()
+    with caplog.at_level(logging.WARNING, logger="flash_attn_poly.compile_cache"):
+        fn = cc.compiled("elementwise", key, build)
+    assert cc.counters - before == {"build": 1}
+    assert any("cannot create" in r.getMessage() for r in caplog.records)
+    _call_error(fn)
+
+
+@pytest.mark.compile
+def test_processes_racing_on_one_entry_build_it_once(fresh):
+    procs = [_child(fresh) for _ in range(2)]
+    results = [_result(p) for p in procs]
+    builds = sum(r["counters"].get("build", 0) for r in results)
+    assert builds == 1, results       # the second waited on the entry's lock, then loaded it
+    assert all(r["counters"].get("load", 0) == 1 for r in results), results
+    assert results[0]["error"] == results[1]["error"] != ""
+    assert len(list(fresh.glob(f"*/elementwise/*.o"))) == 1
+    assert not list(fresh.glob("*/elementwise/.*.tmp.o"))     # no temporary file left behind
