@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional
 
@@ -51,6 +51,7 @@ _PACKED = {"bf16": "bf16x2", "f16": "f16x2"}
 
 
 # ----------------------------------------------------------------------------- the table
+@lru_cache(maxsize=1)
 def default_table_path() -> str:
     """data/programs.json of the flash_attn_poly package, found without importing the package
     (so this module stays free of torch)."""
@@ -95,7 +96,8 @@ def names(target=None, derivative: Optional[bool] = None, mode: Optional[str] = 
     targets = (target,) if isinstance(target, str) else target
     if mode is not None:
         if mode not in MODE_TARGETS:
-            raise ValueError(f"mode {mode!r} runs no table program; modes with programs: {sorted(MODE_TARGETS)}")
+            raise ValueError(f"mode {mode!r} runs no table program; modes with programs: "
+                             f"{sorted(MODE_TARGETS)}")
         targets = tuple(t for t in MODE_TARGETS[mode] if targets is None or t in targets)
     progs = (load_table() if table is None else table)["programs"]
     return sorted(n for n, e in progs.items()
@@ -139,6 +141,16 @@ class ProgramSpec:
     coeff_bits: tuple               # the table's bit patterns of coeffs
     params: tuple                   # ((key, value), ...): the entry's numeric params
     grad: Optional["ProgramSpec"] = None   # the derivative program `<name>_grad`, if any
+    # the spec as JSON (to_json), made once: a string crosses torch custom-op boundaries, and
+    # torch.compile traces an attribute read, not json.dumps
+    json_text: str = field(default="", compare=False, repr=False)
+
+    def __post_init__(self):
+        if not self.json_text:
+            d = {"name": self.name, **self.entry()}
+            if self.grad is not None:
+                d["grad"] = {"name": self.grad.name, **self.grad.entry()}
+            object.__setattr__(self, "json_text", json.dumps(d, sort_keys=True))
 
     # -- the entry --------------------------------------------------------------------
     def param(self, key: str, default=KeyError):
@@ -197,7 +209,8 @@ class ProgramSpec:
         t = self.param("thr_f32", None)
         if t is None:
             raise ValueError(f"two-region program {self.name!r} has no params.thr_f32 (the FP32 region "
-                             "threshold): rewrite its table with `python -m flash_attn_poly.fit derive --write`")
+                             "threshold that fit writes): rewrite its table with "
+                             "`python -m flash_attn_poly.fit [--table PATH] derive`")
         return float(t)
 
     @property
@@ -224,12 +237,8 @@ class ProgramSpec:
             return ("exp2",)
         return ()
 
-    # -- serialisation (a string crosses torch custom-op boundaries) ---------------------
     def to_json(self) -> str:
-        d = {"name": self.name, **self.entry()}
-        if self.grad is not None:
-            d["grad"] = {"name": self.grad.name, **self.grad.entry()}
-        return json.dumps(d, sort_keys=True)
+        return self.json_text
 
 
 def _from_entry(name: str, e: dict, grad: Optional[ProgramSpec]) -> ProgramSpec:

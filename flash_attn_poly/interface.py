@@ -84,13 +84,21 @@ def _check_program(mode, evaluator, program) -> None:
         raise ValueError(f"program={label!r} selects a polynomial program: it needs evaluator='poly' and "
                          f"mode {' or '.join(map(repr, _programs.MODE_TARGETS))} (got mode={mode!r}, "
                          f"evaluator={evaluator!r})")
-    known = _programs.names(mode=mode, derivative=False)
-    if isinstance(program, str) and program not in known:
+    if isinstance(program, str) and not _is_program_of(mode, program):
+        known = _programs.names(mode=mode, derivative=False)
         raise ValueError(f"program {program!r} is not a {mode} program of the coefficient table; known: {known}")
     if not isinstance(program, str) and program.mode != mode:
         what = "a derivative program" if program.derivative else f"target {program.target!r}"
         raise ValueError(f"program {label!r} ({what}) is not a {mode} program; {mode} programs run targets "
-                         f"{_programs.MODE_TARGETS[mode]} (committed table: {known})")
+                         f"{_programs.MODE_TARGETS[mode]} (committed table: "
+                         f"{_programs.names(mode=mode, derivative=False)})")
+
+
+@torch.compiler.assume_constant_result
+def _is_program_of(mode: str, name: str) -> bool:
+    """Is `name` a forward program of mode in the committed table?  A constant under
+    torch.compile (the table is read when tracing, not traced)."""
+    return name in _programs.names(mode=mode, derivative=False)
 
 
 def _check_options(mode, evaluator, softcap, sigmoid_bias, window_size) -> None:
@@ -284,7 +292,7 @@ def _program_arg(program) -> str:
     or a ProgramSpec's JSON (its content: the ops stay traceable with a program of any table)."""
     if program is None:
         return ""
-    return program if isinstance(program, str) else program.to_json()
+    return program if isinstance(program, str) else program.json_text
 
 
 def _program_from_arg(program):

@@ -184,7 +184,8 @@ def program_spec(program):
     if isinstance(program, programs.ProgramSpec):
         return program
     if not isinstance(program, str):
-        raise TypeError(f"program must be a table entry's name or a ProgramSpec, got {type(program).__name__}")
+        raise TypeError(f"program must be a table entry's name or a ProgramSpec, "
+                        f"got {type(program).__name__}")
     return programs.spec(program)
 
 
@@ -195,7 +196,8 @@ def check_program(program, mode: str, roles: tuple) -> None:
         raise ValueError(f"{mode} program {program.name!r} has no PTX blocks for the {mode} kernels (target "
                          f"{program.target!r}, form {program.form!r}, blocks {program.roles}; they need a "
                          f"forward program of target {programs.MODE_TARGETS[mode]} with blocks {roles}); "
-                         f"{mode} programs of the committed table: {programs.names(mode=mode, derivative=False)}")
+                         f"{mode} programs of the committed table: "
+                         f"{programs.names(mode=mode, derivative=False)}")
 
 
 def check_sigmoid_dtype(evaluator: str, program, is_bf16: bool) -> None:
@@ -219,8 +221,9 @@ def softcap_combine(x, r, u, c, tail_u: float):
     """logit = A - c r (one FFMA) from the block's value r at u = x/c: A = x for a one-region
     program (tail_u == 0, residual form), and for a two-region one copysign(c, x) where
     |u| >= tail_u (the tail form's r is sign(u) (1 - tanh|u|); tail_u is the program's
-    ProgramSpec.region_threshold_f32: |u| >= tail_u exactly where the block's f16 |u| >= thr).  Shared by the forward stage
-    and the backward side, so both recompute the same logits (fit/runtime.softcap_logit)."""
+    ProgramSpec.region_threshold_f32: |u| >= tail_u exactly where the block's f16 |u| >= thr).
+    Shared by the forward stage and the backward side, so both recompute the same logits
+    (fit/runtime.softcap_logit)."""
     if tail_u:
         x = cutlass.select_(cute.math.abs(u) >= Float32(tail_u), cute.math.copysign(c, x), x)
     return x - c * r
@@ -235,10 +238,10 @@ def softcap_u2_alpha(u_scale, clamp_l: float):
 def softcap_u2_pair(s0, s1, alpha, clamp_l: cutlass.Constexpr[float], program: cutlass.Constexpr):
     """Odd_u2 program on two raw scores: (u0, u1, rho0, rho1), u = fma_sat(s, alpha, 0.5) * 2L - L
     = clamp(s * scale / c, +-L) with one fma.rn.sat.f32 + one FFMA each (no FMNMX), alpha =
-    softcap_u2_alpha(scale / c, L); rho = the program's f16x2 "fwd" block unpacked.  The forward and the backward
-    both call this (their scale / c may differ in the last FP32 bit: the forward's is
-    scale * (1/c) on the device, the backward's the host's); each forms its exp2 argument from
-    u and rho in its own FP32 order."""
+    softcap_u2_alpha(scale / c, L); rho = the program's f16x2 "fwd" block unpacked.  The
+    forward and the backward both call this (their scale / c may differ in the last FP32 bit:
+    the forward's is scale * (1/c) on the device, the backward's the host's); each forms its
+    exp2 argument from u and rho in its own FP32 order."""
     two_l, lim = Float32(2.0 * clamp_l), Float32(clamp_l)
     u0 = fma_sat(s0, alpha, Float32(0.5)) * two_l - lim
     u1 = fma_sat(s1, alpha, Float32(0.5)) * two_l - lim
@@ -451,7 +454,8 @@ class OnlineSoftmax:
             else:
                 for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                     if cutlass.const_expr(not masked and (c // 2) % 8 >= 8 - self.exp2_fma):
-                        p = exp2_fma(s_mn[r, c], self.exp2_program)   # bounded argument: no -inf in a mask-free block
+                        # bounded argument: no -inf in a mask-free block
+                        p = exp2_fma(s_mn[r, c], self.exp2_program)
                     else:
                         p = exp2_approx(s_mn[r, c])
                     s_mn[r, c] = p

@@ -247,9 +247,10 @@ class SigmoidBwd(_PolySplit):
             check_program(self.program, "sigmoid", ("fwd",))
             object.__setattr__(self, "program_n", self.program.n)
             if self.grad_rule == "surrogate" and "fwd_bwd" not in self.program.roles:
-                raise ValueError(f"sigmoid program {self.program.name!r}: only grad_rule='product' (the "
-                                 f"derivative surrogate needs a {self.program.name + '_grad'!r} entry of form "
-                                 f"piecewise2_factored, fitted for the BF16 programs only)")
+                name = self.program.name
+                raise ValueError(f"sigmoid program {name!r}: only grad_rule='product' (the derivative "
+                                 f"surrogate needs a {name + '_grad'!r} entry of form piecewise2_factored, "
+                                 f"fitted for the BF16 programs only)")
 
     def check_dtype(self, is_bf16: bool) -> None:
         check_sigmoid_dtype(self.evaluator, self.program, is_bf16)

@@ -120,6 +120,27 @@ def test_attention_accepts_the_refit_spec(refit):
                            False, fi._program_arg(spec)))
 
 
+def test_torch_compile_takes_a_spec_or_a_name(refit):
+    """Under torch.compile (fullgraph) attention() takes a ProgramSpec of any table (its JSON,
+    made once with the spec, is the custom ops' argument) and a name of the committed table
+    (checked against the table while tracing, not traced)."""
+    import flash_attn_poly.interface as fi
+    _, spec = refit
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 8, 4, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    for program in (spec, "sigmoid_attn_n4096"):
+        qq = q.clone().requires_grad_(True)
+
+        def f(q, k, v):
+            return fi.attention(q, k, v, "sigmoid", backend="reference", program=program).float().square().sum()
+
+        loss = torch.compile(f, fullgraph=True, backend="eager")(qq, k, v)
+        (grad,) = torch.autograd.grad(loss, qq)
+        q2 = q.clone().requires_grad_(True)
+        (ref,) = torch.autograd.grad(f(q2, k, v), q2)
+        assert torch.equal(grad, ref)
+
+
 # ------------------------------------------------------------------------------ compile
 def _builds(program):
     """SASS opcode counts of the forward and backward builds attention() picks for sigmoid/poly,
@@ -133,13 +154,17 @@ def _builds(program):
 @pytest.mark.compile
 def test_refit_program_builds_forward_and_backward(refit):
     """The refit program's builds: HGMMA as the default program's, its bf16x2 block on the
-    packed-BF16 FMA pipe (the default FP16 program has none), no spills beyond the default
-    program's."""
+    packed-BF16 FMA pipe (the default FP16 program has none) with the block instructions of the
+    committed program of the same form and degree (sigmoid_attn_n4096), no spills beyond the
+    default program's."""
     pytest.importorskip("cutlass")
     _, spec = refit
-    for n, base, side in zip(_builds(spec), _builds(None), ("fwd", "bwd")):
+    block_ops = ("HFMA2.BF16", "HMNMX2", "HSET2", "MUFU.TANH")
+    for n, base, same_form, side in zip(_builds(spec), _builds(None), _builds("sigmoid_attn_n4096"),
+                                        ("fwd", "bwd")):
         assert n["HGMMA"] == base["HGMMA"] > 0, (side, n, base)
         assert n["HFMA2.BF16"] >= B.block_for(spec, "fwd").n_fma and base["HFMA2.BF16"] == 0, (side, n, base)
+        assert {k: n[k] for k in block_ops} == {k: same_form[k] for k in block_ops}, (side, n, same_form)
         assert n["STL"] <= base["STL"] and n["LDL"] <= base["LDL"], (side, n, base)
 
 
