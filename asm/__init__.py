@@ -1,11 +1,14 @@
 """flash_attn_poly.asm: PTX inline-asm blocks for the polynomial programs.
 
-blocks.py     PtxBlock / get_block(name, table=None): block text built from programs.json
+programs.py   load_table (the one table loader), ProgramSpec / spec(name, table=None): what a
+              kernel needs to know about a program, derived from its table entry's form
+blocks.py     PtxBlock / block_for(spec, role): block text built from a program's spec;
+              get_block(name, table=None): the named blocks (CLI, elementwise kernels, tests)
 ptxgen.py     per-form op sequences (the fused order of fit/runtime.py)
 emulator.py   bit-exact numpy emulator of the PTX subset (runs the block text itself)
 fpbits.py     exact 16-bit float numerics behind the emulator
-reference.py  expected block outputs from fit.runtime, all-pattern test inputs
 cute_ops.py   CuTe DSL llvm.inline_asm wrappers (imports cutlass; kernels only)
-selftest_kernel.py  one-thread-per-element CuTe kernel mapping arrays through a block
 CLI: python -m flash_attn_poly.asm count | show NAME | list
+asm imports nothing from kernels, plan or fit (the expected block outputs from fit.runtime
+and the GPU self-test kernel live in tests/asm_reference.py and tests/asm_selftest.py).
 """

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from . import blocks
+from . import blocks, programs
 
 
 def count(table) -> dict:
@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("name", nargs="?")
     ap.add_argument("--table", default=None)
     args = ap.parse_args(argv)
-    table = blocks.load_table(args.table)
+    table = programs.load_table(args.table)
     if args.command == "count":
         print(json.dumps(count(table), indent=1))
     elif args.command == "list":

@@ -1,24 +1,24 @@
 """PTX inline-asm blocks generated from the coefficient table (flash_attn_poly/data/programs.json).
 
-``get_block(name, table=None) -> PtxBlock``.  Operands: outputs ``$0..``, then inputs; lane 0
-is the low 16 bits and comes from the first input.  Each block evaluates its program(s) in the
-op order of ``fit/runtime.py`` so ``fit.runtime.replay(..., "fused")`` predicts its bits.
+``block_for(spec, role) -> PtxBlock``: block ``role`` of a program (asm/programs.ProgramSpec),
+built from the program's form, so every entry of a known form has its blocks by its name
+alone.  ``get_block(name, table=None)``: the named blocks (BUILDERS: the CLI, the elementwise
+kernels, tests).  Operands: outputs ``$0..``, then inputs; lane 0 is the low 16 bits and comes
+from the first input.  Each block evaluates its program(s) in the op order of
+``fit/runtime.py`` so ``fit.runtime.replay(..., "fused")`` predicts its bits.
 Pure Python: no cutlass import (``cute_ops.py`` wraps these for CuTe DSL kernels).
 """
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from . import ptxgen as g
+from .programs import ProgramSpec, entry, load_table, spec
 
 SIGMOID_D3 = "sigmoid_d3"          # B1/B4 SiLU, SwiGLU and the sigmoid_bf16x2 block
 SIGMOID_ATTN = "sigmoid_attn_n4096"  # B3 (with "_grad" for the coupled block)
-SIGMOID_ATTN_F16 = "sigmoid_attn_n4096_f16"   # f16x2 D4 variant (accuracy; not in a kernel yet)
+SIGMOID_ATTN_F16 = "sigmoid_attn_n4096_f16"   # f16x2 D4 variant
 # B2: the residual rho(u) = u - tanh(u) that runtime.softcap_logit combines as
 # fma.rn.f32(-c, rho, xc); "_grad" is the differentiated D3 (dtanh/du = 1 - rho').
 SOFTCAP = "softcap_c50"
@@ -26,7 +26,6 @@ EXP2 = "exp2_f32_d3"               # FP32 2^a (fit/exp2.py): the softcap stage's
 F16_FUNCTIONS = ("sigmoid", "tanh", "silu", "gelu")
 F16_DEGREES = (3, 4, 5, 6)
 F16_DEFAULT_DEGREE = 4               # the seed's standalone sweep uses D4 derivative programs
-
 
 
 @dataclass(frozen=True)
@@ -53,38 +52,6 @@ class PtxBlock:
     @property
     def n_fma(self) -> int:
         return sum(ln.startswith("fma.") for ln in self.lines)
-
-
-# ----------------------------------------------------------------------------- table
-def _table_path() -> str:
-    """$FLASH_ATTN_POLY_TABLE, else data/programs.json of the flash_attn_poly package (found
-    without importing it, so this module stays free of torch)."""
-    env = os.environ.get("FLASH_ATTN_POLY_TABLE")
-    if env:
-        return env
-    spec = importlib.util.find_spec("flash_attn_poly")
-    return os.path.join(list(spec.submodule_search_locations)[0], "data", "programs.json")
-
-
-@lru_cache(maxsize=4)
-def _load(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
-def load_table(path: str | None = None) -> dict:
-    path = path or _table_path()
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"coefficient table {path} missing: run "
-                                "`python -m flash_attn_poly.fit write` or pass --table")
-    return _load(path)
-
-
-def program(table: dict, name: str) -> dict:
-    progs = table["programs"]
-    if name not in progs:
-        raise KeyError(f"program {name!r} missing from the coefficient table")
-    return progs[name]
 
 
 # ----------------------------------------------------------------------------- finishing
@@ -139,17 +106,13 @@ def _packed_input(b: g.Builder, in_types, ins) -> str:
     return b.cvt_pack(ins[0], ins[1]) if in_types[0] == "f32" else ins[0]
 
 
-def unary(name: str, prog_name: str, ptype: str, in_f32: bool):
-    """One program applied lane-wise: forms odd / residual_odd / even / residual_even."""
-    def build(table):
-        prog = program(table, prog_name)
-        in_types = ("f32", "f32") if in_f32 else ("b32",)
-        b = g.Builder(ptype)
-        x = _packed_input(b, in_types, inputs(1, len(in_types)))
-        if prog["form"] not in g.FORMS:
-            raise ValueError(f"{prog_name}: form {prog['form']!r} has no lane-wise block")
-        return finish(name, b, in_types, [g.FORMS[prog["form"]](b, prog, x)], [prog_name])
-    return build
+def _lane_wise(name: str, spec: ProgramSpec, in_f32: bool) -> PtxBlock:
+    """One program applied lane-wise (forms of ptxgen.FORMS), on two f32 inputs or one pair."""
+    prog = spec.entry()
+    in_types = ("f32", "f32") if in_f32 else ("b32",)
+    b = g.Builder(spec.packed_type)
+    x = _packed_input(b, in_types, inputs(1, len(in_types)))
+    return finish(name, b, in_types, [g.FORMS[spec.form](b, prog, x)], [spec.name])
 
 
 SHARED_KEYS = ("lo", "hi", "thr", "shift", "squarings")
@@ -164,28 +127,24 @@ def _check_shared(fwd: dict, grad: dict) -> None:
         raise ValueError(f"sigmoid_attn forward/grad programs disagree on {bad}")
 
 
-def _ptype(prog: dict) -> str:
-    return {"bf16": "bf16x2", "f16": "f16x2"}[prog["dtype"]]
+def _piecewise(name: str, spec: ProgramSpec, with_grad: bool) -> PtxBlock:
+    """A piecewise2 program (sigmoid attention) on two f32 inputs; with_grad: the coupled
+    block, P and the factored derivative surrogate of `<name>_grad` (seed B3)."""
+    fwd = spec.entry()
+    b = g.Builder(spec.packed_type)
+    n_out = 2 if with_grad else 1
+    xb = b.cvt_pack(*inputs(n_out, 2))
+    m, u = g.piecewise_front(b, fwd, xb)
+    P = g.piecewise_value(b, fwd, m, u)
+    if not with_grad:
+        return finish_direct(name, b, ("f32", "f32"), [P], [spec.name])
+    grad = spec.grad.entry()
+    _check_shared(fwd, grad)
+    dy = g.piecewise_factored(b, grad, m, u, P)
+    return finish_direct(name, b, ("f32", "f32"), [P, dy], [spec.name, spec.grad.name])
 
 
-def sigmoid_attn(name: str, prog_name: str, with_grad: bool):
-    def build(table):
-        fwd = program(table, prog_name)
-        b = g.Builder(_ptype(fwd))
-        n_out = 2 if with_grad else 1
-        xb = b.cvt_pack(*inputs(n_out, 2))
-        m, u = g.piecewise_front(b, fwd, xb)
-        P = g.piecewise_value(b, fwd, m, u)
-        if not with_grad:
-            return finish_direct(name, b, ("f32", "f32"), [P], [prog_name])
-        grad = program(table, prog_name + "_grad")
-        _check_shared(fwd, grad)
-        dy = g.piecewise_factored(b, grad, m, u, P)
-        return finish_direct(name, b, ("f32", "f32"), [P, dy], [prog_name, prog_name + "_grad"])
-    return build
-
-
-def sigmoid_attn_part(name: str, prog_name: str, part: str):
+def _piecewise_part(name: str, spec: ProgramSpec, part: str) -> PtxBlock:
     """The forward block cut before its last squaring, for a caller that must define P
     later than the rest (attn_fwd overlap_v2: P is a wgmma A operand, and defining it while
     the previous P V is in flight serialises every wgmma, ptxas C7513).
@@ -193,23 +152,59 @@ def sigmoid_attn_part(name: str, prog_name: str, part: str):
     tail: that last squaring alone; in the head's word, out P.  Both come from
     piecewise_value/square, the code of the full block: head then tail is the full block
     instruction for instruction (16 + 1 = 17 with the committed table), bit for bit."""
-    def build(table):
-        fwd = program(table, prog_name)
-        if g.squarings(fwd) < 1:
-            raise ValueError(f"{prog_name} has no squaring to split off")
-        b = g.Builder(_ptype(fwd))
-        if part == "tail":
-            (q,) = inputs(1, 1)
-            return finish_direct(name, b, ("b32",), [g.square(b, q, 1)], [prog_name])
-        xb = b.cvt_pack(*inputs(1, 2))
-        m, u = g.piecewise_front(b, fwd, xb)
-        q = g.piecewise_value(b, fwd, m, u, held_back=1)
-        return finish_direct(name, b, ("f32", "f32"), [q], [prog_name])
-    return build
+    fwd = spec.entry()
+    b = g.Builder(spec.packed_type)
+    if part == "tail":
+        (q,) = inputs(1, 1)
+        return finish_direct(name, b, ("b32",), [g.square(b, q, 1)], [spec.name])
+    xb = b.cvt_pack(*inputs(1, 2))
+    m, u = g.piecewise_front(b, fwd, xb)
+    q = g.piecewise_value(b, fwd, m, u, held_back=1)
+    return finish_direct(name, b, ("f32", "f32"), [q], [spec.name])
 
 
+def _exp2_f32(name: str, spec: ProgramSpec) -> PtxBlock:
+    """2^a in FP32 (form exp2_f32, fit/exp2.py): t = a + 1.5*2^23, j = t - 1.5*2^23, f = a - j,
+    p = Horner of the coefficients by fma.rn.f32, then j << 23 added to p's bits by one
+    mad.lo.s32 on t's bits.  In one FP32 score, out the FP32 result's bits."""
+    imm = lambda bits: "0f" + bits[2:].upper()          # coeffs_bits "0x3f7ffb49" -> 0f3F7FFB49
+    magic = "0f4B400000"                                  # 1.5 * 2^23
+    c = [imm(x) for x in spec.coeff_bits]
+    (a,) = inputs(1, 1)
+    b = g.Builder("f16x2")                                # registers only; no packed op emitted
+    t = b.emit("add.rn.f32", a, magic)
+    j = b.emit("sub.rn.f32", t, magic)
+    f = b.emit("sub.rn.f32", a, j)
+    p = b.emit("fma.rn.f32", f, c[-1], c[-2])
+    for k in range(len(c) - 3, -1, -1):
+        p = b.emit("fma.rn.f32", p, f, c[k])
+    return finish(name, b, ("f32",), [b.emit("mad.lo.s32", t, "8388608", p)], [spec.name])
+
+
+def block_for(spec: ProgramSpec, role: str, name: str | None = None) -> PtxBlock:
+    """Block ``role`` (asm.programs.ROLES) of program ``spec``, built from the spec's form
+    alone: any table entry of a known form has its blocks, whatever its name.  name: the
+    block's name (default "<program>:<role>"; it is not part of the PTX text)."""
+    if role not in spec.roles:
+        raise ValueError(f"program {spec.name!r} (form {spec.form!r}) has no {role!r} block; "
+                         f"its blocks: {spec.roles}")
+    name = name or f"{spec.name}:{role}"
+    if role == "fwd" and spec.form in g.FORMS:
+        return _lane_wise(name, spec, in_f32=True)
+    if role == "packed":
+        return _lane_wise(name, spec, in_f32=False)
+    if role == "bwd":
+        return _lane_wise(name, spec.grad, in_f32=True)
+    if role in ("fwd", "fwd_bwd"):
+        return _piecewise(name, spec, with_grad=role == "fwd_bwd")
+    if role in ("head", "tail"):
+        return _piecewise_part(name, spec, role)
+    return _exp2_f32(name, spec)
+
+
+# ----------------------------------------------------------------------------- named blocks
 def _sigmoid_p(b: g.Builder, table, x: str) -> str:
-    return g.odd(b, program(table, SIGMOID_D3), x)
+    return g.odd(b, entry(SIGMOID_D3, table), x)
 
 
 def _silu_grad(b: g.Builder, p: str, s: str) -> str:
@@ -268,54 +263,37 @@ def f16_block(fn: str, direction: str, degree: int):
 
     def build(table):
         prog_name = _f16_program(table, fn, degree, direction == "bwd")
-        blk = unary(name, prog_name, "f16x2", in_f32=False)(table)
-        return blk
+        return block_for(spec(prog_name, table), "packed", name)
     return name, build
 
 
-def exp2_f32(name: str, prog_name: str):
-    """2^a in FP32 (form exp2_f32, fit/exp2.py): t = a + 1.5*2^23, j = t - 1.5*2^23, f = a - j,
-    p = Horner of the coefficients by fma.rn.f32, then j << 23 added to p's bits by one
-    mad.lo.s32 on t's bits.  In one FP32 score, out the FP32 result's bits."""
-    def build(table):
-        prog = program(table, prog_name)
-        if prog["form"] != "exp2_f32":
-            raise ValueError(f"{prog_name}: form {prog['form']!r} is not exp2_f32")
-        imm = lambda bits: "0f" + bits[2:].upper()          # coeffs_bits "0x3f7ffb49" -> 0f3F7FFB49
-        magic = "0f4B400000"                                  # 1.5 * 2^23
-        c = [imm(x) for x in prog["coeffs_bits"]]
-        (a,) = inputs(1, 1)
-        b = g.Builder("f16x2")                                # registers only; no packed op emitted
-        t = b.emit("add.rn.f32", a, magic)
-        j = b.emit("sub.rn.f32", t, magic)
-        f = b.emit("sub.rn.f32", a, j)
-        p = b.emit("fma.rn.f32", f, c[-1], c[-2])
-        for k in range(len(c) - 3, -1, -1):
-            p = b.emit("fma.rn.f32", p, f, c[k])
-        return finish(name, b, ("f32",), [b.emit("mad.lo.s32", t, "8388608", p)], [prog_name])
-    return build
+def alias(name: str, prog_name: str, role: str):
+    """A block reachable by name: block ``role`` of the table's program ``prog_name``."""
+    return lambda table: block_for(spec(prog_name, table), role, name)
 
 
+# Named blocks (the CLI, the elementwise kernels, tests).  The attention kernels do not need
+# these names: they build block_for(spec, role) from their program's spec.
 BUILDERS = {
-    "sigmoid_fwd": sigmoid_attn("sigmoid_fwd", SIGMOID_ATTN, with_grad=False),
-    "sigmoid_fwd_bwd": sigmoid_attn("sigmoid_fwd_bwd", SIGMOID_ATTN, with_grad=True),
-    "sigmoid_attn_fwd_f16x2": sigmoid_attn("sigmoid_attn_fwd_f16x2", SIGMOID_ATTN_F16, with_grad=False),
-    "sigmoid_fwd_head": sigmoid_attn_part("sigmoid_fwd_head", SIGMOID_ATTN, "head"),
-    "sigmoid_attn_fwd_f16x2_head": sigmoid_attn_part("sigmoid_attn_fwd_f16x2_head", SIGMOID_ATTN_F16, "head"),
-    "sigmoid_attn_fwd_f16x2_tail": sigmoid_attn_part("sigmoid_attn_fwd_f16x2_tail", SIGMOID_ATTN_F16, "tail"),
-    "sigmoid_fwd_tail": sigmoid_attn_part("sigmoid_fwd_tail", SIGMOID_ATTN, "tail"),
-    "softcap_fwd": unary("softcap_fwd", SOFTCAP, "bf16x2", in_f32=True),
-    "softcap_bwd": unary("softcap_bwd", SOFTCAP + "_grad", "bf16x2", in_f32=True),
-    # FP16 D5 softcap residual (accuracy; not in a kernel yet)
-    "softcap_fwd_f16x2": unary("softcap_fwd_f16x2", SOFTCAP + "_f16", "f16x2", in_f32=True),
-    "softcap_bwd_f16x2": unary("softcap_bwd_f16x2", SOFTCAP + "_f16_grad", "f16x2", in_f32=True),
+    "sigmoid_fwd": alias("sigmoid_fwd", SIGMOID_ATTN, "fwd"),
+    "sigmoid_fwd_bwd": alias("sigmoid_fwd_bwd", SIGMOID_ATTN, "fwd_bwd"),
+    "sigmoid_attn_fwd_f16x2": alias("sigmoid_attn_fwd_f16x2", SIGMOID_ATTN_F16, "fwd"),
+    "sigmoid_fwd_head": alias("sigmoid_fwd_head", SIGMOID_ATTN, "head"),
+    "sigmoid_attn_fwd_f16x2_head": alias("sigmoid_attn_fwd_f16x2_head", SIGMOID_ATTN_F16, "head"),
+    "sigmoid_attn_fwd_f16x2_tail": alias("sigmoid_attn_fwd_f16x2_tail", SIGMOID_ATTN_F16, "tail"),
+    "sigmoid_fwd_tail": alias("sigmoid_fwd_tail", SIGMOID_ATTN, "tail"),
+    "softcap_fwd": alias("softcap_fwd", SOFTCAP, "fwd"),
+    "softcap_bwd": alias("softcap_bwd", SOFTCAP, "bwd"),
+    # FP16 D5 softcap residual
+    "softcap_fwd_f16x2": alias("softcap_fwd_f16x2", SOFTCAP + "_f16", "fwd"),
+    "softcap_bwd_f16x2": alias("softcap_bwd_f16x2", SOFTCAP + "_f16", "bwd"),
     # odd polynomial in u^2, clamp outside the block (fit/softcap_odd.py)
-    "softcap_fwd_f16x2_odd": unary("softcap_fwd_f16x2_odd", SOFTCAP + "_f16_odd", "f16x2", in_f32=True),
+    "softcap_fwd_f16x2_odd": alias("softcap_fwd_f16x2_odd", SOFTCAP + "_f16_odd", "fwd"),
     # the two-region FP16 softcap (fit/softcap_tail.py): residual below |u| = 1, 1 - tanh above
-    "softcap_fwd_f16x2_tail": unary("softcap_fwd_f16x2_tail", SOFTCAP + "_f16_tail", "f16x2", in_f32=True),
-    "softcap_bwd_f16x2_tail": unary("softcap_bwd_f16x2_tail", SOFTCAP + "_f16_tail_grad", "f16x2", in_f32=True),
-    "sigmoid_bf16x2": unary("sigmoid_bf16x2", SIGMOID_D3, "bf16x2", in_f32=False),
-    "exp2_f32": exp2_f32("exp2_f32", EXP2),
+    "softcap_fwd_f16x2_tail": alias("softcap_fwd_f16x2_tail", SOFTCAP + "_f16_tail", "fwd"),
+    "softcap_bwd_f16x2_tail": alias("softcap_bwd_f16x2_tail", SOFTCAP + "_f16_tail", "bwd"),
+    "sigmoid_bf16x2": alias("sigmoid_bf16x2", SIGMOID_D3, "packed"),
+    "exp2_f32": alias("exp2_f32", EXP2, "exp2"),
     "silu_fwd_bf16x2": silu_fwd,
     "silu_bwd_bf16x2": silu_bwd,
     "swiglu_fwd_bf16x2": swiglu_fwd,
@@ -337,7 +315,7 @@ MAIN_BLOCKS = tuple(n for n in BUILDERS if not re.search(r"_d\d$", n) and n not 
 
 
 def get_block(name: str, table: dict | None = None) -> PtxBlock:
-    """Build block ``name`` from ``table`` (default: the committed programs.json)."""
+    """Build named block ``name`` from ``table`` (default: the committed programs.json)."""
     if name not in BUILDERS:
         raise KeyError(f"unknown block {name!r}; known: {sorted(BUILDERS)}")
     return BUILDERS[name](load_table() if table is None else table)

@@ -3,8 +3,9 @@
 Only kernels import this module (it imports cutlass at module level).  ``run_block`` takes
 CuTe scalars — ``Float32`` for an "f32" input, ``Int32``/``Uint32`` for a packed "b32" input —
 and returns a tuple of ``Uint32`` (several outputs come back as one LLVM struct).
-The named wrappers use the committed coefficient table; pass a ``PtxBlock`` to ``run_block``
-to inline any other build (tests use a fixture table).
+``run_program(spec, role, ...)`` inlines block ``role`` of a program (asm/programs.ProgramSpec,
+from any table); the named wrappers use the committed coefficient table; pass a ``PtxBlock``
+to ``run_block`` to inline any other build (tests use a fixture table).
 
 The asm is marked free of side effects so LLVM may schedule, CSE or drop it like ordinary
 arithmetic (it only reads its operands).
@@ -24,6 +25,17 @@ from . import blocks as B
 def block(name: str) -> B.PtxBlock:
     """Block ``name`` built from the default table (cached: tracing calls this per use)."""
     return B.get_block(name)
+
+
+@lru_cache(maxsize=None)
+def program_block(spec, role: str) -> B.PtxBlock:
+    """Block ``role`` of program ``spec`` (cached: a spec's hash is its content)."""
+    return B.block_for(spec, role)
+
+
+def run_program(spec, role: str, *values) -> tuple:
+    """Inline block ``role`` of program ``spec`` on ``values``; one ``Uint32`` per output."""
+    return run_block(program_block(spec, role), *values)
 
 
 def _operand(value, kind: str, loc, ip):

@@ -23,8 +23,8 @@ PROGRAM = "softcap_c50"
 
 @lru_cache(maxsize=None)
 def _clamp_u(program: str = PROGRAM) -> float:
-    from flash_attn_poly.asm import blocks
-    return float(blocks.program(blocks.load_table(), program)["L_c"])
+    from flash_attn_poly.asm import programs
+    return float(programs.spec(program).clamp)
 
 
 def softcap_score_mods(softcap: float):

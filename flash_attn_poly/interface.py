@@ -16,6 +16,7 @@ import torch
 
 from . import reference
 from .activations import needs_grad
+from .asm import programs as _programs
 
 MODES = ("softmax", "softcap", "sigmoid")
 EVALUATORS = ("poly", "native")
@@ -36,7 +37,8 @@ class AttnArgs:
     softmax_scale: float
     window_size: tuple[int, int]
     deterministic: bool = False   # backward adds in a fixed order (CUDA backend)
-    program: Optional[str] = None  # poly evaluator's coefficient-table entry (None: default)
+    # poly evaluator's program: a committed table entry's name or a ProgramSpec (None: default)
+    program: Optional[object] = None
 
 
 def _check_tensors(q, k, v) -> None:
@@ -69,26 +71,34 @@ def _check_tensors(q, k, v) -> None:
                          "no default sigmoid bias -ln S_k)")
 
 
-# table targets of each mode's poly programs (flash_attn_poly/data/programs.json); softcap's
-# "exp2" entries offload the exp2 instead of the tanh (kernels/score_stages.offloads_exp2)
-PROGRAM_TARGETS = {"softcap": ("softcap", "exp2"), "sigmoid": ("sigmoid_attn",)}
-
-
 def _check_program(mode, evaluator, program) -> None:
-    """program: a forward (non-derivative) table entry of this mode's target, poly only."""
+    """program: a forward (non-derivative) program that mode's kernels run, poly only: a name
+    of the committed table or a ProgramSpec (asm.programs.spec(name, table=...), any table)."""
     if program is None:
         return
-    if not isinstance(program, str):
-        raise TypeError(f"program must be a str naming a coefficient-table entry, got {type(program).__name__}")
-    if evaluator != "poly" or mode not in PROGRAM_TARGETS:
-        raise ValueError(f"program={program!r} selects a polynomial program: it needs evaluator='poly' and "
-                         f"mode 'softcap' or 'sigmoid' (got mode={mode!r}, evaluator={evaluator!r})")
-    from .asm import blocks
-    table = blocks.load_table()
-    known = sorted(n for n, e in table["programs"].items()
-                   if e["target"] in PROGRAM_TARGETS[mode] and not e["derivative"])
-    if program not in known:
+    if not isinstance(program, (str, _programs.ProgramSpec)):
+        raise TypeError(f"program must be a str naming a coefficient-table entry or a ProgramSpec, "
+                        f"got {type(program).__name__}")
+    label = program if isinstance(program, str) else program.name
+    if evaluator != "poly" or mode not in _programs.MODE_TARGETS:
+        raise ValueError(f"program={label!r} selects a polynomial program: it needs evaluator='poly' and "
+                         f"mode {' or '.join(map(repr, _programs.MODE_TARGETS))} (got mode={mode!r}, "
+                         f"evaluator={evaluator!r})")
+    if isinstance(program, str) and not _is_program_of(mode, program):
+        known = _programs.names(mode=mode, derivative=False)
         raise ValueError(f"program {program!r} is not a {mode} program of the coefficient table; known: {known}")
+    if not isinstance(program, str) and program.mode != mode:
+        what = "a derivative program" if program.derivative else f"target {program.target!r}"
+        raise ValueError(f"program {label!r} ({what}) is not a {mode} program; {mode} programs run targets "
+                         f"{_programs.MODE_TARGETS[mode]} (committed table: "
+                         f"{_programs.names(mode=mode, derivative=False)})")
+
+
+@torch.compiler.assume_constant_result
+def _is_program_of(mode: str, name: str) -> bool:
+    """Is `name` a forward program of mode in the committed table?  A constant under
+    torch.compile (the table is read when tracing, not traced)."""
+    return name in _programs.names(mode=mode, derivative=False)
 
 
 def _check_options(mode, evaluator, softcap, sigmoid_bias, window_size) -> None:
@@ -121,7 +131,7 @@ def validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_sc
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale!r}")
-    if program is None and evaluator == "poly" and mode in PROGRAM_TARGETS:
+    if program is None and evaluator == "poly" and mode in _programs.MODE_TARGETS:
         program = _default_program(mode, q.dtype, softcap)
     return AttnArgs(mode, evaluator, bool(causal), None if softcap is None else float(softcap),
                     None if sigmoid_bias is None else float(sigmoid_bias), scale, tuple(window_size),
@@ -181,7 +191,7 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
               sigmoid_bias: Optional[float] = None, evaluator: str = "poly",
               softmax_scale: Optional[float] = None, window_size=(-1, -1),
               backend: str = "auto", return_lse: bool = False, deterministic: bool = False,
-              program: Optional[str] = None):
+              program=None):
     """Attention over q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D); returns O (B, S_q, H_q, D).
 
     mode: "softmax" | "softcap" (Gemma-2: logits = softcap * tanh(logits / softcap)) |
@@ -189,8 +199,10 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     evaluator: "poly" runs a polynomial program on the FMA pipe for part of the key columns
     (the rest on MUFU; kernels/score_stages.default_poly_split: softcap 1/8, sigmoid 1/16, 1/8
     at D = 256), "native" the MUFU instructions.
-    program: with evaluator="poly", the coefficient-table entry to run (None: the default for
-    the inputs, kernels/score_stages.default_program). Softcap with BF16 inputs and
+    program: with evaluator="poly", the program to run: a name of the committed coefficient table
+    (flash_attn_poly/data/programs.json), or a ProgramSpec of any table, e.g. a refit
+    `flash_attn_poly.asm.programs.spec("sigmoid_attn_n8192", table=load_table(path))` (None: the
+    default for the inputs, kernels/score_stages.default_program). Softcap with BF16 inputs and
     softcap <= 50: "exp2_f32_d3", the exp2 offload. Every tanh stays on MUFU, and P = 2^a comes
     from an FP32 degree-3 polynomial (fit/exp2.py) for 1/8 of the columns of the mask-free key
     blocks. Its error is native's (1.00x at every spread, bench/results/accuracy_softcap.md). Its
@@ -233,7 +245,7 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     if torch.compiler.is_compiling():
         out, lse = torch.ops.flash_attn_poly.attn_fwd(
             q, k, v, a.mode, a.evaluator, a.causal, a.softcap or 0.0, bias, a.softmax_scale,
-            list(a.window_size), which, a.deterministic, a.program or "")
+            list(a.window_size), which, a.deterministic, _program_arg(a.program))
     else:
         op_args = _args_from_op(a.mode, a.evaluator, a.causal, a.softcap, bias, a.softmax_scale,
                                 a.window_size, a.deterministic, a.program)
@@ -272,7 +284,24 @@ def _args_from_op(mode, evaluator, causal, softcap, bias, scale, window, determi
                   program="") -> AttnArgs:
     return AttnArgs(mode, evaluator, causal, softcap if mode == "softcap" else None,
                     bias if mode == "sigmoid" else None, scale, tuple(window), deterministic,
-                    program or None)
+                    _program_from_arg(program))
+
+
+def _program_arg(program) -> str:
+    """AttnArgs.program as the custom ops' str argument: "" (none), a committed table's name,
+    or a ProgramSpec's JSON (its content: the ops stay traceable with a program of any table)."""
+    if program is None:
+        return ""
+    return program if isinstance(program, str) else program.json_text
+
+
+def _program_from_arg(program):
+    """The inverse of _program_arg (a ProgramSpec or None passes through)."""
+    if not program:
+        return None
+    if isinstance(program, str) and program.startswith("{"):
+        return _programs.from_json(program)
+    return program
 
 
 @torch.library.custom_op("flash_attn_poly::attn_fwd", mutates_args=())

@@ -811,8 +811,9 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     (score_stages_bwd.SigmoidBwd.grad_rule).
     softcap_grad: softcap poly block columns' d logit/dx rule, "value" or "block" (None: "value"
     for the FP16 programs, "block" for the seed's BF16 one; score_stages_bwd.SoftcapBwd.grad_rule).
-    program: the poly stage's table entry, as the forward stage's (softcap: e.g. "softcap_c50_f16"
-    selects the FP16 D5 blocks; None: the default program).
+    program: the poly stage's program, as the forward stage's: a name of the committed table
+    (softcap: e.g. "softcap_c50_f16" selects the FP16 D5 blocks) or a ProgramSpec of any table
+    (None: the default program).
     poly_split: the poly side's (j, k) column split, as the forward stage's (None: the split a
     default forward at this head dim runs, score_stages.default_poly_split: softcap 1/8, sigmoid
     1/16 up to D = 128 and 1/8 at D = 256); must match the forward's for the same P.
@@ -830,8 +831,8 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     dout, q, k, v = (t.contiguous() for t in (dout, q, k, v))
     from .score_stages_bwd import bwd_side
     b, s_q, h_q, d = q.shape
-    from .score_stages import offloads_exp2
-    if mode == "softcap" and evaluator == "poly" and offloads_exp2(program):
+    from .score_stages import program_spec
+    if mode == "softcap" and evaluator == "poly" and program is not None and program_spec(program).is_exp2:
         # the exp2 offload's forward takes every logit from MUFU tanh and P = 2^a within 7.5e-5
         # relative: the native backward recomputes the same logits and P to BF16 P's precision
         evaluator, program, poly_split = "native", None, None

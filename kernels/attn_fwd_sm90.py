@@ -150,7 +150,7 @@ class AttnFwdConfig:
         if (mode == "softcap" and head_dim == 128 and kw.get("fixed_max")
                 and not {"tile_m", "tile_n", "pingpong"} & set(kw)):
             base.update(tile_m=192, tile_n=64, num_stages=4, pingpong=False)
-        # the exp2 offload of an exp2_f32 softcap program (score_stages.offloads_exp2) runs where
+        # the exp2 offload of an exp2_f32 softcap program (score_stages.make_stage) runs where
         # the constant row max bounds the exp2 argument; elsewhere every P stays on MUFU
         if getattr(stage, "exp2_split", ()) and kw.get("fixed_max"):
             base.update(exp2_fma=stages.exp2_groups(stage.exp2_split))
@@ -474,7 +474,8 @@ class AttnFwdSm90:
         num_rows = cute.size(tScS_mn, mode=[0])
         fixed = self.stage.fixed_lse(params) if self.cfg.fixed_max else None
         softmax = stages.OnlineSoftmax(num_rows, self.cfg.row_max_chains, self.cfg.row_sum_carry, fixed,
-                                       self.cfg.rescale_threshold, self.cfg.exp2_fma)
+                                       self.cfg.rescale_threshold, self.cfg.exp2_fma,
+                                       stages.exp2_program_of(self.stage))
         row_scale = cute.make_rmem_tensor((num_rows,), Float32)
 
         ctx = SimpleNamespace(
@@ -806,11 +807,12 @@ def _fixed_max_kw(mode: str, dtype: str, cap: float, tuning: Optional[dict]) -> 
 def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causal: bool = True,
              softmax_scale: Optional[float] = None, softcap: Optional[float] = None,
              sigmoid_bias: Optional[float] = None, stage=None, out=None, lse=None,
-             tuning: Optional[dict] = None, window_size=(-1, -1), program: Optional[str] = None):
+             tuning: Optional[dict] = None, window_size=(-1, -1), program=None):
     """Torch entry: q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D), CUDA, bf16/fp16, last dim
     contiguous.  Returns (o like q, lse (B, H_q, S_q) FP32 or None for sigmoid).
     tuning: AttnFwdConfig field overrides (tile_m, tile_n, num_stages, pingpong, persistent, ...).
-    program: the poly stage's coefficient-table entry (None: the mode's default program).
+    program: the poly stage's program, a name of the committed coefficient table or a
+    ProgramSpec of any table (None: the mode's default program).
     window_size: (left, right) sliding window, flash-attn semantics (-1 = unbounded); only
     "bounded or not" is compiled in, the sizes are runtime arguments (kernels/mask.py).
     Launch: torch tensors and floats straight into the tvm-ffi build (kernels/compile_cache.py)."""

@@ -64,9 +64,8 @@ def poly_block(kind: str, dtype: str):
 
 def poly_programs(kind: str, dtype: str) -> tuple:
     """Program dicts the poly block was built from."""
-    from flash_attn_poly.asm import blocks
-    table = blocks.load_table()
-    return tuple(blocks.program(table, p) for p in poly_block(kind, dtype).programs)
+    from flash_attn_poly.asm import programs
+    return tuple(programs.entry(p) for p in poly_block(kind, dtype).programs)
 
 
 def run_poly(blk, *words) -> tuple:

@@ -32,13 +32,14 @@ of tile_n), which is the global rule only when the rule repeats inside a block: 
 divide tile_n (AttnFwdSm90 checks it; `default_poly_split` makes the defaults fit, so at
 D = 256, 64-key forward blocks, the default 1/16 becomes 1/8 in both directions).
 
-Program facts (name, clamp L_c, n) come from the coefficient table through
-`flash_attn_poly.asm.blocks.load_table()/program()` at stage construction, the same table
-the blocks are generated from: the FP32 clamp of the kernel always equals the block's.
+A poly stage holds its program as a `ProgramSpec` (flash_attn_poly.asm.programs; a name is
+looked up in the committed table, a spec may come from any table): its facts (clamp L_c, n,
+packed type, FP32 region threshold) and its blocks (`asm.blocks.block_for(spec, role)`) come
+from the same spec, so the FP32 clamp of the kernel always equals the block's, and the
+stage's hash (its content) covers the program's coefficients.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -89,13 +90,13 @@ def exp2_approx(x: Float32, *, loc=None, ip=None) -> Float32:
 
 
 @cute.jit
-def exp2_fma(a: Float32) -> Float32:
-    """2^a without MUFU, for finite a in [-125, 127] (normal results): the asm block exp2_f32
-    (program exp2_f32_d3 of the coefficient table, fit/exp2.py): j = round(a) by the 1.5 * 2^23
-    add, f = a - j, p = 2^f by a degree-3 FFMA Horner, j added to p's exponent field by one
-    integer multiply-add.  Three FADD, three FFMA, one IMAD: FMA-pipe work instead of one
+def exp2_fma(a: Float32, program: cutlass.Constexpr) -> Float32:
+    """2^a without MUFU, for finite a in [-125, 127] (normal results): the "exp2" block of an
+    exp2_f32 program (exp2_f32_d3 of the coefficient table, fit/exp2.py): j = round(a) by the
+    1.5 * 2^23 add, f = a - j, p = 2^f by a degree-3 FFMA Horner, j added to p's exponent field
+    by one integer multiply-add.  Three FADD, three FFMA, one IMAD: FMA-pipe work instead of one
     MUFU.EX2, relative error 7.5e-5.  -inf (a masked score) is NOT mapped to 0."""
-    return b32_as_f32(Int32(_cute_ops().named("exp2_f32", a)))
+    return b32_as_f32(Int32(_cute_ops().run_program(program, "exp2", a)[0]))
 
 
 @dsl_user_op
@@ -122,24 +123,6 @@ def unpack_f16x2(p: Int32, *, loc=None, ip=None):
     lo = Float32(_asm(T.f32(), [v], "{ .reg .b16 l, h; mov.b32 {l, h}, $1; cvt.f32.f16 $0, l; }", "=f,r"))
     hi = Float32(_asm(T.f32(), [v], "{ .reg .b16 l, h; mov.b32 {l, h}, $1; cvt.f32.f16 $0, h; }", "=f,r"))
     return lo, hi
-
-
-# softcap residual programs of the table with their blocks (asm/blocks.py): BF16 D4 (B2) and
-# FP16 D5 (the default since the H200 accuracy runs: DEFAULT_PROGRAM)
-SOFTCAP_BLOCKS = {"softcap_c50": ("softcap_fwd", "softcap_bwd"),
-                  "softcap_c50_f16": ("softcap_fwd_f16x2", "softcap_bwd_f16x2"),
-                  # two-region FP16 (fit/softcap_tail.py): residual below |u| = 1, 1 - tanh above
-                  "softcap_c50_f16_tail": ("softcap_fwd_f16x2_tail", "softcap_bwd_f16x2_tail"),
-                  # true odd polynomial, clamp on the FMA pipe (fit/softcap_odd.py); no derivative
-                  # block: the backward takes the value rule
-                  "softcap_c50_f16_odd": ("softcap_fwd_f16x2_odd", None)}
-
-
-# sigmoid-attention programs with their blocks (full, overlapped-step head, tail): BF16 D3 (B3) and
-# FP16 D4 (the default: DEFAULT_PROGRAM; its f16x2 P is converted to bf16x2 for PV)
-SIGMOID_BLOCKS = {"sigmoid_attn_n4096": ("sigmoid_fwd", "sigmoid_fwd_head", "sigmoid_fwd_tail"),
-                  "sigmoid_attn_n4096_f16": ("sigmoid_attn_fwd_f16x2", "sigmoid_attn_fwd_f16x2_head",
-                                             "sigmoid_attn_fwd_f16x2_tail")}
 
 
 # The poly evaluator's program per mode.  H200 (bench/results/poly_split.md, accuracy_f16.md):
@@ -194,19 +177,36 @@ def default_program(mode: str, io_dtype: str, softcap=None) -> str:
     return DEFAULT_PROGRAM[mode]
 
 
-def sigmoid_blocks(program: str) -> tuple:
-    """(full block, head, tail, P is f16x2) of a sigmoid-attention program."""
-    if program not in SIGMOID_BLOCKS:
-        raise ValueError(f"sigmoid program {program!r} has no PTX blocks; known: {sorted(SIGMOID_BLOCKS)}")
-    return SIGMOID_BLOCKS[program] + (_program(program)["dtype"] == "f16",)
+def program_spec(program):
+    """A stage's program as a ProgramSpec: a name is looked up in the committed table, a
+    ProgramSpec (asm.programs.spec(name, table=...) of any table) is taken as it is."""
+    programs = _asm_pkg().programs
+    if isinstance(program, programs.ProgramSpec):
+        return program
+    if not isinstance(program, str):
+        raise TypeError(f"program must be a table entry's name or a ProgramSpec, "
+                        f"got {type(program).__name__}")
+    return programs.spec(program)
 
 
-def check_sigmoid_dtype(evaluator: str, program: str, is_bf16: bool) -> None:
+def check_program(program, mode: str, roles: tuple) -> None:
+    """A poly stage's program must be a forward program of its mode with the blocks it runs."""
+    programs = _asm_pkg().programs
+    if program.mode != mode or not set(roles) <= set(program.roles):
+        raise ValueError(f"{mode} program {program.name!r} has no PTX blocks for the {mode} kernels (target "
+                         f"{program.target!r}, form {program.form!r}, blocks {program.roles}; they need a "
+                         f"forward program of target {programs.MODE_TARGETS[mode]} with blocks {roles}); "
+                         f"{mode} programs of the committed table: "
+                         f"{programs.names(mode=mode, derivative=False)}")
+
+
+def check_sigmoid_dtype(evaluator: str, program, is_bf16: bool) -> None:
     """A sigmoid poly stage (forward or backward side) writes its block's packed P straight
-    into the PV / dV operand: the BF16 program (bf16x2 P) needs BF16 inputs; the FP16 program
+    into the PV / dV operand: a BF16 program (bf16x2 P) needs BF16 inputs; an FP16 program
     converts to bf16x2 for BF16 inputs and keeps its f16x2 P for FP16 ones."""
-    if evaluator == "poly" and not is_bf16 and not sigmoid_blocks(program)[3]:
-        raise ValueError(f"sigmoid/poly program {program!r} writes packed bf16 P: BF16 inputs only "
+    program = program_spec(program)
+    if evaluator == "poly" and not is_bf16 and not program.f16:
+        raise ValueError(f"sigmoid/poly program {program.name!r} writes packed bf16 P: BF16 inputs only "
                          f"(FP16 inputs need an FP16 program, e.g. {DEFAULT_PROGRAM['sigmoid']!r})")
 
 
@@ -217,41 +217,16 @@ def f16x2_to_bf16x2(p: Int32, *, loc=None, ip=None) -> Int32:
     return pack_f32x2(lo, hi, True, loc=loc, ip=ip)
 
 
-@functools.lru_cache(maxsize=None)
-def softcap_tail_u(program: str) -> float:
-    """A two-region softcap program's FP32 region threshold on |u| (0.0 for a one-region
-    program): the kernel's FP32 combine picks the block's region with it
-    (fit/runtime.region_threshold_f32: |u| >= t exactly where the block's f16 |u| >= thr).
-    Cached: stages are built on every attention call."""
-    prog = _program(program)
-    if prog["form"] != "odd_piecewise2":
-        return 0.0
-    from flash_attn_poly.fit.runtime import region_threshold_f32
-    return region_threshold_f32(prog)
-
-
 def softcap_combine(x, r, u, c, tail_u: float):
     """logit = A - c r (one FFMA) from the block's value r at u = x/c: A = x for a one-region
     program (tail_u == 0, residual form), and for a two-region one copysign(c, x) where
-    |u| >= tail_u (the tail form's r is sign(u) (1 - tanh|u|)).  Shared by the forward stage
-    and the backward side, so both recompute the same logits (fit/runtime.softcap_logit)."""
+    |u| >= tail_u (the tail form's r is sign(u) (1 - tanh|u|); tail_u is the program's
+    ProgramSpec.region_threshold_f32: |u| >= tail_u exactly where the block's f16 |u| >= thr).
+    Shared by the forward stage and the backward side, so both recompute the same logits
+    (fit/runtime.softcap_logit)."""
     if tail_u:
         x = cutlass.select_(cute.math.abs(u) >= Float32(tail_u), cute.math.copysign(c, x), x)
     return x - c * r
-
-
-def softcap_blocks(program: str) -> tuple:
-    """(rho block, derivative block, rho is f16x2) of a softcap program; a clear error for
-    a program without blocks."""
-    if program not in SOFTCAP_BLOCKS:
-        raise ValueError(f"softcap program {program!r} has no PTX blocks; known: {sorted(SOFTCAP_BLOCKS)}")
-    fwd, bwd = SOFTCAP_BLOCKS[program]
-    return fwd, bwd, _program(program)["dtype"] == "f16"
-
-
-def softcap_is_u2(program: str) -> bool:
-    """The program is of form odd_u2 (fit/softcap_odd.py): the caller clamps u on the FMA pipe."""
-    return _program(program)["form"] == "odd_u2"
 
 
 def softcap_u2_alpha(u_scale, clamp_l: float):
@@ -260,17 +235,17 @@ def softcap_u2_alpha(u_scale, clamp_l: float):
 
 
 @cute.jit
-def softcap_u2_pair(s0, s1, alpha, clamp_l: cutlass.Constexpr[float], block: cutlass.Constexpr[str]):
+def softcap_u2_pair(s0, s1, alpha, clamp_l: cutlass.Constexpr[float], program: cutlass.Constexpr):
     """Odd_u2 program on two raw scores: (u0, u1, rho0, rho1), u = fma_sat(s, alpha, 0.5) * 2L - L
     = clamp(s * scale / c, +-L) with one fma.rn.sat.f32 + one FFMA each (no FMNMX), alpha =
-    softcap_u2_alpha(scale / c, L); rho = the f16x2 block unpacked.  The forward and the backward
-    both call this (their scale / c may differ in the last FP32 bit: the forward's is
-    scale * (1/c) on the device, the backward's the host's); each forms its exp2 argument from
-    u and rho in its own FP32 order."""
+    softcap_u2_alpha(scale / c, L); rho = the program's f16x2 "fwd" block unpacked.  The
+    forward and the backward both call this (their scale / c may differ in the last FP32 bit:
+    the forward's is scale * (1/c) on the device, the backward's the host's); each forms its
+    exp2 argument from u and rho in its own FP32 order."""
     two_l, lim = Float32(2.0 * clamp_l), Float32(clamp_l)
     u0 = fma_sat(s0, alpha, Float32(0.5)) * two_l - lim
     u1 = fma_sat(s1, alpha, Float32(0.5)) * two_l - lim
-    r0, r1 = unpack_f16x2(Int32(_cute_ops().named(block, u0, u1)))
+    r0, r1 = unpack_f16x2(Int32(_cute_ops().run_program(program, "fwd", u0, u1)[0]))
     return u0, u1, r0, r1
 
 
@@ -383,7 +358,7 @@ class OnlineSoftmax:
     the quad once in `finalize`: that saves 2 shuffles per row per key block."""
 
     def __init__(self, num_rows: int, max_chains: int = 1, sum_carry: bool = False, fixed_lse=None,
-                 rescale_threshold: float = 0.0, exp2_fma: int = 0):
+                 rescale_threshold: float = 0.0, exp2_fma: int = 0, exp2_program=None):
         if max_chains not in (1, 2, 4, 8):
             raise ValueError(f"max_chains must be 1, 2, 4 or 8, got {max_chains!r}")
         self.max_chains = max_chains
@@ -400,6 +375,8 @@ class OnlineSoftmax:
         # exp2_fma n (fixed only): in mask-free blocks, column groups g with g % 8 >= 8 - n take
         # exp2_fma (FMA pipe) instead of MUFU.EX2 (AttnFwdConfig.exp2_fma; off by default)
         self.exp2_fma = int(exp2_fma)
+        # the exp2_f32 program (ProgramSpec or name) whose block those columns run (None: EXP2_PROGRAM)
+        self.exp2_program = program_spec(exp2_program or EXP2_PROGRAM) if self.exp2_fma else None
         # rescale_threshold t > 0 (log2 units, AttnFwdConfig checks 0 <= t <= 16): a row keeps
         # its stale max until a block's max exceeds it by more than t, so p <= 2^t and most
         # blocks need no O rescale (row_scale exactly 1.0 for a kept row: `rescale_needed`);
@@ -463,7 +440,8 @@ class OnlineSoftmax:
                 acc = self.row_sum[r]
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                 if cutlass.const_expr(not masked and (c // 2) % 8 >= 8 - self.exp2_fma):
-                    p = exp2_fma(s_mn[r, c])   # bounded argument, no -inf in a mask-free block
+                    # bounded argument: no -inf in a mask-free block
+                    p = exp2_fma(s_mn[r, c], self.exp2_program)
                 else:
                     p = exp2_approx(s_mn[r, c])
                 s_mn[r, c] = p
@@ -512,10 +490,10 @@ class OnlineSoftmax:
 def _asm_pkg():
     try:
         import flash_attn_poly.asm as pkg  # installed layout
-        from flash_attn_poly.asm import blocks  # noqa: F401
+        from flash_attn_poly.asm import programs  # noqa: F401
     except ImportError:
         import asm as pkg  # type: ignore  (repository root on sys.path)
-        from asm import blocks  # type: ignore  # noqa: F401
+        from asm import programs  # type: ignore  # noqa: F401
     return pkg
 
 
@@ -524,17 +502,6 @@ def _cute_ops():
     pkg = _asm_pkg()
     import importlib
     return importlib.import_module(pkg.__name__ + ".cute_ops")
-
-
-def _program(name: str) -> dict:
-    """Table entry `name` via asm.blocks.load_table()/program(): the blocks' own source."""
-    b = _asm_pkg().blocks
-    return b.program(b.load_table(), name)
-
-
-def _bits(prog) -> tuple:
-    bits = prog.get("coeffs_bits", ())
-    return tuple(tuple(b) if isinstance(b, list) else b for b in bits)
 
 
 def _check_split(split) -> tuple:
@@ -568,12 +535,10 @@ def default_poly_split(mode: str, key_block: int = 128) -> tuple:
     return (j, k) if k <= k_max else (max(1, j * k_max // k), k_max)
 
 
-def offloads_exp2(program) -> bool:
-    """Is `program` an exp2_f32 table entry (fit/exp2.py)?  For mode softcap with evaluator
-    "poly" it selects the exp2 offload: tanh on MUFU for every score, P = 2^a on the FMA pipe
-    for a split of the key columns (make_stage, AttnFwdConfig.exp2_fma); the backward then
-    recomputes P with MUFU (attn_bwd): P differs by <= 7.5e-5 relative, below BF16 P's 2^-9."""
-    return bool(program) and _program(program)["form"] == "exp2_f32"
+def exp2_program_of(stage):
+    """The exp2_f32 program of a stage's exp2 offload (None: the stage has none; OnlineSoftmax
+    then runs EXP2_PROGRAM where a tuning sets exp2_fma)."""
+    return stage.program if getattr(stage, "exp2_split", ()) else None
 
 
 def exp2_groups(split: tuple) -> int:
@@ -648,14 +613,14 @@ class SoftcapStage:
             leaves the MUFU pipe; ex2 stays.  With poly_split
             (j, k), pairs outside the split take logit = c * tanh.approx(x / c) (MUFU);
             softmax runs over logits in both cases (LSE scale 1).
-    clamp_l (L_c), coeff_bits come from the table in __post_init__, never from a literal.
+    program: a ProgramSpec after __post_init__ (a name: the committed table's entry); clamp_l
+    (L_c), rho_f16, tail_u, u2 come from it, never from a literal.
     """
 
     mode: str = field(default="softcap", init=False)
     evaluator: str = "native"
-    program: str = DEFAULT_PROGRAM["softcap"]
+    program: object = DEFAULT_PROGRAM["softcap"]
     poly_split: tuple = (1, 1)
-    coeff_bits: tuple = field(default=(), init=False)
     clamp_l: float = field(default=0.0, init=False)   # the program's L_c: |u| clamped there
     rho_f16: bool = field(default=False, init=False)  # the program's block returns f16x2
     tail_u: float = field(default=0.0, init=False)    # two-region program: FP32 |u| threshold
@@ -668,21 +633,21 @@ class SoftcapStage:
     uses_online_softmax = True
 
     def __post_init__(self):
+        object.__setattr__(self, "program", program_spec(self.program))
         object.__setattr__(self, "poly_split", _check_split(self.poly_split))
         if self.exp2_split:
             exp2_groups(self.exp2_split)                  # a clear error for a split it cannot run
-            if self.evaluator != "native" or self.program != EXP2_PROGRAM:
-                raise ValueError(f"the exp2 offload is a native-tanh stage running {EXP2_PROGRAM!r} (the "
-                                 f"program the exp2_f32 block is built from), got evaluator="
-                                 f"{self.evaluator!r}, program={self.program!r}")
-            object.__setattr__(self, "coeff_bits", _bits(_program(self.program)))   # in the hash
+            if self.evaluator != "native" or not self.program.is_exp2:
+                raise ValueError(f"the exp2 offload is a native-tanh stage running an exp2_f32 program (e.g. "
+                                 f"{EXP2_PROGRAM!r}, the program its block is built from), got evaluator="
+                                 f"{self.evaluator!r}, program={self.program.name!r}")
         if self.evaluator == "poly":
-            prog = _program(self.program)
-            object.__setattr__(self, "coeff_bits", _bits(prog))
-            object.__setattr__(self, "clamp_l", float(prog["L_c"]))
-            object.__setattr__(self, "rho_f16", softcap_blocks(self.program)[2])
-            object.__setattr__(self, "tail_u", softcap_tail_u(self.program))
-            object.__setattr__(self, "u2", softcap_is_u2(self.program))
+            prog = self.program
+            check_program(prog, "softcap", ("fwd",))
+            object.__setattr__(self, "clamp_l", float(prog.clamp))
+            object.__setattr__(self, "rho_f16", prog.f16)
+            object.__setattr__(self, "tail_u", prog.region_threshold_f32)
+            object.__setattr__(self, "u2", prog.clamp_on_fma)
 
     def poly_pair(self, col_group: int) -> bool:
         return self.evaluator == "poly" and poly_pair(self.poly_split, col_group)
@@ -722,7 +687,7 @@ class SoftcapStage:
                     if cutlass.const_expr(self.poly_pair(g) and self.u2):
                         # a = (c u - c rho) log2e + k as two FFMAs: c log2e u + k, then - c log2e rho
                         u0, u1, r0, r1 = softcap_u2_pair(s_mn[r, 2 * g], s_mn[r, 2 * g + 1], alpha,
-                                                         self.clamp_l, softcap_blocks(self.program)[0])
+                                                         self.clamp_l, self.program)
                         s_mn[r, 2 * g] = (u0 * c_log2 + k) - c_log2 * r0
                         s_mn[r, 2 * g + 1] = (u1 * c_log2 + k) - c_log2 * r1
                     elif cutlass.const_expr(self.poly_pair(g)):
@@ -752,7 +717,7 @@ class SoftcapStage:
                 # s_mn columns (2 adjacent, N/8 groups): flat column 2g, 2g+1 = group g
                 if cutlass.const_expr(self.poly_pair(g) and self.u2):
                     u0, u1, r0, r1 = softcap_u2_pair(s_mn[r, 2 * g], s_mn[r, 2 * g + 1], alpha,
-                                                     self.clamp_l, softcap_blocks(self.program)[0])
+                                                     self.clamp_l, self.program)
                     s_mn[r, 2 * g] = (params[2] * u0) - params[2] * r0
                     s_mn[r, 2 * g + 1] = (params[2] * u1) - params[2] * r1
                 elif cutlass.const_expr(self.poly_pair(g)):
@@ -765,9 +730,8 @@ class SoftcapStage:
     def _pair_poly(self, s_mn, r, c, x_max, params):
         x0 = cute.arch.fmin(cute.arch.fmax(s_mn[r, c] * params[0], -x_max), x_max)
         x1 = cute.arch.fmin(cute.arch.fmax(s_mn[r, c + 1] * params[0], -x_max), x_max)
-        ops = _cute_ops()
         u0, u1 = x0 * params[3], x1 * params[3]
-        rho = Int32(ops.named(softcap_blocks(self.program)[0], u0, u1))
+        rho = Int32(_cute_ops().run_program(self.program, "fwd", u0, u1)[0])
         r0, r1 = unpack_f16x2(rho) if cutlass.const_expr(self.rho_f16) else unpack_bf16x2(rho)
         s_mn[r, c] = softcap_combine(x0, r0, u0, params[2], self.tail_u)
         s_mn[r, c + 1] = softcap_combine(x1, r1, u1, params[2], self.tail_u)
@@ -792,36 +756,36 @@ class SigmoidStage:
 
     native: p = 0.5 * tanh.approx(0.5 x + 0.5 b) + 0.5: one MUFU and 2 FFMA per score;
             a masked score (-inf) gives tanh = -1, p = +0 exactly.
-    poly:   the 17-instruction block `sigmoid_fwd` (program sigmoid_attn_n{n}) computes
-            sigma(x' - ln n) on two FP32 inputs and returns packed bf16x2 P, which is the
-            PV A operand directly; we feed x' = x + b + ln n, so any bias works (exact for
-            b = -ln n).  Masked lanes are zeroed afterwards with a select.  Pairs outside
+    poly:   the program's "fwd" block (17 instructions for program sigmoid_attn_n{n}, BF16
+            D3) computes sigma(x' - ln n) on two FP32 inputs and returns packed bf16x2 P, which
+            is the PV A operand directly; we feed x' = x + b + ln n, so any bias works (exact
+            for b = -ln n).  Masked lanes are zeroed afterwards with a select.  Pairs outside
             poly_split run the native formula (params[2] = scale/2, params[3] = b/2).
-            attn_fwd block_overlap (tOrP=None) runs the block in two parts: sigmoid_fwd_head (16 instr.)
-            in the stage, its packed q kept in acc_S, then write_p's sigmoid_fwd_tail
-            (P = q*q, one mul) after the wait: same instructions, same bits as the block.
-            program="sigmoid_attn_n4096_f16": the f16x2 D4 block (and its head / tail), P
-            converted to bf16x2 after it (f16x2_to_bf16x2); a kernel-level option.
-    program_n, coeff_bits come from the table in __post_init__.
+            attn_fwd block_overlap (tOrP=None) runs the block in two parts: its "head" (16
+            instr.) in the stage, its packed q kept in acc_S, then write_p's "tail" (P = q*q, one
+            mul) after the wait: same instructions, same bits as the block.  An FP16 program (the
+            default sigmoid_attn_n4096_f16, D4): f16x2 P converted to bf16x2 after the block
+            (f16x2_to_bf16x2) for BF16 inputs.
+    program: a ProgramSpec after __post_init__ (a name: the committed table's entry);
+    program_n, p_f16 come from it.
     """
 
     mode: str = field(default="sigmoid", init=False)
     evaluator: str = "native"
-    program: str = DEFAULT_PROGRAM["sigmoid"]
+    program: object = DEFAULT_PROGRAM["sigmoid"]
     poly_split: tuple = (1, 1)
-    coeff_bits: tuple = field(default=(), init=False)
     program_n: int = field(default=0, init=False)
     p_f16: bool = field(default=False, init=False)   # the program's block returns f16x2 P
     has_lse = False
     uses_online_softmax = False
 
     def __post_init__(self):
+        object.__setattr__(self, "program", program_spec(self.program))
         object.__setattr__(self, "poly_split", _check_split(self.poly_split))
         if self.evaluator == "poly":
-            prog = _program(self.program)
-            object.__setattr__(self, "coeff_bits", _bits(prog))
-            object.__setattr__(self, "program_n", int(prog["params"]["n"]))
-            object.__setattr__(self, "p_f16", sigmoid_blocks(self.program)[3])
+            check_program(self.program, "sigmoid", ("fwd", "head", "tail"))
+            object.__setattr__(self, "program_n", self.program.n)
+            object.__setattr__(self, "p_f16", self.program.f16)
 
     def poly_pair(self, col_group: int) -> bool:
         return self.evaluator == "poly" and poly_pair(self.poly_split, col_group)
@@ -862,10 +826,9 @@ class SigmoidStage:
             if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
                 if cutlass.const_expr(tOrP is None):
                     src[2 * i] = b32_as_f32(self._pair_poly(src[2 * i], src[2 * i + 1], params,
-                                                            masked, sigmoid_blocks(self.program)[1], is_bf16))
+                                                            masked, "head", is_bf16))
                 else:
-                    dst[i] = self._pair_poly(src[2 * i], src[2 * i + 1], params, masked,
-                                             sigmoid_blocks(self.program)[0], is_bf16)
+                    dst[i] = self._pair_poly(src[2 * i], src[2 * i + 1], params, masked, "fwd", is_bf16)
             else:
                 # native sigma = 0.5 tanh(0.5 x + 0.5 b) + 0.5; masked -inf gives +0 exactly
                 p0 = tanh_approx(src[2 * i] * params[2] + params[3]) * 0.5 + 0.5
@@ -876,11 +839,12 @@ class SigmoidStage:
                     dst[i] = pack_f32x2(p0, p1, is_bf16)
 
     @cute.jit
-    def _pair_poly(self, s0, s1, params, masked: cutlass.Constexpr[bool], block: cutlass.Constexpr[str],
+    def _pair_poly(self, s0, s1, params, masked: cutlass.Constexpr[bool], role: cutlass.Constexpr[str],
                    is_bf16: cutlass.Constexpr[bool] = True):
-        """Block `block` (sigmoid_fwd: P; sigmoid_fwd_head: q, P = q*q) on one score pair."""
-        p = Int32(_cute_ops().named(block, s0 * params[0] + params[1], s1 * params[0] + params[1]))
-        if cutlass.const_expr(self.p_f16 and is_bf16 and block == sigmoid_blocks(self.program)[0]):
+        """The program's block `role` ("fwd": P; "head": q, P = q*q) on one score pair."""
+        p = Int32(_cute_ops().run_program(self.program, role, s0 * params[0] + params[1],
+                                          s1 * params[0] + params[1])[0])
+        if cutlass.const_expr(self.p_f16 and is_bf16 and role == "fwd"):
             p = f16x2_to_bf16x2(p)   # the full f16 block's P -> the PV operand's bf16x2
         if cutlass.const_expr(masked):
             # masked scores are -inf: force exact zeros whatever the block returns (on q the
@@ -914,7 +878,7 @@ class SigmoidStage:
                 src[2 * i + 1] = pin_f32(src[2 * i + 1])
         for i in cutlass.range_constexpr(cute.size(dst)):
             if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
-                p = Int32(_cute_ops().named(sigmoid_blocks(self.program)[2], f32_as_b32(src[2 * i])))
+                p = Int32(_cute_ops().run_program(self.program, "tail", f32_as_b32(src[2 * i]))[0])
                 dst[i] = f16x2_to_bf16x2(p) if cutlass.const_expr(self.p_f16 and is_bf16) else p
             else:
                 dst[i] = pack_f32x2(src[2 * i], src[2 * i + 1], is_bf16)
@@ -925,9 +889,12 @@ class SigmoidStage:
 
 def make_stage(mode: str, evaluator: str = "native", key_block: int = 128, **kw):
     """Build the stage for (mode, evaluator); poly stages read program facts (L_c, n,
-    coefficient bits) from the coefficient table themselves.  kw: program, poly_split.
-    key_block: the forward's key block (tile_n), which bounds the default split
-    (default_poly_split)."""
+    coefficients) from their program's spec.  kw: program (a name of the committed table or a
+    ProgramSpec), poly_split.  key_block: the forward's key block (tile_n), which bounds the
+    default split (default_poly_split).  A softcap "poly" program of form exp2_f32 selects the
+    exp2 offload: tanh on MUFU for every score, P = 2^a on the FMA pipe for a split of the key
+    columns (AttnFwdConfig.exp2_fma); the backward then recomputes P with MUFU (attn_bwd): P
+    differs by <= 7.5e-5 relative, below BF16 P's 2^-9."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if evaluator not in EVALUATORS:
@@ -936,7 +903,8 @@ def make_stage(mode: str, evaluator: str = "native", key_block: int = 128, **kw)
         return SoftmaxStage(evaluator="native")
     if evaluator == "poly" and "poly_split" not in kw:
         kw["poly_split"] = default_poly_split(mode, key_block)
-    if mode == "softcap" and evaluator == "poly" and offloads_exp2(kw.get("program")):
+    if mode == "softcap" and evaluator == "poly" and kw.get("program") is not None \
+            and program_spec(kw["program"]).is_exp2:
         return SoftcapStage(evaluator="native", program=kw["program"], exp2_split=tuple(kw["poly_split"]))
     cls = SoftcapStage if mode == "softcap" else SigmoidStage
     return cls(evaluator=evaluator, **kw)

@@ -30,11 +30,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .score_stages import (DEFAULT_POLY_SPLIT, DEFAULT_PROGRAM, _check_split, _cute_ops, _program,
-                           check_sigmoid_dtype, pack_f32x2,
-                           poly_pair, sigmoid_blocks, softcap_blocks, softcap_combine, softcap_is_u2,
-                           softcap_tail_u, softcap_u2_alpha, softcap_u2_pair, tanh_approx, unpack_bf16x2,
-                           unpack_f16x2)
+from .score_stages import (DEFAULT_POLY_SPLIT, DEFAULT_PROGRAM, _check_split, _cute_ops, check_program,
+                           check_sigmoid_dtype, pack_f32x2, poly_pair, program_spec, softcap_combine,
+                           softcap_u2_alpha, softcap_u2_pair, tanh_approx, unpack_bf16x2, unpack_f16x2)
 
 LOG2_E = math.log2(math.e)
 # sigmoid poly block columns: sigma' from the block's P ("product") or the B3 surrogate
@@ -44,10 +42,10 @@ SIGMOID_GRAD_RULES = ("product", "surrogate")
 SOFTCAP_GRAD_RULES = ("value", "block")
 
 
-def default_softcap_grad(program: str) -> str:
+def default_softcap_grad(program) -> str:
     """The softcap poly side's default rule: "value" for FP16 programs, "block" for the seed's
-    BF16 one (flash_attn_poly.poly_reference applies the same rule)."""
-    return "value" if _program(program)["dtype"] == "f16" else "block"
+    BF16 one (tests/poly_reference.py applies the same rule)."""
+    return "value" if program_spec(program).f16 else "block"
 
 
 def _exp2(x):
@@ -110,7 +108,7 @@ class SoftcapBwd(_PolySplit):
     """
     evaluator: str = "native"
     poly_split: tuple = None
-    program: str = DEFAULT_PROGRAM["softcap"]
+    program: object = DEFAULT_PROGRAM["softcap"]     # a ProgramSpec after __post_init__
     # None: default_softcap_grad(program): "value" for the FP16 programs since 2026-11-30 (H200,
     # 7537f4e, bench/results/poly_split_grad.md: with the two-region program at 1/16 the
     # backward takes 0.853 ms vs "block"'s 0.877, CPU SASS 7 STL vs 16 in the head-loop build,
@@ -126,18 +124,21 @@ class SoftcapBwd(_PolySplit):
     needs_dsum = True
 
     def __post_init__(self):
+        object.__setattr__(self, "program", program_spec(self.program))
         self._init_split()
         if self.grad_rule is None:
             object.__setattr__(self, "grad_rule", default_softcap_grad(self.program))
         if self.grad_rule not in SOFTCAP_GRAD_RULES:
             raise ValueError(f"softcap grad_rule must be one of {SOFTCAP_GRAD_RULES}, got {self.grad_rule!r}")
         if self.evaluator == "poly":
-            object.__setattr__(self, "clamp_l", float(_program(self.program)["L_c"]))
-            if softcap_blocks(self.program)[1] is None and self.grad_rule == "block":
-                raise ValueError(f"softcap program {self.program!r} has no derivative block: "
-                                 "use grad_rule='value'")
-            object.__setattr__(self, "tail_u", softcap_tail_u(self.program))
-            object.__setattr__(self, "u2", softcap_is_u2(self.program))
+            prog = self.program
+            check_program(prog, "softcap", ("fwd",))
+            object.__setattr__(self, "clamp_l", float(prog.clamp))
+            if "bwd" not in prog.roles and self.grad_rule == "block":
+                raise ValueError(f"softcap program {prog.name!r} has no derivative block (no "
+                                 f"{prog.name + '_grad'!r} entry of a lane-wise form): use grad_rule='value'")
+            object.__setattr__(self, "tail_u", prog.region_threshold_f32)
+            object.__setattr__(self, "u2", prog.clamp_on_fma)
 
     def host_args(self, softmax_scale: float, softcap, sigmoid_bias):
         # native: the forward's (scale/c, c log2e); poly: (scale, c, 1/c) as its params 0, 2, 3;
@@ -186,8 +187,7 @@ class SoftcapBwd(_PolySplit):
         (value rule), t = u - rho = logit / c; u = clamp(s scale/c, +-L) as the forward's
         softcap_u2_pair (args[0] = scale/c)."""
         alpha = softcap_u2_alpha(args[0], self.clamp_l)
-        u0, u1, r0, r1 = softcap_u2_pair(s0, s1, alpha, self.clamp_l,
-                                         softcap_blocks(self.program)[0])
+        u0, u1, r0, r1 = softcap_u2_pair(s0, s1, alpha, self.clamp_l, self.program)
         t0, t1 = u0 - r0, u1 - r1
         return t0 * args[2], t1 * args[2], 1.0 - t0 * t0, 1.0 - t1 * t1
 
@@ -197,15 +197,15 @@ class SoftcapBwd(_PolySplit):
         x0 = cute.arch.fmin(cute.arch.fmax(s0 * args[0], -x_max), x_max)
         x1 = cute.arch.fmin(cute.arch.fmax(s1 * args[0], -x_max), x_max)
         u0, u1 = x0 * args[2], x1 * args[2]
-        fwd, bwd, f16 = softcap_blocks(self.program)
+        f16 = self.program.f16
         unpack = unpack_f16x2 if f16 else unpack_bf16x2
-        r0, r1 = unpack(Int32(_cute_ops().named(fwd, u0, u1)))
+        r0, r1 = unpack(Int32(_cute_ops().run_program(self.program, "fwd", u0, u1)[0]))
         l0 = softcap_combine(x0, r0, u0, args[1], self.tail_u)
         l1 = softcap_combine(x1, r1, u1, args[1], self.tail_u)
         if cutlass.const_expr(self.grad_rule == "value"):
             t0, t1 = l0 * args[2], l1 * args[2]
             return l0, l1, 1.0 - t0 * t0, 1.0 - t1 * t1
-        g0, g1 = unpack(Int32(_cute_ops().named(bwd, u0, u1)))
+        g0, g1 = unpack(Int32(_cute_ops().run_program(self.program, "bwd", u0, u1)[0]))
         return l0, l1, g0, g1
 
     @cute.jit
@@ -220,18 +220,18 @@ class SigmoidBwd(_PolySplit):
     MUFU (native, and poly-stage MUFU columns): the forward's p = 0.5 tanh.approx(0.5 x +
     0.5 b) + 0.5 (one MUFU.TANH, not EX2 + RCP) and sigma' = p (1 - p).  poly block columns,
     by grad_rule:
-      "product" (default): the 17-instruction forward block sigmoid_fwd on x' = x + b + ln n
-        gives packed bf16 P (the forward's values, written to the dV operand unchanged) and
-        sigma' = p (1 - p) in FP32 from those P (one FFMA per score);
-      "surrogate": the coupled 22-instruction block sigmoid_fwd_bwd gives the same P and the
-        factored D4 derivative surrogate d sigma/dx' (seed B3).  Its dQ/dK error against the
-        exact derivative is 8-25x native's (bench/results/accuracy.md, 96ac86f), the product
-        rule's is P's own.
-    program_n (n) comes from the table.
+      "product" (default): the program's forward block ("fwd", 17 instructions for the BF16
+        sigmoid_attn_n4096) on x' = x + b + ln n gives packed P (the forward's values, written
+        to the dV operand) and sigma' = p (1 - p) in FP32 from those P (one FFMA per score);
+      "surrogate": the coupled block ("fwd_bwd", 22 instructions for sigmoid_attn_n4096 and its
+        _grad entry) gives the same P and the factored D4 derivative surrogate d sigma/dx'
+        (seed B3).  Its dQ/dK error against the exact derivative is 8-25x native's
+        (bench/results/accuracy.md, 96ac86f), the product rule's is P's own.
+    program_n (n) comes from the program's spec.
     """
     evaluator: str = "native"
     poly_split: tuple = None
-    program: str = DEFAULT_PROGRAM["sigmoid"]
+    program: object = DEFAULT_PROGRAM["sigmoid"]     # a ProgramSpec after __post_init__
     grad_rule: str = "product"
     program_n: int = field(default=0, init=False)
     mode = "sigmoid"
@@ -239,14 +239,18 @@ class SigmoidBwd(_PolySplit):
     needs_dsum = False
 
     def __post_init__(self):
+        object.__setattr__(self, "program", program_spec(self.program))
         self._init_split()
         if self.grad_rule not in SIGMOID_GRAD_RULES:
             raise ValueError(f"sigmoid grad_rule must be one of {SIGMOID_GRAD_RULES}, got {self.grad_rule!r}")
         if self.evaluator == "poly":
-            object.__setattr__(self, "program_n", int(_program(self.program)["params"]["n"]))
-            if sigmoid_blocks(self.program)[3] and self.grad_rule != "product":
-                raise ValueError(f"sigmoid program {self.program!r}: only grad_rule='product' (the "
-                                 f"B3 derivative surrogate exists for the BF16 program only)")
+            check_program(self.program, "sigmoid", ("fwd",))
+            object.__setattr__(self, "program_n", self.program.n)
+            if self.grad_rule == "surrogate" and "fwd_bwd" not in self.program.roles:
+                name = self.program.name
+                raise ValueError(f"sigmoid program {name!r}: only grad_rule='product' (the derivative "
+                                 f"surrogate needs a {name + '_grad'!r} entry of form piecewise2_factored, "
+                                 f"fitted for the BF16 programs only)")
 
     def check_dtype(self, is_bf16: bool) -> None:
         check_sigmoid_dtype(self.evaluator, self.program, is_bf16)
@@ -262,8 +266,9 @@ class SigmoidBwd(_PolySplit):
     def prob2(self, s0, s1, lse0, lse1, args, block: cutlass.Constexpr[bool],
               is_bf16: cutlass.Constexpr[bool]):
         if cutlass.const_expr(block and self.grad_rule == "product"):
-            full, _, _, f16 = sigmoid_blocks(self.program)
-            p = Int32(_cute_ops().named(full, s0 * args[0] + args[1], s1 * args[0] + args[1]))
+            p = Int32(_cute_ops().run_program(self.program, "fwd", s0 * args[0] + args[1],
+                                              s1 * args[0] + args[1])[0])
+            f16 = self.program.f16
             if cutlass.const_expr(f16):
                 # the forward's P is bf16(p) for BF16 inputs, p itself for FP16 ones (dV
                 # operand); sigma' from the f16 p
@@ -272,7 +277,8 @@ class SigmoidBwd(_PolySplit):
             q0, q1 = unpack_bf16x2(p)
             return p, q0 - q0 * q0, q1 - q1 * q1
         if cutlass.const_expr(block):
-            p, dp = _cute_ops().sigmoid_fwd_bwd(s0 * args[0] + args[1], s1 * args[0] + args[1])
+            p, dp = _cute_ops().run_program(self.program, "fwd_bwd", s0 * args[0] + args[1],
+                                            s1 * args[0] + args[1])
             d0, d1 = unpack_bf16x2(Int32(dp))
             return Int32(p), d0, d1
         k0, k1 = args[0], args[1]
@@ -298,8 +304,8 @@ def bwd_side(mode: str, evaluator: str = "native", poly_split=None, sigmoid_grad
     blocks; attn_bwd passes the head dim's split, score_stages.default_poly_split).
     sigmoid_grad: SigmoidBwd.grad_rule of the sigmoid poly side (None: its default).
     softcap_grad: SoftcapBwd.grad_rule of the softcap poly side (None: its default).
-    program: the poly side's table entry (None: the stage's default; softcap also takes
-    "softcap_c50_f16", which must match the forward stage's).
+    program: the poly side's program, a name of the committed table or a ProgramSpec (None:
+    the side's default); it must be the forward stage's.
     Cached (sides are frozen): building a poly side reads the coefficient table, ~35 us of
     host time per backward call otherwise (CPU timing)."""
     if mode not in _SIDES:

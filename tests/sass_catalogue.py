@@ -55,9 +55,13 @@ def builds() -> dict:
 
 # ------------------------------------------------------------------ the builds of a call
 def _program(call):
+    """The program attention() runs for call; a call may name one ("program": a name or a
+    ProgramSpec, e.g. a refit's: tests/test_refit_program.py builds with it)."""
     from flash_attn_poly.kernels import score_stages
     if call["evaluator"] != "poly" or call["mode"] == "softmax":
         return None
+    if call.get("program") is not None:
+        return call["program"]
     return score_stages.default_program(call["mode"], "bf16" if call["dtype"] == "bf16" else "f16", 50.0)
 
 
@@ -80,11 +84,11 @@ def fwd_kernel(call):
 def bwd_kernel(call):
     """(kernel object, compile args) of the backward build `attention()` picks for call."""
     from flash_attn_poly.kernels import attn_bwd_sm90 as B, mask
-    from flash_attn_poly.kernels.score_stages import offloads_exp2
+    from flash_attn_poly.kernels.score_stages import program_spec
     from flash_attn_poly.kernels.score_stages_bwd import bwd_side
     b, s, h_q, h_kv = call["shape"]
     d, mode, ev, program = call["d"], call["mode"], call["evaluator"], _program(call)
-    if mode == "softcap" and ev == "poly" and offloads_exp2(program):
+    if mode == "softcap" and ev == "poly" and program is not None and program_spec(program).is_exp2:
         ev, program = "native", None
     split = B.default_split(mode, ev, d)
     stage = bwd_side(mode, ev, program=program, poly_split=None if ev != "poly" or split is None else split)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flash_attn_poly
-from flash_attn_poly import poly_reference as pr
+import poly_reference as pr
 from flash_attn_poly.reference import attention_ref, attention_ref_backward, attention_ref_lowprec
 from flash_attn_poly.testing import assert_close_rule, rel_l2_err
 

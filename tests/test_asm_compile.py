@@ -12,10 +12,10 @@ FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "asm_programs.json
 
 
 def _table():
-    from flash_attn_poly.asm import blocks as B
+    from flash_attn_poly.asm import programs as PG
 
     try:
-        return B.load_table()
+        return PG.load_table()
     except FileNotFoundError:
         return json.load(open(FIXTURE))
 
@@ -30,7 +30,7 @@ def _names():
 def test_block_sass_is_fma_pipe_only(name):
     pytest.importorskip("cutlass")
     from flash_attn_poly.asm import blocks as B
-    from flash_attn_poly.asm import selftest_kernel as sk
+    import asm_selftest as sk
     from flash_attn_poly.kernels import sass
 
     table = _table()
@@ -51,14 +51,14 @@ def test_b3_sass_shape():
     the sub (u = xc - thr) and the squarings all on the half-precision pipe (ptxas may emit a
     bf16 sub/mul as HFMA2.BF16, HADD2 or HMUL2)."""
     pytest.importorskip("cutlass")
-    from flash_attn_poly.asm import blocks as B
-    from flash_attn_poly.asm import selftest_kernel as sk
+    from flash_attn_poly.asm import blocks as B, programs as PG
+    import asm_selftest as sk
     from flash_attn_poly.kernels import sass
 
     blk = B.get_block("sigmoid_fwd", _table())
     counts = sass.count_opcodes(sk.sass_of_selftest(blk))
     assert counts["F2FP"] == 1 and counts["HMNMX2"] == 2 and counts["HSET2"] == 1
-    pr = B.program(_table(), B.SIGMOID_ATTN)["params"]
+    pr = PG.entry(B.SIGMOID_ATTN, _table())["params"]
     n_arith = 3 + int(pr.get("squarings") or 0) + (1 if pr.get("shift") else 0)
     assert counts["HFMA2.BF16"] >= 3 and counts["MUFU"] == 0
     assert counts["HFMA2.BF16"] + counts["HMUL2"] + counts["HADD2"] == n_arith, counts

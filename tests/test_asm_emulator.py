@@ -12,7 +12,8 @@ import pytest
 from flash_attn_poly.asm import blocks as B
 from flash_attn_poly.asm import emulator as em
 from flash_attn_poly.asm import fpbits as fb
-from flash_attn_poly.asm import reference as R
+from flash_attn_poly.asm import programs as PG
+import asm_reference as R
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "asm_programs.json")
 RNG = np.random.default_rng(1234)
@@ -22,7 +23,7 @@ def tables():
     """The stand-in fixture always; the committed table when it exists."""
     out = [pytest.param(json.load(open(FIXTURE)), id="fixture")]
     try:
-        out.append(pytest.param(B.load_table(), id="programs.json"))
+        out.append(pytest.param(PG.load_table(), id="programs.json"))
     except FileNotFoundError:
         pass
     return out
@@ -217,7 +218,7 @@ def _b3_counts_or_xfail(table):
     3 fma, 2 squarings; coupled: + 2 lop3, fma, mul (g*g), mul (P*g^2).  No output movs.
     A table without the shared shift or the squarings is shorter: expected failure."""
     fwd, both = B.get_block("sigmoid_fwd", table), B.get_block("sigmoid_fwd_bwd", table)
-    pr = B.program(table, B.SIGMOID_ATTN)["params"]
+    pr = PG.entry(B.SIGMOID_ATTN, table)["params"]
     if not pr.get("shift") or not pr.get("squarings"):
         pytest.xfail(f"{B.SIGMOID_ATTN} lacks shift/squarings: {fwd.n_instructions}/{fwd.n_fma} and "
                      f"{both.n_instructions}/{both.n_fma}, not 17/3 and 22/4")
@@ -225,7 +226,7 @@ def _b3_counts_or_xfail(table):
 
 
 def fwd_squarings(table):
-    return int(B.program(table, B.SIGMOID_ATTN)["params"].get("squarings") or 0)
+    return int(PG.entry(B.SIGMOID_ATTN, table)["params"].get("squarings") or 0)
 
 
 @pytest.mark.parametrize("table", tables())
@@ -296,8 +297,8 @@ def _bits(hexes):
 
 @pytest.mark.parametrize("table", tables())
 def test_piecewise_coefficients_decode_from_lop3_immediates(table):
-    fwd = B.program(table, B.SIGMOID_ATTN)
-    grad = B.program(table, B.SIGMOID_ATTN + "_grad")
+    fwd = PG.entry(B.SIGMOID_ATTN, table)
+    grad = PG.entry(B.SIGMOID_ATTN + "_grad", table)
     blk = B.get_block("sigmoid_fwd_bwd", table)
     sel = [_words(ln) for ln in blk.lines if ln.startswith("lop3") and ln.endswith("0xca")]
     pairs = [(w[1] & 0xFFFF, w[0] & 0xFFFF) for w in sel]      # (lo region, hi region)
@@ -318,7 +319,7 @@ def test_piecewise_coefficients_decode_from_lop3_immediates(table):
                                   "gelu_fwd_f16x2", "tanh_bwd_f16x2"])
 def test_polynomial_coefficients_decode_from_movs(table, name):
     blk = B.get_block(name, table)
-    (prog,) = [B.program(table, p) for p in blk.programs]
+    (prog,) = [PG.entry(p, table) for p in blk.programs]
     movs = [_words(ln)[0] for ln in blk.lines if ln.startswith("mov.b32 r")]
     assert all(w >> 16 == w & 0xFFFF for w in movs)
     halves = [w & 0xFFFF for w in movs]
@@ -343,7 +344,7 @@ def test_every_block_matches_fused_replay_on_all_patterns(table):
                 blk = B.get_block(name, table)
             except KeyError:
                 continue                      # the table lacks this program
-            got = em.run_block(blk, *R.block_inputs(blk, R.block_dtype(blk)))
+            got = em.run_block(blk, *R.block_inputs(blk, R.block_dtype(blk, table)))
             exp, valid = R.expected_words(blk, table)
             for j, (g, e) in enumerate(zip(got, exp)):
                 bad = np.flatnonzero((g != e) & valid)
@@ -361,7 +362,7 @@ def test_block_text_is_self_contained():
 def test_sigmoid_attn_f16_head_then_tail_is_the_block():
     """The FP16 program's overlapped-step pair: head + tail = sigmoid_attn_fwd_f16x2 op for op
     and bit for bit on all patterns (masked q -> +0 P, as the BF16 pair)."""
-    table = B.load_table()
+    table = PG.load_table()
     full = B.get_block("sigmoid_attn_fwd_f16x2", table)
     head = B.get_block("sigmoid_attn_fwd_f16x2_head", table)
     tail = B.get_block("sigmoid_attn_fwd_f16x2_tail", table)

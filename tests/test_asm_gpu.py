@@ -19,11 +19,11 @@ FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "asm_programs.json
 def _tables():
     """(id, table): the committed table if present, and the fixture, whose B3 program has
     the region shift (exercises the lop3 + sub.rn.bf16x2 path the committed one may lack)."""
-    from flash_attn_poly.asm import blocks as B
+    from flash_attn_poly.asm import programs as PG
 
     out = []
     try:
-        out.append(("programs.json", B.load_table()))
+        out.append(("programs.json", PG.load_table()))
     except FileNotFoundError:
         pass
     out.append(("fixture", json.load(open(FIXTURE))))
@@ -35,11 +35,11 @@ def compare_block(name: str, table: dict) -> dict:
     from flash_attn_poly.asm import blocks as B
     from flash_attn_poly.asm import emulator as em
     from flash_attn_poly.asm import fpbits as fb
-    from flash_attn_poly.asm import reference as R
-    from flash_attn_poly.asm import selftest_kernel as sk
+    import asm_reference as R
+    import asm_selftest as sk
 
     blk = B.get_block(name, table)
-    ins = R.block_inputs(blk, R.block_dtype(blk))
+    ins = R.block_inputs(blk, R.block_dtype(blk, table))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = em.run_block(blk, *ins)

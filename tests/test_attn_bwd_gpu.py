@@ -106,7 +106,8 @@ def test_attn_bwd_fp16_matches_fp64_autograd(case):
 
 def _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad=None, program=None, softcap_grad=None):
     """FP64 (dq, dk, dv) of the split reference of the default poly forward stage."""
-    from flash_attn_poly import poly_reference as PR, reference
+    import poly_reference as PR
+    from flash_attn_poly import reference
     from flash_attn_poly.kernels import score_stages as S
     # what attn_fwd / attn_bwd build by default (or with the given table program)
     stage = S.make_stage(mode, "poly", key_block=S.default_key_block(q.shape[-1]),

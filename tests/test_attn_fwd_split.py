@@ -57,9 +57,9 @@ def _stages():
 # ------------------------------------------------------------------------------ CPU tests
 def test_softcap_clamp_from_table():
     S = _stages()
-    from flash_attn_poly.asm import blocks
+    from flash_attn_poly.asm import programs
     for prog in ("softcap_c50", "softcap_c50_f16", None):   # None: the default program
-        L_c = blocks.program(blocks.load_table(), prog or S.DEFAULT_PROGRAM["softcap"])["L_c"]
+        L_c = programs.entry(prog or S.DEFAULT_PROGRAM["softcap"])["L_c"]
         kw = {"program": prog} if prog else {}
         assert S.make_stage("softcap", "poly", **kw).clamp_l == L_c
     with pytest.raises(TypeError):
@@ -132,21 +132,21 @@ def test_exp2_fma_block_replay_error():
     fixed-max argument range and the block's limits [-125, 127] (half-integers included: the
     round-to-nearest of the 1.5 * 2^23 add)."""
     import numpy as np
-    from flash_attn_poly.asm import blocks as B, emulator as E
+    from flash_attn_poly.asm import blocks as B, emulator as E, programs as PG
     from flash_attn_poly.fit import exp2 as X
     a = np.concatenate([np.linspace(-125, 127, 400001), np.arange(-125, 128) + 0.5]).astype(np.float32)
     (bits,) = E.run_block(B.get_block("exp2_f32"), a)
     got = bits.view(np.float32).astype(np.float64)
-    assert np.array_equal(got, X.replay(B.program(B.load_table(), X.NAME), a.astype(np.float64)))
+    assert np.array_equal(got, X.replay(PG.entry(X.NAME), a.astype(np.float64)))
     rel = np.abs(got / np.exp2(a.astype(np.float64)) - 1)
     assert rel.max() <= 7.6e-5, rel.max()
 
 
 def test_exp2_program_fit_reproduces_the_table():
     """`python -m flash_attn_poly.fit exp2` rebuilds the committed entry bit for bit."""
-    from flash_attn_poly.asm import blocks as B
+    from flash_attn_poly.asm import programs as PG
     from flash_attn_poly.fit import exp2 as X
-    assert X.make()["coeffs_bits"] == B.program(B.load_table(), X.NAME)["coeffs_bits"]
+    assert X.make()["coeffs_bits"] == PG.entry(X.NAME)["coeffs_bits"]
 
 
 def test_exp2_fma_config_checks():
@@ -171,7 +171,7 @@ def test_frag_a_col_group():
 def split_score_fn(mode, stage, s_k, softcap=50.0):
     """Per-key-column reference of a poly stage (poly_reference.split_fns): key columns n
     with stage.poly_pair(n // 8) get the program replay, the others the exact function."""
-    from flash_attn_poly import poly_reference as PR
+    import poly_reference as PR
     return PR.split_fns(mode, stage, s_k, softcap)[0]
 
 

@@ -53,7 +53,7 @@ def test_poly_split_configs_are_valid_stages():
     for mode, prog, split, *tuning in poly_split.CONFIGS:
         st = S.make_stage(mode, "poly", program=prog, poly_split=split) if prog else S.make_stage(mode, "native")
         if prog:
-            assert st.program == prog and st.poly_split == split
+            assert st.program.name == prog and st.poly_split == split
         for text in tuning:   # the forward tuning, as attn_fwd builds the config
             tun = poly_split._tuning(text)
             for k in poly_split.BWD_KNOBS:   # a backward keyword: a valid side

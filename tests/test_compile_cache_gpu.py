@@ -33,9 +33,16 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+def _package_root() -> str:
+    """The folder this process imports flash_attn_poly from (the device machine lays the package
+    out under /tmp/fap_site; the repository root itself has no kernels/ inside the package)."""
+    import flash_attn_poly
+    return os.path.dirname(os.path.dirname(os.path.abspath(flash_attn_poly.__file__)))
+
+
 def _run(mode, cache_dir, out_path):
     env = dict(os.environ, FLASH_ATTN_POLY_CACHE_DIR=str(cache_dir),
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=_package_root() + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-c", _CHILD, mode, str(out_path)], env=env,
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]

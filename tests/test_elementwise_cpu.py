@@ -6,7 +6,8 @@ import torch
 from flash_attn_poly import activations as act
 from flash_attn_poly.fit import runtime
 from flash_attn_poly.kernels import elementwise_ops as ops
-from flash_attn_poly.asm import blocks, reference
+from flash_attn_poly.asm import programs
+import asm_reference as reference
 
 
 def test_rejects_cpu_tensor():
@@ -36,8 +37,8 @@ def test_swiglu_shape_errors():
 def test_reference_silu_is_x_times_sigmoid_program():
     """The block reference the GPU test compares against is x * p(x) of sigmoid_d3, and a
     D3 sigmoid keeps SiLU within ~0.006*|x| + bf16 rounding of the exact function."""
-    table = blocks.load_table()
-    prog = blocks.program(table, "sigmoid_d3")
+    table = programs.load_table()
+    prog = programs.entry("sigmoid_d3", table)
     x = runtime.all_inputs("bf16")
     x = x[np.isfinite(x) & (np.abs(x) < 1e30)]
     (y,) = reference.expected_values("silu_fwd_bf16x2", table, [x])

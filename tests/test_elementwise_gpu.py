@@ -7,7 +7,8 @@ import torch
 from flash_attn_poly import activations as act
 from flash_attn_poly.fit import runtime
 from flash_attn_poly.kernels import elementwise_ops as ops
-from flash_attn_poly.asm import blocks, reference
+from flash_attn_poly.asm import programs
+import asm_reference as reference
 
 pytestmark = pytest.mark.gpu
 
@@ -25,9 +26,9 @@ def _f64(t):
 
 
 def expected(kind, dtype, ins):
-    """fit.runtime replay of the block (asm/reference.py), plus g * f'(x) for (x, g) kinds."""
+    """fit.runtime replay of the block (tests/asm_reference.py), plus g * f'(x) for (x, g) kinds."""
     vals = [_f64(t) for t in ins]
-    name, table = ops.block_name(kind, dtype), blocks.load_table()
+    name, table = ops.block_name(kind, dtype), programs.load_table()
     if ops.grad_mul(kind, dtype, "poly"):
         (d,) = reference.expected_values(name, table, vals[:1])
         return (runtime.mul(d, vals[1], dtype),)

@@ -4,7 +4,7 @@ import math
 import torch
 
 from flash_attn_poly.fit import attn_metric as am
-from flash_attn_poly.fit.programs import load_table
+from flash_attn_poly.asm.programs import load_table
 
 
 _rel = am.rel_l2

@@ -4,7 +4,7 @@ import pytest
 
 from flash_attn_poly.fit import identities as I
 from flash_attn_poly.fit import runtime as rt
-from flash_attn_poly.fit.programs import load_table
+from flash_attn_poly.asm.programs import load_table
 
 P = load_table()["programs"]
 X = np.linspace(-12.0, 12.0, 4001)
@@ -59,8 +59,8 @@ def test_fused_differs_from_separate(rule):
 
 
 def test_silu_rule_is_the_silu_bwd_block_spec():
-    """Same bits as asm.reference's silu_bwd_bf16x2 expectation (seed B1/B4 rule)."""
-    from flash_attn_poly.asm import reference as R
+    """Same bits as tests/asm_reference's silu_bwd_bf16x2 expectation (seed B1/B4 rule)."""
+    import asm_reference as R
     table = load_table()
     ref = R.expected_values("silu_bwd_bf16x2", table, [BF16])[0]
     ours = I.apply("silu", P["sigmoid_d3"], BF16, "fused")

@@ -107,7 +107,7 @@ def test_fit_write_keeps_entries_made_by_other_commands(tmp_path, monkeypatch):
     are among those, so a rebuild must not drop them."""
     from flash_attn_poly.fit import __main__ as cli, programs as P
     monkeypatch.setattr(P, "build", lambda command, progress: {"version": 1, "programs": {"a": {"x": 1}}})
-    monkeypatch.setattr(P, "load_table", lambda path=None: {"programs": {"a": {"x": 0}, "softcap_c50_f16": {"y": 2}}})
+    monkeypatch.setattr(P, "read", lambda path=None: {"programs": {"a": {"x": 0}, "softcap_c50_f16": {"y": 2}}})
     out = tmp_path / "programs.json"
     cli.main(["write", "--out", str(out)])
     import json

@@ -5,7 +5,8 @@ import pytest
 from flash_attn_poly.fit import runtime as rt
 from flash_attn_poly.fit import search as S
 from flash_attn_poly.fit import sigattn, softcap
-from flash_attn_poly.fit.programs import FUNCTIONS, load_table, searched
+from flash_attn_poly.asm.programs import load_table
+from flash_attn_poly.fit.programs import FUNCTIONS, searched
 from flash_attn_poly.fit.targets import TARGETS
 
 REQUIRED = ["sigmoid_d3", "tanh_d4", "tanh_d4_grad", "sigmoid_attn_n4096", "sigmoid_attn_n4096_grad",

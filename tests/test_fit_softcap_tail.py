@@ -3,20 +3,20 @@ against the deployed FP16 D5 residual program, in attention-output units."""
 import numpy as np
 import pytest
 
-from flash_attn_poly.asm import blocks
+from flash_attn_poly.asm import programs
 from flash_attn_poly.fit import runtime as rt, softcap, softcap_tail as T
 
 
 @pytest.fixture(scope="module")
 def setup():
-    return blocks.program(blocks.load_table(), "softcap_c50_f16"), softcap.AttnScore(T.C)
+    return programs.entry("softcap_c50_f16"), softcap.AttnScore(T.C)
 
 
 def test_tail_fit_error_in_logits():
     m, coef = T.fit_tail(1.0, 3.0, 5)
     assert coef.dtype == np.float64 and len(coef) == 6
     x = np.linspace(T.C * 1.0, T.C * 3.0, 20001)
-    res = blocks.program(blocks.load_table(), "softcap_c50_f16")
+    res = programs.entry("softcap_c50_f16")
     err = np.abs(T.tail_logit(res, x, 1.0, 3.0, m, coef) - T.C * np.tanh(x / T.C))
     assert err.max() < 0.02          # measured 0.0118 (FP16 Horner, FP32 combine)
     # odd: the tail keeps the sign, below u0 the residual program is used as is
@@ -38,7 +38,7 @@ def test_tail_form_beats_residual_at_score_std_20(setup):
 def test_table_entries_are_what_the_generator_makes():
     """The committed softcap_c50_f16_tail pair equals softcap_tail.entries() of the table (the
     command in its fit record regenerates it)."""
-    table = blocks.load_table()
+    table = programs.load_table()
     made = T.entries(table)
     for name, entry in made.items():
         got = table["programs"][name]
@@ -50,7 +50,7 @@ def test_table_entries_are_what_the_generator_makes():
 def test_region_threshold_is_the_blocks_f16_test():
     """runtime.region_threshold_f32: for every FP32 u within 4096 ulps of the threshold,
     |u| >= t exactly when cvt.rn.f16(|u|) >= thr (the block's region test)."""
-    prog = blocks.program(blocks.load_table(), T.TAIL_NAME)
+    prog = programs.entry(T.TAIL_NAME)
     t = rt.region_threshold_f32(prog)
     base = np.float32(t).view(np.uint32)
     u = (base + np.arange(-4096, 4097, dtype=np.int64)).astype(np.uint32).view(np.float32).astype(np.float64)
@@ -65,7 +65,7 @@ def test_tail_program_attention_error_and_logits(setup):
     f16 rounding of |u| before the tail's centring costs that much against the CPU model's
     FP32 centring (1.37x).  Logits within 0.026 of c tanh(x/c) up to the clamp (150)."""
     res, score = setup
-    prog = blocks.program(blocks.load_table(), T.TAIL_NAME)
+    prog = programs.entry(T.TAIL_NAME)
     r = T.attn_ratios(lambda x: rt.softcap_logit(prog, x, "fused"), score)
     assert r[0] < 1.2 and r[1] < 1.7, r
     x = np.linspace(-150, 150, 300001)
@@ -78,6 +78,6 @@ def test_tail_grad_program_is_the_derivative():
     """d logit/dx of the pair: the residual's 1 - rho'(a) below |u| = 1 and the executed eps
     differentiated above: within 0.0035 of 1 - tanh^2(u) on |u| <= 3 (the residual grad
     program alone, frozen at its clamp 2: 0.037)."""
-    g = blocks.program(blocks.load_table(), T.TAIL_NAME + "_grad")
+    g = programs.entry(T.TAIL_NAME + "_grad")
     u = np.linspace(-3, 3, 60001)
     assert np.abs(rt.replay(g, u, "fused") - (1 - np.tanh(u) ** 2)).max() < 0.0035

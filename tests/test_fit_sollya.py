@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from flash_attn_poly.fit import sollya
-from flash_attn_poly.fit.programs import load_table
+from flash_attn_poly.asm.programs import load_table
 
 pytestmark = pytest.mark.sollya
 

@@ -173,12 +173,12 @@ def test_softcap_takes_the_exp2_program():
     with pytest.raises(ValueError, match="needs evaluator='poly'"):
         fi.attention(q, k, v, "softcap", softcap=50.0, evaluator="native", backend="reference", program="exp2_f32_d3")
     st = S.make_stage("softcap", "poly", key_block=64, program="exp2_f32_d3")
-    assert (st.evaluator, st.exp2_split) == ("native", (1, 8)) and S.offloads_exp2("exp2_f32_d3")
-    assert not S.offloads_exp2(None) and not S.offloads_exp2("softcap_c50_f16_odd")
+    assert (st.evaluator, st.exp2_split) == ("native", (1, 8)) and S.program_spec("exp2_f32_d3").is_exp2
+    assert not S.program_spec("softcap_c50_f16_odd").is_exp2
     with pytest.raises(ValueError, match="k must divide 8"):
         S.make_stage("softcap", "poly", program="exp2_f32_d3", poly_split=(1, 16))
-    assert st.program == "exp2_f32_d3" and st.coeff_bits   # the coefficients are in the stage's hash
-    with pytest.raises(ValueError, match="native-tanh stage running 'exp2_f32_d3'"):
+    assert st.program.name == "exp2_f32_d3" and st.program.coeff_bits   # the coefficients are in the stage's hash
+    with pytest.raises(ValueError, match="native-tanh stage running an exp2_f32 program"):
         S.SoftcapStage(evaluator="native", exp2_split=(1, 8))    # no exp2 program named
 
 

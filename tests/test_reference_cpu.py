@@ -88,11 +88,11 @@ def test_sigmoid_f16_reference_rounds_p_to_bf16():
 
     import numpy as np
 
-    from flash_attn_poly import poly_reference as PR
+    import poly_reference as PR
     from flash_attn_poly.fit import runtime as rt
-    from flash_attn_poly.asm import blocks
+    from flash_attn_poly.asm import programs
 
-    prog = blocks.program(blocks.load_table(), "sigmoid_attn_n4096_f16")
+    prog = programs.entry("sigmoid_attn_n4096_f16")
     fn, gfn = PR.sigmoid_fns(-math.log(4096), program="sigmoid_attn_n4096_f16")
     x = torch.linspace(-4, 10, 1001, dtype=torch.float64)
     p16 = rt.replay(prog, x.numpy(), "fused")
@@ -112,7 +112,7 @@ def test_softcap_value_grad_rule():
     within 7.3e-4 of 1 - tanh^2(x/c) up to the 150-logit clamp (the derivative block: 3.4e-3);
     with the residual FP16 program within 8.4e-3 up to 100 logits (its block: 3.7e-2)."""
     import numpy as np
-    from flash_attn_poly import poly_reference as PR
+    import poly_reference as PR
     x = torch.linspace(-150, 150, 30001, dtype=torch.float64)
     exact = 1 - torch.tanh(x / 50) ** 2
     with pytest.raises(ValueError, match="grad_rule"):

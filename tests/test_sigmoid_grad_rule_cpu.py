@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from flash_attn_poly import poly_reference as PR
+import poly_reference as PR
 
 
 @pytest.mark.parametrize("spread", [1.0, 1.69, 2.5])

@@ -32,7 +32,7 @@ def _inputs(case, mode):
 def _score_fns(mode, evaluator, s_k, d):
     if evaluator != "poly":
         return None, None
-    from flash_attn_poly import poly_reference as PR
+    import poly_reference as PR
     from flash_attn_poly.kernels import score_stages as S
     return PR.split_fns(mode, S.make_stage(mode, "poly", key_block=S.default_key_block(d)), s_k, 50.0)
 

@@ -119,9 +119,16 @@ def child_cpu() -> dict:
 
 
 # ------------------------------------------------------------------------------ parent
+def _package_root() -> str:
+    """The folder this process imports flash_attn_poly from (the device machine lays the package
+    out under /tmp/fap_site; the repository root itself has no kernels/ inside the package)."""
+    import flash_attn_poly
+    return os.path.dirname(os.path.dirname(os.path.abspath(flash_attn_poly.__file__)))
+
+
 def _spawn(args: list, cache_dir: str) -> dict:
     env = dict(os.environ, FLASH_ATTN_POLY_CACHE_DIR=cache_dir,
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=_package_root() + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args], env=env,
                           capture_output=True, text=True, timeout=1800)

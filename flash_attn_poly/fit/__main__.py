@@ -1,4 +1,8 @@
-"""CLI: python -m flash_attn_poly.fit search|write|table|sweep|attn-metric|identities|softcap-tail|softcap-odd|exp2"""
+"""CLI: python -m flash_attn_poly.fit search|write|derive|table|sweep|attn-metric|identities|softcap-tail|softcap-odd|exp2
+
+--table PATH: the table read and written (default: the committed flash_attn_poly/data/programs.json;
+a path that does not exist starts an empty table).  Every write stores each entry's derived
+constants (programs.derive), which the kernels read instead of importing fit."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +12,8 @@ import sys
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m flash_attn_poly.fit")
+    ap.add_argument("--table", default=None, help="the table to read and write (default: the committed "
+                    "flash_attn_poly/data/programs.json)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("search", help="search one target and print (or store) the best program")
     s.add_argument("--target", required=True, help="sigmoid|tanh|silu|gelu[_grad]|softcap|sigmoid_attn")
@@ -20,6 +26,7 @@ def main(argv=None):
     s.add_argument("--write", action="store_true", help="add/replace the entry in programs.json")
     w = sub.add_parser("write", help="regenerate flash_attn_poly/data/programs.json")
     w.add_argument("--out", default=None)
+    sub.add_parser("derive", help="rewrite the table with every entry's derived constants (no refit)")
     t = sub.add_parser("table", help="Table 2: ours vs Sollya fpminimax")
     t.add_argument("--json", required=True)
     sw = sub.add_parser("sweep", help="figures like the seed's 4/5 (PNG)")
@@ -56,55 +63,60 @@ def main(argv=None):
     cmd = "python -m flash_attn_poly.fit " + " ".join(argv if argv is not None else sys.argv[1:])
 
     from . import programs as P
+    path = a.table or P.TABLE_PATH
     if a.cmd == "write":
         table = P.build(command=cmd, progress=True)
         # entries made by other commands (search --write, softcap-tail: their fit.command
         # says which) are kept, not dropped: the kernels' FP16 defaults are among them
-        kept = {k: v for k, v in P.load_table()["programs"].items() if k not in table["programs"]}
+        kept = {k: v for k, v in P.read(path)["programs"].items() if k not in table["programs"]}
         table["programs"] = dict(sorted({**table["programs"], **kept}.items()))
-        P.write(table, a.out or P.TABLE_PATH)
-        print(f"wrote {len(table['programs'])} programs to {a.out or P.TABLE_PATH} "
+        P.write(table, a.out or path)
+        print(f"wrote {len(table['programs'])} programs to {a.out or path} "
               f"(kept from the previous table: {sorted(kept)})")
+    elif a.cmd == "derive":
+        table = P.read(path)
+        P.write(table, path)
+        print(f"wrote {len(table['programs'])} programs with their derived constants to {path}")
     elif a.cmd == "softcap-tail":
         from . import softcap_tail
-        table = P.load_table()
-        _emit(softcap_tail.entries(table, a.u0, a.L, command=cmd), a.write, P)
+        table = P.read(path)
+        _emit(softcap_tail.entries(table, a.u0, a.L, command=cmd), a.write, P, path)
     elif a.cmd == "softcap-odd":
         from . import softcap_odd
         fixed = {k: (v,) for k, v in (("L_c", a.L), ("n_coeffs", a.n_coeffs), ("floor", a.floor)) if v is not None}
         p = softcap_odd.search(fixed, progress=True)
         p["fit"]["command"] = cmd
-        _emit({"softcap_c50_f16_odd": p}, a.write, P)
+        _emit({"softcap_c50_f16_odd": p}, a.write, P, path)
     elif a.cmd == "exp2":
         from . import exp2
         p = exp2.make()
         p["fit"]["command"] = cmd
-        _emit({exp2.NAME: p}, a.write, P)
+        _emit({exp2.NAME: p}, a.write, P, path)
     elif a.cmd == "search":
-        _emit(_search(a, cmd, P), a.write, P)
+        _emit(_search(a, cmd, P), a.write, P, path)
     elif a.cmd == "table":
         from .table2 import table_rows
-        rows = table_rows(progress=True)
+        rows = table_rows(P.read(path), progress=True)
         with open(a.json, "w") as fh:
             json.dump(rows, fh, indent=1)
         print(json.dumps(rows, indent=1))
     elif a.cmd == "attn-metric":
         from . import attn_metric
         a.program = {m: n for m, n in (("sigmoid", a.sigmoid_program), ("softcap", a.softcap_program)) if n}
-        out, md = attn_metric.main(a)
+        out, md = attn_metric.main(a, P.read(path))
         if a.json:
             with open(a.json, "w") as fh:
                 json.dump({"command": cmd, **out}, fh, indent=1)
             with open(a.json.rsplit(".", 1)[0] + ".md", "w") as fh:
                 fh.write(f"# Attention-output error, poly vs native\n\nCommand: `{cmd}`\n\n" + "\n".join(md))
         if a.update_table:
-            table = P.load_table()
+            table = P.read(path)
             for mode, r in out.items():
                 table["programs"][r["program"]]["errors"].update(r["summary"])
-            P.write(table)
+            P.write(table, path)
     elif a.cmd == "identities":
         from . import identities as I
-        rows = I.comparison(P.load_table())
+        rows = I.comparison(P.read(path))
         md = I.markdown(rows, cmd)
         print(md, end="")
         if a.json:
@@ -118,13 +130,16 @@ def main(argv=None):
             print(path)
 
 
-def _emit(entries, write: bool, P):
-    """Print new table entries; with write, add/replace them in programs.json (sorted)."""
-    print(json.dumps(P._clean(entries), indent=1))
+def _emit(entries, write: bool, P, path):
+    """Print new table entries (with their derived constants); with write, add/replace them in
+    the table at path (sorted)."""
+    entries = {k: P.derive(v) for k, v in P._clean(entries).items()}
+    print(json.dumps(entries, indent=1))
     if write:
-        table = P.load_table()
-        table["programs"] = dict(sorted({**table["programs"], **P._clean(entries)}.items()))
-        P.write(table)
+        table = P.read(path)
+        table["programs"] = dict(sorted({**table["programs"], **entries}.items()))
+        P.write(table, path)
+        print(f"wrote {sorted(entries)} to {path}", file=sys.stderr)
 
 
 def _search(a, cmd, P):

@@ -205,9 +205,8 @@ def markdown(mode, name, res):
     return "\n".join(lines) + "\n"
 
 
-def main(args):
-    from .programs import load_table
-    table = load_table()
+def main(args, table: dict):
+    """The attention-output error of each mode's program of table (args: the CLI's)."""
     out = {}
     md = []
     for mode in args.modes:

@@ -12,7 +12,7 @@ as the arithmetic precision; the op sequences (what a kernel runs after the forw
 * ``silu``     SiLU' = p + x·p·(1−p), p = σ(x) (seed B1/B4, the ``silu_bwd_bf16x2`` block):
                ``s = mul.rn(xb, p)`` (the SiLU forward value), ``w = sub.rn(1.0, p)``,
                ``d = fma.rn(s, w, p)``                                       three roundings
-               (equals ``asm.reference._silu_grad`` bit for bit; a test pins it).
+               (equals ``tests/asm_reference._silu_grad`` bit for bit; a test pins it).
 * ``softcap``  d/dx[c·tanh(x/c)] = 1 − tanh²(u), u = x/c: the scale cancels.  Input is u
                (as for ``softcap_c50_grad``); the kernel clamps x to ±c·L_c first, so
                ``uc = min(max(cvt.rn(u), -L_c), L_c)``, ``rho = block(uc)`` (the forward

@@ -1,23 +1,32 @@
-"""Build the coefficient table flash_attn_poly/data/programs.json from the searches."""
+"""Build the coefficient table flash_attn_poly/data/programs.json from the searches, and write
+it (the table's only writer: every entry gets its derived constants, `derive`).  Reading goes
+through the one loader, flash_attn_poly.asm.programs.load_table."""
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 from pathlib import Path
 
 import numpy as np
 
+from ..asm import programs as _programs
+from . import runtime as rt
 from . import search as S
 from . import sigattn, softcap
 from .solver import N_NODES, differentiate
 from .targets import TARGETS
 
-TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "programs.json"
+TABLE_PATH = Path(_programs.default_table_path())
 FUNCTIONS = ("sigmoid", "tanh", "silu", "gelu")
 
 
-def load_table(path=TABLE_PATH) -> dict:
-    return json.loads(Path(path).read_text())
+def read(path=None) -> dict:
+    """A private copy of the table at path (default: the committed one) to change and write;
+    a path that does not exist yet reads as an empty table."""
+    if path is not None and not Path(path).exists():
+        return {"version": 1, "programs": {}}
+    return copy.deepcopy(_programs.load_table(None if path is None else str(path)))
 
 
 def _fit_meta(key, dtype, command):
@@ -121,5 +130,17 @@ def _clean(o):
     return o
 
 
+def derive(entry: dict) -> dict:
+    """The entry with the constants the kernels derive from it written into its params, so the
+    product reads them instead of importing fit: a two-region program's FP32 region threshold
+    params.thr_f32 (runtime.region_threshold_f32: the least FP32 t whose cvt.rn to the
+    program's dtype is >= params.thr)."""
+    if entry.get("form") in _programs.TWO_REGION_FORMS:
+        entry = {**entry, "params": {**entry["params"], "thr_f32": rt.region_threshold_f32(entry)}}
+    return entry
+
+
 def write(table: dict, path=TABLE_PATH):
+    """Write table to path, every entry with its derived constants (derive)."""
+    table = {**table, "programs": {k: derive(v) for k, v in table["programs"].items()}}
     Path(path).write_text(json.dumps(_clean(table), indent=1) + "\n")

@@ -5,7 +5,7 @@ import numpy as np
 
 from . import runtime as rt
 from . import sollya
-from .programs import load_table
+from ..asm.programs import load_table
 from .search import score_points
 from .targets import TARGETS
 

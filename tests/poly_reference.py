@@ -3,7 +3,9 @@
 `attention_ref(..., score_fn=...)` with these computes the math a "poly" kernel runs (the
 program in its fused BF16 order, from fit.runtime, with the kernel's FP32 data flow around
 it), so a kernel can be checked tightly against that and loosely against the exact
-function. The replay is numpy on the CPU: meant for test-sized problems.
+function. The replay is numpy on the CPU: meant for test-sized problems.  A test oracle (it
+replays with flash_attn_poly.fit.runtime, which the product never imports).  Programs are
+names of the committed table or ProgramSpecs of any table (asm.programs.spec).
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .fit import runtime
+from flash_attn_poly.asm import programs
+from flash_attn_poly.fit import runtime
 
 SIGMOID_PROGRAM_N = 4096          # the sigmoid-attention program the kernels inline
 SOFTCAP_PROGRAM = "softcap_c50"
@@ -22,9 +25,8 @@ SIGMOID_GRAD_RULE = "product"     # = kernels/score_stages_bwd.SigmoidBwd.grad_r
 # (= kernels/score_stages_bwd.default_softcap_grad)
 
 
-def _program(name: str) -> dict:
-    from .asm import blocks
-    return blocks.program(blocks.load_table(), name)
+def _spec(program) -> "programs.ProgramSpec":
+    return program if isinstance(program, programs.ProgramSpec) else programs.spec(program)
 
 
 def _apply(fn: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> torch.Tensor:
@@ -35,20 +37,24 @@ def _apply(fn: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> torch.Ten
 
 def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, program: str = None,
                 io_dtype: str = "bf16"):
-    """(score_fn, score_grad_fn): the block sigmoid_fwd on x' = x + bias + ln n, and the
+    """(score_fn, score_grad_fn): the program's forward block on x' = x + bias + ln n, and the
     backward's sigma': p (1 - p) of that block's BF16 p ("product", the kernels' default,
-    kernels/score_stages_bwd.SigmoidBwd.grad_rule) or the coupled block sigmoid_fwd_bwd's
-    derivative surrogate ("surrogate", seed B3).  program: a table entry other than
-    sigmoid_attn_n{n}; an FP16 program's P is rounded to the PV operand's type (io_dtype:
-    "bf16" for BF16 inputs, "f16" keeps the block's f16 P, as the kernels do for FP16
-    inputs), and its sigma' is p (1 - p) of the FP16 p (product rule only)."""
+    kernels/score_stages_bwd.SigmoidBwd.grad_rule) or the coupled block's derivative
+    surrogate ("surrogate", seed B3, from the program's _grad entry).  program: a table entry
+    (name or ProgramSpec) other than sigmoid_attn_n{n}, whose own n then applies; an FP16
+    program's P is rounded to the PV operand's type (io_dtype: "bf16" for BF16 inputs, "f16"
+    keeps the block's f16 P, as the kernels do for FP16 inputs), and its sigma' is p (1 - p)
+    of the FP16 p (product rule only)."""
     grad_rule = grad_rule or SIGMOID_GRAD_RULE
-    p_fwd = _program(program or f"sigmoid_attn_n{n}")
-    f16 = p_fwd["dtype"] == "f16"
+    spec = _spec(program or f"sigmoid_attn_n{n}")
+    p_fwd = spec.entry()
+    f16 = spec.f16
     if f16 and grad_rule != "product":
         raise ValueError("an FP16 sigmoid program has only the product rule")
-    p_grad = None if f16 else _program(f"sigmoid_attn_n{n}_grad")
-    shift = bias + math.log(n)
+    if grad_rule == "surrogate" and spec.grad is None:
+        raise ValueError(f"sigmoid program {spec.name!r} has no _grad entry: only the product rule")
+    p_grad = spec.grad.entry() if grad_rule == "surrogate" else None
+    shift = bias + math.log(spec.n)
 
     def shifted(x):
         return runtime.round_to(x + shift, "f32")  # the kernel's FP32 fma(s, scale, shift)
@@ -69,11 +75,12 @@ def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM, grad_rule: str =
     """(score_fn, score_grad_fn): logit = x_c - c*rho(x_c/c) and d logit/dx, by grad_rule
     (kernels/score_stages_bwd.SoftcapBwd.grad_rule): "block" replays the _grad program,
     "value" is 1 - t^2 of t = logit * fp32(1/c) in FP32."""
-    prog = _program(program)
-    grad_rule = grad_rule or ("value" if prog.get("dtype") == "f16" else "block")
+    spec = _spec(program)
+    prog = spec.entry()
+    grad_rule = grad_rule or ("value" if spec.f16 else "block")
     if grad_rule not in ("block", "value"):
         raise ValueError(f"softcap grad_rule must be 'block' or 'value', got {grad_rule!r}")
-    grad = _program(program + "_grad") if grad_rule == "block" else None   # odd_u2 programs have none
+    grad = spec.grad.entry() if grad_rule == "block" else None   # odd_u2 programs have none
     prog = {**prog, "params": {**prog["params"], "c": softcap}}
     lim = softcap * prog["L_c"]
     inv_c = runtime.round_to(1.0 / softcap, "f32")

@@ -1,6 +1,6 @@
 """What each block must return, built from ``fit.runtime`` (the semantics spec), plus the
-standard all-patterns test inputs shared by the CPU emulator test, the GPU self-test and
-its script.
+standard all-patterns test inputs shared by the CPU emulator test and the GPU self-test
+(test support: asm itself never imports fit).
 
 Lane 0 of every input word walks all 65,536 16-bit patterns; lane 1 walks them in a fixed
 pseudo-random order, so both lanes see every pattern and lane mixing bugs show up.
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from flash_attn_poly.asm import blocks as B
+from flash_attn_poly.asm import fpbits as fb
+from flash_attn_poly.asm import programs as PG
 from flash_attn_poly.fit import runtime as rt
-
-from . import blocks as B
-from . import fpbits as fb
 
 N = 1 << 16
 
@@ -59,7 +59,7 @@ def block_inputs(block: B.PtxBlock, dtype: str) -> list[np.ndarray]:
 
 def _sigmoid_chain(table, x):
     """p, s = x*p as the bf16x2 SiLU blocks compute them."""
-    p = rt.replay(B.program(table, B.SIGMOID_D3), x, "fused")
+    p = rt.replay(PG.entry(B.SIGMOID_D3, table), x, "fused")
     return p, rt.mul(x, p, "bf16")
 
 
@@ -67,12 +67,14 @@ def _silu_grad(p, s):
     return rt.fma(s, rt.add(1.0, -p, "bf16"), p, "bf16")
 
 
-def expected_values(name: str, table: dict, xs: list[np.ndarray]) -> list[np.ndarray]:
-    """float64 lane values block ``name`` must produce for lane values xs (one per input)."""
-    blk = B.get_block(name, table)
-    progs = [B.program(table, p) for p in blk.programs]
-    if name in ("sigmoid_fwd", "sigmoid_fwd_bwd", "sigmoid_attn_fwd_f16x2"):
-        return [rt.replay(p, xs[0], "fused") for p in progs]
+def expected_values(block, table: dict, xs: list[np.ndarray]) -> list[np.ndarray]:
+    """float64 lane values ``block`` (a PtxBlock or a named block's name) must produce for lane
+    values xs (one per input): the composite named blocks by their rule, every other block one
+    program replay per output (a value block, or the coupled block's value and surrogate)."""
+    if isinstance(block, str):
+        block = B.get_block(block, table)
+    name = block.name
+    progs = [PG.entry(p, table) for p in block.programs]
     if name == "silu_fwd_bf16x2":
         return [_sigmoid_chain(table, xs[0])[1]]
     if name == "silu_bwd_bf16x2":
@@ -84,12 +86,13 @@ def expected_values(name: str, table: dict, xs: list[np.ndarray]) -> list[np.nda
         p, s = _sigmoid_chain(table, gate)
         d_gate = rt.mul(rt.mul(dy, up, "bf16"), _silu_grad(p, s), "bf16")
         return [d_gate, rt.mul(dy, s, "bf16")]
-    (prog,) = progs                      # lane-wise single-program blocks
-    return [rt.replay(prog, xs[0], "fused")]
+    assert len(progs) == len(block.out_types), name
+    return [rt.replay(p, xs[0], "fused") for p in progs]
 
 
-def block_dtype(block: B.PtxBlock) -> str:
-    return "f16" if "_f16x2" in block.name else "bf16"
+def block_dtype(block: B.PtxBlock, table: dict) -> str:
+    """The 16-bit type of the block's lanes: its (first) program's dtype."""
+    return PG.entry(block.programs[0], table)["dtype"]
 
 
 def expected_words(block: B.PtxBlock, table: dict) -> tuple[list[np.ndarray], np.ndarray]:
@@ -101,15 +104,15 @@ def expected_words(block: B.PtxBlock, table: dict) -> tuple[list[np.ndarray], np
     result (fit/exp2.replay for exp2_f32)."""
     if is_scalar_f32(block):
         from flash_attn_poly.fit import exp2
-        (prog,) = [B.program(table, p) for p in block.programs]
+        (prog,) = [PG.entry(p, table) for p in block.programs]
         val = exp2.replay(prog, scalar_f32_inputs().astype(np.float64))
         return [val.astype(np.float32).view(np.uint32)], np.ones(N, bool)
-    dtype = block_dtype(block)
+    dtype = block_dtype(block, table)
     ins = lane_inputs(len(block.in_types) if block.in_types[0] == "b32" else 1)
     lanes_out = []
     for k in (0, 1):
         xs = [rt.from_bits(pair[k], dtype) for pair in ins]
-        lanes_out.append([rt.to_bits(v, dtype) for v in expected_values(block.name, table, xs)])
+        lanes_out.append([rt.to_bits(v, dtype) for v in expected_values(block, table, xs)])
     words = [fb.pack(lanes_out[0][j], lanes_out[1][j]) for j in range(len(block.out_types))]
     valid = np.ones(N, bool)
     if block.in_types[0] == "f32":

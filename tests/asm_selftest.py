@@ -1,5 +1,6 @@
 """A tiny CuTe DSL kernel that maps arrays of packed words through one PTX block, so the
-GPU result can be compared with the emulator bit for bit (tests/test_asm_gpu.py).
+GPU result can be compared with the emulator bit for bit (tests/test_asm_gpu.py).  Test
+support (it compiles through kernels/sass.py, which asm may not import).
 
 One thread per element.  Packed (b32) operands travel as int32 tensors, f32 operands as
 float32 tensors; every block has at most 3 inputs and 2 outputs, so the kernel always takes
@@ -18,8 +19,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from . import cute_ops
-from .blocks import PtxBlock
+from flash_attn_poly.asm import cute_ops
+from flash_attn_poly.asm.blocks import PtxBlock
+from flash_attn_poly.kernels import sass
 
 THREADS = 256
 
@@ -64,14 +66,10 @@ def fake_args(blk: PtxBlock, n: int):
 
 def compile_selftest(blk: PtxBlock, n: int = 1 << 16, options: str = ""):
     """cute.compile the self-test for sm_90a; returns the compiled object (artifacts kept)."""
-    from flash_attn_poly.kernels import sass
-
     return sass.compile_sm90(selftest_launch, *fake_args(blk, n), options=options)
 
 
 def sass_of_selftest(blk: PtxBlock, n: int = 1 << 16) -> str:
-    from flash_attn_poly.kernels import sass
-
     return sass.disassemble(compile_selftest(blk, n).artifacts.CUBIN)
 
 
