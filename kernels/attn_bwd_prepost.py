@@ -1,6 +1,8 @@
 """Pre- and post-processing around kernels/attn_bwd_sm90.py in torch: the reference
-implementation (FLASH_ATTN_POLY_PREPOST=torch).  kernels/attn_bwd_prepost_sm90.py has the
-same two steps as CuTe DSL kernels, the default (cost of both in docs/NOTES_attn_bwd.md).
+implementation, the oracle of tests/test_attn_bwd_prepost_gpu.py.  attn_bwd runs the same two
+steps as the CuTe DSL kernels of kernels/attn_bwd_prepost_sm90.py, which fall back to these
+functions for inputs they do not take (empty tensors, an O of another dtype); attn_bwd also
+takes its FP32 accumulators from `accumulators` below (cost of both in docs/NOTES_attn_bwd.md).
 
 preprocess: D = rowsum(dO o O) and LSE in log2 units, both (B, H_q, S_pad) FP32 with the
     tail padded so that a whole tile_m block can be TMA-loaded; LSE = -inf rows (no key

@@ -1,10 +1,7 @@
 """Pre- and post-processing of the attention backward as CuTe DSL kernels (sm_90a).
 
-Same contract as the torch reference in kernels/attn_bwd_prepost.py.  attn_bwd() reads
-FLASH_ATTN_POLY_PREPOST on every call: "cute" (these kernels, the default since they passed
-tests/test_attn_bwd_prepost_gpu.py on the H200: 51 passed at bc7eeaa) or "torch".  Timing
-(bench/attn_bwd_check.py --prepost, H200, bc7eeaa): pre + memset + post 0.277 -> 0.130 ms,
-softmax backward at the anchor shape 1.262 -> 1.102 ms.
+Same contract as the torch reference in kernels/attn_bwd_prepost.py (the tests' oracle);
+attn_bwd() runs these kernels (measured against the torch steps: docs/MEASURED.md).
 
 pre (one launch): for every (batch, head, query row)
     dsum[b, h, s] = sum_d dO[b, s, h, d] * O[b, s, h, d]   (FP32; products of 16-bit
@@ -15,8 +12,8 @@ pre (one launch): for every (batch, head, query row)
     A buffer the score stage does not need is written as zeros (the backward only reads
     it); with neither needed (sigmoid) the host allocates one zeroed buffer, no launch.
   PreZeroKernel (PreKey.zero_dq): the same, plus zeroing the head_loop backward's FP32 dQ
-    accumulator in the same launch (attn_bwd(zero_dq_in_pre=True); off by default until
-    GPU-timed).
+    accumulator in the same launch (attn_bwd(zero_dq_in_pre=True); the default for the
+    softmax modes, attn_bwd_sm90.zero_dq_in_pre_default).
   Grid (S_pad / rows, H, B), 128 threads.  A row of D 16-bit values is split over
   D / 32 adjacent lanes (4 for D=128, 2 for D=64), each loading 4 chunks of 16 bytes of
   dO and of O (8 LDG.E.128; chunk c of lane l is c * lanes + l, so the lanes of a row read

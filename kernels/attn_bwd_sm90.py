@@ -2,10 +2,9 @@
 
 One CTA per (KV block of tile_n keys, query head, batch), iterating over the query blocks
 that the causal mask leaves (tile skipping); head_loop builds: one CTA per (KV block, KV
-head, batch) over the query heads of its GQA group (below).  384 threads: warp 0 issues TMA (K, V once;
-Q+LSE and dO+D per query block, 2-stage pipelines; v_with_do moves V onto the first dO
-stage's barrier, off by default: no consistent gain); two MMA warpgroups each own 64 of
-the tile_n key rows and compute, per query block,
+head, batch) over the query heads of its GQA group (below).  384 threads: warp 0 issues TMA (K, V once,
+on one barrier; Q+LSE and dO+D per query block, 2-stage pipelines); two MMA warpgroups each
+own 64 of the tile_n key rows and compute, per query block,
 
     S^T  = K Q^T          (wgmma SS)      P^T = stage.prob(S^T)       in registers
     dP^T = V dO^T         (wgmma SS)      dS^T = stage.dscore(P, dP)  in registers
@@ -13,8 +12,9 @@ the tile_n key rows and compute, per query block,
     dK  += dS^T Q         (wgmma RS)
     dQ   = dS K           (wgmma SS: dS^T goes to smem by stmatrix.trans) -> FP32 atomics
 
-in the order S, dP, P, dV, dS, dQ, dK (mainloop v2): the dQ tile is staged to smem for
-warp 1's bulk reductions while dK runs, and LSE / D are read into registers while the S and
+in the order S, dP, P, dV, dS, then dQ before dK where dQ goes through smem (dq_async: the
+dQ tile is staged for warp 1's bulk reductions while dK runs; the red.global path runs dK,
+then dQ); at D <= 128, D (and, with dq_async, LSE) are read into registers while the S and
 dV products run (docs/NOTES_attn_bwd.md, "Main loop v2").
 
 Computing the transposed scores puts the key index on the wgmma M axis, so P^T and dS^T
@@ -50,7 +50,6 @@ the deterministic build's turn protocol) live in kernels/bwd_reduce.py, mixed in
 import dataclasses
 import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import Type
 
@@ -64,10 +63,12 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 try:  # installed package layout
     from flash_attn_poly.kernels import mask as mask_mod
+    from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as prepost
     from flash_attn_poly.kernels.bwd_reduce import DQ_ROW_PAD, BwdReductions, acc_mn_view, dq_rank  # noqa: F401
     from flash_attn_poly.kernels.tile_scheduler import SectionLptScheduler, section_heads
 except ImportError:  # running from the repository root
     from kernels import mask as mask_mod
+    from kernels import attn_bwd_prepost_sm90 as prepost
     from kernels.bwd_reduce import DQ_ROW_PAD, BwdReductions, acc_mn_view, dq_rank  # noqa: F401
     from kernels.tile_scheduler import SectionLptScheduler, section_heads
 
@@ -92,9 +93,6 @@ class BwdTile:
     tile_m: int
     tile_n: int
     stages: int = 2
-    # D = 256 only: warpgroup 0 computes S/P/dV, warpgroup 1 dP/dS/dK, no recompute
-    # (kernels/attn_bwd_sm90_splitwg.py; tile 64 x 64, 2 stages)
-    split_wg: bool = False
 
     @staticmethod
     def for_head_dim(d: int) -> "BwdTile":
@@ -107,22 +105,17 @@ class BwdTile:
 class AttnBwdSm90(BwdReductions):
     def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile,
                  window: tuple = (False, False), deterministic: bool = False, dq_async: bool = False,
-                 lpt: bool = False, mainloop: int = 2, v_with_do: bool = False, head_loop: bool = False,
-                 dq_tma: bool = False, m_desc: bool = False, fast_divmod: bool = False):
+                 lpt: bool = False, head_loop: bool = False):
         assert head_dim in (64, 128, 256), "D must be 64, 128 or 256"
-        # per query block (docs/NOTES_attn_bwd.md, "Main loop v2"): 2 = LSE / D read into
+        # per query block (docs/NOTES_attn_bwd.md, "Main loop v2"): LSE / D read into
         # registers while the S / dV GEMMs run, and (dq_async) dQ issued before dK so the dQ
-        # tile is staged to smem while dK runs; 1 = the v1 order, kept for side-by-side timing.
-        # Register limits (CPU SASS): D = 256 keeps smem reads (hoisted: 2 -> 4 spilled words,
-        # untimed); the red.global dQ path keeps LSE in smem (softcap/poly 1/2 spills 2 words
-        # with it hoisted); D = 64 (16 columns more per thread) spills 12 words, v1 16.
-        assert mainloop in (1, 2), f"mainloop must be 1 or 2, got {mainloop}"
-        self.hoist_dsum = mainloop == 2 and head_dim <= 128
+        # tile is staged to smem while dK runs.  Register limits (CPU SASS): D = 256 keeps smem
+        # reads (hoisted: 2 -> 4 spilled words); the red.global dQ path keeps LSE in smem
+        # (softcap/poly 1/2 spills 2 words with it hoisted); D = 64 (16 columns more per
+        # thread) spills 12 words.
+        self.hoist_dsum = head_dim <= 128
         self.hoist_lse = self.hoist_dsum and dq_async
-        # v_with_do: V rides on the first dO stage's barrier and the producer issues K, Q, V,
-        # dO (not K+V on one barrier first), so the first S waits for K and Q only
-        self.v_with_do = v_with_do
-        self.dq_early = mainloop == 2 and dq_async
+        self.dq_early = dq_async
         # ordered (bitwise reproducible) dQ/dK/dV adds; kernels/bwd_reduce.py, "Deterministic mode"
         self.deterministic = deterministic
         # dQ tile -> smem -> warp 1's bulk reductions, instead of red.global from the MMA
@@ -130,12 +123,6 @@ class AttnBwdSm90(BwdReductions):
         assert not (dq_async and deterministic), "dq_async: not with deterministic"
         assert not (dq_async and head_dim > 128), "dq_async: the staged dQ tile does not fit D = 256's smem"
         self.dq_async = dq_async
-        # dq_tma: the staged dQ tile is dense and 128B-swizzled (slabs of 32 FP32 columns) and
-        # warp 1 adds it with TMA tensor reductions (one per slab) instead of one bulk
-        # reduction per row; the TMA unit clips rows >= S_q (kernels/bwd_reduce.py)
-        # (D = 64 is left out: its 128 x 128 tile already spills 12 words, 41 with dq_tma)
-        assert not dq_tma or (dq_async and head_dim == 128), "dq_tma: a variant of dq_async, D = 128 only"
-        self.dq_tma = dq_tma
         # CTA order (kernels/tile_scheduler.py): key blocks of L2-sized head sections, longest
         # (lowest n) first, heads fastest; the deterministic build keeps its launch order
         assert not (lpt and deterministic), "lpt: not with deterministic (turn order needs the grid order)"
@@ -143,18 +130,8 @@ class AttnBwdSm90(BwdReductions):
         # head_loop: one CTA per (key block, KV head) runs the query blocks of all G query heads
         # of the GQA group in turn, keeping dK/dV in registers throughout, and stores them
         # scaled and cast (no FP32 dK/dV accumulators, atomics or post pass): module docstring
-        assert not (head_loop and (deterministic or v_with_do)), "head_loop: not with deterministic / v_with_do"
+        assert not (head_loop and deterministic), "head_loop: not with deterministic"
         self.head_loop = head_loop
-        # m_desc (head_loop only): each query head's blocks in descending order, so the CTAs of
-        # a KV head that run at the same time read the same Q / dO tile (L2 reuse) and add into
-        # the same dQ tile (contention): a timing knob (docs/NOTES_attn_bwd.md, SASS beside FA4)
-        assert not m_desc or head_loop, "m_desc: head_loop builds only"
-        self.m_desc = m_desc
-        # fast_divmod (head_loop only): the flat step's split into (head, block) by a
-        # multiply-shift divisor made once per CTA instead of an integer division per step
-        # (~25 instructions with an MUFU.RCP, in every role): a timing knob
-        assert not fast_divmod or head_loop, "fast_divmod: head_loop builds only"
-        self.fast_divmod = fast_divmod
         self.dtype = dtype
         self.D = head_dim
         self.is_causal = is_causal
@@ -179,14 +156,10 @@ class AttnBwdSm90(BwdReductions):
         shape = (rows, self.D) if stages is None else (rows, self.D, stages)
         return cute.tile_to_shape(atom, shape, (0, 1, 2) if stages else (0, 1))
 
-    # MMA warpgroups stacked along the key rows of S^T, dP^T, dV and dK (64 rows each); the
-    # split-warpgroup build gives each warpgroup different GEMMs on the same 64 rows instead
-    key_row_wgs = 2
-
     def _tiled_mmas(self):
         K, MN = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
         dt = self.dtype
-        wgs = (self.key_row_wgs, 1, 1)
+        wgs = (2, 1, 1)   # the MMA warpgroups stacked along the key rows of S^T, dP^T, dV, dK
         mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, wgs, (64, self.tile_m))
         mma_dkv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, wgs, (64, self.Dc),
                                                     warpgroup.OperandSource.RMEM)
@@ -222,8 +195,7 @@ class AttnBwdSm90(BwdReductions):
         @cute.struct
         class StorageAux:
             base: Storage
-            aux: cute.struct.Align[cute.struct.MemRange[Float32, max(1, self._aux_words())],
-                                   1024 if self.dq_tma else 128]   # dq_tma: 128B-swizzled TMA source
+            aux: cute.struct.Align[cute.struct.MemRange[Float32, max(1, self._aux_words())], 128]
         out = StorageAux if self._aux_words() else Storage
         if out.size_in_bytes() > SMEM_CAPACITY:   # fail at build, naming the config, not at launch
             raise ValueError(f"{type(self).__name__}: tile {self.tile_m}x{self.tile_n}, {st} Q/dO stages at "
@@ -231,17 +203,10 @@ class AttnBwdSm90(BwdReductions):
                              f"the {SMEM_CAPACITY} of sm_90a")
         return out
 
-    def _dq_smem_layout(self):
-        """dq_tma's staged dQ tile (tile_m, Dc) FP32: K-major 128B-swizzle atoms (8 rows x 32
-        columns) stacked along the rows, so column slab j (32 FP32) is one TMA box of
-        tile_m x 128 bytes; BwdReductions.dq_tma_word gives the same offsets."""
-        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float32)
-        return cute.tile_to_shape(atom, (self.tile_m, self.Dc), (0, 1))
-
     def _aux_words(self) -> int:
         """FP32 words of shared memory after the base storage (0: none): the staged dQ tile
-        of dq_async; subclasses add their own (AttnBwdSm90SplitWG: the dS factors)."""
-        return self.tile_m * (self.Dc + (0 if self.dq_tma else DQ_ROW_PAD)) if self.dq_async else 0
+        of dq_async (padded rows, DQ_ROW_PAD)."""
+        return self.tile_m * (self.Dc + DQ_ROW_PAD) if self.dq_async else 0
 
     @staticmethod
     def _seq_major(t: cute.Tensor, order) -> cute.Tensor:
@@ -282,10 +247,6 @@ class AttnBwdSm90(BwdReductions):
         grid = (n_blocks, grid_heads, cute.size(mQ.shape[3]) * self.n_chunks)
         if const_expr(self.lpt):
             grid = SectionLptScheduler.grid(n_blocks, grid_heads, cute.size(mQ.shape[3]) * self.n_chunks)
-        if const_expr(self.dq_tma):   # the kernel gets the TMA view of the accumulator, the atom last in args
-            tma_dq, mdQacc = cpasync.make_tiled_tma_atom(
-                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, self._dq_smem_layout(), (self.tile_m, self.Dc))
-            extra = extra + (tma_dq,)
         self.kernel(tQ, tK, tV, tdO, tLSE, tDsum, mdQacc, mdKacc, mdVacc,
                     tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
                     mma_sdp, mma_dkv, mma_dq, scalars + self._window_param(win_left, win_right) + extra,
@@ -314,13 +275,10 @@ class AttnBwdSm90(BwdReductions):
                args, Storage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        tma_dq = None
-        if const_expr(self.dq_tma):
-            tma_dq, args = args[-1], args[:-1]
         if const_expr(self.lpt and self.head_loop):
             # a CTA per KV head runs G times longer: one section (plain longest-first over all
-            # KV heads), since L2-sized sections of 2 KV heads started long CTAs late (H200,
-            # round_hl2_3779e11: 1.29x the per-query-head grid's time at the anchor shape)
+            # KV heads), since L2-sized sections of 2 KV heads started long CTAs late
+            # (docs/MEASURED.md)
             h_kv = mK.shape[2]
             n_block, head, batch = SectionLptScheduler(reverse=False).work_tile(
                 cute.ceil_div(mK.shape[0], self.tile_n), h_kv, h_kv)
@@ -341,17 +299,11 @@ class AttnBwdSm90(BwdReductions):
         if warp_idx == 0:
             for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum):
                 cpasync.prefetch_descriptor(atom)
-            if const_expr(self.dq_tma):
-                cpasync.prefetch_descriptor(tma_dq)
         smem = SmemAllocator()
         st = smem.allocate(Storage)
-        aux_addr = Int32(0)   # the aux buffer (_aux_words): staged dQ, or a subclass's; args[-1] of mma
-        sdQ = None
+        aux_addr = Int32(0)   # the aux buffer (_aux_words): the staged dQ tile; args[-1] of mma
         if const_expr(self._aux_words() > 0):
             aux_addr = st.aux.data_ptr().toint()
-            if const_expr(self.dq_tma):
-                dq_l = self._dq_smem_layout()
-                sdQ = st.aux.get_tensor(dq_l.outer, swizzle=dq_l.inner)
             st = st.base
         prod = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         cons = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)   # 8 MMA warps arrive
@@ -363,7 +315,7 @@ class AttnBwdSm90(BwdReductions):
             consumer_group=cons, tx_count=self.bytes_q + self.bytes_stat, defer_sync=True)
         pipe_kv = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.mbar_kv.data_ptr(), num_stages=1, producer_group=prod,
-            consumer_group=cons, tx_count=self.bytes_kv // (2 if self.v_with_do else 1), defer_sync=False)
+            consumer_group=cons, tx_count=self.bytes_kv, defer_sync=False)
         # layouts are rebuilt here: values made on the host side cannot enter the kernel region
         sQ_l, sK_l, sdS_l = self._smem_layouts()
         sQ = st.sQ.get_tensor(sQ_l.outer, swizzle=sQ_l.inner)
@@ -397,8 +349,7 @@ class AttnBwdSm90(BwdReductions):
                           n_block, head, head_kv, batch, m_min, m_max)
             if const_expr(self.dq_async):
                 if warp_idx == 1:
-                    self.reduce_dq(mdQacc, aux_addr, tidx % 32, head, batch, chunk, m_min, m_max, seqlen_q, n_heads,
-                                   sdQ, tma_dq)
+                    self.reduce_dq(mdQacc, aux_addr, tidx % 32, head, batch, chunk, m_min, m_max, seqlen_q, n_heads)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.mma(mma_sdp, mma_dkv, mma_dq, sQ, sK, sV, sdO, sdS, sLSE, sDsum,
@@ -433,17 +384,15 @@ class AttnBwdSm90(BwdReductions):
             pipe_kv.producer_acquire(kv_state)
             bar = pipe_kv.producer_get_barrier(kv_state)
             cute.copy(tma_k, tKg, tKs, tma_bar_ptr=bar)
-            if const_expr(not self.v_with_do):
-                cute.copy(tma_v, tVg, tVs, tma_bar_ptr=bar)
+            cute.copy(tma_v, tVg, tVs, tma_bar_ptr=bar)
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             if const_expr(self.head_loop):
                 nm = m_max - m_min
                 # one flat loop over (head, query block): a pipeline state advanced inside a
                 # nested loop (or a callee) is not carried across the outer loop (GPU: launch
-                # failure, round_headloop_1d337f5)
-                div = self.step_divisor(nm)
+                # failure)
                 for it in cutlass.range(nm * (mQ.shape[2] // mK.shape[2]), unroll=1):
-                    h, m_block = self.head_step(it, div, m_min, m_max)
+                    h, m_block = self.head_step(it, nm, m_min)
                     self.load_block(mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
                                     pipe_q, pipe_do, state, head + h, batch, m_block)
                     state.advance()
@@ -455,31 +404,16 @@ class AttnBwdSm90(BwdReductions):
                     cute.copy(tma_lse, tLg[None, m_block], tLs[None, state.index], tma_bar_ptr=bar)
                     pipe_do.producer_acquire(state)
                     bar = pipe_do.producer_get_barrier(state)
-                    if const_expr(self.v_with_do):
-                        if m_block == m_min:   # the first dP waits on this barrier: V joins it
-                            with cute.arch.elect_one():
-                                cute.arch.mbarrier_expect_tx(bar, self.bytes_kv // 2)
-                            cute.copy(tma_v, tVg, tVs, tma_bar_ptr=bar)
                     cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
                     cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
                     state.advance()
 
-    def step_divisor(self, nm):
-        """head_loop: what head_step divides the flat step by (nm query blocks per head): nm
-        itself, or (fast_divmod) its multiply-shift form, made once per CTA."""
-        return cute.fast_divmod_create_divisor(nm) if const_expr(self.fast_divmod) else nm
-
-    def head_step(self, it, div, m_min, m_max):
-        """head_loop: flat step `it` -> (query head offset h, query block); every role
-        (producer, MMA warpgroups, dQ writer) walks the same order: heads in turn, each
-        head's blocks ascending (or descending with m_desc)."""
-        if const_expr(self.fast_divmod):
-            h, i = divmod(it, div)
-        else:
-            h = it // div
-            i = it - h * div
-        if const_expr(self.m_desc):
-            return h, m_max - 1 - i
+    def head_step(self, it, nm, m_min):
+        """head_loop: flat step `it` -> (query head offset h, query block), nm query blocks per
+        head; every role (producer, MMA warpgroups, dQ writer) walks the same order: heads in
+        turn, each head's blocks ascending."""
+        h = it // nm
+        i = it - h * nm
         return h, m_min + i
 
     @cute.jit
@@ -565,9 +499,8 @@ class AttnBwdSm90(BwdReductions):
             if const_expr(self.head_loop):
                 nm = m_max - m_min
                 # one flat loop over (head, query block), as the producer's (load)
-                div = self.step_divisor(nm)
                 for it in cutlass.range(nm * (mdQacc.shape[2] // mdKacc.shape[2]), unroll=1):
-                    h, m_block = self.head_step(it, div, m_min, m_max)
+                    h, m_block = self.head_step(it, nm, m_min)
                     # sdS alternates per iteration, across heads too
                     self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
                                      tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
@@ -653,15 +586,12 @@ class AttnBwdSm90(BwdReductions):
             warpgroup.wait_group(0)
             pipe_q.consumer_release(state)
             pipe_do.consumer_release(state)
-            if const_expr(self.dq_async):
-                self.stage_dq(mma_dq, acc_dQ, args[-1], tidx)
-            else:
-                self.add_dq(mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q,
-                            seqlen_k, args)
+            self.add_dq(mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q,
+                        seqlen_k, args)
 
     @cute.jit
     def col_stats(self, sX, idx, tScS, hoist: cutlass.Constexpr[bool]):
-        """Mainloop v2: the per-query statistic (LSE or D) of each column this thread holds,
+        """The per-query statistic (LSE or D) of each column this thread holds,
         read from smem into registers right after a GEMM is issued, so the loads are off
         the path from the wgmma wait to the first use; not hoisted: sX itself."""
         if const_expr(not hoist):
@@ -797,12 +727,7 @@ class BwdKey:
     deterministic: bool = False  # ordered adds (AttnBwdSm90Det): bitwise reproducible gradients
     dq_async: bool = False       # dQ via smem + bulk reductions by warp 1 (not with deterministic)
     lpt: bool = False            # SectionLptScheduler CTA order (not with deterministic)
-    mainloop: int = 2            # AttnBwdSm90 mainloop order (1 = v1, for side-by-side timing)
-    v_with_do: bool = False      # V loaded on the first dO stage's barrier (K, Q, V, dO order)
     head_loop: bool = False      # CTA per KV head over its GQA group; dK/dV stored directly
-    dq_tma: bool = False         # dq_async with TMA tensor reductions of a swizzled dQ tile
-    m_desc: bool = False         # head_loop: query blocks in descending order (a timing knob)
-    fast_divmod: bool = False    # head_loop: (head, block) of a step by multiply-shift (a timing knob)
 
 
 def _cutlass_dtype(name: str):
@@ -825,8 +750,6 @@ def fake_args(key: BwdKey):
     q, k, v, do = (mk(dt, 4, 8) for _ in range(4))      # TMA: strides multiple of 16 bytes
     lse, dsum = mk(Float32, 3, 4), mk(Float32, 3, 4)
     dq, dk, dv = (mk(Float32, 4, 2) for _ in range(3))  # red.v2: 8-byte aligned rows
-    if key.dq_tma:   # a TMA descriptor: 16-byte strides
-        dq = mk(Float32, 4, 4)
     if key.head_loop:   # dK, dV: the dtype gradients (st.global.b32 pairs: 4-byte aligned rows)
         dk, dv = mk(dt, 4, 2), mk(dt, 4, 2)
     args = (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0), Float32(0.0),
@@ -839,21 +762,9 @@ def fake_args(key: BwdKey):
 
 
 def kernel_for(key: BwdKey) -> AttnBwdSm90:
-    if key.tile.split_wg:
-        from .attn_bwd_sm90_splitwg import AttnBwdSm90SplitWG
-        cls = AttnBwdSm90SplitWG
-    else:
-        cls = AttnBwdSm90Det if key.deterministic else AttnBwdSm90HeadLoop if key.head_loop else AttnBwdSm90
-    kw = {"head_loop": True} if key.head_loop else {}
-    if key.dq_tma:
-        kw["dq_tma"] = True
-    if key.m_desc:
-        kw["m_desc"] = True
-    if key.fast_divmod:
-        kw["fast_divmod"] = True
+    cls = AttnBwdSm90Det if key.deterministic else AttnBwdSm90HeadLoop if key.head_loop else AttnBwdSm90
     return cls(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile,
-               (key.window_left, key.window_right), key.deterministic, key.dq_async, key.lpt,
-               1 if key.tile.split_wg else key.mainloop, key.v_with_do and not key.tile.split_wg, **kw)
+               (key.window_left, key.window_right), key.deterministic, key.dq_async, key.lpt, key.head_loop)
 
 
 def compile_bwd(key: BwdKey, options: str = ""):
@@ -881,9 +792,8 @@ def default_split(mode: str, evaluator: str, head_dim: int):
 def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
              causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
              lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
-             lpt=None, split_wg=None, stages=None, sigmoid_grad=None, softcap_grad=None, mainloop=None, v_with_do=None,
-             program=None, head_loop=None, poly_split=None, zero_dq_in_pre=None, dq_tma=None,
-             m_desc=None, fast_divmod=None):
+             lpt=None, stages=None, sigmoid_grad=None, softcap_grad=None, program=None, head_loop=None,
+             poly_split=None, zero_dq_in_pre=None):
     """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
 
     q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
@@ -896,17 +806,11 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     deterministic build always adds from the MMA threads, in turn).
     lpt: CTA order of kernels/tile_scheduler.SectionLptScheduler (None: LPT_DEFAULT; not in
     the deterministic build).
-    split_wg: D = 256 only, the split-warpgroup build without recomputation
-    (kernels/attn_bwd_sm90_splitwg.py; None: SPLIT_WG_DEFAULT; not deterministic).
     stages: Q/dO pipeline depth for D <= 128 (None: BwdTile.for_head_dim's; a timing knob).
     sigmoid_grad: sigmoid poly block columns' sigma' rule, "product" (default) or "surrogate"
     (score_stages_bwd.SigmoidBwd.grad_rule).
     softcap_grad: softcap poly block columns' d logit/dx rule, "value" or "block" (None: "value"
     for the FP16 programs, "block" for the seed's BF16 one; score_stages_bwd.SoftcapBwd.grad_rule).
-    mainloop: 1 or 2, the per-query-block order (None: MAINLOOP_DEFAULT; a timing knob; the
-    split-warpgroup build has its own loop).
-    v_with_do: V on the first dO stage's barrier, loads issued K, Q, V, dO (None:
-    V_WITH_DO_DEFAULT; a timing knob).
     program: the poly stage's program, as the forward stage's: a name of the committed table
     (softcap: e.g. "softcap_c50_f16" selects the FP16 D5 blocks) or a ProgramSpec of any table
     (None: the default program).
@@ -915,25 +819,15 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     1/16 up to D = 128 and 1/8 at D = 256); must match the forward's for the same P.
     head_loop: a CTA per (key block, KV head) runs all G query heads of the group and stores
     dK/dV directly (no FP32 dK/dV accumulators, atomics or post pass; None: head_loop_auto;
-    not with deterministic, v_with_do or the split-warpgroup build).
-    dq_tma: with dq_async at D = 128, warp 1 adds the staged dQ tile with TMA tensor
-    reductions (one per 32-column slab) instead of one bulk reduction per row (None:
-    DQ_TMA_DEFAULT; other head dims keep the row reductions).
-    m_desc: head_loop only, each query head's blocks in descending order (None: M_DESC_DEFAULT;
-    a timing knob; ignored without head_loop).
-    fast_divmod: head_loop only, each step's (head, block) by a multiply-shift divisor made once
-    per CTA instead of an integer division per step (None: FAST_DIVMOD_DEFAULT; a timing knob).
+    not with deterministic).
     zero_dq_in_pre: head_loop only, the pre kernel zeroes the dQ accumulator (PreZeroKernel)
     instead of a torch memset (None: zero_dq_in_pre_default(stage): on where the pre kernel
     runs anyway, i.e. the softmax modes; one launch fewer).
+    Pre/post-processing runs as the CuTe kernels of kernels/attn_bwd_prepost_sm90.py (the torch
+    reference, kernels/attn_bwd_prepost.py, is the tests' oracle).
     """
-    if (DQ_TMA_DEFAULT if dq_tma is None else bool(dq_tma)) and os.environ.get(DQ_TMA_ENV) != "1":
-        raise NotImplementedError(
-            "attn_bwd(dq_tma=True) hangs on the H200 (its TMA tensor reductions never complete; "
-            f"docs/NOTES_attn_bwd.md); set {DQ_TMA_ENV}=1 only to debug it")
     import torch
     from . import attn_bwd_prepost
-    pp = prepost_module()
     dout, q, k, v = (t.contiguous() for t in (dout, q, k, v))
     from .score_stages_bwd import bwd_side
     b, s_q, h_q, d = q.shape
@@ -954,30 +848,20 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     if mode == "softcap" and not softcap:
         raise ValueError("softcap mode needs softcap > 0")
     tile = BwdTile.for_head_dim(d)
-    if d == 256 and (SPLIT_WG_DEFAULT if split_wg is None else split_wg) and not deterministic:
-        tile = BwdTile(64, 64, 2, split_wg=True)
     if stages is not None and d <= 128:
         tile = BwdTile(tile.tile_m, tile.tile_n, int(stages))
     (has_l, has_r), window = mask_mod.window_args(window_size, bool(causal), s_q, s_k)
     key = BwdKey({torch.bfloat16: "bf16", torch.float16: "f16"}[q.dtype], d, bool(causal), stage, tile,
                  has_l, has_r, bool(deterministic),
                  (DQ_ASYNC_DEFAULT if dq_async is None else bool(dq_async)) and not deterministic and d <= 128,
-                 (LPT_DEFAULT if lpt is None else bool(lpt)) and not deterministic,
-                 MAINLOOP_DEFAULT if mainloop is None else int(mainloop),
-                 V_WITH_DO_DEFAULT if v_with_do is None else bool(v_with_do))
+                 (LPT_DEFAULT if lpt is None else bool(lpt)) and not deterministic)
     use_loop = head_loop_auto(b, h_q, k.shape[2], s_k, tile, d, q.device) if head_loop is None else bool(head_loop)
-    if use_loop and not (deterministic or key.v_with_do or tile.split_wg):
+    if use_loop and not deterministic:
         key = dataclasses.replace(key, head_loop=True)
-    if key.head_loop and (M_DESC_DEFAULT if m_desc is None else bool(m_desc)):
-        key = dataclasses.replace(key, m_desc=True)
-    if key.head_loop and (FAST_DIVMOD_DEFAULT if fast_divmod is None else bool(fast_divmod)):
-        key = dataclasses.replace(key, fast_divmod=True)
-    if key.dq_async and d == 128 and (DQ_TMA_DEFAULT if dq_tma is None else bool(dq_tma)):
-        key = dataclasses.replace(key, dq_tma=True)
     zero_dq = key.head_loop and (zero_dq_in_pre_default(stage) if zero_dq_in_pre is None else bool(zero_dq_in_pre))
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if zero_dq else None
-    lse2, dsum = pp.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128,
-                               **({"dq_acc": dq_acc} if zero_dq else {}))
+    lse2, dsum = prepost.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128,
+                                    **({"dq_acc": dq_acc} if zero_dq else {}))
     if key.head_loop:   # dK, dV come out of the kernel in dtype; only dQ needs an accumulator
         if dq_acc is None:
             dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -992,58 +876,25 @@ def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str =
     scalars = [float(a) for a in stage.host_args(scale, softcap, sigmoid_bias)]
     _compiled(key)(*tensors, *scalars, *window, *extra)
     if key.head_loop:
-        return pp.postprocess_dq(dq_acc, scale, q.dtype), dk_acc, dv_acc
-    return pp.postprocess(dq_acc, dk_acc, dv_acc, scale, q.dtype)
+        return prepost.postprocess_dq(dq_acc, scale, q.dtype), dk_acc, dv_acc
+    return prepost.postprocess(dq_acc, dk_acc, dv_acc, scale, q.dtype)
 
 
-PREPOST_ENV = "FLASH_ATTN_POLY_PREPOST"
-# dQ through smem + warp 1's bulk reductions (D <= 128, not deterministic).  H200, 78a2a9b,
-# bench/attn_bwd_check.py --variants (anchor shape, CuTe pre/post): softmax backward 1.158 ->
-# 0.884 ms, softcap 1.212 -> 0.957 ms; gradients equal to the atomic path's to 2e-6 rel L2.
+# Defaults (each measured: docs/MEASURED.md, ## Backward).
+# dQ through smem + warp 1's bulk reductions (D <= 128, not deterministic)
 DQ_ASYNC_DEFAULT = True
-# SectionLptScheduler order (H200, bd076e4, --variants --axes lpt, anchor shape): softmax 0.859
-# -> 0.807 ms, softcap 0.962 -> 0.865, sigmoid 0.899 -> 0.816; D = 256 softcap (Gemma-2 2B
-# shape) 2.509 -> 2.338.  Gradients equal to the single-tile order's to 2e-5 rel L2.
+# SectionLptScheduler CTA order (not deterministic)
 LPT_DEFAULT = True
-# Mainloop v2 (LSE / D in registers early; dQ before dK, staged while dK runs): see
-# docs/NOTES_attn_bwd.md "Main loop v2" for the SASS and the side-by-side timing.
-MAINLOOP_DEFAULT = 2
-# V on the first dO barrier (first S waits for K + Q only): off.  H200, --variants --axes
-# v_with_do, two runs (af9c025 / bb5fae7): softmax 0.972x / 0.958x time, softcap/poly 0.959x /
-# 1.005x, sigmoid/poly 1.008x / 1.076x; gqa_4096 with it on (bb5fae7) vs off (af9c025):
-# 0.811 / 0.793 ms softmax, 0.875 / 0.865 softcap/poly (FA4 0.734 / 0.737).  No consistent gain.
-V_WITH_DO_DEFAULT = False
-# head_loop query blocks in descending order: built 2026-11-30 from a CPU L2 working-set model
-# (docs/NOTES_attn_bwd.md); GPU-tested and timed (H200, 61b04f6, attn_bwd_head_loop_knobs.md):
-# 0.94-1.04x per mode, no gain beyond noise, so off.
-M_DESC_DEFAULT = False
-# head_loop step split by multiply-shift (same integers by construction): GPU-tested and timed
-# in the same run, 0.93-1.01x, so off.
-FAST_DIVMOD_DEFAULT = False
 # head_loop (a CTA per KV head over its GQA group, dK/dV stored directly) where its grid still
-# fills the GPU.  H200, 076ca7a (bench/results/attn_bwd_head_loop.md), backward ms off -> on:
-# anchor B=1 S=4096 H 32/8 D=128 (256 CTAs, 1.9 per SM): softmax 0.823 -> 0.793, softcap/poly
-# 0.931 -> 0.900, sigmoid/poly 0.875 -> 0.802; Gemma-2 D=256 S=8192 H 8/4 (512 CTAs): softcap
-# 2.46 -> 2.32 native, 2.35 -> 2.30 poly; S=1024 (64 CTAs, 0.5 per SM): 0.163 -> 0.254.
+# fills the GPU: at least this many CTAs per SM (head_loop_auto)
 HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
 
 
-# The pre kernel zeroes head_loop's dQ accumulator (PreZeroKernel) where it runs anyway (the
-# softmax modes need LSE / dsum), replacing pre + a 64 MB memset with one launch.  H200,
-# 077dce5, bench/attn_bwd_check.py --variants --axes zero_dq (anchor shape, one clean run;
-# an earlier one shared the GPU with hung probes and is not used), backward ms off -> on:
-# softmax 0.851 -> 0.838, softcap native 0.896 -> 0.886, softcap/poly 0.924 -> 0.902.  For
-# sigmoid (no pre kernel otherwise) it costs: native 0.814 -> 0.846, poly 0.817 -> 0.827.
 def zero_dq_in_pre_default(stage) -> bool:
+    """The pre kernel zeroes head_loop's dQ accumulator (PreZeroKernel) where it runs anyway (the
+    softmax modes need LSE / dsum), replacing pre + a memset with one launch; sigmoid (no pre
+    kernel otherwise) keeps the memset (docs/MEASURED.md)."""
     return bool(stage.needs_lse or stage.needs_dsum)
-
-
-# dQ tile added by TMA tensor reductions of a swizzled staging tile (one per 32-column slab)
-# instead of 64 per-row bulk reductions.  Compile-tested (CPU SASS); on the H200 (2026-11-30)
-# every launch hangs: the reductions never complete (a build without them finishes), cause
-# not found.  attn_bwd(dq_tma=True) is refused unless DQ_TMA_ENV=1 (debugging only).
-DQ_TMA_DEFAULT = False
-DQ_TMA_ENV = "FLASH_ATTN_POLY_DQ_TMA_DEBUG"
 
 
 def head_loop_auto(b: int, h_q: int, h_kv: int, s_k: int, tile: BwdTile, d: int, device) -> bool:
@@ -1059,25 +910,6 @@ def head_loop_auto(b: int, h_q: int, h_kv: int, s_k: int, tile: BwdTile, d: int,
 def _sm_count(device) -> int:
     import torch
     return torch.cuda.get_device_properties(device).multi_processor_count
-# D = 256 split-warpgroup build: compile-checked (no spills, 48 HGMMA), not yet run on a GPU
-SPLIT_WG_DEFAULT = False
-
-
-def prepost_module():
-    """Pre/post-processing implementation, read on every call (one process can time both):
-    FLASH_ATTN_POLY_PREPOST unset / "cute": attn_bwd_prepost_sm90 (two CuTe DSL launches;
-    GPU-verified against the torch path by tests/test_attn_bwd_prepost_gpu.py, 51 passed at
-    bc7eeaa; softmax backward 1.262 -> 1.102 ms at the anchor shape);
-    "torch": attn_bwd_prepost (torch ops, the reference)."""
-    import os
-    choice = os.environ.get(PREPOST_ENV, "cute").strip().lower() or "cute"
-    if choice == "torch":
-        from . import attn_bwd_prepost
-        return attn_bwd_prepost
-    if choice == "cute":
-        from . import attn_bwd_prepost_sm90
-        return attn_bwd_prepost_sm90
-    raise ValueError(f"{PREPOST_ENV}={choice!r}; expected 'torch' or 'cute'")
 
 
 def turn_counters(b: int, s_q: int, s_k: int, h_q: int, h_kv: int, tile: BwdTile, d: int = 128) -> int:

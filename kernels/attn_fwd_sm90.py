@@ -13,7 +13,10 @@ one CTA per SM walking tiles in snake order over the LPT order, AttnFwdConfig.pe
     registers away (setmaxnreg 24).
   * warpgroups 1 and 2 are consumers (setmaxnreg 240), 64 query rows each: per key
     block S = Q K^T (wgmma, SS, FP32 accumulators), the score stage turns S into P in
-    registers, O += P V (wgmma with A = P from registers).
+    registers, O += P V (wgmma with A = P from registers).  The loop is overlapped: step n
+    issues S_n = Q K_n^T and P_{n-1} V_{n-1} together and runs the score stage of S_n while
+    PV is on the tensor cores (block_overlap); with ping-pong (AttnFwdConfig.pingpong) the
+    two consumer warpgroups also take turns issuing their GEMMs.
   * key blocks run from the diagonal down to 0: the first block and the ones crossing
     the causal diagonal are masked, interior blocks are not; blocks above the diagonal
     are never loaded.
@@ -42,20 +45,19 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 try:  # installed package layout
     from flash_attn_poly.kernels import mask as mask_mod
     from flash_attn_poly.kernels import score_stages as stages
-    from flash_attn_poly.kernels.tile_scheduler import (SectionLptScheduler, SingleTileScheduler, persistent_tile,
-                                                        section_heads)
+    from flash_attn_poly.kernels.tile_scheduler import SectionLptScheduler, persistent_tile, section_heads
     from flash_attn_poly.kernels import compile_cache
 except ImportError:  # running from the repository root
     from kernels import mask as mask_mod
     from kernels import score_stages as stages
-    from kernels.tile_scheduler import SectionLptScheduler, SingleTileScheduler, persistent_tile, section_heads
+    from kernels.tile_scheduler import SectionLptScheduler, persistent_tile, section_heads
     from kernels import compile_cache
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 DEFAULT_PERSISTENT_CTAS = 132   # SMs of an H100 / H200 SXM; attn_fwd uses the device's own count
 
 
-_pin_f32 = stages.pin_f32   # the stages pin what their write_p reads (overlap_v2)
+_pin_f32 = stages.pin_f32   # the stages pin what their write_p reads (block_overlap)
 
 
 @dsl_user_op
@@ -63,20 +65,6 @@ def _pin_b32(x: Int32, *, loc=None, ip=None) -> Int32:
     return Int32(llvm.inline_asm(T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "", "=r,0",
                                  has_side_effects=True, is_align_stack=False,
                                  asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
-@dsl_user_op
-def stage_fence(*, loc=None, ip=None) -> None:
-    """`fence.acq_rel.cta` (SASS MEMBAR.ALL.CTA) placed between the score stage and the
-    PV wait of overlap_v2 (AttnFwdConfig.stage_fence).  ptxas schedules a WARPGROUP.DEPBAR
-    as early as its register dependences allow (the PTX order of the stage does not bind
-    it: only wgmma registers and memory operations order a DEPBAR), so without this most of
-    the stage issues after the PV wait.  ptxas treats a CTA fence as a scheduling barrier
-    for all instructions, so the whole stage stays above it and the wait below.  No register
-    is defined or read: no C7513 risk.  (Tried and rejected: docs/NOTES_attn_fwd.md,
-    "stage before the PV wait".)"""
-    llvm.inline_asm(None, [], "fence.acq_rel.cta;", "", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
 
 @cute.jit
@@ -109,28 +97,12 @@ class AttnFwdConfig:
     tile_m: int = 128             # consumer warpgroups x 64 rows (wgmma M = 64): 128 (2) or 192 (3)
     tile_n: int = 128
     num_stages: int = 2
-    overlap: bool = False         # S_n and P_{n-1} V GEMMs in flight together (v1 alone: ptxas C7513 serialises the wgmma)
     pingpong: bool = True         # consumer warpgroups alternate GEMM issue
-    overlap_v2: bool = False      # overlap without C7513: P packed after wait_group(0) (block_overlap_v2); default() turns it on
     window_left: bool = False     # sliding window has a left bound (size: runtime Int32, kernels/mask.py)
     window_right: bool = False    # ... a right bound (non-causal only; causal is right = 0)
-    # overlap_v2 only: a CTA fence between the score stage and the PV wait keeps ptxas from
-    # hoisting the wait over the stage ("": off, the measured default; "interior": mask-free
-    # blocks only; "all": every overlapped block).  docs/NOTES_attn_fwd.md, stage before the PV wait
-    stage_fence: str = ""
-    # ping-pong only: when a warpgroup lets the other one issue its GEMMs. "issue": right after
-    # issuing its own (FA3's order); "qk": once its own QK GEMM has completed (wait_group(1)),
-    # so the other's QK queues behind this PV and the two score stages do not start together;
-    # "stage": halfway through its score stage (after the transform: softcap's tanh pass), so
-    # the other's S lands as this stage ends and the two stages take turns on the MUFU pipe
-    # (overlapped blocks; the first block of a tile hands over at issue)
-    pingpong_arrive: str = "issue"
-    # CTA order: False = SingleTileScheduler (per head, longest query tile first); True =
-    # SectionLptScheduler (heads in L2-sized sections, longest tiles of all their heads first)
-    lpt: bool = False
     # online softmax: independent running maxima per row (1 = one serial FMNMX chain of
     # tile_n / 4 - 1 per row; 4: four chains then a 2-level tree).  The max is exact in any
-    # order, so outputs are bitwise equal; default() turns it on where measured faster
+    # order, so outputs are bitwise equal
     row_max_chains: int = 1
     # online softmax: each block's row sum starts from the rescaled running sum (FA-style) so
     # the O-rescale factor is computed first and the O rescale can follow the PV wait at once
@@ -140,75 +112,47 @@ class AttnFwdConfig:
     # online one (no max reduction, no O rescale; SoftcapStage.fixed_lse says why it is
     # safe).  attn_fwd turns it on per call, where the cap value is known
     fixed_max: bool = False
-    # fixed_max only: the row sum adds the BF16-rounded P the PV product uses (+3 ops per score
-    # pair): O error 1.05-1.07x the online max's, but dV 1.15-1.23x the default's and native 3-4%
-    # slower (H200, 13fa83b, bench/results/fwd_knob_accuracy.md, poly_split_tail.md): off
-    fixed_max_rsum: bool = False
     # online softmax (softmax, and softcap without fixed_max): keep a row's stale max until a
     # block raises it by more than this many log2 units (p <= 2^t), and skip the O rescale of
-    # a warp whose rows all kept theirs; 0.0 = rescale on every new max; default() sets 8 for softmax
+    # a warp whose rows all kept theirs; 0.0 = rescale on every new max
     rescale_threshold: float = 0.0
     # > 0: a persistent grid of at most this many CTAs (attn_fwd puts the device's SM count
     # here); each CTA walks LPT-ordered tiles in snake order (tile_scheduler.persistent_tile),
     # so the producer loads the next tile's Q, K and V while the consumers finish the current
-    # one (the per-CTA fixed cost, bench/results/cta_overhead.md).  Needs lpt.  0 = one CTA per tile
+    # one (the per-CTA fixed cost).  0 = one CTA per tile, in the same LPT order
     persistent: int = 0
-    # fixed_max only, a timing knob (off): in mask-free key blocks, n of every 8 key column
-    # groups (g % 8 >= 8 - n) compute P = 2^a on the FMA pipe (score_stages.exp2_fma: 3 FADD,
-    # 3 FFMA, 1 IMAD) instead of MUFU.EX2, moving part of softcap's second MUFU op per score
+    # fixed_max only: in mask-free key blocks, n of every 8 key column groups (g % 8 >= 8 - n)
+    # compute P = 2^a on the FMA pipe (score_stages.exp2_fma: 3 FADD, 3 FFMA, 1 IMAD) instead
+    # of MUFU.EX2, moving part of softcap's second MUFU op per score
     exp2_fma: int = 0
 
     @staticmethod
     def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
+        """The measured default config of a stage (each choice: docs/MEASURED.md, ## Forward);
+        kw overrides fields (a tuning)."""
         # smem: Q tile_m*D + 2 stages * (K + V) tile_n*D, 16-bit:
         #   D=64/128: tile_n 128 -> 32 + 128 KB at D=128;  D=256: tile_n 64 -> 64 + 128 KB
         tile_n = stages.default_key_block(head_dim)
-        # measured on H200 (B=1 S=4096 Hq=32 Hkv=8 D=128 causal, bench/results/fwd_overlap_v2.md):
-        # the C7513-free overlapped loop (overlap_v2) is fastest for every stage: softmax 0.268
-        # (v1 overlap) -> 0.250 ms, softcap native 0.367 (ping-pong) -> 0.316, sigmoid native
-        # 0.264 -> 0.231, sigmoid poly 1/4 0.263 -> 0.242.  Ping-pong on top helps the poly
-        # stages (sigmoid poly 0.235, softcap poly 1/2 0.349 vs 0.356) and is noise (+-1%)
-        # for the native ones, which keep it off.
         ev = getattr(stage, "evaluator", "")
-        # lpt (H200, bd076e4, split driver): softmax 0.254 -> 0.236 ms, softcap native 0.313 ->
-        # 0.286, softcap poly 1/2 pp 0.352 -> 0.310, sigmoid native 0.225 -> 0.211, poly 0.228 -> 0.214.
-        # D = 256 (H200, f2abec1, bench/fwd_tuning.py at Gemma-2 2B's S=8192 H 8/4): softmax 0.501 ->
-        # 0.437 ms, softcap native 0.557 -> 0.484, sigmoid poly 0.469 -> 0.405, native 0.466 -> 0.388.
-        # D = 256 softcap/poly: that ping-pong build spills 5 words with the LPT prologue and is still
-        # 0.580 -> 0.482 ms faster with it (H200, 727bd8d, bench/results/fwd_lpt_d256_poly.md).
-        base = dict(overlap=True, pingpong=ev == "poly", overlap_v2=True, lpt=True)
-        # online-softmax schedule (H200, 2026-11-30, bench/results/fwd_row_sum_carry*.md, shuffled
-        # order): softmax D = 128 with row_sum_carry + ping-pong + 4 max chains 0.975x the time
-        # (each alone, in separate runs: 1.026x / 0.992x / 0.995x); softcap at D = 128 gains nothing (native
-        # 1.02-1.04x, poly 0.99x); at D = 256 softcap takes row_sum_carry (native 0.940x, poly
-        # 0.976x), softmax does not (1.010x).
         mode = getattr(stage, "mode", "")
-        # softmax keeps a stale row max until a block raises it by more than 2^8 (H200, 13fa83b,
-        # bench/results/fwd_rescale_threshold.md, shuffled order: D = 128 0.926x the time, D = 256
-        # 0.902x; O error 1.03x / 1.20x the rescale-every-block build at score std 1 / 4,
-        # bench/results/fwd_knob_accuracy.md).  Softcap without fixed_max gains nothing from it.
+        # ping-pong: the poly stages; persistent grid: everywhere (attn_fwd puts the device's
+        # SM count here, a direct default() call gets H100/H200 SXM's 132)
+        base = dict(pingpong=ev == "poly", persistent=DEFAULT_PERSISTENT_CTAS)
         if mode == "softmax":
             base.update(rescale_threshold=8.0)
         if mode == "softmax" and head_dim == 128:
             base.update(pingpong=True, row_sum_carry=True, row_max_chains=4)
         elif mode == "softcap" and head_dim == 256:
             base.update(row_sum_carry=True)
-        # persistent CTAs (H200, 2b75ab0, bench/results/fwd_persistent.md, shuffled, outputs bitwise
-        # equal): D = 128 forward 0.92-0.95x the time for every stage, D = 256 0.93-0.96x.  attn_fwd
-        # puts the device's SM count here; a direct default() call gets H100/H200 SXM's 132
-        if kw.get("lpt", base["lpt"]):
-            base.update(persistent=DEFAULT_PERSISTENT_CTAS)
         # softcap under the constant row max at D = 128: three consumer warpgroups, tile 192 x 64,
-        # 4 K/V stages, no ping-pong (H200, shuffled, 9 / 11 rounds, b6410e8 / 00c83d8,
-        # bench/results/fwd_three_wg_d128.md, fwd_three_wg_split_d128.md): poly 0.957x / 0.952x the
-        # time, native 0.982x / 0.975x; softmax 1.08x and sigmoid poly 1.05x slower, so theirs stay.
-        # A tuning that sets tile_m, tile_n or pingpong gets the two-warpgroup base instead.
+        # 4 K/V stages, no ping-pong.  A tuning that sets tile_m, tile_n or pingpong gets the
+        # two-warpgroup base instead.
         if (mode == "softcap" and head_dim == 128 and kw.get("fixed_max")
                 and not {"tile_m", "tile_n", "pingpong"} & set(kw)):
             base.update(tile_m=192, tile_n=64, num_stages=4, pingpong=False)
         # the exp2 offload of an exp2_f32 softcap program (score_stages.make_stage) runs where
         # the constant row max bounds the exp2 argument; elsewhere every P stays on MUFU
-        if getattr(stage, "exp2_split", ()) and kw.get("fixed_max") and not kw.get("fixed_max_rsum"):
+        if getattr(stage, "exp2_split", ()) and kw.get("fixed_max"):
             base.update(exp2_fma=stages.exp2_groups(stage.exp2_split))
         kw = dict(base, **kw)
         kv_stages = kw.pop("num_stages", 2)   # K/V pipeline depth (a timing knob; 3 fills 224 KB at D = 128)
@@ -234,26 +178,18 @@ class AttnFwdSm90:
             cfg.stage.check_dtype(self.is_bf16)
         if not 0.0 <= cfg.rescale_threshold <= 16.0:   # p <= 2^t: keep P and row sums far from overflow
             raise ValueError(f"rescale_threshold must be in [0, 16] (log2 units), got {cfg.rescale_threshold!r}")
-        if cfg.fixed_max_rsum and not cfg.fixed_max:
-            raise ValueError("fixed_max_rsum is a variant of fixed_max: set fixed_max=True too")
-        if cfg.persistent and not cfg.lpt:
-            raise ValueError("persistent needs lpt (its tiles are walked in the LPT order)")
-        if not 0 <= cfg.exp2_fma <= 8 or (cfg.exp2_fma and not cfg.fixed_max) or (cfg.exp2_fma and cfg.fixed_max_rsum):
-            raise ValueError(f"exp2_fma (column groups of 8 on the FMA pipe) needs 0..8 and fixed_max without "
-                             f"fixed_max_rsum, got {cfg.exp2_fma} (fixed_max={cfg.fixed_max})")
+        if cfg.persistent < 0:
+            raise ValueError(f"persistent must be >= 0 (a CTA count; 0 = one CTA per tile), got {cfg.persistent!r}")
+        if not 0 <= cfg.exp2_fma <= 8 or (cfg.exp2_fma and not cfg.fixed_max):
+            raise ValueError(f"exp2_fma (column groups of 8 on the FMA pipe) needs 0..8 and fixed_max, "
+                             f"got {cfg.exp2_fma} (fixed_max={cfg.fixed_max})")
         if cfg.fixed_max and (cfg.stage.mode != "softcap" or not self.is_bf16):
             raise ValueError(f"fixed_max needs the softcap stage and BF16, got {cfg.stage.mode}/{cfg.dtype}")
         self.head_dim = cfg.head_dim
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
         self.causal = cfg.causal
-        self.overlap, self.pingpong = cfg.overlap, cfg.pingpong
-        self.overlap_v2 = cfg.overlap and cfg.overlap_v2
-        assert cfg.stage_fence in ("", "interior", "all"), cfg.stage_fence
-        if cfg.pingpong_arrive not in ("issue", "qk", "stage"):
-            raise ValueError(f"pingpong_arrive must be 'issue', 'qk' or 'stage', got {cfg.pingpong_arrive!r}")
-        self.arrive_after_qk = cfg.pingpong and cfg.pingpong_arrive == "qk"
-        self.arrive_mid_stage = cfg.pingpong and cfg.overlap and cfg.pingpong_arrive == "stage"
+        self.pingpong = cfg.pingpong
         self.num_mma_wg = self.tile_m // 64
         if self.tile_m % 64 or self.num_mma_wg not in self.MMA_REGS:
             raise ValueError(f"tile_m must be 128 or 192 (2 or 3 consumer warpgroups), got {self.tile_m}")
@@ -320,15 +256,11 @@ class AttnFwdSm90:
 
         self.shared_storage = SharedStorage
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
-        if cutlass.const_expr(self.cfg.lpt):
-            sched = SectionLptScheduler(reverse=self.causal)
-            grid = SectionLptScheduler.grid(num_m_blocks, mQ.shape[2], mQ.shape[3])
-            if cutlass.const_expr(self.cfg.persistent > 0):
-                tiles = num_m_blocks * mQ.shape[2] * mQ.shape[3]
-                grid = (cutlass.min(tiles, self.cfg.persistent), 1, 1)
-        else:
-            sched = SingleTileScheduler(longest_first=self.causal)
-            grid = SingleTileScheduler.grid(num_m_blocks, mQ.shape[2], mQ.shape[3])
+        sched = SectionLptScheduler(reverse=self.causal)
+        grid = SectionLptScheduler.grid(num_m_blocks, mQ.shape[2], mQ.shape[3])
+        if cutlass.const_expr(self.cfg.persistent > 0):
+            tiles = num_m_blocks * mQ.shape[2] * mQ.shape[3]
+            grid = (cutlass.min(tiles, self.cfg.persistent), 1, 1)
         self.kernel(mQ_tma, mK_tma, mV_tma, mO, mLSE, tma_q, tma_k, tma_v,
                     tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
                     (p0, p1, p2, p3), self._window_param(win_left, win_right), sched).launch(
@@ -396,12 +328,9 @@ class AttnFwdSm90:
     def single_tile_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                           tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params, window,
                           sched: cutlass.Constexpr, blocks, warp_idx):
-        """One CTA = one tile (the grid has a CTA per tile)."""
-        if cutlass.const_expr(self.cfg.lpt):
-            m_block, head, batch = sched.work_tile(cute.ceil_div(mQ.shape[0], self.tile_m), mQ.shape[2],
-                                                   self._section_group(mQ, mK))
-        else:
-            m_block, head, batch = sched.work_tile()
+        """One CTA = one tile (the grid has a CTA per tile, in LPT order)."""
+        m_block, head, batch = sched.work_tile(cute.ceil_div(mQ.shape[0], self.tile_m), mQ.shape[2],
+                                               self._section_group(mQ, mK))
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         n_max, n_cnt = self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
         if warp_idx < 4:
@@ -545,7 +474,7 @@ class AttnFwdSm90:
         num_rows = cute.size(tScS_mn, mode=[0])
         fixed = self.stage.fixed_lse(params) if self.cfg.fixed_max else None
         softmax = stages.OnlineSoftmax(num_rows, self.cfg.row_max_chains, self.cfg.row_sum_carry, fixed,
-                                       self.cfg.rescale_threshold, self.cfg.fixed_max_rsum, self.cfg.exp2_fma,
+                                       self.cfg.rescale_threshold, self.cfg.exp2_fma,
                                        stages.exp2_program_of(self.stage))
         row_scale = cute.make_rmem_tensor((num_rows,), Float32)
 
@@ -576,18 +505,14 @@ class AttnFwdSm90:
         for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
             pipe_q.consumer_wait(q_run if cutlass.const_expr(persistent)
                                  else pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-            if cutlass.const_expr(self.overlap):
-                kv = self.first_block_overlap(ctx, kv, n_max - 1)
-            else:
-                kv = self.one_block(ctx, kv, n_max - 1, True, True)
-        if cutlass.const_expr(self.overlap):
-            # The first PV product must overwrite O (zero-init is a compile-time flag: a
-            # runtime one puts a predicate move inside the wgmma stage and ptxas then
-            # serialises every wgmma, C7513), so the second block is peeled (kept masked).
-            for _ in cutlass.range(cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
-                kv = self.block_overlap(ctx, kv, n_max - 2, True, True)
-            n_diag = n_diag - 1
-            n_inner = cutlass.min(n_inner, mask_mod.sub0(n_max - 2, n_lo))
+            kv = self.first_block(ctx, kv, n_max - 1)
+        # The first PV product must overwrite O (zero-init is a compile-time flag: a
+        # runtime one puts a predicate move inside the wgmma stage and ptxas then
+        # serialises every wgmma, C7513), so the second block is peeled (kept masked).
+        for _ in cutlass.range(cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
+            kv = self.block_overlap(ctx, kv, n_max - 2, True, True)
+        n_diag = n_diag - 1
+        n_inner = cutlass.min(n_inner, mask_mod.sub0(n_max - 2, n_lo))
         for i in cutlass.range(n_diag, unroll=1):
             kv = self.next_block(ctx, kv, n_diag_lo + n_diag - 1 - i, True)
         for i in cutlass.range(n_inner, unroll=1):
@@ -601,11 +526,10 @@ class AttnFwdSm90:
             for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
                 pipe_q.consumer_release(q_run)
                 q_run.advance()
-        if cutlass.const_expr(self.overlap):
-            for _ in cutlass.range(cutlass.min(n_cnt, 1) - cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
-                kv = self.last_pv(ctx, kv, True)    # n_max == 1: O = P V
-            for _ in cutlass.range(cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
-                kv = self.last_pv(ctx, kv, False)   # n_max >= 2: O += P V
+        for _ in cutlass.range(cutlass.min(n_cnt, 1) - cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
+            kv = self.last_pv(ctx, kv, True)    # n_max == 1: O = P V
+        for _ in cutlass.range(cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
+            kv = self.last_pv(ctx, kv, False)   # n_max >= 2: O += P V
         if cutlass.const_expr(self.pingpong and not persistent):
             if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced
                 self.pingpong_sync(0)
@@ -623,30 +547,19 @@ class AttnFwdSm90:
     def pingpong_arrive(self, wg):
         cute.arch.barrier_arrive(barrier_id=1 + wg, number_of_threads=2 * self.num_threads_per_wg)
 
-    def pinned_handover(self, ctx):
-        """The other warpgroup's turn (pingpong_arrive "qk" / "stage"), then a CTA fence: without
-        it ptxas sinks the arrive below the whole stage (the arrive has no data edge)."""
-        self.pingpong_arrive(1 - ctx.wg)
-        stage_fence()
-
     @cute.jit
     def next_block(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool]):
-        if cutlass.const_expr(self.overlap):
-            return self.block_overlap(ctx, kv, n_block, masked, False)
-        return self.one_block(ctx, kv, n_block, False, masked)
+        return self.block_overlap(ctx, kv, n_block, masked, False)
 
     @cute.jit
     def scores_to_p(self, ctx, acc_S, n_block: Int32, is_first: cutlass.Constexpr[bool],
-                    masked: cutlass.Constexpr[bool], tOrP_dst, handover: cutlass.Constexpr[bool] = False):
-        """Score stage on S: transform, mask (diagonal/tail blocks only), P into tOrP.
-        handover (pingpong_arrive="stage"): the ping-pong arrive after the transform."""
+                    masked: cutlass.Constexpr[bool], tOrP_dst):
+        """Score stage on S: transform, mask (diagonal/tail blocks only), P into tOrP_dst
+        (None: P stays in acc_S for the stage's write_p after the PV wait)."""
         if cutlass.const_expr(self.cfg.fixed_max):
             self.stage.transform_fixed(acc_S, ctx.params)   # exp2 arguments against a constant max
         else:
             self.stage.transform(acc_S, ctx.params)
-        if cutlass.const_expr(handover):
-            stage_fence()   # the transform stays above the arrive
-            self.pinned_handover(ctx)
         if cutlass.const_expr(masked):
             mask_mod.apply_mask(stages.acc_mn_view(acc_S), ctx.tScS_mn, ctx.m_block, n_block,
                                 ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.causal,
@@ -671,23 +584,6 @@ class AttnFwdSm90:
                 o_mn[r, c] = o_mn[r, c] * ctx.row_scale[r]
 
     @cute.jit
-    def one_block(self, ctx, kv, n_block: Int32, is_first: cutlass.Constexpr[bool],
-                  masked: cutlass.Constexpr[bool]):
-        """No overlap: S = Q K_n^T; P = stage(S); O = O*row_scale + P V_n."""
-        pipe_v = ctx.pipe_v
-        acc_S = self.qk_waited(ctx, kv)
-        self.scores_to_p(ctx, acc_S, n_block, is_first, masked, ctx.tOrP)
-        if cutlass.const_expr(not is_first):
-            self.rescale_o(ctx)
-        pipe_v.consumer_wait(kv)
-        self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv.index], is_first)
-        warpgroup.wait_group(0)
-        fence_fragment(ctx.acc_O)
-        pipe_v.consumer_release(kv)
-        kv.advance()
-        return kv
-
-    @cute.jit
     def qk_waited(self, ctx, kv):
         """S = Q K_kv^T, completed (wait_group 0) and K stage released; the ping-pong
         handshake brackets the issue so the other warpgroup's softmax overlaps it."""
@@ -696,43 +592,19 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.pingpong):
             self.pingpong_sync(ctx.wg)
         self.wgmma(ctx.tiled_mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, kv.index], True)
-        if cutlass.const_expr(self.pingpong and not self.arrive_after_qk):
+        if cutlass.const_expr(self.pingpong):
             self.pingpong_arrive(1 - ctx.wg)
         warpgroup.wait_group(0)
         fence_fragment(acc_S)
-        if cutlass.const_expr(self.arrive_after_qk):
-            self.pinned_handover(ctx)
         ctx.pipe_k.consumer_release(kv)
         return acc_S
 
     @cute.jit
-    def first_block_overlap(self, ctx, kv, n_block: Int32):
-        """Overlap prologue: S and P of the first block; its PV waits for the next step."""
+    def first_block(self, ctx, kv, n_block: Int32):
+        """Prologue of the overlapped loop: S and P of the first block (P packed into tOrP
+        at once: no PV is in flight yet); its PV is issued by the next step."""
         acc_S = self.qk_waited(ctx, kv)
         self.scores_to_p(ctx, acc_S, n_block, True, True, ctx.tOrP)
-        return kv
-
-    @cute.jit
-    def block_overlap(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool],
-                      first_pv: cutlass.Constexpr[bool]):
-        """Issue S_n = Q K_n^T and O += P_prev V_prev together; the score stage of S_n runs
-        while PV is still on the tensor cores; O is rescaled once PV has landed."""
-        if cutlass.const_expr(self.overlap_v2):
-            return self.block_overlap_v2(ctx, kv, n_block, masked, first_pv)
-        kv_prev, acc_S = self.issue_qk_pv(ctx, kv, first_pv)
-        self.qk_done(ctx)
-        ctx.pipe_k.consumer_release(kv)
-        # P_n goes to a second fragment: tOrP is still being read by the PV wgmma in flight
-        tOrP_next = cute.make_rmem_tensor_like(ctx.tOrP)
-        self.scores_to_p(ctx, acc_S, n_block, False, masked, tOrP_next, self.arrive_mid_stage)
-        warpgroup.wait_group(0)
-        # pin O and the P just consumed here: keeps LLVM from building P_n in the registers
-        # the PV wgmma was still reading (it thinks the wgmma read them at issue)
-        fence_fragment(ctx.acc_O)
-        fence_fragment(ctx.tOrP)
-        ctx.pipe_v.consumer_release(kv_prev)
-        ctx.tOrP.store(tOrP_next.load())
-        self.rescale_o(ctx)
         return kv
 
     def issue_qk_pv(self, ctx, kv, first_pv: bool):
@@ -750,33 +622,27 @@ class AttnFwdSm90:
         ctx.pipe_v.consumer_wait(kv_prev)
         self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv_prev.index],
                    first_pv)
-        if cutlass.const_expr(self.pingpong and not (self.arrive_after_qk or self.arrive_mid_stage)):
+        if cutlass.const_expr(self.pingpong):
             self.pingpong_arrive(1 - ctx.wg)
         return kv_prev, acc_S
 
-    def qk_done(self, ctx):
-        """wait_group(1) of an overlapped step: S_n has landed (P_{n-1} V may still run);
-        with pingpong_arrive="qk" the other warpgroup may issue from here."""
-        warpgroup.wait_group(1)
-        if cutlass.const_expr(self.arrive_after_qk):
-            self.pinned_handover(ctx)
-
     @cute.jit
-    def block_overlap_v2(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool],
-                         first_pv: cutlass.Constexpr[bool]):
-        """block_overlap without C7513: the score stage leaves FP32 P_n in acc_S and P_n is
-        packed into tOrP only after wait_group(0).  Root cause of v1's C7513 (found by
-        bisecting a wait_group 0 through the kept PTX under ptxas -v): v1 packed P_n (cvt)
-        while P_{n-1} V was in flight and ptxas copy-coalesced P_n into the A registers of
-        that wgmma through the loop-back mov.  Same instruction count as v1 minus the
-        32 movs per block, and no second 32-register P fragment."""
+    def block_overlap(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool],
+                      first_pv: cutlass.Constexpr[bool]):
+        """One overlapped step: issue S_n = Q K_n^T and O += P_{n-1} V_{n-1} together; the
+        score stage of S_n runs while PV is still on the tensor cores, leaving FP32 P_n in
+        acc_S; after wait_group(0) P_n is packed into tOrP and O is rescaled.
+
+        Why P_n is packed only after the PV wait (found by bisecting a wait_group 0 through
+        the kept PTX under ptxas -v): packing P_n (cvt) while P_{n-1} V is in flight let
+        ptxas copy-coalesce P_n into the A registers of that wgmma through the loop-back
+        mov, and then serialise every wgmma of the kernel (C7513).  This order also needs no
+        second 32-register P fragment and no 32 movs per block."""
         kv_prev, acc_S = self.issue_qk_pv(ctx, kv, first_pv)
-        self.qk_done(ctx)
+        warpgroup.wait_group(1)   # S_n has landed (P_{n-1} V may still run)
         fence_fragment(acc_S)   # the score stage must not rise above wait_group(1); no PTX
         ctx.pipe_k.consumer_release(kv)
-        self.scores_to_p(ctx, acc_S, n_block, False, masked, None, self.arrive_mid_stage)
-        if cutlass.const_expr(self.cfg.stage_fence == "all" or (self.cfg.stage_fence == "interior" and not masked)):
-            stage_fence()   # the stage issues before the PV wait (ptxas hoists the wait otherwise)
+        self.scores_to_p(ctx, acc_S, n_block, False, masked, None)
         warpgroup.wait_group(0)
         fence_fragment(ctx.acc_O)
         ctx.pipe_v.consumer_release(kv_prev)
@@ -878,7 +744,7 @@ def _compiled(cfg: AttnFwdConfig):
 @lru_cache(maxsize=None)
 def _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items, program=None):
     """Stage + config per call signature: building them costs ~7 us a call (CPU timing,
-    docs/NOTES.md), a few % of a 0.27 ms kernel when calls run back to back."""
+    docs/NOTES.md), a few % of the kernel's time when calls run back to back."""
     kw = {"program": program} if program is not None and evaluator == "poly" else {}
     stage = stages.make_stage(mode, evaluator, key_block=stages.default_key_block(d), **kw)
     cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
@@ -913,14 +779,12 @@ def _default_tuning(device_index: int) -> dict:
 
 
 def _persistent_tuning(tuning: Optional[dict], device) -> Optional[dict]:
-    """The persistent grid (the default wherever lpt is on) sized to this device's SMs:
-    tuning persistent absent / True / 1 -> the SM count, False / 0 -> one CTA per tile, n > 1 -> n.
+    """The persistent grid (the default) sized to this device's SMs: tuning persistent
+    absent / True / 1 -> the SM count, False / 0 -> one CTA per tile, n > 1 -> n.
     A call without tuning (the API's) gets one cached dict per device."""
     if not tuning:
         return _default_tuning(device.index if device.index is not None else 0)
     t = dict(tuning)
-    if t.get("lpt", True) is False and "persistent" not in t:
-        return tuning
     p = t.get("persistent", True)
     if p is True or p == 1:
         t["persistent"] = _sm_count(device.index if device.index is not None else 0)
@@ -946,7 +810,7 @@ def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causa
              tuning: Optional[dict] = None, window_size=(-1, -1), program=None):
     """Torch entry: q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D), CUDA, bf16/fp16, last dim
     contiguous.  Returns (o like q, lse (B, H_q, S_q) FP32 or None for sigmoid).
-    tuning: AttnFwdConfig field overrides (tile_n, num_stages, overlap, pingpong).
+    tuning: AttnFwdConfig field overrides (tile_m, tile_n, num_stages, pingpong, persistent, ...).
     program: the poly stage's program, a name of the committed coefficient table or a
     ProgramSpec of any table (None: the mode's default program).
     window_size: (left, right) sliding window, flash-attn semantics (-1 = unbounded); only

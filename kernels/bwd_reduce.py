@@ -38,7 +38,6 @@ The non-deterministic build is unchanged: every step above is behind const_expr.
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass.cute.nvgpu import cpasync
 from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
@@ -148,56 +147,28 @@ class BwdReductions:
         """FP32 word of staged dQ element (row, col) in the padded-rows layout."""
         return row * (self.Dc + DQ_ROW_PAD) + col
 
-    def dq_tma_word(self, r0, c0, dr: int, dc: int):
-        """FP32 word of staged dQ element (r0 + dr, c0 + dc) in dq_tma's 128B-swizzled slabs
-        (AttnBwdSm90._dq_smem_layout: slab col // 32 of tile_m rows x 32 words, the 16-byte
-        chunk index (col % 32) // 4 XORed with row % 8, TMA's SWIZZLE_128B).  (r0, c0): this
-        thread's first fragment coordinate, c0 = (multiple of 32: its warpgroup's column
-        offset) + (< 8); (dr, dc): the element's static offset, multiples of 8 (the wgmma
-        accumulator layout).  Split so that the XOR acts on static chunk bits and one
-        per-thread value: chunk = (((c0 % 8) // 4) ^ (r0 % 2)) + (((dc % 32) // 4) ^ (r0 % 8 & 6)),
-        so ptxas keeps 4 offsets live rather than one address per store (which spilled 11
-        words in the softmax build).  tests/test_attn_bwd_compile.py checks it against the
-        swizzle for every fragment element of both warpgroups."""
-        assert isinstance(dr, int) and isinstance(dc, int) and dr % 8 == 0 and dc % 8 == 0, (dr, dc)
-        r8 = r0 % 8
-        base = (c0 // 32) * (self.tile_m * 32) + r0 * 32 + (((c0 % 8) // 4) ^ (r8 % 2)) * 4 + c0 % 4
-        return base + dr * 32 + (dc // 32) * (self.tile_m * 32) + ((((dc % 32) // 4) ^ (r8 & 6)) * 4)
-
     @cute.jit
     def stage_dq(self, mma_dq, acc_dQ, sdQ_addr, tidx):
         """MMA threads: wait until warp 1 has read the previous tile, write acc_dQ row-major
-        (padded rows, or dq_tma's swizzled slabs) into smem, make it visible to the async
-        proxy, signal warp 1."""
+        (padded rows) into smem, make it visible to the async proxy, signal warp 1."""
         pipeline.NamedBarrier(barrier_id=DQ_EMPTY_BARRIER_ID, num_threads=256 + 32).sync()
         thr = mma_dq.get_slice(tidx)
         ident = cute.make_identity_tensor((self.tile_m, self.Dc))
         c_mn = acc_mn_view(thr.partition_C(ident))
         acc_mn = acc_mn_view(acc_dQ)
-        if const_expr(self.dq_tma):
-            s_mn = acc_mn_view(mma_dq.get_slice(0).partition_C(ident))   # thread 0: static offsets
-            r0, c0 = c_mn[0, 0]
-            for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-                for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
-                    word = self.dq_tma_word(r0, c0, s_mn[r, c][0] - s_mn[0, 0][0], s_mn[r, c][1] - s_mn[0, 0][1])
-                    st_shared_v2_f32(sdQ_addr + word * 4, acc_mn[r, c], acc_mn[r, c + 1])
-        else:
-            for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-                for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
-                    word = self.dq_word(c_mn[r, c][0], c_mn[r, c][1])
-                    st_shared_v2_f32(sdQ_addr + word * 4, acc_mn[r, c], acc_mn[r, c + 1])
+        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
+                word = self.dq_word(c_mn[r, c][0], c_mn[r, c][1])
+                st_shared_v2_f32(sdQ_addr + word * 4, acc_mn[r, c], acc_mn[r, c + 1])
         cute.arch.fence_view_async_shared()
         pipeline.NamedBarrier(barrier_id=DQ_FULL_BARRIER_ID, num_threads=256 + 32).arrive()
 
     @cute.jit
-    def reduce_dq(self, mdQacc, sdQ_addr, lane, head, batch, chunk, m_min, m_max, seqlen_q, n_heads,
-                  sdQ=None, tma_dq=None):
+    def reduce_dq(self, mdQacc, sdQ_addr, lane, head, batch, chunk, m_min, m_max, seqlen_q, n_heads):
         """Warp 1: per query block, one bulk FP32 reduction per staged row (Dc * 4 bytes) into
         the dQ accumulator; rows >= S_q are skipped.  The first EMPTY arrival frees the buffer
         for the first tile; the last tile's arrival is left out (nobody waits for it).
-        head_loop builds: query heads head .. head + n_heads - 1 in turn, the MMA order.
-        dq_tma: mdQacc is the accumulator's TMA view, sdQ the swizzled staging tile, tma_dq
-        the reduce atom; one elected lane issues the slab reductions (reduce_dq_block)."""
+        head_loop builds: query heads head .. head + n_heads - 1 in turn, the MMA order."""
         mX = mdQacc[None, None, head, batch]
         full = pipeline.NamedBarrier(barrier_id=DQ_FULL_BARRIER_ID, num_threads=256 + 32)
         empty = pipeline.NamedBarrier(barrier_id=DQ_EMPTY_BARRIER_ID, num_threads=256 + 32)
@@ -205,52 +176,37 @@ class BwdReductions:
             empty.arrive()
             if const_expr(self.head_loop):
                 nm = m_max - m_min   # one flat loop over (head, query block), the MMA order
-                div = self.step_divisor(nm)
                 for it in cutlass.range(nm * n_heads, unroll=1):
-                    h, m_block = self.head_step(it, div, m_min, m_max)
+                    h, m_block = self.head_step(it, nm, m_min)
                     self.reduce_dq_block(mdQacc[None, None, head + h, batch], sdQ_addr, lane, chunk,
-                                         m_block, seqlen_q, full, sdQ, tma_dq)
+                                         m_block, seqlen_q, full)
                     if it < nm * n_heads - 1:
                         empty.arrive()
             else:
-                self.reduce_dq_head(mX, sdQ_addr, lane, chunk, m_min, m_max, seqlen_q, full, empty, sdQ, tma_dq)
+                self.reduce_dq_head(mX, sdQ_addr, lane, chunk, m_min, m_max, seqlen_q, full, empty)
             cute.arch.cp_async_bulk_wait_group(0)
 
     @cute.jit
-    def reduce_dq_head(self, mX, sdQ_addr, lane, chunk, m_min, m_max, seqlen_q, full, empty, sdQ=None,
-                       tma_dq=None):
+    def reduce_dq_head(self, mX, sdQ_addr, lane, chunk, m_min, m_max, seqlen_q, full, empty):
         """reduce_dq's loop over one query head's blocks (the last block's EMPTY arrival is
         left out: nobody waits for it)."""
         for m_block in cutlass.range(m_min, m_max, unroll=1):
-            self.reduce_dq_block(mX, sdQ_addr, lane, chunk, m_block, seqlen_q, full, sdQ, tma_dq)
+            self.reduce_dq_block(mX, sdQ_addr, lane, chunk, m_block, seqlen_q, full)
             if m_block < m_max - 1:
                 empty.arrive()
 
     @cute.jit
-    def reduce_dq_block(self, mX, sdQ_addr, lane, chunk, m_block, seqlen_q, full, sdQ=None, tma_dq=None):
+    def reduce_dq_block(self, mX, sdQ_addr, lane, chunk, m_block, seqlen_q, full):
         """Wait for the staged tile of m_block, issue its row reductions, wait until read."""
         full.sync()
-        if const_expr(self.dq_tma):
-            # one lane issues the TMA tensor reductions (one per 32-column slab; rows >= S_q
-            # are outside the tensor and dropped by the TMA unit), waits until smem is read;
-            # then the whole warp moves on together (its EMPTY arrival frees the tile)
-            gX = cute.local_tile(mX, (self.tile_m, self.Dc), (m_block, chunk))
-            tXs, tXg = cpasync.tma_partition(tma_dq, 0, cute.make_layout(1),
-                                             cute.group_modes(sdQ, 0, 2), cute.group_modes(gX, 0, 2))
-            with cute.arch.elect_one():
-                cute.copy(tma_dq, tXs, tXg)
-                cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.sync_warp()
-        else:
-            for i in cutlass.range_constexpr(self.tile_m // 32):
-                r = lane + 32 * i
-                row = m_block * self.tile_m + r
-                if row < seqlen_q:
-                    g = mX.iterator + row * mX.stride[0] + chunk * self.Dc
-                    bulk_reduce_add_f32(g.toint(), sdQ_addr + r * (self.Dc + DQ_ROW_PAD) * 4, Int32(self.Dc * 4))
-            cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        for i in cutlass.range_constexpr(self.tile_m // 32):
+            r = lane + 32 * i
+            row = m_block * self.tile_m + r
+            if row < seqlen_q:
+                g = mX.iterator + row * mX.stride[0] + chunk * self.Dc
+                bulk_reduce_add_f32(g.toint(), sdQ_addr + r * (self.Dc + DQ_ROW_PAD) * 4, Int32(self.Dc * 4))
+        cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def add_dq(self, mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k,

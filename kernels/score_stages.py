@@ -10,7 +10,7 @@ Forward side, called by `attn_fwd_sm90` on each FP32 score fragment (acc_S):
   2. the kernel masks (-inf) on diagonal / tail blocks,
   3. `probs(acc_S, tOrP, state, params, is_first, masked)` writes P (packed 16-bit pairs,
      the A operand of the PV wgmma) and returns the per-row O rescale factor or None.
-   With tOrP=None (overlap_v2) probs leaves its result in acc_S and
+   With tOrP=None (the forward's overlapped step) probs leaves its result in acc_S and
   4. `write_p(acc_S, tOrP, is_bf16)`, called after the PV wgmma in flight has retired,
      defines the A fragment (see write_p_pinned for why).
 `finalize(state, params)` returns (per-row O scale, per-row LSE or None).
@@ -318,7 +318,7 @@ def quad_allreduce(x: Float32, op: cutlass.Constexpr[str]) -> Float32:
 def write_p_native(acc_S: cute.Tensor, tOrP: cute.Tensor, is_bf16: cutlass.Constexpr[bool]):
     """FP32 probabilities -> packed 16-bit A fragment (one F2FP per pair).
 
-    Stages skip it when given tOrP=None (overlap_v2: the kernel packs after wait_group(0)).
+    Stages skip it when given tOrP=None (attn_fwd block_overlap: the kernel packs after wait_group(0)).
     Why: ptxas copy-coalesces P_n with the A registers of the PV wgmma still in flight
     (it treats the A operand as read at issue), then flags the cvt (C7513)."""
     src = acc_as_frag_a(acc_S)
@@ -329,7 +329,7 @@ def write_p_native(acc_S: cute.Tensor, tOrP: cute.Tensor, is_bf16: cutlass.Const
 
 @cute.jit
 def write_p_pinned(acc_S: cute.Tensor, tOrP: cute.Tensor, is_bf16: cutlass.Constexpr[bool]):
-    """overlap_v2's P step for stages that leave FP32 P in acc_S: pin all of acc_S, then pack.
+    """The overlapped step's P step for stages that leave FP32 P in acc_S: pin all of acc_S, then pack.
 
     Called right after wait_group(0): the pins keep the packs (non-volatile asm) below the
     wait, so no instruction defines a wgmma A register while a wgmma is in flight."""
@@ -342,7 +342,7 @@ def write_p_pinned(acc_S: cute.Tensor, tOrP: cute.Tensor, is_bf16: cutlass.Const
 def online_softmax_probs(acc_S, tOrP, state, scale_log2, is_first: cutlass.Constexpr[bool],
                          row_scale, is_bf16: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool] = True):
     """P = exp2(S * scale_log2 - max) in place (softmax and softcap); packed into tOrP unless
-    tOrP is None (overlap_v2: FP32 P stays in acc_S until write_p after the PV wait)."""
+    tOrP is None (attn_fwd block_overlap: FP32 P stays in acc_S until write_p after the PV wait)."""
     state.step(acc_S, scale_log2, is_first, row_scale, masked)
     if cutlass.const_expr(tOrP is not None):
         write_p_native(acc_S, tOrP, is_bf16)
@@ -358,8 +358,7 @@ class OnlineSoftmax:
     the quad once in `finalize`: that saves 2 shuffles per row per key block."""
 
     def __init__(self, num_rows: int, max_chains: int = 1, sum_carry: bool = False, fixed_lse=None,
-                 rescale_threshold: float = 0.0, fixed_rsum: bool = False, exp2_fma: int = 0,
-                 exp2_program=None):
+                 rescale_threshold: float = 0.0, exp2_fma: int = 0, exp2_program=None):
         if max_chains not in (1, 2, 4, 8):
             raise ValueError(f"max_chains must be 1, 2, 4 or 8, got {max_chains!r}")
         self.max_chains = max_chains
@@ -373,10 +372,6 @@ class OnlineSoftmax:
         # no row max, no O rescale (bounded scores only)
         self.fixed_lse = fixed_lse
         self.fixed = fixed_lse is not None
-        # fixed_rsum: round each P pair to BF16 in the step (pack, then unpack exactly) and sum
-        # the rounded values, so the row sum normalises the weights the PV product really used
-        # (the constant max leaves the row's largest p inexact in BF16; docs/NOTES_attn_fwd.md)
-        self.fixed_rsum = fixed_rsum
         # exp2_fma n (fixed only): in mask-free blocks, column groups g with g % 8 >= 8 - n take
         # exp2_fma (FMA pipe) instead of MUFU.EX2 (AttnFwdConfig.exp2_fma; off by default)
         self.exp2_fma = int(exp2_fma)
@@ -443,23 +438,14 @@ class OnlineSoftmax:
             acc = Float32(0.0)
             if cutlass.const_expr(self.sum_carry and not is_first):
                 acc = self.row_sum[r]
-            if cutlass.const_expr(self.fixed_rsum):
-                for g in cutlass.range_constexpr(cute.size(s_mn, mode=[1]) // 2):
-                    # columns 2g, 2g+1: one packed BF16 pair of the PV operand (acc_mn_view)
-                    p0, p1 = exp2_approx(s_mn[r, 2 * g]), exp2_approx(s_mn[r, 2 * g + 1])
-                    p0, p1 = unpack_bf16x2(pack_f32x2(p0, p1, True))
-                    s_mn[r, 2 * g], s_mn[r, 2 * g + 1] = p0, p1
-                    acc = acc + p0
-                    acc = acc + p1
-            else:
-                for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    if cutlass.const_expr(not masked and (c // 2) % 8 >= 8 - self.exp2_fma):
-                        # bounded argument: no -inf in a mask-free block
-                        p = exp2_fma(s_mn[r, c], self.exp2_program)
-                    else:
-                        p = exp2_approx(s_mn[r, c])
-                    s_mn[r, c] = p
-                    acc = acc + p
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                if cutlass.const_expr(not masked and (c // 2) % 8 >= 8 - self.exp2_fma):
+                    # bounded argument: no -inf in a mask-free block
+                    p = exp2_fma(s_mn[r, c], self.exp2_program)
+                else:
+                    p = exp2_approx(s_mn[r, c])
+                s_mn[r, c] = p
+                acc = acc + p
             if cutlass.const_expr(is_first or self.sum_carry):
                 self.row_sum[r] = acc
             else:
@@ -775,10 +761,10 @@ class SigmoidStage:
             is the PV A operand directly; we feed x' = x + b + ln n, so any bias works (exact
             for b = -ln n).  Masked lanes are zeroed afterwards with a select.  Pairs outside
             poly_split run the native formula (params[2] = scale/2, params[3] = b/2).
-            overlap_v2 (tOrP=None) runs the block in two parts: its "head" (16 instr.) in the
-            stage, its packed q kept in acc_S, then write_p's "tail" (P = q*q, one mul) after
-            the wait: same instructions, same bits as the block.  An FP16 program (the default
-            sigmoid_attn_n4096_f16, D4): f16x2 P converted to bf16x2 after the block
+            attn_fwd block_overlap (tOrP=None) runs the block in two parts: its "head" (16
+            instr.) in the stage, its packed q kept in acc_S, then write_p's "tail" (P = q*q, one
+            mul) after the wait: same instructions, same bits as the block.  An FP16 program (the
+            default sigmoid_attn_n4096_f16, D4): f16x2 P converted to bf16x2 after the block
             (f16x2_to_bf16x2) for BF16 inputs.
     program: a ProgramSpec after __post_init__ (a name: the committed table's entry);
     program_n, p_f16 come from it.
@@ -830,7 +816,7 @@ class SigmoidStage:
 
     @cute.jit
     def _probs_poly(self, acc_S, tOrP, params, masked: cutlass.Constexpr[bool], is_bf16: cutlass.Constexpr[bool]):
-        """P of every pair into tOrP; tOrP=None (overlap_v2): block pairs leave the head's
+        """P of every pair into tOrP; tOrP=None (attn_fwd block_overlap): block pairs leave the head's
         packed q (P = q*q) in their even acc_S register, MUFU pairs FP32 P in both."""
         src = acc_as_frag_a(acc_S)
         dst = None
@@ -873,7 +859,7 @@ class SigmoidStage:
 
     @cute.jit
     def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
-        """overlap_v2, after wait_group(0): P into tOrP from what probs(tOrP=None) left."""
+        """attn_fwd block_overlap, after wait_group(0): P into tOrP from what probs(tOrP=None) left."""
         if cutlass.const_expr(self.evaluator == "native"):
             write_p_pinned(acc_S, tOrP, is_bf16)
         else:

@@ -1,17 +1,14 @@
 """Map a CTA to its (block, head, batch) work tile.
 
-SingleTileScheduler: one CTA per (query tile, head, batch), grid = (ceil(S_q / tile_m),
-H_q, B).  For causal attention the query tiles are handed out last-first inside each head,
-so the longest CTA of a head starts before its short ones.
-
-SectionLptScheduler (`lpt=True` in the forward config / backward key): the heads are cut
+SectionLptScheduler (the forward's order; `lpt=True` in the backward key): the heads are cut
 into sections whose working set fits a share of L2 (`heads_per_section`, computed in the
 kernel from the runtime shapes), and inside a section the CTAs go out block-major, heads
 fastest, longest block first.  Over the whole grid this is longest-processing-time-first
 for causal attention, so the short CTAs fill the tail of every section, while the CTAs
-that run together touch the tensors of a few heads only.  (Across heads, the single-tile order
-starts head 31's 32-block CTA about when the grid is nearly done: a late long job.)
-grid = (num_blocks * H, 1, B).
+that run together touch the tensors of a few heads only.  (A plain per-head order, query
+tiles of head 0 first, starts the last head's longest CTA about when the grid is nearly
+done: a late long job.)  grid = (num_blocks * H, 1, B).  The backward's deterministic build
+keeps the plain launch order (blockIdx), which its turn protocol relies on.
 
 persistent_tile: the forward's persistent grid (min(tiles, SMs) CTAs) walks the same linear
 order, CTA c taking one tile per round in snake order (SectionLptScheduler.tile_at decodes it).
@@ -26,24 +23,6 @@ from cutlass import Int32
 
 # Bytes of per-head working set a section may keep in L2 (H100/H200: 50 MB of L2).
 L2_SECTION_BYTES = 32 << 20
-
-
-@dataclass(frozen=True)
-class SingleTileScheduler:
-    longest_first: bool
-
-    @staticmethod
-    def grid(num_m_blocks, num_heads, batch):
-        return (num_m_blocks, num_heads, batch)
-
-    @cute.jit
-    def work_tile(self):
-        bx, head, batch = cute.arch.block_idx()
-        m_block = bx
-        if cutlass.const_expr(self.longest_first):
-            gx, _, _ = cute.arch.grid_dim()
-            m_block = gx - 1 - bx
-        return Int32(m_block), Int32(head), Int32(batch)
 
 
 def heads_per_section(num_heads: int, rows: int, bytes_per_row: int, heads_per_unit: int = 1) -> int:

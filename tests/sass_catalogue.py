@@ -96,8 +96,7 @@ def bwd_kernel(call):
     tile = B.BwdTile.for_head_dim(d)
     (has_l, has_r), _ = mask.window_args(call["window"], call["causal"], s, s)
     key = B.BwdKey("bf16" if call["dtype"] == "bf16" else "f16", d, call["causal"], stage, tile, has_l, has_r,
-                   det, B.DQ_ASYNC_DEFAULT and not det and d <= 128, B.LPT_DEFAULT and not det,
-                   B.MAINLOOP_DEFAULT, B.V_WITH_DO_DEFAULT)
+                   det, B.DQ_ASYNC_DEFAULT and not det and d <= 128, B.LPT_DEFAULT and not det)
     ctas = -(-s // tile.tile_n) * h_kv * b * max(1, d // 128)
     loop = h_q == h_kv or ctas >= B.HEAD_LOOP_MIN_CTAS_PER_SM * SM_COUNT
     if loop and not det:

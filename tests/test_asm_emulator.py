@@ -250,7 +250,7 @@ def _head_tail_or_xfail(table):
 
 @pytest.mark.parametrize("table", tables())
 def test_sigmoid_fwd_head_then_tail_is_the_block(table):
-    """attn_fwd overlap_v2 runs sigmoid_fwd as head (before P V retires) and tail (after):
+    """attn_fwd's overlapped step runs sigmoid_fwd as head (before P V retires) and tail (after):
     the pair must be the full block op for op, and bit for bit on all 65,536 patterns per
     lane, masked lanes included (the stage zeroes q, then 0 * 0 = +0 like the zeroed P)."""
     full, head, tail = _head_tail_or_xfail(table)
@@ -360,7 +360,7 @@ def test_block_text_is_self_contained():
 
 
 def test_sigmoid_attn_f16_head_then_tail_is_the_block():
-    """The FP16 program's overlap_v2 pair: head + tail = sigmoid_attn_fwd_f16x2 op for op
+    """The FP16 program's overlapped-step pair: head + tail = sigmoid_attn_fwd_f16x2 op for op
     and bit for bit on all patterns (masked q -> +0 P, as the BF16 pair)."""
     table = PG.load_table()
     full = B.get_block("sigmoid_attn_fwd_f16x2", table)

@@ -40,13 +40,12 @@ def _default_split(mode, evaluator, d):
 
 def _sass(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split=None, window=False,
           deterministic=False, families=None, dq_async=False, lpt=False, head_loop=False, program=None,
-          dq_tma=False, m_desc=False, softcap_grad=None):
+          softcap_grad=None):
     if poly_split is None:   # what attn_bwd builds for this head dim
         poly_split = _default_split(mode, evaluator, d)
     key = K.BwdKey(dtype, d, causal, bwd_side(mode, evaluator, poly_split, program=program, softcap_grad=softcap_grad),
                    K.BwdTile.for_head_dim(d),
-                   window, window, deterministic, dq_async, lpt, head_loop=head_loop, dq_tma=dq_tma,
-                   m_desc=m_desc)
+                   window, window, deterministic, dq_async, lpt, head_loop=head_loop)
     if key not in _SASS:
         c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
         _SASS[key] = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS))
@@ -58,7 +57,6 @@ TURN_OPS = {"LDG.STRONG.GPU": r"LDG\.E\.STRONG\.GPU", "MEMBAR.GPU": r"MEMBAR\.AL
             "RED.S32": r"REDG?\.E\.ADD\.S32(\..*)?",
             # dQ paths: red.global.add.v2.f32 from the MMA threads, or bulk reductions (dq_async)
             "RED.F32": r"REDG?\.E\.ADD\.F32.*", "UBLKRED": r"UBLKRED.*", "STS.64": r"STS\.64",
-            "UTMAREDG": r"UTMAREDG.*",   # dq_tma: TMA tensor reductions
             # head_loop: dK / dV stored as packed 16-bit pairs
             "STG.32": r"STG\.E"}
 
@@ -116,26 +114,6 @@ def test_d256_bwd_builds(mode, evaluator):
     for op in ("MUFU.EX2", "MUFU.TANH", "HFMA2"):
         assert n[op] == n128[op], (op, n, n128)
     assert n["STL"] <= 3 and n["LDL"] <= 3, n
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("mode,evaluator", [("softmax", "native"), ("softcap", "native"), ("softcap", "poly"),
-                                            ("sigmoid", "native"), ("sigmoid", "poly")])
-def test_split_wg_d256_builds(mode, evaluator):
-    """D = 256 split-warpgroup build: each GEMM once (S, dP 16 k-blocks; dV, dK, dQ 4 each:
-    48 HGMMA, as many as the chunked build, which runs its 7 GEMMs of 128 columns twice as
-    two CTAs), the D = 128 stage's MUFU and packed-FMA counts, no spills, and f moved with
-    8 STS.128 / 8 LDS.128 per thread and query block."""
-    split = _default_split(mode, evaluator, 256)
-    key = K.BwdKey("bf16", 256, True, bwd_side(mode, evaluator, split), K.BwdTile(64, 64, 2, True))
-    c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
-    n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS,
-                           **{"STS.128": r"STS\.128", "LDS.128": r"LDS\.128"}))
-    ref = _sass(mode, evaluator, d=128, poly_split=split)
-    assert n["HGMMA"] == 48 and n["STL"] == 0 and n["LDL"] == 0, n
-    for op in ("MUFU.EX2", "MUFU.TANH", "HFMA2"):
-        assert n[op] == ref[op], (op, n, ref)
-    assert n["STS.128"] == 8 and n["LDS.128"] == 8, n
 
 
 @pytest.mark.compile
@@ -437,100 +415,6 @@ def test_sigmoid_poly_fp16_inputs_build_and_bf16_program_is_refused():
         _sass("sigmoid", "poly", dtype="f16", program=BF16["sigmoid"])
 
 
-# ------------------------------------------------------------------------------ dq_tma
-def _wgmma_acc_coords(tile_m, dc):
-    """(warpgroup, warp, lane) -> [(row, col) of each even fragment element] of the dQ tile
-    (tile_m, dc) over 2 warpgroups, m64nN wgmma FP32 accumulators (rows 16 w + lane / 4 +
-    8 i, columns 8 j + 2 (lane % 4)): D = 128 splits the columns (64 each), D = 64 with
-    tile_m = 128 the rows (kernels/attn_bwd_sm90.py, BwdTile.for_head_dim)."""
-    out = {}
-    n_split = tile_m == 64
-    n = dc // 2 if n_split else dc
-    for g in range(2):
-        r_off, c_off = (0, g * n) if n_split else (64 * g, 0)
-        for w in range(4):
-            for lane in range(32):
-                out[(g, w, lane)] = [(r_off + 16 * w + lane // 4 + 8 * i, c_off + 8 * j + 2 * (lane % 4))
-                                     for i in range(2) for j in range(n // 8)]
-    return out
-
-
-def _swizzle128_word(row, col, tile_m):
-    """TMA SWIZZLE_128B on FP32 slabs of 32 columns: the 16-byte chunk index within a
-    128-byte row XORed with row % 8 (the PTX ISA's swizzle pattern), slabs stacked."""
-    cc = col % 32
-    return (col // 32) * (tile_m * 32) + row * 32 + ((cc // 4) ^ (row % 8)) * 4 + cc % 4
-
-
-@pytest.mark.parametrize("tile_m,dc", [(64, 128), (128, 64)])
-def test_dq_tma_word_is_the_swizzle_128b_layout(tile_m, dc):
-    """BwdReductions.dq_tma_word (split so that ptxas keeps 4 offsets live) equals TMA's
-    SWIZZLE_128B placement for every element of both warpgroups' fragments, is a bijection
-    onto the staged tile, keeps each (col, col + 1) pair adjacent, and a half-warp's STS.64
-    (16 lanes x 8 bytes) needs at most 2 shared-memory wavefronts (2-way banks; the padded
-    layout of the row reductions is conflict-free)."""
-    from types import SimpleNamespace
-
-    from flash_attn_poly.kernels.bwd_reduce import BwdReductions
-    ns = SimpleNamespace(tile_m=tile_m, Dc=dc)
-    seen = set()
-    coords = _wgmma_acc_coords(tile_m, dc)
-    for elems in coords.values():
-        r0, c0 = elems[0]
-        for (r, c) in elems:
-            w = BwdReductions.dq_tma_word(ns, r0, c0, r - r0, c - c0)
-            assert w == _swizzle128_word(r, c, tile_m), (r, c)
-            assert _swizzle128_word(r, c + 1, tile_m) == w + 1
-            seen.update((w, w + 1))
-    assert seen == set(range(tile_m * dc))
-    for (g, w, _), elems in coords.items():
-        if _ != 0:
-            continue
-        for k in range(len(elems)):          # one STS.64: element k of lanes 0-15, then 16-31
-            for half in (range(16), range(16, 32)):
-                banks = {}
-                for lane in half:
-                    r, c = coords[(g, w, lane)][k]
-                    for word in (_swizzle128_word(r, c, tile_m), _swizzle128_word(r, c + 1, tile_m)):
-                        banks.setdefault(word % 32, set()).add(word)
-                assert max(len(v) for v in banks.values()) <= 2
-
-
-# dq_tma builds spill a few words (the 4 swizzled store offsets; softcap/poly 4 STL vs 1 in
-# the non-dq_tma build with the one-region program (the default), 11 vs 7 with the two-region
-# program, CPU SASS); the bound catches a regression
-DQ_TMA_STL = 4
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("mode,evaluator,head_loop,d", [("softmax", "native", True, 128), ("sigmoid", "poly", False, 128),
-                                                         ("softcap", "poly", True, 128)])
-def test_dq_tma_bwd_sass(mode, evaluator, head_loop, d):
-    """dq_tma: one TMA tensor reduction per 32-column slab of the staged dQ tile replaces the
-    per-row bulk reductions; the MMA side is unchanged (same HGMMA and STS.64 counts)."""
-    c = _sass(mode, evaluator, d, dq_async=True, lpt=True, head_loop=head_loop, dq_tma=True)
-    base = _sass(mode, evaluator, d, dq_async=True, lpt=True, head_loop=head_loop)
-    assert c["UTMAREDG"] == d // 32 and c["UBLKRED"] == 0 and base["UBLKRED"] > 0, (c, base)
-    assert c["HGMMA"] == base["HGMMA"] and c["STS.64"] == base["STS.64"], (c, base)
-    assert c["STL"] <= DQ_TMA_STL + (_stl_bound(mode, evaluator) if mode == "softcap" else 0), c
-
-
-def test_dq_tma_is_d128_only():
-    """D = 64's 128 x 128 tile already spills 12 words; dq_tma made it 41 (CPU SASS): the
-    build refuses it by name."""
-    with pytest.raises(AssertionError, match="D = 128 only"):
-        K.AttnBwdSm90(K.cutlass.BFloat16, 64, True, bwd_side("softmax"), K.BwdTile.for_head_dim(64),
-                      dq_async=True, dq_tma=True)
-
-
-def test_dq_tma_is_refused_without_its_debug_variable(monkeypatch):
-    """Every dq_tma launch hung on the H200: attn_bwd refuses it, naming the reason, before
-    touching its inputs (so no device is needed to see the error)."""
-    monkeypatch.delenv(K.DQ_TMA_ENV, raising=False)
-    with pytest.raises(NotImplementedError, match="hangs on the H200"):
-        K.attn_bwd(None, None, None, None, None, None, dq_tma=True)
-
-
 @pytest.mark.compile
 @pytest.mark.parametrize("split,rule,stl_max", [(None, "value", 7), (None, "block", 16), ((1, 1), "block", 8)],
                          ids=["default", "block-rule", "all-block-block-rule"])
@@ -545,53 +429,6 @@ def test_softcap_tail_program_bwd_builds(split, rule, stl_max):
               program="softcap_c50_f16_tail", softcap_grad=rule)
     assert n["HGMMA"] > 0 and (n["MUFU.TANH"] == 0) == (split == (1, 1)), n
     assert n["STL"] <= stl_max, n
-
-
-@pytest.mark.compile
-def test_head_loop_m_desc_builds():
-    """m_desc (head_loop, query blocks descending): the same HGMMA / MUFU / reduction and
-    store counts as the ascending build, no spills; only the block index arithmetic differs
-    (so the SASS text, not the counts, tells the builds apart)."""
-    kw = dict(dq_async=True, lpt=True, head_loop=True)
-    up, down = _sass("softmax", **kw), _sass("softmax", m_desc=True, **kw)
-    for f in ("HGMMA", "MUFU", "UBLKRED", "STG.32", "STS.64"):
-        assert down.get(f) == up.get(f), (f, down.get(f), up.get(f))
-    assert down["STL"] == 0
-
-    def text(m_desc):
-        key = K.BwdKey("bf16", 128, True, bwd_side("softmax", "native"), K.BwdTile.for_head_dim(128),
-                       dq_async=True, lpt=True, head_loop=True, m_desc=m_desc)
-        c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
-        return sass.disassemble(c.artifacts.CUBIN)
-    assert text(True) != text(False)   # the knob reaches the code
-    with pytest.raises(AssertionError, match="m_desc"):
-        K.AttnBwdSm90(K.cutlass.BFloat16, 128, True, bwd_side("softmax", "native"), K.BwdTile.for_head_dim(128),
-                      m_desc=True)
-
-
-@pytest.mark.compile
-def test_head_loop_fast_divmod_takes_the_division_out_of_the_loops():
-    """fast_divmod: no MUFU.RCP (the integer division's reciprocal) left in the loop bodies
-    that issue HGMMA (the MMA warpgroups' per-query-block loops), and the default build keeps
-    one there; no spills either way."""
-    def loop_rcp(**kw):
-        key = K.BwdKey("bf16", 128, True, bwd_side("softmax", "native"), K.BwdTile.for_head_dim(128),
-                       dq_async=True, lpt=True, head_loop=True, **kw)
-        c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
-        txt = sass.disassemble(c.artifacts.CUBIN)
-        assert sass.count_opcodes(txt)["STL"] == 0
-        lines = sass._sass_lines(txt)
-        where = {t: i for i, (k, t) in enumerate(lines) if k == "label"}
-        rcps = []
-        for i, (kind, t) in enumerate(lines):
-            m = sass._BRA.match(t) if kind == "instr" else None
-            if m and m.group(2) in where and where[m.group(2)] < i:
-                body = [x for k, x in lines[where[m.group(2)]:i + 1] if k == "instr"]
-                if any(x.startswith("HGMMA") for x in body) and len(body) < 700:   # innermost MMA loops
-                    rcps.append(sum(x.startswith("MUFU.RCP") for x in body))
-        return rcps
-    base, fast = loop_rcp(), loop_rcp(fast_divmod=True)
-    assert base and fast and max(fast) == 0 < min(base), (base, fast)
 
 
 # ------------------------------------------------------------------------------ odd_u2 program

@@ -1,6 +1,6 @@
 """Compile tier: the backward's CuTe pre/post kernels (kernels/attn_bwd_prepost_sm90.py)
 build for sm_90a on the CPU; SASS: 128-bit global loads where expected, no spills.
-CPU tier: the FLASH_ATTN_POLY_PREPOST selection."""
+CPU tier: the entries' input checks against the torch reference (kernels/attn_bwd_prepost.py)."""
 import pytest
 
 pytest.importorskip("cutlass")
@@ -74,19 +74,6 @@ def test_tvm_ffi_signatures():
     acc = torch.zeros(1, 256, 4, 128)
     with pytest.raises(Exception, match="device_type=cuda"):
         post(acc, acc, acc, x, x, x, 0.125)
-
-
-def test_prepost_selection(monkeypatch):
-    from flash_attn_poly.kernels import attn_bwd_prepost, attn_bwd_sm90 as K
-    monkeypatch.delenv(K.PREPOST_ENV, raising=False)
-    assert K.prepost_module() is P                         # default: the CuTe kernels
-    monkeypatch.setenv(K.PREPOST_ENV, "torch")
-    assert K.prepost_module() is attn_bwd_prepost          # the torch reference
-    monkeypatch.setenv(K.PREPOST_ENV, "cute")
-    assert K.prepost_module() is P
-    monkeypatch.setenv(K.PREPOST_ENV, "triton")
-    with pytest.raises(ValueError):
-        K.prepost_module()
 
 
 @pytest.mark.compile

@@ -7,8 +7,9 @@ dsum: the products dO * O of 16-bit values are exact in FP32, so the two results
     summation orders of the same D numbers.  Any order of n - 1 FP32 additions is within
     (n - 1) u sum|p_i| of the exact sum (u = 2**-24, first-order bound), so the two differ
     by at most 2 (D - 1) u sum|p_i|; sum|p_i| is taken in FP64 from the inputs.
-end to end: attn_bwd with FLASH_ATTN_POLY_PREPOST=cute vs torch, norm-relative < 1e-3 and
-    the worst element within one 16-bit rounding step of the largest (see the test).
+end to end: attn_bwd with its CuTe pre/post vs the same call with the torch reference swapped
+    in (monkeypatched attn_bwd_sm90.prepost), norm-relative < 1e-3 and the worst element
+    within one 16-bit rounding step of the largest (see the test).
 """
 import math
 import os
@@ -132,7 +133,7 @@ E2E_CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", E2E_CASES, ids=str)
 def test_attn_bwd_cute_vs_torch_prepost(case, dtype, monkeypatch):
-    from flash_attn_poly.kernels.attn_bwd_sm90 import PREPOST_ENV, attn_bwd
+    from flash_attn_poly.kernels import attn_bwd_sm90
     b, sq, sk, hq, hkv, d, causal, mode = case
     g = torch.Generator(device="cuda").manual_seed(sq * 7 + d)
     mk = lambda s, h: torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
@@ -140,9 +141,9 @@ def test_attn_bwd_cute_vs_torch_prepost(case, dtype, monkeypatch):
     lse = None if mode == "sigmoid" else torch.randn(b, hq, sq, device="cuda", generator=g) + 2 * math.log(sk)
     kw = dict(mode=mode, causal=causal, softcap=50.0 if mode == "softcap" else None)
     grads = {}
-    for impl in ("torch", "cute"):
-        monkeypatch.setenv(PREPOST_ENV, impl)
-        grads[impl] = attn_bwd(do, q, k, v, o, lse, **kw)
+    for impl, module in (("torch", ref), ("cute", _cute())):
+        monkeypatch.setattr(attn_bwd_sm90, "prepost", module)
+        grads[impl] = attn_bwd_sm90.attn_bwd(do, q, k, v, o, lse, **kw)
     torch.cuda.synchronize()
     for a, r in zip(grads["cute"], grads["torch"]):
         a, r = a.double(), r.double()

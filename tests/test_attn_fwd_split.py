@@ -1,5 +1,5 @@
 """Poly split (score_stages.poly_split): CPU unit tests, the split reference, and the one-call
-device driver that compiles and times the split x overlap variants.
+device driver that compiles and times the split x loop-schedule variants.
 
 Device run (one call; compiles in parallel processes, then times one process at a time):
     python tests/test_attn_fwd_split.py --out $OUT
@@ -25,44 +25,27 @@ try:
 except ImportError:  # the device machine may lack pytest: the driver below does not need it
     pytest = None
 
-# (name, mode, evaluator, poly_split, overlap); overlap "v2" = AttnFwdConfig.overlap_v2 (no C7513);
-# a trailing "t" / "ta" adds stage_fence "interior" / "all"
-VARIANTS = [   # "v2" = overlap_v2 (the default where P stays FP32), "v2pp" = v2 + ping-pong,
-    # False = ping-pong without overlap (sigmoid/poly's default)
-    ("softmax v2", "softmax", "native", None, "v2"),
-    ("softmax v2 pp", "softmax", "native", None, "v2pp"),
-    ("softcap native v2", "softcap", "native", None, "v2"),
-    ("softcap native v2 pp", "softcap", "native", None, "v2pp"),
-    ("softcap poly 1/2 v2", "softcap", "poly", (1, 2), "v2"),
-    ("softcap poly 1/2 v2 pp", "softcap", "poly", (1, 2), "v2pp"),
-    ("softcap poly 1/4 v2", "softcap", "poly", (1, 4), "v2"),
-    ("softcap poly 1/4 v2 pp", "softcap", "poly", (1, 4), "v2pp"),
-    ("sigmoid native v2", "sigmoid", "native", None, "v2"),
-    ("sigmoid native v2 pp", "sigmoid", "native", None, "v2pp"),
-    ("sigmoid poly 1/4", "sigmoid", "poly", (1, 4), False),
-    ("sigmoid poly 1/4 v2", "sigmoid", "poly", (1, 4), "v2"),
-    ("sigmoid poly 1/4 v2 pp", "sigmoid", "poly", (1, 4), "v2pp"),
-    ("sigmoid poly 1/2 v2", "sigmoid", "poly", (1, 2), "v2"),
-    # "... tied": AttnFwdConfig.stage_fence (fence.acq_rel.cta keeps the whole score stage
-    # before the PV wait in SASS; "t" = mask-free blocks, "ta" = every overlapped block)
-    ("softmax v2 tied", "softmax", "native", None, "v2t"),
-    ("softmax v2 tied all", "softmax", "native", None, "v2ta"),
-    ("softcap native v2 tied", "softcap", "native", None, "v2t"),
-    ("sigmoid native v2 tied", "sigmoid", "native", None, "v2t"),
-    ("softcap poly 1/2 v2 pp tied", "softcap", "poly", (1, 2), "v2ppt"),
-    ("sigmoid poly 1/4 v2 pp tied", "sigmoid", "poly", (1, 4), "v2ppt"),
-    # "... lpt": a trailing "L" sets AttnFwdConfig.lpt (kernels/tile_scheduler.SectionLptScheduler)
-    ("softmax v2 lpt", "softmax", "native", None, "v2L"),
-    ("softcap native v2 lpt", "softcap", "native", None, "v2L"),
-    ("sigmoid native v2 lpt", "sigmoid", "native", None, "v2L"),
-    ("softcap poly 1/2 v2 pp lpt", "softcap", "poly", (1, 2), "v2ppL"),
-    ("sigmoid poly 1/4 v2 pp lpt", "sigmoid", "poly", (1, 4), "v2ppL"),
-    # "... s3": a trailing "3" sets 3 K/V pipeline stages (AttnFwdConfig.num_stages; 224 KB smem)
-    ("softmax v2 lpt s3", "softmax", "native", None, "v2L3"),
-    ("softcap native v2 lpt s3", "softcap", "native", None, "v2L3"),
-    ("sigmoid native v2 lpt s3", "sigmoid", "native", None, "v2L3"),
-    ("softcap poly 1/2 v2 pp lpt s3", "softcap", "poly", (1, 2), "v2ppL3"),
-    ("sigmoid poly 1/4 v2 pp lpt s3", "sigmoid", "poly", (1, 4), "v2ppL3"),
+# (name, mode, evaluator, poly_split, tuning): AttnFwdConfig overrides on top of the default
+# config; "pp" = ping-pong on, "no pp" = off, "s3" = 3 K/V pipeline stages (224 KB smem)
+VARIANTS = [
+    ("softmax no pp", "softmax", "native", None, {"pingpong": False}),
+    ("softmax pp", "softmax", "native", None, {"pingpong": True}),
+    ("softcap native no pp", "softcap", "native", None, {"pingpong": False}),
+    ("softcap native pp", "softcap", "native", None, {"pingpong": True}),
+    ("softcap poly 1/2 no pp", "softcap", "poly", (1, 2), {"pingpong": False}),
+    ("softcap poly 1/2 pp", "softcap", "poly", (1, 2), {"pingpong": True}),
+    ("softcap poly 1/4 no pp", "softcap", "poly", (1, 4), {"pingpong": False}),
+    ("softcap poly 1/4 pp", "softcap", "poly", (1, 4), {"pingpong": True}),
+    ("sigmoid native no pp", "sigmoid", "native", None, {"pingpong": False}),
+    ("sigmoid native pp", "sigmoid", "native", None, {"pingpong": True}),
+    ("sigmoid poly 1/4 no pp", "sigmoid", "poly", (1, 4), {"pingpong": False}),
+    ("sigmoid poly 1/4 pp", "sigmoid", "poly", (1, 4), {"pingpong": True}),
+    ("sigmoid poly 1/2 no pp", "sigmoid", "poly", (1, 2), {"pingpong": False}),
+    ("softmax no pp s3", "softmax", "native", None, {"pingpong": False, "num_stages": 3}),
+    ("softcap native no pp s3", "softcap", "native", None, {"pingpong": False, "num_stages": 3}),
+    ("sigmoid native no pp s3", "sigmoid", "native", None, {"pingpong": False, "num_stages": 3}),
+    ("softcap poly 1/2 pp s3", "softcap", "poly", (1, 2), {"pingpong": True, "num_stages": 3}),
+    ("sigmoid poly 1/4 pp s3", "sigmoid", "poly", (1, 4), {"pingpong": True, "num_stages": 3}),
 ]
 
 
@@ -173,8 +156,7 @@ def test_exp2_fma_config_checks():
     S = _stages()
     st = S.make_stage("softcap", "native")
     A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", 128, True, fixed_max=True, exp2_fma=2))
-    for kw in ({"exp2_fma": 2}, {"fixed_max": True, "exp2_fma": 9},
-               {"fixed_max": True, "fixed_max_rsum": True, "exp2_fma": 1}):
+    for kw in ({"exp2_fma": 2}, {"fixed_max": True, "exp2_fma": 9}, {"fixed_max": True, "exp2_fma": -1}):
         with pytest.raises(ValueError, match="exp2_fma"):
             A.AttnFwdSm90(A.AttnFwdConfig.default(st, "bf16", 128, True, **kw))
 
@@ -246,26 +228,11 @@ def _time(mode, stage, tuning, reps=25, inner=10):
 
 
 def worker(idx, out_dir, n_workers):
-    name, mode, ev, split, overlap = VARIANTS[idx]
+    name, mode, ev, split, tuning = VARIANTS[idx]
     S = _stages()
     from flash_attn_poly.kernels import attn_fwd_sm90 as A
-    rec = dict(name=name, mode=mode, evaluator=ev, split=split, overlap=overlap)
+    rec = dict(name=name, mode=mode, evaluator=ev, split=split, tuning=tuning)
     stage = S.make_stage(mode, ev, **({"poly_split": split} if split else {}))
-    stages3 = isinstance(overlap, str) and overlap.endswith("3")
-    overlap = overlap[:-1] if stages3 else overlap
-    lpt = isinstance(overlap, str) and overlap.endswith("L")
-    overlap = overlap[:-1] if lpt else overlap
-    tuning = dict(overlap=bool(overlap), pingpong=overlap in (False, "v2pp", "v2ppt"))
-    if lpt:
-        tuning["lpt"] = True
-    if stages3:
-        tuning["num_stages"] = 3
-    if overlap in ("v2", "v2pp", "v2t", "v2ta", "v2ppt"):
-        tuning["overlap_v2"] = True
-    if overlap in ("v2t", "v2ppt"):
-        tuning["stage_fence"] = "interior"
-    elif overlap == "v2ta":
-        tuning["stage_fence"] = "all"
     t0 = time.time()
     try:
         A._compiled(A.AttnFwdConfig.default(stage, "bf16", 128, True, **tuning))
