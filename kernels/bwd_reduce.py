@@ -10,7 +10,7 @@ The dQ tile goes one of two ways.
   - warp 1 of the producer warpgroup issues one `cp.reduce.async.bulk` add per row;
   - named barriers 3 (full) and 4 (empty) hand the single buffer back and forth.
 
-Deterministic mode (BwdKey.deterministic, attn_bwd(deterministic=True)).  FP32 atomics
+Deterministic mode (BwdConfig.deterministic).  FP32 atomics
 commute only up to rounding, so the order in which CTAs reach a shared tile decides the
 low bits.  The deterministic build fixes that order with one Int32 turn counter per
 output tile (zeroed by the host with the accumulators, same memset):
