@@ -86,25 +86,25 @@ def child_gpu(mode: str, shape: tuple) -> dict:
 def child_cpu() -> dict:
     t0 = _T0
     marks = {}
-    import torch  # noqa: F401
+    import torch
     marks["import torch"] = time.perf_counter()
     import cutlass.cute  # noqa: F401
     marks["import cutlass.cute"] = time.perf_counter()
     import flash_attn_poly  # noqa: F401
     marks["import flash_attn_poly"] = time.perf_counter()
     from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as P, attn_bwd_sm90 as B
-    from flash_attn_poly.kernels import attn_fwd_sm90 as A, compile_cache as cc, score_stages as S
-    from flash_attn_poly.kernels.score_stages_bwd import bwd_side
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A, compile_cache as cc
+    from flash_attn_poly import testing
     marks["import kernel modules"] = time.perf_counter()
     cc.fingerprint()
     marks["fingerprint"] = time.perf_counter()
-    # the softmax defaults at the anchor shape: persistent forward, per-KV-head backward
-    cfg = A.AttnFwdConfig.default(S.make_stage("softmax", "native"), "bf16", 128, True, persistent=132)
-    A._compiled(cfg)
+    # the softmax plan at the anchor shape on an H200 (132 SMs): persistent forward, per-KV-head
+    # backward; meta tensors carry the shapes (no GPU)
+    q, k, v = (torch.empty(1, 4096, h, 128, dtype=torch.bfloat16, device="meta") for h in (32, 8, 8))
+    plan = testing.plan_for(q, k, v, "softmax", "native")
+    A._compiled(plan.fwd)
     marks["attn_fwd"] = time.perf_counter()
-    key = B.BwdKey("bf16", 128, True, bwd_side("softmax", "native"), B.BwdTile.for_head_dim(128),
-                   dq_async=True, lpt=True, head_loop=True)
-    B._compiled(key)
+    B._compiled(plan.bwd)
     marks["attn_bwd"] = time.perf_counter()
     P.get_compiled(P.PreKey("bf16", 128, True, True, "e", True))
     P.get_compiled(P.PostKey("bf16"))
