@@ -59,6 +59,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from . import compile_cache, mask as mask_mod, scores
+from .barriers import BwdBarrier
 from .bwd_reduce import DQ_ROW_PAD, BwdReductions, acc_mn_view, dq_rank  # noqa: F401
 from .config import BwdConfig, check_bwd
 from .scores import common as sc
@@ -67,7 +68,6 @@ from .tile_scheduler import SectionLptScheduler, section_heads
 NUM_THREADS = 384          # 1 producer warpgroup + 2 MMA warpgroups
 PRODUCER_REGS = 24         # producer only issues TMA
 MMA_REGS = 240             # 2*240 + 24 <= 504 (65536 regs / 128 threads per warpgroup)
-PDS_BARRIER_ID = 1         # named barrier: dS tile complete in smem (256 MMA threads)
 
 
 def transpose_view(t: cute.Tensor) -> cute.Tensor:
@@ -463,7 +463,7 @@ class AttnBwdSm90(BwdReductions):
             mma_sdp)
         thr_r2s = r2s.get_slice(tidx)
         tRSsdS = thr_r2s.partition_D(transpose_view(sdS))
-        pds_barrier = pipeline.NamedBarrier(barrier_id=PDS_BARRIER_ID, num_threads=256)
+        pds_barrier = pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DS_READY), num_threads=256)
 
         # the loop sets ACCUMULATE on mma_dkv; partition the epilogue with an untouched copy
         mma_dkv_epi = self._tiled_mmas()[1]

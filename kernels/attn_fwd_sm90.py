@@ -41,6 +41,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from . import compile_cache, mask as mask_mod, scores
+from .barriers import FwdBarrier
 from .config import FwdConfig, check_fwd
 from .scores import common as sc
 from .tile_scheduler import SectionLptScheduler, persistent_tile, section_heads
@@ -440,12 +441,12 @@ class AttnFwdSm90:
 
     # ---- warpgroup ping-pong: the two consumer warpgroups take turns issuing GEMMs, so one
     # runs its score stage (MUFU/FMA) while the other's wgmma keep the tensor cores busy.
-    # Named barrier 1 + w gates warpgroup w; 256 = its 128 waiting + 128 arriving threads.
+    # Named barrier FwdBarrier.PINGPONG + w gates warpgroup w; 256 = its 128 waiting + 128 arriving threads.
     def pingpong_sync(self, wg):
-        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=2 * self.num_threads_per_wg)
+        cute.arch.barrier(barrier_id=int(FwdBarrier.PINGPONG) + wg, number_of_threads=2 * self.num_threads_per_wg)
 
     def pingpong_arrive(self, wg):
-        cute.arch.barrier_arrive(barrier_id=1 + wg, number_of_threads=2 * self.num_threads_per_wg)
+        cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.PINGPONG) + wg, number_of_threads=2 * self.num_threads_per_wg)
 
     @cute.jit
     def next_block(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool]):
