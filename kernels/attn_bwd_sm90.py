@@ -131,7 +131,7 @@ class AttnBwdSm90(BwdReductions):
         return cute.tile_to_shape(atom, shape, (0, 1, 2) if stages else (0, 1))
 
     def _tiled_mmas(self):
-        K, MN = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        K, MN = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         dt = self.dtype
         wgs = (2, 1, 1)   # the MMA warpgroups stacked along the key rows of S^T, dP^T, dV, dK
         mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, wgs, (64, self.tile_m))
