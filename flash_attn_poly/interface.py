@@ -111,7 +111,7 @@ def _check_program(mode, evaluator, program) -> None:
         raise ValueError(f"program={label!r} selects a polynomial program: it needs evaluator='poly' and "
                          f"mode {' or '.join(map(repr, _programs.MODE_TARGETS))} (got mode={mode!r}, "
                          f"evaluator={evaluator!r})")
-    if isinstance(program, str) and not _is_program_of(mode, program):
+    if isinstance(program, str) and not torch.compiler.is_compiling() and not _is_program_of(mode, program):
         known = _programs.names(mode=mode, derivative=False)
         raise ValueError(f"program {program!r} is not a {mode} program of the coefficient table; known: {known}")
     if not isinstance(program, str) and program.mode != mode:
@@ -121,10 +121,11 @@ def _check_program(mode, evaluator, program) -> None:
                          f"{_programs.names(mode=mode, derivative=False)})")
 
 
-@torch.compiler.assume_constant_result
 def _is_program_of(mode: str, name: str) -> bool:
-    """Is `name` a forward program of mode in the committed table?  A constant under
-    torch.compile (the table is read when tracing, not traced)."""
+    """Is `name` a forward program of mode in the committed table?  Not asked under
+    torch.compile (the table is not traced; the plan, resolved inside the custom op, refuses
+    a name the table does not have).  No decorator that would import torch._dynamo at import
+    time (2 s on a small CPU): a cached process's first call must not pay for it."""
     return name in _programs.names(mode=mode, derivative=False)
 
 

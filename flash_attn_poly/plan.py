@@ -79,7 +79,7 @@ SPLIT_ROWS = (
     Row({"mode": "softcap"}, {"poly_split": (1, 8)},
         "1/8 of the key columns through the block balances MUFU and FMA pipes", "softcap-split"),
     Row({"mode": "sigmoid"}, {"poly_split": (1, 16)},
-        "1/16: forward at native's speed, error 1.06-1.12x native", "sigmoid-split"),
+        "1/16: forward at native's speed, error 1.04-1.06x native", "sigmoid-split"),
 )
 
 GRAD_ROWS = (
@@ -98,7 +98,7 @@ FWD_ROWS = (
     Row({}, dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=True,
                  row_max_chains=1, row_sum_carry=False, rescale_threshold=0.0, fixed_max=False,
                  exp2_fma=0),
-        "two consumer warpgroups of 64 rows, 2 K/V stages, persistent LPT-ordered grid",
+        "two consumer warpgroups of 64 rows, 2 K/V stages, a persistent LPT-ordered grid (0.92-0.96x)",
         "fwd-persistent"),
     Row({"head_dim": 256}, dict(tile_n=64),
         "Q 128 x 256 + 2 stages of 64-key K and V fill 192 of sm_90's 227 KB", ""),
@@ -125,17 +125,25 @@ FWD_ROWS = (
 )
 
 BWD_ROWS = (
-    Row({}, dict(tile_m=64, tile_n=128, stages=2, deterministic=False, dq_async=True, lpt=True,
-                 head_loop="grid_fills"),
-        "64 x 128 tiles, dQ through smem and bulk reductions, LPT order, a CTA per KV head "
-        "where that grid fills the GPU", "bwd-defaults"),
+    Row({}, dict(tile_m=64, tile_n=128, stages=2, deterministic=False),
+        "64 query x 128 key tiles, 2 Q/dO stages: P^T and dS^T stay at 32 registers per thread", ""),
+    Row({}, dict(dq_async=True),
+        "dQ staged in smem and added by warp 1's bulk reductions: 0.76-0.79x the red.global path",
+        "bwd-dq-async"),
+    Row({}, dict(lpt=True), "LPT-ordered CTAs: 0.90-0.94x blockIdx order", "bwd-lpt"),
+    Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True),
+        "a CTA per KV head over its GQA group where that grid has >= 1.5 CTAs per SM; its dQ "
+        "accumulator zeroed by the pre kernel", "bwd-head-loop"),
+    Row({"mode": "sigmoid"}, dict(zero_dq_in_pre=False),
+        "sigmoid has no pre kernel otherwise: a memset is cheaper than launching it to zero dQ",
+        "bwd-zero-dq"),
     Row({"head_dim": 64}, dict(tile_m=128),
         "D = 64: dQ split along M needs 128 query rows (32-wide N slices are below the swizzle atom)",
         ""),
     Row({"head_dim": 256}, dict(stages=1, dq_async=False),
         "D = 256: full-D Q, dO, K, V and dS take 225 of 227 KB: one Q/dO stage, no staged dQ", ""),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
-        "ordered adds need the launch order and the MMA threads' own adds", ""),
+        "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
 )
 
 # head_loop where its grid (key blocks x KV heads x batch x column chunks) has this many CTAs per SM
@@ -293,6 +301,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     for k_, v in overrides.items():
         if k_.startswith("bwd."):
             bwd[k_[4:]] = v
+    zero_dq_rule = bwd.pop("zero_dq_in_pre")
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,
                             window_left=has_l, window_right=has_r, **bwd)
@@ -305,9 +314,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     if call.mode == "sigmoid" and bias is None:
         bias = -math.log(call.seqlen_k)   # b = -ln S_k keeps sum_j sigma(x_ij + b) near 1
     from .kernels.config import window_sizes
-    # the pre kernel zeroes the dQ accumulator where it runs anyway (the softmax modes need LSE
-    # and D); sigmoid keeps a memset (its pre kernel would run for the zeroing alone)
-    zero_dq = bwd_cfg.head_loop and call.mode != "sigmoid"
+    zero_dq = bwd_cfg.head_loop and zero_dq_rule
     return AttnPlan(call=call, score=score, score_bwd=score_bwd, fwd=fwd_cfg, bwd=bwd_cfg,
                     window=window_sizes(call.window, call.causal, call.seqlen_q, call.seqlen_k),
                     zero_dq_in_pre=zero_dq, softmax_scale=call.softmax_scale, softcap=call.softcap,

@@ -55,10 +55,11 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.memory import SmemAllocator
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Float64, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from . import compile_cache, mask as mask_mod, scores
+from .barriers import BwdBarrier
 from .bwd_reduce import DQ_ROW_PAD, BwdReductions, acc_mn_view, dq_rank  # noqa: F401
 from .config import BwdConfig, check_bwd
 from .scores import common as sc
@@ -67,7 +68,6 @@ from .tile_scheduler import SectionLptScheduler, section_heads
 NUM_THREADS = 384          # 1 producer warpgroup + 2 MMA warpgroups
 PRODUCER_REGS = 24         # producer only issues TMA
 MMA_REGS = 240             # 2*240 + 24 <= 504 (65536 regs / 128 threads per warpgroup)
-PDS_BARRIER_ID = 1         # named barrier: dS tile complete in smem (256 MMA threads)
 
 
 def transpose_view(t: cute.Tensor) -> cute.Tensor:
@@ -131,7 +131,7 @@ class AttnBwdSm90(BwdReductions):
         return cute.tile_to_shape(atom, shape, (0, 1, 2) if stages else (0, 1))
 
     def _tiled_mmas(self):
-        K, MN = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        K, MN = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         dt = self.dtype
         wgs = (2, 1, 1)   # the MMA warpgroups stacked along the key rows of S^T, dP^T, dV, dK
         mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, wgs, (64, self.tile_m))
@@ -189,14 +189,17 @@ class AttnBwdSm90(BwdReductions):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
-                 mdVacc: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32,
+                 mdVacc: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
                  win_left: Int32, win_right: Int32, stream):
-        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (arg0, arg1, arg2),
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (scale, softcap, bias),
                      win_left, win_right, (), stream)
 
     def _launch(self, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, scalars,
                 win_left, win_right, extra, stream, aux=None):
-        """Host-side body of __call__ (traced inside it); extra: kernel args after the window."""
+        """Host-side body of __call__ (traced inside it); extra: kernel args after the window.
+        scalars: the call's (softmax scale, softcap, sigmoid bias) in FP64; the score function
+        encodes its three FP32 kernel arguments from them here (scores/*.bwd_scalars)."""
+        scalars = tuple(Float32(a) for a in self.stage.bwd_scalars(*scalars))
         # (B, S, H, D) -> (S, D, H, B); stats (B, H, S_pad) -> (S_pad, H, B)
         mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc = [
             self._seq_major(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc)]
@@ -463,7 +466,7 @@ class AttnBwdSm90(BwdReductions):
             mma_sdp)
         thr_r2s = r2s.get_slice(tidx)
         tRSsdS = thr_r2s.partition_D(transpose_view(sdS))
-        pds_barrier = pipeline.NamedBarrier(barrier_id=PDS_BARRIER_ID, num_threads=256)
+        pds_barrier = pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DS_READY), num_threads=256)
 
         # the loop sets ACCUMULATE on mma_dkv; partition the epilogue with an untouched copy
         mma_dkv_epi = self._tiled_mmas()[1]
@@ -672,9 +675,9 @@ class AttnBwdSm90Det(AttnBwdSm90):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
-                 mdVacc: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32,
+                 mdVacc: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
                  win_left: Int32, win_right: Int32, mSem: cute.Tensor, stream):
-        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (arg0, arg1, arg2),
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (scale, softcap, bias),
                      win_left, win_right, (mSem,), stream)
 
 
@@ -685,9 +688,9 @@ class AttnBwdSm90HeadLoop(AttnBwdSm90):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor,
-                 mdV: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32,
+                 mdV: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
                  win_left: Int32, win_right: Int32, dk_scale: Float32, stream):
-        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, (arg0, arg1, arg2),
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, (scale, softcap, bias),
                      win_left, win_right, (dk_scale,), stream)
 
 
@@ -697,9 +700,9 @@ class AttnBwdSm90Aux(AttnBwdSm90):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
-                 mdVacc: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32,
+                 mdVacc: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
                  win_left: Int32, win_right: Int32, aux: list, stream):
-        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (arg0, arg1, arg2),
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (scale, softcap, bias),
                      win_left, win_right, (), stream, aux)
 
 
@@ -707,9 +710,9 @@ class AttnBwdSm90DetAux(AttnBwdSm90Det):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
-                 mdVacc: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32,
+                 mdVacc: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
                  win_left: Int32, win_right: Int32, mSem: cute.Tensor, aux: list, stream):
-        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (arg0, arg1, arg2),
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (scale, softcap, bias),
                      win_left, win_right, (mSem,), stream, aux)
 
 
@@ -717,9 +720,9 @@ class AttnBwdSm90HeadLoopAux(AttnBwdSm90HeadLoop):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor,
-                 mdV: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32,
+                 mdV: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
                  win_left: Int32, win_right: Int32, dk_scale: Float32, aux: list, stream):
-        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, (arg0, arg1, arg2),
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, (scale, softcap, bias),
                      win_left, win_right, (dk_scale,), stream, aux)
 
 
@@ -742,7 +745,7 @@ def fake_args(cfg: BwdConfig):
     dq, dk, dv = (mk(Float32, 4, 2) for _ in range(3))  # red.v2: 8-byte aligned rows
     if cfg.head_loop:   # dK, dV: the dtype gradients (st.global.b32 pairs: 4-byte aligned rows)
         dk, dv = mk(dt, 4, 2), mk(dt, 4, 2)
-    args = (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0), Float32(0.0),
+    args = (q, k, v, do, lse, dsum, dq, dk, dv, Float64(1.0), Float64(1.0), Float64(0.0),   # scale, cap, bias
             Int32(0), Int32(0))   # window (left, right) sizes
     if cfg.head_loop:
         args += (Float32(1.0),)   # dK scale

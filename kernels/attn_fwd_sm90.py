@@ -33,7 +33,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32
+from cutlass import Float32, Float64, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
@@ -41,6 +41,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from . import compile_cache, mask as mask_mod, scores
+from .barriers import FwdBarrier
 from .config import FwdConfig, check_fwd
 from .scores import common as sc
 from .tile_scheduler import SectionLptScheduler, persistent_tile, section_heads
@@ -111,23 +112,27 @@ class AttnFwdSm90:
 
     def _tiled_mmas(self):
         qk = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
             Float32, (self.num_mma_wg, 1, 1), (64, self.tile_n))
         pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
             Float32, (self.num_mma_wg, 1, 1), (64, self.head_dim), warpgroup.OperandSource.RMEM)
         return qk, pv
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
-                 mLSE: cute.Tensor, p0: Float32, p1: Float32, p2: Float32, p3: Float32,
+                 mLSE: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
                  win_left: Int32, win_right: Int32, stream):
-        self._launch(mQ, mK, mV, mO, mLSE, p0, p1, p2, p3, win_left, win_right, None, stream)
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, None, stream)
 
     @cute.jit
     def _launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
-                mLSE: cute.Tensor, p0: Float32, p1: Float32, p2: Float32, p3: Float32,
+                mLSE: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
                 win_left: Int32, win_right: Int32, aux, stream):
+        """Host side.  The entry takes the call's own numbers (softmax scale, softcap, sigmoid
+        bias; FP64, unused ones 0) and the score function encodes its four FP32 kernel arguments
+        from them here, in FP64 then rounded once, as Python would (scores/*.fwd_scalars)."""
+        p0, p1, p2, p3 = (Float32(p) for p in self.score.fwd_scalars(scale, softcap, bias))
         # torch (B, S, H, D) -> (S, D, H, B); LSE (B, H, S) -> (S, H, B)
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
@@ -440,12 +445,12 @@ class AttnFwdSm90:
 
     # ---- warpgroup ping-pong: the two consumer warpgroups take turns issuing GEMMs, so one
     # runs its score stage (MUFU/FMA) while the other's wgmma keep the tensor cores busy.
-    # Named barrier 1 + w gates warpgroup w; 256 = its 128 waiting + 128 arriving threads.
+    # Named barrier FwdBarrier.PINGPONG + w gates warpgroup w; 256 = its 128 waiting + 128 arriving threads.
     def pingpong_sync(self, wg):
-        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=2 * self.num_threads_per_wg)
+        cute.arch.barrier(barrier_id=int(FwdBarrier.PINGPONG) + wg, number_of_threads=2 * self.num_threads_per_wg)
 
     def pingpong_arrive(self, wg):
-        cute.arch.barrier_arrive(barrier_id=1 + wg, number_of_threads=2 * self.num_threads_per_wg)
+        cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.PINGPONG) + wg, number_of_threads=2 * self.num_threads_per_wg)
 
     @cute.jit
     def next_block(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool]):
@@ -617,9 +622,9 @@ class AttnFwdSm90Aux(AttnFwdSm90):
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
-                 mLSE: cute.Tensor, p0: Float32, p1: Float32, p2: Float32, p3: Float32,
+                 mLSE: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
                  win_left: Int32, win_right: Int32, aux: list, stream):
-        self._launch(mQ, mK, mV, mO, mLSE, p0, p1, p2, p3, win_left, win_right, aux, stream)
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, aux, stream)
 
 
 # ---------------------------------------------------------------------- compile + torch entry
@@ -638,7 +643,7 @@ def _fake_args(cfg: FwdConfig):
     def qkv():
         return make_fake_tensor(dt, (shp(), shp(), shp(), shp()), (st(8), st(8), st(8), 1), assumed_align=16)
     lse = make_fake_tensor(Float32, (shp(), shp(), shp()), (st(), st(), 1), assumed_align=16)
-    args = (qkv(), qkv(), qkv(), qkv(), lse, Float32(1.0), Float32(1.0), Float32(1.0), Float32(1.0),
+    args = (qkv(), qkv(), qkv(), qkv(), lse, Float64(1.0), Float64(1.0), Float64(0.0),   # scale, softcap, bias
             Int32(0), Int32(0))   # window (left, right) sizes
     if cfg.score.aux:
         args += (aux_fake_tensors(cfg.score.aux),)

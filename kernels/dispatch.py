@@ -3,8 +3,8 @@
 forward(plan, q, k, v, aux)                    -> (o, lse or None)
 backward(plan, dout, q, k, v, out, lse, aux)   -> (dq, dk, dv)
 
-Mechanism only: buffers, layouts the kernels need (TMA strides), the runtime scalars of the
-plan's score function, and the compiled kernels from kernels/compile_cache.py (one launch path:
+Mechanism only: buffers, layouts the kernels need (TMA strides), the call's numbers (scale,
+cap, bias: the kernels' host code encodes them for the score function), and the compiled kernels from kernels/compile_cache.py (one launch path:
 torch tensors and Python numbers straight into the tvm-ffi entry).  Every choice was made by the
 plan.  The kernel modules are imported when a build is missing, not before.
 """
@@ -15,15 +15,10 @@ import functools
 from . import compile_cache
 
 
-@functools.lru_cache(maxsize=256)
-def _scalars(plan, direction: str) -> tuple:
-    """The score function's FP32 kernel arguments for this plan (its encoding of scale, cap,
-    bias); cached per plan: building the device object reads the program's spec."""
-    from . import scores
-    spec = plan.score if direction == "fwd" else plan.score_bwd
-    dev = scores.device(spec)
-    fn = dev.fwd_scalars if direction == "fwd" else dev.bwd_scalars
-    return tuple(float(x) for x in fn(plan.softmax_scale, plan.softcap, plan.sigmoid_bias))
+def _numbers(plan) -> tuple:
+    """The call's own numbers, as the kernels take them (FP64; 0 where a mode has none): the
+    score function's encoding into FP32 kernel arguments happens in the compiled host code."""
+    return (plan.softmax_scale, plan.softcap or 0.0, plan.sigmoid_bias or 0.0)
 
 
 def _tma_ready(t):
@@ -56,7 +51,7 @@ def forward(plan, q, k, v, aux=()):
     out = torch.empty_like(q)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     fn = compile_cache.compiled("attn_fwd", plan.fwd, functools.partial(_fwd_build, plan.fwd))
-    fn(q, k, v, out, lse, *_scalars(plan, "fwd"), *plan.window, *_aux_args(plan.fwd.score, aux))
+    fn(q, k, v, out, lse, *_numbers(plan), *plan.window, *_aux_args(plan.fwd.score, aux))
     return out, (None if plan.call.mode == "sigmoid" else lse)
 
 
@@ -72,7 +67,7 @@ def backward(plan, dout, q, k, v, out, lse, aux=()):
     """Gradients (dq, dk, dv): the pre kernel (LSE in log2 units padded with +inf, D =
     rowsum(dO o O)), the main kernel, the post kernel (scale and cast)."""
     import torch
-    from . import attn_bwd_prepost, attn_bwd_prepost_sm90 as prepost
+    from . import attn_bwd_prepost, prepost_launch as prepost
     cfg = plan.bwd
     dout, q, k, v = (t.contiguous() for t in (dout, q, k, v))
     b, s_q, h_q, d = q.shape
@@ -93,7 +88,7 @@ def backward(plan, dout, q, k, v, out, lse, aux=()):
         dq_acc, dk_acc, dv_acc = accs[:3]
         extra = accs[3:]   # (Int32 turn counters,) in deterministic builds, else ()
     fn = compile_cache.compiled("attn_bwd", cfg, functools.partial(_bwd_build, cfg))
-    fn(q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc, *_scalars(plan, "bwd"), *plan.window, *extra,
+    fn(q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc, *_numbers(plan), *plan.window, *extra,
        *_aux_args(cfg.score, aux))
     if cfg.head_loop:
         return prepost.postprocess_dq(dq_acc, scale, q.dtype), dk_acc, dv_acc
