@@ -80,7 +80,7 @@ def forward_poisoned(plan, q, k, v):
     out = poison_(torch.empty_like(q))
     lse = poison_(torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device))
     fn = compile_cache.compiled("attn_fwd", plan.fwd, functools.partial(dispatch._fwd_build, plan.fwd))
-    fn(q, k, v, out, lse, *dispatch._scalars(plan, "fwd"), *plan.window)
+    fn(q, k, v, out, lse, *dispatch._numbers(plan), *plan.window)
     return out, (None if plan.call.mode == "sigmoid" else lse)
 
 

@@ -1,5 +1,5 @@
-"""GPU tier: the CuTe pre/post kernels (kernels/attn_bwd_prepost_sm90.py) against the torch
-reference (kernels/attn_bwd_prepost.py).
+"""GPU tier: the CuTe pre/post kernels (kernels/attn_bwd_prepost_sm90.py, launched by
+kernels/prepost_launch.py) against the torch reference (kernels/attn_bwd_prepost.py).
 
 post: bit-identical (both form acc * fl32(scale) in FP32 and round once to nearest even).
 lse2: bit-identical (one FP32 multiply by fl32(log2 e), -inf -> +inf, +inf padding).
@@ -9,7 +9,7 @@ dsum: the products dO * O of 16-bit values are exact in FP32, so the two results
     by at most 2 (D - 1) u sum|p_i|; sum|p_i| is taken in FP64 from the inputs.
 end to end: the backward of a plan (kernels/dispatch.backward) with its CuTe pre/post vs the
     same call with the torch reference's preprocess / postprocess / postprocess_dq swapped in
-    (monkeypatched into attn_bwd_prepost_sm90), norm-relative < 1e-3 and the worst element
+    (monkeypatched into kernels/prepost_launch.py), norm-relative < 1e-3 and the worst element
     within one 16-bit rounding step of the largest (see the test).
 """
 import math
@@ -24,8 +24,9 @@ DTYPES = [torch.bfloat16, torch.float16]
 
 
 def _cute():
-    from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as cute_pp
-    return cute_pp
+    """The CuTe kernels' launch path (same contract as the torch reference module)."""
+    from flash_attn_poly.kernels import prepost_launch
+    return prepost_launch
 
 
 def _inputs(b, s, h, d, dtype, seed=0):
@@ -141,9 +142,9 @@ def test_attn_bwd_cute_vs_torch_prepost(case, dtype, monkeypatch):
     lse = None if mode == "sigmoid" else torch.randn(b, hq, sq, device="cuda", generator=g) + 2 * math.log(sk)
     plan = testing.plan_for(q, k, v, mode, "native", causal=causal, softcap=50.0 if mode == "softcap" else None)
     grads = {"cute": testing.run_backward(plan, do, q, k, v, o, lse)}
-    cute_pp = _cute()
+    launch = _cute()
     for name in ("preprocess", "postprocess", "postprocess_dq"):   # what dispatch.backward calls
-        monkeypatch.setattr(cute_pp, name, getattr(ref, name))
+        monkeypatch.setattr(launch, name, getattr(ref, name))
     grads["torch"] = testing.run_backward(plan, do, q, k, v, o, lse)
     torch.cuda.synchronize()
     for a, r in zip(grads["cute"], grads["torch"]):
@@ -195,20 +196,20 @@ def test_attn_bwd_zero_dq_in_pre(case):
     the same sums up to the order of the FP32 dQ atomics, which can flip BF16 roundings of dQ
     (one ulp = 2^-8 relative; a 1/16 of elements flipped is rel L2 ~1e-3): bound 2e-3, far
     below what a missed or doubled zeroing gives (NaN from the poisoned pool, or O(1))."""
-    import dataclasses
-
     from flash_attn_poly import testing
     b, sq, sk, hq, hkv, d, causal, mode, ev = case
     g = torch.Generator(device="cuda").manual_seed(sq + d)
     mk = lambda s, h: torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     q, k, v, do, o = mk(sq, hq), mk(sk, hkv), mk(sk, hkv), mk(sq, hq), mk(sq, hq)
     lse = None if mode == "sigmoid" else torch.randn(b, hq, sq, device="cuda", generator=g) + 2 * math.log(sk)
-    plan = testing.plan_for(q, k, v, mode, ev, {"bwd.head_loop": True}, causal=causal,
-                            softcap=50.0 if mode == "softcap" else None)
+    kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None)
+    by_memset = testing.plan_for(q, k, v, mode, ev, {"bwd.head_loop": True, "bwd.zero_dq_in_pre": False}, **kw)
+    by_pre = testing.plan_for(q, k, v, mode, ev, {"bwd.head_loop": True, "bwd.zero_dq_in_pre": True}, **kw)
+    assert by_pre.zero_dq_in_pre and not by_memset.zero_dq_in_pre
     # a poisoned pool: the accumulator torch.empty returns may hold NaNs unless zeroed
     torch.full((b, sq, hq, d), float("nan"), device="cuda")
-    ref = testing.run_backward(dataclasses.replace(plan, zero_dq_in_pre=False), do, q, k, v, o, lse)
-    got = testing.run_backward(dataclasses.replace(plan, zero_dq_in_pre=True), do, q, k, v, o, lse)
+    ref = testing.run_backward(by_memset, do, q, k, v, o, lse)
+    got = testing.run_backward(by_pre, do, q, k, v, o, lse)
     torch.cuda.synchronize()
     from flash_attn_poly.testing import rel_l2_err
     for name, a, r in zip(("dq", "dk", "dv"), got, ref):

@@ -238,7 +238,7 @@ def test_fwd_tuning_knobs_build_valid_configs(knob, modes):
 def test_plan_knobs_parse_and_name_bad_ones():
     """bench/tools/plan_knobs.py: bare names are the tool's direction's config fields, fwd./bwd.
     name either, split / softcap_grad are the score's overrides, program / deterministic /
-    sigmoid_grad attention()'s arguments, zero_dq_in_pre the plan's field; bad input names itself."""
+    sigmoid_grad attention()'s arguments, zero_dq_in_pre the backward's; bad input names itself."""
     import plan_knobs as P
     assert P.parse("num_stages=3+pingpong=0").overrides == {"fwd.num_stages": 3, "fwd.pingpong": False}
     assert P.parse("rescale_threshold=0.5+persistent=0").overrides == {"fwd.rescale_threshold": 0.5,
@@ -246,14 +246,15 @@ def test_plan_knobs_parse_and_name_bad_ones():
     assert P.parse("tile_n=64", "bwd").overrides == {"bwd.tile_n": 64}
     assert P.parse("bwd.stages=1+fwd.tile_n=64").overrides == {"bwd.stages": 1, "fwd.tile_n": 64}
     k = P.parse("deterministic=1+zero_dq_in_pre=0+sigmoid_grad=surrogate", "bwd")
-    assert (k.overrides, k.call, k.plan) == ({}, {"deterministic": True, "sigmoid_grad": "surrogate"},
-                                             {"zero_dq_in_pre": False})
+    assert (k.overrides, k.call) == ({"bwd.zero_dq_in_pre": False}, {"deterministic": True, "sigmoid_grad": "surrogate"})
     assert P.parse("bwd.deterministic=1").overrides == {"bwd.deterministic": True}
     assert P.parse("split=1/8").poly_only and not P.parse("num_stages=2").poly_only
     with pytest.raises(ValueError, match="stages: unknown"):
         P.parse("stages=2", "fwd")                     # a BwdConfig field: not the forward's
     with pytest.raises(ValueError, match="fwd.lpt: unknown"):
         P.parse("fwd.lpt=1")
+    with pytest.raises(ValueError, match="zero_dq_in_pre: unknown"):
+        P.parse("zero_dq_in_pre=1", "fwd")
     with pytest.raises(ValueError, match="tile_n: expected int"):
         P.parse("tile_n=big")
     with pytest.raises(ValueError, match="split: expected J/K"):

@@ -12,7 +12,8 @@ softcap_c50_f16_odd`, `head_loop=0+lpt=1`):
   grad_rule=R (softcap_grad=R)     the poly backward's derivative rule ("grad_rule")
   program=NAME, sigmoid_grad=R,    attention() arguments: the plan resolves from them (deterministic
   deterministic=0/1                turns off dq_async, lpt and head_loop by its row)
-  zero_dq_in_pre=0/1               the plan's choice of who zeroes head_loop's dQ accumulator
+                                   (bwd also: zero_dq_in_pre=0/1, who zeroes head_loop's dQ
+                                   accumulator, a plan choice with a "bwd." override)
 
 Values: bool fields 0 / 1, int fields and persistent (a CTA count; 0 = a CTA per tile) ints,
 float fields floats, the rest strings.  Overrides replace fields after the rows: set every field
@@ -28,7 +29,8 @@ from dataclasses import dataclass, field
 # call facts of the configs, not tunable (the plan takes them from the call)
 _CALL_FIELDS = ("score", "dtype", "head_dim", "causal", "window_left", "window_right")
 CALL_KNOBS = {"program": str, "sigmoid_grad": str, "deterministic": bool}   # plan_for keywords
-PLAN_KNOBS = {"zero_dq_in_pre": bool}                                        # AttnPlan fields
+# backward choices of the plan that are no BwdConfig field but take a "bwd." override
+BWD_PLAN_FIELDS = {"zero_dq_in_pre": "bool"}   # who zeroes head_loop's dQ accumulator
 ALIASES = {"split": "poly_split", "softcap_grad": "grad_rule"}
 POLY_ONLY = ("poly_split", "grad_rule", "program", "sigmoid_grad")   # need evaluator="poly"
 
@@ -37,7 +39,8 @@ def _fields(direction: str) -> dict:
     """{field: type name} of the tunable FwdConfig ("fwd") / BwdConfig ("bwd") fields."""
     from flash_attn_poly.kernels.config import BwdConfig, FwdConfig
     cls = FwdConfig if direction == "fwd" else BwdConfig
-    return {f.name: str(f.type) for f in dataclasses.fields(cls) if f.name not in _CALL_FIELDS}
+    out = {f.name: str(f.type) for f in dataclasses.fields(cls) if f.name not in _CALL_FIELDS}
+    return out if direction == "fwd" else {**out, **BWD_PLAN_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,6 @@ class Knob:
     text: str
     overrides: dict = field(default_factory=dict)   # plan.resolve overrides
     call: dict = field(default_factory=dict)        # testing.plan_for keywords
-    plan: dict = field(default_factory=dict)        # AttnPlan fields replaced after resolve
 
     @property
     def poly_only(self) -> bool:
@@ -81,7 +83,7 @@ def parse(text: str, direction: str = "fwd") -> Knob:
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
     fields = {d: _fields(d) for d in ("fwd", "bwd")}
-    overrides, call, plan = {}, {}, {}
+    overrides, call = {}, {}
     for part in text.split("+"):
         name, sep, value = part.partition("=")
         if not sep or not name or not value:
@@ -93,19 +95,16 @@ def parse(text: str, direction: str = "fwd") -> Knob:
             overrides[key] = value
         elif key in CALL_KNOBS:
             call[key] = _value(name, CALL_KNOBS[key], value)
-        elif key in PLAN_KNOBS:
-            plan[key] = _value(name, PLAN_KNOBS[key], value)
         else:
             scope, dot, fname = key.partition(".")
             if not dot:
                 scope, fname = direction, key
             if scope not in fields or fname not in fields[scope]:
-                known = dict.fromkeys([*fields[direction], *ALIASES, "poly_split", "grad_rule", *CALL_KNOBS,
-                                       *PLAN_KNOBS])
+                known = dict.fromkeys([*fields[direction], *ALIASES, "poly_split", "grad_rule", *CALL_KNOBS])
                 raise ValueError(f"--knob {name}: unknown; known: {', '.join(known)} "
                                  "(or fwd.<FwdConfig field>, bwd.<BwdConfig field>)")
             overrides[f"{scope}.{fname}"] = _value(name, fields[scope][fname], value)
-    return Knob(text, overrides, call, plan)
+    return Knob(text, overrides, call)
 
 
 def plan_for(q, k, v, mode: str, evaluator: str, knob: Knob = None, **kw):
@@ -122,5 +121,5 @@ def plan_for(q, k, v, mode: str, evaluator: str, knob: Knob = None, **kw):
         raise ValueError(f"--knob {knob.text!r}: {', '.join(score_knobs)} applies to a poly score; "
                          f"{mode}/{evaluator} resolves to a native score (program {prog}): name a poly "
                          "program too, e.g. program=softcap_c50_f16_odd")
-    return dataclasses.replace(p, **knob.plan) if knob.plan else p
+    return p
 

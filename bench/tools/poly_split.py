@@ -11,7 +11,7 @@ three-warpgroup tile at D = 128 (1/16) names the two-warpgroup 128-key tile in i
 by side).
 Writes bench/out/poly_split.json (+ .md) unless --json names a path.
 For each (mode, program, split) and the native evaluator:
-  * time: forward (attn_fwd) and backward (attn_bwd, forward excluded) at the gqa_4096 shape
+  * time: forward and backward (kernels/dispatch; the backward alone, forward excluded) at the gqa_4096 shape
     (B=1 S=4096 H_q=32 H_kv=8 D=128 causal BF16, softcap 50) under bench/protocol.py, every
     row of a direction side by side in one alternating run;
   * accuracy: rel L2 of O, dQ, dK, dV against the FP64 exact-function reference at
@@ -75,7 +75,7 @@ def knob(prog: str, split, tuning: str = ""):
     k = plan_knobs.parse(tuning, "fwd") if tuning else plan_knobs.Knob("")
     if not prog:
         return k
-    return plan_knobs.Knob(tuning, {**k.overrides, "poly_split": tuple(split)}, {**k.call, "program": prog}, k.plan)
+    return plan_knobs.Knob(tuning, {**k.overrides, "poly_split": tuple(split)}, {**k.call, "program": prog})
 
 
 def _calls(mode, prog, split, q, k, v, do, tuning=""):
