@@ -275,12 +275,20 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     fwd = _apply(FWD_ROWS, facts, {})
     if fwd["persistent"] is True:
         fwd["persistent"] = sm_count
-    if fwd["exp2_fma"] == "from_split":
-        j, k = _apply(SPLIT_ROWS, facts, {})["poly_split"]
+    if fwd["exp2_fma"] == "from_split":   # the exp2 offload: its split in groups of 8 out of 8
+        j, k = tuple(overrides["poly_split"]) if "poly_split" in overrides else \
+            _apply(SPLIT_ROWS, facts, {})["poly_split"]
+        if 8 % k or not 0 < 8 * j // k <= 8:
+            raise ValueError(f"the exp2 offload runs j/k of the key columns in groups of 8 out of 8: "
+                             f"k must divide 8 and 0 < j, got poly_split {(j, k)}")
         fwd["exp2_fma"] = 8 * j // k
     for k_, v in overrides.items():
         if k_.startswith("fwd."):
             fwd[k_[4:]] = v
+    if fwd["fixed_max"] and not facts["fixed_max_ok"]:
+        raise ValueError(f"fixed_max (a constant row max c - 20) needs mode='softcap', BF16 inputs and "
+                         f"0 < softcap <= {FIXED_MAX_CAP} (beyond, P leaves FP32's normal range), got "
+                         f"mode={call.mode!r}, {call.dtype}, softcap={call.softcap}")
     wl, wr = call.window
     has_l = wl >= 0
     has_r = wr >= 0 and not call.causal
