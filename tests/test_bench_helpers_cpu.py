@@ -187,14 +187,26 @@ FWD_KNOBS = [(k, ALL_MODES) for k in ("num_stages=3", "pingpong=0", "tile_n=64+n
 # ping-pong pairs two consumer warpgroups: BF16 softcap's three-warpgroup default needs the tile too
 FWD_KNOBS.append(("row_sum_carry=1+pingpong=1", (("softmax", "native"), ("sigmoid", "poly"))))
 FWD_KNOBS.append(("program=softcap_c50_f16_odd+split=1/8", (("softcap", "poly"),)))
+FWD_KNOBS.append(("split=1/4", (("softcap", "poly"),)))      # the exp2 offload: 2 of 8 groups on the FMA pipe
+
+
+def test_score_knobs_on_a_native_score_are_refused():
+    """A grad rule (or a split) on a score with no block columns would be dropped silently: the
+    tool refuses it, naming the program to add."""
+    import plan_knobs
+    kw = dict(causal=True, softcap=50.0)
+    with pytest.raises(ValueError, match="program="):
+        plan_knobs.plan_for(*_meta_qkv(*ANCHOR), "softcap", "poly", plan_knobs.parse("softcap_grad=value"), **kw)
+    with pytest.raises(ValueError, match="program="):
+        plan_knobs.plan_for(*_meta_qkv(*ANCHOR), "softcap", "native", plan_knobs.parse("split=1/4"), **kw)
 
 
 @pytest.mark.parametrize("knob,modes", FWD_KNOBS)
 def test_fwd_tuning_knobs_build_valid_configs(knob, modes):
     """bench/tools/fwd_tuning.py's knob syntax makes plans whose forward kernel builds (softcap 50,
     BF16, the anchor shape), with the overridden fields set, for the modes it applies to: a knob
-    the forward lost fails here, not on the device.  A split knob on a score that resolves to a
-    native one (BF16 softcap's exp2 offload) is refused, naming the program to add."""
+    the forward lost fails here, not on the device.  A split on BF16 softcap's exp2 offload sets
+    its exp2_fma column groups."""
     pytest.importorskip("cutlass")
     import fwd_tuning  # noqa: F401  (the tool imports)
     import plan_knobs
@@ -204,17 +216,16 @@ def test_fwd_tuning_knobs_build_valid_configs(knob, modes):
         if ev != "poly" and kn.poly_only:
             continue                                   # score knobs need a poly score (the tool skips)
         kw = dict(causal=True, softcap=50.0 if mode == "softcap" else None)
-        default = plan_knobs.plan_for(*_meta_qkv(*ANCHOR), mode, ev, None, **kw)
-        if "poly_split" in kn.overrides and "program" not in kn.call and default.score.evaluator != "poly":
-            with pytest.raises(ValueError, match="program="):
-                plan_knobs.plan_for(*_meta_qkv(*ANCHOR), mode, ev, kn, **kw)
-            continue
         plan = plan_knobs.plan_for(*_meta_qkv(*ANCHOR), mode, ev, kn, **kw)
         for name, value in kn.overrides.items():
             if name.startswith("fwd."):
                 assert getattr(plan.fwd, name[4:]) == value, (name, plan.fwd)
         if "poly_split" in kn.overrides:
-            assert plan.score.poly_split == kn.overrides["poly_split"]
+            j, k = kn.overrides["poly_split"]
+            if plan.score.evaluator == "poly":
+                assert plan.score.poly_split == (j, k)
+            else:   # the exp2 offload (BF16 softcap's default): its split is exp2_fma's groups of 8
+                assert plan.score.program.is_exp2 and plan.fwd.exp2_fma == 8 * j // k, plan.fwd
         A.AttnFwdSm90(plan.fwd)
 
 

@@ -113,10 +113,12 @@ def plan_for(q, k, v, mode: str, evaluator: str, knob: Knob = None, **kw):
     from flash_attn_poly import testing
     knob = knob or Knob("")
     p = testing.plan_for(q, k, v, mode, evaluator, knob.overrides, **{**kw, **knob.call})
-    score_knobs = sorted(set(knob.overrides) & {"poly_split", "grad_rule"})
+    exp2_offload = p.score.program is not None and p.score.program.is_exp2   # its split sets exp2_fma
+    score_knobs = sorted(k for k in set(knob.overrides) & {"poly_split", "grad_rule"}
+                         if not (k == "poly_split" and exp2_offload))
     if score_knobs and p.score.evaluator != "poly":
-        # the exp2 offload (softcap's BF16 default) is a native score: a split or grad rule
-        # would be dropped and the row would time the default
+        # a native score has no block columns and a native backward: the knob would be dropped
+        # and the row would time the default
         prog = p.score.program.name if p.score.program is not None else None
         raise ValueError(f"--knob {knob.text!r}: {', '.join(score_knobs)} applies to a poly score; "
                          f"{mode}/{evaluator} resolves to a native score (program {prog}): name a poly "
