@@ -70,18 +70,14 @@ def run_forward(q, k, v, mode="softmax", evaluator="native", overrides=None, poi
 
 
 def forward_poisoned(plan, q, k, v):
-    """kernels.dispatch.forward's launch of plan into NaN-filled O and LSE buffers, so an
-    element the kernel never writes stays NaN and cannot pass (dispatch.forward allocates its
-    outputs with torch.empty, which may hold an earlier call's correct values)."""
-    import functools
-    from .kernels import compile_cache, dispatch
+    """kernels.dispatch.forward of plan into NaN-filled O and LSE buffers, so an element the
+    kernel never writes stays NaN and cannot pass (new buffers may hold an earlier call's
+    correct values)."""
+    from .kernels import dispatch
     b, s_q, h_q, _ = q.shape
-    q, k, v = (dispatch._tma_ready(t) for t in (q, k, v))
     out = poison_(torch.empty_like(q))
     lse = poison_(torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device))
-    fn = compile_cache.compiled("attn_fwd", plan.fwd, functools.partial(dispatch._fwd_build, plan.fwd))
-    fn(q, k, v, out, lse, *dispatch._numbers(plan), *plan.window)
-    return out, (None if plan.call.mode == "sigmoid" else lse)
+    return dispatch.forward(plan, q, k, v, out=out, lse=lse)
 
 
 def run_backward(plan, dout, q, k, v, out, lse):
