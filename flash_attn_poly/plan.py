@@ -155,34 +155,17 @@ HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
 
 @dataclass(frozen=True)
 class AttnPlan:
+    """A resolved call: what the forward and the backward kernels build and run."""
     call: AttnCall
-    score: Any                 # forward side: a frozen kernels.scores function
+    score: Any                 # forward side: a kernels.scores.ScoreSpec
     score_bwd: Any             # backward side (the exp2 offload's is native's)
     fwd: Any                   # kernels.config.FwdConfig
     bwd: Any                   # kernels.config.BwdConfig
-    window: tuple              # runtime (left, right) window sizes (kernels/mask.py)
+    window: tuple              # runtime (left, right) window sizes (kernels/config.window_sizes)
     zero_dq_in_pre: bool       # the pre kernel zeroes the dQ accumulator (head_loop builds)
     softmax_scale: float
     softcap: Optional[float]
     sigmoid_bias: Optional[float]   # sigmoid: the resolved bias (default -ln S_k)
-
-    @property
-    def key(self) -> str:
-        """A short string naming this plan in the process registry (custom ops carry it)."""
-        return _register(self)
-
-
-_PLANS: dict = {}
-
-
-def _register(p: "AttnPlan") -> str:
-    k = f"plan{hash(p) & 0xFFFFFFFFFFFF:012x}"
-    _PLANS.setdefault(k, p)
-    return k
-
-
-def by_key(key: str) -> "AttnPlan":
-    return _PLANS[key]
 
 
 def _apply(rows, facts, out: dict) -> dict:
