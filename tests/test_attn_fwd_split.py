@@ -102,7 +102,7 @@ def test_forward_refuses_a_split_longer_than_its_key_block():
 
 
 def test_exp2_fma_block_replay_error():
-    """The exp2_f32 block that score_stages.exp2_fma inlines, run by the PTX emulator: bit-exact
+    """The exp2_f32 block that kernels/scores/common.exp2_fma inlines, run by the PTX emulator: bit-exact
     with fit/exp2.replay (the program's FP32 order) and within 7.6e-5 relative of 2^a over the
     fixed-max argument range and the block's limits [-125, 127] (half-integers included: the
     round-to-nearest of the 1.5 * 2^23 add)."""
