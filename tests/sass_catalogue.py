@@ -56,29 +56,40 @@ def builds() -> dict:
 # ------------------------------------------------------------------ the builds of a call
 def plan_of(call, overrides=None):
     """The plan `attention()` resolves for call on an H200 (SM_COUNT SMs); a call may name a
-    program ("program": a name or a ProgramSpec, e.g. a refit's: tests/test_refit_program.py)."""
+    program ("program": a name or a ProgramSpec, e.g. a refit's: tests/test_refit_program.py),
+    a softcap value ("softcap", default 50: the constant row max needs <= 50) and a sigmoid
+    backward rule ("sigmoid_grad")."""
     from flash_attn_poly import plan
     b, s, h_q, h_kv = call["shape"]
     c = plan.AttnCall(mode=call["mode"], evaluator=call["evaluator"], dtype=call["dtype"], head_dim=call["d"],
                       batch=b, seqlen_q=s, seqlen_k=s, heads_q=h_q, heads_kv=h_kv, causal=call["causal"],
                       window=tuple(call["window"]), softmax_scale=call["d"] ** -0.5,
-                      softcap=50.0 if call["mode"] == "softcap" else None,
-                      program=call.get("program"), deterministic=call["deterministic"])
+                      softcap=call.get("softcap", 50.0) if call["mode"] == "softcap" else None,
+                      program=call.get("program"), deterministic=call["deterministic"],
+                      sigmoid_grad=call.get("sigmoid_grad"))
     return plan.resolve(c, SM_COUNT, overrides)
+
+
+def fwd_build(cfg):
+    """(kernel object, compile args) of the forward build of a FwdConfig."""
+    from flash_attn_poly.kernels import attn_fwd_sm90 as F
+    return F.kernel_for(cfg), F._fake_args(cfg) + (F.cute.runtime.make_fake_stream(),)
+
+
+def bwd_build(cfg):
+    """(kernel object, compile args) of the backward build of a BwdConfig."""
+    from flash_attn_poly.kernels import attn_bwd_sm90 as B
+    return B.kernel_for(cfg), B.fake_args(cfg) + (B.cute.runtime.make_fake_stream(),)
 
 
 def fwd_kernel(call, overrides=None):
     """(kernel object, compile args) of the forward build `attention()` picks for call."""
-    from flash_attn_poly.kernels import attn_fwd_sm90 as F
-    cfg = plan_of(call, overrides).fwd
-    return F.kernel_for(cfg), F._fake_args(cfg) + (F.cute.runtime.make_fake_stream(),)
+    return fwd_build(plan_of(call, overrides).fwd)
 
 
 def bwd_kernel(call, overrides=None):
     """(kernel object, compile args) of the backward build `attention()` picks for call."""
-    from flash_attn_poly.kernels import attn_bwd_sm90 as B
-    cfg = plan_of(call, overrides).bwd
-    return B.kernel_for(cfg), B.fake_args(cfg) + (B.cute.runtime.make_fake_stream(),)
+    return bwd_build(plan_of(call, overrides).bwd)
 
 
 # ------------------------------------------------------------------ hashing
