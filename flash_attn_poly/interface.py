@@ -437,7 +437,8 @@ def _op_backward(ctx, dout, _dlse):
     q, k, v, out, lse, *aux = ctx.saved_tensors
     dq, dk, dv = _attn_bwd_op(dout.contiguous(), q, k, v, out, lse, list(aux), *ctx.rest)
     need = ctx.needs_input_grad
-    return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, None) + (None,) * len(ctx.rest)
+    return ((dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, [None] * ctx.n_aux)
+            + (None,) * len(ctx.rest))
 
 
 _attn_fwd_op.register_autograd(_op_backward, setup_context=_setup_context)
