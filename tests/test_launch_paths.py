@@ -35,8 +35,9 @@ def test_attn_fwd_signature(cache_dir):
 
     fn = A._compiled(cat.plan_of(cat.builds()["softmax_native_d128_bf16"]).fwd)
     q = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16)
-    _rejects_cpu_tensor(fn, q, q, q, q, torch.zeros(1, 4, 256), 1.0, 1.0, 1.0, 1.0,
-                        0, 0)   # window (left, right) sizes: Python ints for Int32
+    # the call's own numbers (scale, softcap, sigmoid bias: FP64; the score function encodes its
+    # FP32 kernel arguments on the device side), then the window (left, right) sizes as Int32
+    _rejects_cpu_tensor(fn, q, q, q, q, torch.zeros(1, 4, 256), 0.125, 0.0, 0.0, 0, 0)
 
 
 @pytest.mark.compile
@@ -50,7 +51,8 @@ def test_attn_bwd_signature(cache_dir):
     fn = K._compiled(cfg)
     x = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16)
     st, acc = torch.zeros(1, 4, 256), torch.zeros(1, 256, 4, 128)
-    _rejects_cpu_tensor(fn, x, x, x, x, st, st, acc, x, x, 1.0, 0.0, 0.0, 0, 0, 1.0)   # + window sizes, dK scale
+    # scale, softcap, bias (FP64), window sizes, dK scale
+    _rejects_cpu_tensor(fn, x, x, x, x, st, st, acc, x, x, 0.125, 0.0, 0.0, 0, 0, 1.0)
 
 
 @pytest.mark.compile
