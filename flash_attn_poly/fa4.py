@@ -36,7 +36,7 @@ def softcap_score_mods(softcap: float):
     from cutlass import Float32
 
     from flash_attn_poly.asm import cute_ops
-    from flash_attn_poly.kernels.score_stages import unpack_bf16x2
+    from flash_attn_poly.kernels.scores.common import unpack_bf16x2
 
     c = float(softcap)
     x_max = c * _clamp_u()

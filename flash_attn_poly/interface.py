@@ -1,22 +1,25 @@
-"""Public attention entry point: validation, dispatch, autograd.
+"""Public attention entry point: validation, then the plan, then autograd around the kernels.
 
-Everything a user can get wrong is checked here, before any kernel is compiled, with a
-message that names the problem. Kernels live in `flash_attn_poly.kernels`; this module
-only decides which one runs.
+Everything a user can get wrong is checked here, before any kernel is compiled, with a message
+that names the parameter and the problem.  What runs is decided by flash_attn_poly.plan (one
+resolved AttnPlan per call signature, shared by the forward and the backward); the kernels'
+torch launch is kernels/dispatch.py.
 """
 from __future__ import annotations
 
 import functools
 import math
+import numbers
 import warnings
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from . import plan as plan_mod
 from . import reference
-from .activations import needs_grad
 from .asm import programs as _programs
+from .plan import AttnCall
+from .score_mod import ScoreMod, as_score_mod, by_key as _score_mod_by_key
 
 MODES = ("softmax", "softcap", "sigmoid")
 EVALUATORS = ("poly", "native")
@@ -24,23 +27,11 @@ BACKENDS = ("auto", "cuda", "reference")
 DTYPES = (torch.bfloat16, torch.float16)          # what the CUDA kernels take
 REFERENCE_DTYPES = DTYPES + (torch.float32,)       # the reference backend also takes FP32
 HEAD_DIMS = (64, 128, 256)     # forward and backward
+SIGMOID_GRADS = ("product", "surrogate")
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
-@dataclass(frozen=True)
-class AttnArgs:
-    """Validated call: everything a kernel needs besides the tensors."""
-    mode: str
-    evaluator: str
-    causal: bool
-    softcap: Optional[float]
-    sigmoid_bias: Optional[float]
-    softmax_scale: float
-    window_size: tuple[int, int]
-    deterministic: bool = False   # backward adds in a fixed order (CUDA backend)
-    # poly evaluator's program: a committed table entry's name or a ProgramSpec (None: default)
-    program: Optional[object] = None
-
-
+# ------------------------------------------------------------------------------ validation
 def _check_tensors(q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -71,6 +62,42 @@ def _check_tensors(q, k, v) -> None:
                          "no default sigmoid bias -ln S_k)")
 
 
+def _number(name: str, value, allow_none: bool = True) -> Optional[float]:
+    """A finite real number (Python, numpy or a 0-d tensor), as a float; bools are refused."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_complex \
+            and value.dtype != torch.bool:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return value
+
+
+def _bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        # a truthy string or tensor here is almost surely a misplaced argument
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _window(window_size) -> tuple:
+    if window_size is None:
+        raise TypeError("window_size must be a (left, right) pair of ints (-1 = unbounded), got None; "
+                        "use (-1, -1) for no window")
+    try:
+        pair = tuple(window_size)
+    except TypeError:
+        raise TypeError(f"window_size must be a (left, right) pair of ints (-1 = unbounded), got "
+                        f"{type(window_size).__name__} {window_size!r}") from None
+    if len(pair) != 2 or any(isinstance(w, bool) or not isinstance(w, numbers.Integral) or w < -1 for w in pair):
+        raise ValueError(f"window_size must be (left, right) ints >= -1 (-1 = unbounded), got {window_size!r}")
+    return (int(pair[0]), int(pair[1]))
+
+
 def _check_program(mode, evaluator, program) -> None:
     """program: a forward (non-derivative) program that mode's kernels run, poly only: a name
     of the committed table or a ProgramSpec (asm.programs.spec(name, table=...), any table)."""
@@ -84,7 +111,7 @@ def _check_program(mode, evaluator, program) -> None:
         raise ValueError(f"program={label!r} selects a polynomial program: it needs evaluator='poly' and "
                          f"mode {' or '.join(map(repr, _programs.MODE_TARGETS))} (got mode={mode!r}, "
                          f"evaluator={evaluator!r})")
-    if isinstance(program, str) and not _is_program_of(mode, program):
+    if isinstance(program, str) and not torch.compiler.is_compiling() and not _is_program_of(mode, program):
         known = _programs.names(mode=mode, derivative=False)
         raise ValueError(f"program {program!r} is not a {mode} program of the coefficient table; known: {known}")
     if not isinstance(program, str) and program.mode != mode:
@@ -94,60 +121,78 @@ def _check_program(mode, evaluator, program) -> None:
                          f"{_programs.names(mode=mode, derivative=False)})")
 
 
-@torch.compiler.assume_constant_result
 def _is_program_of(mode: str, name: str) -> bool:
-    """Is `name` a forward program of mode in the committed table?  A constant under
-    torch.compile (the table is read when tracing, not traced)."""
+    """Is `name` a forward program of mode in the committed table?  Not asked under
+    torch.compile (the table is not traced; the plan, resolved inside the custom op, refuses
+    a name the table does not have).  No decorator that would import torch._dynamo at import
+    time (2 s on a small CPU): a cached process's first call must not pay for it."""
     return name in _programs.names(mode=mode, derivative=False)
 
 
-def _check_options(mode, evaluator, softcap, sigmoid_bias, window_size) -> None:
+def _check_options(mode, evaluator, softcap, sigmoid_bias, sigmoid_grad, score_mod):
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if evaluator not in EVALUATORS:
         raise ValueError(f"evaluator must be one of {EVALUATORS}, got {evaluator!r}")
+    cap = _number("softcap", softcap)
     if mode == "softcap":
-        if softcap is None or not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap > 0):
+        if cap is None or cap <= 0:
             raise ValueError(f"mode='softcap' needs a finite softcap > 0 (Gemma-2 uses 50.0), got {softcap!r}")
-    elif softcap is not None:
+    elif cap is not None:
         raise ValueError(f"softcap={softcap!r} is only meaningful with mode='softcap' (got mode={mode!r})")
-    if sigmoid_bias is not None:
-        if mode != "sigmoid":
-            raise ValueError(f"sigmoid_bias is only meaningful with mode='sigmoid' (got mode={mode!r})")
-        if not math.isfinite(sigmoid_bias):
-            raise ValueError(f"sigmoid_bias must be finite, got {sigmoid_bias!r}")
-    if len(window_size) != 2 or any(not isinstance(w, int) or w < -1 for w in window_size):
-        raise ValueError(f"window_size must be (left, right) ints >= -1 (-1 = unbounded), got {window_size!r}")
+    bias = _number("sigmoid_bias", sigmoid_bias)
+    if bias is not None and mode != "sigmoid":
+        raise ValueError(f"sigmoid_bias is only meaningful with mode='sigmoid' (got mode={mode!r})")
+    if sigmoid_grad is not None:
+        if sigmoid_grad not in SIGMOID_GRADS:
+            raise ValueError(f"sigmoid_grad must be one of {SIGMOID_GRADS}, got {sigmoid_grad!r}")
+        if mode != "sigmoid" or evaluator != "poly":
+            raise ValueError(f"sigmoid_grad selects the sigmoid poly backward's rule: it needs mode='sigmoid', "
+                             f"evaluator='poly' (got mode={mode!r}, evaluator={evaluator!r})")
+    if score_mod is not None and mode != "softmax":
+        raise ValueError(f"score_mod runs before the softmax normalisation (FlexAttention's order): it needs "
+                         f"mode='softmax', got mode={mode!r} (softcap is itself a score_mod: "
+                         "flash_attn_poly.score_mod.softcap)")
+    return cap, bias
 
 
-def validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale,
-             window_size=(-1, -1), deterministic=False, program=None) -> AttnArgs:
+def _check_aux(aux_tensors, q) -> tuple:
+    if aux_tensors is None:
+        return ()
+    if isinstance(aux_tensors, torch.Tensor) or not isinstance(aux_tensors, (list, tuple)):
+        raise TypeError(f"aux_tensors must be a list of tensors, got {type(aux_tensors).__name__}")
+    from .kernels.config import AUX_DTYPES
+    for i, t in enumerate(aux_tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"aux_tensors[{i}] must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != q.device:
+            raise ValueError(f"aux_tensors[{i}] is on {t.device}, q on {q.device}")
+        if str(t.dtype).removeprefix("torch.") not in AUX_DTYPES:
+            raise TypeError(f"aux_tensors[{i}] has dtype {t.dtype}; supported: {sorted(AUX_DTYPES)}")
+        if t.dim() == 0:
+            raise ValueError(f"aux_tensors[{i}] is 0-d; pass a 1-d tensor (a score_mod reads it by index)")
+    return tuple(aux_tensors)
+
+
+def validate(q, k, v, mode="softmax", evaluator="poly", causal=True, softcap=None, sigmoid_bias=None,
+             softmax_scale=None, window_size=(-1, -1), deterministic=False, program=None,
+             sigmoid_grad=None, score_mod=None, n_aux=0, aux_meta=()) -> AttnCall:
+    """The validated call (flash_attn_poly.plan.AttnCall) of attention()'s arguments."""
     _check_tensors(q, k, v)
-    _check_options(mode, evaluator, softcap, sigmoid_bias, tuple(window_size))
+    cap, bias = _check_options(mode, evaluator, softcap, sigmoid_bias, sigmoid_grad, score_mod)
     _check_program(mode, evaluator, program)
-    if not isinstance(deterministic, bool):
-        # a truthy string or tensor here is almost surely a misplaced argument
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    if not (math.isfinite(scale) and scale > 0):
+    _bool("causal", causal)
+    _bool("deterministic", deterministic)
+    window = _window(window_size)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else _number("softmax_scale", softmax_scale)
+    if not scale > 0:
         raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale!r}")
-    if program is None and evaluator == "poly" and mode in _programs.MODE_TARGETS:
-        program = _default_program(mode, q.dtype, softcap)
-    return AttnArgs(mode, evaluator, bool(causal), None if softcap is None else float(softcap),
-                    None if sigmoid_bias is None else float(sigmoid_bias), scale, tuple(window_size),
-                    deterministic, program)
-
-
-@functools.lru_cache(maxsize=None)
-def _default_program(mode: str, dtype: torch.dtype, softcap) -> Optional[str]:
-    """kernels/score_stages.default_program for these inputs (None where the kernels are not
-    installed: the reference backend ignores the program).  Cached: validate runs per call, and
-    without the kernels a failed import would be retried every time."""
-    try:
-        from .kernels import score_stages
-    except ImportError:
-        return None
-    return score_stages.default_program(mode, "bf16" if dtype == torch.bfloat16 else "f16", softcap)
+    b, s_q, h_q, d = q.shape
+    return AttnCall(mode=mode, evaluator=evaluator, dtype=_DTYPE_NAMES[q.dtype], head_dim=d, batch=b,
+                    seqlen_q=s_q, seqlen_k=k.shape[1], heads_q=h_q, heads_kv=k.shape[2], causal=causal,
+                    window=window, softmax_scale=scale, softcap=cap, sigmoid_bias=bias, program=program,
+                    deterministic=deterministic, sigmoid_grad=sigmoid_grad, score_mod=score_mod,
+                    aux=tuple(aux_meta))
 
 
 def _pick_backend(q: torch.Tensor, backend: str) -> str:
@@ -164,7 +209,7 @@ def _pick_backend(q: torch.Tensor, backend: str) -> str:
     return "reference"
 
 
-def _check_cuda_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: AttnArgs) -> None:
+def _check_cuda_support(q: torch.Tensor, call: AttnCall) -> None:
     if not q.is_cuda:
         raise ValueError(f"backend='cuda' needs CUDA tensors, got {q.device}")
     if q.dtype not in DTYPES:
@@ -174,98 +219,117 @@ def _check_cuda_support(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: At
     if cap != (9, 0):
         raise RuntimeError(f"the CUDA kernels are built for sm_90 (Hopper); this GPU is sm_{cap[0]}{cap[1]}")
     if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"head_dim {q.shape[-1]} is not supported by the CUDA kernels; supported: {HEAD_DIMS}")
-    check_program_dtype(q.dtype, a)
+        raise ValueError(f"head_dim {q.shape[-1]} is not supported by the CUDA kernels; supported: {HEAD_DIMS} "
+                         "(backend='reference' runs any head_dim)")
 
 
-def check_program_dtype(dtype: torch.dtype, a: AttnArgs) -> None:
-    """sigmoid/poly writes its block's packed P straight into the PV / dV operand, so FP16
-    inputs need an FP16 program (the default); the seed's BF16 program takes BF16 only."""
-    if a.mode == "sigmoid" and a.evaluator == "poly" and dtype != torch.bfloat16:
-        from .kernels import score_stages
-        score_stages.check_sigmoid_dtype(a.evaluator, a.program or score_stages.DEFAULT_PROGRAM["sigmoid"],
-                                         False)
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=4096)
+def _plan(call: AttnCall, sm_count: int):
+    """The plan of a call signature (resolved once: the forward, the backward and the custom
+    ops of one call all use this plan)."""
+    return plan_mod.resolve(call, sm_count)
+
+
+def plan_for(call: AttnCall, device) -> "plan_mod.AttnPlan":
+    return _plan(call, _sm_count(device.index if device.index is not None else torch.cuda.current_device()))
+
+
+# ------------------------------------------------------------------------------ the API
 def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: Optional[float] = None,
               sigmoid_bias: Optional[float] = None, evaluator: str = "poly",
               softmax_scale: Optional[float] = None, window_size=(-1, -1),
               backend: str = "auto", return_lse: bool = False, deterministic: bool = False,
-              program=None):
+              program=None, sigmoid_grad: Optional[str] = None, score_mod=None, score_mod_bwd=None,
+              aux_tensors=None):
     """Attention over q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D); returns O (B, S_q, H_q, D).
 
     mode: "softmax" | "softcap" (Gemma-2: logits = softcap * tanh(logits / softcap)) |
     "sigmoid" (O_i = sum_j sigmoid(scale * q_i.k_j + sigmoid_bias) v_j, bias default -ln S_k).
-    evaluator: "poly" runs a polynomial program on the FMA pipe for part of the key columns
-    (the rest on MUFU; kernels/score_stages.default_poly_split: softcap 1/8, sigmoid 1/16, 1/8
-    at D = 256), "native" the MUFU instructions.
-    program: with evaluator="poly", the program to run: a name of the committed coefficient table
-    (flash_attn_poly/data/programs.json), or a ProgramSpec of any table, e.g. a refit
-    `flash_attn_poly.asm.programs.spec("sigmoid_attn_n8192", table=load_table(path))` (None: the
-    default for the inputs, kernels/score_stages.default_program). Softcap with BF16 inputs and
-    softcap <= 50: "exp2_f32_d3", the exp2 offload. Every tanh stays on MUFU, and P = 2^a comes
-    from an FP32 degree-3 polynomial (fit/exp2.py) for 1/8 of the columns of the mask-free key
-    blocks. Its error is native's (1.00x at every spread, bench/results/accuracy_softcap.md). Its
-    forward is 1.04x faster than native's at the anchor shape (gqa_4096_pairs.md), and its
-    backward is the native one. Softcap otherwise (FP16 inputs, larger caps): packed-FP16
-    "softcap_c50_f16_odd". This evaluates the residual u - tanh u as an odd polynomial in u, with
-    the clamp on the FMA pipe, on 1/8 of the columns. Its error is native's at score std ~12 and
-    1.3-1.8x native's at a saturating std ~20 (accuracy_softcap.md). Sigmoid: packed-FP16
-    "sigmoid_attn_n4096_f16" (D4). Softcap also has:
-      - "softcap_c50_f16" (D5 in |u|, 1.2-1.7x at std ~20);
-      - "softcap_c50_f16_tail" (two regions: D5 residual below |x/c| = 1, 1 - tanh above; 1.03x
-        native's error at std ~20; its backward is slower at D = 256: poly_split_r16.md,
-        gemma2_d256_programs.md).
-    The seed's packed-BF16 programs are "softcap_c50" (D4) and "sigmoid_attn_n4096" (D3). They
-    are several times less accurate at wide score spreads (bench/results/poly_split.md). The
-    reference backend always computes the exact functions and ignores program.
+    evaluator: "poly" runs polynomial programs on the FMA pipe for part of the work (the plan's
+    rows, flash_attn_poly/plan.py: softcap with BF16 inputs and softcap <= 50 takes P = 2^a on
+    the FMA pipe for 1/8 of the key columns, every tanh on MUFU ("exp2_f32_d3", native's error);
+    other softcap inputs the FP16 tanh program "softcap_c50_f16_odd" on 1/8 of the columns;
+    sigmoid the FP16 program "sigmoid_attn_n4096_f16" on 1/16), "native" the MUFU instructions.
+    program: with evaluator="poly", the program to run instead: a name of the committed table
+    (flash_attn_poly/data/programs.json; `python -m flash_attn_poly.asm count` lists them, e.g.
+    the seed's BF16 "softcap_c50" and "sigmoid_attn_n4096", or a refit "sigmoid_attn_n8192"), or a
+    ProgramSpec of any table (`flash_attn_poly.asm.programs.spec(name, table=...)`).  The
+    reference backend computes the exact functions and ignores it.
+    sigmoid_grad: the sigmoid poly backward's rule: "product" (default: sigma' = p (1 - p)) or
+    "surrogate" (the seed's coupled 22-instruction block, B3; programs with a _grad entry).
+    score_mod / score_mod_bwd / aux_tensors: a user score function compiled into the kernels
+    before the softmax (mode "softmax"), flash-attn-4's signature; see flash_attn_poly.score_mod
+    (ScoreMod, and the documented examples alibi() and softcap()).  score_mod_bwd (its
+    derivative) is needed when gradients are.
     backend: "auto" (CUDA kernels on sm_90, else the torch reference with a warning),
     "cuda", or "reference" (exact functions in FP32 torch; slow, any device).
     return_lse: also return the FP32 natural-log LSE (B, H_q, S_q) (softmax modes only).
     window_size: (left, right) sliding window like flash-attn (-1 = unbounded): query i sees
     keys j with i + S_k - S_q - left <= j <= i + S_k - S_q + right; causal sets right = 0.
-    head_dim: 64, 128 or 256, forward and backward (the D = 256 backward recomputes the
-    scores once per 128-column chunk of the gradients: docs/NOTES_attn_bwd.md).
+    head_dim: 64, 128 or 256 on the CUDA backend, forward and backward.
     deterministic: the CUDA backward adds its FP32 partial sums in a fixed order, so the
-    gradients are bitwise reproducible run to run (a separate kernel build; slower where
-    CTAs wait for their turn).  The forward and the reference backend are deterministic
-    already and ignore it.
+    gradients are bitwise reproducible run to run (a separate kernel build).
     Differentiable; under torch.compile it is a torch custom op
-    (`torch.ops.flash_attn_poly.attn_fwd`), traced without graph breaks (eagerly a
-    torch.autograd.Function runs the same kernels with less host work).
+    (`torch.ops.flash_attn_poly.attn_fwd`), traced without graph breaks.
     """
-    a = validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size,
-                 deterministic, program)
-    if return_lse and a.mode == "sigmoid":
+    mod = None
+    if score_mod is not None or score_mod_bwd is not None:
+        if score_mod is None:
+            raise ValueError("score_mod_bwd given without score_mod")
+        mod = as_score_mod(score_mod, score_mod_bwd)
+    aux = _check_aux(aux_tensors, q) if isinstance(q, torch.Tensor) else ()
+    if aux and mod is None:
+        raise ValueError("aux_tensors are read by a score_mod: pass score_mod= too")
+    aux_meta = tuple((str(t.dtype).removeprefix("torch."), t.dim()) for t in aux)
+    call = validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size,
+                    deterministic, program, sigmoid_grad, mod, aux_meta=aux_meta)
+    if return_lse and call.mode == "sigmoid":
         raise ValueError("return_lse: sigmoid attention has no log-sum-exp")
     which = _pick_backend(q, backend)
     if which == "cuda":
-        _check_cuda_support(q, k, v, a)
-    bias = a.sigmoid_bias if a.sigmoid_bias is not None else reference.default_sigmoid_bias(k.shape[1])
+        _check_cuda_support(q, call)
+        if call.evaluator == "poly" and call.mode == "sigmoid" and q.dtype != torch.bfloat16:
+            _check_sigmoid_program_dtype(call)
+    if mod is not None:
+        if which == "reference" and mod.reference is None:
+            raise ValueError(f"score_mod {mod.name!r} is a CuTe DSL function: backend='reference' needs a torch "
+                             "version of it, ScoreMod(fwd, bwd, reference=...)")
+        if mod.bwd is None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise ValueError(f"score_mod {mod.name!r} has no derivative and gradients are needed: pass "
+                             "score_mod_bwd= (or ScoreMod(fwd, bwd)), or run under torch.no_grad()")
     if torch.compiler.is_compiling():
-        out, lse = torch.ops.flash_attn_poly.attn_fwd(
-            q, k, v, a.mode, a.evaluator, a.causal, a.softcap or 0.0, bias, a.softmax_scale,
-            list(a.window_size), which, a.deterministic, _program_arg(a.program))
+        out, lse = torch.ops.flash_attn_poly.attn_fwd(q, k, v, list(aux), *_op_args(call), which)
     else:
-        op_args = _args_from_op(a.mode, a.evaluator, a.causal, a.softcap, bias, a.softmax_scale,
-                                a.window_size, a.deterministic, a.program)
-        out, lse = _EagerAttn.apply(q, k, v, op_args, which)
+        out, lse = _EagerAttn.apply(q, k, v, call, which, *aux)
     return (out, lse) if return_lse else out
 
 
+def _check_sigmoid_program_dtype(call: AttnCall) -> None:
+    """sigmoid/poly writes its block's packed P straight into the PV / dV operand, so FP16
+    inputs need an FP16 program (the default); the seed's BF16 program takes BF16 only."""
+    if call.program is None:
+        return
+    spec = call.program if isinstance(call.program, _programs.ProgramSpec) else _programs.spec(call.program)
+    if not spec.f16:
+        raise ValueError(f"sigmoid/poly program {spec.name!r} writes packed bf16 P: BF16 inputs only "
+                         "(FP16 inputs need an FP16 program, e.g. the default 'sigmoid_attn_n4096_f16')")
+
+
 class _EagerAttn(torch.autograd.Function):
-    """attention() outside torch.compile: the custom ops' forward and backward bodies called
-    directly.  Same kernels, same arguments, without the two custom-op dispatches (torch's
-    Python layers around a custom op: softmax backward host time 325 -> 218 us per call on
-    the H200 host, bench/results/host_cost.md).  Under torch.compile, attention() uses the
-    custom ops, which trace without graph breaks."""
+    """attention() outside torch.compile: the custom ops' bodies called directly, with the
+    resolved plan in the autograd context (less host work than the custom-op dispatch)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, a: AttnArgs, backend: str):
-        out, lse = _reference_forward(q, k, v, a) if backend == "reference" else _cuda_forward(q, k, v, a)
-        lse = _lse_or_empty(q, lse)
-        ctx.a, ctx.backend = a, backend
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, call: AttnCall, backend: str, *aux):
+        p = plan_for(call, q.device) if backend == "cuda" else None
+        out, lse = _forward(q, k, v, call, p, backend, aux)
+        ctx.call, ctx.plan, ctx.backend, ctx.n_aux = call, p, backend, len(aux)
+        ctx.save_for_backward(q, k, v, out, lse, *aux)
         ctx.mark_non_differentiable(lse)
         # no zero-filled gradient for the non-differentiable LSE (a fill launch per backward)
         ctx.set_materialize_grads(False)
@@ -273,52 +337,73 @@ class _EagerAttn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, *aux = ctx.saved_tensors
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
-        grads = (_reference_backward(dout, q, k, v, ctx.a) if ctx.backend == "reference"
-                 else _cuda_backward(dout, q, k, v, out, lse, ctx.a))
-        return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3])) + (None, None)
+        grads = _backward(dout, q, k, v, out, lse, ctx.call, ctx.plan, ctx.backend, aux)
+        return (tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3]))
+                + (None, None) + (None,) * ctx.n_aux)
 
 
-def _args_from_op(mode, evaluator, causal, softcap, bias, scale, window, deterministic=False,
-                  program="") -> AttnArgs:
-    return AttnArgs(mode, evaluator, causal, softcap if mode == "softcap" else None,
-                    bias if mode == "sigmoid" else None, scale, tuple(window), deterministic,
-                    _program_from_arg(program))
+def _forward(q, k, v, call, p, backend, aux):
+    if backend == "reference":
+        out, lse = _reference_forward(q, k, v, call, aux)
+    elif q.numel() == 0:   # no query rows: nothing to compute, and a grid of 0 CTAs is a launch error
+        b, s_q, h_q, _ = q.shape
+        out, lse = torch.empty_like(q), q.new_empty((b, h_q, s_q), dtype=torch.float32)
+    else:
+        from .kernels import dispatch
+        out, lse = dispatch.forward(p, q, k, v, aux)
+    return out, (q.new_empty((0,), dtype=torch.float32) if lse is None or call.mode == "sigmoid" else lse)
 
 
-def _program_arg(program) -> str:
-    """AttnArgs.program as the custom ops' str argument: "" (none), a committed table's name,
-    or a ProgramSpec's JSON (its content: the ops stay traceable with a program of any table)."""
-    if program is None:
-        return ""
-    return program if isinstance(program, str) else program.json_text
+def _backward(dout, q, k, v, out, lse, call, p, backend, aux):
+    if backend == "reference":
+        return _reference_backward(dout, q, k, v, call, aux)
+    if q.numel() == 0:   # no query rows: no (query, key) pair, every gradient is zero; no launch
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    from .kernels import dispatch
+    return dispatch.backward(p, dout, q, k, v, out, lse, aux)
 
 
-def _program_from_arg(program):
-    """The inverse of _program_arg (a ProgramSpec or None passes through)."""
-    if not program:
-        return None
-    if isinstance(program, str) and program.startswith("{"):
-        return _programs.from_json(program)
-    return program
+# ------------------------------------------------------------------------------ custom ops
+def _op_args(call: AttnCall) -> tuple:
+    """The call's options as the custom ops' arguments (shapes and dtype come from the tensors)."""
+    prog = "" if call.program is None else (call.program if isinstance(call.program, str)
+                                            else call.program.json_text)
+    return (call.mode, call.evaluator, call.causal, call.softcap or 0.0,
+            math.nan if call.sigmoid_bias is None else call.sigmoid_bias, call.softmax_scale,
+            list(call.window), call.deterministic, prog, call.sigmoid_grad or "",
+            "" if call.score_mod is None else call.score_mod.key)
+
+
+def _call_from_op(q, k, aux, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window,
+                  deterministic, program, sigmoid_grad, score_mod) -> AttnCall:
+    if program.startswith("{"):
+        program = _programs.from_json(program)
+    b, s_q, h_q, d = q.shape
+    return AttnCall(mode=mode, evaluator=evaluator, dtype=_DTYPE_NAMES[q.dtype], head_dim=d, batch=b,
+                    seqlen_q=s_q, seqlen_k=k.shape[1], heads_q=h_q, heads_kv=k.shape[2], causal=causal,
+                    window=tuple(window), softmax_scale=softmax_scale,
+                    softcap=softcap if mode == "softcap" else None,
+                    sigmoid_bias=None if math.isnan(sigmoid_bias) else sigmoid_bias,
+                    program=program or None, deterministic=deterministic, sigmoid_grad=sigmoid_grad or None,
+                    score_mod=_score_mod_by_key(score_mod) if score_mod else None,
+                    aux=tuple((str(t.dtype).removeprefix("torch."), t.dim()) for t in aux))
 
 
 @torch.library.custom_op("flash_attn_poly::attn_fwd", mutates_args=())
-def _attn_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, evaluator: str,
-                 causal: bool, softcap: float, sigmoid_bias: float, softmax_scale: float,
-                 window_size: list[int], backend: str,
-                 deterministic: bool = False, program: str = "") -> tuple[torch.Tensor, torch.Tensor]:
-    # deterministic only matters to the backward op (it gets it via the autograd context)
-    a = _args_from_op(mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size,
-                      program=program)
-    out, lse = _reference_forward(q, k, v, a) if backend == "reference" else _cuda_forward(q, k, v, a)
-    return out, _lse_or_empty(q, lse)
+def _attn_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, aux: list[torch.Tensor], mode: str,
+                 evaluator: str, causal: bool, softcap: float, sigmoid_bias: float, softmax_scale: float,
+                 window_size: list[int], deterministic: bool, program: str, sigmoid_grad: str,
+                 score_mod: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    call = _call_from_op(q, k, aux, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale,
+                         window_size, deterministic, program, sigmoid_grad, score_mod)
+    p = plan_for(call, q.device) if backend == "cuda" else None
+    return _forward(q, k, v, call, p, backend, tuple(aux))
 
 
 @_attn_fwd_op.register_fake
-def _attn_fwd_fake(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale,
-                   window_size, backend, deterministic=False, program=""):
+def _attn_fwd_fake(q, k, v, aux, mode, *rest):
     b, s_q, h_q, _ = q.shape
     lse_shape = (0,) if mode == "sigmoid" else (b, h_q, s_q)
     return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
@@ -326,79 +411,82 @@ def _attn_fwd_fake(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, soft
 
 @torch.library.custom_op("flash_attn_poly::attn_bwd", mutates_args=())
 def _attn_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 out: torch.Tensor, lse: torch.Tensor, mode: str, evaluator: str, causal: bool,
-                 softcap: float, sigmoid_bias: float, softmax_scale: float, window_size: list[int],
-                 backend: str, deterministic: bool = False,
-                 program: str = "") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    a = _args_from_op(mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size,
-                      deterministic, program)
-    if backend == "reference":
-        return _reference_backward(dout, q, k, v, a)
-    return _cuda_backward(dout, q, k, v, out, lse, a)
+                 out: torch.Tensor, lse: torch.Tensor, aux: list[torch.Tensor], mode: str, evaluator: str,
+                 causal: bool, softcap: float, sigmoid_bias: float, softmax_scale: float,
+                 window_size: list[int], deterministic: bool, program: str, sigmoid_grad: str,
+                 score_mod: str, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    call = _call_from_op(q, k, aux, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale,
+                         window_size, deterministic, program, sigmoid_grad, score_mod)
+    p = plan_for(call, q.device) if backend == "cuda" else None
+    return _backward(dout, q, k, v, out, lse, call, p, backend, tuple(aux))
 
 
 @_attn_bwd_op.register_fake
-def _attn_bwd_fake(dout, q, k, v, out, lse, mode, evaluator, causal, softcap, sigmoid_bias,
-                   softmax_scale, window_size, backend, deterministic=False, program=""):
+def _attn_bwd_fake(dout, q, k, v, out, lse, aux, *rest):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *rest = inputs
-    ctx.rest = rest   # the forward op's options (deterministic last): the backward op's tail
-    ctx.save_for_backward(q, k, v, *output)
+    q, k, v, aux, *rest = inputs
+    ctx.rest = rest   # the forward op's options: the backward op's tail
+    ctx.n_aux = len(aux)
+    ctx.save_for_backward(q, k, v, *output, *aux)
 
 
-def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = _attn_bwd_op(dout.contiguous(), q, k, v, out, lse, *ctx.rest)
+def _op_backward(ctx, dout, _dlse):
+    q, k, v, out, lse, *aux = ctx.saved_tensors
+    dq, dk, dv = _attn_bwd_op(dout.contiguous(), q, k, v, out, lse, list(aux), *ctx.rest)
     need = ctx.needs_input_grad
-    return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (None,) * len(ctx.rest)
+    return ((dq if need[0] else None, dk if need[1] else None, dv if need[2] else None, [None] * ctx.n_aux)
+            + (None,) * len(ctx.rest))
 
 
-_attn_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+_attn_fwd_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
-def _lse_or_empty(q, lse):
-    return q.new_empty((0,), dtype=torch.float32) if lse is None else lse
+# ------------------------------------------------------------------------------ reference backend
+def _index_grids(q, k):
+    """Broadcastable (batch, head, q_idx, kv_idx) index tensors of the (B, H, S_q, S_k) scores."""
+    b, s_q, h_q, _ = q.shape
+    s_k = k.shape[1]
+    dev = q.device
+    return (torch.arange(b, device=dev).view(b, 1, 1, 1), torch.arange(h_q, device=dev).view(1, h_q, 1, 1),
+            torch.arange(s_q, device=dev).view(1, 1, s_q, 1), torch.arange(s_k, device=dev).view(1, 1, 1, s_k))
 
 
-def _reference_forward(q, k, v, a: AttnArgs):
+def _user_fns(call: AttnCall, q, k, aux):
+    """(score_fn, score_grad_fn) of a user score_mod's torch reference for reference.attention_ref."""
+    if call.score_mod is None:
+        return None, None
+    ref = call.score_mod.reference
+    grids = _index_grids(q, k)
+    aux = list(aux)
+
+    def fn(x):
+        return ref(x, *grids, aux)
+
+    def grad(x):
+        with torch.enable_grad():
+            xr = x.detach().requires_grad_()
+            (g,) = torch.autograd.grad(fn(xr).sum(), xr)
+        return g
+
+    return fn, grad
+
+
+def _reference_forward(q, k, v, call: AttnCall, aux=()):
+    fn, _ = _user_fns(call, q, k, aux)
     out, lse = reference.attention_ref(
-        q, k, v, a.mode, causal=a.causal, softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
-        softmax_scale=a.softmax_scale, window_size=a.window_size, dtype=torch.float32)
+        q, k, v, call.mode, causal=call.causal, softcap=call.softcap, sigmoid_bias=call.sigmoid_bias,
+        softmax_scale=call.softmax_scale, window_size=call.window, dtype=torch.float32, score_fn=fn)
     return out.to(q.dtype).contiguous(), None if lse is None else lse.float().contiguous()
 
 
-def _reference_backward(dout, q, k, v, a: AttnArgs):
+def _reference_backward(dout, q, k, v, call: AttnCall, aux=()):
     """Gradients by the reference's explicit backward formulas, in FP32."""
+    fn, grad = _user_fns(call, q, k, aux)
     grads = reference.attention_ref_backward(
-        dout, q, k, v, a.mode, causal=a.causal, softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
-        softmax_scale=a.softmax_scale, window_size=a.window_size, dtype=torch.float32)
+        dout, q, k, v, call.mode, causal=call.causal, softcap=call.softcap, sigmoid_bias=call.sigmoid_bias,
+        softmax_scale=call.softmax_scale, window_size=call.window, dtype=torch.float32,
+        score_fn=fn, score_grad_fn=grad)
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
-
-
-def _cuda_forward(q, k, v, a: AttnArgs):
-    if q.numel() == 0:   # no query rows (batch, seqlen_q or heads 0): nothing to compute, and a
-        # grid of 0 CTAs is a CUDA launch error
-        b, s_q, h_q, _ = q.shape
-        lse = None if a.mode == "sigmoid" else q.new_empty((b, h_q, s_q), dtype=torch.float32)
-        return torch.empty_like(q), lse
-    from .kernels import attn_fwd_sm90
-    return attn_fwd_sm90.attn_fwd(q, k, v, mode=a.mode, evaluator=a.evaluator, causal=a.causal,
-                                  softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
-                                  softmax_scale=a.softmax_scale, window_size=a.window_size,
-                                  program=a.program)
-
-
-def _cuda_backward(dout, q, k, v, out, lse, a: AttnArgs):
-    if q.numel() == 0:   # no query rows: no (query, key) pair, every gradient is zero; no launch
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    try:
-        from .kernels import attn_bwd_sm90
-    except ImportError as e:
-        raise NotImplementedError("the CUDA attention backward is not available in this build") from e
-    return attn_bwd_sm90.attn_bwd(dout, q, k, v, out, lse, mode=a.mode, evaluator=a.evaluator,
-                                  causal=a.causal, softcap=a.softcap, sigmoid_bias=a.sigmoid_bias,
-                                  softmax_scale=a.softmax_scale, window_size=a.window_size,
-                                  deterministic=a.deterministic, program=a.program)

@@ -68,8 +68,8 @@ def attention_ref(
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Return (out in q.dtype-free `dtype`, lse (B, H_q, S_q) or None for sigmoid).
 
-    score_fn, if given, maps scaled scores to: capped logits (softcap) or
-    probabilities (sigmoid, bias included). It is not used for softmax.
+    score_fn, if given, maps scaled scores to: capped logits (softcap), probabilities
+    (sigmoid, bias included), or the logits the softmax normalises (softmax: a user score_mod).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -92,6 +92,8 @@ def attention_ref(
         if softcap is None or softcap <= 0:
             raise ValueError("softcap mode needs softcap > 0")
         x = score_fn(x).to(dtype) if score_fn is not None else softcap * torch.tanh(x / softcap)
+    elif score_fn is not None:   # softmax over a user score function's output (score_mod)
+        x = score_fn(x).to(dtype)
     x = x.masked_fill(~allowed, float("-inf"))
     lse = torch.logsumexp(x, dim=-1)
     p = torch.exp(x - lse[..., None]).nan_to_num(0.0)  # rows with no key: exp(-inf - -inf) = nan -> 0
@@ -105,7 +107,7 @@ def attention_ref_lowprec(q, k, v, mode="softmax", *, causal=True, softcap=None,
     function in FP32, probabilities rounded to q.dtype before the PV product, output in
     q.dtype. Its error against `attention_ref` sets the scale of what a kernel may be off
     by (see flash_attn_poly.testing).  fixed_max (softmax modes): the constant row max m0 of
-    a kernel built with AttnFwdConfig.fixed_max: p = exp(logit - m0) is rounded to q.dtype for
+    a kernel built with FwdConfig.fixed_max: p = exp(logit - m0) is rounded to q.dtype for
     the PV product and the row sum adds the unrounded p, so a row whose mass sits on one key
     is off by that key's rounding (exactly 1 with the row's own max)."""
     s_q, s_k = q.shape[1], k.shape[1]
@@ -186,6 +188,9 @@ def attention_ref_backward(
         if mode == "softcap":
             logits = score_fn(x).to(dtype) if score_fn is not None else softcap * torch.tanh(x / softcap)
             dcap = score_grad_fn(x).to(dtype) if score_grad_fn is not None else 1 - torch.tanh(x / softcap) ** 2
+        elif score_fn is not None:   # a user score_mod: its logits and d logit / dx
+            logits = score_fn(x).to(dtype)
+            dcap = score_grad_fn(x).to(dtype)
         logits = logits.masked_fill(~allowed, float("-inf"))
         p = torch.softmax(logits, dim=-1).nan_to_num(0.0)
         if out is not None:

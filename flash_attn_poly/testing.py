@@ -38,14 +38,52 @@ def assert_close_rule(out: torch.Tensor, ref: torch.Tensor, ref_lowprec: torch.T
     return stats
 
 
-def fixed_max_m0(mode: str, dtype: torch.dtype, softcap, tuning=None):
-    """The constant row max (logits) the forward uses for these arguments (attn_fwd's
-    AttnFwdConfig.fixed_max choice), or None: for attention_ref_lowprec(fixed_max=...)."""
-    from .kernels import attn_fwd_sm90 as A, score_stages as S
-    cap = 50.0 if softcap is None else float(softcap)
-    dt = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    on = A._fixed_max_kw(mode, dt, cap, tuning).get("fixed_max") or bool((tuning or {}).get("fixed_max"))
-    return cap - S.FIXED_MAX_HEADROOM if on else None
+def fixed_max_m0(plan):
+    """The constant row max (logits) a plan's forward uses (FwdConfig.fixed_max), or None: for
+    attention_ref_lowprec(fixed_max=...)."""
+    from .kernels.scores.softcap import FIXED_MAX_HEADROOM
+    return plan.softcap - FIXED_MAX_HEADROOM if plan.fwd.fixed_max else None
+
+
+def plan_for(q, k, v, mode="softmax", evaluator="native", overrides=None, **kw):
+    """The plan attention(q, k, v, mode, evaluator=..., **kw) resolves, with plan overrides
+    ("fwd.<field>", "bwd.<field>", "poly_split", "grad_rule"; flash_attn_poly.plan.resolve):
+    what a kernel test runs instead of a default."""
+    from . import interface, plan as plan_mod
+    call = interface.validate(q, k, v, mode, evaluator, kw.pop("causal", True), kw.pop("softcap", None),
+                              kw.pop("sigmoid_bias", None), kw.pop("softmax_scale", None),
+                              kw.pop("window_size", (-1, -1)), kw.pop("deterministic", False),
+                              kw.pop("program", None), kw.pop("sigmoid_grad", None))
+    if kw:
+        raise TypeError(f"plan_for: unknown arguments {sorted(kw)}")
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
+    return plan_mod.resolve(call, sms, overrides)
+
+
+def run_forward(q, k, v, mode="softmax", evaluator="native", overrides=None, poison=False, **kw):
+    """(o, lse or None, plan) of the CUDA forward for plan_for(...)'s plan; poison: into
+    NaN-filled O and LSE buffers (forward_poisoned)."""
+    from .kernels import dispatch
+    p = plan_for(q, k, v, mode, evaluator, overrides, **kw)
+    o, lse = forward_poisoned(p, q, k, v) if poison else dispatch.forward(p, q, k, v)
+    return o, lse, p
+
+
+def forward_poisoned(plan, q, k, v):
+    """kernels.dispatch.forward of plan into NaN-filled O and LSE buffers, so an element the
+    kernel never writes stays NaN and cannot pass (new buffers may hold an earlier call's
+    correct values)."""
+    from .kernels import dispatch
+    b, s_q, h_q, _ = q.shape
+    out = poison_(torch.empty_like(q))
+    lse = poison_(torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device))
+    return dispatch.forward(plan, q, k, v, out=out, lse=lse)
+
+
+def run_backward(plan, dout, q, k, v, out, lse):
+    """(dq, dk, dv) of the CUDA backward for a plan (run_forward's)."""
+    from .kernels import dispatch
+    return dispatch.backward(plan, dout, q, k, v, out, lse)
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:

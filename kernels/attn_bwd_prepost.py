@@ -8,7 +8,7 @@ preprocess: D = rowsum(dO o O) and LSE in log2 units, both (B, H_q, S_pad) FP32 
     tail padded so that a whole tile_m block can be TMA-loaded; LSE = -inf rows (no key
     visible) and padding become +inf, so the kernel's P = exp2(s - LSE) is exactly 0 there.
 postprocess: FP32 accumulators -> dtype, times softmax_scale (the kernel accumulates
-    gradients with respect to the unscaled score, see score_stages_bwd).
+    gradients with respect to the unscaled score, see kernels/scores).
 """
 import math
 

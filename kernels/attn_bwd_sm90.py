@@ -35,7 +35,7 @@ accumulators.  The cost is recomputing S and dP once more per key block (7 GEMMs
 tile x 128 columns instead of 5 x 2 at D = 256, i.e. 1.4x the minimum), and one Q/dO stage
 (full-D Q, dO, K, V and dS take 225 KB of the 227 KB of shared memory).
 
-head_loop build (BwdKey.head_loop, AttnBwdSm90HeadLoop).  The grid runs over KV heads: a
+head_loop build (BwdConfig.head_loop, AttnBwdSm90HeadLoop).  The grid runs over KV heads: a
 CTA owns (key block, KV head, batch) and runs the query blocks of its G = H_q / H_kv query
 heads one after another in one flat (head, query block) loop (producer, MMA and dQ-reduce
 warps alike), so dK and dV stay in registers across the whole group and are stored once,
@@ -47,35 +47,27 @@ dQ/dK/dV reductions (the FP32 atomics, the staged dQ with bulk reductions of dq_
 the deterministic build's turn protocol) live in kernels/bwd_reduce.py, mixed in here.
 """
 
-import dataclasses
 import functools
 import math
-from dataclasses import dataclass
-from typing import Type
 
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.memory import SmemAllocator
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Float64, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-try:  # installed package layout
-    from flash_attn_poly.kernels import mask as mask_mod
-    from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as prepost
-    from flash_attn_poly.kernels.bwd_reduce import DQ_ROW_PAD, BwdReductions, acc_mn_view, dq_rank  # noqa: F401
-    from flash_attn_poly.kernels.tile_scheduler import SectionLptScheduler, section_heads
-except ImportError:  # running from the repository root
-    from kernels import mask as mask_mod
-    from kernels import attn_bwd_prepost_sm90 as prepost
-    from kernels.bwd_reduce import DQ_ROW_PAD, BwdReductions, acc_mn_view, dq_rank  # noqa: F401
-    from kernels.tile_scheduler import SectionLptScheduler, section_heads
+from . import compile_cache, mask as mask_mod, scores
+from .barriers import BwdBarrier
+from .bwd_reduce import DQ_ROW_PAD, BwdReductions, acc_mn_view, dq_rank  # noqa: F401
+from .config import BwdConfig, check_bwd
+from .scores import common as sc
+from .tile_scheduler import SectionLptScheduler, section_heads
 
 NUM_THREADS = 384          # 1 producer warpgroup + 2 MMA warpgroups
 PRODUCER_REGS = 24         # producer only issues TMA
 MMA_REGS = 240             # 2*240 + 24 <= 504 (65536 regs / 128 threads per warpgroup)
-PDS_BARRIER_ID = 1         # named barrier: dS tile complete in smem (256 MMA threads)
 
 
 def transpose_view(t: cute.Tensor) -> cute.Tensor:
@@ -87,26 +79,11 @@ def transpose_view(t: cute.Tensor) -> cute.Tensor:
 SMEM_CAPACITY = 232448   # bytes of dynamic shared memory per CTA on sm_90a (227 KB)
 
 
-@dataclass(frozen=True)
-class BwdTile:
-    """Compile-time tiling; tile_m = 64 keeps P^T/dS^T at 32 regs per thread for D=128."""
-    tile_m: int
-    tile_n: int
-    stages: int = 2
-
-    @staticmethod
-    def for_head_dim(d: int) -> "BwdTile":
-        # D=64: dQ N-split over 2 warpgroups would give 32-wide B slices, narrower than the
-        # 64-element 128B swizzle atom, so split dQ along M instead (needs tile_m = 128).
-        # D=256: one Q/dO stage (full-D Q, dO, K, V and dS fill 225 of 227 KB of smem).
-        return {64: BwdTile(128, 128), 128: BwdTile(64, 128), 256: BwdTile(64, 128, 1)}[d]
-
-
 class AttnBwdSm90(BwdReductions):
-    def __init__(self, dtype: Type[cutlass.Numeric], head_dim: int, is_causal: bool, stage, tile: BwdTile,
-                 window: tuple = (False, False), deterministic: bool = False, dq_async: bool = False,
-                 lpt: bool = False, head_loop: bool = False):
-        assert head_dim in (64, 128, 256), "D must be 64, 128 or 256"
+    def __init__(self, cfg: BwdConfig):
+        check_bwd(cfg)
+        self.cfg = cfg
+        head_dim, dq_async = cfg.head_dim, cfg.dq_async
         # per query block (docs/NOTES_attn_bwd.md, "Main loop v2"): LSE / D read into
         # registers while the S / dV GEMMs run, and (dq_async) dQ issued before dK so the dQ
         # tile is staged to smem while dK runs.  Register limits (CPU SASS): D = 256 keeps smem
@@ -117,32 +94,29 @@ class AttnBwdSm90(BwdReductions):
         self.hoist_lse = self.hoist_dsum and dq_async
         self.dq_early = dq_async
         # ordered (bitwise reproducible) dQ/dK/dV adds; kernels/bwd_reduce.py, "Deterministic mode"
-        self.deterministic = deterministic
+        self.deterministic = cfg.deterministic
         # dQ tile -> smem -> warp 1's bulk reductions, instead of red.global from the MMA
         # threads (module docstring, "dQ reduction"); deterministic builds keep their turns
-        assert not (dq_async and deterministic), "dq_async: not with deterministic"
-        assert not (dq_async and head_dim > 128), "dq_async: the staged dQ tile does not fit D = 256's smem"
         self.dq_async = dq_async
         # CTA order (kernels/tile_scheduler.py): key blocks of L2-sized head sections, longest
         # (lowest n) first, heads fastest; the deterministic build keeps its launch order
-        assert not (lpt and deterministic), "lpt: not with deterministic (turn order needs the grid order)"
-        self.lpt = lpt
+        self.lpt = cfg.lpt
         # head_loop: one CTA per (key block, KV head) runs the query blocks of all G query heads
         # of the GQA group in turn, keeping dK/dV in registers throughout, and stores them
         # scaled and cast (no FP32 dK/dV accumulators, atomics or post pass): module docstring
-        assert not (head_loop and deterministic), "head_loop: not with deterministic"
-        self.head_loop = head_loop
-        self.dtype = dtype
+        self.head_loop = cfg.head_loop
+        self.dtype = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[cfg.dtype]
         self.D = head_dim
-        self.is_causal = is_causal
+        self.is_causal = cfg.causal
         # sliding window: (has left bound, has right bound) compiled in, sizes are args[3:5]
-        self.has_left, self.has_right = window[0], window[1] and not is_causal
-        # the BF16 sigmoid blocks (sigmoid_fwd / sigmoid_fwd_bwd) return packed bf16 P, written to
-        # the dV operand as is; the FP16 program's f16x2 P is converted for BF16 inputs only
-        if stage.mode == "sigmoid":
-            stage.check_dtype(dtype is cutlass.BFloat16)
-        self.stage = stage
-        self.tile_m, self.tile_n, self.stages = tile.tile_m, tile.tile_n, tile.stages
+        self.has_left, self.has_right = cfg.window_left, cfg.window_right and not cfg.causal
+        self.stage = scores.device(cfg.score)
+        # a sigmoid program's packed P is written to the dV operand: BF16 programs need BF16
+        # inputs (the FP16 program's f16x2 P is converted for BF16 inputs)
+        if cfg.score.kind == "sigmoid":
+            self.stage.check_dtype(self.dtype is cutlass.BFloat16)
+        self._aux = None   # a user score function's aux tensors (set while the kernel is traced)
+        self.tile_m, self.tile_n, self.stages = cfg.tile_m, cfg.tile_n, cfg.stages
         # D = 256: each CTA accumulates one 128-wide column chunk of dQ/dK/dV (grid z =
         # batch x chunk) and recomputes S and dP over the full D ("Head dim 256" in the
         # module docstring); D <= 128: one chunk, the whole head.
@@ -157,7 +131,7 @@ class AttnBwdSm90(BwdReductions):
         return cute.tile_to_shape(atom, shape, (0, 1, 2) if stages else (0, 1))
 
     def _tiled_mmas(self):
-        K, MN = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        K, MN = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         dt = self.dtype
         wgs = (2, 1, 1)   # the MMA warpgroups stacked along the key rows of S^T, dP^T, dV, dK
         mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, wgs, (64, self.tile_m))
@@ -215,14 +189,17 @@ class AttnBwdSm90(BwdReductions):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
-                 mdVacc: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32,
+                 mdVacc: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
                  win_left: Int32, win_right: Int32, stream):
-        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (arg0, arg1, arg2),
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (scale, softcap, bias),
                      win_left, win_right, (), stream)
 
     def _launch(self, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, scalars,
-                win_left, win_right, extra, stream):
-        """Host-side body of __call__ (traced inside it); extra: kernel args after the window."""
+                win_left, win_right, extra, stream, aux=None):
+        """Host-side body of __call__ (traced inside it); extra: kernel args after the window.
+        scalars: the call's (softmax scale, softcap, sigmoid bias) in FP64; the score function
+        encodes its three FP32 kernel arguments from them here (scores/*.bwd_scalars)."""
+        scalars = tuple(Float32(a) for a in self.stage.bwd_scalars(*scalars))
         # (B, S, H, D) -> (S, D, H, B); stats (B, H, S_pad) -> (S_pad, H, B)
         mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc = [
             self._seq_major(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc)]
@@ -250,7 +227,7 @@ class AttnBwdSm90(BwdReductions):
         self.kernel(tQ, tK, tV, tdO, tLSE, tDsum, mdQacc, mdKacc, mdVacc,
                     tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
                     mma_sdp, mma_dkv, mma_dq, scalars + self._window_param(win_left, win_right) + extra,
-                    Storage).launch(
+                    Storage, aux).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     def _window_param(self, win_left, win_right):
@@ -272,7 +249,8 @@ class AttnBwdSm90(BwdReductions):
     def kernel(self, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc,
                tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
                mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
-               args, Storage: cutlass.Constexpr):
+               args, Storage: cutlass.Constexpr, aux):
+        self._aux = aux
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if const_expr(self.lpt and self.head_loop):
@@ -488,7 +466,7 @@ class AttnBwdSm90(BwdReductions):
             mma_sdp)
         thr_r2s = r2s.get_slice(tidx)
         tRSsdS = thr_r2s.partition_D(transpose_view(sdS))
-        pds_barrier = pipeline.NamedBarrier(barrier_id=PDS_BARRIER_ID, num_threads=256)
+        pds_barrier = pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DS_READY), num_threads=256)
 
         # the loop sets ACCUMULATE on mma_dkv; partition the epilogue with an untouched copy
         mma_dkv_epi = self._tiled_mmas()[1]
@@ -553,7 +531,7 @@ class AttnBwdSm90(BwdReductions):
         # rP: packed P^T (dV operand); acc_S keeps one FP32 dS factor per score, not P plus
         # an aux derivative (32 more live regs across the dP wait spilled 36-43 STL)
         rP = cute.make_rmem_tensor(shape_a, self.dtype)
-        self.probs(acc_S, rP, tScS, lse, idx, n_block, m_block, seqlen_q, seqlen_k, args)
+        self.probs(acc_S, rP, tScS, lse, idx, n_block, m_block, seqlen_q, seqlen_k, args, head, batch)
         warpgroup.fence()
         self.gemm_acc(mma_dkv, acc_dV, rP, tVrdOt[None, None, None, idx], accumulate)
         warpgroup.commit_group()
@@ -609,21 +587,23 @@ class AttnBwdSm90(BwdReductions):
         return x[c] if const_expr(cute.rank(x.layout) == 1) else x[m, idx]
 
     @cute.jit
-    def probs(self, acc_S, rP, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args):
+    def probs(self, acc_S, rP, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args, head, batch):
         """acc_S (raw S^T) -> dS factor f in place, rP <- packed P^T; causal-masked -> 0."""
         rP32 = cute.recast_tensor(rP, Int32)   # word i = 16-bit elements 2i, 2i+1 of acc_S
         c_mn = acc_mn_view(tScS)
         rows = cute.size(c_mn, mode=[0])
+        coords = sc.Coords(c_mn, m_block * self.tile_m, n_block * self.tile_n, batch, head,
+                           sc.SeqlenInfo(seqlen_q, seqlen_k), self._aux, transposed=True)
         if const_expr(self._static_rows()):
-            self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, tuple(range(rows)))
+            self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, tuple(range(rows)), coords=coords)
         else:
             for r in cutlass.range_constexpr(rows):
                 # S^T rows are keys: group (key // 8) % k differs between the warps of a
                 # warpgroup for k >= 4 (a warp's 16 rows hold groups 2w, 2w+1): uniform branch
                 if self.stage.uses_block((n_block * self.tile_n + c_mn[r, 0][0]) // 8):
-                    self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), True)
+                    self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), True, coords)
                 else:
-                    self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), False)
+                    self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), False, coords)
         if const_expr(self.is_causal or self.has_left or self.has_right):
             self.mask_causal(acc_S, rP32, tScS, n_block, m_block, seqlen_q, seqlen_k, args)
 
@@ -631,14 +611,14 @@ class AttnBwdSm90(BwdReductions):
         """Is the evaluator of every row known at compile time?  Rows r of the C fragment are
         keys lane/4 + 8 (r % 2) of a 16-aligned slice, so key group = r (mod 2): static for
         k <= 2 (and for all-block / all-MUFU splits)."""
-        j, k = getattr(self.stage, "poly_split", (0, 1))
-        return self.stage.evaluator != "poly" or j in (0, k) or k <= 2
+        j, k = self.cfg.score.poly_split
+        return self.cfg.score.evaluator != "poly" or j in (0, k) or k <= 2
 
     def _row_block(self, r: int) -> bool:
         return self.stage.uses_block(r % 2)   # valid when _static_rows()
 
     @cute.jit
-    def probs_rows(self, acc_S, rP32, c_mn, sLSE, idx, args, rows, block=None):
+    def probs_rows(self, acc_S, rP32, c_mn, sLSE, idx, args, rows, block=None, coords=None):
         """stage.prob2 on every column pair of the given rows (LSE loaded once per pair)."""
         s_mn = acc_mn_view(acc_S)
         is_bf16 = self.dtype is cutlass.BFloat16
@@ -649,7 +629,8 @@ class AttnBwdSm90(BwdReductions):
             for i in cutlass.range_constexpr(len(rows)):
                 r = rows[i]
                 blk = self._row_block(r) if const_expr(block is None) else block
-                p, f0, f1 = self.stage.prob2(s_mn[r, c], s_mn[r, c + 1], lse0, lse1, args, blk, is_bf16)
+                p, f0, f1 = self.stage.prob2(s_mn[r, c], s_mn[r, c + 1], lse0, lse1, args, blk, is_bf16,
+                                             coords, (r, c))
                 rP32[cute.crd2idx((r, c), s_mn.layout) // 2] = p
                 s_mn[r, c], s_mn[r, c + 1] = f0, f1
 
@@ -694,9 +675,9 @@ class AttnBwdSm90Det(AttnBwdSm90):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
-                 mdVacc: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32,
+                 mdVacc: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
                  win_left: Int32, win_right: Int32, mSem: cute.Tensor, stream):
-        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (arg0, arg1, arg2),
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (scale, softcap, bias),
                      win_left, win_right, (mSem,), stream)
 
 
@@ -707,40 +688,52 @@ class AttnBwdSm90HeadLoop(AttnBwdSm90):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor,
-                 mdV: cute.Tensor, arg0: Float32, arg1: Float32, arg2: Float32,
+                 mdV: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
                  win_left: Int32, win_right: Int32, dk_scale: Float32, stream):
-        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, (arg0, arg1, arg2),
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, (scale, softcap, bias),
                      win_left, win_right, (dk_scale,), stream)
 
 
-# -------------------------------------------------------------------- compile cache + torch entry
-@dataclass(frozen=True)
-class BwdKey:
-    """Everything that changes the generated code (shapes B, S, H are runtime values)."""
-    dtype: str            # "bf16" | "f16"
-    head_dim: int
-    causal: bool
-    stage: object         # frozen score_stages_bwd side (hash = content)
-    tile: BwdTile
-    window_left: bool = False    # sliding window bounds compiled in; sizes are runtime Int32
-    window_right: bool = False
-    deterministic: bool = False  # ordered adds (AttnBwdSm90Det): bitwise reproducible gradients
-    dq_async: bool = False       # dQ via smem + bulk reductions by warp 1 (not with deterministic)
-    lpt: bool = False            # SectionLptScheduler CTA order (not with deterministic)
-    head_loop: bool = False      # CTA per KV head over its GQA group; dK/dV stored directly
+class AttnBwdSm90Aux(AttnBwdSm90):
+    """A user score function with aux tensors: the entry takes them after the window sizes."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                 mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
+                 mdVacc: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
+                 win_left: Int32, win_right: Int32, aux: list, stream):
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (scale, softcap, bias),
+                     win_left, win_right, (), stream, aux)
 
 
-def _cutlass_dtype(name: str):
-    return {"bf16": cutlass.BFloat16, "f16": cutlass.Float16}[name]
+class AttnBwdSm90DetAux(AttnBwdSm90Det):
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                 mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
+                 mdVacc: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
+                 win_left: Int32, win_right: Int32, mSem: cute.Tensor, aux: list, stream):
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (scale, softcap, bias),
+                     win_left, win_right, (mSem,), stream, aux)
 
 
-def fake_args(key: BwdKey):
+class AttnBwdSm90HeadLoopAux(AttnBwdSm90HeadLoop):
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                 mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor,
+                 mdV: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
+                 win_left: Int32, win_right: Int32, dk_scale: Float32, aux: list, stream):
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, (scale, softcap, bias),
+                     win_left, win_right, (dk_scale,), stream, aux)
+
+
+# -------------------------------------------------------------------- builds
+def fake_args(cfg: BwdConfig):
     """Fake tensors for cute.compile: 32-bit symbolic shapes and 64-bit symbolic strides with a
-    unit innermost stride, exactly what from_dlpack(t).mark_layout_dynamic(leading_dim=last)
-    passes at run time (32-bit fake strides misread the kernel-parameter struct: the first
-    GPU run added every dQ row at the batch stride)."""
+    unit innermost stride (the layout the tvm-ffi entry checks torch tensors against; 32-bit
+    fake strides misread the kernel-parameter struct: the first GPU run added every dQ row at
+    the batch stride)."""
     from cutlass.cute.runtime import make_fake_tensor
-    dt = _cutlass_dtype(key.dtype)
+    dt = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[cfg.dtype]
 
     def mk(t, rank, div):
         shape = tuple(cute.sym_int(32) for _ in range(rank))
@@ -750,171 +743,34 @@ def fake_args(key: BwdKey):
     q, k, v, do = (mk(dt, 4, 8) for _ in range(4))      # TMA: strides multiple of 16 bytes
     lse, dsum = mk(Float32, 3, 4), mk(Float32, 3, 4)
     dq, dk, dv = (mk(Float32, 4, 2) for _ in range(3))  # red.v2: 8-byte aligned rows
-    if key.head_loop:   # dK, dV: the dtype gradients (st.global.b32 pairs: 4-byte aligned rows)
+    if cfg.head_loop:   # dK, dV: the dtype gradients (st.global.b32 pairs: 4-byte aligned rows)
         dk, dv = mk(dt, 4, 2), mk(dt, 4, 2)
-    args = (q, k, v, do, lse, dsum, dq, dk, dv, Float32(1.0), Float32(0.0), Float32(0.0),
+    args = (q, k, v, do, lse, dsum, dq, dk, dv, Float64(1.0), Float64(1.0), Float64(0.0),   # scale, cap, bias
             Int32(0), Int32(0))   # window (left, right) sizes
-    if key.head_loop:
+    if cfg.head_loop:
         args += (Float32(1.0),)   # dK scale
-    if key.deterministic:   # turn counters: a view into the zeroed accumulator buffer
+    if cfg.deterministic:   # turn counters: a view into the zeroed accumulator buffer
         args += (make_fake_tensor(Int32, (cute.sym_int(32),), (1,), assumed_align=16),)
+    if cfg.score.aux:
+        from .attn_fwd_sm90 import aux_fake_tensors
+        args += (aux_fake_tensors(cfg.score.aux),)
     return args
 
 
-def kernel_for(key: BwdKey) -> AttnBwdSm90:
-    cls = AttnBwdSm90Det if key.deterministic else AttnBwdSm90HeadLoop if key.head_loop else AttnBwdSm90
-    return cls(_cutlass_dtype(key.dtype), key.head_dim, key.causal, key.stage, key.tile,
-               (key.window_left, key.window_right), key.deterministic, key.dq_async, key.lpt, key.head_loop)
-
-
-def compile_bwd(key: BwdKey, options: str = ""):
-    """Compile for the current device (or CUTE_DSL_ARCH on a CPU machine), uncached: for
-    inspection with compiler options (SASS).  The build is the one attn_bwd runs."""
-    from . import compile_cache
-    return compile_cache.compile_tvm_ffi(kernel_for(key), fake_args(key), options)
-
-
-def _compiled(key: BwdKey):
-    """The cached build of key (memory, then disk, then compile; kernels/compile_cache.py)."""
-    from . import compile_cache
-    return compile_cache.compiled("attn_bwd", key, lambda: (kernel_for(key), fake_args(key)))
-
-
-def default_split(mode: str, evaluator: str, head_dim: int):
-    """The poly split a default forward at this head dim runs (score_stages.default_poly_split
-    of its key block), so the backward recomputes the same P; None where there is no split."""
-    from .score_stages import default_key_block, default_poly_split
-    if evaluator != "poly" or mode not in ("softcap", "sigmoid"):
-        return None
-    return default_poly_split(mode, default_key_block(head_dim))
-
-
-def attn_bwd(dout, q, k, v, out, lse, *, mode: str = "softmax", evaluator: str = "native",
-             causal: bool = True, softmax_scale=None, softcap=None, sigmoid_bias=None,
-             lse_base: str = "e", window_size=(-1, -1), deterministic: bool = False, dq_async=None,
-             lpt=None, stages=None, sigmoid_grad=None, softcap_grad=None, program=None, head_loop=None,
-             poly_split=None, zero_dq_in_pre=None):
-    """Gradients (dq, dk, dv) of attention(q, k, v) for upstream gradient dout.
-
-    q, out, dout (B, S_q, H_q, D); k, v (B, S_k, H_kv, D); contiguous BF16/FP16 CUDA tensors.
-    lse (B, H_q, S_q) FP32 from the forward (natural log unless lse_base="2"); ignored (may
-    be None) for mode="sigmoid".  out is only used by the softmax modes (D = rowsum(dO o O)).
-    window_size: (left, right) sliding window as in the forward (-1 = unbounded).
-    deterministic: add the dQ/dK/dV partial sums in a fixed order (bitwise reproducible
-    gradients, at some speed cost); a separate compiled build (BwdKey.deterministic).
-    dq_async: dQ reduction through smem and bulk reductions (None: DQ_ASYNC_DEFAULT; the
-    deterministic build always adds from the MMA threads, in turn).
-    lpt: CTA order of kernels/tile_scheduler.SectionLptScheduler (None: LPT_DEFAULT; not in
-    the deterministic build).
-    stages: Q/dO pipeline depth for D <= 128 (None: BwdTile.for_head_dim's; a timing knob).
-    sigmoid_grad: sigmoid poly block columns' sigma' rule, "product" (default) or "surrogate"
-    (score_stages_bwd.SigmoidBwd.grad_rule).
-    softcap_grad: softcap poly block columns' d logit/dx rule, "value" or "block" (None: "value"
-    for the FP16 programs, "block" for the seed's BF16 one; score_stages_bwd.SoftcapBwd.grad_rule).
-    program: the poly stage's program, as the forward stage's: a name of the committed table
-    (softcap: e.g. "softcap_c50_f16" selects the FP16 D5 blocks) or a ProgramSpec of any table
-    (None: the default program).
-    poly_split: the poly side's (j, k) column split, as the forward stage's (None: the split a
-    default forward at this head dim runs, score_stages.default_poly_split: softcap 1/8, sigmoid
-    1/16 up to D = 128 and 1/8 at D = 256); must match the forward's for the same P.
-    head_loop: a CTA per (key block, KV head) runs all G query heads of the group and stores
-    dK/dV directly (no FP32 dK/dV accumulators, atomics or post pass; None: head_loop_auto;
-    not with deterministic).
-    zero_dq_in_pre: head_loop only, the pre kernel zeroes the dQ accumulator (PreZeroKernel)
-    instead of a torch memset (None: zero_dq_in_pre_default(stage): on where the pre kernel
-    runs anyway, i.e. the softmax modes; one launch fewer).
-    Pre/post-processing runs as the CuTe kernels of kernels/attn_bwd_prepost_sm90.py (the torch
-    reference, kernels/attn_bwd_prepost.py, is the tests' oracle).
-    """
-    import torch
-    from . import attn_bwd_prepost
-    dout, q, k, v = (t.contiguous() for t in (dout, q, k, v))
-    from .score_stages_bwd import bwd_side
-    b, s_q, h_q, d = q.shape
-    from .score_stages import program_spec
-    if mode == "softcap" and evaluator == "poly" and program is not None and program_spec(program).is_exp2:
-        # the exp2 offload's forward takes every logit from MUFU tanh and P = 2^a within 7.5e-5
-        # relative: the native backward recomputes the same logits and P to BF16 P's precision
-        evaluator, program, poly_split = "native", None, None
-    if poly_split is None:
-        poly_split = default_split(mode, evaluator, d)
-    s_k = k.shape[1]
-    scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
-    stage = bwd_side(mode, evaluator, sigmoid_grad=sigmoid_grad if mode == "sigmoid" else None,
-                     softcap_grad=softcap_grad if mode == "softcap" else None, program=program,
-                     poly_split=None if evaluator != "poly" or poly_split is None else tuple(poly_split))
-    if mode == "sigmoid" and sigmoid_bias is None:
-        sigmoid_bias = -math.log(s_k)
-    if mode == "softcap" and not softcap:
-        raise ValueError("softcap mode needs softcap > 0")
-    tile = BwdTile.for_head_dim(d)
-    if stages is not None and d <= 128:
-        tile = BwdTile(tile.tile_m, tile.tile_n, int(stages))
-    (has_l, has_r), window = mask_mod.window_args(window_size, bool(causal), s_q, s_k)
-    key = BwdKey({torch.bfloat16: "bf16", torch.float16: "f16"}[q.dtype], d, bool(causal), stage, tile,
-                 has_l, has_r, bool(deterministic),
-                 (DQ_ASYNC_DEFAULT if dq_async is None else bool(dq_async)) and not deterministic and d <= 128,
-                 (LPT_DEFAULT if lpt is None else bool(lpt)) and not deterministic)
-    use_loop = head_loop_auto(b, h_q, k.shape[2], s_k, tile, d, q.device) if head_loop is None else bool(head_loop)
-    if use_loop and not deterministic:
-        key = dataclasses.replace(key, head_loop=True)
-    zero_dq = key.head_loop and (zero_dq_in_pre_default(stage) if zero_dq_in_pre is None else bool(zero_dq_in_pre))
-    dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if zero_dq else None
-    lse2, dsum = prepost.preprocess(dout, out, lse, stage.needs_lse, stage.needs_dsum, lse_base, pad_to=128,
-                                    **({"dq_acc": dq_acc} if zero_dq else {}))
-    if key.head_loop:   # dK, dV come out of the kernel in dtype; only dQ needs an accumulator
-        if dq_acc is None:
-            dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        dk_acc, dv_acc = torch.empty_like(k), torch.empty_like(v)
-        extra = (scale,)
+def kernel_for(cfg: BwdConfig) -> AttnBwdSm90:
+    if cfg.score.aux:
+        cls = AttnBwdSm90DetAux if cfg.deterministic else AttnBwdSm90HeadLoopAux if cfg.head_loop else AttnBwdSm90Aux
     else:
-        accs = attn_bwd_prepost.accumulators(
-            q, k, turn_counters(b, s_q, s_k, h_q, k.shape[2], tile, d) if deterministic else 0)
-        dq_acc, dk_acc, dv_acc = accs[:3]
-        extra = accs[3:]   # (Int32 turn counters,) in deterministic builds, else ()
-    tensors = (q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc)
-    scalars = [float(a) for a in stage.host_args(scale, softcap, sigmoid_bias)]
-    _compiled(key)(*tensors, *scalars, *window, *extra)
-    if key.head_loop:
-        return prepost.postprocess_dq(dq_acc, scale, q.dtype), dk_acc, dv_acc
-    return prepost.postprocess(dq_acc, dk_acc, dv_acc, scale, q.dtype)
+        cls = AttnBwdSm90Det if cfg.deterministic else AttnBwdSm90HeadLoop if cfg.head_loop else AttnBwdSm90
+    return cls(cfg)
 
 
-# Defaults (each measured: docs/MEASURED.md, ## Backward).
-# dQ through smem + warp 1's bulk reductions (D <= 128, not deterministic)
-DQ_ASYNC_DEFAULT = True
-# SectionLptScheduler CTA order (not deterministic)
-LPT_DEFAULT = True
-# head_loop (a CTA per KV head over its GQA group, dK/dV stored directly) where its grid still
-# fills the GPU: at least this many CTAs per SM (head_loop_auto)
-HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
+def compile_bwd(cfg: BwdConfig, options: str = ""):
+    """Compile for the current device (or CUTE_DSL_ARCH on a CPU machine), uncached: for
+    inspection with compiler options (SASS).  The build is the one the launch runs."""
+    return compile_cache.compile_tvm_ffi(kernel_for(cfg), fake_args(cfg), options)
 
 
-def zero_dq_in_pre_default(stage) -> bool:
-    """The pre kernel zeroes head_loop's dQ accumulator (PreZeroKernel) where it runs anyway (the
-    softmax modes need LSE / dsum), replacing pre + a memset with one launch; sigmoid (no pre
-    kernel otherwise) keeps the memset (docs/MEASURED.md)."""
-    return bool(stage.needs_lse or stage.needs_dsum)
-
-
-def head_loop_auto(b: int, h_q: int, h_kv: int, s_k: int, tile: BwdTile, d: int, device) -> bool:
-    """head_loop's default: MHA always (same grid, direct stores); GQA when the KV-head grid
-    has at least HEAD_LOOP_MIN_CTAS_PER_SM CTAs per SM."""
-    if h_q == h_kv:
-        return True
-    ctas = -(-s_k // tile.tile_n) * h_kv * b * max(1, d // 128)
-    return ctas >= HEAD_LOOP_MIN_CTAS_PER_SM * _sm_count(device)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device) -> int:
-    import torch
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def turn_counters(b: int, s_q: int, s_k: int, h_q: int, h_kv: int, tile: BwdTile, d: int = 128) -> int:
-    """Int32 counters of a deterministic backward: one per (query block, query head, batch,
-    column chunk) for dQ, then one per (key block, KV head, batch, column chunk) for dK/dV
-    (kernel: dq_turn, dkv_turn; D = 256 has 2 chunks)."""
-    chunks = max(1, d // 128)
-    return (b * h_q * -(-s_q // tile.tile_m) + b * h_kv * -(-s_k // tile.tile_n)) * chunks
+def _compiled(cfg: BwdConfig):
+    """The cached build of cfg (memory, then disk, then compile; kernels/compile_cache.py)."""
+    return compile_cache.compiled("attn_bwd", cfg, lambda: (kernel_for(cfg), fake_args(cfg)))

@@ -6,7 +6,7 @@ causal (bottom-right aligned, see kernels/mask.py) or not.  Softmax-type stages 
 write LSE (FP32, (B, H_q, S_q), natural log; -inf for a row that sees no key).
 
 Structure (a tile = one 128-row query tile of one head; by default the grid is persistent,
-one CTA per SM walking tiles in snake order over the LPT order, AttnFwdConfig.persistent):
+one CTA per SM walking tiles in snake order over the LPT order, FwdConfig.persistent):
   * warpgroup 0 is the producer: one warp issues TMA loads of Q (once per tile) and of K, V
     tiles into `num_stages`-deep shared-memory rings (separate K and V mbarrier
     pipelines, so QK^T of a block can start before its V has landed); it gives its
@@ -15,7 +15,7 @@ one CTA per SM walking tiles in snake order over the LPT order, AttnFwdConfig.pe
     block S = Q K^T (wgmma, SS, FP32 accumulators), the score stage turns S into P in
     registers, O += P V (wgmma with A = P from registers).  The loop is overlapped: step n
     issues S_n = Q K_n^T and P_{n-1} V_{n-1} together and runs the score stage of S_n while
-    PV is on the tensor cores (block_overlap); with ping-pong (AttnFwdConfig.pingpong) the
+    PV is on the tensor cores (block_overlap); with ping-pong (FwdConfig.pingpong) the
     two consumer warpgroups also take turns issuing their GEMMs.
   * key blocks run from the diagonal down to 0: the first block and the ones crossing
     the causal diagonal are masked, interior blocks are not; blocks above the diagonal
@@ -26,38 +26,30 @@ Compile-only (no GPU): CUTE_DSL_ARCH=sm_90a python -m flash_attn_poly.kernels.at
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
-from functools import lru_cache
 from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32
+from cutlass import Float32, Float64, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-try:  # installed package layout
-    from flash_attn_poly.kernels import mask as mask_mod
-    from flash_attn_poly.kernels import score_stages as stages
-    from flash_attn_poly.kernels.tile_scheduler import SectionLptScheduler, persistent_tile, section_heads
-    from flash_attn_poly.kernels import compile_cache
-except ImportError:  # running from the repository root
-    from kernels import mask as mask_mod
-    from kernels import score_stages as stages
-    from kernels.tile_scheduler import SectionLptScheduler, persistent_tile, section_heads
-    from kernels import compile_cache
+from . import compile_cache, mask as mask_mod, scores
+from .barriers import FwdBarrier
+from .config import FwdConfig, check_fwd
+from .scores import common as sc
+from .tile_scheduler import SectionLptScheduler, persistent_tile, section_heads
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
-DEFAULT_PERSISTENT_CTAS = 132   # SMs of an H100 / H200 SXM; attn_fwd uses the device's own count
 
 
-_pin_f32 = stages.pin_f32   # the stages pin what their write_p reads (block_overlap)
+_pin_f32 = sc.pin_f32   # the stages pin what their write_p reads (block_overlap)
 
 
 @dsl_user_op
@@ -86,82 +78,6 @@ def fence_fragment(t: cute.Tensor):
             u[i] = _pin_b32(u[i])
 
 
-@dataclass(frozen=True)
-class AttnFwdConfig:
-    """Everything that changes the compiled code (the compile-cache key)."""
-
-    stage: object                 # a frozen stage from score_stages (mode, evaluator, program)
-    dtype: str = "bf16"           # "bf16" | "fp16"
-    head_dim: int = 128
-    causal: bool = True
-    tile_m: int = 128             # consumer warpgroups x 64 rows (wgmma M = 64): 128 (2) or 192 (3)
-    tile_n: int = 128
-    num_stages: int = 2
-    pingpong: bool = True         # consumer warpgroups alternate GEMM issue
-    window_left: bool = False     # sliding window has a left bound (size: runtime Int32, kernels/mask.py)
-    window_right: bool = False    # ... a right bound (non-causal only; causal is right = 0)
-    # online softmax: independent running maxima per row (1 = one serial FMNMX chain of
-    # tile_n / 4 - 1 per row; 4: four chains then a 2-level tree).  The max is exact in any
-    # order, so outputs are bitwise equal
-    row_max_chains: int = 1
-    # online softmax: each block's row sum starts from the rescaled running sum (FA-style) so
-    # the O-rescale factor is computed first and the O rescale can follow the PV wait at once
-    # (stages.OnlineSoftmax sum_carry; same sum, another rounding order)
-    row_sum_carry: bool = False
-    # softcap, BF16, cap <= score_stages.FIXED_MAX_CAP: a constant row max instead of the
-    # online one (no max reduction, no O rescale; SoftcapStage.fixed_lse says why it is
-    # safe).  attn_fwd turns it on per call, where the cap value is known
-    fixed_max: bool = False
-    # online softmax (softmax, and softcap without fixed_max): keep a row's stale max until a
-    # block raises it by more than this many log2 units (p <= 2^t), and skip the O rescale of
-    # a warp whose rows all kept theirs; 0.0 = rescale on every new max
-    rescale_threshold: float = 0.0
-    # > 0: a persistent grid of at most this many CTAs (attn_fwd puts the device's SM count
-    # here); each CTA walks LPT-ordered tiles in snake order (tile_scheduler.persistent_tile),
-    # so the producer loads the next tile's Q, K and V while the consumers finish the current
-    # one (the per-CTA fixed cost).  0 = one CTA per tile, in the same LPT order
-    persistent: int = 0
-    # fixed_max only: in mask-free key blocks, n of every 8 key column groups (g % 8 >= 8 - n)
-    # compute P = 2^a on the FMA pipe (score_stages.exp2_fma: 3 FADD, 3 FFMA, 1 IMAD) instead
-    # of MUFU.EX2, moving part of softcap's second MUFU op per score
-    exp2_fma: int = 0
-
-    @staticmethod
-    def default(stage, dtype="bf16", head_dim=128, causal=True, **kw):
-        """The measured default config of a stage (each choice: docs/MEASURED.md, ## Forward);
-        kw overrides fields (a tuning)."""
-        # smem: Q tile_m*D + 2 stages * (K + V) tile_n*D, 16-bit:
-        #   D=64/128: tile_n 128 -> 32 + 128 KB at D=128;  D=256: tile_n 64 -> 64 + 128 KB
-        tile_n = stages.default_key_block(head_dim)
-        ev = getattr(stage, "evaluator", "")
-        mode = getattr(stage, "mode", "")
-        # ping-pong: the poly stages; persistent grid: everywhere (attn_fwd puts the device's
-        # SM count here, a direct default() call gets H100/H200 SXM's 132)
-        base = dict(pingpong=ev == "poly", persistent=DEFAULT_PERSISTENT_CTAS)
-        if mode == "softmax":
-            base.update(rescale_threshold=8.0)
-        if mode == "softmax" and head_dim == 128:
-            base.update(pingpong=True, row_sum_carry=True, row_max_chains=4)
-        elif mode == "softcap" and head_dim == 256:
-            base.update(row_sum_carry=True)
-        # softcap under the constant row max at D = 128: three consumer warpgroups, tile 192 x 64,
-        # 4 K/V stages, no ping-pong.  A tuning that sets tile_m, tile_n or pingpong gets the
-        # two-warpgroup base instead.
-        if (mode == "softcap" and head_dim == 128 and kw.get("fixed_max")
-                and not {"tile_m", "tile_n", "pingpong"} & set(kw)):
-            base.update(tile_m=192, tile_n=64, num_stages=4, pingpong=False)
-        # the exp2 offload of an exp2_f32 softcap program (score_stages.make_stage) runs where
-        # the constant row max bounds the exp2 argument; elsewhere every P stays on MUFU
-        if getattr(stage, "exp2_split", ()) and kw.get("fixed_max"):
-            base.update(exp2_fma=stages.exp2_groups(stage.exp2_split))
-        kw = dict(base, **kw)
-        kv_stages = kw.pop("num_stages", 2)   # K/V pipeline depth (a timing knob; 3 fills 224 KB at D = 128)
-        tile_n = kw.pop("tile_n", tile_n)   # a timing knob (64 at D = 128: half the stage per block)
-        tile_m = kw.pop("tile_m", 128)      # a timing knob (192: three consumer warpgroups, no ping-pong)
-        return AttnFwdConfig(stage, dtype, head_dim, causal, tile_m, tile_n, kv_stages, **kw)
-
-
-SMEM_BYTES = 232448   # shared memory per CTA on sm_90 (227 KB)
 
 
 class AttnFwdSm90:
@@ -169,44 +85,22 @@ class AttnFwdSm90:
     num_producer_regs = 24    # 24 + 2*240 = 504 <= 512 regs/thread budget per SM quadrant
     MMA_REGS = {2: 240, 3: 160}   # consumer registers per thread by warpgroup count (24 + 3*160 = 504)
 
-    def __init__(self, cfg: AttnFwdConfig):
+    def __init__(self, cfg: FwdConfig):
+        check_fwd(cfg)
         self.cfg = cfg
-        self.stage = cfg.stage
+        self.score = scores.device(cfg.score)
         self.dtype = _DTYPES[cfg.dtype]
         self.is_bf16 = cfg.dtype == "bf16"
-        if cfg.stage.mode == "sigmoid":
-            cfg.stage.check_dtype(self.is_bf16)
-        if not 0.0 <= cfg.rescale_threshold <= 16.0:   # p <= 2^t: keep P and row sums far from overflow
-            raise ValueError(f"rescale_threshold must be in [0, 16] (log2 units), got {cfg.rescale_threshold!r}")
-        if cfg.persistent < 0:
-            raise ValueError(f"persistent must be >= 0 (a CTA count; 0 = one CTA per tile), got {cfg.persistent!r}")
-        if not 0 <= cfg.exp2_fma <= 8 or (cfg.exp2_fma and not cfg.fixed_max):
-            raise ValueError(f"exp2_fma (column groups of 8 on the FMA pipe) needs 0..8 and fixed_max, "
-                             f"got {cfg.exp2_fma} (fixed_max={cfg.fixed_max})")
-        if cfg.fixed_max and (cfg.stage.mode != "softcap" or not self.is_bf16):
-            raise ValueError(f"fixed_max needs the softcap stage and BF16, got {cfg.stage.mode}/{cfg.dtype}")
+        if cfg.score.kind == "sigmoid":
+            self.score.check_dtype(self.is_bf16)
         self.head_dim = cfg.head_dim
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
         self.causal = cfg.causal
         self.pingpong = cfg.pingpong
         self.num_mma_wg = self.tile_m // 64
-        if self.tile_m % 64 or self.num_mma_wg not in self.MMA_REGS:
-            raise ValueError(f"tile_m must be 128 or 192 (2 or 3 consumer warpgroups), got {self.tile_m}")
-        if self.num_mma_wg != 2 and cfg.pingpong:
-            raise ValueError("ping-pong pairs two consumer warpgroups: tile_m 192 needs pingpong=False")
-        split = getattr(cfg.stage, "poly_split", None)
-        if cfg.stage.evaluator == "poly" and split is not None and not stages.split_fits_block(split, self.tile_n):
-            raise ValueError(f"poly_split {split} repeats every {8 * split[1]} keys, more than the forward's "
-                             f"key block (tile_n {self.tile_n}): the forward could not send the key columns "
-                             f"the backward recomputes through the block; use k <= {self.tile_n // 8}")
         self.num_mma_regs = self.MMA_REGS[self.num_mma_wg]
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
-        tiles = 2 * (self.tile_m + 2 * self.num_stages * self.tile_n) * self.head_dim   # 16-bit Q, K, V
-        if tiles > SMEM_BYTES - 1024:   # leave room for the mbarriers
-            raise ValueError(f"forward config needs {tiles} bytes of shared memory for Q ({self.tile_m} x "
-                             f"{self.head_dim}) and {self.num_stages} K/V stages of {self.tile_n} rows; "
-                             f"sm_90 has {SMEM_BYTES}: lower num_stages or tile_n")
 
     # ------------------------------------------------------------------ host side
     def _smem_layout(self, rows: int, stages_: Optional[int]):
@@ -218,17 +112,27 @@ class AttnFwdSm90:
 
     def _tiled_mmas(self):
         qk = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
             Float32, (self.num_mma_wg, 1, 1), (64, self.tile_n))
         pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN,
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
             Float32, (self.num_mma_wg, 1, 1), (64, self.head_dim), warpgroup.OperandSource.RMEM)
         return qk, pv
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
-                 mLSE: cute.Tensor, p0: Float32, p1: Float32, p2: Float32, p3: Float32,
+                 mLSE: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
                  win_left: Int32, win_right: Int32, stream):
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, None, stream)
+
+    @cute.jit
+    def _launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                mLSE: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
+                win_left: Int32, win_right: Int32, aux, stream):
+        """Host side.  The entry takes the call's own numbers (softmax scale, softcap, sigmoid
+        bias; FP64, unused ones 0) and the score function encodes its four FP32 kernel arguments
+        from them here, in FP64 then rounded once, as Python would (scores/*.fwd_scalars)."""
+        p0, p1, p2, p3 = (Float32(p) for p in self.score.fwd_scalars(scale, softcap, bias))
         # torch (B, S, H, D) -> (S, D, H, B); LSE (B, H, S) -> (S, H, B)
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
@@ -263,7 +167,7 @@ class AttnFwdSm90:
             grid = (cutlass.min(tiles, self.cfg.persistent), 1, 1)
         self.kernel(mQ_tma, mK_tma, mV_tma, mO, mLSE, tma_q, tma_k, tma_v,
                     tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
-                    (p0, p1, p2, p3), self._window_param(win_left, win_right), sched).launch(
+                    (p0, p1, p2, p3), self._window_param(win_left, win_right), sched, aux).launch(
             grid=grid,
             block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
@@ -280,7 +184,7 @@ class AttnFwdSm90:
                mLSE: cute.Tensor, tma_q: cute.CopyAtom, tma_k: cute.CopyAtom, tma_v: cute.CopyAtom,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout, params, window, sched: cutlass.Constexpr):
+               sV_layout: cute.ComposedLayout, params, window, sched: cutlass.Constexpr, aux):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             for atom in (tma_q, tma_k, tma_v):
@@ -299,11 +203,11 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.cfg.persistent > 0):
             self.persistent_roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                                   tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params,
-                                  window, sched, blocks, warp_idx)
+                                  window, sched, blocks, warp_idx, aux)
         else:
             self.single_tile_roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                                    tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params,
-                                   window, sched, blocks, warp_idx)
+                                   window, sched, blocks, warp_idx, aux)
 
     def _section_group(self, mQ, mK):
         """LPT section width: the K and V rows of its KV heads (reused by the group's query
@@ -327,7 +231,7 @@ class AttnFwdSm90:
     @cute.jit
     def single_tile_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                           tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params, window,
-                          sched: cutlass.Constexpr, blocks, warp_idx):
+                          sched: cutlass.Constexpr, blocks, warp_idx, aux):
         """One CTA = one tile (the grid has a CTA per tile, in LPT order)."""
         m_block, head, batch = sched.work_tile(cute.ceil_div(mQ.shape[0], self.tile_m), mQ.shape[2],
                                                self._section_group(mQ, mK))
@@ -342,12 +246,13 @@ class AttnFwdSm90:
         else:
             cute.arch.setmaxregister_increase(self.num_mma_regs)
             self.mma(mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
-                     params, blocks, m_block, head, batch, n_max, seqlen_q, seqlen_k, window, n_cnt)
+                     params, blocks, m_block, head, batch, n_max, seqlen_q, seqlen_k, window, n_cnt,
+                     aux=aux)
 
     @cute.jit
     def persistent_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                          tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params, window,
-                         sched: cutlass.Constexpr, blocks, warp_idx):
+                         sched: cutlass.Constexpr, blocks, warp_idx, aux):
         """Persistent CTAs: every role walks the same tiles (persistent_tile, snake order over
         the LPT order); the pipeline states run on across tiles, so the producer starts the
         next tile's K/V as stages free up and its Q once the consumers release Q (after
@@ -390,7 +295,7 @@ class AttnFwdSm90:
                                                                     blocks, seqlen_q, seqlen_k, window)
                     kv_cons, q_cons = self.mma(mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q,
                                                pipe_k, pipe_v, params, blocks, m_block, head, batch, n_max,
-                                               seqlen_q, seqlen_k, window, n_cnt, kv_cons, q_cons)
+                                               seqlen_q, seqlen_k, window, n_cnt, kv_cons, q_cons, aux)
             if cutlass.const_expr(self.pingpong):
                 if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced
                     self.pingpong_sync(0)
@@ -449,7 +354,7 @@ class AttnFwdSm90:
     @cute.jit
     def mma(self, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
             params, blocks, m_block: Int32, head: Int32, batch: Int32, n_max: Int32,
-            seqlen_q: Int32, seqlen_k: Int32, window, n_cnt: Int32, kv_run=None, q_run=None):
+            seqlen_q: Int32, seqlen_k: Int32, window, n_cnt: Int32, kv_run=None, q_run=None, aux=None):
         """Consumer warpgroups: the main loop over key blocks, then the epilogue.  Persistent
         CTAs pass their running K/V and Q consumer states (kv_run, q_run) and get them back:
         Q is released after the tile's last QK GEMM, and the ping-pong turns are set up once
@@ -469,20 +374,20 @@ class AttnFwdSm90:
         acc_O = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
         tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
         s_shape = wg_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
-        tScS_mn = stages.acc_mn_view(thr_mma_qk.partition_C(
+        tScS_mn = sc.acc_mn_view(thr_mma_qk.partition_C(
             cute.make_identity_tensor((self.tile_m, self.tile_n))))
         num_rows = cute.size(tScS_mn, mode=[0])
-        fixed = self.stage.fixed_lse(params) if self.cfg.fixed_max else None
-        softmax = stages.OnlineSoftmax(num_rows, self.cfg.row_max_chains, self.cfg.row_sum_carry, fixed,
-                                       self.cfg.rescale_threshold, self.cfg.exp2_fma,
-                                       stages.exp2_program_of(self.stage))
+        fixed = self.score.fixed_lse(params) if self.cfg.fixed_max else None
+        softmax = sc.OnlineSoftmax(num_rows, self.cfg.row_max_chains, self.cfg.row_sum_carry, fixed,
+                                   self.cfg.rescale_threshold, self.cfg.exp2_fma, self.cfg.score.program)
         row_scale = cute.make_rmem_tensor((num_rows,), Float32)
 
         ctx = SimpleNamespace(
             tiled_mma_qk=tiled_mma_qk, tiled_mma_pv=tiled_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrV=tOrV,
             tOrP=tOrP, acc_O=acc_O, s_shape=s_shape, tScS_mn=tScS_mn, softmax=softmax,
             row_scale=row_scale, params=params, pipe_k=pipe_k, pipe_v=pipe_v, m_block=m_block,
-            seqlen_q=seqlen_q, seqlen_k=seqlen_k, wg=wg, n_max=n_max, window=window)
+            seqlen_q=seqlen_q, seqlen_k=seqlen_k, wg=wg, n_max=n_max, window=window, head=head,
+            batch=batch, aux=aux)
         n_unmasked = cutlass.min(blocks.n_unmasked_end(m_block, seqlen_q, seqlen_k, window[1]), n_max)
         # key blocks: first = n_max-1 (tail + diagonal, masked); then the ones crossing the
         # causal diagonal / right window edge (masked; none when not bounded); then the
@@ -540,12 +445,12 @@ class AttnFwdSm90:
 
     # ---- warpgroup ping-pong: the two consumer warpgroups take turns issuing GEMMs, so one
     # runs its score stage (MUFU/FMA) while the other's wgmma keep the tensor cores busy.
-    # Named barrier 1 + w gates warpgroup w; 256 = its 128 waiting + 128 arriving threads.
+    # Named barrier FwdBarrier.PINGPONG + w gates warpgroup w; 256 = its 128 waiting + 128 arriving threads.
     def pingpong_sync(self, wg):
-        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=2 * self.num_threads_per_wg)
+        cute.arch.barrier(barrier_id=int(FwdBarrier.PINGPONG) + wg, number_of_threads=2 * self.num_threads_per_wg)
 
     def pingpong_arrive(self, wg):
-        cute.arch.barrier_arrive(barrier_id=1 + wg, number_of_threads=2 * self.num_threads_per_wg)
+        cute.arch.barrier_arrive(barrier_id=int(FwdBarrier.PINGPONG) + wg, number_of_threads=2 * self.num_threads_per_wg)
 
     @cute.jit
     def next_block(self, ctx, kv, n_block: Int32, masked: cutlass.Constexpr[bool]):
@@ -556,20 +461,22 @@ class AttnFwdSm90:
                     masked: cutlass.Constexpr[bool], tOrP_dst):
         """Score stage on S: transform, mask (diagonal/tail blocks only), P into tOrP_dst
         (None: P stays in acc_S for the stage's write_p after the PV wait)."""
+        coords = sc.Coords(ctx.tScS_mn, ctx.m_block * self.tile_m, n_block * self.tile_n, ctx.batch,
+                           ctx.head, sc.SeqlenInfo(ctx.seqlen_q, ctx.seqlen_k), ctx.aux)
         if cutlass.const_expr(self.cfg.fixed_max):
-            self.stage.transform_fixed(acc_S, ctx.params)   # exp2 arguments against a constant max
+            self.score.transform_fixed(acc_S, ctx.params, coords)   # exp2 arguments against a constant max
         else:
-            self.stage.transform(acc_S, ctx.params)
+            self.score.transform(acc_S, ctx.params, coords)
         if cutlass.const_expr(masked):
-            mask_mod.apply_mask(stages.acc_mn_view(acc_S), ctx.tScS_mn, ctx.m_block, n_block,
+            mask_mod.apply_mask(sc.acc_mn_view(acc_S), ctx.tScS_mn, ctx.m_block, n_block,
                                 ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.causal,
                                 self.cfg.window_left, self.cfg.window_right, ctx.window[0], ctx.window[1])
-        self.stage.probs(acc_S, tOrP_dst, ctx.softmax, ctx.params, is_first, masked,
+        self.score.probs(acc_S, tOrP_dst, ctx.softmax, ctx.params, is_first, masked,
                          ctx.row_scale, self.is_bf16)
 
     @cute.jit
     def rescale_o(self, ctx):
-        if cutlass.const_expr(self.stage.uses_online_softmax and not self.cfg.fixed_max):
+        if cutlass.const_expr(self.score.uses_online_softmax and not self.cfg.fixed_max):
             if cutlass.const_expr(self.cfg.rescale_threshold > 0.0):
                 if ctx.softmax.rescale_needed(ctx.row_scale):
                     self._scale_o(ctx)
@@ -578,7 +485,7 @@ class AttnFwdSm90:
 
     @cute.jit
     def _scale_o(self, ctx):
-        o_mn = stages.acc_mn_view(ctx.acc_O)
+        o_mn = sc.acc_mn_view(ctx.acc_O)
         for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
             for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
                 o_mn[r, c] = o_mn[r, c] * ctx.row_scale[r]
@@ -649,7 +556,7 @@ class AttnFwdSm90:
         # P_n into the A fragment now that nothing reads it: the stage pins the acc_S
         # registers it reads (keeps its non-volatile asm below the wait) and packs them
         # (sigmoid/poly: the block's last squaring on its block pairs)
-        self.stage.write_p(acc_S, ctx.tOrP, self.is_bf16)
+        self.score.write_p(acc_S, ctx.tOrP, self.is_bf16)
         self.rescale_o(ctx)
         return kv
 
@@ -682,17 +589,17 @@ class AttnFwdSm90:
                  m_block: Int32, head: Int32, batch: Int32, seqlen_q: Int32, n_max: Int32):
         """Normalise O (softmax modes), write O (rows < S_q) and LSE straight from registers."""
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
-        tOcO_mn = stages.acc_mn_view(thr_mma_pv.partition_C(
+        tOcO_mn = sc.acc_mn_view(thr_mma_pv.partition_C(
             cute.make_identity_tensor((self.tile_m, self.head_dim))))
-        o_mn = stages.acc_mn_view(acc_O)
+        o_mn = sc.acc_mn_view(acc_O)
         num_rows = cute.size(o_mn, mode=[0])
         # a tile that sees no key never ran a PV product: acc_O is undefined, write zeros
         for i in cutlass.range_constexpr(cute.size(acc_O)):
             acc_O[i] = acc_O[i] if n_max > 0 else Float32(0.0)
-        if cutlass.const_expr(self.stage.uses_online_softmax):
+        if cutlass.const_expr(self.score.uses_online_softmax):
             o_scale = cute.make_rmem_tensor((num_rows,), Float32)
             lse = cute.make_rmem_tensor((num_rows,), Float32)
-            softmax.finalize(self.stage.lse_scale(params), o_scale, lse)
+            softmax.finalize(self.score.lse_scale(params), o_scale, lse)
             for r in cutlass.range_constexpr(num_rows):
                 for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
                     o_mn[r, c] = o_mn[r, c] * o_scale[r]
@@ -709,8 +616,19 @@ class AttnFwdSm90:
                     gO[row, tOcO_mn[0, c][1]] = o_mn[r, c].to(self.dtype)
 
 
+class AttnFwdSm90Aux(AttnFwdSm90):
+    """The build for a user score function that reads aux tensors: the host entry takes them
+    as one more argument (a list of tensors), after the window sizes."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                 mLSE: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
+                 win_left: Int32, win_right: Int32, aux: list, stream):
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, aux, stream)
+
+
 # ---------------------------------------------------------------------- compile + torch entry
-def _fake_args(cfg: AttnFwdConfig):
+def _fake_args(cfg: FwdConfig):
     """Fake tensors with symbolic B/S/H and strides (D static): the signature the tvm-ffi
     entry checks the torch tensors against (dtype, rank, stride divisibility) and packs."""
     from cutlass.cute.runtime import make_fake_tensor
@@ -725,136 +643,42 @@ def _fake_args(cfg: AttnFwdConfig):
     def qkv():
         return make_fake_tensor(dt, (shp(), shp(), shp(), shp()), (st(8), st(8), st(8), 1), assumed_align=16)
     lse = make_fake_tensor(Float32, (shp(), shp(), shp()), (st(), st(), 1), assumed_align=16)
-    return (qkv(), qkv(), qkv(), qkv(), lse, Float32(1.0), Float32(1.0), Float32(1.0), Float32(1.0),
+    args = (qkv(), qkv(), qkv(), qkv(), lse, Float64(1.0), Float64(1.0), Float64(0.0),   # scale, softcap, bias
             Int32(0), Int32(0))   # window (left, right) sizes
+    if cfg.score.aux:
+        args += (aux_fake_tensors(cfg.score.aux),)
+    return args
 
 
-def compile_attn_fwd(cfg: AttnFwdConfig, *, options: str = ""):
+def aux_fake_tensors(aux: tuple) -> list:
+    """Fake tensors for a user score function's aux tensors ((dtype name, ndim) each): symbolic
+    shapes and strides, unit innermost stride (the launch passes them contiguous)."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    out = []
+    for dtype, ndim in aux:
+        dt = AUX_DTYPES[dtype]
+        shape = tuple(cute.sym_int(32) for _ in range(ndim))
+        stride = tuple(cute.sym_int64() for _ in range(ndim - 1)) + (1,)
+        out.append(make_fake_tensor(dt, shape, stride, assumed_align=dt.width // 8))
+    return out
+
+
+AUX_DTYPES = {"float32": Float32, "int32": Int32, "bfloat16": cutlass.BFloat16, "float16": cutlass.Float16,
+              "int64": cutlass.Int64}   # kernels/config.AUX_DTYPES
+
+
+def compile_attn_fwd(cfg: FwdConfig, *, options: str = ""):
     """cute.compile the kernel for cfg against fake tensors (works on a CPU machine with
     CUTE_DSL_ARCH=sm_90a), uncached: for inspection with compiler options (SASS, PTX).
     The build is the one attn_fwd runs (kernels/compile_cache.py launch path)."""
-    return compile_cache.compile_tvm_ffi(AttnFwdSm90(cfg), _fake_args(cfg), options)
+    return compile_cache.compile_tvm_ffi(kernel_for(cfg), _fake_args(cfg), options)
 
 
-def _compiled(cfg: AttnFwdConfig):
+def _compiled(cfg: FwdConfig):
     """The cached build of cfg (memory, then disk, then compile)."""
-    return compile_cache.compiled("attn_fwd", cfg, lambda: (AttnFwdSm90(cfg), _fake_args(cfg)))
+    return compile_cache.compiled("attn_fwd", cfg, lambda: (kernel_for(cfg), _fake_args(cfg)))
 
 
-@lru_cache(maxsize=None)
-def _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items, program=None):
-    """Stage + config per call signature: building them costs ~7 us a call (CPU timing,
-    docs/NOTES.md), a few % of the kernel's time when calls run back to back."""
-    kw = {"program": program} if program is not None and evaluator == "poly" else {}
-    stage = stages.make_stage(mode, evaluator, key_block=stages.default_key_block(d), **kw)
-    cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
-    if stage.evaluator == "poly" and not stages.split_fits_block(stage.poly_split, cfg.tile_n):
-        # a tuning with a shorter key block: the default split coarsened to fit it
-        stage = stages.make_stage(mode, evaluator, key_block=cfg.tile_n, **kw)
-        cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
-    return stage, cfg
-
-
-def _config_for_stage(stage, dtype, d, causal, tuning_items):
-    """The default config for a caller's stage; a poly split the default key block cannot
-    repeat (1/16 under softcap's 64-key three-warpgroup tile at D = 128) takes the head dim's
-    plain key block instead (AttnFwdSm90 refuses it where none fits: 1/16 at D = 256)."""
-    cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items))
-    split = getattr(stage, "poly_split", None)
-    if (stage.evaluator == "poly" and split is not None and not stages.split_fits_block(split, cfg.tile_n)
-            and "tile_n" not in dict(tuning_items)):
-        cfg = AttnFwdConfig.default(stage, dtype, d, causal, **dict(tuning_items, tile_n=stages.default_key_block(d)))
-    return cfg
-
-
-@lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    import torch
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-@lru_cache(maxsize=None)
-def _default_tuning(device_index: int) -> dict:
-    return {"persistent": _sm_count(device_index)}   # read only: callers copy before adding keys
-
-
-def _persistent_tuning(tuning: Optional[dict], device) -> Optional[dict]:
-    """The persistent grid (the default) sized to this device's SMs: tuning persistent
-    absent / True / 1 -> the SM count, False / 0 -> one CTA per tile, n > 1 -> n.
-    A call without tuning (the API's) gets one cached dict per device."""
-    if not tuning:
-        return _default_tuning(device.index if device.index is not None else 0)
-    t = dict(tuning)
-    p = t.get("persistent", True)
-    if p is True or p == 1:
-        t["persistent"] = _sm_count(device.index if device.index is not None else 0)
-    elif p is False:
-        t["persistent"] = 0
-    return t
-
-
-def _fixed_max_kw(mode: str, dtype: str, cap: float, tuning: Optional[dict]) -> dict:
-    """{"fixed_max": True} where the constant row max is safe (softcap, BF16, cap in
-    (0, FIXED_MAX_CAP]) and tuning does not set it; an explicit fixed_max=True elsewhere is an error."""
-    ok = mode == "softcap" and dtype == "bf16" and 0.0 < cap <= stages.FIXED_MAX_CAP
-    asked = (tuning or {}).get("fixed_max")
-    if asked and not ok:
-        raise ValueError(f"fixed_max needs mode='softcap', BF16 and 0 < softcap <= {stages.FIXED_MAX_CAP}, "
-                         f"got mode={mode!r}, {dtype}, softcap={cap}")
-    return {"fixed_max": True} if ok and asked is None else {}
-
-
-def attn_fwd(q, k, v, *, mode: str = "softmax", evaluator: str = "native", causal: bool = True,
-             softmax_scale: Optional[float] = None, softcap: Optional[float] = None,
-             sigmoid_bias: Optional[float] = None, stage=None, out=None, lse=None,
-             tuning: Optional[dict] = None, window_size=(-1, -1), program=None):
-    """Torch entry: q (B, S_q, H_q, D), k/v (B, S_k, H_kv, D), CUDA, bf16/fp16, last dim
-    contiguous.  Returns (o like q, lse (B, H_q, S_q) FP32 or None for sigmoid).
-    tuning: AttnFwdConfig field overrides (tile_m, tile_n, num_stages, pingpong, persistent, ...).
-    program: the poly stage's program, a name of the committed coefficient table or a
-    ProgramSpec of any table (None: the mode's default program).
-    window_size: (left, right) sliding window, flash-attn semantics (-1 = unbounded); only
-    "bounded or not" is compiled in, the sizes are runtime arguments (kernels/mask.py).
-    Launch: torch tensors and floats straight into the tvm-ffi build (kernels/compile_cache.py)."""
-    import torch
-
-    b, s_q, h_q, d = q.shape
-    s_k = k.shape[1]
-    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype]
-    if d not in (64, 128, 256) or h_q % k.shape[2]:
-        raise ValueError(f"need D in (64, 128, 256) and H_q % H_kv == 0, got D={d}, H={h_q}/{k.shape[2]}")
-    # TMA: last dim contiguous, other strides multiples of 16 bytes
-    q, k, v = [t if t.stride(-1) == 1 and all(st % 8 == 0 for st in t.stride()[:-1]) else t.contiguous()
-               for t in (q, k, v)]
-    (has_l, has_r), window = mask_mod.window_args(window_size, causal, s_q, s_k)
-    # window flags join the key only when set: the unwindowed key (and cache entry) is unchanged
-    win_kw = {k: True for k, on in (("window_left", has_l), ("window_right", has_r)) if on}
-    cap = softcap if softcap is not None else 50.0
-    tuning = _persistent_tuning(tuning, q.device)
-    fixed_kw = _fixed_max_kw(mode if stage is None else stage.mode, dtype, cap, tuning)
-    tuning_items = tuple(sorted(dict(tuning or {}, **win_kw, **fixed_kw).items()))
-    if stage is None:
-        stage, cfg = _stage_and_config(mode, evaluator, dtype, d, causal, tuning_items, program)
-    else:
-        cfg = _config_for_stage(stage, dtype, d, causal, tuning_items)
-    if stage.mode == "sigmoid":
-        stage.check_dtype(dtype == "bf16")   # BF16 P programs: BF16 inputs only
-    scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    params = [float(x) for x in stage.host_scalars(
-        scale, s_k, softcap=cap, sigmoid_bias=sigmoid_bias)]
-    if out is None:
-        out = torch.empty_like(q)
-    lse_t = lse if lse is not None else torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
-    tensors = (q, k, v, out, lse_t)
-    _compiled(cfg)(*tensors, *params, *window)
-    return out, (lse_t if stage.has_lse else None)
-
-
-if __name__ == "__main__":
-    import os, sys, time
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    t0 = time.time()
-    mode = sys.argv[1] if len(sys.argv) > 1 else "softmax"
-    ev = sys.argv[2] if len(sys.argv) > 2 else "native"
-    compile_attn_fwd(AttnFwdConfig.default(stages.make_stage(mode, ev)))
-    print(f"compiled {mode}/{ev} in {time.time() - t0:.1f}s")
+def kernel_for(cfg: FwdConfig) -> AttnFwdSm90:
+    return (AttnFwdSm90Aux if cfg.score.aux else AttnFwdSm90)(cfg)

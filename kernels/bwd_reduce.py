@@ -10,7 +10,7 @@ The dQ tile goes one of two ways.
   - warp 1 of the producer warpgroup issues one `cp.reduce.async.bulk` add per row;
   - named barriers 3 (full) and 4 (empty) hand the single buffer back and forth.
 
-Deterministic mode (BwdKey.deterministic, attn_bwd(deterministic=True)).  FP32 atomics
+Deterministic mode (BwdConfig.deterministic).  FP32 atomics
 commute only up to rounding, so the order in which CTAs reach a shared tile decides the
 low bits.  The deterministic build fixes that order with one Int32 turn counter per
 output tile (zeroed by the host with the accumulators, same memset):
@@ -42,14 +42,9 @@ from cutlass import Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-try:  # installed package layout
-    from flash_attn_poly.kernels import mask as mask_mod
-except ImportError:  # running from the repository root
-    from kernels import mask as mask_mod
+from . import mask as mask_mod
+from .barriers import BwdBarrier
 
-TURN_BARRIER_ID = 2        # deterministic builds: counter seen / adds issued (256 MMA threads)
-DQ_FULL_BARRIER_ID = 3     # dq_async: dQ tile staged in smem (256 MMA threads arrive, warp 1 waits)
-DQ_EMPTY_BARRIER_ID = 4    # dq_async: warp 1 has read the staged tile (it arrives, MMA threads wait)
 DQ_ROW_PAD = 8             # dq_async: FP32 pad per staged dQ row (row stride 136 words: 2-way banks)
 
 
@@ -151,7 +146,7 @@ class BwdReductions:
     def stage_dq(self, mma_dq, acc_dQ, sdQ_addr, tidx):
         """MMA threads: wait until warp 1 has read the previous tile, write acc_dQ row-major
         (padded rows) into smem, make it visible to the async proxy, signal warp 1."""
-        pipeline.NamedBarrier(barrier_id=DQ_EMPTY_BARRIER_ID, num_threads=256 + 32).sync()
+        pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_EMPTY), num_threads=256 + 32).sync()
         thr = mma_dq.get_slice(tidx)
         ident = cute.make_identity_tensor((self.tile_m, self.Dc))
         c_mn = acc_mn_view(thr.partition_C(ident))
@@ -161,7 +156,7 @@ class BwdReductions:
                 word = self.dq_word(c_mn[r, c][0], c_mn[r, c][1])
                 st_shared_v2_f32(sdQ_addr + word * 4, acc_mn[r, c], acc_mn[r, c + 1])
         cute.arch.fence_view_async_shared()
-        pipeline.NamedBarrier(barrier_id=DQ_FULL_BARRIER_ID, num_threads=256 + 32).arrive()
+        pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_FULL), num_threads=256 + 32).arrive()
 
     @cute.jit
     def reduce_dq(self, mdQacc, sdQ_addr, lane, head, batch, chunk, m_min, m_max, seqlen_q, n_heads):
@@ -170,8 +165,8 @@ class BwdReductions:
         for the first tile; the last tile's arrival is left out (nobody waits for it).
         head_loop builds: query heads head .. head + n_heads - 1 in turn, the MMA order."""
         mX = mdQacc[None, None, head, batch]
-        full = pipeline.NamedBarrier(barrier_id=DQ_FULL_BARRIER_ID, num_threads=256 + 32)
-        empty = pipeline.NamedBarrier(barrier_id=DQ_EMPTY_BARRIER_ID, num_threads=256 + 32)
+        full = pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_FULL), num_threads=256 + 32)
+        empty = pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_EMPTY), num_threads=256 + 32)
         if m_min < m_max:
             empty.arrive()
             if const_expr(self.head_loop):
@@ -320,12 +315,12 @@ class BwdReductions:
             seen = ld_acquire_s32(sem_addr)
             while seen != rank:
                 seen = ld_acquire_s32(sem_addr)
-        pipeline.NamedBarrier(barrier_id=TURN_BARRIER_ID, num_threads=256).arrive_and_wait()
+        pipeline.NamedBarrier(barrier_id=int(BwdBarrier.TURN), num_threads=256).arrive_and_wait()
 
     @cute.jit
     def turn_done(self, sem_addr, tidx):
         """Pass the turn on: after the barrier every MMA thread's reductions precede thread
         0's release increment, so the next rank's acquire sees all of them applied."""
-        pipeline.NamedBarrier(barrier_id=TURN_BARRIER_ID, num_threads=256).arrive_and_wait()
+        pipeline.NamedBarrier(barrier_id=int(BwdBarrier.TURN), num_threads=256).arrive_and_wait()
         if tidx == 0:
             red_release_add_s32(sem_addr, Int32(1))

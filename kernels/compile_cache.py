@@ -10,7 +10,10 @@ process and, where the key allows it, once per machine:
    compiled host launcher plus the embedded cubin as one object file
    (``JitCompiledFunction.export_to_c``), linked back in by ``cute.runtime.load_module``
    (LLVM JITLink, a few ms, no tracing, no MLIR pipeline, no ptxas, no GPU needed until
-   the call).  The fingerprint covers what changes code generation besides the key: the
+   the call).  Where a C compiler exists the export also links ``X.so`` (``cc -shared``),
+   which ``tvm_ffi.load_module`` opens in under a millisecond without importing cutlass
+   (once the DSL's runtime libraries, listed per fingerprint in ``runtime_libs.txt``, are
+   loaded with RTLD_GLOBAL): a process whose kernels are all cached never imports cutlass.  The fingerprint covers what changes code generation besides the key: the
    kernel and asm sources, the coefficient table, the CUDA arch, and the versions of
    cutlass-dsl, apache-tvm-ffi, torch and Python; another fingerprint is another directory.
 3. build: ``kernel, args = build()``, then ``cute.compile(kernel, *args, <env stream>,
@@ -60,6 +63,7 @@ ENV = "FLASH_ATTN_POLY_CACHE_DIR"
 _DISABLED = ("0", "off", "false", "no", "none")
 COMPILE_OPTIONS = "--enable-tvm-ffi"
 EXPORT_NAME = "func"            # symbol prefix of the exported function in every entry
+RUNTIME_LIBS = "runtime_libs.txt"   # per fingerprint: the CuTe DSL runtime libraries an X.so needs
 LOCK_TIMEOUT_S = 600.0          # longer than the slowest build on a loaded 2-core machine
 _FAMILY = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -176,7 +180,14 @@ def entry_path(family: str, spelled_key: str, root: Optional[Path] = None) -> Pa
 
 def _try_load(path: Path):
     """The function in the entry at path, None if there is none; a damaged entry is logged,
-    deleted and reported as missing (the caller rebuilds it)."""
+    deleted and reported as missing (the caller rebuilds it).  The entry's shared library
+    (X.so, linked at export where a C compiler exists) loads through tvm-ffi alone, without
+    importing cutlass; the object file (X.o) through cute.runtime.load_module."""
+    so = path.with_suffix(".so")
+    if so.is_file():
+        fn = _try_load_so(so, path.parent.parent / RUNTIME_LIBS)
+        if fn is not None:
+            return fn
     if not path.is_file():
         return None
     t0 = time.perf_counter()
@@ -188,14 +199,83 @@ def _try_load(path: Path):
         counters["corrupt"] += 1
         _log.warning("compile cache: entry %s does not load (%s: %s); deleting it and compiling "
                      "again", path, type(e).__name__, _one_line(e))
-        try:
-            path.unlink()
-        except OSError:
-            pass
+        for p in (path, so):
+            try:
+                p.unlink()
+            except OSError:
+                pass
         return None
     counters["load"] += 1
     seconds["load"] += time.perf_counter() - t0
     return fn
+
+
+_preloaded: set = set()
+
+
+def _try_load_so(so: Path, libs_file: Path):
+    """dlopen an entry's shared library through tvm-ffi, after the CuTe DSL runtime libraries
+    it links against (their paths, written at export, in RUNTIME_LIBS) are loaded with
+    RTLD_GLOBAL; None (the caller falls back to the object file) on any failure."""
+    t0 = time.perf_counter()
+    try:
+        if str(libs_file) not in _preloaded:
+            import ctypes
+
+            for lib in libs_file.read_text().split():
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+            _preloaded.add(str(libs_file))
+        import tvm_ffi
+
+        fn = tvm_ffi.load_module(str(so))[EXPORT_NAME]
+    except Exception as e:  # noqa: BLE001 - the object file is the fallback
+        _log.info("compile cache: %s does not load (%s: %s); using the object file", so,
+                  type(e).__name__, _one_line(e))
+        try:
+            so.unlink()
+        except OSError:
+            pass
+        return None
+    counters["load"] += 1
+    counters["load_so"] += 1
+    seconds["load"] += time.perf_counter() - t0
+    return fn
+
+
+def _link_so(obj: Path) -> bool:
+    """Link the entry's object file into X.so (cc -shared), so that a later process loads it
+    without importing cutlass; also record the runtime libraries it needs.  No C compiler or a
+    failed link only loses that fast path."""
+    import shutil
+    import subprocess
+
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return False
+    so = obj.with_suffix(".so")
+    tmp = so.with_name(f".{so.stem}.{os.getpid()}.{threading.get_ident()}.tmp.so")
+    try:
+        libs = obj.parent.parent / RUNTIME_LIBS
+        if not libs.is_file():
+            import cutlass.cute as cute
+
+            paths = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
+            tmp_libs = libs.with_name(f".{libs.name}.{os.getpid()}.tmp")
+            tmp_libs.write_text("\n".join(str(p) for p in paths) + "\n")
+            os.replace(tmp_libs, libs)
+        r = subprocess.run([cc, "-shared", "-o", str(tmp), str(obj)], capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode != 0:
+            raise OSError(r.stderr.strip()[:300] or f"{cc} exited with {r.returncode}")
+        os.replace(tmp, so)
+    except Exception as e:  # noqa: BLE001 - the object file entry is complete without it
+        _log.info("compile cache: no shared library for %s (%s: %s)", obj, type(e).__name__, _one_line(e))
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        return False
+    return True
 
 
 def _export(fn, path: Path) -> bool:
@@ -206,6 +286,7 @@ def _export(fn, path: Path) -> bool:
         if tmp.stat().st_size == 0:
             raise OSError("the export wrote an empty file")
         os.replace(tmp, path)     # atomic: readers see no entry or a whole one
+        _link_so(path)
     except Exception as e:  # noqa: BLE001 - a cache that cannot be written is not an error
         _log.warning("compile cache: cannot write %s (%s: %s); this build stays in memory only",
                      path, type(e).__name__, _one_line(e))
@@ -350,9 +431,20 @@ def fingerprint_parts() -> list:
 
 
 def _arch() -> str:
-    from cutlass.cutlass_dsl import CuTeDSL
+    """CUTE_DSL_ARCH (what the DSL compiles for) if set, else the GPU's compute capability as
+    torch reports it: a name that differs where builds differ, without importing cutlass."""
+    env = os.environ.get("CUTE_DSL_ARCH", "").strip()
+    if env:
+        return env
+    try:
+        import torch
 
-    return str(CuTeDSL._get_dsl().envar.arch)    # the env var, else the detected GPU's
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            return f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
+    except Exception:  # noqa: BLE001 - no torch or no driver: the CPU build's default
+        pass
+    return "cpu"
 
 
 def _version(dist: str) -> str:

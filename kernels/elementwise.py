@@ -124,11 +124,8 @@ class ElementwiseKey:
 
 
 # Host grid policy of the API's launches per kind (activations._grid), where one was measured
-# better than "default" (H200, bench/results/elementwise_variants.md: two runs, bc7eeaa and
-# a123dee): B1 SiLU forward "balanced" 93.1 / 94.1% of a same-bytes copy vs 91.1 / 91.7%.
-# Host-side only (same kernel; tests/test_elementwise_variants.py models every chunk once).
-# The SiLU backward stays "default" (balanced 97.0% vs 97.6 / 97.8%), and so does B4 SwiGLU
-# (c1595e0, elementwise_variants_b4.md: balanced 96.1 / 96.0% vs 96.9 / 95.8%, fwd / bwd).
+# better than "default" (docs/MEASURED.md, "Elementwise grid policy").  Host-side only (the same
+# kernel; tests/test_elementwise_variants.py models every chunk once).
 GRID_POLICY = {"silu_fwd": "balanced"}
 
 

@@ -98,17 +98,6 @@ def add0(a, b):
     return b if isinstance(a, int) and a == 0 else a + b
 
 
-def window_args(window_size, causal: bool, seqlen_q: int, seqlen_k: int):
-    """Host side: ((has_left, has_right) for the compile key, (left, right) runtime Int32 values).
-
-    Sizes are clamped to S_q + S_k: a larger window is unbounded in effect, and the clamp keeps
-    i + s + right inside Int32.  Causal makes the right bound 0 (compiled in), so its flag is off."""
-    left, right = (-1, -1) if window_size is None else (int(window_size[0]), int(window_size[1]))
-    has_left, has_right = left >= 0, right >= 0 and not causal
-    cap = seqlen_q + seqlen_k
-    return (has_left, has_right), (min(left, cap) if has_left else 0, min(right, cap) if has_right else 0)
-
-
 @cute.jit
 def apply_mask(
     acc_S_mn: cute.Tensor,

@@ -20,9 +20,9 @@ from flash_attn_poly.fit import runtime
 
 SIGMOID_PROGRAM_N = 4096          # the sigmoid-attention program the kernels inline
 SOFTCAP_PROGRAM = "softcap_c50"
-SIGMOID_GRAD_RULE = "product"     # = kernels/score_stages_bwd.SigmoidBwd.grad_rule's default
+SIGMOID_GRAD_RULE = "product"     # = the sigmoid grad row of flash_attn_poly.plan (GRAD_ROWS)
 # softcap d logit/dx rule by default: "value" for FP16 programs, "block" for BF16 ones
-# (= kernels/score_stages_bwd.default_softcap_grad)
+# (= the softcap grad rows of flash_attn_poly.plan, by the program's dtype)
 
 
 def _spec(program) -> "programs.ProgramSpec":
@@ -38,8 +38,8 @@ def _apply(fn: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> torch.Ten
 def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, program: str = None,
                 io_dtype: str = "bf16"):
     """(score_fn, score_grad_fn): the program's forward block on x' = x + bias + ln n, and the
-    backward's sigma': p (1 - p) of that block's BF16 p ("product", the kernels' default,
-    kernels/score_stages_bwd.SigmoidBwd.grad_rule) or the coupled block's derivative
+    backward's sigma': p (1 - p) of that block's BF16 p ("product", the plan's default,
+    ScoreSpec.grad_rule; kernels/scores/sigmoid.py) or the coupled block's derivative
     surrogate ("surrogate", seed B3, from the program's _grad entry).  program: a table entry
     (name or ProgramSpec) other than sigmoid_attn_n{n}, whose own n then applies; an FP16
     program's P is rounded to the PV operand's type (io_dtype: "bf16" for BF16 inputs, "f16"
@@ -73,7 +73,7 @@ def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, 
 
 def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM, grad_rule: str = None):
     """(score_fn, score_grad_fn): logit = x_c - c*rho(x_c/c) and d logit/dx, by grad_rule
-    (kernels/score_stages_bwd.SoftcapBwd.grad_rule): "block" replays the _grad program,
+    (ScoreSpec.grad_rule; kernels/scores/softcap.py): "block" replays the _grad program,
     "value" is 1 - t^2 of t = logit * fp32(1/c) in FP32."""
     spec = _spec(program)
     prog = spec.entry()
@@ -96,24 +96,30 @@ def softcap_fns(softcap: float, program: str = SOFTCAP_PROGRAM, grad_rule: str =
             lambda x: _apply(dlogit, x))
 
 
-def split_fns(mode: str, stage, s_k: int, softcap: float = 50.0, sigmoid_bias=None, sigmoid_grad=None,
+def split_fns(mode: str, score, s_k: int, softcap: float = 50.0, sigmoid_bias=None, sigmoid_grad=None,
               io_dtype: str = "bf16", softcap_grad=None):
-    """(score_fn, score_grad_fn) of a poly stage with poly_split, per key column: column n
-    uses the program replay when stage.poly_pair(n // 8) (the kernels' block columns) and
-    the exact function otherwise (the MUFU columns' target).  Scores x (..., S_k) are scaled
-    scores, key index last; the same rule serves the forward and the backward reference.
-    io_dtype: the attention inputs' type, "bf16" or "f16" (sigmoid: the PV operand P)."""
+    """(score_fn, score_grad_fn) of a poly score per key column: `score` is the plan's
+    kernels.scores.ScoreSpec (plan.score; plan.score_bwd is the same spec for a poly score);
+    column n uses the program replay when the spec's poly_split sends key column group n // 8
+    through the block (kernels.scores.poly_pair, the kernels' rule) and the exact function
+    otherwise (the MUFU columns' target).  Scores x (..., S_k) are scaled scores, key index
+    last; the same rule serves the forward and the backward reference.  The grad rule is the
+    spec's unless sigmoid_grad / softcap_grad name another.  io_dtype: the attention inputs'
+    type, "bf16" or "f16" (sigmoid: the PV operand P)."""
+    from flash_attn_poly.kernels.scores import poly_pair
+    if score.evaluator != "poly" or score.program is None:
+        raise ValueError(f"split_fns replays a poly score's program; got evaluator {score.evaluator!r}, "
+                         f"program {score.program!r}")
     if mode == "softcap":
-        poly, poly_grad = softcap_fns(softcap, stage.program, softcap_grad)
+        poly, poly_grad = softcap_fns(softcap, score.program, softcap_grad or score.grad_rule)
         exact = lambda x: softcap * torch.tanh(x / softcap)
         exact_grad = lambda x: 1 - torch.tanh(x / softcap) ** 2
     else:
         b = -math.log(s_k) if sigmoid_bias is None else float(sigmoid_bias)
-        poly, poly_grad = sigmoid_fns(b, stage.program_n, sigmoid_grad, getattr(stage, "program", None),
-                                      io_dtype)
+        poly, poly_grad = sigmoid_fns(b, score.program.n, sigmoid_grad or score.grad_rule, score.program, io_dtype)
         exact = lambda x: torch.sigmoid(x + b)
         exact_grad = lambda x: torch.sigmoid(x + b) * (1 - torch.sigmoid(x + b))
-    cols = torch.tensor([bool(stage.poly_pair(n // 8)) for n in range(s_k)])
+    cols = torch.tensor([bool(poly_pair(score.poly_split, n // 8)) for n in range(s_k)])
 
     def per_column(fn_poly, fn_exact):
         return lambda x: torch.where(cols.to(x.device), fn_poly(x).to(x.dtype), fn_exact(x))

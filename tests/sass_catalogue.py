@@ -54,55 +54,42 @@ def builds() -> dict:
 
 
 # ------------------------------------------------------------------ the builds of a call
-def _program(call):
-    """The program attention() runs for call; a call may name one ("program": a name or a
-    ProgramSpec, e.g. a refit's: tests/test_refit_program.py builds with it)."""
-    from flash_attn_poly.kernels import score_stages
-    if call["evaluator"] != "poly" or call["mode"] == "softmax":
-        return None
-    if call.get("program") is not None:
-        return call["program"]
-    return score_stages.default_program(call["mode"], "bf16" if call["dtype"] == "bf16" else "f16", 50.0)
+def plan_of(call, overrides=None):
+    """The plan `attention()` resolves for call on an H200 (SM_COUNT SMs); a call may name a
+    program ("program": a name or a ProgramSpec, e.g. a refit's: tests/test_refit_program.py),
+    a softcap value ("softcap", default 50: the constant row max needs <= 50) and a sigmoid
+    backward rule ("sigmoid_grad")."""
+    from flash_attn_poly import plan
+    b, s, h_q, h_kv = call["shape"]
+    c = plan.AttnCall(mode=call["mode"], evaluator=call["evaluator"], dtype=call["dtype"], head_dim=call["d"],
+                      batch=b, seqlen_q=s, seqlen_k=s, heads_q=h_q, heads_kv=h_kv, causal=call["causal"],
+                      window=tuple(call["window"]), softmax_scale=call["d"] ** -0.5,
+                      softcap=call.get("softcap", 50.0) if call["mode"] == "softcap" else None,
+                      program=call.get("program"), deterministic=call["deterministic"],
+                      sigmoid_grad=call.get("sigmoid_grad"))
+    return plan.resolve(c, SM_COUNT, overrides)
 
 
-def fwd_kernel(call):
+def fwd_build(cfg):
+    """(kernel object, compile args) of the forward build of a FwdConfig."""
+    from flash_attn_poly.kernels import attn_fwd_sm90 as F
+    return F.kernel_for(cfg), F._fake_args(cfg) + (F.cute.runtime.make_fake_stream(),)
+
+
+def bwd_build(cfg):
+    """(kernel object, compile args) of the backward build of a BwdConfig."""
+    from flash_attn_poly.kernels import attn_bwd_sm90 as B
+    return B.kernel_for(cfg), B.fake_args(cfg) + (B.cute.runtime.make_fake_stream(),)
+
+
+def fwd_kernel(call, overrides=None):
     """(kernel object, compile args) of the forward build `attention()` picks for call."""
-    from flash_attn_poly.kernels import attn_fwd_sm90 as F, mask
-    b, s, h_q, h_kv = call["shape"]
-    dtype = call["dtype"]
-    tuning = {"persistent": SM_COUNT}
-    fixed_kw = F._fixed_max_kw(call["mode"], dtype, 50.0, tuning)
-    (has_l, has_r), _ = mask.window_args(call["window"], call["causal"], s, s)
-    win_kw = {k: True for k, on in (("window_left", has_l), ("window_right", has_r)) if on}
-    items = tuple(sorted(dict(tuning, **win_kw, **fixed_kw).items()))
-    _, cfg = F._stage_and_config(call["mode"], call["evaluator"], dtype, call["d"], call["causal"], items,
-                                 _program(call))
-    stream = F.cute.runtime.make_fake_stream()
-    return F.AttnFwdSm90(cfg), F._fake_args(cfg) + (stream,)
+    return fwd_build(plan_of(call, overrides).fwd)
 
 
-def bwd_kernel(call):
+def bwd_kernel(call, overrides=None):
     """(kernel object, compile args) of the backward build `attention()` picks for call."""
-    from flash_attn_poly.kernels import attn_bwd_sm90 as B, mask
-    from flash_attn_poly.kernels.score_stages import program_spec
-    from flash_attn_poly.kernels.score_stages_bwd import bwd_side
-    b, s, h_q, h_kv = call["shape"]
-    d, mode, ev, program = call["d"], call["mode"], call["evaluator"], _program(call)
-    if mode == "softcap" and ev == "poly" and program is not None and program_spec(program).is_exp2:
-        ev, program = "native", None
-    split = B.default_split(mode, ev, d)
-    stage = bwd_side(mode, ev, program=program, poly_split=None if ev != "poly" or split is None else split)
-    det = call["deterministic"]
-    tile = B.BwdTile.for_head_dim(d)
-    (has_l, has_r), _ = mask.window_args(call["window"], call["causal"], s, s)
-    key = B.BwdKey("bf16" if call["dtype"] == "bf16" else "f16", d, call["causal"], stage, tile, has_l, has_r,
-                   det, B.DQ_ASYNC_DEFAULT and not det and d <= 128, B.LPT_DEFAULT and not det)
-    ctas = -(-s // tile.tile_n) * h_kv * b * max(1, d // 128)
-    loop = h_q == h_kv or ctas >= B.HEAD_LOOP_MIN_CTAS_PER_SM * SM_COUNT
-    if loop and not det:
-        key = B.dataclasses.replace(key, head_loop=True)
-    stream = B.cute.runtime.make_fake_stream()
-    return B.kernel_for(key), B.fake_args(key) + (stream,)
+    return bwd_build(plan_of(call, overrides).bwd)
 
 
 # ------------------------------------------------------------------ hashing

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flash_attn_poly
-import poly_reference as pr
+import plan_reference
 from flash_attn_poly.reference import attention_ref, attention_ref_backward, attention_ref_lowprec
 from flash_attn_poly.testing import assert_close_rule, rel_l2_err
 
@@ -40,19 +40,14 @@ def _kw(mode):
     return {"softcap": 50.0} if mode == "softcap" else {}
 
 
-def _score_fns(mode, evaluator, s_k, program=None, dtype=torch.bfloat16, d=128):
-    """The math the kernel runs: per key column, the program replay on the columns the
-    default poly split sends through the block, the exact function on the MUFU columns."""
-    if evaluator == "native":
-        return None, None
-    from flash_attn_poly.kernels.score_stages import default_key_block, default_program, make_stage
-    io = "f16" if dtype == torch.float16 else "bf16"
-    program = program or default_program(mode, io, 50.0)   # what attention() runs for program=None
-    kw = dict(program=program, key_block=default_key_block(d))
-    stage = make_stage(mode, "poly", **kw)
-    if stage.evaluator != "poly":   # the exp2 offload: exact logits, P = 2^a within 7.5e-5 relative
-        return None, None
-    return pr.split_fns(mode, stage, s_k, io_dtype=io)
+def _score_fns(q, k, v, mode, evaluator, program=None, **kw):
+    """The math the kernel runs for attention(q, k, v, mode, evaluator=, program=, **kw): per
+    key column, the program replay on the columns the plan's poly split sends through the
+    block, the exact function on the MUFU columns (tests/plan_reference.py); (None, None)
+    where the plan's score is native (the exp2 offload: exact logits, P = 2^a within 7.5e-5
+    relative)."""
+    from flash_attn_poly import testing
+    return plan_reference.score_fns(testing.plan_for(q, k, v, mode, evaluator, program=program, **kw))
 
 
 @pytest.mark.parametrize("mode, evaluator, program", MODES)
@@ -61,8 +56,8 @@ def test_forward_and_backward(mode, evaluator, program, case, dtype=torch.bfloat
     causal = case[-1]
     # a seed fixed per case (hash() of a str tuple changes with every process)
     q, k, v = _inputs(case, zlib.crc32(repr((mode, evaluator, program, case, str(dtype))).encode()) % 1000, mode, dtype)
-    fn, gfn = _score_fns(mode, evaluator, k.shape[1], program, dtype, q.shape[-1])
     kw = dict(causal=causal, **_kw(mode))
+    fn, gfn = _score_fns(q, k, v, mode, evaluator, program, **kw)
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
     out = flash_attn_poly.attention(qg, kg, vg, mode, evaluator=evaluator, program=program, **kw)
     ref, _ = attention_ref(q, k, v, mode, score_fn=fn, **kw)
@@ -97,7 +92,8 @@ def test_sigmoid_poly_at_program_length():
     case = (1, 4096, 4096, 2, 1, 128, True)
     q, k, v = _inputs(case, 7, "sigmoid")
     out = flash_attn_poly.attention(q, k, v, "sigmoid", evaluator="poly")
-    fn, _ = _score_fns("sigmoid", "poly", 4096)
+    fn, _ = _score_fns(q, k, v, "sigmoid", "poly")
+    assert fn is not None
     ref, _ = attention_ref(q.float(), k.float(), v.float(), "sigmoid", score_fn=fn, dtype=torch.float32)
     low, _ = attention_ref_lowprec(q, k, v, "sigmoid", score_fn=fn)
     assert_close_rule(out, ref, low, floor=1e-4, name="sigmoid/poly S=4096")
@@ -130,19 +126,19 @@ def test_softcap_exp2_offload_next_to_native(d, causal):
     native's (rel L2; the offloaded P = 2^a differs by <= 7.5e-5 relative, below the BF16
     rounding of P that dominates both) and its LSE within 1e-4 of native's; FP16 inputs (no
     constant row max: no offload) bitwise native's."""
-    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
-    from flash_attn_poly.testing import poison_
+    from flash_attn_poly.testing import run_forward
     case = (1, 777, 777, 8, 2, d, causal)
     for dtype in (torch.bfloat16, torch.float16):
         q, k, v = _inputs(case, 11 + d, "softcap", dtype)
-        o_nat, lse_nat = attn_fwd(q, k, v, mode="softcap", evaluator="native", causal=causal, softcap=50.0)
-        out = poison_(torch.empty_like(q))
-        o, lse = attn_fwd(q, k, v, mode="softcap", evaluator="poly", causal=causal, softcap=50.0,
-                          program="exp2_f32_d3", out=out)
+        kw = dict(causal=causal, softcap=50.0)
+        o_nat, lse_nat, _ = run_forward(q, k, v, "softcap", "native", **kw)
+        o, lse, plan = run_forward(q, k, v, "softcap", "poly", program="exp2_f32_d3", poison=True, **kw)
         assert torch.isfinite(o).all()
         if dtype == torch.float16:
+            assert plan.fwd.exp2_fma == 0 and not plan.fwd.fixed_max   # no constant row max: no offload
             assert torch.equal(o, o_nat) and torch.equal(lse, lse_nat)
             continue
+        assert plan.fwd.fixed_max and plan.fwd.exp2_fma > 0, plan.fwd   # the offload runs
         exact, _ = attention_ref(q, k, v, "softcap", causal=causal, softcap=50.0)
         e_x, e_n = rel_l2_err(o, exact), rel_l2_err(o_nat, exact)
         print(f"\nD={d} causal={causal}: O rel L2 vs exact: exp2 offload {e_x:.3e}, native {e_n:.3e}")

@@ -1,28 +1,34 @@
 """Compile-only tier: the attention backward builds for sm_90a on a CPU machine; SASS checks.
-CPU tier: the backward sides follow the forward stages' poly_split rule."""
+CPU tier: the backward's score side follows the forward's poly_split rule (one plan, one spec).
+
+Each build is named by the call that picks it (tests/builds.py: the plan of attention()'s
+arguments at the catalogue's anchor shape) with backward overrides, and compiled once per
+session, shared with the other compile tests."""
+import math
+
 import pytest
 
 pytest.importorskip("cutlass")
 
+import builds as B  # noqa: E402
 from flash_attn_poly.kernels import attn_bwd_sm90 as K  # noqa: E402
-from flash_attn_poly.kernels import sass  # noqa: E402
-from flash_attn_poly.kernels import score_stages as S  # noqa: E402
-from flash_attn_poly.kernels.score_stages_bwd import bwd_side, bwd_side_for  # noqa: E402
+from flash_attn_poly.kernels import dispatch, sass, scores  # noqa: E402
 
-_SASS = {}
 # scores per MMA thread per query block at D=128 (tile 128 keys x 64 queries, 256 threads)
 SCORES_D128 = 128 * 64 // 256
 
 
-# the seed's packed-BF16 programs (the poly default is FP16: score_stages.DEFAULT_PROGRAM)
+# the seed's packed-BF16 programs (the poly default is FP16: the plan's program rows)
 BF16 = {"softcap": "softcap_c50", "sigmoid": "sigmoid_attn_n4096"}
+# softcap cap of these builds: above plan.FIXED_MAX_CAP, so the poly evaluator runs the FP16 tanh
+# program in the backward too (BF16 cap <= 50 resolves the exp2 offload, whose backward is native)
+ONLINE = 60.0
 # The default softcap poly side (k >= 4 compiles both row paths, the evaluator of a key row
 # depends on the warp) may spill a few words.  The odd_u2 program at 1/16 with the value rule
-# (the default since this session, CPU SASS 2026-11-30): 2 STL in the plain build, 1 with
-# head_loop + dq_async + LPT (the deployed build), at D = 256 3 plain and 0 with head_loop.
-# (The one-region odd-form program, default from 8c57383: 4 plain, 0 deployed, 1 deterministic,
-# 1 at D = 256; the two-region program: 7 with head_loop, 3 without, 5 deterministic, 7 windowed,
-# 7 at D = 256.)
+# (CPU SASS 2026-11-30): 2 STL in the plain build, 1 with head_loop + dq_async + LPT (the
+# deployed build), at D = 256 3 plain and 0 with head_loop.  (The one-region odd-form program:
+# 4 plain, 0 deployed, 1 deterministic, 1 at D = 256; the two-region program: 7 with head_loop,
+# 3 without, 5 deterministic, 7 windowed, 7 at D = 256.)
 # The bound catches a regression.
 SOFTCAP_POLY_BWD_STL = 4
 
@@ -31,25 +37,24 @@ def _stl_bound(mode, evaluator) -> int:
     return SOFTCAP_POLY_BWD_STL if (mode, evaluator) == ("softcap", "poly") else 0
 
 
-def _default_split(mode, evaluator, d):
-    """attn_bwd's poly_split=None for this head dim (the default forward's split)."""
-    if evaluator != "poly" or mode == "softmax":
-        return None
-    return S.default_poly_split(mode, S.default_key_block(d))
+def _plan(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split=None, window=False,
+          deterministic=False, dq_async=False, lpt=False, head_loop=False, program=None, grad_rule=None):
+    """The plan of attention(mode, evaluator, ...) with the backward's knobs as given (default
+    here: the plain build, no dQ staging, no LPT order, a CTA per query head); window: left and
+    (non-causal) right bounds compiled in; poly_split None: the plan's split for d."""
+    ov = {"bwd.dq_async": dq_async, "bwd.lpt": lpt, "bwd.head_loop": head_loop}
+    if poly_split is not None:
+        ov["poly_split"] = poly_split
+    if grad_rule is not None:
+        ov["grad_rule"] = grad_rule
+    win = ((512, 0) if causal else (512, 64)) if window else (-1, -1)
+    return B.plan(mode, evaluator, d=d, causal=causal, dtype=dtype, window=win, deterministic=deterministic,
+                  program=program, softcap=ONLINE if mode == "softcap" else None, overrides=ov)
 
 
-def _sass(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split=None, window=False,
-          deterministic=False, families=None, dq_async=False, lpt=False, head_loop=False, program=None,
-          softcap_grad=None):
-    if poly_split is None:   # what attn_bwd builds for this head dim
-        poly_split = _default_split(mode, evaluator, d)
-    key = K.BwdKey(dtype, d, causal, bwd_side(mode, evaluator, poly_split, program=program, softcap_grad=softcap_grad),
-                   K.BwdTile.for_head_dim(d),
-                   window, window, deterministic, dq_async, lpt, head_loop=head_loop)
-    if key not in _SASS:
-        c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
-        _SASS[key] = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS))
-    return _SASS[key]
+def _sass(*args, **kw):
+    """Opcode counts (sass.FAMILIES and TURN_OPS) of the backward build of _plan(*args, **kw)."""
+    return B.bwd(_plan(*args, **kw).bwd).counts(dict(sass.FAMILIES, **TURN_OPS))
 
 
 # the deterministic build's turn protocol: acquire loads, release fences, counter increments
@@ -65,29 +70,35 @@ TURN_OPS = {"LDG.STRONG.GPU": r"LDG\.E\.STRONG\.GPU", "MEMBAR.GPU": r"MEMBAR\.AL
 @pytest.mark.parametrize("mode", ["softcap", "sigmoid"])
 @pytest.mark.parametrize("split", [None, (1, 1), (1, 2), (1, 4), (3, 4), (0, 2)])
 def test_bwd_side_follows_forward_split(mode, split):
-    fwd = S.make_stage(mode, "poly", **({"poly_split": split} if split else {}))
-    for bwd in (bwd_side_for(fwd), bwd_side(mode, "poly", split)):
-        assert bwd.poly_split == fwd.poly_split
-        assert [bwd.uses_block(g) for g in range(64)] == [fwd.poly_pair(g) for g in range(64)]
+    """The plan hands the backward the forward's score spec: same program, split and rule per
+    key column group."""
+    p = _plan(mode, "poly", poly_split=split)
+    fwd, bwd = scores.device(p.score), scores.device(p.score_bwd)
+    assert p.score_bwd == p.score and bwd.poly_split == fwd.poly_split
+    assert [bwd.uses_block(g) for g in range(64)] == [fwd.poly_pair(g) for g in range(64)]
 
 
 def test_bwd_side_program_facts_and_args():
-    sc, sg = bwd_side("softcap", "poly"), bwd_side("sigmoid", "poly")
-    fc, fg = S.make_stage("softcap", "poly"), S.make_stage("sigmoid", "poly")
-    assert sc.clamp_l == fc.clamp_l and sg.program_n == fg.program_n
-    # MUFU columns of a sigmoid poly stage: 0.5*arg0 and arg2 are the forward's params 2, 3
-    a, p = sg.host_args(0.125, None, -3.0), fg.host_scalars(0.125, 1000, sigmoid_bias=-3.0)
+    sc, sg = (scores.device(_plan(m, "poly").score_bwd) for m in ("softcap", "sigmoid"))
+    fc, fg = (scores.device(_plan(m, "poly").score) for m in ("softcap", "sigmoid"))
+    assert sc.clamp_l == fc.clamp_l > 0 and sg.program_n == fg.program_n == 4096
+    # MUFU columns of a sigmoid poly score: 0.5*arg0 and arg2 are the forward's params 2, 3
+    a, p = sg.bwd_scalars(0.125, None, -3.0), fg.fwd_scalars(0.125, None, -3.0)
     assert (0.5 * a[0], a[1], a[2]) == (p[2], p[1], p[3])
     # native sigmoid: the forward's tanh form (0.5 scale, 0.5 b)
-    assert bwd_side("sigmoid").host_args(0.125, None, -3.0)[:2] == \
-        S.make_stage("sigmoid").host_scalars(0.125, 1000, sigmoid_bias=-3.0)[:2]
-    assert not any(bwd_side(m).uses_block(0) for m in ("softmax", "softcap", "sigmoid"))
+    nat = scores.device(_plan("sigmoid").score_bwd)
+    assert nat.bwd_scalars(0.125, None, -3.0)[:2] == nat.fwd_scalars(0.125, None, -3.0)[:2]
+    assert not any(scores.device(_plan(m).score_bwd).uses_block(0) for m in ("softmax", "softcap", "sigmoid"))
+    # the exp2 offload (BF16 softcap, cap 50): a native backward, no block
+    p50 = B.plan("softcap", "poly")
+    assert p50.score_bwd.evaluator == "native" and p50.score_bwd.program is None
+    assert not any(scores.device(p50.score_bwd).uses_block(g) for g in range(64))
 
 
 # ------------------------------------------------------------------------------ compile
 @pytest.mark.compile
 @pytest.mark.parametrize("d,causal,dtype", [
-    (128, True, "bf16"), (128, False, "f16"),
+    (128, True, "bf16"), (128, False, "fp16"),
     # D=64 (tile 128x128): 64 S + 64 dP + 32 packed P + 2x32 dK/dV regs per thread; 16 STL
     # before and after the one-factor change (checked on the previous commit)
     pytest.param(64, True, "bf16", marks=pytest.mark.xfail(reason="16 STL at tile 128x128", strict=True))])
@@ -107,8 +118,8 @@ def test_d256_bwd_builds(mode, evaluator):
     softmax/native 2 STL + 2 LDL, softcap/poly (one-region residual program, value rule, the
     default) 1 + 1, 7 + 7 with the two-region program; CPU SASS 2026-11-30); more would mean
     the chunk bookkeeping costs registers in the loop.  Both builds take D = 256's default split
-    (1/8 for poly: the forward's 64-key blocks, score_stages.default_poly_split)."""
-    split = _default_split(mode, evaluator, 256)
+    (1/8 for poly: the forward's 64-key blocks, the plan's split row coarsened)."""
+    split = _plan(mode, evaluator, d=256).score.poly_split if evaluator == "poly" else None
     n, n128 = _sass(mode, evaluator, d=256), _sass(mode, evaluator, d=128, poly_split=split)
     assert n["HGMMA"] == 48 and n128["HGMMA"] == 32, (n, n128)
     for op in ("MUFU.EX2", "MUFU.TANH", "HFMA2"):
@@ -120,7 +131,7 @@ def test_d256_bwd_builds(mode, evaluator):
 @pytest.mark.parametrize("mode,evaluator,d", [("softmax", "native", 128), ("softcap", "poly", 128),
                                               ("softmax", "native", 256)])
 def test_lpt_bwd_changes_only_the_prologue(mode, evaluator, d):
-    """BwdKey.lpt: the SectionLptScheduler decode adds integer-divide RCPs once per CTA; the
+    """BwdConfig.lpt: the SectionLptScheduler decode adds integer-divide RCPs once per CTA; the
     loop is the single-tile build's.  D = 256 spills 2 words more (4 STL, loop-invariant)."""
     kw = dict(d=d, dq_async=d <= 128)
     a = _sass(mode, evaluator, **kw, lpt=True)
@@ -140,7 +151,7 @@ def test_dq_async_bwd_builds(mode, evaluator, d):
     same code line each, looped over the warp's lanes by ptxas); the score stage and GEMMs
     are those of the atomic build."""
     n, ref = _sass(mode, evaluator, d=d, dq_async=True), _sass(mode, evaluator, d=d)
-    tile_m = K.BwdTile.for_head_dim(d).tile_m
+    tile_m = _plan(mode, evaluator, d=d).bwd.tile_m
     pairs = tile_m * d // 256 // 2      # dQ fragment of one MMA thread, in FP32 pairs
     assert n["UBLKRED"] == tile_m // 32 and ref["UBLKRED"] == 0, (n, ref)
     # dK/dV keep their red.global.add.v2 epilogue; the dQ pairs become smem stores
@@ -169,8 +180,8 @@ def test_poly_stage_bwd_sfu_counts(mode, split):
     of every variant are the once-per-CTA integer division head // (H_q / H_kv).  (softcap
     1/4: test_softcap_poly_bwd_quarter_split_no_spills.)"""
     n = _sass(mode, "poly", poly_split=split, program=BF16[mode],
-              softcap_grad="block" if mode == "softcap" else None)   # the seed's derivative block
-    j, k = bwd_side(mode, "poly", split).poly_split
+              grad_rule="block" if mode == "softcap" else None)   # the seed's derivative block
+    j, k = _plan(mode, "poly", poly_split=split).score_bwd.poly_split
     assert n["HFMA2.BF16"] > 0 and n["STL"] == 0 and n["LDL"] == 0, n
     if k <= 2:
         assert n["MUFU.TANH"] == SCORES_D128 * (k - j) // k, n
@@ -196,11 +207,10 @@ def test_softcap_poly_bwd_quarter_split_no_spills(program):
     ("softmax", "native", True), ("softcap", "native", False), ("softcap", "poly", True),
     ("sigmoid", "poly", False)])
 def test_window_bwd_builds_hgmma_no_spills(mode, evaluator, causal):
-    """Left + right window bounds compiled in (sizes runtime): HGMMA, no spills, the same
-    SFU work per score as the unwindowed build (masking is integer compares + selects)."""
-    key = K.BwdKey("bf16", 128, causal, bwd_side(mode, evaluator), K.BwdTile.for_head_dim(128), True, True)
-    c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
-    n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN))
+    """Window bounds compiled in (sizes runtime; left, and right where not causal): HGMMA, no
+    spills, the same SFU work per score as the unwindowed build (masking is integer compares +
+    selects)."""
+    n = _sass(mode, evaluator, causal=causal, window=True)
     base = _sass(mode, evaluator, causal=causal)
     assert n["HGMMA"] == base["HGMMA"] and n["STL"] <= _stl_bound(mode, evaluator), n
     assert n["MUFU.TANH"] == base["MUFU.TANH"] and n["MUFU.EX2"] == base["MUFU.EX2"], (n, base)
@@ -209,7 +219,7 @@ def test_window_bwd_builds_hgmma_no_spills(mode, evaluator, causal):
 # ------------------------------------------------------------------------------ deterministic
 @pytest.mark.compile
 @pytest.mark.parametrize("d,causal,dtype,window", [
-    (128, True, "bf16", False), (128, False, "f16", False), (128, True, "bf16", True),
+    (128, True, "bf16", False), (128, False, "fp16", False), (128, True, "bf16", True),
     pytest.param(64, True, "bf16", False, marks=pytest.mark.xfail(
         reason="D=64 tile 128x128 spills in both builds (16 STL default, 12 deterministic)",
         strict=True))])
@@ -236,10 +246,12 @@ def test_deterministic_bwd_poly_stage_builds():
 def test_turn_counter_count():
     """One counter per dQ tile (query block, query head, batch) and per dK/dV tile (key
     block, KV head, batch); e.g. B=2 S=1000 H_q=8 H_kv=2 D=128: tiles 64 x 128."""
-    tile = K.BwdTile.for_head_dim(128)
-    assert K.turn_counters(2, 1000, 1000, 8, 2, tile) == 2 * 8 * 16 + 2 * 2 * 8
+    cfg = _plan("softmax", deterministic=True).bwd
+    assert (cfg.tile_m, cfg.tile_n) == (64, 128)
+    assert dispatch.turn_counters(cfg, 2, 1000, 1000, 8, 2) == 2 * 8 * 16 + 2 * 2 * 8
     # D = 256: one set of counters per 128-column chunk
-    assert K.turn_counters(2, 1000, 1000, 8, 2, tile, 256) == 2 * (2 * 8 * 16 + 2 * 2 * 8)
+    cfg256 = _plan("softmax", d=256, deterministic=True).bwd
+    assert dispatch.turn_counters(cfg256, 2, 1000, 1000, 8, 2) == 2 * (2 * 8 * 16 + 2 * 2 * 8)
 
 
 # ------------------------------------------------------------------------------ CPU (host JIT)
@@ -266,9 +278,10 @@ def test_dq_turns_are_a_descending_permutation(tile, causal, window):
     i.e. earlier CTAs in the deterministic build's reversed launch order."""
     import torch
     from cutlass.cute.runtime import from_dlpack
-    from flash_attn_poly.kernels import mask
+    from flash_attn_poly.kernels.config import window_sizes
+    has_l, has_r = window[0] >= 0, window[1] >= 0 and not causal   # the plan's compile-time flags
     for s_q, s_k in [(1000, 1000), (411, 300), (300, 411), (128, 128), (517, 517), (1, 700), (2047, 2047)]:
-        (has_l, has_r), (wl, wr) = mask.window_args(window, causal, s_q, s_k)
+        wl, wr = window_sizes(window, causal, s_q, s_k)
         n_blocks, m_blocks = -(-s_k // tile[1]), -(-s_q // tile[0])
         table = torch.full((n_blocks, m_blocks), -1, dtype=torch.int32)
         _turn_table(from_dlpack(table), s_q, s_k, wl, wr, tile[0], tile[1], causal, has_l, has_r)
@@ -283,17 +296,17 @@ def test_dq_turns_are_a_descending_permutation(tile, causal, window):
 def test_bwd_over_shared_memory_fails_at_build_naming_the_config():
     """3 Q/dO stages at D = 128 need 233472 bytes (H200 launch log, round_stages_9ec9032): the
     build refuses with the numbers instead of a CUDA_LAUNCH_INVALID_CONFIG at run time."""
-    key = K.BwdKey("bf16", 128, True, bwd_side("softmax", "native"), K.BwdTile(64, 128, 3),
-                   dq_async=True, lpt=True)
+    p = B.plan("softmax", overrides={"bwd.stages": 3, "bwd.head_loop": False})
+    assert p.bwd.dq_async and p.bwd.lpt
     with pytest.raises(ValueError, match=r"3 Q/dO stages at D = 128 needs 233472 bytes"):
-        sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
+        B.bwd(p.bwd)
 
 
 def test_sigmoid_grad_rule_default_matches_the_reference():
     import poly_reference as PR
-    assert bwd_side("sigmoid", "poly").grad_rule == PR.SIGMOID_GRAD_RULE == "product"
+    assert _plan("sigmoid", "poly").score_bwd.grad_rule == PR.SIGMOID_GRAD_RULE == "product"
     with pytest.raises(ValueError, match="grad_rule"):
-        bwd_side("sigmoid", "poly", sigmoid_grad="exact")
+        _plan("sigmoid", "poly", grad_rule="exact")
 
 
 @pytest.mark.parametrize("program,rule", [(None, "value"), ("softcap_c50_f16_tail", "value"),
@@ -303,14 +316,14 @@ def test_softcap_grad_rule_default_matches_the_reference(program, rule):
     the seed's BF16 B2) is the one the reference replays by default."""
     import torch
     import poly_reference as PR
-    side = bwd_side("softcap", "poly", program=program)
+    side = _plan("softcap", "poly", program=program).score_bwd
     assert side.grad_rule == rule
     x = torch.linspace(-120, 120, 2001, dtype=torch.float64)
     _, g_default = PR.softcap_fns(50.0, side.program)
     _, g_rule = PR.softcap_fns(50.0, side.program, rule)
     assert torch.equal(g_default(x), g_rule(x))
     with pytest.raises(ValueError, match="grad_rule"):
-        bwd_side("softcap", "poly", softcap_grad="exact")
+        _plan("softcap", "poly", program=program, grad_rule="exact")
 
 
 @pytest.mark.compile
@@ -318,12 +331,8 @@ def test_sigmoid_poly_bwd_product_rule_is_shorter():
     """BF16 D3 program at 1/4: grad_rule "product" runs the 17-instruction forward block (3 packed FMAs, 2 squarings)
     and one FFMA per score for p (1 - p) instead of the coupled 22-instruction block: fewer
     packed ops, 32 more FFMA per thread and query block (D=128, 1/4 split), no spills."""
-    n = {}
-    for r in ("product", "surrogate"):
-        key = K.BwdKey("bf16", 128, True, bwd_side("sigmoid", "poly", (1, 4), sigmoid_grad=r, program=BF16["sigmoid"]),
-                       K.BwdTile.for_head_dim(128))
-        c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
-        n[r] = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN))
+    n = {r: _sass("sigmoid", "poly", poly_split=(1, 4), program=BF16["sigmoid"], grad_rule=r)
+         for r in ("product", "surrogate")}
     p, s = n["product"], n["surrogate"]
     assert p["STL"] == 0 and p["LDL"] == 0 and p["HGMMA"] == s["HGMMA"] == 32, p
     assert p["HFMA2.BF16"] * 4 == s["HFMA2.BF16"] * 3, (p, s)
@@ -334,11 +343,8 @@ def _sass_program(mode, program):
     """Opcode counts of the D = 128 causal BF16 poly build (dQ async, LPT) with the poly
     side's table `program`, at the BF16 programs' former default splits (softcap 1/2,
     sigmoid 1/4) for comparison with them."""
-    key = K.BwdKey("bf16", 128, True, bwd_side(mode, "poly", {"softcap": (1, 2), "sigmoid": (1, 4)}[mode],
-                                               program=program),
-                   K.BwdTile.for_head_dim(128), False, False, False, True, True)
-    c = sass.compile_sm90(K.kernel_for(key), *K.fake_args(key), K.cute.runtime.make_fake_stream())
-    return sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN), dict(sass.FAMILIES, **TURN_OPS))
+    return _sass(mode, "poly", poly_split={"softcap": (1, 2), "sigmoid": (1, 4)}[mode], program=program,
+                 dq_async=True, lpt=True)
 
 
 @pytest.mark.compile
@@ -353,8 +359,13 @@ def test_softcap_f16_program_bwd_builds():
 
 
 def test_softcap_program_without_blocks_is_refused():
-    with pytest.raises(ValueError, match="has no PTX blocks"):
-        bwd_side("softcap", "poly", program="tanh_d4")
+    """A softcap score needs a softcap program's blocks (attention() refuses other programs by
+    name before the plan: tests/test_interface_cpu.py::test_rejects_bad_programs)."""
+    from flash_attn_poly.asm import programs
+    spec = scores.ScoreSpec(kind="softcap", evaluator="poly", program=programs.spec("tanh_d4"),
+                            poly_split=(1, 8), grad_rule="value")
+    with pytest.raises(ValueError, match="softcap program 'tanh_d4' has no forward block"):
+        scores.device(spec)
 
 
 @pytest.mark.compile
@@ -368,8 +379,12 @@ def test_sigmoid_f16_program_bwd_builds_without_spills():
 
 
 def test_sigmoid_f16_program_refuses_surrogate():
-    with pytest.raises(ValueError, match="grad_rule='product'"):
-        bwd_side("sigmoid", "poly", sigmoid_grad="surrogate", program="sigmoid_attn_n4096_f16")
+    """The FP16 sigmoid program has no coupled derivative block: the surrogate rule is refused
+    by name when the kernel's score is built (the plan does not check program roles)."""
+    p = _plan("sigmoid", "poly", grad_rule="surrogate")
+    assert p.score_bwd.program.name == "sigmoid_attn_n4096_f16"
+    with pytest.raises(ValueError, match="derivative surrogate needs a _grad entry"):
+        scores.device(p.score_bwd)
 
 
 @pytest.mark.compile
@@ -397,22 +412,17 @@ def test_sigmoid_poly_fp16_inputs_build_and_bf16_program_is_refused():
     """FP16 inputs with the FP16 sigmoid program: the block's f16x2 P feeds PV / dV as is
     (16 fewer F2FP per thread than the BF16-input build's conversions in the forward, none
     spilled); the BF16 program is refused by name for FP16 inputs, forward and backward."""
-    import os
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     from flash_attn_poly.kernels import attn_fwd_sm90 as A
-    st = S.make_stage("sigmoid", "poly")
-    counts = {}
-    for dt in ("bf16", "fp16"):
-        c = A.compile_attn_fwd(A.AttnFwdConfig.default(st, dt, 128, True), options="--keep-cubin")
-        counts[dt] = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN))
+    counts = {dt: B.fwd(B.plan("sigmoid", "poly", dtype=dt).fwd).counts() for dt in ("bf16", "fp16")}
     assert counts["fp16"]["HGMMA"] == counts["bf16"]["HGMMA"] and counts["fp16"]["STL"] == 0, counts
     assert counts["fp16"]["F2FP"] < counts["bf16"]["F2FP"], counts
-    n = _sass("sigmoid", "poly", dtype="f16", dq_async=True, lpt=True)
+    n = _sass("sigmoid", "poly", dtype="fp16", dq_async=True, lpt=True)
     assert n["HGMMA"] > 0 and n["STL"] == 0 and n.get("HFMA2.BF16", 0) == 0, n
+    bad = _plan("sigmoid", "poly", dtype="fp16", program=BF16["sigmoid"])   # attention() refuses it first
     with pytest.raises(ValueError, match="BF16 inputs only"):
-        A.AttnFwdSm90(A.AttnFwdConfig.default(S.make_stage("sigmoid", "poly", program=BF16["sigmoid"]), "fp16"))
+        A.kernel_for(bad.fwd)
     with pytest.raises(ValueError, match="BF16 inputs only"):
-        _sass("sigmoid", "poly", dtype="f16", program=BF16["sigmoid"])
+        K.kernel_for(bad.bwd)
 
 
 @pytest.mark.compile
@@ -420,13 +430,13 @@ def test_sigmoid_poly_fp16_inputs_build_and_bf16_program_is_refused():
                          ids=["default", "block-rule", "all-block-block-rule"])
 def test_softcap_tail_program_bwd_builds(split, rule, stl_max):
     """program="softcap_c50_f16_tail" (the default for part of 2026-11-30): the backward recomputes the
-    forward's two-region logits (score_stages.softcap_combine) and takes d logit/dx as
+    forward's two-region logits (kernels/scores/softcap.softcap_combine) and takes d logit/dx as
     1 - (logit/c)^2 ("value", default) or from softcap_bwd_f16x2_tail ("block").  Measured
     (D=128 causal BF16, head_loop, dQ async, LPT, CPU SASS): default split, value 7 STL, block
     16 (both row paths per warp; the one-region residual program's build: 1), all-block 8;
     no MUFU.TANH all-block."""
     n = _sass("softcap", "poly", poly_split=split, dq_async=True, lpt=True, head_loop=True,
-              program="softcap_c50_f16_tail", softcap_grad=rule)
+              program="softcap_c50_f16_tail", grad_rule=rule)
     assert n["HGMMA"] > 0 and (n["MUFU.TANH"] == 0) == (split == (1, 1)), n
     assert n["STL"] <= stl_max, n
 
@@ -435,11 +445,13 @@ def test_softcap_tail_program_bwd_builds(split, rule, stl_max):
 def test_softcap_odd_program_side():
     """The odd_u2 program has no derivative block: the value rule by default, "block" refused;
     its host scalars are (scale/c, c, c log2e) (MUFU columns cost what native's do)."""
-    side = bwd_side("softcap", "poly", (1, 16), program="softcap_c50_f16_odd")
-    assert side.grad_rule == "value" and side.u2
-    assert side.host_args(0.125, 50.0, None) == (0.125 / 50.0, 50.0, 50.0 * 1.4426950408889634)
+    p = _plan("softcap", "poly", poly_split=(1, 16), program="softcap_c50_f16_odd")
+    side = scores.device(p.score_bwd)
+    assert p.score_bwd.grad_rule == side.grad_rule == "value" and side.u2
+    assert side.bwd_scalars(0.125, 50.0, None) == (0.125 / 50.0, 50.0, 50.0 * math.log2(math.e))
+    p = _plan("softcap", "poly", poly_split=(1, 16), program="softcap_c50_f16_odd", grad_rule="block")
     with pytest.raises(ValueError, match="grad_rule='value'"):
-        bwd_side("softcap", "poly", (1, 16), program="softcap_c50_f16_odd", softcap_grad="block")
+        scores.device(p.score_bwd)
 
 
 @pytest.mark.compile

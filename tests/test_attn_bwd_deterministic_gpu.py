@@ -1,6 +1,6 @@
-"""GPU tier: attn_bwd(deterministic=True) gives bitwise-equal dq/dk/dv run to run, and the
-same accuracy against the FP64 reference as the default build (kernels/attn_bwd_sm90.py,
-"Deterministic mode").
+"""GPU tier: the deterministic backward (the plan of attention(..., deterministic=True)) gives
+bitwise-equal dq/dk/dv run to run, and the same accuracy against the FP64 reference as the
+default build (kernels/bwd_reduce.py, "Deterministic mode").
 
 Cases cover GQA causal with odd S at both head dims, non-causal (every key block visits
 every query block: the longest turn chains), S_q > S_k, sliding windows (ranks start at
@@ -38,20 +38,21 @@ def _rel(got, ref):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_deterministic_bwd_bitwise_and_accurate(case):
-    from flash_attn_poly import reference
-    from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
+    from flash_attn_poly import reference, testing
     causal, win = case[6], case[7]
     q, k, v, do = _inputs(case)
     kw = dict(causal=causal, window_size=win)
     o, lse = reference.attention_ref(q, k, v, "softmax", **kw)
     o, lse = o.to(q.dtype), lse.float()
-    runs = [attn_bwd(do, q, k, v, o, lse, deterministic=True, **kw) for _ in range(RUNS)]
+    det = testing.plan_for(q, k, v, "softmax", "native", deterministic=True, **kw)
+    assert det.bwd.deterministic and not (det.bwd.head_loop or det.bwd.dq_async or det.bwd.lpt), det.bwd
+    runs = [testing.run_backward(det, do, q, k, v, o, lse) for _ in range(RUNS)]
     torch.cuda.synchronize()
     for i, grads in enumerate(runs[1:], 1):
         for name, a, b in zip(("dq", "dk", "dv"), runs[0], grads):
             assert torch.equal(a, b), f"{name} of run {i} differs from run 0"
     refs = reference.attention_ref_backward(do, q, k, v, "softmax", **kw)
-    default = attn_bwd(do, q, k, v, o, lse, **kw)
+    default = testing.run_backward(testing.plan_for(q, k, v, "softmax", "native", **kw), do, q, k, v, o, lse)
     for name, got, base, ref in zip(("dq", "dk", "dv"), runs[0], default, refs):
         assert torch.isfinite(got).all(), name
         # as accurate as the default build (same products, only the summation order is fixed)

@@ -1,10 +1,14 @@
 """GPU tier: dQ/dK/dV of kernels/attn_bwd_sm90.py against FP64 references.
 
+Each case runs the plan attention() resolves for it (flash_attn_poly.testing.plan_for), with
+plan overrides for the non-default builds ("bwd.head_loop", "bwd.dq_async", "grad_rule", ...).
 Native modes: FP64 autograd of the exact function (tests/bwd_fp64.py).  Poly modes:
-the forward kernel (default poly_split, NaN-poisoned preallocated O) feeds the backward
-kernel, and both are judged against the FP64 explicit backward of the per-key-column split
-reference (poly_reference.split_fns: block columns replay the program and its derivative
-program, MUFU columns the exact function), the same split the kernels run."""
+the forward kernel (the plan's poly split, NaN-poisoned O) feeds the backward kernel, and
+both are judged against the FP64 explicit backward of the per-key-column split reference
+(tests/plan_reference.py: block columns replay the program and its derivative program, MUFU
+columns the exact function), the same split the kernels run.  Softcap's BF16 default (cap <=
+50) is the exp2 offload, whose backward is native's; the poly backward tests run softcap with
+the FP16 tanh program (POLY_PROGRAM), the default for FP16 inputs and caps above 50."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -23,6 +27,8 @@ CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode)
     (1, 257, 257, 4, 4, 256, True, "softcap"),
     (1, 257, 257, 4, 2, 256, True, "sigmoid"),
 ]
+# the program of the poly backward tests per mode (None: the plan's default)
+POLY_PROGRAM = {"softcap": "softcap_c50_f16_odd", "sigmoid": None}
 POLY_CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode)
     (1, 257, 257, 8, 8, 128, True, "softcap"),
     (1, 333, 333, 8, 2, 128, True, "softcap"),
@@ -32,11 +38,11 @@ POLY_CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode)
 ]
 
 
-def _check_vs_fp64(case, **kw):
-    """dQ/dK/dV of attn_bwd (options kw) vs FP64 autograd of the exact function
+def _check_vs_fp64(case, dtype=torch.bfloat16, overrides=None):
+    """dQ/dK/dV of the backward (plan overrides) vs FP64 autograd of the exact function
     (tests/bwd_fp64.run_case): finite, max relative error < 2e-2."""
     from bwd_fp64 import run_case
-    errs, finite = run_case(case, **kw)
+    errs, finite = run_case(case, dtype, overrides)
     assert finite
     assert max(errs) < 2e-2, errs
 
@@ -55,7 +61,7 @@ DQ_CASES = [CASES[1], CASES[2], CASES[3], CASES[5], CASES[6]]   # D 128/64, caus
 def test_attn_bwd_dq_atomic_matches_fp64_autograd(case):
     """The other dQ path: red.global.add from the MMA threads (dq_async=False; the default
     stages dQ in smem for warp 1's bulk reductions, and D = 256 always uses this one)."""
-    _check_vs_fp64(case, dq_async=False)
+    _check_vs_fp64(case, overrides={"bwd.dq_async": False})
 
 
 LPT_CASES = [CASES[1], CASES[3], CASES[5], CASES[7],
@@ -65,12 +71,12 @@ LPT_CASES = [CASES[1], CASES[3], CASES[5], CASES[7],
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", LPT_CASES, ids=str)
 def test_attn_bwd_lpt_order_matches_fp64_autograd(case):
-    """CTA order of kernels/tile_scheduler.SectionLptScheduler (BwdKey.lpt)."""
-    _check_vs_fp64(case, lpt=True)
+    """CTA order of kernels/tile_scheduler.SectionLptScheduler (BwdConfig.lpt)."""
+    _check_vs_fp64(case, overrides={"bwd.lpt": True})
 
 
 HEAD_LOOP_CASES = CASES[:9] + [(1, 5000, 5000, 8, 2, 128, True, "softmax"),   # LPT sections of KV heads
-                                (2, 257, 257, 8, 2, 128, True, "softcap", "poly"),
+                                (2, 257, 257, 8, 2, 128, True, "softcap", "poly", POLY_PROGRAM["softcap"]),
                                 (1, 333, 333, 8, 1, 128, True, "sigmoid", "poly")]
 
 
@@ -79,14 +85,14 @@ HEAD_LOOP_CASES = CASES[:9] + [(1, 5000, 5000, 8, 2, 128, True, "softmax"),   # 
 def test_attn_bwd_head_loop_matches_fp64_autograd(case):
     """head_loop=True: a CTA per (key block, KV head) runs the G query heads of its group and
     stores dK/dV directly (MHA, GQA 4/8, MQA; D 64/128/256; causal or not; odd S)."""
-    _check_vs_fp64(case, head_loop=True)
+    _check_vs_fp64(case, overrides={"bwd.head_loop": True})
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [CASES[1], CASES[5], CASES[8]], ids=str)
 def test_attn_bwd_head_loop_fp16_matches_fp64_autograd(case):
     """head_loop's direct dK/dV stores in FP16 (cvt.rn.f16x2 pairs)."""
-    _check_vs_fp64(case, dtype=torch.float16, head_loop=True)
+    _check_vs_fp64(case, dtype=torch.float16, overrides={"bwd.head_loop": True})
 
 
 @pytest.mark.gpu
@@ -102,20 +108,6 @@ FP16_CASES = [CASES[1], CASES[3], CASES[5], CASES[6], CASES[8]]   # softmax caus
 @pytest.mark.parametrize("case", FP16_CASES, ids=str)
 def test_attn_bwd_fp16_matches_fp64_autograd(case):
     _check_vs_fp64(case, dtype=torch.float16)
-
-
-def _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad=None, program=None, softcap_grad=None):
-    """FP64 (dq, dk, dv) of the split reference of the default poly forward stage."""
-    import poly_reference as PR
-    from flash_attn_poly import reference
-    from flash_attn_poly.kernels import score_stages as S
-    # what attn_fwd / attn_bwd build by default (or with the given table program)
-    stage = S.make_stage(mode, "poly", key_block=S.default_key_block(q.shape[-1]),
-                         **({"program": program} if program else {}))
-    fn, grad_fn = PR.split_fns(mode, stage, k.shape[1], softcap or 50.0, sigmoid_grad=sigmoid_grad,
-                               io_dtype="f16" if q.dtype == torch.float16 else "bf16", softcap_grad=softcap_grad)
-    return reference.attention_ref_backward(do, q, k, v, mode, causal=causal, softcap=softcap,
-                                            score_fn=fn, score_grad_fn=grad_fn)
 
 
 SURROGATE_CASES = [c for c in POLY_CASES if c[-1] == "sigmoid"]
@@ -174,25 +166,25 @@ def test_softcap_poly_bwd_grad_rules_match_split_reference(case, program, rule):
 @pytest.mark.parametrize("case", POLY_CASES, ids=str)
 def test_poly_bwd_matches_split_reference(case, sigmoid_grad=None, program=None, head_loop=None,
                                          dtype=torch.bfloat16, softcap_grad=None):
-    from flash_attn_poly import testing
-    from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
-    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
+    import plan_reference
+    from flash_attn_poly import reference, testing
     b, sq, sk, hq, hkv, d, causal, mode = case
     g = torch.Generator(device="cuda").manual_seed(sum(case[:7]))
     mk = lambda s, h, sc=1.0: (torch.randn(b, s, h, d, device="cuda", generator=g) * sc).to(dtype)
     # softcap: q scaled by 8 so logits reach the cap (|x| ~ 8 * sqrt(D) / sqrt(D) * ...)
     q, k, v, do = mk(sq, hq, 8.0 if mode == "softcap" else 1.0), mk(sk, hkv), mk(sk, hkv), mk(sq, hq)
     softcap = 50.0 if mode == "softcap" else None
-    out = testing.poison_(torch.empty_like(q))
-    from flash_attn_poly.kernels import score_stages as S
-    stage = S.make_stage(mode, "poly", program=program, key_block=S.default_key_block(d)) if program else None
-    o, lse = attn_fwd(q, k, v, mode=mode, evaluator="poly", causal=causal, softcap=softcap, out=out,
-                      stage=stage)
-    dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator="poly", causal=causal, softcap=softcap,
-                          sigmoid_grad=sigmoid_grad, program=program, head_loop=head_loop,
-                          softcap_grad=softcap_grad)
+    overrides = {} if head_loop is None else {"bwd.head_loop": head_loop}
+    if softcap_grad is not None:
+        overrides["grad_rule"] = softcap_grad
+    o, lse, plan = testing.run_forward(q, k, v, mode, "poly", overrides, poison=True, causal=causal, softcap=softcap,
+                                       program=program or POLY_PROGRAM[mode], sigmoid_grad=sigmoid_grad)
+    assert plan.score_bwd.evaluator == "poly", plan.score_bwd   # a poly backward, not native's
+    dq, dk, dv = testing.run_backward(plan, do, q, k, v, o, lse)
     torch.cuda.synchronize()
-    refs = _split_grads(q, k, v, do, mode, causal, softcap, sigmoid_grad, program, softcap_grad)
+    fn, grad_fn = plan_reference.score_fns(plan)
+    refs = reference.attention_ref_backward(do, q, k, v, mode, causal=causal, softcap=softcap,
+                                            score_fn=fn, score_grad_fn=grad_fn)
     for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
         assert torch.isfinite(got).all(), name
         err = ((got.double() - ref).abs().max() / ref.abs().max()).item()

@@ -6,6 +6,7 @@ import pytest
 pytest.importorskip("cutlass")
 
 from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as P  # noqa: E402
+from flash_attn_poly.kernels import prepost_launch as L  # noqa: E402
 from flash_attn_poly.kernels import sass  # noqa: E402
 
 _BUILT = {}
@@ -63,14 +64,14 @@ def test_tvm_ffi_signatures():
     gets as far as the device check of argument 0 (no CUDA here)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("tvm_ffi")
-    pre = P.get_compiled(P.PreKey("bf16", 128, True, True))
+    pre = L.get_compiled(P.PreKey("bf16", 128, True, True))
     x, st = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16), torch.zeros(1, 4, 256)
     with pytest.raises(Exception, match="device_type=cuda"):
         pre(x, x, st, st, st)
-    pre_zero = P.get_compiled(P.PreKey("bf16", 128, True, True, zero_dq=True))
+    pre_zero = L.get_compiled(P.PreKey("bf16", 128, True, True, zero_dq=True))
     with pytest.raises(Exception, match="device_type=cuda"):
         pre_zero(x, x, st, st, st, torch.zeros(1, 256, 4, 128))
-    post = P.get_compiled(P.PostKey("bf16"))
+    post = L.get_compiled(P.PostKey("bf16"))
     acc = torch.zeros(1, 256, 4, 128)
     with pytest.raises(Exception, match="device_type=cuda"):
         post(acc, acc, acc, x, x, x, 0.125)
@@ -102,6 +103,6 @@ def test_preprocess_dq_acc_contract():
     lse2, dsum = ref.preprocess(do, do, None, False, False, "e", 128, dq_acc=acc)
     assert torch.equal(acc, torch.zeros_like(acc)) and torch.equal(lse2, torch.zeros(1, 2, 128))
     with pytest.raises(ValueError, match="dq_acc must be FP32 shaped like dout"):
-        P.preprocess(do, do, None, False, False, "e", 128, dq_acc=torch.zeros(1, 5, 2, 32))
+        L.preprocess(do, do, None, False, False, "e", 128, dq_acc=torch.zeros(1, 5, 2, 32))
     with pytest.raises(ValueError, match="dq_acc must be FP32"):
-        P.preprocess(do, do, None, False, False, "e", 128, dq_acc=torch.zeros(do.shape, dtype=torch.bfloat16))
+        L.preprocess(do, do, None, False, False, "e", 128, dq_acc=torch.zeros(do.shape, dtype=torch.bfloat16))

@@ -1,5 +1,5 @@
-"""GPU tier: the CuTe pre/post kernels (kernels/attn_bwd_prepost_sm90.py) against the torch
-reference (kernels/attn_bwd_prepost.py).
+"""GPU tier: the CuTe pre/post kernels (kernels/attn_bwd_prepost_sm90.py, launched by
+kernels/prepost_launch.py) against the torch reference (kernels/attn_bwd_prepost.py).
 
 post: bit-identical (both form acc * fl32(scale) in FP32 and round once to nearest even).
 lse2: bit-identical (one FP32 multiply by fl32(log2 e), -inf -> +inf, +inf padding).
@@ -7,12 +7,12 @@ dsum: the products dO * O of 16-bit values are exact in FP32, so the two results
     summation orders of the same D numbers.  Any order of n - 1 FP32 additions is within
     (n - 1) u sum|p_i| of the exact sum (u = 2**-24, first-order bound), so the two differ
     by at most 2 (D - 1) u sum|p_i|; sum|p_i| is taken in FP64 from the inputs.
-end to end: attn_bwd with its CuTe pre/post vs the same call with the torch reference swapped
-    in (monkeypatched attn_bwd_sm90.prepost), norm-relative < 1e-3 and the worst element
+end to end: the backward of a plan (kernels/dispatch.backward) with its CuTe pre/post vs the
+    same call with the torch reference's preprocess / postprocess / postprocess_dq swapped in
+    (monkeypatched into kernels/prepost_launch.py), norm-relative < 1e-3 and the worst element
     within one 16-bit rounding step of the largest (see the test).
 """
 import math
-import os
 
 import pytest
 
@@ -24,8 +24,9 @@ DTYPES = [torch.bfloat16, torch.float16]
 
 
 def _cute():
-    from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as cute_pp
-    return cute_pp
+    """The CuTe kernels' launch path (same contract as the torch reference module)."""
+    from flash_attn_poly.kernels import prepost_launch
+    return prepost_launch
 
 
 def _inputs(b, s, h, d, dtype, seed=0):
@@ -133,17 +134,18 @@ E2E_CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal, mode)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", E2E_CASES, ids=str)
 def test_attn_bwd_cute_vs_torch_prepost(case, dtype, monkeypatch):
-    from flash_attn_poly.kernels import attn_bwd_sm90
+    from flash_attn_poly import testing
     b, sq, sk, hq, hkv, d, causal, mode = case
     g = torch.Generator(device="cuda").manual_seed(sq * 7 + d)
     mk = lambda s, h: torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
     q, k, v, do, o = mk(sq, hq), mk(sk, hkv), mk(sk, hkv), mk(sq, hq), mk(sq, hq)
     lse = None if mode == "sigmoid" else torch.randn(b, hq, sq, device="cuda", generator=g) + 2 * math.log(sk)
-    kw = dict(mode=mode, causal=causal, softcap=50.0 if mode == "softcap" else None)
-    grads = {}
-    for impl, module in (("torch", ref), ("cute", _cute())):
-        monkeypatch.setattr(attn_bwd_sm90, "prepost", module)
-        grads[impl] = attn_bwd_sm90.attn_bwd(do, q, k, v, o, lse, **kw)
+    plan = testing.plan_for(q, k, v, mode, "native", causal=causal, softcap=50.0 if mode == "softcap" else None)
+    grads = {"cute": testing.run_backward(plan, do, q, k, v, o, lse)}
+    launch = _cute()
+    for name in ("preprocess", "postprocess", "postprocess_dq"):   # what dispatch.backward calls
+        monkeypatch.setattr(launch, name, getattr(ref, name))
+    grads["torch"] = testing.run_backward(plan, do, q, k, v, o, lse)
     torch.cuda.synchronize()
     for a, r in zip(grads["cute"], grads["torch"]):
         a, r = a.double(), r.double()
@@ -194,17 +196,20 @@ def test_attn_bwd_zero_dq_in_pre(case):
     the same sums up to the order of the FP32 dQ atomics, which can flip BF16 roundings of dQ
     (one ulp = 2^-8 relative; a 1/16 of elements flipped is rel L2 ~1e-3): bound 2e-3, far
     below what a missed or doubled zeroing gives (NaN from the poisoned pool, or O(1))."""
-    from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
+    from flash_attn_poly import testing
     b, sq, sk, hq, hkv, d, causal, mode, ev = case
     g = torch.Generator(device="cuda").manual_seed(sq + d)
     mk = lambda s, h: torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
     q, k, v, do, o = mk(sq, hq), mk(sk, hkv), mk(sk, hkv), mk(sq, hq), mk(sq, hq)
     lse = None if mode == "sigmoid" else torch.randn(b, hq, sq, device="cuda", generator=g) + 2 * math.log(sk)
-    kw = dict(mode=mode, evaluator=ev, causal=causal, softcap=50.0 if mode == "softcap" else None, head_loop=True)
+    kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None)
+    by_memset = testing.plan_for(q, k, v, mode, ev, {"bwd.head_loop": True, "bwd.zero_dq_in_pre": False}, **kw)
+    by_pre = testing.plan_for(q, k, v, mode, ev, {"bwd.head_loop": True, "bwd.zero_dq_in_pre": True}, **kw)
+    assert by_pre.zero_dq_in_pre and not by_memset.zero_dq_in_pre
     # a poisoned pool: the accumulator torch.empty returns may hold NaNs unless zeroed
     torch.full((b, sq, hq, d), float("nan"), device="cuda")
-    ref = attn_bwd(do, q, k, v, o, lse, zero_dq_in_pre=False, **kw)
-    got = attn_bwd(do, q, k, v, o, lse, zero_dq_in_pre=True, **kw)
+    ref = testing.run_backward(by_memset, do, q, k, v, o, lse)
+    got = testing.run_backward(by_pre, do, q, k, v, o, lse)
     torch.cuda.synchronize()
     from flash_attn_poly.testing import rel_l2_err
     for name, a, r in zip(("dq", "dk", "dv"), got, ref):

@@ -1,17 +1,16 @@
 """GPU tests of the Hopper attention forward (kernels/attn_fwd_sm90.py).
 
-Each case: fresh random inputs, NaN-poisoned outputs, the kernel against the FP64
-reference with the one tolerance rule (flash_attn_poly.testing): error <= 2x the error
-of torch's own same-dtype pipeline + floor.  Poly evaluators are judged against the
-exact function with a looser factor here (their accuracy vs the program they run is the
-asm/fit tests' business).
+Each case: fresh random inputs, the plan attention() resolves for it (plan overrides for the
+non-default builds), NaN-poisoned outputs, the kernel against the FP64 reference with the one
+tolerance rule (flash_attn_poly.testing): error <= 2x the error of torch's own same-dtype
+pipeline + floor.  Poly scores are judged against the reference that replays their program
+(tests/plan_reference.py); the error against the exact function is reported.
 
 `python tests/test_attn_fwd_gpu.py [--quick] [--time]` runs the cases as a table and, with
 --time, times the B=1 S=4096 Hq=32 Hkv=8 D=128 causal BF16 shape per mode.
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 
@@ -60,41 +59,40 @@ def _inputs(dtype, b, s_q, s_k, h_q, h_kv, d, scale_scores=1.0):
     return q, k, v
 
 
-def _program_score_fn(mode, s_k, softcap=50.0, stage=None, key_block=128):
-    """The math the default poly stage runs, per key column: the program replay (exact bf16
-    rounding) for the columns its poly_split sends through the block, the exact function
-    for its MUFU columns (tests/test_attn_fwd_split.split_score_fn)."""
-    import os
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from test_attn_fwd_split import split_score_fn
-    from flash_attn_poly.kernels import score_stages as S
-
-    return split_score_fn(mode, stage or S.make_stage(mode, "poly", key_block=key_block), s_k, softcap)
+# the FP16 tanh program: softcap's poly default for FP16 inputs and caps above 50 (BF16 inputs
+# with cap <= 50 default to the exp2 offload, a native score); the kernel entries' default before
+# the plan, so named here where a case means the program
+TANH_PROGRAM = "softcap_c50_f16_odd"
 
 
-def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, tuning=None,
-             qkv=None, softcap=50.0, stage=None):
+def meta_qkv(dtype, b, s_q, s_k, h_q, h_kv, d):
+    """q, k, v on torch's meta device: what a plan resolves for these shapes, without a GPU."""
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    return tuple(torch.empty(b, s, h, d, dtype=dt, device="meta") for s, h in ((s_q, h_q), (s_k, h_kv), (s_k, h_kv)))
+
+
+def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, overrides=None,
+             qkv=None, softcap=50.0, program=None):
+    """The forward of the plan attention() resolves for the case (plan overrides: "fwd.<field>",
+    "poly_split"; program: attention(program=)) into NaN-poisoned O and LSE, against the FP64
+    reference with the tolerance rule; poly scores against their program's replay."""
+    import plan_reference
     from flash_attn_poly import reference, testing
-    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
 
     # softcap: spread scores over tens of logits (Gemma-2-like), so the cap matters
     q, k, v = qkv if qkv is not None else _inputs(dtype, b, s_q, s_k, h_q, h_kv, d, 8.0 if mode == "softcap" else 1.0)
     kw = dict(causal=causal, softcap=softcap if mode == "softcap" else None)
-    out = testing.poison_(torch.empty_like(q))
-    lse = testing.poison_(torch.empty(b, h_q, s_q, device="cuda"))
-    o, l = attn_fwd(q, k, v, mode=mode, evaluator=evaluator, out=out, lse=lse, tuning=tuning, stage=stage, **kw)
+    o, l, plan = testing.run_forward(q, k, v, mode, evaluator, overrides, poison=True, program=program, **kw)
     torch.cuda.synchronize()
     ref, ref_lse = reference.attention_ref(q, k, v, mode, **kw)
     # the same-dtype pipeline, with the kernel's constant row max where it uses one
-    m0 = testing.fixed_max_m0(mode, q.dtype, softcap, tuning)
+    m0 = testing.fixed_max_m0(plan)
     low, _ = reference.attention_ref_lowprec(q, k, v, mode, fixed_max=m0, **kw)
     st = {}
-    if evaluator == "poly":
+    fn, _ = plan_reference.score_fns(plan)
+    if fn is not None:
         # judge against the program the kernel runs (tight) and report the exact-function error
         st["exact_err"] = testing.max_abs_err(o, ref)
-        from flash_attn_poly.kernels import score_stages as S
-        key_block = (tuning or {}).get("tile_n", S.default_key_block(d))   # attn_fwd's default split
-        fn = _program_score_fn(mode, s_k, softcap, stage, key_block)
         ref, ref_lse = reference.attention_ref(q, k, v, mode, score_fn=fn, **kw)
         low, _ = reference.attention_ref_lowprec(q, k, v, mode, score_fn=fn, fixed_max=m0, **kw)
     st.update(testing.assert_close_rule(o, ref, low, factor=2.0, floor=1e-3, name=f"{mode}/{evaluator} O"))
@@ -113,27 +111,36 @@ def test_attn_fwd(case):
 
 
 # the odd_u2 softcap program (fit/softcap_odd.py: clamp on the FMA pipe, true odd polynomial):
-# several splits, BF16 (constant row max) and FP16 (online max), tails, D 64/128/256
+# several splits (None: the plan's), BF16 (constant row max) and FP16 (online max), tails, D 64/128/256
 ODD_CASES = [("softcap", "poly", "bf16", 1, 257, 257, 4, 1, 128, True),
              ("softcap", "poly", "fp16", 2, 200, 333, 8, 2, 64, False),
              ("softcap", "poly", "bf16", 1, 300, 300, 4, 2, 256, True)]
+# two consumer warpgroups on 128-key blocks, ping-pong (a poly score's base): where a split
+# repeats every 128 keys, BF16 softcap's default three-warpgroup tile (64-key blocks) cannot run it
+TWO_WG_TILE = {"fwd.tile_m": 128, "fwd.tile_n": 128, "fwd.num_stages": 2, "fwd.pingpong": True}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("split", [(1, 16), (1, 2), (1, 1)], ids=lambda s: f"{s[0]}of{s[1]}")
+@pytest.mark.parametrize("split", [None, (1, 16), (1, 2), (1, 1)],
+                         ids=lambda s: "default" if s is None else f"{s[0]}of{s[1]}")
 @pytest.mark.parametrize("case", ODD_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_attn_fwd_softcap_odd_program(case, split):
-    from flash_attn_poly.kernels import score_stages as S
-    stage = S.make_stage("softcap", "poly", program="softcap_c50_f16_odd", poly_split=split)
-    if not S.split_fits_block(split, S.default_key_block(case[8])):   # 1/16 at D = 256 (64-key blocks)
-        with pytest.raises(ValueError, match="repeats every 128 keys"):
-            run_case(*case, stage=stage)
-        return
-    run_case(*case, stage=stage)
+    from flash_attn_poly import testing
+    from flash_attn_poly.kernels.scores import split_fits_block
+    overrides = {} if split is None else {"poly_split": split}
+    tile_n = testing.plan_for(*meta_qkv(*case[2:9]), "softcap", "poly", causal=case[9], softcap=50.0,
+                              program=TANH_PROGRAM).fwd.tile_n
+    if split is not None and not split_fits_block(split, tile_n):
+        if case[8] == 256:   # 64-key blocks only (Q 128 x 256 + K/V stages fill the shared memory)
+            with pytest.raises(ValueError, match="repeats every 128 keys"):
+                run_case(*case, overrides=overrides, program=TANH_PROGRAM)
+            return
+        overrides.update(TWO_WG_TILE)
+    run_case(*case, overrides=overrides, program=TANH_PROGRAM)
 
 
-# the online-softmax row-sum order knob (AttnFwdConfig.row_sum_carry): both settings, the
-# stages that use the online softmax, masked tails, both dtypes, D 64/128/256
+# the online-softmax row-sum order knob (FwdConfig.row_sum_carry): both settings, the
+# scores that use the online softmax, masked tails, both dtypes, D 64/128/256
 ROW_SUM_CASES = [c for i, c in enumerate(CASES) if i in (1, 3, 4, 5, 6, 7, 8, 13)]
 
 
@@ -141,11 +148,12 @@ ROW_SUM_CASES = [c for i, c in enumerate(CASES) if i in (1, 3, 4, 5, 6, 7, 8, 13
 @pytest.mark.parametrize("carry", [False, True], ids=["carry0", "carry1"])
 @pytest.mark.parametrize("case", ROW_SUM_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_attn_fwd_row_sum_carry(case, carry):
-    run_case(*case, tuning={"row_sum_carry": carry})
+    run_case(*case, overrides={"fwd.row_sum_carry": carry})
 
 
-# softcap with a constant row max (AttnFwdConfig.fixed_max, on by default for BF16 and cap <= 50):
-# both settings, both evaluators, D 64/128/256, causal or not, tails
+# softcap with a constant row max (FwdConfig.fixed_max, on by default for BF16 and cap <= 50):
+# both settings, both evaluators (poly: the exp2 offload, BF16's default, and the tanh program),
+# D 64/128/256, causal or not, tails
 FIXED_MAX_CASES = [
     ("softcap", "native", "bf16", 1, 333, 333, 8, 2, 128, True),
     ("softcap", "poly", "bf16", 1, 333, 333, 8, 2, 128, True),
@@ -154,17 +162,19 @@ FIXED_MAX_CASES = [
     ("softcap", "native", "bf16", 1, 517, 517, 8, 4, 256, True),
     ("softcap", "poly", "bf16", 1, 300, 411, 4, 2, 256, False),
 ]
+FIXED_MAX_RUNS = [(c, None) for c in FIXED_MAX_CASES] + [(c, TANH_PROGRAM) for c in FIXED_MAX_CASES if c[1] == "poly"]
 
 
-# the online max and the constant max
-FIXED_MAX_TUNINGS = {"online": {"fixed_max": False}, "fixed": {"fixed_max": True}}
+# the online max (no constant max: no exp2 offload either) and the constant max
+FIXED_MAX_SETTINGS = {"online": {"fwd.fixed_max": False, "fwd.exp2_fma": 0}, "fixed": {"fwd.fixed_max": True}}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("setting", list(FIXED_MAX_TUNINGS))
-@pytest.mark.parametrize("case", FIXED_MAX_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_attn_fwd_softcap_fixed_max(case, setting):
-    run_case(*case, tuning=FIXED_MAX_TUNINGS[setting])
+@pytest.mark.parametrize("setting", list(FIXED_MAX_SETTINGS))
+@pytest.mark.parametrize("case,program", FIXED_MAX_RUNS,
+                         ids=lambda x: "default" if x is None else "-".join(map(str, x)) if isinstance(x, tuple) else x)
+def test_attn_fwd_softcap_fixed_max(case, program, setting):
+    run_case(*case, overrides=FIXED_MAX_SETTINGS[setting], program=program)
 
 
 def _saturating_inputs(b, s, h_q, h_kv, d, sign):
@@ -180,16 +190,17 @@ def _saturating_inputs(b, s, h_q, h_kv, d, sign):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("sign", [-1.0, 1.0], ids=["all_at_minus_c", "all_at_plus_c"])
-@pytest.mark.parametrize("evaluator", ["native", "poly"])
+@pytest.mark.parametrize("evaluator,program", [("native", None), ("poly", None), ("poly", TANH_PROGRAM)],
+                         ids=["native", "poly", "poly-tanh"])
 @pytest.mark.parametrize("cap", [50.0, 10.0])
-def test_attn_fwd_softcap_fixed_max_range_ends(sign, evaluator, cap):
+def test_attn_fwd_softcap_fixed_max_range_ends(sign, evaluator, program, cap):
     b, s, h_q, h_kv, d = 1, 300, 4, 2, 128
-    run_case("softcap", evaluator, "bf16", b, s, s, h_q, h_kv, d, True, tuning={"fixed_max": True},
-             qkv=_saturating_inputs(b, s, h_q, h_kv, d, sign), softcap=cap)
+    run_case("softcap", evaluator, "bf16", b, s, s, h_q, h_kv, d, True, overrides={"fwd.fixed_max": True},
+             qkv=_saturating_inputs(b, s, h_q, h_kv, d, sign), softcap=cap, program=program)
 
 
-# the online softmax's stale-max threshold (AttnFwdConfig.rescale_threshold): softmax's default
-# is 8, so CASES' softmax rows (tails, D 64/128/256, BF16/FP16) run it; the softcap stage keeps
+# the online softmax's stale-max threshold (FwdConfig.rescale_threshold): softmax's default
+# is 8, so CASES' softmax rows (tails, D 64/128/256, BF16/FP16) run it; the softcap score keeps
 # the online max on FP16 inputs, where the threshold is off by default: that case here
 RESCALE_CASES = [
     ("softcap", "native", "fp16", 1, 333, 333, 8, 2, 128, True),
@@ -199,7 +210,7 @@ RESCALE_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", RESCALE_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_attn_fwd_rescale_threshold(case):
-    run_case(*case, tuning={"rescale_threshold": 8.0})
+    run_case(*case, overrides={"fwd.rescale_threshold": 8.0})
 
 
 @pytest.mark.gpu
@@ -212,20 +223,22 @@ def test_attn_fwd_rescale_threshold_rising_scores(threshold):
     q, k, v = _inputs("bf16", b, s, s, h_q, h_kv, d, 2.0)
     ramp = 1.0 + 6.0 * (1.0 - torch.arange(s, device="cuda") / s)
     k = (k.float() * ramp[None, :, None, None]).to(torch.bfloat16)
-    run_case("softmax", "native", "bf16", b, s, s, h_q, h_kv, d, True, tuning={"rescale_threshold": threshold},
-             qkv=(q, k, v))
+    run_case("softmax", "native", "bf16", b, s, s, h_q, h_kv, d, True,
+             overrides={"fwd.rescale_threshold": threshold}, qkv=(q, k, v))
 
 
 def time_main_shape(modes, b=1, s=4096, h_q=32, h_kv=8, d=128, reps=30):
-    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
+    from flash_attn_poly import testing
+    from flash_attn_poly.kernels import dispatch
 
     q, k, v = _inputs("bf16", b, s, s, h_q, h_kv, d)
     rows = []
     flops = 4 * b * h_q * s * s * d / 2
     for mode, ev, *tune in modes:
-        tuning = tune[0] if tune else None
-        fn = lambda: attn_fwd(q, k, v, mode=mode, evaluator=ev, causal=True,
-                              softcap=50.0 if mode == "softcap" else None, tuning=tuning)
+        overrides = tune[0] if tune else None
+        plan = testing.plan_for(q, k, v, mode, ev, overrides, causal=True,
+                                softcap=50.0 if mode == "softcap" else None)
+        fn = lambda plan=plan: dispatch.forward(plan, q, k, v)
         for _ in range(5):
             fn()
         ts = []
@@ -234,7 +247,8 @@ def time_main_shape(modes, b=1, s=4096, h_q=32, h_kv=8, d=128, reps=30):
             e0.record(); fn(); e1.record(); torch.cuda.synchronize()
             ts.append(e0.elapsed_time(e1))
         ms = sorted(ts)[len(ts) // 2]
-        tag = "" if not tuning else " " + ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in tuning.items())
+        tag = "" if not overrides else " " + ",".join(
+            f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in overrides.items())
         rows.append((f"ours {mode}/{ev}{tag}", ms, flops / ms / 1e9))
     return rows
 
@@ -257,10 +271,10 @@ def main(argv):
             n_bad += 1
             print(f"{name:58s} FAIL {type(e).__name__}: {str(e)[:300]}", flush=True)
     if "--time" in argv:
-        modes = [("softmax", "native", dict(pingpong=False)),
+        modes = [("softmax", "native", {"fwd.pingpong": False}),
                  ("softmax", "native"), ("softcap", "native"), ("softcap", "poly"),
                  ("sigmoid", "native"), ("sigmoid", "poly"),
-                 ("softcap", "native", dict(pingpong=False)), ("sigmoid", "poly", dict(pingpong=False))]
+                 ("softcap", "native", {"fwd.pingpong": False}), ("sigmoid", "poly", {"fwd.pingpong": False})]
         print(f"\n{'B=1 S=4096 Hq=32 Hkv=8 D=128 causal bf16':44s} {'ms':>7s} {'TFLOP/s':>8s}")
         for name, ms, tf in time_main_shape(modes):
             print(f"{name:44s} {ms:7.3f} {tf:8.1f}", flush=True)

@@ -1,9 +1,10 @@
-"""GPU tests of the persistent forward (AttnFwdConfig.persistent): a grid of at most N CTAs,
+"""GPU tests of the persistent forward (FwdConfig.persistent): a grid of at most N CTAs,
 each walking tiles in snake order over the LPT order, the pipeline states running on across
-tiles.  Per tile the arithmetic is the single-tile kernel's, so O and LSE must be bitwise
-equal to the default build's; one case per mode is also checked against the reference
-(tests/test_attn_fwd_gpu.run_case).  Small CTA counts (3, 7) put many tiles, tiles that see
-no key (S_q > S_k, causal) and partial last rounds on each CTA; 1 = the device's SM count.
+tiles.  Per tile the arithmetic is the single-tile kernel's (persistent=0, one CTA per tile),
+so O and LSE must be bitwise equal to that build's; one case per mode is also checked against
+the reference (tests/test_attn_fwd_gpu.run_case).  Small CTA counts (3, 7) put many tiles,
+tiles that see no key (S_q > S_k, causal) and partial last rounds on each CTA; "sms" is the
+plan's default, the device's SM count.
 """
 from __future__ import annotations
 
@@ -39,29 +40,25 @@ def _qkv(dtype, b, s_q, s_k, h_q, h_kv, d, spread):
     return mk(s_q, h_q, spread), mk(s_k, h_kv, 1.0), mk(s_k, h_kv, 1.0)
 
 
-def _run(q, k, v, mode, evaluator, causal, window, tuning):
+def _run(q, k, v, mode, evaluator, causal, window, overrides):
     from flash_attn_poly import testing
-    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
 
-    b, s_q, h_q, _ = q.shape
-    out = testing.poison_(torch.empty_like(q))
-    lse = testing.poison_(torch.empty(b, h_q, s_q, device="cuda"))
-    o, l = attn_fwd(q, k, v, mode=mode, evaluator=evaluator, causal=causal, out=out, lse=lse,
-                    softcap=50.0 if mode == "softcap" else None, window_size=window, tuning=tuning)
+    o, l, _ = testing.run_forward(q, k, v, mode, evaluator, overrides, poison=True, causal=causal,
+                                  softcap=50.0 if mode == "softcap" else None, window_size=window)
     torch.cuda.synchronize()
     return o, l
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ctas", [3, 7, 1], ids=lambda n: f"ctas{n}")
+@pytest.mark.parametrize("ctas", [3, 7, None], ids=lambda n: "ctas_sms" if n is None else f"ctas{n}")
 @pytest.mark.parametrize("case", EQ_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_persistent_equals_single_tile(case, ctas):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     mode, ev, dtype, b, s_q, s_k, h_q, h_kv, d, causal, window = case
     q, k, v = _qkv(dtype, b, s_q, s_k, h_q, h_kv, d, 8.0 if mode == "softcap" else 1.0)
-    o0, l0 = _run(q, k, v, mode, ev, causal, window, None)
-    o1, l1 = _run(q, k, v, mode, ev, causal, window, {"persistent": ctas})
+    o0, l0 = _run(q, k, v, mode, ev, causal, window, {"fwd.persistent": 0})
+    o1, l1 = _run(q, k, v, mode, ev, causal, window, None if ctas is None else {"fwd.persistent": ctas})
     assert not torch.isnan(o1).any(), "persistent O has unwritten (poisoned) elements"
     assert torch.equal(o0, o1), f"O differs: max |diff| {(o0.float() - o1.float()).abs().max().item()}"
     if l0 is not None:
@@ -81,4 +78,4 @@ def test_persistent_against_reference(case):
         pytest.skip("needs CUDA")
     from test_attn_fwd_gpu import run_case
 
-    run_case(*case, tuning={"persistent": 5})
+    run_case(*case, overrides={"fwd.persistent": 5})

@@ -1,5 +1,6 @@
-"""CPU tier: the host-side rules the benchmarks and the backward's defaults depend on, and the
-bench layout's contracts (job outputs, the commit record, the device round script)."""
+"""CPU tier: the host-side rules the benchmarks depend on (their knobs as plan overrides), and the
+bench layout's contracts (job outputs, the commit record, the device round script).  The plan's
+default rules (head_loop where its grid fills the GPU, ...) are tests/test_plan_cpu.py's."""
 import json
 import os
 import re
@@ -14,19 +15,14 @@ BENCH = os.path.join(ROOT, "bench")
 sys.path[:0] = [BENCH, os.path.join(BENCH, "tools")]
 
 
-def test_head_loop_auto_rule(monkeypatch):
-    """head_loop_auto: MHA always; GQA when the KV-head grid has >= 1.5 CTAs per SM (132 SMs:
-    the anchor shape's 256 CTAs qualify, S = 1024's 64 do not; D = 256 counts 2 chunks)."""
-    pytest.importorskip("cutlass")
-    from flash_attn_poly.kernels import attn_bwd_sm90 as K
-    monkeypatch.setattr(K, "_sm_count", lambda device: 132)
-    t128, t256 = K.BwdTile.for_head_dim(128), K.BwdTile.for_head_dim(256)
-    assert K.head_loop_auto(1, 32, 32, 1024, t128, 128, None)            # MHA: same grid
-    assert K.head_loop_auto(1, 32, 8, 4096, t128, 128, None)             # 32 x 8 = 256 >= 198
-    assert not K.head_loop_auto(1, 32, 8, 1024, t128, 128, None)         # 8 x 8 = 64
-    assert not K.head_loop_auto(1, 32, 8, 3072, t128, 128, None)         # 24 x 8 = 192 < 198
-    assert K.head_loop_auto(1, 8, 4, 8192, t256, 256, None)              # 64 x 4 x 2 chunks
-    assert K.head_loop_auto(4, 32, 8, 1024, t128, 128, None)             # batch 4: 256
+def _meta_qkv(b, s, h_q, h_kv, d, dtype="bf16"):
+    """q, k, v on torch's meta device: plans resolve from their shapes without a GPU (132 SMs)."""
+    import torch
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    return tuple(torch.empty(b, s, h, d, dtype=dt, device="meta") for h in (h_q, h_kv, h_kv))
+
+
+ANCHOR = (1, 4096, 32, 8, 128)
 
 
 def test_gqa_4096_ratios_pair_the_right_rows():
@@ -44,24 +40,27 @@ def test_gqa_4096_ratios_pair_the_right_rows():
     assert "sigmoid poly vs FA4 softmax (fwd)" not in r        # rows absent: no ratio
 
 
-def test_poly_split_configs_are_valid_stages():
-    """bench/poly_split.py's configs build as stages (program in the table, split legal)."""
+def test_poly_split_configs_are_valid_plans():
+    """bench/tools/poly_split.py's configs resolve to plans (program in the table, split legal
+    for the forward's key block, grad rule known) whose forward and backward kernels build, and
+    the plan runs what the config names."""
     pytest.importorskip("cutlass")
+    import plan_knobs
     import poly_split
-    from flash_attn_poly.kernels import score_stages as S
-    from flash_attn_poly.kernels import attn_fwd_sm90 as A
+    from flash_attn_poly.kernels import attn_bwd_sm90 as B, attn_fwd_sm90 as A
     for mode, prog, split, *tuning in poly_split.CONFIGS:
-        st = S.make_stage(mode, "poly", program=prog, poly_split=split) if prog else S.make_stage(mode, "native")
+        knob = poly_split.knob(prog, split, *tuning)
+        plan = plan_knobs.plan_for(*_meta_qkv(*ANCHOR), mode, "poly" if prog else "native", knob, causal=True,
+                                   softcap=50.0 if mode == "softcap" else None)
         if prog:
-            assert st.program.name == prog and st.poly_split == split
-        for text in tuning:   # the forward tuning, as attn_fwd builds the config
-            tun = poly_split._tuning(text)
-            for k in poly_split.BWD_KNOBS:   # a backward keyword: a valid side
-                if k in tun:
-                    from flash_attn_poly.kernels.score_stages_bwd import bwd_side
-                    bwd_side(mode, "poly", split, program=prog, **{k: tun.pop(k)})
-            kw = dict(tun, **A._fixed_max_kw(mode, "bf16", 50.0, tun))
-            A.AttnFwdSm90(A._config_for_stage(st, "bf16", 128, True, tuple(sorted(kw.items()))))
+            assert plan.score.program.name == prog and plan.score.poly_split == split, (prog, split, plan.score)
+        if "grad_rule" in knob.overrides:
+            assert plan.score_bwd.grad_rule == knob.overrides["grad_rule"]
+        for name, value in knob.overrides.items():
+            if name.startswith("fwd."):
+                assert getattr(plan.fwd, name[4:]) == value, (name, plan.fwd)
+        A.kernel_for(plan.fwd)
+        B.kernel_for(plan.bwd)
 
 
 def test_call_timeline_splits_kernel_idle_and_host_late_time():
@@ -182,34 +181,86 @@ def test_settle_and_pair_clock_columns():
 
 
 ALL_MODES = (("softmax", "native"), ("softcap", "native"), ("softcap", "poly"), ("sigmoid", "poly"))
-FWD_KNOBS = [(k, ALL_MODES) for k in ("num_stages=3", "pingpong=0", "row_sum_carry=1+pingpong=1",
-                                      "tile_n=64+num_stages=4", "rescale_threshold=0", "persistent=0", "split=1/8")]
+FWD_KNOBS = [(k, ALL_MODES) for k in ("num_stages=3", "pingpong=0", "tile_n=64+num_stages=4", "rescale_threshold=0",
+                                      "persistent=0", "split=1/8", "fwd.tile_m=192+tile_n=64+num_stages=4+pingpong=0",
+                                      "tile_m=128+tile_n=128+num_stages=2+row_sum_carry=1+pingpong=1")]
+# ping-pong pairs two consumer warpgroups: BF16 softcap's three-warpgroup default needs the tile too
+FWD_KNOBS.append(("row_sum_carry=1+pingpong=1", (("softmax", "native"), ("sigmoid", "poly"))))
 FWD_KNOBS.append(("program=softcap_c50_f16_odd+split=1/8", (("softcap", "poly"),)))
+FWD_KNOBS.append(("split=1/4", (("softcap", "poly"),)))      # the exp2 offload: 2 of 8 groups on the FMA pipe
+
+
+def test_score_knobs_on_a_native_score_are_refused():
+    """A grad rule (or a split) on a score with no block columns would be dropped silently: the
+    tool refuses it, naming the program to add."""
+    import plan_knobs
+    kw = dict(causal=True, softcap=50.0)
+    with pytest.raises(ValueError, match="program="):
+        plan_knobs.plan_for(*_meta_qkv(*ANCHOR), "softcap", "poly", plan_knobs.parse("softcap_grad=value"), **kw)
+    with pytest.raises(ValueError, match="program="):
+        plan_knobs.plan_for(*_meta_qkv(*ANCHOR), "softcap", "native", plan_knobs.parse("split=1/4"), **kw)
 
 
 @pytest.mark.parametrize("knob,modes", FWD_KNOBS)
 def test_fwd_tuning_knobs_build_valid_configs(knob, modes):
-    """bench/tools/fwd_tuning.py's knob syntax makes configs the forward accepts, as attn_fwd
-    builds them (softcap 50, BF16), for the modes it applies to: a knob the forward lost fails
-    here, not on the device."""
+    """bench/tools/fwd_tuning.py's knob syntax makes plans whose forward kernel builds (softcap 50,
+    BF16, the anchor shape), with the overridden fields set, for the modes it applies to: a knob
+    the forward lost fails here, not on the device.  A split on BF16 softcap's exp2 offload sets
+    its exp2_fma column groups."""
     pytest.importorskip("cutlass")
-    import fwd_tuning
-    from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
+    import fwd_tuning  # noqa: F401  (the tool imports)
+    import plan_knobs
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A
     for mode, ev in modes:
-        tuning = fwd_tuning._knob(knob)
-        if ev != "poly" and set(fwd_tuning.STAGE_KNOBS) & set(tuning):
-            continue                                   # stage knobs need a poly stage (the tool skips)
-        stage = fwd_tuning._stage(mode, ev, tuning) or S.make_stage(mode, ev, key_block=tuning.get("tile_n", 128))
-        kw = dict(tuning, **A._fixed_max_kw(mode, "bf16", 50.0, tuning))
-        A.AttnFwdSm90(A.AttnFwdConfig.default(stage, "bf16", 128, True, **kw))
+        kn = plan_knobs.parse(knob, "fwd")
+        if ev != "poly" and kn.poly_only:
+            continue                                   # score knobs need a poly score (the tool skips)
+        kw = dict(causal=True, softcap=50.0 if mode == "softcap" else None)
+        plan = plan_knobs.plan_for(*_meta_qkv(*ANCHOR), mode, ev, kn, **kw)
+        for name, value in kn.overrides.items():
+            if name.startswith("fwd."):
+                assert getattr(plan.fwd, name[4:]) == value, (name, plan.fwd)
+        if "poly_split" in kn.overrides:
+            j, k = kn.overrides["poly_split"]
+            if plan.score.evaluator == "poly":
+                assert plan.score.poly_split == (j, k)
+            else:   # the exp2 offload (BF16 softcap's default): its split is exp2_fma's groups of 8
+                assert plan.score.program.is_exp2 and plan.fwd.exp2_fma == 8 * j // k, plan.fwd
+        A.AttnFwdSm90(plan.fwd)
+
+
+def test_plan_knobs_parse_and_name_bad_ones():
+    """bench/tools/plan_knobs.py: bare names are the tool's direction's config fields, fwd./bwd.
+    name either, split / softcap_grad are the score's overrides, program / deterministic /
+    sigmoid_grad attention()'s arguments, zero_dq_in_pre the backward's; bad input names itself."""
+    import plan_knobs as P
+    assert P.parse("num_stages=3+pingpong=0").overrides == {"fwd.num_stages": 3, "fwd.pingpong": False}
+    assert P.parse("rescale_threshold=0.5+persistent=0").overrides == {"fwd.rescale_threshold": 0.5,
+                                                                        "fwd.persistent": 0}
+    assert P.parse("tile_n=64", "bwd").overrides == {"bwd.tile_n": 64}
+    assert P.parse("bwd.stages=1+fwd.tile_n=64").overrides == {"bwd.stages": 1, "fwd.tile_n": 64}
+    k = P.parse("deterministic=1+zero_dq_in_pre=0+sigmoid_grad=surrogate", "bwd")
+    assert (k.overrides, k.call) == ({"bwd.zero_dq_in_pre": False}, {"deterministic": True, "sigmoid_grad": "surrogate"})
+    assert P.parse("bwd.deterministic=1").overrides == {"bwd.deterministic": True}
+    assert P.parse("split=1/8").poly_only and not P.parse("num_stages=2").poly_only
+    with pytest.raises(ValueError, match="stages: unknown"):
+        P.parse("stages=2", "fwd")                     # a BwdConfig field: not the forward's
+    with pytest.raises(ValueError, match="fwd.lpt: unknown"):
+        P.parse("fwd.lpt=1")
+    with pytest.raises(ValueError, match="zero_dq_in_pre: unknown"):
+        P.parse("zero_dq_in_pre=1", "fwd")
+    with pytest.raises(ValueError, match="tile_n: expected int"):
+        P.parse("tile_n=big")
+    with pytest.raises(ValueError, match="split: expected J/K"):
+        P.parse("split=8")
 
 
 def test_bwd_tuning_parses_knobs_and_names_bad_ones():
     import bwd_tuning as B
-    assert B.parse_knob("head_loop=0+lpt=1") == {"head_loop": False, "lpt": True}
-    assert B.parse_knob("stages=3+softcap_grad=value") == {"stages": 3, "softcap_grad": "value"}
-    assert B.parse_knob("split=1/8+program=softcap_c50_f16_odd") == {
-        "poly_split": (1, 8), "program": "softcap_c50_f16_odd"}
+    assert B.parse_knob("head_loop=0+lpt=1").overrides == {"bwd.head_loop": False, "bwd.lpt": True}
+    assert B.parse_knob("stages=3+softcap_grad=value").overrides == {"bwd.stages": 3, "grad_rule": "value"}
+    k = B.parse_knob("split=1/8+program=softcap_c50_f16_odd")
+    assert k.overrides == {"poly_split": (1, 8)} and k.call == {"program": "softcap_c50_f16_odd"}
     with pytest.raises(ValueError, match="mainloop: unknown"):
         B.parse_knob("mainloop=1")
     with pytest.raises(ValueError, match="head_loop: expected 0 or 1"):
@@ -218,15 +269,37 @@ def test_bwd_tuning_parses_knobs_and_names_bad_ones():
         B.parse_knob("lpt")
 
 
-def test_bwd_tuning_knobs_are_attn_bwd_keywords():
-    """Every knob bwd_tuning accepts is a keyword of kernels/attn_bwd_sm90.attn_bwd."""
-    pytest.importorskip("cutlass")
-    import inspect
+# each knob bench/tools/bwd_tuning.py documents, with what it must change in the plan
+BWD_KNOB_EFFECTS = [
+    ("softmax", "native", "head_loop=0", lambda p: not p.bwd.head_loop),
+    ("softmax", "native", "dq_async=0", lambda p: not p.bwd.dq_async),
+    ("softmax", "native", "lpt=0", lambda p: not p.bwd.lpt),
+    ("softmax", "native", "stages=1", lambda p: p.bwd.stages == 1),
+    ("softmax", "native", "tile_m=128", lambda p: p.bwd.tile_m == 128),
+    ("softmax", "native", "deterministic=1",
+     lambda p: p.bwd.deterministic and not (p.bwd.dq_async or p.bwd.lpt or p.bwd.head_loop)),
+    ("softmax", "native", "zero_dq_in_pre=0", lambda p: p.bwd.head_loop and not p.zero_dq_in_pre),
+    ("sigmoid", "poly", "sigmoid_grad=surrogate+program=sigmoid_attn_n4096",
+     lambda p: p.score_bwd.grad_rule == "surrogate" and p.score_bwd.program.name == "sigmoid_attn_n4096"),
+    ("softcap", "poly", "softcap_grad=block+program=softcap_c50_f16",
+     lambda p: p.score_bwd.grad_rule == "block" and p.score_bwd.program.name == "softcap_c50_f16"),
+    ("sigmoid", "poly", "split=1/8", lambda p: p.score_bwd.poly_split == (1, 8)),
+]
 
+
+@pytest.mark.parametrize("mode,ev,text,effect", BWD_KNOB_EFFECTS, ids=[t for _, _, t, _ in BWD_KNOB_EFFECTS])
+def test_bwd_tuning_knobs_change_the_plan(mode, ev, text, effect):
+    """Every knob bwd_tuning documents resolves into the plan it times (the anchor shape), changes
+    what it names, and the backward kernel builds."""
+    pytest.importorskip("cutlass")
     import bwd_tuning as B
-    from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
-    params = set(inspect.signature(attn_bwd).parameters)
-    assert set(B.BOOL_KNOBS + B.INT_KNOBS + B.STR_KNOBS + ("poly_split",)) <= params
+    import plan_knobs
+    from flash_attn_poly.kernels import attn_bwd_sm90 as K
+    kw = dict(causal=True, softcap=50.0 if mode == "softcap" else None)
+    default = plan_knobs.plan_for(*_meta_qkv(*ANCHOR), mode, ev, None, **kw)
+    plan = plan_knobs.plan_for(*_meta_qkv(*ANCHOR), mode, ev, B.parse_knob(text), **kw)
+    assert effect(plan) and not effect(default), (text, plan.bwd, default.bwd)
+    K.kernel_for(plan.bwd)
 
 
 def _ncu_round(folder, builds):

@@ -78,18 +78,20 @@ def test_stable_repr_refuses_what_it_cannot_spell():
 
 
 def test_real_keys_have_stable_reprs():
-    """The keys of every family spell out (cutlass types by qualified name, stages field by field)."""
-    from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as P, attn_bwd_sm90 as B
-    from flash_attn_poly.kernels import attn_fwd_sm90 as A, elementwise as ew, score_stages as S
-    from flash_attn_poly.kernels.score_stages_bwd import bwd_side
+    """The keys of every family spell out (cutlass types by qualified name, kernel configs and
+    their score specs and programs field by field)."""
+    import sass_catalogue as cat
+    from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as P, elementwise as ew
 
-    keys = [A.AttnFwdConfig.default(S.make_stage("softcap", "poly"), "bf16", 128, True, persistent=132),
-            B.BwdKey("bf16", 128, True, bwd_side("sigmoid", "poly"), B.BwdTile.for_head_dim(128)),
+    softcap, sigmoid = (cat.plan_of(cat.builds()[n]) for n in ("softcap_poly_d128_bf16", "sigmoid_poly_d128_bf16"))
+    keys = [softcap.fwd, softcap.bwd, sigmoid.fwd, sigmoid.bwd,
             P.PreKey("bf16", 128, True, True), P.PostKey("bf16"),
             ew.ElementwiseKey("silu_fwd", "bf16", "poly", "flat", ew.program_bits("silu_fwd", "bf16", "poly"))]
     spelled = [cc.stable_repr(k) for k in keys]
     assert all(s is not None and " at 0x" not in s for s in spelled), spelled
     assert len(set(spelled)) == len(keys)
+    # the program is in the key by content: its coefficient bits, not only its name
+    assert str(softcap.fwd.score.program.coeff_bits[0]) in spelled[0] and "exp2_f32_d3" in spelled[0]
 
 
 def test_family_must_be_a_plain_name():

@@ -1,4 +1,5 @@
-"""CPU checks of the softcap forward's constant row max (AttnFwdConfig.fixed_max).
+"""CPU checks of the softcap forward's constant row max (FwdConfig.fixed_max, the plan's row for
+BF16 softcap with 0 < cap <= plan.FIXED_MAX_CAP).
 
 The kernel takes p = exp2((logit - m0) * log2 e) with m0 = c - FIXED_MAX_HEADROOM instead of the
 running row max, P packed to BF16 for the PV product, the row sum and O in FP32.  These tests
@@ -16,21 +17,23 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
 
-from flash_attn_poly.kernels import score_stages as S  # noqa: E402
+from flash_attn_poly.plan import FIXED_MAX_CAP  # noqa: E402
+from flash_attn_poly.kernels.scores.common import LOG2E  # noqa: E402
+from flash_attn_poly.kernels.scores.softcap import FIXED_MAX_HEADROOM  # noqa: E402
 
 FP32_MIN_NORMAL_LOG2 = -126.0
 BLOCK = 128
 
 
-@pytest.mark.parametrize("cap", [1.0, 10.0, 30.0, S.FIXED_MAX_CAP])
+@pytest.mark.parametrize("cap", [1.0, 10.0, 30.0, FIXED_MAX_CAP])
 def test_every_capped_p_is_normal_in_fp32_and_bf16(cap):
-    m0 = cap - S.FIXED_MAX_HEADROOM
+    m0 = cap - FIXED_MAX_HEADROOM
     logits = torch.linspace(-cap, cap, 10001, dtype=torch.float64)
-    a = ((logits - m0) * S.LOG2E).float()
+    a = ((logits - m0) * LOG2E).float()
     p = torch.exp2(a)
     smallest = torch.finfo(torch.float32).tiny
     assert p.min().item() >= smallest * 2.0 ** 6, "p comes within 2^6 of FP32's smallest normal"
-    assert torch.isfinite(p).all() and a.max().item() <= S.FIXED_MAX_HEADROOM * S.LOG2E + 1e-4
+    assert torch.isfinite(p).all() and a.max().item() <= FIXED_MAX_HEADROOM * LOG2E + 1e-4
     pb = p.bfloat16()
     assert (pb.float() >= torch.finfo(torch.bfloat16).tiny).all(), "a BF16 P underflows"
     # the worst row sum: 2^20 keys all at +c stays far below FP32's max
@@ -39,11 +42,11 @@ def test_every_capped_p_is_normal_in_fp32_and_bf16(cap):
 
 def test_the_cap_bound_is_what_keeps_p_normal():
     """Twice the cap would put the smallest p below FP32's normal range: the bound matters."""
-    c = 2.0 * S.FIXED_MAX_CAP
-    worst_log2 = (-c - (c - S.FIXED_MAX_HEADROOM)) * S.LOG2E
+    c = 2.0 * FIXED_MAX_CAP
+    worst_log2 = (-c - (c - FIXED_MAX_HEADROOM)) * LOG2E
     assert worst_log2 < FP32_MIN_NORMAL_LOG2
-    c = S.FIXED_MAX_CAP
-    assert (-c - (c - S.FIXED_MAX_HEADROOM)) * S.LOG2E > FP32_MIN_NORMAL_LOG2 + 6
+    c = FIXED_MAX_CAP
+    assert (-c - (c - FIXED_MAX_HEADROOM)) * LOG2E > FP32_MIN_NORMAL_LOG2 + 6
 
 
 def _emulate(logits, v, cap, fixed: bool):
@@ -53,18 +56,18 @@ def _emulate(logits, v, cap, fixed: bool):
     o = torch.zeros(rows, v.shape[1], dtype=torch.float32)
     row_sum = torch.zeros(rows, dtype=torch.float32)
     m = torch.full((rows,), -math.inf, dtype=torch.float32)
-    m0 = cap - S.FIXED_MAX_HEADROOM
+    m0 = cap - FIXED_MAX_HEADROOM
     l32 = logits.float()
     for start in reversed(range(0, n, BLOCK)):
         blk = l32[:, start:start + BLOCK]
         if fixed:
-            p = torch.exp2((blk - m0) * S.LOG2E)
+            p = torch.exp2((blk - m0) * LOG2E)
         else:
             m_new = torch.maximum(m, blk.max(dim=1).values)
-            scale = torch.exp2((m - m_new) * S.LOG2E)
+            scale = torch.exp2((m - m_new) * LOG2E)
             scale = torch.where(torch.isfinite(m), scale, torch.zeros_like(scale))
             o, row_sum, m = o * scale[:, None], row_sum * scale, m_new
-            p = torch.exp2((blk - m[:, None]) * S.LOG2E)
+            p = torch.exp2((blk - m[:, None]) * LOG2E)
         row_sum = row_sum + p.sum(dim=1)
         o = o + p.bfloat16().float() @ v[start:start + BLOCK].float()
     out = o / row_sum[:, None]

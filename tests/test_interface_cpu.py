@@ -43,7 +43,7 @@ def test_rejects_mismatched_shapes_and_layouts():
     (dict(evaluator="fast"), "evaluator must be"),
     (dict(mode="softcap"), "softcap > 0"),
     (dict(mode="softcap", softcap=-1.0), "softcap > 0"),
-    (dict(mode="softcap", softcap=float("inf")), "softcap > 0"),
+    (dict(mode="softcap", softcap=float("inf")), "softcap must be finite"),
     (dict(mode="softmax", softcap=50.0), "only meaningful"),
     (dict(mode="softmax", sigmoid_bias=-1.0), "only meaningful"),
     (dict(softmax_scale=0.0), "softmax_scale"),
@@ -56,6 +56,35 @@ def test_rejects_bad_options(kw, match):
     kw.setdefault("backend", "reference")
     with pytest.raises(ValueError, match=match):
         fi.attention(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("kw, err, match", [
+    (dict(causal=1), TypeError, "causal must be a bool"),
+    (dict(causal="yes"), TypeError, "causal must be a bool"),
+    (dict(mode="softcap", softcap=True), TypeError, "softcap must be a real number"),
+    (dict(mode="softcap", softcap="50"), TypeError, "softcap must be a real number"),
+    (dict(mode="sigmoid", sigmoid_bias=float("nan")), ValueError, "sigmoid_bias must be finite"),
+    (dict(window_size=None), TypeError, "window_size must be a .left, right. pair"),
+    (dict(window_size=4), TypeError, "window_size must be a .left, right. pair"),
+    (dict(window_size=(1.5, 0)), ValueError, "window_size must be"),
+    (dict(window_size=(1, 2, 3)), ValueError, "window_size must be"),
+    (dict(window_size=(True, 0)), ValueError, "window_size must be"),
+])
+def test_rejects_loose_option_types(kw, err, match):
+    """Options are checked by type, not truthiness: a misplaced argument is an error naming it."""
+    q, k, v = _qkv()
+    with pytest.raises(err, match=match):
+        fi.attention(q, k, v, backend="reference", **kw)
+
+
+def test_accepts_numpy_and_0d_tensor_numbers():
+    np = pytest.importorskip("numpy")
+    q, k, v = _qkv()
+    want = fi.attention(q, k, v, "softcap", softcap=10.0, backend="reference")
+    for cap in (np.float32(10.0), torch.tensor(10.0), np.int64(10)):
+        assert fi.validate(q, k, v, "softcap", "poly", True, cap, None, None).softcap == 10.0
+        assert torch.equal(fi.attention(q, k, v, "softcap", softcap=cap, backend="reference"), want)
+    assert fi.validate(q, k, v, "sigmoid", "poly", True, None, torch.tensor(-2.0), None).sigmoid_bias == -2.0
 
 
 def test_cuda_backend_rejects_cpu_tensors():
@@ -92,7 +121,8 @@ def test_custom_op_traces_under_torch_compile_with_fake_tensors():
         out = fi.attention(fq, fk, fv, "softcap", softcap=10.0, backend="reference")
         assert out.shape == q.shape and out.dtype == q.dtype
     torch.library.opcheck(torch.ops.flash_attn_poly.attn_fwd.default,
-                          (q, k, v, "softmax", "poly", True, 0.0, 0.0, 0.125, [-1, -1], "reference"))
+                          (q, k, v, [], "softmax", "poly", True, 0.0, math.nan, 0.125, [-1, -1], False, "", "", "",
+                           "reference"))
 
 
 def test_torch_compile_no_graph_break_and_gradients():
@@ -122,7 +152,8 @@ def test_deterministic_reaches_the_backward_op(monkeypatch):
     reference backend ignores the flag (it is deterministic already)."""
     seen = []
     real = fi._reference_backward
-    monkeypatch.setattr(fi, "_reference_backward", lambda dout, q, k, v, a: seen.append(a) or real(dout, q, k, v, a))
+    monkeypatch.setattr(fi, "_reference_backward",
+                        lambda dout, q, k, v, call, aux=(): seen.append(call) or real(dout, q, k, v, call, aux))
     q, k, v = _qkv(s=12, seed=2)
     grads = {}
     for det in (False, True):
@@ -132,7 +163,8 @@ def test_deterministic_reaches_the_backward_op(monkeypatch):
     assert [a.deterministic for a in seen] == [False, True]
     assert all(torch.equal(a, b) for a, b in zip(grads[False], grads[True]))
     torch.library.opcheck(torch.ops.flash_attn_poly.attn_fwd.default,
-                          (q, k, v, "softmax", "poly", True, 0.0, 0.0, 0.125, [-1, -1], "reference", True))
+                          (q, k, v, [], "softmax", "poly", True, 0.0, math.nan, 0.125, [-1, -1], True, "", "", "",
+                           "reference"))
 
 
 @pytest.mark.parametrize("kw, err, match", [
@@ -150,49 +182,61 @@ def test_rejects_bad_programs(kw, err, match):
         fi.attention(q, k, v, backend="reference", **kw)
 
 
+def _plan(call):
+    from flash_attn_poly import plan
+    return plan.resolve(call, 132)
+
+
 def test_default_program_follows_the_inputs():
-    """attention()'s program for evaluator="poly" and program=None: the exp2 offload for BF16
-    softcap with cap <= 50 (the constant row max), the FP16 tanh program for FP16 inputs or a
-    larger cap, the sigmoid default for sigmoid; native and softmax calls carry none."""
-    from flash_attn_poly.kernels import score_stages as S
+    """attention()'s program for evaluator="poly" and program=None, decided by the plan (the
+    call carries None): the exp2 offload for BF16 softcap with cap <= 50 (the constant row max),
+    the FP16 tanh program for FP16 inputs or a larger cap, the sigmoid default for sigmoid;
+    native and softmax calls carry none."""
+    from flash_attn_poly import plan
     q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
     h = q.half()
-    prog = lambda x, mode, ev="poly", cap=None: fi.validate(x, x, x, mode, ev, True, cap, None, None).program
-    assert prog(q, "softcap", cap=50.0) == prog(q, "softcap", cap=30.0) == S.EXP2_PROGRAM == "exp2_f32_d3"
-    assert prog(h, "softcap", cap=50.0) == prog(q, "softcap", cap=60.0) == S.DEFAULT_PROGRAM["softcap"]
-    assert prog(q, "sigmoid") == S.DEFAULT_PROGRAM["sigmoid"]
+    call = lambda x, mode, ev="poly", cap=None: fi.validate(x, x, x, mode, ev, True, cap, None, None)
+    prog = lambda *a, **kw: (lambda p: p and p.name)(_plan(call(*a, **kw)).score.program)
+    assert call(q, "softcap", cap=50.0).program is None
+    assert prog(q, "softcap", cap=50.0) == prog(q, "softcap", cap=30.0) == plan.EXP2_PROGRAM == "exp2_f32_d3"
+    assert prog(h, "softcap", cap=50.0) == prog(q, "softcap", cap=60.0) == "softcap_c50_f16_odd"
+    assert prog(q, "sigmoid") == prog(h, "sigmoid") == "sigmoid_attn_n4096_f16"
     assert prog(q, "softcap", "native", 50.0) is None and prog(q, "softmax") is None
 
 
 def test_softcap_takes_the_exp2_program():
     """program="exp2_f32_d3" is a softcap program (the exp2 offload), poly evaluator only; its
-    stage keeps the tanh on MUFU (a native-tanh stage) and offloads 1/8 of the exp2s."""
-    from flash_attn_poly.kernels import score_stages as S
+    score keeps the tanh on MUFU (a native softcap score carrying the program) and offloads 1/8
+    of the exp2s where the constant row max bounds them (BF16, cap <= 50), none elsewhere."""
+    from flash_attn_poly.asm import programs
+    from flash_attn_poly.kernels.scores import ScoreSpec
     q, k, v = _qkv()
     fi.attention(q, k, v, "softcap", softcap=50.0, backend="reference", program="exp2_f32_d3")
     with pytest.raises(ValueError, match="needs evaluator='poly'"):
         fi.attention(q, k, v, "softcap", softcap=50.0, evaluator="native", backend="reference", program="exp2_f32_d3")
-    st = S.make_stage("softcap", "poly", key_block=64, program="exp2_f32_d3")
-    assert (st.evaluator, st.exp2_split) == ("native", (1, 8)) and S.program_spec("exp2_f32_d3").is_exp2
-    assert not S.program_spec("softcap_c50_f16_odd").is_exp2
-    with pytest.raises(ValueError, match="k must divide 8"):
-        S.make_stage("softcap", "poly", program="exp2_f32_d3", poly_split=(1, 16))
-    assert st.program.name == "exp2_f32_d3" and st.program.coeff_bits   # the coefficients are in the stage's hash
-    with pytest.raises(ValueError, match="native-tanh stage running an exp2_f32 program"):
-        S.SoftcapStage(evaluator="native", exp2_split=(1, 8))    # no exp2 program named
+    p = _plan(fi.validate(q, k, v, "softcap", "poly", True, 50.0, None, None, program="exp2_f32_d3"))
+    assert (p.score.evaluator, p.score.program.name) == ("native", "exp2_f32_d3")
+    assert p.fwd.fixed_max and p.fwd.exp2_fma == 1 and p.score_bwd.program is None
+    assert p.score.program.coeff_bits        # the coefficients are in the build's key
+    assert programs.spec("exp2_f32_d3").is_exp2 and not programs.spec("softcap_c50_f16_odd").is_exp2
+    p16 = _plan(fi.validate(q.half(), k.half(), v.half(), "softcap", "poly", True, 50.0, None, None,
+                            program="exp2_f32_d3"))
+    assert not p16.fwd.fixed_max and p16.fwd.exp2_fma == 0
+    with pytest.raises(ValueError, match="exp2_f32 program runs in the native softcap score only"):
+        ScoreSpec(kind="softcap", evaluator="poly", program=programs.spec("exp2_f32_d3"), poly_split=(1, 8))
 
 
 def test_program_reaches_both_ops(monkeypatch):
-    """attention(program=...) -> forward op -> autograd context -> backward op, as AttnArgs.program
-    (the CUDA paths hand it to the kernels' stages; program=None arrives as the API's default
-    for the inputs, score_stages.default_program); the reference backend computes the exact
-    function whatever the program, so its results do not change."""
-    from flash_attn_poly.kernels import score_stages as S
+    """attention(program=...) -> forward op -> autograd context -> backward op, in the call
+    (AttnCall.program; the CUDA paths resolve it into the plan's score specs, program=None into
+    the plan's default for the inputs); the reference backend computes the exact function
+    whatever the program, so its results do not change."""
     seen = []
     real_f, real_b = fi._reference_forward, fi._reference_backward
-    monkeypatch.setattr(fi, "_reference_forward", lambda q, k, v, a: seen.append(("f", a.program)) or real_f(q, k, v, a))
+    monkeypatch.setattr(fi, "_reference_forward",
+                        lambda q, k, v, c, aux=(): seen.append(("f", c.program)) or real_f(q, k, v, c, aux))
     monkeypatch.setattr(fi, "_reference_backward",
-                        lambda dout, q, k, v, a: seen.append(("b", a.program)) or real_b(dout, q, k, v, a))
+                        lambda dout, q, k, v, c, aux=(): seen.append(("b", c.program)) or real_b(dout, q, k, v, c, aux))
     q, k, v = _qkv(s=12, seed=3)
     outs = []
     for prog in (None, "sigmoid_attn_n4096_f16"):
@@ -200,25 +244,39 @@ def test_program_reaches_both_ops(monkeypatch):
         out = fi.attention(qq, k, v, "sigmoid", backend="reference", program=prog)
         out.float().sum().backward()
         outs.append((out, qq.grad))
-    dflt = S.default_program("sigmoid", "bf16" if q.dtype == torch.bfloat16 else "f16")
-    assert seen == [("f", dflt), ("b", dflt), ("f", "sigmoid_attn_n4096_f16"), ("b", "sigmoid_attn_n4096_f16")]
+    assert seen == [("f", None), ("b", None), ("f", "sigmoid_attn_n4096_f16"), ("b", "sigmoid_attn_n4096_f16")]
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    plans = [_plan(fi.validate(q, k, v, "sigmoid", "poly", True, None, None, None, program=prog))
+             for prog in (None, "sigmoid_attn_n4096_f16")]
+    # the default is that program: the same builds
+    assert (plans[0].fwd, plans[0].bwd) == (plans[1].fwd, plans[1].bwd) and plans[0].call.program is None
+    assert plans[0].score.program.name == plans[0].score_bwd.program.name == "sigmoid_attn_n4096_f16"
     torch.library.opcheck(torch.ops.flash_attn_poly.attn_fwd.default,
-                          (q, k, v, "softcap", "poly", True, 50.0, 0.0, 0.125, [-1, -1], "reference", False,
-                           "softcap_c50_f16"))
+                          (q, k, v, [], "softcap", "poly", True, 50.0, math.nan, 0.125, [-1, -1], False,
+                           "softcap_c50_f16", "", "", "reference"))
 
 
 def test_sigmoid_poly_program_must_match_fp16_inputs():
     """FP16 sigmoid/poly runs the FP16 program (its f16x2 P is the PV operand); the seed's
-    BF16 program is refused for FP16 inputs with a message naming it."""
+    BF16 program is refused for FP16 inputs with a message naming it: by attention() for the
+    CUDA backend (before the plan; it runs the check for non-BF16 inputs), and by the kernels'
+    sigmoid score when a build is made."""
     q, k, v = _qkv(dtype=torch.float16)
     default = fi.validate(q, k, v, "sigmoid", "poly", True, None, None, None)
-    fi.check_program_dtype(torch.float16, default)                 # FP16 default program: accepted
+    fi._check_sigmoid_program_dtype(default)                       # FP16 default program: accepted
+    f16_prog = fi.validate(q, k, v, "sigmoid", "poly", True, None, None, None, program="sigmoid_attn_n4096_f16")
+    fi._check_sigmoid_program_dtype(f16_prog)
     bf16_prog = fi.validate(q, k, v, "sigmoid", "poly", True, None, None, None, program="sigmoid_attn_n4096")
-    fi.check_program_dtype(torch.bfloat16, bf16_prog)              # BF16 inputs: accepted
     with pytest.raises(ValueError, match="sigmoid_attn_n4096.*BF16 inputs only"):
-        fi.check_program_dtype(torch.float16, bf16_prog)
-    fi.check_program_dtype(torch.float16, fi.validate(q, k, v, "sigmoid", "native", True, None, None, None))
+        fi._check_sigmoid_program_dtype(bf16_prog)
+    pytest.importorskip("cutlass")
+    from flash_attn_poly.kernels.scores import sigmoid
+    spec = _plan(bf16_prog).score
+    sigmoid.check_dtype(spec, is_bf16=True)                        # BF16 inputs: accepted
+    with pytest.raises(ValueError, match="sigmoid_attn_n4096.*BF16 inputs only"):
+        sigmoid.check_dtype(spec, is_bf16=False)
+    sigmoid.check_dtype(_plan(default).score, is_bf16=False)
+    sigmoid.check_dtype(_plan(fi.validate(q, k, v, "sigmoid", "native", True, None, None, None)).score, False)
 
 
 def test_eager_path_equals_custom_op_path():
@@ -231,9 +289,8 @@ def test_eager_path_equals_custom_op_path():
         out = fi.attention(qa, ka, va, mode, backend="reference", **kw)
         ga = torch.autograd.grad(out, (qa, ka, va), dout)
         qb, kb, vb = (t.clone().requires_grad_(True) for t in (q, k, v))
-        bias = -math.log(k.shape[1]) if mode == "sigmoid" else 0.0
-        out_op, _ = torch.ops.flash_attn_poly.attn_fwd(qb, kb, vb, mode, "poly", True, kw.get("softcap", 0.0),
-                                                       bias, 64 ** -0.5, [-1, -1], "reference")
+        call = fi.validate(q, k, v, mode, "poly", True, kw.get("softcap"), None, None)
+        out_op, _ = torch.ops.flash_attn_poly.attn_fwd(qb, kb, vb, [], *fi._op_args(call), "reference")
         gb = torch.autograd.grad(out_op, (qb, kb, vb), dout)
         assert torch.equal(out, out_op), mode
         for x, y in zip(ga, gb):
@@ -241,19 +298,26 @@ def test_eager_path_equals_custom_op_path():
 
 
 def test_eager_path_routes_to_cuda_bodies(monkeypatch):
-    """_EagerAttn with backend 'cuda' calls _cuda_forward / _cuda_backward with the validated
-    arguments (stood in by the reference here) and returns only the gradients asked for."""
+    """_EagerAttn with backend 'cuda' resolves the call's plan once and hands that plan to the
+    kernels' forward and backward launch (kernels/dispatch.py, stood in by the reference here);
+    it returns only the gradients asked for."""
+    from flash_attn_poly import plan as plan_mod
+    from flash_attn_poly.kernels import dispatch
     calls = []
-    monkeypatch.setattr(fi, "_cuda_forward", lambda q, k, v, a: calls.append(("fwd", a)) or fi._reference_forward(q, k, v, a))
-    monkeypatch.setattr(fi, "_cuda_backward", lambda dout, q, k, v, out, lse, a: calls.append(("bwd", a))
-                        or fi._reference_backward(dout, q, k, v, a))
+    monkeypatch.setattr(fi, "plan_for", lambda call, device: plan_mod.resolve(call, 132))
+    monkeypatch.setattr(dispatch, "forward", lambda p, q, k, v, aux=(): calls.append(("fwd", p))
+                        or fi._reference_forward(q, k, v, p.call, aux))
+    monkeypatch.setattr(dispatch, "backward", lambda p, dout, q, k, v, out, lse, aux=(): calls.append(("bwd", p))
+                        or fi._reference_backward(dout, q, k, v, p.call, aux))
     q, k, v = _qkv(s=8, seed=2)
     q.requires_grad_(True)
-    a = fi._args_from_op("softcap", "poly", True, 10.0, 0.0, 0.125, (-1, -1), True, None)
-    out, lse = fi._EagerAttn.apply(q, k, v, a, "cuda")
+    call = fi.validate(q, k, v, "softcap", "poly", True, 10.0, None, 0.125, (-1, -1), True)
+    out, lse = fi._EagerAttn.apply(q, k, v, call, "cuda")
     assert lse.shape == (1, 4, 8) and not lse.requires_grad
     (gq,) = torch.autograd.grad(out.float().sum(), (q,))
-    assert [c[0] for c in calls] == ["fwd", "bwd"] and calls[1][1].deterministic and calls[1][1].softcap == 10.0
+    assert [c[0] for c in calls] == ["fwd", "bwd"] and calls[0][1] is calls[1][1]
+    p = calls[1][1]
+    assert p.call == call and p.bwd.deterministic and p.softcap == 10.0 and p.softmax_scale == 0.125
     assert gq.shape == q.shape and torch.isfinite(gq.float()).all()
 
 
@@ -268,7 +332,7 @@ def test_rejects_zero_keys():
 
 @pytest.mark.parametrize("shape", [(0, 16, 4), (1, 0, 4), (1, 16, 0)], ids=["batch0", "seqlen_q0", "heads0"])
 @pytest.mark.parametrize("mode", ["softmax", "sigmoid"])
-def test_cuda_bodies_skip_the_launch_without_queries(shape, mode):
+def test_cuda_bodies_skip_the_launch_without_queries(shape, mode, monkeypatch):
     """No query rows: the CUDA bodies return without launching (a grid of 0 CTAs is a CUDA
     launch error): empty O and LSE, zero gradients, the shapes the reference backend gives.
     Runs on the CPU: neither body reaches the kernels."""
@@ -277,13 +341,15 @@ def test_cuda_bodies_skip_the_launch_without_queries(shape, mode):
     q = torch.randn(b, s_q, h_q, 64, generator=g).to(torch.bfloat16)
     k = torch.randn(b, 16, max(h_q // 2, 1) if h_q else 2, 64, generator=g).to(torch.bfloat16)
     v = torch.randn_like(k)
-    a = fi._args_from_op(mode, "poly", True, 0.0, -2.0, 0.125, (-1, -1), False, None)
-    out, lse = fi._cuda_forward(q, k, v, a)
-    ref_out, ref_lse = fi._reference_forward(q, k, v, a)
+    call = fi._call_from_op(q, k, [], mode, "poly", True, 0.0, -2.0, 0.125, [-1, -1], False, "", "", "")
+    from flash_attn_poly.kernels import dispatch
+    for name in ("forward", "backward"):
+        monkeypatch.setattr(dispatch, name, lambda *a, **kw: pytest.fail("a kernel launch without query rows"))
+    out, lse = fi._forward(q, k, v, call, None, "cuda", ())
+    ref_out, ref_lse = fi._forward(q, k, v, call, None, "reference", ())
     assert out.shape == ref_out.shape == q.shape
-    assert (lse is None) == (ref_lse is None) == (mode == "sigmoid")
-    if lse is not None:
-        assert lse.shape == ref_lse.shape == (b, h_q, s_q) and lse.dtype == torch.float32
-    dq, dk, dv = fi._cuda_backward(torch.zeros_like(q), q, k, v, out, lse, a)
+    assert lse.dtype == ref_lse.dtype == torch.float32
+    assert lse.shape == ref_lse.shape == ((0,) if mode == "sigmoid" else (b, h_q, s_q))
+    dq, dk, dv = fi._backward(torch.zeros_like(q), q, k, v, out, lse, call, None, "cuda", ())
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     assert not dk.any() and not dv.any()

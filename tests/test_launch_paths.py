@@ -30,9 +30,10 @@ def cache_dir(tmp_path, monkeypatch):
 @pytest.mark.compile
 def test_attn_fwd_signature(cache_dir):
     torch = pytest.importorskip("torch")
-    from flash_attn_poly.kernels import attn_fwd_sm90 as A, score_stages as S
+    import sass_catalogue as cat
+    from flash_attn_poly.kernels import attn_fwd_sm90 as A
 
-    fn = A._compiled(A.AttnFwdConfig.default(S.make_stage("softmax", "native")))
+    fn = A._compiled(cat.plan_of(cat.builds()["softmax_native_d128_bf16"]).fwd)
     q = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16)
     _rejects_cpu_tensor(fn, q, q, q, q, torch.zeros(1, 4, 256), 1.0, 1.0, 1.0, 1.0,
                         0, 0)   # window (left, right) sizes: Python ints for Int32
@@ -41,14 +42,15 @@ def test_attn_fwd_signature(cache_dir):
 @pytest.mark.compile
 def test_attn_bwd_signature(cache_dir):
     torch = pytest.importorskip("torch")
+    import sass_catalogue as cat
     from flash_attn_poly.kernels import attn_bwd_sm90 as K
-    from flash_attn_poly.kernels.score_stages_bwd import bwd_side
 
-    key = K.BwdKey("bf16", 128, True, bwd_side("softmax", "native"), K.BwdTile.for_head_dim(128))
-    fn = K._compiled(key)
+    cfg = cat.plan_of(cat.builds()["softmax_native_d128_bf16"]).bwd
+    assert cfg.head_loop   # the anchor shape's build: dK, dV in the inputs' dtype, then a dK scale
+    fn = K._compiled(cfg)
     x = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16)
     st, acc = torch.zeros(1, 4, 256), torch.zeros(1, 256, 4, 128)
-    _rejects_cpu_tensor(fn, x, x, x, x, st, st, acc, acc, acc, 1.0, 0.0, 0.0, 0, 0)   # + window sizes
+    _rejects_cpu_tensor(fn, x, x, x, x, st, st, acc, x, x, 1.0, 0.0, 0.0, 0, 0, 1.0)   # + window sizes, dK scale
 
 
 @pytest.mark.compile

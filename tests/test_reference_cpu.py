@@ -108,7 +108,7 @@ def test_sigmoid_f16_reference_rounds_p_to_bf16():
 
 def test_softcap_value_grad_rule():
     """softcap_fns(grad_rule="value"): d logit/dx = 1 - t^2 of the program's own logit t*c
-    (kernels/score_stages_bwd.SoftcapBwd "value").  With the two-region FP16 program it is
+    (ScoreSpec.grad_rule "value", kernels/scores/softcap.py).  With the two-region FP16 program it is
     within 7.3e-4 of 1 - tanh^2(x/c) up to the 150-logit clamp (the derivative block: 3.4e-3);
     with the residual FP16 program within 8.4e-3 up to 100 logits (its block: 3.7e-2)."""
     import numpy as np

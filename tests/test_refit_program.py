@@ -1,11 +1,11 @@
 """A refit runs without a code edit: `python -m flash_attn_poly.fit --table TMP search --target
 sigmoid_attn --n 8192 --write` fits a fresh sigmoid-attention program (and its coupled _grad)
 into a TEMPORARY table, and everything downstream takes it as a ProgramSpec of that table
-(asm.programs.spec(name, table=...)): its blocks, the score stages, attention(program=spec),
+(asm.programs.spec(name, table=...)): its blocks, the plan's score specs, attention(program=spec),
 the forward and backward kernels.  Nothing here writes the committed table (a test checks).
 
 Tiers: CPU unit (the fit, ~20 s on one core, once per module; blocks on the emulator; stages;
-API validation), compile (forward and backward builds for sm_90a), GPU (attention against
+plan and API validation), compile (forward and backward builds for sm_90a), GPU (attention against
 the torch reference at S_k = 8192, forward and backward; run on the H200).
 """
 import hashlib
@@ -79,25 +79,33 @@ def test_refit_blocks_match_the_fit_replay(refit, role):
         assert bad.size == 0, (role, j, bad[:5])
 
 
-def test_stages_take_the_refit_spec(refit):
-    from flash_attn_poly.kernels import score_stages as S
-    from flash_attn_poly.kernels.score_stages_bwd import bwd_side, bwd_side_for
+def test_plan_takes_the_refit_spec(refit):
+    """plan.resolve puts the spec into the forward and backward score (their build keys), and
+    the kernels' score function reads n and the dtype from it."""
+    import sass_catalogue as SC
     _, spec = refit
-    st = S.make_stage("sigmoid", "poly", program=spec)
-    assert st.program == spec and st.program_n == N and not st.p_f16
-    assert st != S.make_stage("sigmoid", "poly", program="sigmoid_attn_n4096")
+    call = dict(SC.builds()["sigmoid_poly_d128_bf16"], program=spec, shape=(1, N, 4, 2))
+    p = SC.plan_of(call)
+    assert p.score.program == p.score_bwd.program == spec and p.score.poly_split == (1, 16)
+    assert p.score != SC.plan_of(dict(call, program="sigmoid_attn_n4096")).score
+    assert p.score_bwd.grad_rule == "product"
+    assert SC.plan_of(dict(call, sigmoid_grad="surrogate")).score_bwd.grad_rule == "surrogate"
+    pytest.importorskip("cutlass")
+    from flash_attn_poly.kernels import scores
+    fwd, bwd = scores.device(p.score), scores.device(p.score_bwd)
+    assert (fwd.program_n, fwd.p_f16) == (N, False) and bwd.program_n == N
     # the block's input x' = x + b + ln n: exact for the default bias -ln S_k at S_k = n
-    assert st.host_scalars(0.125, N)[1] == pytest.approx(0.0, abs=1e-12)
-    side = bwd_side_for(st)
-    assert side.program == spec and side.program_n == N
-    assert bwd_side("sigmoid", "poly", program=spec, sigmoid_grad="surrogate").grad_rule == "surrogate"
+    assert p.sigmoid_bias == pytest.approx(-math.log(N))
+    assert fwd.fwd_scalars(p.softmax_scale, None, p.sigmoid_bias)[1] == pytest.approx(0.0, abs=1e-12)
+    scores.device(SC.plan_of(dict(call, sigmoid_grad="surrogate")).score_bwd)   # it has the coupled block
     with pytest.raises(ValueError, match="BF16 inputs only"):
-        st.check_dtype(False)
+        fwd.check_dtype(False)
 
 
 def test_attention_accepts_the_refit_spec(refit):
     """attention(program=spec) validates a spec as it validates a name (the mode's target, no
-    derivative entry) and hands it to both custom ops (as its JSON under torch.compile)."""
+    derivative entry) and hands it to both custom ops (as its JSON under torch.compile): the
+    op's call carries the spec itself."""
     import flash_attn_poly.interface as fi
     table, spec = refit
     g = torch.Generator().manual_seed(0)
@@ -113,11 +121,13 @@ def test_attention_accepts_the_refit_spec(refit):
         fi.attention(q, k, v, "sigmoid", evaluator="native", program=spec, backend="reference")
     with pytest.raises(ValueError, match="not a sigmoid program of the coefficient table"):
         fi.attention(q, k, v, "sigmoid", program=NAME, backend="reference")   # by name: committed table only
-    assert fi._args_from_op("sigmoid", "poly", True, 0.0, -1.0, 0.125, (-1, -1), False,
-                            fi._program_arg(spec)).program == spec
+    call = fi.validate(q, k, v, "sigmoid", "poly", True, None, None, None, program=spec)
+    op_args = fi._op_args(call)
+    assert spec.to_json() in op_args
+    assert fi._call_from_op(q, k, [], *op_args).program == spec
     torch.library.opcheck(torch.ops.flash_attn_poly.attn_fwd.default,
-                          (q, k, v, "sigmoid", "poly", True, 0.0, -math.log(16), 0.125, [-1, -1], "reference",
-                           False, fi._program_arg(spec)))
+                          (q, k, v, [], "sigmoid", "poly", True, 0.0, -math.log(16), 0.125, [-1, -1], False,
+                           spec.to_json(), "", "", "reference"))
 
 
 def test_torch_compile_takes_a_spec_or_a_name(refit):
@@ -144,11 +154,12 @@ def test_torch_compile_takes_a_spec_or_a_name(refit):
 # ------------------------------------------------------------------------------ compile
 def _builds(program):
     """SASS opcode counts of the forward and backward builds attention() picks for sigmoid/poly,
-    BF16, D = 128, causal, at the anchor shape, running `program`."""
+    BF16, D = 128, causal, at the anchor shape, running `program` (tests/builds.py: compiled
+    once per session; program=None is the catalogue's default build)."""
+    import builds
     import sass_catalogue as SC
-    from flash_attn_poly.kernels import sass
-    call = dict(SC.builds()["sigmoid_poly_d128_bf16"], program=program)
-    return tuple(sass.count_opcodes(SC.sass_text(build(call))) for build in (SC.fwd_kernel, SC.bwd_kernel))
+    p = SC.plan_of(dict(SC.builds()["sigmoid_poly_d128_bf16"], program=program))
+    return builds.fwd(p.fwd).counts(), builds.bwd(p.bwd).counts()
 
 
 @pytest.mark.compile
@@ -177,15 +188,14 @@ def test_refit_program_attention_gpu(refit):
     backward."""
     import poly_reference as pr
     import flash_attn_poly
-    from flash_attn_poly.kernels.score_stages import make_stage
     from flash_attn_poly.reference import attention_ref, attention_ref_backward, attention_ref_lowprec
-    from flash_attn_poly.testing import assert_close_rule, rel_l2_err
+    from flash_attn_poly.testing import assert_close_rule, plan_for, rel_l2_err
     _, spec = refit
     b, s_q, s_k, h_q, h_kv, d = 1, 1024, N, 4, 2, 128
     g = torch.Generator(device="cuda").manual_seed(8192)
     mk = lambda s, h: torch.randn(b, s, h, d, device="cuda", generator=g).to(torch.bfloat16)
     q, k, v = mk(s_q, h_q), mk(s_k, h_kv), mk(s_k, h_kv)
-    fn, gfn = pr.split_fns("sigmoid", make_stage("sigmoid", "poly", program=spec), s_k)
+    fn, gfn = pr.split_fns("sigmoid", plan_for(q, k, v, "sigmoid", "poly", program=spec).score, s_k)
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
     out = flash_attn_poly.attention(qg, kg, vg, "sigmoid", program=spec)
     ref, _ = attention_ref(q, k, v, "sigmoid", score_fn=fn)

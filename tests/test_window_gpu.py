@@ -1,9 +1,12 @@
 """GPU tier: sliding-window (window_size=(left, right)) forward and backward kernels against
 the FP64 references (reference.attention_ref / attention_ref_backward with the same window).
 
-Poly evaluators are judged against the per-key-column split reference of the default poly
-stage (poly_reference.split_fns), as in test_attn_fwd_gpu / test_attn_bwd_gpu.  Windows are
-smaller than S so tiles are skipped on both sides; odd S, GQA, S_q != S_k, causal and not.
+Each case runs the plan attention() resolves for it (flash_attn_poly.testing.plan_for).  Poly
+scores are judged against the per-key-column split reference of the plan's program and split
+(tests/plan_reference.py), as in test_attn_fwd_gpu / test_attn_bwd_gpu; softcap/poly runs the
+FP16 tanh program (PROGRAMS: a poly score; BF16 softcap's default, the exp2 offload, is a native
+score with its own test).  Windows are smaller than S so tiles are skipped on both sides; odd
+S, GQA, S_q != S_k, causal and not.
 Run: python -m pytest -q tests/test_window_gpu.py (H200)."""
 import pytest
 
@@ -19,6 +22,8 @@ CASES = [  # (B, S_q, S_k, H_q, H_kv, D, causal, (left, right))
 ]
 MODES = [("softmax", "native"), ("softcap", "native"), ("softcap", "poly"),
          ("sigmoid", "native"), ("sigmoid", "poly")]
+# the program of the poly rows (None: the plan's default)
+PROGRAMS = {("softcap", "poly"): "softcap_c50_f16_odd"}
 
 
 def _inputs(case, mode):
@@ -27,14 +32,6 @@ def _inputs(case, mode):
     mk = lambda s, h, sc=1.0: (torch.randn(b, s, h, d, device="cuda", generator=g) * sc).bfloat16()
     # softcap: q x8 so logits reach the cap
     return mk(sq, hq, 8.0 if mode == "softcap" else 1.0), mk(sk, hkv), mk(sk, hkv), mk(sq, hq)
-
-
-def _score_fns(mode, evaluator, s_k, d):
-    if evaluator != "poly":
-        return None, None
-    import poly_reference as PR
-    from flash_attn_poly.kernels import score_stages as S
-    return PR.split_fns(mode, S.make_stage(mode, "poly", key_block=S.default_key_block(d)), s_k, 50.0)
 
 
 def _rel(got, ref, scale=None):
@@ -50,25 +47,28 @@ def _rel(got, ref, scale=None):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode,evaluator", MODES, ids=lambda x: str(x))
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_window_fwd_bwd_match_reference(case, mode, evaluator, program=None, **bwd_kw):
+def test_window_fwd_bwd_match_reference(case, mode, evaluator):
+    _check(case, mode, evaluator)
+
+
+def _check(case, mode, evaluator, program=False, overrides=None):
+    """Forward and backward of the case's plan against the references; returns the plan.
+    program=False: PROGRAMS' program for (mode, evaluator); None: the plan's default."""
+    import plan_reference
     from flash_attn_poly import reference, testing
-    from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
-    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
     b, sq, sk, hq, hkv, d, causal, win = case
     q, k, v, do = _inputs(case, mode)
     softcap = 50.0 if mode == "softcap" else None
-    # the exp2 offload (program exp2_f32_d3) computes the exact logits: the exact-function reference
-    fn, grad_fn = (None, None) if program else _score_fns(mode, evaluator, sk, d)
-    out = testing.poison_(torch.empty_like(q))
-    o, lse = attn_fwd(q, k, v, mode=mode, evaluator=evaluator, causal=causal, softcap=softcap,
-                      out=out, window_size=win, program=program)
-    dq, dk, dv = attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator=evaluator, causal=causal,
-                          softcap=softcap, window_size=win, program=program, **bwd_kw)
+    program = PROGRAMS.get((mode, evaluator)) if program is False else program
+    o, lse, plan = testing.run_forward(q, k, v, mode, evaluator, overrides, poison=True, causal=causal,
+                                       softcap=softcap, window_size=win, program=program)
+    dq, dk, dv = testing.run_backward(plan, do, q, k, v, o, lse)
     torch.cuda.synchronize()
+    # the exp2 offload (a native score) computes the exact logits: the exact-function reference
+    fn, grad_fn = plan_reference.score_fns(plan)
     kw = dict(causal=causal, softcap=softcap, window_size=win, score_fn=fn)
     o_ref, lse_ref = reference.attention_ref(q, k, v, mode, **kw)
-    o_low, _ = reference.attention_ref_lowprec(q, k, v, mode, fixed_max=testing.fixed_max_m0(mode, q.dtype, softcap),
-                                               **kw)
+    o_low, _ = reference.attention_ref_lowprec(q, k, v, mode, fixed_max=testing.fixed_max_m0(plan), **kw)
     assert torch.isfinite(o).all()
     testing.assert_close_rule(o, o_ref, o_low, floor=1e-3, name=f"o {mode}/{evaluator} {case}")
     if lse is not None:
@@ -77,12 +77,13 @@ def test_window_fwd_bwd_match_reference(case, mode, evaluator, program=None, **b
         assert (lse[seen].double() - lse_ref[seen]).abs().max().item() < 5e-2
     # the constant row max's O is off by up to 2^-9 on a row's dominant key (exact: 1), and
     # D = rowsum(dO o O) carries it: the backward is checked against the O it was given there
-    fixed = testing.fixed_max_m0(mode, q.dtype, softcap) is not None
+    fixed = testing.fixed_max_m0(plan) is not None
     refs = reference.attention_ref_backward(do, q, k, v, mode, score_grad_fn=grad_fn, out=o if fixed else None, **kw)
     scale = max(r.abs().max().item() for r in refs)
     for name, got, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), refs):
         assert torch.isfinite(got).all(), name
         assert _rel(got, ref, scale) < 2e-2, (name, _rel(got, ref, scale))
+    return plan
 
 
 @pytest.mark.gpu
@@ -90,7 +91,8 @@ def test_window_fwd_bwd_match_reference(case, mode, evaluator, program=None, **b
 def test_window_exp2_offload(case):
     """Softcap with the exp2 offload (attention()'s BF16 default) under sliding windows: the
     offload runs in mask-free blocks only, MUFU where a window or causal mask cuts a block."""
-    test_window_fwd_bwd_match_reference(case, "softcap", "poly", program="exp2_f32_d3")
+    plan = _check(case, "softcap", "poly", program=None)
+    assert plan.fwd.exp2_fma > 0 and plan.score.program.is_exp2, plan.fwd   # the offload ran
 
 
 @pytest.mark.gpu
@@ -99,7 +101,7 @@ def test_window_exp2_offload(case):
 @pytest.mark.parametrize("case", [c for c in CASES if c[4] < c[3]][:6], ids=str)
 def test_window_head_loop(case, mode, evaluator):
     """The head_loop backward (a CTA per KV head over its GQA group) under sliding windows."""
-    test_window_fwd_bwd_match_reference(case, mode, evaluator, head_loop=True)
+    _check(case, mode, evaluator, overrides={"bwd.head_loop": True})
 
 
 @pytest.mark.gpu

@@ -1,19 +1,22 @@
-"""Backward tuning knobs side by side at one shape: attn_bwd's defaults vs overrides.
+"""Backward tuning knobs side by side at one shape: the plan's backward vs overrides.
 
     python bench/tools/bwd_tuning.py --knob head_loop=0 --knob lpt=0 \
         --modes softmax:native,softcap:poly,sigmoid:poly       # H200
 
-The counterpart of bench/tools/fwd_tuning.py for kernels/attn_bwd_sm90.attn_bwd. For every
-mode:evaluator, a `default` row (attn_bwd with no keyword: the defaults it resolves for the
-shape) and one row per `--knob` run side by side under bench/protocol.py; each row is the
-backward alone (pre/post-processing included, the forward excluded). Before timing, both
-rows' gradients on the same inputs (O and LSE from attn_fwd) are compared: max rel L2 over
-dQ / dK / dV, printed and stored (0 for knobs that only reorder work in a deterministic
-build, rounding-level for the FP32 order of dQ's adds otherwise). Causal, BF16, softcap 50.
+The counterpart of bench/tools/fwd_tuning.py for the backward (kernels/dispatch.backward).
+For every mode:evaluator, a `default` row (the plan attention() resolves for the shape) and one
+row per `--knob` (the plan with overrides) run side by side under bench/protocol.py; each row
+is the backward alone (pre/post-processing included, the forward excluded; O and LSE from the
+row's own forward, which differs from the default's only for program / split knobs). Before
+timing, both rows' gradients on the same inputs are compared: max rel L2 over dQ / dK / dV,
+printed and stored (0 for knobs that only reorder work in a deterministic build,
+rounding-level for the FP32 order of dQ's adds otherwise). Causal, BF16, softcap 50.
 
-Knobs (attn_bwd keywords, NAME=VALUE joined by '+'): deterministic, dq_async, lpt,
-head_loop, zero_dq_in_pre (0 / 1), stages (int), sigmoid_grad, softcap_grad, program
-(strings), split (the poly column split J/K).
+Knobs (NAME=VALUE joined by '+', bench/tools/plan_knobs.py): BwdConfig fields dq_async, lpt,
+head_loop (0 / 1), stages, tile_m, tile_n (int); deterministic (0 / 1: attention()'s, which
+also turns off dq_async, lpt and head_loop), zero_dq_in_pre (0 / 1), sigmoid_grad,
+softcap_grad (= grad_rule), program (strings), split (the poly column split J/K); fwd.<field>
+for the forward of the row.
 """
 from __future__ import annotations
 
@@ -23,41 +26,17 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
+import plan_knobs  # noqa: E402
 import protocol  # noqa: E402
 
-BOOL_KNOBS = ("deterministic", "dq_async", "lpt", "head_loop", "zero_dq_in_pre")
-INT_KNOBS = ("stages",)
-STR_KNOBS = ("sigmoid_grad", "softcap_grad", "program")
-
-
-def parse_knob(text: str) -> dict:
-    """'head_loop=0+lpt=1' -> attn_bwd keywords; 'split=1/8' -> poly_split=(1, 8)."""
-    out = {}
-    for part in text.split("+"):
-        name, sep, value = part.partition("=")
-        if not sep or not value:
-            raise ValueError(f"--knob {text!r}: expected NAME=VALUE[+NAME=VALUE...], got {part!r}")
-        if name in BOOL_KNOBS:
-            if value not in ("0", "1"):
-                raise ValueError(f"--knob {name}: expected 0 or 1, got {value!r}")
-            out[name] = value == "1"
-        elif name in INT_KNOBS:
-            out[name] = int(value)
-        elif name in STR_KNOBS:
-            out[name] = value
-        elif name == "split":
-            j, _, k = value.partition("/")
-            out["poly_split"] = (int(j), int(k))
-        else:
-            raise ValueError(f"--knob {name}: unknown; known: "
-                             f"{', '.join(BOOL_KNOBS + INT_KNOBS + STR_KNOBS + ('split',))}")
-    return out
+def parse_knob(text: str):
+    """'head_loop=0+lpt=1' -> the plan_knobs.Knob of the backward's fields."""
+    return plan_knobs.parse(text, "bwd")
 
 
 def run(args) -> dict:
     import torch
-    from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
-    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
+    from flash_attn_poly.kernels import dispatch
     g = torch.Generator(device="cuda").manual_seed(0)
     mk = lambda h: torch.randn(args.batch, args.seqlen, h, args.headdim, device="cuda",
                                dtype=torch.bfloat16, generator=g)
@@ -66,14 +45,18 @@ def run(args) -> dict:
     fns, diffs = {}, {}
     for me in args.modes.split(","):
         mode, ev = me.split(":")
-        kw = dict(mode=mode, evaluator=ev, causal=True, softcap=50.0 if mode == "softcap" else None)
-        o, lse = attn_fwd(q, k, v, **kw)
+        kw = dict(causal=True, softcap=50.0 if mode == "softcap" else None)
         grads = {}
-        for name, extra in [("default", {})] + list(knobs.items()):
-            fn = lambda extra=extra, kw=kw, o=o, lse=lse: attn_bwd(do, q, k, v, o, lse, **kw, **extra)
+        mine = {n: kn for n, kn in knobs.items() if ev == "poly" or not kn.poly_only}
+        for name in sorted(set(knobs) - set(mine)):
+            print(f"{me}: row '{name}' skipped (split / program / grad rule knobs need a poly evaluator)")
+        for name, knob in [("default", None)] + list(mine.items()):
+            plan = plan_knobs.plan_for(q, k, v, mode, ev, knob, **kw)
+            o, lse = dispatch.forward(plan, q, k, v)
+            fn = lambda plan=plan, o=o, lse=lse: dispatch.backward(plan, do, q, k, v, o, lse)
             grads[name] = [x.double() for x in fn()]
             fns[f"{me} {name}"] = fn
-        for name in knobs:
+        for name in mine:
             rel = max(((a - b).norm() / b.norm()).item() for a, b in zip(grads[name], grads["default"]))
             diffs[f"{me} {name}"] = rel
             print(f"{me}: {name} vs default, max rel L2 over dQ/dK/dV {rel:.2e}", flush=True)
@@ -83,7 +66,8 @@ def run(args) -> dict:
     rows = [{"row": n, "ms": t} for n, t in times.items()]
     for me in args.modes.split(","):
         for name in knobs:
-            rows.append({"row": f"{me} {name} / default", "ms": times[f"{me} {name}"] / times[f"{me} default"]})
+            if f"{me} {name}" in times:   # not a skipped poly-only row
+                rows.append({"row": f"{me} {name} / default", "ms": times[f"{me} {name}"] / times[f"{me} default"]})
     shape = dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv, headdim=args.headdim)
     return {**protocol.header(timing), "shape": shape, "knobs": list(knobs), "max_rel_l2_vs_default": diffs,
             "rows": rows}
@@ -93,7 +77,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     protocol.add_shape_args(p)
     p.add_argument("--knob", action="append", default=[],
-                   help="attn_bwd keywords NAME=VALUE[+NAME=VALUE...]; repeat for more rows beside the default")
+                   help="plan overrides NAME=VALUE[+NAME=VALUE...] (BwdConfig fields, deterministic, zero_dq_in_pre, "
+                        "split, softcap_grad, program; bench/tools/plan_knobs.py); repeat for more rows")
     p.add_argument("--modes", default="softmax:native,softcap:poly,sigmoid:poly")
     p.add_argument("--order", choices=sorted(protocol.ORDERS), default="alternate")
     protocol.add_timing_args(p, warmup=10, rounds=5, iters=20)

@@ -10,8 +10,8 @@ one CTA costs besides its key blocks (launch, barrier/TMA set-up, the Q and firs
 latency, the epilogue). A persistent kernel could hide part of c0; this measures whether it
 is worth building. Rows are CUDA-graph device time (bench/protocol.py GRAPH_PROTOCOL).
 FA4 softmax (non-causal, same shapes) runs as a row when flash-attn-4 is installed.
-`--knob persistent=0` adds each mode again with that forward tuning (AttnFwdConfig field=int,
-bench/tools/fwd_tuning.py syntax): with the persistent grid (the default) the intercept / waves
+`--knob persistent=0` adds each mode again with that plan override (FwdConfig field=value,
+bench/tools/plan_knobs.py): with the persistent grid (the default) the intercept / waves
 reads as the fixed cost per tile that the persistent CTAs did not hide (a CTA walks `waves`
 tiles in a row).
 """
@@ -24,8 +24,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
+import plan_knobs  # noqa: E402
 import protocol  # noqa: E402
-from fwd_tuning import _knob  # noqa: E402
 
 
 def fit_line(xs, ys):
@@ -40,7 +40,7 @@ def fit_line(xs, ys):
 
 def run(args) -> dict:
     import torch
-    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
+    from flash_attn_poly.kernels import dispatch
     try:
         from flash_attn.cute import flash_attn_func
     except ImportError:
@@ -51,18 +51,19 @@ def run(args) -> dict:
     sks = [int(s) for s in args.sk.split(",")]
     kv = {s: [torch.randn(args.batch, s, args.hkv, args.headdim, device="cuda", dtype=torch.bfloat16, generator=g)
               for _ in range(2)] for s in sks}
-    impls = {}
-    knobs = [None] + [_knob(kn) for kn in (args.knob or [])]
+    impls = {}   # name -> {s_k: forward callable}
+    knobs = [None] + [plan_knobs.parse(kn, "fwd") for kn in (args.knob or [])]
     for me in args.modes.split(","):
         mode, ev = me.split(":")
         for kn in knobs:
-            tag = "" if kn is None else " " + "+".join(f"{a}={b}" for a, b in kn.items())
-            impls[f"ours {mode}/{ev}{tag}"] = lambda k, v, mode=mode, ev=ev, kn=kn: attn_fwd(
-                q, k, v, mode=mode, evaluator=ev, causal=False, softcap=50.0 if mode == "softcap" else None,
-                tuning=kn)
+            tag = "" if kn is None else " " + kn.text
+            plans = {s: plan_knobs.plan_for(q, *kv[s], mode, ev, kn, causal=False,
+                                            softcap=50.0 if mode == "softcap" else None) for s in sks}
+            impls[f"ours {mode}/{ev}{tag}"] = {
+                s: (lambda p=plans[s], s=s: dispatch.forward(p, q, *kv[s])) for s in sks}
     if flash_attn_func is not None:
-        impls["fa4 softmax"] = lambda k, v: flash_attn_func(q, k, v, causal=False)
-    fns = {f"{name} sk={s}": (lambda f=f, s=s: f(*kv[s])) for name, f in impls.items() for s in sks}
+        impls["fa4 softmax"] = {s: (lambda s=s: flash_attn_func(q, *kv[s], causal=False)) for s in sks}
+    fns = {f"{name} sk={s}": f[s] for name, f in impls.items() for s in sks}
     timing = protocol.Timing(args.warmup, args.rounds, args.iters, "shuffle")
     times = protocol.time_alternating_graph(fns, timing)
     ctas = math.ceil(args.seqlen / 128) * args.hq * args.batch
@@ -100,7 +101,8 @@ def main(argv=None) -> int:
     protocol.add_shape_args(p)   # --seqlen is S_q
     p.add_argument("--sk", default="512,1024,2048,3072,4096")
     p.add_argument("--modes", default="softmax:native,sigmoid:native,softcap:native,softcap:poly")
-    p.add_argument("--knob", action="append", help="forward tuning NAME=INT[+NAME=INT] rows beside the default")
+    p.add_argument("--knob", action="append",
+                   help="plan overrides NAME=VALUE[+NAME=VALUE] (bench/tools/plan_knobs.py), rows beside the default")
     protocol.add_timing_args(p, warmup=5, rounds=7, iters=50)
     protocol.add_json_arg(p, "cta_overhead")
     args = p.parse_args(argv)

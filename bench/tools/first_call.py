@@ -21,9 +21,10 @@ GPU (default; one row per mode and state):
 CPU machine (no GPU; CUTE_DSL_ARCH=sm_90a): where the time of a warm first call goes apart
 from CUDA:
     python bench/tools/first_call.py --cpu [--json PATH]
-  imports of torch, cutlass, flash_attn_poly and the kernel modules, then the softmax
-  forward + backward builds (forward, backward, pre, post) through the compile cache: cold
-  (compile + write) and warm (load).
+  imports of torch and flash_attn_poly, the plan, then the softmax forward + backward builds
+  (forward, backward, pre, post) through the compile cache as kernels/dispatch.py asks for
+  them: cold (compile + write) and warm (load); cutlass_imported says whether the process
+  imported cutlass (a warm one need not).
 
 Results print as a Markdown table; --json PATH also writes them (nothing is written otherwise).
 """
@@ -39,10 +40,11 @@ import tempfile
 import time
 import datetime
 
+# before bench/protocol.py, which imports torch: the children's import phase counts it
+_T0 = time.perf_counter()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import protocol  # noqa: E402  (bench/protocol.py)
 
-_T0 = time.perf_counter()
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODES = ("softmax", "softcap", "sigmoid")
 
@@ -84,29 +86,32 @@ def child_gpu(mode: str, shape: tuple) -> dict:
 
 
 def child_cpu() -> dict:
+    """What a process pays before its first call apart from CUDA: imports, the plan, then the
+    softmax forward + backward builds (forward, backward, pre, post) through the compile cache
+    as kernels/dispatch.py asks for them (a cached process imports no kernel module, and no
+    cutlass where the entries' shared libraries load)."""
     t0 = _T0
     marks = {}
-    import torch  # noqa: F401
+    import torch
     marks["import torch"] = time.perf_counter()
-    import cutlass.cute  # noqa: F401
-    marks["import cutlass.cute"] = time.perf_counter()
     import flash_attn_poly  # noqa: F401
     marks["import flash_attn_poly"] = time.perf_counter()
-    from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as P, attn_bwd_sm90 as B
-    from flash_attn_poly.kernels import attn_fwd_sm90 as A, compile_cache as cc, score_stages as S
-    from flash_attn_poly.kernels.score_stages_bwd import bwd_side
-    marks["import kernel modules"] = time.perf_counter()
+    import functools
+
+    from flash_attn_poly import testing
+    from flash_attn_poly.kernels import compile_cache as cc, dispatch, prepost_launch as P
     cc.fingerprint()
     marks["fingerprint"] = time.perf_counter()
-    # the softmax defaults at the anchor shape: persistent forward, per-KV-head backward
-    cfg = A.AttnFwdConfig.default(S.make_stage("softmax", "native"), "bf16", 128, True, persistent=132)
-    A._compiled(cfg)
+    # the softmax plan at the anchor shape on an H200 (132 SMs): persistent forward, per-KV-head
+    # backward; meta tensors carry the shapes (no GPU)
+    q, k, v = (torch.empty(1, 4096, h, 128, dtype=torch.bfloat16, device="meta") for h in (32, 8, 8))
+    plan = testing.plan_for(q, k, v, "softmax", "native")
+    marks["plan"] = time.perf_counter()
+    cc.compiled("attn_fwd", plan.fwd, functools.partial(dispatch._fwd_build, plan.fwd))
     marks["attn_fwd"] = time.perf_counter()
-    key = B.BwdKey("bf16", 128, True, bwd_side("softmax", "native"), B.BwdTile.for_head_dim(128),
-                   dq_async=True, lpt=True, head_loop=True)
-    B._compiled(key)
+    cc.compiled("attn_bwd", plan.bwd, functools.partial(dispatch._bwd_build, plan.bwd))
     marks["attn_bwd"] = time.perf_counter()
-    P.get_compiled(P.PreKey("bf16", 128, True, True, "e", True))
+    P.get_compiled(P.PreKey("bf16", 128, True, True, "e", plan.zero_dq_in_pre))
     P.get_compiled(P.PostKey("bf16"))
     marks["pre + post"] = time.perf_counter()
     phases, last = {}, t0
@@ -115,7 +120,8 @@ def child_cpu() -> dict:
         last = t
     return dict(phases=phases, total_s=last - t0, builds=cc.counters.get("build", 0),
                 loads=cc.counters.get("load", 0), load_ms=cc.seconds.get("load", 0.0) * 1e3,
-                build_s=cc.seconds.get("build", 0.0), export_ms=cc.seconds.get("export", 0.0) * 1e3)
+                build_s=cc.seconds.get("build", 0.0), export_ms=cc.seconds.get("export", 0.0) * 1e3,
+                cutlass_imported=int("cutlass" in sys.modules))
 
 
 # ------------------------------------------------------------------------------ parent
@@ -181,7 +187,7 @@ def table_cpu(rows) -> str:
     lines = ["| phase | " + " | ".join(r["state"] for r in rows) + " |", "|---|" + "---|" * len(rows)]
     for n in names:
         lines.append(f"| {n} | " + " | ".join(f"{r['phases'][n]:.3f}" for r in rows) + " |")
-    for c in ("total_s", "process_s", "builds", "loads", "load_ms", "build_s", "export_ms"):
+    for c in ("total_s", "process_s", "builds", "loads", "load_ms", "build_s", "export_ms", "cutlass_imported"):
         lines.append(f"| {c} | " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c])
                                               for r in rows) + " |")
     return "\n".join(lines)

@@ -3,11 +3,13 @@
     python bench/tools/fwd_tuning.py --headdim 256 --seqlen 8192 --hq 8 --hkv 4 --knob num_stages=3 \
         --modes softmax:native,softcap:native,sigmoid:poly      # H200
 
-For every mode:evaluator, a `default` row (the config attn_fwd builds for that head dim) and
-one row per `--knob` (the same with the override, e.g. num_stages=3 or pingpong=0) run side
-by side under bench/protocol.py. Before timing, both outputs are computed on the same inputs
-and their max abs difference printed (0 for knobs that change CTA order or pipelining, not
-arithmetic). Causal, BF16, softcap 50. Writes bench/out/fwd_tuning.json (+ .md) unless --json.
+For every mode:evaluator, a `default` row (the plan attention() resolves for the shape) and
+one row per `--knob` (the same plan with overrides, e.g. num_stages=3 or pingpong=0: FwdConfig
+fields, split=J/K and program=NAME for poly scores; bench/tools/plan_knobs.py) launch the forward
+kernel side by side under bench/protocol.py. Before timing, both outputs are computed on the
+same inputs and their max abs difference printed (0 for knobs that change CTA order or
+pipelining, not arithmetic). Causal, BF16, softcap 50. Writes bench/out/fwd_tuning.json (+ .md)
+unless --json.
 """
 from __future__ import annotations
 
@@ -17,63 +19,29 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
+import plan_knobs  # noqa: E402
 import protocol  # noqa: E402
-
-
-BOOL_KNOBS = ("pingpong", "row_sum_carry", "fixed_max")
-FLOAT_KNOBS = ("rescale_threshold",)
-STR_KNOBS = ()
-STAGE_KNOBS = ("split", "program")   # not AttnFwdConfig fields: the poly stage's column split,
-                                     # 'split=J/K', and its coefficient-table program
-
-
-def _knob(text: str) -> dict:
-    """'name=int' or several joined by '+', e.g. 'row_sum_carry=1+pingpong=1' (AttnFwdConfig
-    fields; BOOL_KNOBS as 0 / 1, FLOAT_KNOBS as floats; split the poly stage's column split:
-    'split=1/8', program its coefficient-table entry)."""
-    out = {}
-    for part in text.split("+"):
-        k, v = part.split("=")
-        out[k] = (bool(int(v)) if k in BOOL_KNOBS else float(v) if k in FLOAT_KNOBS
-                  else v if k in STR_KNOBS + STAGE_KNOBS else int(v))
-    return out
-
-
-def _stage(mode: str, ev: str, tuning: dict):
-    """Pops the stage knobs out of tuning; the stage they ask for, or None (attn_fwd's default).
-    A program without a split takes the default split for the knob's key block."""
-    split = tuning.pop("split", None) if tuning else None
-    program = tuning.pop("program", None) if tuning else None
-    if split is None and program is None:
-        return None
-    if ev != "poly":
-        raise ValueError(f"split / program knobs need a poly evaluator, got {mode}:{ev}")
-    from flash_attn_poly.kernels import score_stages as S
-    kw = {"program": program} if program else {}
-    if split is not None:
-        kw["poly_split"] = tuple(int(x) for x in split.split("/"))
-    return S.make_stage(mode, ev, key_block=tuning.get("tile_n", 128), **kw)
 
 
 def run(args) -> dict:
     import torch
-    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
+    from flash_attn_poly.kernels import dispatch
     g = torch.Generator(device="cuda").manual_seed(0)
     mk = lambda h: torch.randn(args.batch, args.seqlen, h, args.headdim, device="cuda",
                                dtype=torch.bfloat16, generator=g)
     q, k, v = mk(args.hq), mk(args.hkv), mk(args.hkv)
-    knobs = args.knob
+    knobs = {text: plan_knobs.parse(text, "fwd") for text in args.knob}
     fns, diffs = {}, {}
     for me in args.modes.split(","):
         mode, ev = me.split(":")
-        kw = dict(mode=mode, evaluator=ev, causal=True, softcap=50.0 if mode == "softcap" else None)
+        kw = dict(causal=True, softcap=50.0 if mode == "softcap" else None)
         outs = {}
-        mine = [kn for kn in knobs if ev == "poly" or not set(STAGE_KNOBS) & set(_knob(kn))]
-        for kn in sorted(set(knobs) - set(mine)):
-            print(f"{me}: row '{kn}' skipped (split / program knobs need a poly evaluator)")
-        for name, tuning in [("default", None)] + [(kn, _knob(kn)) for kn in mine]:
-            stage = _stage(mode, ev, tuning)
-            fn = lambda tuning=tuning or None, kw=kw, stage=stage: attn_fwd(q, k, v, tuning=tuning, stage=stage, **kw)
+        mine = [kn for kn in args.knob if ev == "poly" or not knobs[kn].poly_only]
+        for kn in sorted(set(args.knob) - set(mine)):
+            print(f"{me}: row '{kn}' skipped (split / program / grad_rule knobs need a poly evaluator)")
+        for name, knob in [("default", None)] + [(kn, knobs[kn]) for kn in mine]:
+            plan = plan_knobs.plan_for(q, k, v, mode, ev, knob, **kw)
+            fn = lambda plan=plan: dispatch.forward(plan, q, k, v)
             outs[name] = fn()[0].float()
             fns[f"{mode}/{ev} {name}"] = fn
         for kn in mine:
@@ -84,21 +52,22 @@ def run(args) -> dict:
     rows = [{"row": n, "ms": t} for n, t in times.items()]
     for me in args.modes.split(","):
         mode, ev = me.split(":")
-        for kn in knobs:
+        for kn in args.knob:
             if f"{mode}/{ev} {kn}" not in times:   # a poly-only row
                 continue
             a, b = times[f"{mode}/{ev} default"], times[f"{mode}/{ev} {kn}"]
             rows.append({"row": f"{mode}/{ev} {kn} / default", "ms": b / a})
     shape = dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv, headdim=args.headdim)
-    return {**protocol.header(timing), "shape": shape, "knob": " | ".join(knobs), "max_abs_diff": diffs, "rows": rows}
+    return {**protocol.header(timing), "shape": shape, "knob": " | ".join(args.knob), "max_abs_diff": diffs, "rows": rows}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     protocol.add_shape_args(p, seqlen=8192, hq=8, hkv=4, headdim=256)
     p.add_argument("--knob", action="append", default=[],
-                   help="AttnFwdConfig override NAME=INT[+NAME=INT...] (num_stages, tile_n, pingpong, "
-                        "row_sum_carry, ...); repeat for more variants, each a row beside the default")
+                   help="plan overrides NAME=VALUE[+NAME=VALUE...]: FwdConfig fields (num_stages, tile_n, "
+                        "pingpong, row_sum_carry, ...), split=J/K, program=NAME (bench/tools/plan_knobs.py); "
+                        "repeat for more variants, each a row beside the default")
     p.add_argument("--order", choices=sorted(protocol.ORDERS), default="alternate")
     p.add_argument("--modes", default="softmax:native,softcap:native,sigmoid:poly")
     protocol.add_timing_args(p, warmup=10, rounds=5, iters=20)
@@ -106,6 +75,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if not args.knob:
         p.error("give at least one --knob (e.g. --knob num_stages=3)")
+    for text in args.knob:
+        try:
+            plan_knobs.parse(text, "fwd")
+        except ValueError as e:
+            p.error(str(e))
     path = protocol.output_path(args.json, "fwd_tuning")
     res = run(args)
     table = protocol.markdown_table(res["rows"], ["row", "ms"])

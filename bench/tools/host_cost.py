@@ -55,11 +55,10 @@ def _inputs(args, grad: bool):
 
 
 def ours_rows(args):
-    import math
-
     import torch
 
     import flash_attn_poly
+    from flash_attn_poly import interface
     rows = {}
     for mode, ev in (("softmax", "native"), ("sigmoid", "poly")):
         q, k, v = _inputs(args, False)
@@ -71,12 +70,12 @@ def ours_rows(args):
         dout = torch.randn_like(out)
         rows[f"ours {mode}/{ev} bwd, attention()"] = lambda out=out, q=qg, k=kg, v=vg, dout=dout: (
             torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
-        # the custom op attention() runs under torch.compile, called directly (its signature is
-        # interface.py's; a row that cannot be built is reported and left out)
+        # the custom op attention() runs under torch.compile, called directly with the arguments
+        # attention() passes it (interface._op_args of the validated call; a row that cannot be
+        # built is reported and left out)
         try:
-            bias = -math.log(args.seqlen) if mode == "sigmoid" else 0.0
-            op = lambda q, k, v, mode=mode, ev=ev, bias=bias: torch.ops.flash_attn_poly.attn_fwd(
-                q, k, v, mode, ev, True, 0.0, bias, args.headdim ** -0.5, [-1, -1], "cuda")
+            op_args = interface._op_args(interface.validate(q, k, v, mode, ev))
+            op = lambda q, k, v, op_args=op_args: torch.ops.flash_attn_poly.attn_fwd(q, k, v, [], *op_args, "cuda")
             op(q, k, v)
             rows[f"ours {mode}/{ev} fwd, custom op"] = lambda q=q, k=k, v=v, op=op: op(q, k, v)
             out2 = op(qg, kg, vg)[0]

@@ -3,8 +3,9 @@
     ncu --kernel-name regex:AttnFwdSm90 --launch-skip 2 --launch-count 1 --set full \
         python3 bench/tools/ncu_fwd.py --mode softcap --evaluator native --knob pingpong=0
 
-Runs attn_fwd at the anchor shape (B=1, S=4096, H 32/8, D=128, causal, BF16, softcap 50)
-`--launches` times with the given AttnFwdConfig overrides (bench/tools/fwd_tuning.py's knob syntax),
+Runs the forward of the plan attention() resolves at the anchor shape (B=1, S=4096, H 32/8,
+D=128, causal, BF16, softcap 50) `--launches` times with the given plan overrides
+(bench/tools/plan_knobs.py, e.g. pingpong=0),
 so that `--launch-skip 2` profiles a warm launch. Profiling itself is done by ncu (see
 `bash bench/round.sh ncu`); this file only makes the launches.
 """
@@ -16,8 +17,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
+import plan_knobs  # noqa: E402
 import protocol  # noqa: E402
-from fwd_tuning import _knob  # noqa: E402
 
 
 def launcher_parser(doc: str) -> argparse.ArgumentParser:
@@ -39,17 +40,29 @@ def launcher_inputs(args, n: int) -> list:
     return [mk(h) for h in (args.hq, args.hkv, args.hkv, args.hq)[:n]]
 
 
+def launcher_plan(args, q, k, v, knob=None):
+    """The plan attention(q, k, v, args.mode, evaluator=args.evaluator) resolves (causal,
+    softcap 50), with the knob's overrides."""
+    return plan_knobs.plan_for(q, k, v, args.mode, args.evaluator, knob, causal=True,
+                               softcap=50.0 if args.mode == "softcap" else None)
+
+
 def main(argv=None) -> int:
     p = launcher_parser(__doc__)
-    p.add_argument("--knob", help="AttnFwdConfig overrides NAME=VALUE[+NAME=VALUE...] (bench/tools/fwd_tuning.py syntax)")
+    p.add_argument("--knob", help="plan overrides NAME=VALUE[+NAME=VALUE...] (bench/tools/plan_knobs.py)")
     args = p.parse_args(argv)
+    knob = None
+    if args.knob:
+        try:
+            knob = plan_knobs.parse(args.knob, "fwd")
+        except ValueError as e:
+            p.error(str(e))
     import torch
-    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
+    from flash_attn_poly.kernels import dispatch
     q, k, v = launcher_inputs(args, 3)
-    tuning = _knob(args.knob) if args.knob else None
+    plan = launcher_plan(args, q, k, v, knob)
     for _ in range(args.launches):
-        attn_fwd(q, k, v, mode=args.mode, evaluator=args.evaluator, causal=True,
-                 softcap=50.0 if args.mode == "softcap" else None, tuning=tuning)
+        dispatch.forward(plan, q, k, v)
     torch.cuda.synchronize()
     print(f"{args.mode}/{args.evaluator} knob={args.knob}: {args.launches} launches done")
     return 0

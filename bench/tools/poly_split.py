@@ -2,14 +2,16 @@
 
     python bench/tools/poly_split.py --only "softcap/softcap_c50_f16_odd 1/8 softcap_grad=value"   # H200
 
-A poly stage sends key column group g (8 keys) through the packed block when g % k < j and
-through MUFU otherwise (score_stages, "Poly split"); the backward recomputes the same P.
-A split that cannot repeat inside softcap's default 64-key three-warpgroup tile at D = 128
-(1/16) runs on the two-warpgroup 128-key tile (attn_fwd_sm90._config_for_stage), so compare
-such rows with that in mind (bench/tools/fwd_tuning.py times tiles side by side).
+A poly score sends key column group g (8 keys) through the packed block when g % k < j and
+through MUFU otherwise (kernels/scores, "Poly split"); the backward recomputes the same P.
+Each row is the plan attention(program=...) resolves with the split as a plan override
+(bench/tools/plan_knobs.py). A split that cannot repeat inside BF16 softcap's default 64-key
+three-warpgroup tile at D = 128 (1/16) names the two-warpgroup 128-key tile in its tuning
+(TWO_WG), so compare such rows with that in mind (bench/tools/fwd_tuning.py times tiles side
+by side).
 Writes bench/out/poly_split.json (+ .md) unless --json names a path.
 For each (mode, program, split) and the native evaluator:
-  * time: forward (attn_fwd) and backward (attn_bwd, forward excluded) at the gqa_4096 shape
+  * time: forward and backward (kernels/dispatch; the backward alone, forward excluded) at the gqa_4096 shape
     (B=1 S=4096 H_q=32 H_kv=8 D=128 causal BF16, softcap 50) under bench/protocol.py, every
     row of a direction side by side in one alternating run;
   * accuracy: rel L2 of O, dQ, dK, dV against the FP64 exact-function reference at
@@ -27,11 +29,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
 import protocol  # noqa: E402
 
-CONFIGS = [  # (mode, program or "" for native, split[, forward tuning "name=int+..."])
+# two consumer warpgroups on 128-key blocks with ping-pong (a poly score's base): a 1/16 split
+# repeats every 128 keys, more than BF16 softcap's default 64-key blocks hold (kernels/config.check_fwd)
+TWO_WG = "tile_m=128+tile_n=128+num_stages=2+pingpong=1"
+CONFIGS = [  # (mode, program or "" for native, split[, knobs "name=value+...", bench/tools/plan_knobs.py])
     ("softcap", "", None),
     ("softcap", "softcap_c50", (1, 2)), ("softcap", "softcap_c50", (1, 4)),
     ("softcap", "softcap_c50_f16", (1, 2)), ("softcap", "softcap_c50_f16", (1, 4)),
-    ("softcap", "softcap_c50_f16", (1, 8)), ("softcap", "softcap_c50_f16", (1, 16)),
+    ("softcap", "softcap_c50_f16", (1, 8)), ("softcap", "softcap_c50_f16", (1, 16), TWO_WG),
     ("sigmoid", "", None),
     ("sigmoid", "sigmoid_attn_n4096", (1, 4)), ("sigmoid", "sigmoid_attn_n4096", (1, 8)),
     ("sigmoid", "sigmoid_attn_n4096_f16", (1, 4)), ("sigmoid", "sigmoid_attn_n4096_f16", (1, 8)),
@@ -39,19 +44,19 @@ CONFIGS = [  # (mode, program or "" for native, split[, forward tuning "name=int
     # than native in the forward (0.231 vs 0.235 ms) but 2.0-2.1x native's error
     ("sigmoid", "sigmoid_attn_n4096", (1, 16)), ("sigmoid", "sigmoid_attn_n4096_f16", (1, 16)),
     # two-region FP16 softcap at the narrow splits
-    ("softcap", "softcap_c50_f16_tail", (1, 8)), ("softcap", "softcap_c50_f16_tail", (1, 16)),
-    # the backward's d logit/dx from the block's logit (SoftcapBwd.grad_rule "value") vs the
-    # derivative block ("block")
+    ("softcap", "softcap_c50_f16_tail", (1, 8)), ("softcap", "softcap_c50_f16_tail", (1, 16), TWO_WG),
+    # the backward's d logit/dx from the block's logit (the softcap score's grad_rule "value") vs
+    # the derivative block ("block")
     ("softcap", "softcap_c50_f16", (1, 8), "softcap_grad=value"),
-    ("softcap", "softcap_c50_f16_tail", (1, 16), "softcap_grad=value"),
+    ("softcap", "softcap_c50_f16_tail", (1, 16), TWO_WG + "+softcap_grad=value"),
     ("softcap", "softcap_c50_f16_tail", (1, 8), "softcap_grad=value"),
     ("softcap", "softcap_c50_f16", (1, 8), "softcap_grad=block"),
-    ("softcap", "softcap_c50_f16_tail", (1, 16), "softcap_grad=block"),
+    ("softcap", "softcap_c50_f16_tail", (1, 16), TWO_WG + "+softcap_grad=block"),
     # the one-region program on 1/16 with the value rule
-    ("softcap", "softcap_c50_f16", (1, 16), "softcap_grad=value"),
+    ("softcap", "softcap_c50_f16", (1, 16), TWO_WG + "+softcap_grad=value"),
     # the odd_u2 program (fit/softcap_odd.py: clamp on the FMA pipe, no ALU ops in the block):
     # does a wider split pay?
-    ("softcap", "softcap_c50_f16_odd", (1, 16), "softcap_grad=value"),
+    ("softcap", "softcap_c50_f16_odd", (1, 16), TWO_WG + "+softcap_grad=value"),
     ("softcap", "softcap_c50_f16_odd", (1, 8), "softcap_grad=value"),
     ("softcap", "softcap_c50_f16_odd", (1, 4), "softcap_grad=value"),
     ("softcap", "softcap_c50_f16_odd", (1, 2), "softcap_grad=value"),
@@ -64,33 +69,25 @@ def _name(mode, prog, split, tuning=""):
     return f"{base} {tuning}" if tuning else base
 
 
-BWD_KNOBS = ("softcap_grad",)   # attn_bwd keyword arguments (string values); the rest: forward tuning
-
-
-def _tuning(text: str) -> dict:
-    """'name=value+...' -> {name: value}: BWD_KNOBS as strings, the rest as bench/tools/fwd_tuning.py
-    parses forward knobs."""
-    from fwd_tuning import _knob
-    parts = text.split("+") if text else []
-    bwd = dict(p.split("=") for p in parts if p.split("=")[0] in BWD_KNOBS)
-    fwd = "+".join(p for p in parts if p.split("=")[0] not in BWD_KNOBS)
-    return {**(_knob(fwd) if fwd else {}), **bwd}
+def knob(prog: str, split, tuning: str = ""):
+    """The plan_knobs.Knob of a config: its program and split, then its tuning's knobs."""
+    import plan_knobs
+    k = plan_knobs.parse(tuning, "fwd") if tuning else plan_knobs.Knob("")
+    if not prog:
+        return k
+    return plan_knobs.Knob(tuning, {**k.overrides, "poly_split": tuple(split)}, {**k.call, "program": prog})
 
 
 def _calls(mode, prog, split, q, k, v, do, tuning=""):
     """(forward, backward) callables of one config on fixed inputs."""
-    from flash_attn_poly.kernels import score_stages as S
-    from flash_attn_poly.kernels.attn_bwd_sm90 import attn_bwd
-    from flash_attn_poly.kernels.attn_fwd_sm90 import attn_fwd
+    import plan_knobs
+    from flash_attn_poly.kernels import dispatch
     ev = "poly" if prog else "native"
-    sc = 50.0 if mode == "softcap" else None
-    stage = S.make_stage(mode, ev, program=prog, poly_split=split) if prog else None
-    tun = _tuning(tuning)
-    bwd_kw = {k: tun.pop(k) for k in BWD_KNOBS if k in tun}
-    fwd = lambda: attn_fwd(q, k, v, mode=mode, evaluator=ev, causal=True, softcap=sc, stage=stage, tuning=tun or None)
+    plan = plan_knobs.plan_for(q, k, v, mode, ev, knob(prog, split, tuning), causal=True,
+                               softcap=50.0 if mode == "softcap" else None)
+    fwd = lambda: dispatch.forward(plan, q, k, v)
     o, lse = fwd()
-    kw = dict(program=prog, poly_split=split, **bwd_kw) if prog else {}
-    bwd = lambda: attn_bwd(do, q, k, v, o, lse, mode=mode, evaluator=ev, causal=True, softcap=sc, **kw)
+    bwd = lambda: dispatch.backward(plan, do, q, k, v, o, lse)
     return fwd, bwd
 
 

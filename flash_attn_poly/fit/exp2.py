@@ -1,5 +1,5 @@
 """2^a in FP32 on the FMA pipe (form exp2_f32): the program behind the softcap stage's
-exp2 offload (kernels: score_stages.exp2_fma, asm block ``exp2_f32``).
+exp2 offload (kernels: scores/common.exp2_fma, asm block ``exp2_f32``).
 
 Why: a softcap score costs two MUFU ops (tanh, then ex2).  Offloading the tanh needs a 16-bit
 polynomial whose logit error near saturation is ~2x tanh.approx's; offloading the ex2 of a

@@ -15,7 +15,7 @@ fit.runtime replays the blocks); |x| is clamped at c L.
 `tail_logit` is the CPU model that chose the form (FP32 centring, 1.37x native at std 20).
 `entries` makes the table pair the kernels run (softcap_c50_f16_tail and its _grad; the
 default softcap poly program for part of 2026-11-30, now selectable by name: see
-kernels/score_stages.DEFAULT_PROGRAM): there the block centres in FP16 after rounding |u| (one
+flash_attn_poly/plan.py PROGRAM_ROWS): there the block centres in FP16 after rounding |u| (one
 packed sub), which scores 1.59x.  `attn_ratios` scores a candidate with softcap.AttnScore (the
 selection that picked the deployed entry: attention-output rel L2 over native FP32 tanh's,
 at raw score std 10 and 20 logits).

@@ -1,0 +1,312 @@
+"""The plan: every default of an attention call, in one place.
+
+`resolve(call, sm_count)` turns a validated call (`AttnCall`: what the user asked for and the
+shapes) into a frozen `AttnPlan`: the score function with its program and poly split, the forward
+kernel config, the backward kernel config and the runtime scalars.  The forward and the
+backward of a call consume the same plan; nothing below this module computes a default (kernel
+and score constructors take every field explicitly).
+
+Each default is one row of a table below: the call facts it matches, the fields it sets, a
+one-line reason and the docs/MEASURED.md entry that holds the measurement.  Rows apply in
+order; a later matching row overrides an earlier one.  `overrides` (timing tools, tests) replace
+fields after the rows and are checked like everything else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+# -------------------------------------------------------------------------------- the call
+
+
+@dataclass(frozen=True)
+class AttnCall:
+    """A validated attention call: options, dtype and shapes (interface.validate builds it)."""
+    mode: str                          # "softmax" | "softcap" | "sigmoid"
+    evaluator: str                     # "poly" | "native"
+    dtype: str                         # "bf16" | "fp16"
+    head_dim: int
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    causal: bool
+    window: tuple                      # (left, right), -1 = unbounded
+    softmax_scale: float
+    softcap: Optional[float] = None
+    sigmoid_bias: Optional[float] = None
+    program: Any = None                # None | table name | asm.programs.ProgramSpec
+    deterministic: bool = False
+    sigmoid_grad: Optional[str] = None  # None | "product" | "surrogate"
+    score_mod: Any = None              # a user ScoreMod (mode "softmax"), see flash_attn_poly.score_mod
+    aux: tuple = ()                    # (dtype name, ndim) of each aux tensor the score_mod reads
+
+
+@dataclass(frozen=True)
+class Row:
+    when: Mapping[str, Any]            # call facts (see _facts) that must all match
+    sets: Mapping[str, Any]            # fields this row sets
+    why: str                           # one line
+    measured: str = ""                 # docs/MEASURED.md section (or "" for a structural rule)
+
+    def matches(self, facts: Mapping[str, Any]) -> bool:
+        return all(facts.get(k) == v for k, v in self.when.items())
+
+
+# ------------------------------------------------------------------------- the default rows
+# softcap's constant row max needs the capped logits bounded: BF16 P and caps up to this keep
+# the smallest p = e^(20 - 2c) normal (kernels/scores/softcap.py, fixed_lse)
+FIXED_MAX_CAP = 50.0
+EXP2_PROGRAM = "exp2_f32_d3"
+
+PROGRAM_ROWS = (
+    Row({"mode": "softcap"}, {"program": "softcap_c50_f16_odd"},
+        "packed-FP16 odd tanh program: error 1.02x native at score std ~12, <= 1.84x at std ~20",
+        "softcap-program"),
+    Row({"mode": "softcap", "fixed_max_ok": True}, {"program": EXP2_PROGRAM},
+        "exp2 offload: every tanh on MUFU, 2^a on the FMA pipe for 1/8 of the columns; native's "
+        "error, forward 1.04x native's speed", "softcap-exp2-offload"),
+    Row({"mode": "sigmoid"}, {"program": "sigmoid_attn_n4096_f16"},
+        "packed-FP16 D4 program: error 1.06-1.12x native (the seed's BF16 D3: 2.7-9.5x)",
+        "sigmoid-program"),
+)
+
+SPLIT_ROWS = (
+    Row({"mode": "softcap"}, {"poly_split": (1, 8)},
+        "1/8 of the key columns through the block balances MUFU and FMA pipes", "softcap-split"),
+    Row({"mode": "sigmoid"}, {"poly_split": (1, 16)},
+        "1/16: forward at native's speed, error 1.04-1.06x native", "sigmoid-split"),
+)
+
+GRAD_ROWS = (
+    Row({"mode": "softcap", "program_dtype": "f16"}, {"softcap_grad": "value"},
+        "d logit/dx = 1 - (logit/c)^2 from the block's logit: no second block, no spill",
+        "softcap-grad-rule"),
+    Row({"mode": "softcap", "program_dtype": "bf16"}, {"softcap_grad": "block"},
+        "the seed's B2: the differentiated D3 program (the value rule spills at 1/2)",
+        "softcap-grad-rule"),
+    Row({"mode": "sigmoid"}, {"sigmoid_grad": "product"},
+        "sigma' = p (1 - p) from the recomputed P: same error as native, no second program",
+        "sigmoid-grad-rule"),
+)
+
+FWD_ROWS = (
+    Row({}, dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=True,
+                 row_max_chains=1, row_sum_carry=False, rescale_threshold=0.0, fixed_max=False,
+                 exp2_fma=0),
+        "two consumer warpgroups of 64 rows, 2 K/V stages, a persistent LPT-ordered grid (0.92-0.96x)",
+        "fwd-persistent"),
+    Row({"head_dim": 256}, dict(tile_n=64),
+        "Q 128 x 256 + 2 stages of 64-key K and V fill 192 of sm_90's 227 KB", ""),
+    Row({"poly_score": True}, dict(pingpong=True),
+        "scores with a packed program (not the exp2 offload, a native-tanh score) overlap better "
+        "with warpgroup ping-pong", "fwd-pingpong"),
+    Row({"mode": "softmax"}, dict(rescale_threshold=8.0),
+        "keep a stale row max until it grows by 2^8: 0.90-0.93x the time, O error 1.03-1.20x",
+        "fwd-rescale-threshold"),
+    Row({"mode": "softmax", "head_dim": 128}, dict(pingpong=True, row_sum_carry=True, row_max_chains=4),
+        "ping-pong, carried row sum and 4 max chains: 0.975x the time at D = 128", "fwd-row-sum-carry"),
+    Row({"mode": "softcap", "head_dim": 256}, dict(row_sum_carry=True),
+        "carried row sum: 0.94x (native) / 0.976x (poly) at D = 256", "fwd-row-sum-carry"),
+    Row({"mode": "softcap", "fixed_max_ok": True}, dict(fixed_max=True),
+        "constant row max c - 20 for bounded capped logits: no max reduction, no O rescale",
+        "fwd-fixed-max"),
+    Row({"mode": "softcap", "fixed_max_ok": True, "head_dim": 128},
+        dict(tile_m=192, tile_n=64, num_stages=4, pingpong=False),
+        "three consumer warpgroups, tile 192 x 64, 4 stages: 0.95x (poly) / 0.98x (native)",
+        "fwd-three-warpgroups"),
+    Row({"exp2_offload": True, "fixed_max_ok": True}, dict(exp2_fma="from_split"),
+        "the exp2 offload's columns take 2^a on the FMA pipe where the constant max bounds a",
+        "softcap-exp2-offload"),
+)
+
+BWD_ROWS = (
+    Row({}, dict(tile_m=64, tile_n=128, stages=2, deterministic=False),
+        "64 query x 128 key tiles, 2 Q/dO stages: P^T and dS^T stay at 32 registers per thread", ""),
+    Row({}, dict(dq_async=True),
+        "dQ staged in smem and added by warp 1's bulk reductions: 0.76-0.79x the red.global path",
+        "bwd-dq-async"),
+    Row({}, dict(lpt=True), "LPT-ordered CTAs: 0.90-0.94x blockIdx order", "bwd-lpt"),
+    Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True),
+        "a CTA per KV head over its GQA group where that grid has >= 1.5 CTAs per SM; its dQ "
+        "accumulator zeroed by the pre kernel", "bwd-head-loop"),
+    Row({"mode": "sigmoid"}, dict(zero_dq_in_pre=False),
+        "sigmoid has no pre kernel otherwise: a memset is cheaper than launching it to zero dQ",
+        "bwd-zero-dq"),
+    Row({"head_dim": 64}, dict(tile_m=128),
+        "D = 64: dQ split along M needs 128 query rows (32-wide N slices are below the swizzle atom)",
+        ""),
+    Row({"head_dim": 256}, dict(stages=1, dq_async=False),
+        "D = 256: full-D Q, dO, K, V and dS take 225 of 227 KB: one Q/dO stage, no staged dQ", ""),
+    Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
+        "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
+)
+
+# head_loop where its grid (key blocks x KV heads x batch x column chunks) has this many CTAs per SM
+HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class AttnPlan:
+    """A resolved call: what the forward and the backward kernels build and run."""
+    call: AttnCall
+    score: Any                 # forward side: a kernels.scores.ScoreSpec
+    score_bwd: Any             # backward side (the exp2 offload's is native's)
+    fwd: Any                   # kernels.config.FwdConfig
+    bwd: Any                   # kernels.config.BwdConfig
+    window: tuple              # runtime (left, right) window sizes (kernels/config.window_sizes)
+    zero_dq_in_pre: bool       # the pre kernel zeroes the dQ accumulator (head_loop builds)
+    softmax_scale: float
+    softcap: Optional[float]
+    sigmoid_bias: Optional[float]   # sigmoid: the resolved bias (default -ln S_k)
+
+
+def _apply(rows, facts, out: dict) -> dict:
+    for r in rows:
+        if r.matches(facts):
+            out.update(r.sets)
+    return out
+
+
+def _program_spec(program):
+    from .asm import programs
+    if program is None or isinstance(program, programs.ProgramSpec):
+        return program
+    return programs.spec(program)
+
+
+def _facts(call: AttnCall, program) -> dict:
+    cap = call.softcap if call.softcap is not None else 0.0
+    return {
+        "mode": call.mode, "evaluator": call.evaluator, "dtype": call.dtype, "head_dim": call.head_dim,
+        "causal": call.causal, "deterministic": call.deterministic,
+        "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,
+        "program_dtype": None if program is None else program.dtype,
+        "exp2_offload": program is not None and program.is_exp2,
+        # the score runs a packed-pair program on its poly columns (the exp2 offload does not:
+        # its score is native softcap with part of the exp2s on the FMA pipe)
+        "poly_score": call.evaluator == "poly" and call.mode != "softmax" and call.score_mod is None
+                      and not (program is not None and program.is_exp2),
+    }
+
+
+def _coarsen(split: tuple, key_block: int) -> tuple:
+    """A split's period (8k keys) must repeat inside the forward's key block, so the forward
+    sends the same key columns through the block as the backward's per-key rule: (1, 16) ->
+    (1, 8) for 64-key blocks."""
+    from .kernels.scores import split_fits_block
+    j, k = split
+    if split_fits_block(split, key_block):
+        return split
+    k_max = key_block // 8
+    return (max(1, j * k_max // k), k_max)
+
+
+def _score_specs(call: AttnCall, tile_n: int, facts: dict, overrides: Mapping):
+    """(forward ScoreSpec, backward ScoreSpec): the same function, program and split; the exp2
+    offload's backward is native's (same logits from MUFU tanh, P within 7.5e-5 relative)."""
+    from .kernels.scores import ScoreSpec
+    if call.score_mod is not None:
+        spec = ScoreSpec(kind="user", evaluator="native", user=call.score_mod, aux=call.aux)
+        return spec, spec
+    if call.mode == "softmax":
+        spec = ScoreSpec(kind="softmax", evaluator="native")
+        return spec, spec
+    program = facts["program"]
+    if call.evaluator == "native":
+        spec = ScoreSpec(kind=call.mode, evaluator="native")
+        return spec, spec
+    if program.is_exp2:   # the exp2 offload: every tanh on MUFU, a native softcap score
+        fwd = ScoreSpec(kind="softcap", evaluator="native", program=program)
+        return fwd, ScoreSpec(kind="softcap", evaluator="native")
+    split = overrides.get("poly_split") or _apply(SPLIT_ROWS, facts, {})["poly_split"]
+    split = _coarsen(tuple(split), tile_n) if "poly_split" not in overrides else tuple(split)
+    grad = _apply(GRAD_ROWS, dict(facts, program_dtype=program.dtype), {})
+    rule = grad.get("softcap_grad") if call.mode == "softcap" else (call.sigmoid_grad or grad.get("sigmoid_grad"))
+    rule = overrides.get("grad_rule", rule)
+    spec = ScoreSpec(kind=call.mode, evaluator="poly", program=program, poly_split=split, grad_rule=rule)
+    return spec, spec
+
+
+def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) -> AttnPlan:
+    """The plan of a call on a GPU with sm_count SMs.  overrides: FwdConfig / BwdConfig fields as
+    "fwd.<field>" / "bwd.<field>" keys, and "poly_split", "grad_rule" for the score (timing tools
+    and tests); checked like the defaults (kernels.config.check_fwd / check_bwd)."""
+    from .kernels.config import BwdConfig, FwdConfig, check_bwd, check_fwd
+    overrides = dict(overrides or {})
+    program = None
+    if call.evaluator == "poly" and call.mode in ("softcap", "sigmoid") and call.score_mod is None:
+        facts0 = _facts(call, None)
+        name = call.program if call.program is not None else _apply(PROGRAM_ROWS, facts0, {})["program"]
+        program = _program_spec(name)
+    facts = _facts(call, program)
+    facts["program"] = program
+    unknown = sorted(k for k in overrides
+                     if not (k.startswith(("fwd.", "bwd.")) or k in ("poly_split", "grad_rule")))
+    if unknown:
+        raise ValueError(f"unknown plan overrides {unknown}: use 'fwd.<FwdConfig field>', "
+                         "'bwd.<BwdConfig field>', 'poly_split' or 'grad_rule'")
+
+    # ---- forward
+    fwd = _apply(FWD_ROWS, facts, {})
+    if fwd["persistent"] is True:
+        fwd["persistent"] = sm_count
+    if fwd["exp2_fma"] == "from_split":   # the exp2 offload: its split in groups of 8 out of 8
+        j, k = tuple(overrides["poly_split"]) if "poly_split" in overrides else \
+            _apply(SPLIT_ROWS, facts, {})["poly_split"]
+        if 8 % k or not 0 < 8 * j // k <= 8:
+            raise ValueError(f"the exp2 offload runs j/k of the key columns in groups of 8 out of 8: "
+                             f"k must divide 8 and 0 < j, got poly_split {(j, k)}")
+        fwd["exp2_fma"] = 8 * j // k
+    for k_, v in overrides.items():
+        if k_.startswith("fwd."):
+            fwd[k_[4:]] = v
+    if fwd["fixed_max"] and not facts["fixed_max_ok"]:
+        raise ValueError(f"fixed_max (a constant row max c - 20) needs mode='softcap', BF16 inputs and "
+                         f"0 < softcap <= {FIXED_MAX_CAP} (beyond, P leaves FP32's normal range), got "
+                         f"mode={call.mode!r}, {call.dtype}, softcap={call.softcap}")
+    wl, wr = call.window
+    has_l = wl >= 0
+    has_r = wr >= 0 and not call.causal
+    score, score_bwd = _score_specs(call, fwd["tile_n"], facts, overrides)
+    try:
+        fwd_cfg = FwdConfig(score=score, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,
+                            window_left=has_l, window_right=has_r, **fwd)
+    except TypeError as e:
+        raise ValueError(f"plan overrides: {e}") from None
+    check_fwd(fwd_cfg)
+
+    # ---- backward
+    bwd = _apply(BWD_ROWS, facts, {})
+    if bwd["head_loop"] == "grid_fills":
+        chunks = max(1, call.head_dim // 128)
+        ctas = -(-call.seqlen_k // bwd["tile_n"]) * call.heads_kv * call.batch * chunks
+        bwd["head_loop"] = call.heads_q == call.heads_kv or ctas >= HEAD_LOOP_MIN_CTAS_PER_SM * sm_count
+    for k_, v in overrides.items():
+        if k_.startswith("bwd."):
+            bwd[k_[4:]] = v
+    zero_dq_rule = bwd.pop("zero_dq_in_pre")
+    try:
+        bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,
+                            window_left=has_l, window_right=has_r, **bwd)
+    except TypeError as e:
+        raise ValueError(f"plan overrides: {e}") from None
+    check_bwd(bwd_cfg)
+
+    # ---- runtime values
+    bias = call.sigmoid_bias
+    if call.mode == "sigmoid" and bias is None:
+        bias = -math.log(call.seqlen_k)   # b = -ln S_k keeps sum_j sigma(x_ij + b) near 1
+    from .kernels.config import window_sizes
+    zero_dq = bwd_cfg.head_loop and zero_dq_rule
+    return AttnPlan(call=call, score=score, score_bwd=score_bwd, fwd=fwd_cfg, bwd=bwd_cfg,
+                    window=window_sizes(call.window, call.causal, call.seqlen_q, call.seqlen_k),
+                    zero_dq_in_pre=zero_dq, softmax_scale=call.softmax_scale, softcap=call.softcap,
+                    sigmoid_bias=bias)

@@ -1,0 +1,24 @@
+"""Named barrier ids of the attention kernels, one enum per kernel so that no two uses collide.
+
+Id 0 is the CTA-wide barrier (__syncthreads); the pipelines' mbarriers live in shared memory
+and are not counted here.  A named barrier synchronises the threads that arrive at it: the
+thread count is passed at each use.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class FwdBarrier(enum.IntEnum):
+    """kernels/attn_fwd_sm90.py."""
+    # ping-pong: warpgroup w may issue its GEMMs once the other has arrived at PINGPONG + w
+    # (its 128 waiting threads + the other's 128 arriving)
+    PINGPONG = 1          # PINGPONG + 0: consumer warpgroup 0's turn, PINGPONG + 1: warpgroup 1's
+
+
+class BwdBarrier(enum.IntEnum):
+    """kernels/attn_bwd_sm90.py and kernels/bwd_reduce.py."""
+    DS_READY = 1          # dS tile complete in smem (the 256 MMA threads)
+    TURN = 2              # deterministic builds: counter seen / adds issued (256 MMA threads)
+    DQ_FULL = 3           # dq_async: dQ tile staged in smem (256 MMA threads arrive, warp 1 waits)
+    DQ_EMPTY = 4          # dq_async: warp 1 has read the staged tile (it arrives, MMA threads wait)

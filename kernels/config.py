@@ -1,0 +1,124 @@
+"""The compile-time configurations of the attention kernels: pure data, no defaults.
+
+`FwdConfig` and `BwdConfig` are what changes the generated code of the forward and the
+backward kernel (the compile-cache keys; shapes, scales and window sizes are runtime
+arguments).  Every field is set by flash_attn_poly.plan, which holds the defaults and the
+reason for each; this module only says which combinations a kernel can build
+(`check_fwd`, `check_bwd`, CUTLASS's can_implement).  Pure Python: the plan and the launch
+path read it without importing cutlass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .scores import ScoreSpec, split_fits_block
+
+DTYPES = ("bf16", "fp16")
+HEAD_DIMS = (64, 128, 256)
+SMEM_BYTES = 232448          # dynamic shared memory per CTA on sm_90 (227 KB)
+FWD_CONSUMER_WARPGROUPS = (2, 3)
+# dtypes of the aux tensors a user score function may read (torch dtype names)
+AUX_DTYPES = ("float32", "int32", "int64", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FwdConfig:
+    """The forward kernel's build (kernels/attn_fwd_sm90.py)."""
+    score: ScoreSpec
+    dtype: str                # "bf16" | "fp16"
+    head_dim: int
+    causal: bool
+    window_left: bool         # the sliding window has a left bound (its size is a runtime Int32)
+    window_right: bool        # ... a right bound (non-causal only; causal is right = 0)
+    tile_m: int               # query rows per tile: 64 per consumer warpgroup (128: two, 192: three)
+    tile_n: int               # keys per block
+    num_stages: int           # K/V shared-memory pipeline depth
+    pingpong: bool            # the two consumer warpgroups take turns issuing their GEMMs
+    persistent: int           # > 0: a persistent grid of at most this many CTAs; 0: a CTA per tile
+    row_max_chains: int       # independent running row maxima (1, 2, 4 or 8; exact in any order)
+    row_sum_carry: bool       # a block's row sum starts from the rescaled running sum
+    rescale_threshold: float  # keep a stale row max until it grows by more than this (log2 units)
+    fixed_max: bool           # softcap: a constant row max c - 20 (no max, no O rescale)
+    exp2_fma: int             # fixed_max: column groups of 8 whose P = 2^a runs on the FMA pipe
+
+
+@dataclass(frozen=True, kw_only=True)
+class BwdConfig:
+    """The backward kernel's build (kernels/attn_bwd_sm90.py)."""
+    score: ScoreSpec
+    dtype: str                # "bf16" | "fp16"
+    head_dim: int
+    causal: bool
+    window_left: bool
+    window_right: bool
+    tile_m: int               # query rows per block (the N of S^T)
+    tile_n: int               # key rows per CTA (the M of S^T; 64 per MMA warpgroup)
+    stages: int               # Q / dO pipeline depth
+    deterministic: bool       # ordered dQ/dK/dV adds: bitwise reproducible gradients
+    dq_async: bool            # dQ staged in smem and added by warp 1's bulk reductions
+    lpt: bool                 # LPT-ordered CTAs (key blocks of L2-sized head sections)
+    head_loop: bool           # a CTA per (key block, KV head) runs the whole GQA group
+
+
+def check_fwd(c: FwdConfig) -> None:
+    """ValueError naming the field when the forward kernel cannot build c."""
+    if c.dtype not in DTYPES or c.head_dim not in HEAD_DIMS:
+        raise ValueError(f"forward: dtype {c.dtype!r} / head_dim {c.head_dim} not in {DTYPES} / {HEAD_DIMS}")
+    wgs, rem = divmod(c.tile_m, 64)
+    if rem or wgs not in FWD_CONSUMER_WARPGROUPS:
+        raise ValueError(f"tile_m must be 128 or 192 (2 or 3 consumer warpgroups), got {c.tile_m}")
+    if c.pingpong and wgs != 2:
+        raise ValueError("pingpong pairs two consumer warpgroups: tile_m 192 needs pingpong=False")
+    if c.tile_n % 64 or c.tile_n <= 0:
+        raise ValueError(f"tile_n must be a positive multiple of 64, got {c.tile_n}")
+    if c.num_stages < 1:
+        raise ValueError(f"num_stages must be >= 1, got {c.num_stages}")
+    tiles = 2 * (c.tile_m + 2 * c.num_stages * c.tile_n) * c.head_dim   # 16-bit Q, K, V
+    if tiles > SMEM_BYTES - 1024:   # room for the mbarriers
+        raise ValueError(f"forward config needs {tiles} bytes of shared memory for Q ({c.tile_m} x "
+                         f"{c.head_dim}) and {c.num_stages} K/V stages of {c.tile_n} rows; sm_90 has "
+                         f"{SMEM_BYTES}: lower num_stages or tile_n")
+    if c.row_max_chains not in (1, 2, 4, 8):
+        raise ValueError(f"row_max_chains must be 1, 2, 4 or 8, got {c.row_max_chains}")
+    if not 0.0 <= c.rescale_threshold <= 16.0:   # p <= 2^t: keep P and row sums far from overflow
+        raise ValueError(f"rescale_threshold must be in [0, 16] (log2 units), got {c.rescale_threshold!r}")
+    if c.persistent < 0:
+        raise ValueError(f"persistent must be >= 0 CTAs, got {c.persistent}")
+    s = c.score
+    if c.fixed_max and (s.kind != "softcap" or c.dtype != "bf16"):
+        raise ValueError(f"fixed_max needs the softcap score and BF16, got {s.kind}/{c.dtype}")
+    if not 0 <= c.exp2_fma <= 8 or (c.exp2_fma and not (c.fixed_max and s.program is not None
+                                                          and s.program.is_exp2)):
+        raise ValueError(f"exp2_fma (column groups of 8 on the FMA pipe) needs 0..8, fixed_max and an "
+                         f"exp2_f32 program, got {c.exp2_fma} (fixed_max={c.fixed_max}, program={s.program})")
+    if s.evaluator == "poly" and not split_fits_block(s.poly_split, c.tile_n):
+        raise ValueError(f"poly_split {s.poly_split} repeats every {8 * s.poly_split[1]} keys, more than "
+                         f"the forward's key block (tile_n {c.tile_n}): the forward could not send the "
+                         f"key columns the backward recomputes through the block; use k <= {c.tile_n // 8}")
+
+
+def check_bwd(c: BwdConfig) -> None:
+    """ValueError naming the field when the backward kernel cannot build c."""
+    if c.dtype not in DTYPES or c.head_dim not in HEAD_DIMS:
+        raise ValueError(f"backward: dtype {c.dtype!r} / head_dim {c.head_dim} not in {DTYPES} / {HEAD_DIMS}")
+    if c.dq_async and c.deterministic:
+        raise ValueError("dq_async: not with deterministic (the ordered adds run in the MMA threads)")
+    if c.dq_async and c.head_dim > 128:
+        raise ValueError("dq_async: the staged dQ tile does not fit D = 256's shared memory")
+    if c.lpt and c.deterministic:
+        raise ValueError("lpt: not with deterministic (the turn order needs the grid order)")
+    if c.head_loop and c.deterministic:
+        raise ValueError("head_loop: not with deterministic")
+    if c.stages < 1:
+        raise ValueError(f"stages must be >= 1, got {c.stages}")
+
+
+def window_sizes(window, causal: bool, seqlen_q: int, seqlen_k: int) -> tuple:
+    """The runtime (left, right) window sizes of flash-attn's window_size=(left, right) (-1:
+    unbounded; 0 where that bound is not compiled in).  Sizes are clamped to S_q + S_k: a larger
+    window is unbounded in effect, and the clamp keeps i + s + right inside Int32.  Causal makes
+    the right bound 0 (compiled in), so its flag is off."""
+    left, right = (int(window[0]), int(window[1]))
+    has_left, has_right = left >= 0, right >= 0 and not causal
+    cap = seqlen_q + seqlen_k
+    return (min(left, cap) if has_left else 0, min(right, cap) if has_right else 0)

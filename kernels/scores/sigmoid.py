@@ -1,0 +1,199 @@
+"""Sigmoid attention: P = sigma(x + b), x = softmax_scale * q.k; no max, no normalisation.
+
+Forward.
+  native: p = 0.5 tanh.approx(0.5 x + 0.5 b) + 0.5: one MUFU and 2 FFMA per score; a masked
+          score (-inf) gives tanh = -1, p = +0 exactly.
+  poly:   the program's "fwd" block (17 instructions for the seed's BF16 D3 sigmoid_attn_n4096)
+          computes sigma(x' - ln n) on two FP32 inputs and returns packed P, the PV A operand
+          directly; it is fed x' = x + b + ln n, so any bias works (exact for b = -ln n).  Masked
+          lanes are zeroed afterwards with a select.  Pairs outside poly_split run the native
+          formula (params[2] = scale/2, params[3] = b/2).  The overlapped loop (tOrP=None) runs
+          the block in two parts: its "head" in the score stage (the packed q kept in acc_S),
+          then write_p's "tail" (P = q*q, one mul) after the PV wait: the same instructions and
+          bits as the block.  An FP16 program's f16x2 P is converted to bf16x2 for BF16 inputs.
+Backward: g = dP sigma'(x + b) (no LSE, no D).  MUFU columns: the forward's p and sigma' =
+p (1 - p).  Poly block columns by grad_rule: "product": the "fwd" block's P and sigma' = p (1 - p);
+"surrogate": the coupled "fwd_bwd" block's P and its factored D4 derivative surrogate (seed B3).
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from . import poly_pair
+from .common import (acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_as_b32, frag_a_col_group,
+                     pack_f32x2, pin_f32, run_program, tanh_approx, unpack_bf16x2, unpack_f16x2,
+                     write_p_native, write_p_pinned)
+
+
+def check_dtype(spec, is_bf16: bool) -> None:
+    """A sigmoid poly score writes its block's packed P straight into the PV / dV operand: a BF16
+    program (bf16x2 P) needs BF16 inputs; an FP16 program converts to bf16x2 for BF16 inputs and
+    keeps its f16x2 P for FP16 ones."""
+    if spec.evaluator == "poly" and not is_bf16 and not spec.program.f16:
+        raise ValueError(f"sigmoid/poly program {spec.program.name!r} writes packed bf16 P: BF16 inputs only "
+                         "(FP16 inputs need an FP16 program)")
+
+
+class Score:
+    has_lse = False
+    uses_online_softmax = False
+    needs_lse = False
+    needs_dsum = False
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.evaluator = spec.evaluator
+        self.program = spec.program
+        self.poly_split = spec.poly_split
+        self.grad_rule = spec.grad_rule
+        self.program_n, self.p_f16 = 0, False
+        if self.evaluator == "poly":
+            prog = self.program
+            roles = ("fwd", "head", "tail") + (("fwd_bwd",) if self.grad_rule == "surrogate" else ())
+            if prog.mode != "sigmoid" or not set(roles) <= set(prog.roles):
+                raise ValueError(f"sigmoid program {prog.name!r} has no PTX blocks {roles} for the sigmoid "
+                                 f"kernels (target {prog.target!r}, form {prog.form!r}, blocks {prog.roles})"
+                                 + ("; the derivative surrogate needs a _grad entry of form "
+                                    "piecewise2_factored" if self.grad_rule == "surrogate" else ""))
+            self.program_n = prog.n
+            self.p_f16 = prog.f16
+
+    def check_dtype(self, is_bf16: bool) -> None:
+        check_dtype(self.spec, is_bf16)
+
+    def poly_pair(self, col_group: int) -> bool:
+        return self.evaluator == "poly" and poly_pair(self.poly_split, col_group)
+
+    uses_block = poly_pair   # the backward's rule per key column group: the forward's
+
+    # ------------------------------------------------------------------ host
+    def fwd_scalars(self, scale: float, softcap, bias: float):
+        import math
+        if self.evaluator == "native":
+            return (0.5 * scale, 0.5 * bias, 0.0, 0.0)
+        return (scale, bias + math.log(self.program_n), 0.5 * scale, 0.5 * bias)
+
+    def bwd_scalars(self, scale: float, softcap, bias: float):
+        import math
+        if self.evaluator == "native":
+            return (0.5 * scale, 0.5 * bias, 0.0)
+        # block: x' = s*scale + (b + ln n) as the forward feeds its block; MUFU columns use
+        # scale*0.5 (exact: power of two) and 0.5 b, the forward's params[2], params[3]
+        return (scale, bias + math.log(self.program_n), 0.5 * bias)
+
+    # ------------------------------------------------------------------ forward
+    @cute.jit
+    def transform(self, acc_S: cute.Tensor, params, coords):
+        pass
+
+    @cute.jit
+    def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
+              masked: cutlass.Constexpr[bool], row_scale, is_bf16: cutlass.Constexpr[bool]):
+        if cutlass.const_expr(self.evaluator == "native"):
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                acc_S[i] = tanh_approx(acc_S[i] * params[0] + params[1]) * 0.5 + 0.5
+            if cutlass.const_expr(tOrP is not None):
+                write_p_native(acc_S, tOrP, is_bf16)
+        else:
+            self._probs_poly(acc_S, tOrP, params, masked, is_bf16)
+
+    @cute.jit
+    def _probs_poly(self, acc_S, tOrP, params, masked: cutlass.Constexpr[bool], is_bf16: cutlass.Constexpr[bool]):
+        """P of every pair into tOrP; tOrP=None (the overlapped loop): block pairs leave the head's
+        packed q (P = q*q) in their even acc_S register, MUFU pairs FP32 P in both."""
+        src = acc_as_frag_a(acc_S)
+        dst = None
+        if cutlass.const_expr(tOrP is not None):
+            dst = cute.recast_tensor(tOrP, Int32)
+        for i in cutlass.range_constexpr(cute.size(src) // 2):
+            if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
+                if cutlass.const_expr(tOrP is None):
+                    src[2 * i] = b32_as_f32(self._pair_poly(src[2 * i], src[2 * i + 1], params,
+                                                            masked, "head", is_bf16))
+                else:
+                    dst[i] = self._pair_poly(src[2 * i], src[2 * i + 1], params, masked, "fwd", is_bf16)
+            else:
+                # native sigma = 0.5 tanh(0.5 x + 0.5 b) + 0.5; masked -inf gives +0 exactly
+                p0 = tanh_approx(src[2 * i] * params[2] + params[3]) * 0.5 + 0.5
+                p1 = tanh_approx(src[2 * i + 1] * params[2] + params[3]) * 0.5 + 0.5
+                if cutlass.const_expr(tOrP is None):
+                    src[2 * i], src[2 * i + 1] = p0, p1
+                else:
+                    dst[i] = pack_f32x2(p0, p1, is_bf16)
+
+    @cute.jit
+    def _pair_poly(self, s0, s1, params, masked: cutlass.Constexpr[bool], role: cutlass.Constexpr[str],
+                   is_bf16: cutlass.Constexpr[bool] = True):
+        """The program's block `role` ("fwd": P; "head": q, P = q*q) on one score pair."""
+        p = Int32(run_program(self.program, role, s0 * params[0] + params[1], s1 * params[0] + params[1])[0])
+        if cutlass.const_expr(self.p_f16 and is_bf16 and role == "fwd"):
+            p = f16x2_to_bf16x2(p)   # the full f16 block's P -> the PV operand's bf16x2
+        if cutlass.const_expr(masked):
+            # masked scores are -inf: force exact zeros whatever the block returns (on q the
+            # tail's 0 * 0 = +0 gives the same P bits: tests/test_asm_emulator.py)
+            keep = Int32(0)
+            if s0 != -Float32.inf:
+                keep = keep | Int32(0xFFFF)
+            if s1 != -Float32.inf:
+                keep = keep | Int32(-65536)   # 0xFFFF0000
+            p = p & keep
+        return p
+
+    @cute.jit
+    def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
+        """After the PV wait: P into tOrP from what probs(tOrP=None) left."""
+        if cutlass.const_expr(self.evaluator == "native"):
+            write_p_pinned(acc_S, tOrP, is_bf16)
+        else:
+            self._write_p_poly(acc_S, tOrP, is_bf16)
+
+    @cute.jit
+    def _write_p_poly(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
+        """Block pairs: the tail (one mul) on the head's q; MUFU pairs: the pack.  Only the
+        registers read are pinned: an odd register of a block pair holds a dead score, and
+        pinning it would keep it live through the stage (+1 reg per block pair)."""
+        src = acc_as_frag_a(acc_S)
+        dst = cute.recast_tensor(tOrP, Int32)
+        for i in cutlass.range_constexpr(cute.size(dst)):
+            src[2 * i] = pin_f32(src[2 * i])
+            if cutlass.const_expr(not self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
+                src[2 * i + 1] = pin_f32(src[2 * i + 1])
+        for i in cutlass.range_constexpr(cute.size(dst)):
+            if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
+                p = Int32(run_program(self.program, "tail", f32_as_b32(src[2 * i]))[0])
+                dst[i] = f16x2_to_bf16x2(p) if cutlass.const_expr(self.p_f16 and is_bf16) else p
+            else:
+                dst[i] = pack_f32x2(src[2 * i], src[2 * i + 1], is_bf16)
+
+    def lse_scale(self, params):
+        return None
+
+    # ------------------------------------------------------------------ backward
+    @cute.jit
+    def prob2(self, s0, s1, lse0, lse1, args, block: cutlass.Constexpr[bool],
+              is_bf16: cutlass.Constexpr[bool], coords=None, rc=None):
+        if cutlass.const_expr(block and self.grad_rule == "product"):
+            p = Int32(run_program(self.program, "fwd", s0 * args[0] + args[1], s1 * args[0] + args[1])[0])
+            if cutlass.const_expr(self.p_f16):
+                # the forward's P is bf16(p) for BF16 inputs, p itself for FP16 ones (dV
+                # operand); sigma' from the f16 p
+                q0, q1 = unpack_f16x2(p)
+                return (pack_f32x2(q0, q1, True) if cutlass.const_expr(is_bf16) else p), q0 - q0 * q0, q1 - q1 * q1
+            q0, q1 = unpack_bf16x2(p)
+            return p, q0 - q0 * q0, q1 - q1 * q1
+        if cutlass.const_expr(block):
+            p, dp = run_program(self.program, "fwd_bwd", s0 * args[0] + args[1], s1 * args[0] + args[1])
+            d0, d1 = unpack_bf16x2(Int32(dp))
+            return Int32(p), d0, d1
+        k0, k1 = args[0], args[1]
+        if cutlass.const_expr(self.evaluator == "poly"):
+            k0, k1 = args[0] * 0.5, args[2]
+        p0 = tanh_approx(s0 * k0 + k1) * 0.5 + 0.5
+        p1 = tanh_approx(s1 * k0 + k1) * 0.5 + 0.5
+        return pack_f32x2(p0, p1, is_bf16), p0 * (1.0 - p0), p1 * (1.0 - p1)
+
+    @cute.jit
+    def dscore2(self, f0, f1, dp0, dp1, dsum0, dsum1):
+        return f0 * dp0, f1 * dp1

@@ -1,0 +1,361 @@
+"""CPU tier: flash_attn_poly.plan, the one place where defaults live.
+
+Each default row of the plan's tables is pinned here by a call that it decides (what the
+compile and GPU tiers then build and run), and every override is checked like a default:
+a combination the kernels cannot build is a ValueError naming the field, from
+kernels.config.check_fwd / check_bwd (or the score spec), before anything is compiled.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from flash_attn_poly import plan as P
+
+SM = 132                      # the H200's SMs
+ANCHOR = (1, 4096, 32, 8)     # (B, S, H_q, H_kv) of the seed's shape
+SMALL = (1, 1024, 32, 8)      # a grid too small for the per-KV-head backward
+
+
+def call(mode="softmax", evaluator="native", *, dtype="bf16", d=128, shape=ANCHOR, seqlen_k=None,
+         causal=True, window=(-1, -1), softcap=None, **kw):
+    """An AttnCall as interface.validate builds it (softcap defaults to 50 in mode softcap)."""
+    b, s, h_q, h_kv = shape
+    if mode == "softcap" and softcap is None:
+        softcap = 50.0
+    return P.AttnCall(mode=mode, evaluator=evaluator, dtype=dtype, head_dim=d, batch=b, seqlen_q=s,
+                      seqlen_k=s if seqlen_k is None else seqlen_k, heads_q=h_q, heads_kv=h_kv,
+                      causal=causal, window=tuple(window), softmax_scale=d ** -0.5, softcap=softcap, **kw)
+
+
+def resolve(*args, sm=SM, overrides=None, **kw) -> P.AttnPlan:
+    return P.resolve(call(*args, **kw), sm, overrides)
+
+
+def fields(cfg, names):
+    return {n: getattr(cfg, n) for n in names}
+
+
+# ------------------------------------------------------------------------- program rows
+def test_softcap_bf16_cap_up_to_50_resolves_the_exp2_offload():
+    """BF16 softcap with 0 < cap <= FIXED_MAX_CAP: the exp2 offload (every tanh on MUFU, a
+    native softcap score carrying the exp2_f32 program) under the constant row max, 1 of every
+    8 column groups' 2^a on the FMA pipe; its backward is native's (no program)."""
+    for cap in (50.0, 30.0, 1.0):
+        p = resolve("softcap", "poly", softcap=cap)
+        assert p.score.program.name == P.EXP2_PROGRAM == "exp2_f32_d3" and p.score.program.is_exp2
+        assert p.score.evaluator == "native" and p.score.kind == "softcap"
+        assert p.score.program.coeff_bits        # the coefficients are part of the build's key
+        assert (p.score_bwd.evaluator, p.score_bwd.program) == ("native", None)
+        assert p.fwd.fixed_max and p.fwd.exp2_fma == 1
+    assert P.FIXED_MAX_CAP == 50.0
+
+
+@pytest.mark.parametrize("kw", [dict(softcap=60.0), dict(softcap=50.5), dict(dtype="fp16")],
+                         ids=["cap60", "cap50.5", "fp16"])
+def test_softcap_without_the_constant_max_resolves_the_f16_tanh_program(kw):
+    """FP16 inputs or a cap above 50: the FP16 odd tanh program on 1/8 of the key columns, the
+    value grad rule, the online row max; the backward recomputes P with the same spec."""
+    p = resolve("softcap", "poly", **kw)
+    assert p.score.program.name == "softcap_c50_f16_odd" and p.score.evaluator == "poly"
+    assert p.score.poly_split == (1, 8) and p.score.grad_rule == "value"
+    assert p.score_bwd == p.score
+    assert not p.fwd.fixed_max and p.fwd.exp2_fma == 0
+
+
+def test_sigmoid_resolves_the_f16_program_on_one_sixteenth():
+    p = resolve("sigmoid", "poly")
+    assert p.score.program.name == "sigmoid_attn_n4096_f16" and p.score.evaluator == "poly"
+    assert p.score.poly_split == (1, 16) and p.score.grad_rule == "product"
+    assert p.score_bwd == p.score
+
+
+@pytest.mark.parametrize("mode", ["softmax", "softcap", "sigmoid"])
+def test_native_and_softmax_carry_no_program(mode):
+    for ev in ("native", "poly"):
+        if mode != "softmax" and ev == "poly":
+            continue
+        p = resolve(mode, ev)
+        assert p.score.program is None and p.score.evaluator == "native" and p.score.kind == mode
+        assert p.score_bwd == p.score
+
+
+def test_a_named_program_replaces_the_program_row_only():
+    """program= names the program; every other row still applies: the BF16 softcap program
+    under the constant row max (cap 50) takes the fixed max and the three-warpgroup tile, with
+    the BF16 program's grad rule ("block") and no exp2 offload."""
+    p = resolve("softcap", "poly", program="softcap_c50")
+    assert p.score.program.name == "softcap_c50" and p.score.grad_rule == "block"
+    assert p.fwd.fixed_max and (p.fwd.tile_m, p.fwd.tile_n) == (192, 64) and p.fwd.exp2_fma == 0
+    assert p.score.poly_split == (1, 8)
+    from flash_attn_poly.asm import programs
+    spec = programs.spec("sigmoid_attn_n4096")
+    assert resolve("sigmoid", "poly", program=spec).score.program == spec     # a ProgramSpec as is
+
+
+# --------------------------------------------------------------------------- split rows
+def test_split_is_coarsened_to_the_forward_key_block():
+    """The split's period (8k keys) must repeat inside the forward's key block: the D = 256
+    forward's 64-key blocks take 1/8 for sigmoid's 1/16 (the silent D = 256 bug was a forward
+    on 1/8 and a backward on 1/16); forward and backward share the one spec."""
+    for d, want in ((64, (1, 16)), (128, (1, 16)), (256, (1, 8))):
+        p = resolve("sigmoid", "poly", d=d)
+        assert p.score.poly_split == p.score_bwd.poly_split == want, d
+        assert p.fwd.tile_n % (8 * want[1]) == 0
+    p = resolve("sigmoid", "poly", overrides={"fwd.tile_n": 64})
+    assert p.score.poly_split == (1, 8) and p.score_bwd == p.score
+    assert resolve("softcap", "poly", d=256, softcap=60.0).score.poly_split == (1, 8)
+
+
+def test_an_explicit_split_is_taken_as_given_or_refused():
+    assert resolve("sigmoid", "poly", overrides={"poly_split": (1, 4)}).score.poly_split == (1, 4)
+    with pytest.raises(ValueError, match=r"repeats every 128 keys.*tile_n 64.*k <= 8"):
+        resolve("sigmoid", "poly", d=256, overrides={"poly_split": (1, 16)})
+    for split in [(1, 8), (1, 1), (0, 16), (16, 16)]:
+        resolve("softcap", "poly", d=256, softcap=60.0, overrides={"poly_split": split})
+    with pytest.raises(ValueError, match="poly_split"):
+        resolve("sigmoid", "poly", overrides={"poly_split": (1, 3)})
+
+
+# ---------------------------------------------------------------------------- grad rows
+def test_grad_rules():
+    assert resolve("softcap", "poly", softcap=60.0).score_bwd.grad_rule == "value"        # FP16 program
+    assert resolve("softcap", "poly", program="softcap_c50_f16").score_bwd.grad_rule == "value"
+    assert resolve("softcap", "poly", program="softcap_c50").score_bwd.grad_rule == "block"  # BF16 program
+    assert resolve("sigmoid", "poly").score_bwd.grad_rule == "product"
+    assert resolve("sigmoid", "poly", program="sigmoid_attn_n4096",
+                   sigmoid_grad="surrogate").score_bwd.grad_rule == "surrogate"
+    assert resolve("sigmoid", "poly", sigmoid_grad="surrogate",
+                   overrides={"grad_rule": "product"}).score_bwd.grad_rule == "product"
+    for mode in ("softcap", "sigmoid"):
+        with pytest.raises(ValueError, match="grad_rule"):
+            resolve(mode, "poly", softcap=60.0 if mode == "softcap" else None, overrides={"grad_rule": "exact"})
+
+
+# ----------------------------------------------------------------------- forward rows
+FWD_FIELDS = ("tile_m", "tile_n", "num_stages", "pingpong", "persistent", "row_max_chains",
+              "row_sum_carry", "rescale_threshold", "fixed_max", "exp2_fma")
+BASE = dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=SM, row_max_chains=1,
+            row_sum_carry=False, rescale_threshold=0.0, fixed_max=False, exp2_fma=0)
+FWD_CASES = [
+    # softmax: the stale-max threshold everywhere; at D = 128 ping-pong, carried row sum, 4 max chains
+    (dict(mode="softmax", d=128), dict(pingpong=True, row_sum_carry=True, row_max_chains=4, rescale_threshold=8.0)),
+    (dict(mode="softmax", d=64), dict(rescale_threshold=8.0)),
+    (dict(mode="softmax", d=256), dict(tile_n=64, rescale_threshold=8.0)),
+    (dict(mode="softmax", d=128, dtype="fp16"), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
+                                                     rescale_threshold=8.0)),
+    # softcap BF16 cap <= 50 at D = 128: the constant row max on three consumer warpgroups, 192 x 64, 4 stages
+    (dict(mode="softcap", d=128), dict(tile_m=192, tile_n=64, num_stages=4, fixed_max=True)),
+    (dict(mode="softcap", evaluator="poly", d=128), dict(tile_m=192, tile_n=64, num_stages=4, fixed_max=True,
+                                                         exp2_fma=1)),
+    (dict(mode="softcap", evaluator="poly", d=64), dict(fixed_max=True, exp2_fma=1)),
+    (dict(mode="softcap", evaluator="poly", d=256), dict(tile_n=64, row_sum_carry=True, fixed_max=True, exp2_fma=1)),
+    (dict(mode="softcap", d=256), dict(tile_n=64, row_sum_carry=True, fixed_max=True)),
+    # online max (cap > 50, FP16): two warpgroups; ping-pong for a packed program's score
+    (dict(mode="softcap", d=128, softcap=60.0), {}),
+    (dict(mode="softcap", d=128, dtype="fp16"), {}),
+    (dict(mode="softcap", evaluator="poly", d=128, softcap=60.0), dict(pingpong=True)),
+    (dict(mode="softcap", evaluator="poly", d=128, dtype="fp16"), dict(pingpong=True)),
+    (dict(mode="sigmoid", d=128), {}),
+    (dict(mode="sigmoid", evaluator="poly", d=128), dict(pingpong=True)),
+    (dict(mode="sigmoid", evaluator="poly", d=256), dict(tile_n=64, pingpong=True)),
+]
+
+
+@pytest.mark.parametrize("kw,want", FWD_CASES, ids=lambda x: "-".join(f"{v}" for v in x.values()) or "base")
+def test_forward_rows(kw, want):
+    kw = dict(kw)
+    mode = kw.pop("mode")
+    p = resolve(mode, kw.pop("evaluator", "native"), **kw)
+    assert fields(p.fwd, FWD_FIELDS) == dict(BASE, **want)
+
+
+def test_forward_grid_is_the_devices_sm_count():
+    """The persistent grid is as large as the GPU (resolve's sm_count); a plan override of 0
+    is one CTA per tile, n > 0 a grid of n CTAs."""
+    assert resolve("softmax", sm=114).fwd.persistent == 114
+    assert resolve("softmax", overrides={"fwd.persistent": 0}).fwd.persistent == 0
+    assert resolve("softmax", overrides={"fwd.persistent": 7}).fwd.persistent == 7
+    with pytest.raises(ValueError, match="persistent must be >= 0"):
+        resolve("softmax", overrides={"fwd.persistent": -1})
+
+
+def test_interface_plans_with_the_devices_sm_count(monkeypatch):
+    """attention() resolves its plan once per (call, SM count) of the tensors' device."""
+    torch = pytest.importorskip("torch")
+    import flash_attn_poly.interface as fi
+    monkeypatch.setattr(fi, "_sm_count", lambda index: 114 + index)
+    c = call("softmax")
+    p = fi.plan_for(c, torch.device("cuda", 1))
+    assert p.fwd.persistent == 115 and p is fi.plan_for(c, torch.device("cuda", 1))
+    assert fi.plan_for(c, torch.device("cuda", 0)).fwd.persistent == 114
+
+
+# ---------------------------------------------------------------------- backward rows
+BWD_FIELDS = ("tile_m", "tile_n", "stages", "deterministic", "dq_async", "lpt", "head_loop")
+
+
+@pytest.mark.parametrize("d,want", [
+    (128, dict(tile_m=64, tile_n=128, stages=2, deterministic=False, dq_async=True, lpt=True, head_loop=True)),
+    (64, dict(tile_m=128, tile_n=128, stages=2, deterministic=False, dq_async=True, lpt=True, head_loop=True)),
+    (256, dict(tile_m=64, tile_n=128, stages=1, deterministic=False, dq_async=False, lpt=True, head_loop=True)),
+])
+def test_backward_rows(d, want):
+    for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
+        assert fields(resolve(mode, ev, d=d).bwd, BWD_FIELDS) == want, (mode, ev)
+
+
+def test_deterministic_backward_is_ordered():
+    p = resolve("softmax", deterministic=True)
+    assert fields(p.bwd, BWD_FIELDS) == dict(tile_m=64, tile_n=128, stages=2, deterministic=True,
+                                             dq_async=False, lpt=False, head_loop=False)
+    assert not p.zero_dq_in_pre
+    assert resolve("softmax").fwd == p.fwd     # the forward does not depend on it
+
+
+def test_head_loop_where_its_grid_fills_the_gpu():
+    """A CTA per (key block, KV head) runs the GQA group where that grid (key blocks x KV heads
+    x batch x 128-column chunks) has at least 1.5 CTAs per SM, and always without GQA."""
+    assert P.HEAD_LOOP_MIN_CTAS_PER_SM == 1.5
+    assert resolve("softmax", shape=ANCHOR).bwd.head_loop                  # 32 x 8 = 256 CTAs >= 198
+    assert not resolve("softmax", shape=SMALL).bwd.head_loop               # 8 x 8 = 64 < 198
+    assert resolve("softmax", shape=(1, 1024, 8, 8)).bwd.head_loop          # no GQA: always
+    assert resolve("softmax", shape=(1, 2048, 32, 8), d=256).bwd.head_loop  # 16 x 8 x 2 chunks = 256
+    assert not resolve("softmax", shape=(1, 2048, 32, 8)).bwd.head_loop     # 16 x 8 = 128
+    assert resolve("softmax", shape=SMALL, sm=42).bwd.head_loop             # 64 >= 63
+    assert not resolve("softmax", shape=SMALL, sm=43).bwd.head_loop         # 64 < 64.5
+    assert not resolve("softmax", shape=SMALL, overrides={"bwd.head_loop": False}).zero_dq_in_pre
+
+
+def test_pre_kernel_zeroes_dq_where_it_runs_anyway():
+    """zero_dq_in_pre: the head-loop backward's dQ accumulator is zeroed by the pre kernel in
+    the softmax modes (which run it for LSE and D); sigmoid keeps a memset."""
+    assert resolve("softmax").zero_dq_in_pre and resolve("softcap", "poly").zero_dq_in_pre
+    assert not resolve("sigmoid", "poly").zero_dq_in_pre
+    assert not resolve("softmax", shape=SMALL).zero_dq_in_pre
+
+
+# ------------------------------------------------------------------------ runtime values
+def test_runtime_values():
+    assert resolve("sigmoid", "poly").sigmoid_bias == pytest.approx(-math.log(4096))
+    assert resolve("sigmoid", "poly", seqlen_k=1000).sigmoid_bias == pytest.approx(-math.log(1000))
+    assert resolve("sigmoid", sigmoid_bias=-3.0).sigmoid_bias == -3.0
+    assert resolve("softmax").sigmoid_bias is None
+    p = resolve("softcap", softcap=30.0)
+    assert (p.softcap, p.softmax_scale) == (30.0, 128 ** -0.5)
+
+
+def test_window_sizes_and_flags():
+    """The window's sizes are runtime values (plan.window, clamped to S_q + S_k), its bounds
+    compile-time flags; causal is right = 0 compiled in, so a right bound adds no build."""
+    from flash_attn_poly.kernels.config import window_sizes
+    plain = resolve("softmax")
+    assert plain.window == (0, 0) and not plain.fwd.window_left and not plain.fwd.window_right
+    assert window_sizes((-1, -1), True, 100, 100) == (0, 0)
+    p = resolve("softmax", window=(5, 7))
+    assert p.window == (5, 0) and (p.fwd.window_left, p.fwd.window_right) == (True, False)
+    assert (p.bwd.window_left, p.bwd.window_right) == (True, False)
+    assert resolve("softmax", window=(-1, 5)).fwd == plain.fwd and resolve("softmax", window=(-1, 5)).bwd == plain.bwd
+    p = resolve("softmax", causal=False, window=(10 ** 9, 3), shape=(1, 100, 4, 4), seqlen_k=50)
+    assert p.window == (150, 3) and (p.fwd.window_left, p.fwd.window_right) == (True, True)
+    assert window_sizes((10 ** 9, 3), False, 100, 50) == (150, 3)
+
+
+# ------------------------------------------------------------------------------ overrides
+def test_unknown_overrides_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"unknown plan overrides \['tile_n'\]"):
+        resolve("softmax", overrides={"tile_n": 64})
+    with pytest.raises(ValueError, match="plan overrides.*nope"):
+        resolve("softmax", overrides={"fwd.nope": 1})
+    with pytest.raises(ValueError, match="plan overrides.*head_loops"):
+        resolve("softmax", overrides={"bwd.head_loops": True})
+
+
+def test_overrides_replace_fields_after_the_rows():
+    """An override sets one field and nothing else: tile_n 64 on the three-warpgroup softcap
+    build keeps its tile_m 192 (set every field you mean)."""
+    p = resolve("softcap", overrides={"fwd.tile_n": 64, "fwd.num_stages": 2})
+    assert (p.fwd.tile_m, p.fwd.tile_n, p.fwd.num_stages, p.fwd.fixed_max) == (192, 64, 2, True)
+    p = resolve("softcap", overrides={"fwd.tile_m": 128, "fwd.tile_n": 128, "fwd.num_stages": 2})
+    assert (p.fwd.tile_m, p.fwd.tile_n, p.fwd.pingpong, p.fwd.fixed_max) == (128, 128, False, True)
+    assert resolve("softmax", overrides={"bwd.lpt": False}).fwd == resolve("softmax").fwd
+
+
+@pytest.mark.parametrize("kw", [dict(mode="softcap", dtype="fp16"), dict(mode="softmax"), dict(mode="sigmoid")],
+                         ids=["softcap-fp16", "softmax", "sigmoid"])
+def test_fixed_max_override_elsewhere_is_refused(kw):
+    """The constant row max needs the softcap score and BF16 P (FP16 P's range is e^-17..e^11)."""
+    with pytest.raises(ValueError, match=r"fixed_max \(a constant row max c - 20\) needs mode='softcap', BF16"):
+        resolve(**kw, overrides={"fwd.fixed_max": True})
+    assert not resolve("softcap", overrides={"fwd.fixed_max": False, "fwd.tile_m": 128}).fwd.fixed_max
+
+
+def test_fixed_max_override_above_the_cap_is_refused():
+    with pytest.raises(ValueError, match="fixed_max"):
+        resolve("softcap", softcap=60.0, overrides={"fwd.fixed_max": True})
+    with pytest.raises(ValueError, match="k must divide 8"):   # the offload runs groups of 8 out of 8
+        resolve("softcap", "poly", d=64, overrides={"poly_split": (1, 16)})
+
+
+def test_poly_split_override_reaches_the_exp2_offload():
+    p = resolve("softcap", "poly", d=64, overrides={"poly_split": (1, 4)})
+    assert p.fwd.exp2_fma == 2
+
+
+def test_tile_choices_are_checked():
+    resolve("softmax", overrides={"fwd.tile_m": 192, "fwd.tile_n": 64, "fwd.pingpong": False})
+    with pytest.raises(ValueError, match="tile_m must be 128 or 192"):
+        resolve("softmax", overrides={"fwd.tile_m": 256, "fwd.tile_n": 64, "fwd.pingpong": False})
+    with pytest.raises(ValueError, match="pingpong pairs two consumer warpgroups"):
+        resolve("softmax", overrides={"fwd.tile_m": 192, "fwd.tile_n": 64})      # D = 128 softmax: ping-pong on
+    with pytest.raises(ValueError, match="tile_n must be a positive multiple of 64"):
+        resolve("softmax", overrides={"fwd.tile_n": 96})
+    with pytest.raises(ValueError, match="num_stages must be >= 1"):
+        resolve("softmax", overrides={"fwd.num_stages": 0})
+    with pytest.raises(ValueError, match="row_max_chains"):
+        resolve("softmax", overrides={"fwd.row_max_chains": 3})
+
+
+def test_forward_refuses_configs_over_shared_memory():
+    """A config that cannot fit sm_90's 227 KB is a ValueError naming the sizes, not a launch
+    failure; the defaults and the largest measured knob (3 K/V stages at D = 128) fit."""
+    for d, ov in [(128, {}), (256, {}), (64, {}), (128, {"fwd.num_stages": 3}),
+                  (128, {"fwd.tile_n": 64, "fwd.num_stages": 4})]:
+        resolve("softmax", d=d, overrides=ov)
+    for d, ov in [(256, {"fwd.tile_n": 128}), (128, {"fwd.num_stages": 4}), (256, {"fwd.num_stages": 3})]:
+        with pytest.raises(ValueError, match="bytes of shared memory"):
+            resolve("softmax", d=d, overrides=ov)
+
+
+def test_rescale_threshold_range_is_checked():
+    resolve("softmax", overrides={"fwd.rescale_threshold": 16.0})
+    for t in (-1.0, 17.0):
+        with pytest.raises(ValueError, match="rescale_threshold"):
+            resolve("softmax", overrides={"fwd.rescale_threshold": t})
+
+
+def test_exp2_fma_needs_the_exp2_program_under_the_constant_max():
+    """FwdConfig.exp2_fma: 0..8 column groups of 8, only with the fixed max (a bounded exp2
+    argument) and an exp2_f32 program in the score (the exp2 offload)."""
+    assert resolve("softcap", "poly", overrides={"fwd.exp2_fma": 2}).fwd.exp2_fma == 2
+    for ov in ({"fwd.exp2_fma": 9}, {"fwd.exp2_fma": -1},
+               {"fwd.fixed_max": False, "fwd.tile_m": 128, "fwd.tile_n": 128, "fwd.num_stages": 2}):
+        with pytest.raises(ValueError, match="exp2_fma"):
+            resolve("softcap", "poly", overrides=ov)
+    with pytest.raises(ValueError, match="exp2_fma"):
+        resolve("softcap", "native", overrides={"fwd.exp2_fma": 2})   # no exp2 program
+
+
+def test_backward_overrides_are_checked():
+    resolve("softmax", overrides={"bwd.dq_async": False, "bwd.lpt": False, "bwd.head_loop": False})
+    with pytest.raises(ValueError, match="dq_async: not with deterministic"):
+        resolve("softmax", deterministic=True, overrides={"bwd.dq_async": True})
+    with pytest.raises(ValueError, match="dq_async: the staged dQ tile does not fit"):
+        resolve("softmax", d=256, overrides={"bwd.dq_async": True})
+    with pytest.raises(ValueError, match="lpt: not with deterministic"):
+        resolve("softmax", deterministic=True, overrides={"bwd.lpt": True})
+    with pytest.raises(ValueError, match="head_loop: not with deterministic"):
+        resolve("softmax", deterministic=True, overrides={"bwd.head_loop": True})
+    with pytest.raises(ValueError, match="stages must be >= 1"):
+        resolve("softmax", overrides={"bwd.stages": 0})
