@@ -291,12 +291,13 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     deterministic: the CUDA backward adds its FP32 partial sums in a fixed order, so the
     gradients are bitwise reproducible run to run (a separate kernel build).
     Non-finite inputs follow the formula in IEEE arithmetic, as torch's own attention math does,
-    on both backends: a NaN in q, k or v makes the output rows that see it NaN, and their LSE and
-    the gradients it reaches (never zero rows); an Inf gives what the formula gives: a +Inf score
-    makes its softmax row NaN (Inf - Inf), a -Inf score drops its key, softcap's tanh and sigmoid
-    saturate, an Inf in v reaches O as +-Inf (or NaN).  A row that sees no key (causal with
-    S_q > S_k, or a window) is zero with LSE -inf.  A NaN or Inf in v may also reach rows that do
-    not see its key (their P = 0 times it is NaN, as in torch).
+    on both backends: a NaN in q, k or v makes the output rows that see it NaN (never zero rows),
+    with a non-finite LSE where q or k holds it, and reaches the gradients of those rows and keys;
+    an Inf gives what the formula gives: a +Inf score makes its softmax row NaN (Inf - Inf), a
+    -Inf score drops its key, softcap's tanh and sigmoid saturate, an Inf in v reaches O as +-Inf.
+    Rows that do not see the element keep their values.  A row that sees no key (causal with
+    S_q > S_k, or a window) is zero with LSE -inf.  A NaN or Inf in v may also reach rows of its
+    head that do not see its key (P = 0 times it is NaN, as in torch).
     Differentiable; under torch.compile it is a torch custom op
     (`torch.ops.flash_attn_poly.attn_fwd`), traced without graph breaks.
     """
