@@ -10,16 +10,21 @@ intermediate; the backward writes d_gate and d_up in one kernel.  ``gate_up`` is
 concatenated ``[..., 2H]`` output of a fused gate-up projection (gate first).
 
 The public functions are torch custom ops (``flash_attn_poly::*``) with fake
-implementations, so ``torch.compile`` traces them without graph breaks.  Inputs must be
-CUDA, BF16, contiguous; anything else raises ``ValueError``/``TypeError`` naming the
-problem.  A contiguous view that is not 16-byte aligned (e.g. ``x[1:]``) is copied once
-to an aligned buffer.
+implementations, so ``torch.compile`` traces them without graph breaks.  The kernels take
+contiguous BF16 CUDA tensors on sm_90; ``backend`` picks as attention() does: "auto" runs
+them where they can and otherwise the torch reference (exact function in FP32, any device,
+BF16/FP16/FP32) with a warning naming why, "cuda" raises that reason instead, "reference"
+always runs torch.  A bad tensor, dtype, shape, evaluator or backend raises
+``TypeError``/``ValueError`` naming it, whatever the device.  A contiguous view that is not
+16-byte aligned (e.g. ``x[1:]``) is copied once to an aligned buffer.
 """
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 _LIB = "flash_attn_poly"
@@ -30,14 +35,21 @@ _ALIGN = 16                # bytes: one 128-bit load per 8 values
 
 # ---- validation ------------------------------------------------------------------------
 
-def _check(name: str, t, dtypes=(torch.bfloat16,)) -> None:
+BACKENDS = ("auto", "cuda", "reference")
+REFERENCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)   # the torch reference's
+
+
+def _check_tensor(name: str, t, dtypes=REFERENCE_DTYPES) -> None:
+    """What every backend needs: a tensor of a supported dtype (the device comes later)."""
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
         allowed = ", ".join(str(d) for d in dtypes)
-        raise ValueError(f"{name} has dtype {t.dtype}; supported: {allowed}")
-    if t.device.type != "cuda":
-        raise ValueError(f"{name} is on {t.device}; the polynomial kernels need a CUDA tensor")
+        raise TypeError(f"{name} has dtype {t.dtype}; supported: {allowed}")
+
+
+def _check_layout(name: str, t: Tensor) -> None:
+    """What the kernels need of a tensor's layout: contiguous, 32-bit indexable."""
     if not t.is_contiguous():
         raise ValueError(f"{name} is not contiguous (strides {tuple(t.stride())}); call "
                          ".contiguous() first, or pass the fused [gate | up] tensor to swiglu")
@@ -45,9 +57,19 @@ def _check(name: str, t, dtypes=(torch.bfloat16,)) -> None:
         raise ValueError(f"{name} has {t.numel()} elements; at most {_MAX_NUMEL} are supported")
 
 
+def _check(name: str, t, dtypes=(torch.bfloat16,)) -> None:
+    """A kernel input without a reference path (the FP16 sweeps): every check, device included."""
+    _check_tensor(name, t, dtypes)
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} is on {t.device}; the polynomial kernels need a CUDA tensor")
+    _check_layout(name, t)
+
+
 def _same_shape(a_name: str, a: Tensor, b_name: str, b: Tensor) -> None:
     if a.shape != b.shape:
         raise ValueError(f"{a_name} {tuple(a.shape)} and {b_name} {tuple(b.shape)} differ in shape")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{a_name} and {b_name} must share one dtype, got {a.dtype} and {b.dtype}")
     if a.device != b.device:
         raise ValueError(f"{a_name} is on {a.device} but {b_name} is on {b.device}")
 
@@ -56,6 +78,73 @@ def _evaluator(evaluator: str) -> str:
     if evaluator not in ("poly", "native"):
         raise ValueError(f"evaluator must be 'poly' or 'native', got {evaluator!r}")
     return evaluator
+
+
+def _backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> tuple:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def _cuda_refusal(name: str, t: Tensor, capability):
+    """(exception type, problem) saying why the kernels cannot take `t`, or None when they can.
+    capability: its device's (major, minor), None off CUDA.  Layout (contiguity, size) is no
+    reason: the caller fixes it cheaply, so it stays an error under backend="auto" too."""
+    if capability is None:
+        return ValueError, f"{name} is on {t.device}; the polynomial kernels need a CUDA tensor"
+    if tuple(capability) != (9, 0):
+        return RuntimeError, (f"the polynomial kernels are built for sm_90 (Hopper); this GPU is "
+                              f"sm_{capability[0]}{capability[1]}")
+    if t.dtype != torch.bfloat16:
+        return TypeError, f"{name} has dtype {t.dtype}; the polynomial kernels take torch.bfloat16"
+    return None
+
+
+def _pick_backend(fn: str, backend: str, name: str, t: Tensor, capability) -> str:
+    """"cuda" or "reference" for fn(backend=...); `t` stands for the inputs (one device and
+    dtype, checked before).  backend="cuda" raises the refusal, "auto" warns with it and runs
+    the reference, as attention() does."""
+    if backend == "reference":
+        return backend
+    refusal = _cuda_refusal(name, t, capability)
+    if refusal is None:
+        return "cuda"
+    exc, problem = refusal
+    if backend == "cuda":
+        raise exc(f"{fn}(backend='cuda'): {problem} (backend='reference' runs any device and float dtype)")
+    warnings.warn(f"flash_attn_poly.{fn}: {problem}; backend='auto' runs the torch reference (exact "
+                  "function, not the polynomial program). Pass backend='reference' to silence this.",
+                  stacklevel=4)
+    return "reference"
+
+
+def _which(fn: str, backend: str, name: str, t: Tensor) -> str:
+    if backend == "reference":
+        return backend
+    if not t.is_cuda:
+        cap = None
+    elif torch.compiler.is_compiling():   # traced as attention() does it (no lru_cache under dynamo)
+        cap = torch.cuda.get_device_capability(t.device)
+    else:                                 # eager hot path: the properties lookup costs microseconds
+        cap = _capability(t.get_device())
+    return _pick_backend(fn, backend, name, t, cap)
+
+
+# ---- torch reference -------------------------------------------------------------------
+# The exact functions in FP32, rounded once to the input dtype; torch autograd differentiates
+# them (the evaluator is ignored: there is no program to run).
+
+def _silu_ref(x: Tensor) -> Tensor:
+    return F.silu(x.float()).to(x.dtype)
+
+
+def _swiglu_ref(gate: Tensor, up: Tensor) -> Tensor:
+    return (F.silu(gate.float()) * up.float()).to(gate.dtype)
 
 
 # ---- launching -------------------------------------------------------------------------
@@ -382,49 +471,65 @@ def _swiglu_concat_any(gate_up: Tensor, evaluator: str) -> Tensor:
 
 # ---- public API ------------------------------------------------------------------------
 
-def silu(x: Tensor, evaluator: str = "poly") -> Tensor:
-    """SiLU of a contiguous CUDA BF16 tensor with the packed D3 sigmoid polynomial
-    (``evaluator="poly"``) or the SFU sigmoid (``"native"``); differentiable."""
-    _check("x", x)
-    return _silu_any(x, _evaluator(evaluator))
+def silu(x: Tensor, evaluator: str = "poly", *, backend: str = "auto") -> Tensor:
+    """SiLU with the packed D3 sigmoid polynomial (``evaluator="poly"``) or the SFU sigmoid
+    (``"native"``) on a contiguous BF16 CUDA tensor; differentiable.  backend: "auto" (the
+    kernel where it can run, else the torch reference with a warning), "cuda" or "reference"
+    (the exact function, any device, BF16/FP16/FP32)."""
+    _check_tensor("x", x)
+    evaluator, backend = _evaluator(evaluator), _backend(backend)
+    if _which("silu", backend, "x", x) == "reference":
+        return _silu_ref(x)
+    _check_layout("x", x)
+    return _silu_any(x, evaluator)
 
 
-def swiglu(gate: Tensor, up: Tensor | None = None, evaluator: str = "poly") -> Tensor:
+def swiglu(gate: Tensor, up: Tensor | None = None, evaluator: str = "poly", *,
+           backend: str = "auto") -> Tensor:
     """silu(gate) * up in one kernel; differentiable (one backward kernel for both grads).
 
     ``swiglu(gate, up)``: two tensors of one shape.  ``swiglu(gate_up)``: the
     concatenated ``[..., 2H]`` fused projection (gate = first H columns), result ``[..., H]``.
+    backend: as silu's.
     """
-    evaluator = _evaluator(evaluator)
+    evaluator, backend = _evaluator(evaluator), _backend(backend)
     if up is None:
-        _check("gate_up", gate)
+        _check_tensor("gate_up", gate)
         if gate.dim() == 0 or gate.shape[-1] % 2:
             raise ValueError(f"gate_up must have an even last dimension [..., 2H], got "
                              f"{tuple(gate.shape)}")
+        if _which("swiglu", backend, "gate_up", gate) == "reference":
+            return _swiglu_ref(*gate.chunk(2, dim=-1))
+        _check_layout("gate_up", gate)
         if not _concat_ok(gate):
             # H % 8 != 0: the halves are not 16-byte aligned; run the two-tensor kernel on
             # contiguous copies (correct, one extra read+write of the input).
             g, u = gate.chunk(2, dim=-1)
             return _swiglu_any(g.contiguous(), u.contiguous(), evaluator)
         return _swiglu_concat_any(gate, evaluator)
-    _check("gate", gate)
-    _check("up", up)
+    _check_tensor("gate", gate)
+    _check_tensor("up", up)
     _same_shape("gate", gate, "up", up)
+    if _which("swiglu", backend, "gate", gate) == "reference":
+        return _swiglu_ref(gate, up)
+    _check_layout("gate", gate)
+    _check_layout("up", up)
     return _swiglu_any(gate, up, evaluator)
 
 
 class PolySiLU(nn.Module):
-    """Drop-in ``nn.SiLU`` replacement (BF16 CUDA inputs)."""
+    """Drop-in ``nn.SiLU`` replacement (the kernel on BF16 CUDA inputs; backend as silu's)."""
 
-    def __init__(self, evaluator: str = "poly"):
+    def __init__(self, evaluator: str = "poly", *, backend: str = "auto"):
         super().__init__()
         self.evaluator = _evaluator(evaluator)
+        self.backend = _backend(backend)
 
     def forward(self, x: Tensor) -> Tensor:
-        return silu(x, self.evaluator)
+        return silu(x, self.evaluator, backend=self.backend)
 
     def extra_repr(self) -> str:
-        return f"evaluator={self.evaluator!r}"
+        return f"evaluator={self.evaluator!r}, backend={self.backend!r}"
 
 
 class PolySwiGLU(nn.Module):
@@ -433,15 +538,16 @@ class PolySwiGLU(nn.Module):
     Llama: ``down(PolySwiGLU()(gate_proj(x), up_proj(x)))``; fused gate-up projections
     (DeepSeek experts): ``down(PolySwiGLU()(gate_up_proj(x)))``."""
 
-    def __init__(self, evaluator: str = "poly"):
+    def __init__(self, evaluator: str = "poly", *, backend: str = "auto"):
         super().__init__()
         self.evaluator = _evaluator(evaluator)
+        self.backend = _backend(backend)
 
     def forward(self, gate: Tensor, up: Tensor | None = None) -> Tensor:
-        return swiglu(gate, up, self.evaluator)
+        return swiglu(gate, up, self.evaluator, backend=self.backend)
 
     def extra_repr(self) -> str:
-        return f"evaluator={self.evaluator!r}"
+        return f"evaluator={self.evaluator!r}, backend={self.backend!r}"
 
 
 # ---- FP16 standalone sweep (bench/elementwise.py) ----------------------------------------

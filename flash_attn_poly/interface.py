@@ -195,32 +195,46 @@ def validate(q, k, v, mode="softmax", evaluator="poly", causal=True, softcap=Non
                     aux=tuple(aux_meta))
 
 
-def _pick_backend(q: torch.Tensor, backend: str) -> str:
+def _cuda_refusal(call: AttnCall, device: torch.device, capability) -> Optional[tuple]:
+    """(exception type, problem) saying why the CUDA kernels cannot run `call` on `device`, or
+    None when they can.  capability: the device's (major, minor), None for a non-CUDA device.
+    One decision for both backends that can pick the kernels: backend='cuda' raises it,
+    backend='auto' names it in the warning of its reference fallback, so "auto" never runs
+    something "cuda" would refuse, and never silently."""
+    if capability is None:
+        return ValueError, f"the CUDA kernels need CUDA tensors, got tensors on {device}"
+    if tuple(capability) != (9, 0):
+        return RuntimeError, (f"the CUDA kernels are built for sm_90 (Hopper); this GPU is "
+                              f"sm_{capability[0]}{capability[1]}")
+    if call.dtype not in ("bf16", "fp16"):
+        return TypeError, f"the CUDA kernels take torch.bfloat16 or torch.float16, got dtype {call.dtype}"
+    if call.head_dim not in HEAD_DIMS:
+        return ValueError, (f"head_dim {call.head_dim} is not supported by the CUDA kernels; "
+                            f"supported: {HEAD_DIMS}")
+    return None
+
+
+def _pick_backend(backend: str, call: AttnCall, device: torch.device, capability) -> str:
+    """"cuda" or "reference" for attention(backend=...) (see _cuda_refusal)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend != "auto":
+    if backend == "reference":
         return backend
-    if q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0):
+    refusal = _cuda_refusal(call, device, capability)
+    if refusal is None:
         return "cuda"
+    exc, problem = refusal
+    if backend == "cuda":
+        raise exc(f"backend='cuda': {problem} (backend='reference' runs any dtype, head_dim and device)")
     warnings.warn(
-        f"flash_attn_poly: no sm_90 GPU for tensors on {q.device}; running the slow torch reference "
-        "(exact functions, not the polynomial programs). Pass backend='reference' to silence this.",
-        stacklevel=3)
+        f"flash_attn_poly: {problem}; backend='auto' runs the slow torch reference (exact functions, "
+        "not the polynomial programs). Pass backend='reference' to silence this.", stacklevel=3)
     return "reference"
 
 
-def _check_cuda_support(q: torch.Tensor, call: AttnCall) -> None:
-    if not q.is_cuda:
-        raise ValueError(f"backend='cuda' needs CUDA tensors, got {q.device}")
-    if q.dtype not in DTYPES:
-        raise TypeError(f"the CUDA kernels take torch.bfloat16 or torch.float16, got {q.dtype}; "
-                        "use backend='reference' for FP32")
-    cap = torch.cuda.get_device_capability(q.device)
-    if cap != (9, 0):
-        raise RuntimeError(f"the CUDA kernels are built for sm_90 (Hopper); this GPU is sm_{cap[0]}{cap[1]}")
-    if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"head_dim {q.shape[-1]} is not supported by the CUDA kernels; supported: {HEAD_DIMS} "
-                         "(backend='reference' runs any head_dim)")
+def _capability(t: torch.Tensor):
+    """(major, minor) of a CUDA tensor's device; None elsewhere."""
+    return torch.cuda.get_device_capability(t.device) if t.is_cuda else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -266,14 +280,24 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     before the softmax (mode "softmax"), flash-attn-4's signature; see flash_attn_poly.score_mod
     (ScoreMod, and the documented examples alibi() and softcap()).  score_mod_bwd (its
     derivative) is needed when gradients are.
-    backend: "auto" (CUDA kernels on sm_90, else the torch reference with a warning),
-    "cuda", or "reference" (exact functions in FP32 torch; slow, any device).
+    backend: "auto" (the CUDA kernels where they can run the call, else the torch reference
+    with a warning naming why: no sm_90 GPU, FP32 inputs, a head_dim other than 64/128/256),
+    "cuda" (an error naming the problem instead), or "reference" (exact functions in FP32
+    torch; slow, any device, dtype and head_dim).
     return_lse: also return the FP32 natural-log LSE (B, H_q, S_q) (softmax modes only).
     window_size: (left, right) sliding window like flash-attn (-1 = unbounded): query i sees
     keys j with i + S_k - S_q - left <= j <= i + S_k - S_q + right; causal sets right = 0.
     head_dim: 64, 128 or 256 on the CUDA backend, forward and backward.
     deterministic: the CUDA backward adds its FP32 partial sums in a fixed order, so the
     gradients are bitwise reproducible run to run (a separate kernel build).
+    Non-finite inputs follow the formula in IEEE arithmetic, as torch's own attention math does,
+    on both backends: a NaN in q, k or v makes the output rows that see it NaN (never zero rows),
+    with a non-finite LSE where q or k holds it, and reaches the gradients of those rows and keys;
+    an Inf gives what the formula gives: a +Inf score makes its softmax row NaN (Inf - Inf), a
+    -Inf score drops its key, softcap's tanh and sigmoid saturate, an Inf in v reaches O as +-Inf.
+    Rows that do not see the element keep their values.  A row that sees no key (causal with
+    S_q > S_k, or a window) is zero with LSE -inf.  A NaN or Inf in v may also reach rows of its
+    head that do not see its key (P = 0 times it is NaN, as in torch).
     Differentiable; under torch.compile it is a torch custom op
     (`torch.ops.flash_attn_poly.attn_fwd`), traced without graph breaks.
     """
@@ -288,11 +312,10 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     aux_meta = tuple((str(t.dtype).removeprefix("torch."), t.dim()) for t in aux)
     call = validate(q, k, v, mode, evaluator, causal, softcap, sigmoid_bias, softmax_scale, window_size,
                     deterministic, program, sigmoid_grad, mod, aux_meta=aux_meta)
-    if return_lse and call.mode == "sigmoid":
+    if _bool("return_lse", return_lse) and call.mode == "sigmoid":
         raise ValueError("return_lse: sigmoid attention has no log-sum-exp")
-    which = _pick_backend(q, backend)
+    which = _pick_backend(backend, call, q.device, _capability(q))
     if which == "cuda":
-        _check_cuda_support(q, call)
         if call.evaluator == "poly" and call.mode == "sigmoid" and q.dtype != torch.bfloat16:
             _check_sigmoid_program_dtype(call)
     if mod is not None:

@@ -4,7 +4,8 @@ Layouts follow flash_attn_func: q (B, S_q, H_q, D), k and v (B, S_k, H_kv, D) wi
 H_q a multiple of H_kv (grouped-query attention). Causal masking is aligned to the
 bottom-right corner, as in flash-attn 2.1+: query i may see key j when
 j <= i + (S_k - S_q). A query row that sees no key produces a zero output row and
-LSE = -inf.
+LSE = -inf; a NaN or Inf in the inputs propagates as in torch's own math (IEEE), so a
+row that sees a NaN is NaN, never zero (see softmax_rows).
 
 `score_fn` replaces the transcendental part of a mode, so tests can build a
 reference that runs the very polynomial program a kernel runs (see
@@ -43,6 +44,16 @@ def window_mask(s_q: int, s_k: int, left: int, right: int, device=None) -> torch
 def default_sigmoid_bias(s_k: int) -> float:
     """b = -ln n with n the number of keys: keeps sum_j sigmoid(x_ij + b) near 1 for small scores."""
     return -math.log(s_k)
+
+
+def softmax_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p, lse): softmax and logsumexp over the last dim, with a row whose logits are all -inf
+    (a query that sees no key) zero instead of exp(-inf - -inf) = NaN.  Only such rows: a NaN
+    or +inf logit leaves its row NaN as in torch.softmax (lse NaN or +inf), so a NaN input is
+    not mistaken for an empty row."""
+    lse = torch.logsumexp(x, dim=-1)
+    p = torch.exp(x - lse[..., None]).masked_fill((lse == -math.inf)[..., None], 0.0)
+    return p, lse
 
 
 def scores(q: torch.Tensor, k: torch.Tensor, softmax_scale: float, dtype=torch.float64) -> torch.Tensor:
@@ -94,9 +105,7 @@ def attention_ref(
         x = score_fn(x).to(dtype) if score_fn is not None else softcap * torch.tanh(x / softcap)
     elif score_fn is not None:   # softmax over a user score function's output (score_mod)
         x = score_fn(x).to(dtype)
-    x = x.masked_fill(~allowed, float("-inf"))
-    lse = torch.logsumexp(x, dim=-1)
-    p = torch.exp(x - lse[..., None]).nan_to_num(0.0)  # rows with no key: exp(-inf - -inf) = nan -> 0
+    p, lse = softmax_rows(x.masked_fill(~allowed, float("-inf")))
     out = torch.einsum("bhqk,bkhd->bqhd", p, v_up)
     return out, lse
 
@@ -127,12 +136,10 @@ def attention_ref_lowprec(q, k, v, mode="softmax", *, causal=True, softcap=None,
         if mode == "softcap":
             x = score_fn(x).float() if score_fn is not None else softcap * torch.tanh(x / softcap)
         x = x.masked_fill(~allowed, float("-inf"))
-        lse = torch.logsumexp(x, dim=-1)
+        p, lse = softmax_rows(x)
         if fixed_max is not None:   # unnormalised p against m0; O divided by their FP32 sum
             p = torch.exp(x - fixed_max)
             rsum = p.sum(-1)
-        else:
-            p = torch.exp(x - lse[..., None]).nan_to_num(0.0)
     p = p.to(q.dtype).float()
     if rsum is not None:
         p = p / torch.where(rsum > 0, rsum, 1.0)[..., None]
@@ -191,8 +198,7 @@ def attention_ref_backward(
         elif score_fn is not None:   # a user score_mod: its logits and d logit / dx
             logits = score_fn(x).to(dtype)
             dcap = score_grad_fn(x).to(dtype)
-        logits = logits.masked_fill(~allowed, float("-inf"))
-        p = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+        p, _ = softmax_rows(logits.masked_fill(~allowed, float("-inf")))
         if out is not None:
             d_row = torch.einsum("bqhd,bqhd->bhq", do, out.to(dtype))[..., None]
         else:

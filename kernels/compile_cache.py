@@ -219,6 +219,8 @@ def _try_load_so(so: Path, libs_file: Path):
     RTLD_GLOBAL; None (the caller falls back to the object file) on any failure."""
     t0 = time.perf_counter()
     try:
+        if not _elf_intact(so):
+            raise OSError("not a whole ELF file (truncated or damaged)")
         if str(libs_file) not in _preloaded:
             import ctypes
 
@@ -240,6 +242,34 @@ def _try_load_so(so: Path, libs_file: Path):
     counters["load_so"] += 1
     seconds["load"] += time.perf_counter() - t0
     return fn
+
+
+def _elf_intact(path: Path) -> bool:
+    """Does the file hold every byte its ELF headers point to?  dlopen maps the segments and a
+    truncated file faults (SIGBUS) when the loader touches a page past its end, killing the
+    process: check the section header table and every segment against the file size first."""
+    import struct
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return False   # a 64-bit little-endian ELF, as cc -shared writes on x86-64 / aarch64
+            phoff, shoff = struct.unpack_from("<QQ", head, 0x20)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 0x36)
+            if shoff + shnum * shentsize > size or phoff + phnum * phentsize > size:
+                return False
+            f.seek(phoff)
+            table = f.read(phnum * phentsize)
+            for i in range(phnum):
+                p_offset, = struct.unpack_from("<Q", table, i * phentsize + 8)
+                p_filesz, = struct.unpack_from("<Q", table, i * phentsize + 32)
+                if p_offset + p_filesz > size:
+                    return False
+    except (OSError, struct.error):
+        return False
+    return True
 
 
 def _link_so(obj: Path) -> bool:

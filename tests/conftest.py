@@ -1,5 +1,6 @@
 """Test tiers: CPU unit (default), compile-only (sm_90a on the CPU), GPU (skipped without CUDA)."""
 import os
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +24,21 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     # Compile-only tests build Hopper kernels without a GPU.
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+
+@pytest.fixture(autouse=True)
+def _no_cubin_left_behind(request):
+    """cute.compile with --keep-cubin and no --dump-dir writes <kernel>.sm_90a.cubin into the
+    working directory, the repository root under pytest (kernels.sass.compile_sm90 and
+    tests/builds.py keep theirs in a temporary dump dir).  The test that leaves one fails here
+    and the file is removed.  (A parallel pytest in the same checkout that leaks could be blamed
+    on a test of this process: the file names the kernel.)"""
+    dirs = {Path(request.config.rootpath), Path.cwd()}
+    before = {p for d in dirs for p in d.glob("*.cubin")}
+    yield
+    new = sorted({p for d in dirs for p in d.glob("*.cubin")} - before)
+    for p in new:
+        p.unlink(missing_ok=True)
+    if new:
+        pytest.fail(f"left {len(new)} .cubin file(s) in {sorted(map(str, {p.parent for p in new}))} "
+                    f"(a --keep-cubin compile without --dump-dir): {[p.name for p in new]}", pytrace=False)

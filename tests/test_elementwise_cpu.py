@@ -1,4 +1,6 @@
 """CPU tier for the elementwise path: input validation and the replay references."""
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -10,15 +12,28 @@ from flash_attn_poly.asm import programs
 import asm_reference as reference
 
 
-def test_rejects_cpu_tensor():
-    with pytest.raises(ValueError, match="CUDA"):
-        act.silu(torch.zeros(8, dtype=torch.bfloat16))
+def _bf16(*shape, seed=0):
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 4).to(torch.bfloat16)
+
+
+def test_cuda_backend_rejects_cpu_tensor():
+    x = _bf16(8)
+    with pytest.raises(ValueError, match=r"silu\(backend='cuda'\): x is on cpu.*CUDA"):
+        act.silu(x, backend="cuda")
+    with pytest.raises(ValueError, match=r"gate is on cpu"):
+        act.swiglu(x, x, backend="cuda")
+    with pytest.raises(ValueError, match=r"gate_up is on cpu"):
+        act.swiglu(_bf16(4, 16), backend="cuda")
+    with pytest.raises(ValueError, match="x is on cpu"):
+        act.sweep_forward("tanh", x.half())          # the FP16 sweeps have no reference path
 
 
 def test_rejects_dtype():
-    with pytest.raises(ValueError, match="float32"):
-        act.silu(torch.zeros(8))
-    with pytest.raises(ValueError, match="float32"):
+    with pytest.raises(TypeError, match="x has dtype torch.float64"):
+        act.silu(torch.zeros(8, dtype=torch.float64))
+    with pytest.raises(TypeError, match="x has dtype torch.int32"):
+        act.silu(torch.zeros(8, dtype=torch.int32), backend="reference")
+    with pytest.raises(TypeError, match="x has dtype torch.float32"):
         act.sweep_forward("tanh", torch.zeros(8))
 
 
@@ -27,11 +42,110 @@ def test_rejects_non_tensor_and_evaluator():
         act.silu([1.0, 2.0])
     with pytest.raises(ValueError, match="evaluator"):
         act.PolySiLU("exp")
+    with pytest.raises(ValueError, match="backend must be"):
+        act.PolySwiGLU(backend="tpu")
 
 
-def test_swiglu_shape_errors():
-    with pytest.raises(ValueError, match="CUDA"):
-        act.swiglu(torch.zeros(4, 6, dtype=torch.bfloat16))
+# every bad input on a CPU tensor reports itself, not "is on cpu" (the device decides the
+# backend only once the inputs are valid); (call, exception, message)
+_BAD_INPUTS = {
+    "silu-evaluator": (lambda: act.silu(_bf16(8), "exp"), ValueError, "evaluator must be"),
+    "silu-backend": (lambda: act.silu(_bf16(8), backend="gpu"), ValueError, "backend must be"),
+    "silu-dtype": (lambda: act.silu(_bf16(8).double()), TypeError, "x has dtype torch.float64"),
+    "silu-not-tensor": (lambda: act.silu(3.0), TypeError, "x must be a torch.Tensor"),
+    "swiglu-evaluator": (lambda: act.swiglu(_bf16(8), _bf16(8), "exp"), ValueError, "evaluator must be"),
+    "swiglu-dtype": (lambda: act.swiglu(_bf16(8), _bf16(8).long()), TypeError, "up has dtype torch.int64"),
+    "swiglu-mixed-dtypes": (lambda: act.swiglu(_bf16(8), _bf16(8).half()), TypeError,
+                            "gate and up must share one dtype"),
+    "swiglu-shapes": (lambda: act.swiglu(_bf16(4, 8), _bf16(4, 6)), ValueError,
+                      r"gate \(4, 8\) and up \(4, 6\) differ in shape"),
+    "swiglu-odd-gate-up": (lambda: act.swiglu(_bf16(4, 7)), ValueError, "gate_up must have an even last"),
+    "swiglu-0d-gate-up": (lambda: act.swiglu(_bf16(1)[0]), ValueError, "gate_up must have an even last"),
+    "swiglu-gate-up-dtype": (lambda: act.swiglu(_bf16(4, 8).double()), TypeError, "gate_up has dtype"),
+    "module-evaluator": (lambda: act.PolySwiGLU("fast"), ValueError, "evaluator must be"),
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_INPUTS))
+def test_bad_inputs_on_cpu_report_themselves(case):
+    call, err, match = _BAD_INPUTS[case]
+    with pytest.raises(err, match=match) as e:
+        call()
+    assert e.type is err and "is on cpu" not in str(e.value)
+
+
+def test_auto_runs_the_reference_on_cpu_with_a_warning():
+    """backend="auto" on CPU tensors: the torch reference, with a warning naming why; the same
+    result as backend="reference", which is silent."""
+    x = _bf16(8, 16)
+    with pytest.warns(UserWarning, match=r"flash_attn_poly.silu: x is on cpu.*torch reference"):
+        y = act.silu(x)
+    with pytest.warns(UserWarning, match=r"flash_attn_poly.swiglu: gate_up is on cpu"):
+        z = act.swiglu(x)
+    with pytest.warns(UserWarning, match=r"flash_attn_poly.swiglu: gate is on cpu"):
+        act.PolySwiGLU()(x, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(y, act.silu(x, backend="reference"))
+        assert torch.equal(y, act.PolySiLU(backend="reference")(x))
+        assert torch.equal(z, act.swiglu(x, backend="reference"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_reference_backend_values_and_gradients(dtype):
+    """silu / swiglu(gate, up) / swiglu(gate_up) on the reference backend: the exact function
+    within the dtype's rounding, any layout (a transposed view too), gradients within the dtype's
+    rounding of the FP64 derivative (silu' = s (1 + x (1 - s)))."""
+    g64 = torch.randn(6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 4
+    u64 = torch.randn(6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    s = torch.sigmoid(g64)
+    eps = {torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float32: 2**-21}[dtype]   # FP32: a few ulps of math
+    close = lambda got, want: (got.double() - want).abs().max() <= 2 * eps * want.abs().max()
+    x = g64.to(dtype).requires_grad_()
+    y = act.silu(x.t(), "native", backend="reference")      # non-contiguous: fine for torch
+    assert y.dtype == dtype and close(y.t(), g64 * s)
+    y.t().double().backward(u64)
+    xd = x.detach().double()
+    sd = torch.sigmoid(xd)
+    assert close(x.grad, u64 * sd * (1 + xd * (1 - sd)))
+    gate, up = g64.to(dtype).requires_grad_(), u64.to(dtype).requires_grad_()
+    out = act.swiglu(gate, up, backend="reference")
+    assert close(out, g64 * s * u64)
+    out.double().sum().backward()
+    gu = torch.cat([gate.detach(), up.detach()], -1).requires_grad_()
+    out2 = act.swiglu(gu, backend="reference")
+    assert close(out2, out.double())      # (FP32: torch's strided and contiguous sigmoid may differ by an ulp)
+    out2.double().sum().backward()
+    assert close(gu.grad, torch.cat([gate.grad, up.grad], -1).double())
+    gd, ud = gate.detach().double(), up.detach().double()
+    sg = torch.sigmoid(gd)
+    assert close(gate.grad, ud * sg * (1 + gd * (1 - sg))) and close(up.grad, gd * sg)
+
+
+def test_pick_backend_decision():
+    """The decision on a CUDA device, stood in by its capability: BF16 on sm_90 runs the
+    kernels; another dtype or GPU falls back under "auto" with a warning naming it and is
+    refused by "cuda" with the same reason; "reference" never asks."""
+    x = _bf16(8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert act._pick_backend("silu", "auto", "x", x, (9, 0)) == "cuda"
+        assert act._pick_backend("silu", "cuda", "x", x, (9, 0)) == "cuda"
+        assert act._pick_backend("silu", "reference", "x", x, None) == "reference"
+    for t, cap, err, match in ((x.half(), (9, 0), TypeError, "x has dtype torch.float16"),
+                               (x.float(), (9, 0), TypeError, "x has dtype torch.float32"),
+                               (x, (8, 0), RuntimeError, "this GPU is sm_80"),
+                               (x, (10, 0), RuntimeError, "this GPU is sm_100")):
+        with pytest.warns(UserWarning, match=match):
+            assert act._pick_backend("silu", "auto", "x", t, cap) == "reference"
+        with pytest.raises(err, match=match):
+            act._pick_backend("silu", "cuda", "x", t, cap)
+
+
+def test_reference_traces_under_torch_compile():
+    x = _bf16(4, 16)
+    f = torch.compile(lambda t: act.swiglu(t, backend="reference") * 2, fullgraph=True, backend="eager")
+    assert torch.equal(f(x), act.swiglu(x, backend="reference") * 2)
 
 
 def test_reference_silu_is_x_times_sigmoid_program():

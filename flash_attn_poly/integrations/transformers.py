@@ -83,7 +83,7 @@ def _masked_torch(query, key, value, attention_mask, scaling, softcap, window, d
     mask = allowed[None, None]
     if attention_mask is not None:
         mask = mask & _as_bool_mask(attention_mask, s_k)
-    p = torch.softmax(x.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
+    p, _ = reference.softmax_rows(x.masked_fill(~mask, float("-inf")))   # NaN inputs stay NaN
     p = torch.nn.functional.dropout(p, dropout, training).to(v.dtype)
     grp = q.shape[2] // k.shape[2]
     out = torch.einsum("bhqk,bkhd->bqhd", p.float(), v.repeat_interleave(grp, 2).float())
