@@ -688,7 +688,9 @@ def markdown(payload: dict) -> str:
         for c in bad:
             skipped = "; ".join(f"{d} {k}: {v[:120]}" for d, s in (c.get("skipped") or {}).items()
                                 for k, v in s.items())
-            lines.append(f"| {c['cell']} | {c['status']} | {skipped or '—'} |".replace("\n", " "))
+            last = [x.strip() for x in c.get("log_tail", "").splitlines() if x.strip()]
+            status = c["status"] + (f": {last[-1][:150]}" if last else "")
+            lines.append(f"| {c['cell']} | {status.replace('|', '/')} | {skipped.replace('|', '/') or '—'} |")
     notes = sorted({f"{r['impl']}: {r['note']}" for r in payload["rows"] if r.get("note")})
     if notes:
         lines += ["", "Notes: " + "; ".join(notes) + "."]
