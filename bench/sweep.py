@@ -307,12 +307,11 @@ def _make(impl: str, mode: str, cell: Cell, q, k, v) -> Made:
             return f
         if cell.hq == cell.hkv:
             return Made(cudnn(q, k, v, False), (q, k, v))
-        try:    # GQA inside cuDNN where this torch passes it through; else K/V expanded outside the timing
+        try:    # GQA inside cuDNN where this torch passes it through (forward and, if asked, backward)
             fn = cudnn(q, k, v, True)
-            with torch.no_grad():
-                fn()
+            _try_once(fn, (q, k, v))
             return Made(fn, (q, k, v))
-        except RuntimeError as e:
+        except RuntimeError as e:   # else K/V expanded to Hq heads before the call, outside the timing
             g = cell.hq // cell.hkv
             ke, ve = (t.detach().repeat_interleave(g, dim=2).requires_grad_(t.requires_grad) for t in (k, v))
             return Made(cudnn(q, ke, ve, False), (q, ke, ve),
@@ -331,6 +330,18 @@ def _make(impl: str, mode: str, cell: Cell, q, k, v) -> Made:
         return Made(lambda: flex(qt, kt, vt, score_mod=cap, block_mask=mask, enable_gqa=cell.hq != cell.hkv),
                     (q, k, v))
     raise ValueError(f"impl must be one of {ALL_IMPLS}, got {impl!r}")
+
+
+def _try_once(fn, inputs) -> None:
+    """One call of fn, and one backward through it when the inputs need gradients (raises what
+    they raise)."""
+    import torch
+    if not any(t.requires_grad for t in inputs):
+        with torch.no_grad():
+            fn()
+        return
+    out = _first(fn())
+    torch.autograd.grad(out, inputs, torch.ones_like(out))
 
 
 def _first(x):
@@ -563,6 +574,9 @@ def run_cells(cells: list[Cell], opts: dict, out_path: str, selection: str = "")
         if log.strip():
             print("   " + log.strip().replace("\n", "\n   "), flush=True)
         write_report(payload, out_path, plots=False)
+    for g in goal_summary(cell_results(payload["rows"])):
+        print(f"goal {g['goal']}: {g['pass']} pass, {g['fail']} fail, {g['missing']} missing of {g['checked']}"
+              + (f"; worst {g['worst']:.3f} ({g['worst_cell']})" if g["worst"] is not None else ""), flush=True)
     write_report(payload, out_path, plots=True)
     shutil.rmtree(tmp, ignore_errors=True)
     return payload

@@ -229,6 +229,17 @@ def test_harness_end_to_end_on_a_tiny_cpu_cell(tmp_path):
     assert os.path.exists(tmp_path / "sweep.md")
 
 
+def test_cudnn_row_falls_back_to_expanded_kv():
+    """Where SDPA's cuDNN backend refuses enable_gqa (here: the CPU has no cuDNN), the row runs on
+    K/V expanded to Hq heads, made outside the timed call, and says so."""
+    cell = S.Cell.parse("softmax-d64-causal-h4-2-s64-b1")
+    q, k, v = S._inputs(cell, "cpu", True)
+    made = S._make("cudnn", "softmax", cell, q, k, v)
+    assert "expanded to 4 heads" in made.note
+    assert [t.shape[2] for t in made.grad_inputs] == [4, 4, 4] and all(t.requires_grad for t in made.grad_inputs)
+    assert S._make("cudnn", "softmax", S.Cell.parse("softmax-d64-causal-h4-4-s64-b1"), q, q, q).note == ""
+
+
 def test_dry_run_prints_cells_and_compiles_without_cuda():
     out = subprocess.run([sys.executable, os.path.join(BENCH, "sweep.py"), "--dry-run", "--quick"],
                          capture_output=True, text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
