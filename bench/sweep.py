@@ -215,7 +215,7 @@ def cell_results(rows: list[dict]) -> list[dict]:
     for (name, direction), rs in by.items():
         cell = Cell.parse(name)
         ms = {_key(r): r["ms"] for r in rs if r.get("ms")}
-        tf = {_key(r): r["tflops"] for r in rs if r.get("tflops")}
+        tf = {k: tflops(cell.shape, direction, t) for k, t in ms.items()}
         ours = ms.get("ours")
         ratios = {}
         if ours:
@@ -432,8 +432,8 @@ def run_cell(cell: Cell, opts: dict, out_path: str) -> dict:
             ms = times.get(f"{impl}/{mode}")
             if ms is None:
                 continue
-            row = {"impl": impl, "mode": mode, "direction": direction, **cell.shape, "ms": ms,
-                   "tflops": tflops(cell.shape, direction, ms), "cell": cell.name,
+            row = {"impl": impl, "mode": mode, "direction": direction, **cell.shape, "ms": float(f"{ms:.5g}"),
+                   "tflops": float(f"{tflops(cell.shape, direction, ms):.4g}"), "cell": cell.name,
                    "reference": mode != cell.mode}
             if f"{impl}/{mode}" in notes:
                 row["note"] = notes[f"{impl}/{mode}"]
@@ -537,8 +537,15 @@ def run_child(cmd: list[str], timeout: float) -> tuple:
         log, _ = proc.communicate(timeout=timeout)
         return proc.returncode, log or ""
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            log, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:   # a process outside the group still holds the pipe
+            proc.kill()
+            log = ""
         return "timeout", (log or "") + f"\n(killed after {timeout:.0f} s)"
 
 
@@ -604,8 +611,9 @@ def merge(paths: list[str]) -> dict:
     out = None
     commits = []
     for p in paths:
-        with open(p) as f:
-            part = json.load(f)
+        part = _read_json(p)
+        if part is None or "cells" not in part:
+            raise SystemExit(f"--merge: {p} is not a sweep JSON (missing or unreadable)")
         commits.append(part.get("commit"))
         if out is None:
             out = dict(part, rows=[], cells=[])
@@ -728,7 +736,7 @@ def plot(payload: dict, base: str) -> list[str]:
             if not rs:
                 continue
             dims = sorted({r["headdim"] for r in rs})
-            fig, axes = plt.subplots(len(dims), 2, figsize=(10, 3.2 * len(dims)), squeeze=False)
+            fig, axes = plt.subplots(len(dims), 2, figsize=(10, 3.0 * len(dims)), squeeze=False)
             for i, d in enumerate(dims):
                 for j, direction in enumerate(DIRECTIONS):
                     ax = axes[i][j]
@@ -742,6 +750,9 @@ def plot(payload: dict, base: str) -> list[str]:
                                         linestyle="-" if gqa else "--", marker="o" if gqa else "x",
                                         label=f"{labels.get(key, key)} {'GQA' if gqa else 'MHA'}")
                     ax.set_xscale("log", base=2)
+                    ticks = sorted({r["seqlen"] for r in rs})
+                    ax.set_xticks(ticks, [f"{t // 1024}k" if t >= 1024 else str(t) for t in ticks])
+                    ax.minorticks_off()
                     ax.set_ylim(bottom=0)
                     ax.set_title(f"{mode} {direction}, D = {d}, {'causal' if causal else 'full'}", fontsize=9)
                     ax.set_xlabel("S (B x S = 16k)", fontsize=8)
@@ -750,16 +761,31 @@ def plot(payload: dict, base: str) -> list[str]:
                     ax.grid(alpha=0.3)
                     if ax.lines:
                         ax.legend(fontsize=6)
+            fig.suptitle(f"{payload.get('device')}, commit {payload.get('commit')}, {payload.get('date')}", fontsize=9)
             fig.tight_layout()
             path = f"{base}_{mode}_{'causal' if causal else 'full'}.png"
-            fig.savefig(path, dpi=70)
+            fig.savefig(path, dpi=60)
             plt.close(fig)
             paths.append(path)
     return paths
 
 
+def dumps(payload: dict) -> str:
+    """The payload as JSON with one line per cell status and per row (a full grid is ~1500 rows:
+    small, and a re-run's diff shows the rows that changed)."""
+    head = {k: v for k, v in payload.items() if k not in ("cells", "rows")}
+    lines = json.dumps(head, indent=2)[:-2].splitlines()
+    for key in ("cells", "rows"):
+        items = [f"    {json.dumps(x)}" for x in payload.get(key, [])]
+        lines[-1] += ","
+        lines += [f'  "{key}": [', ",\n".join(items), "  ]"] if items else [f'  "{key}": []']
+    return "\n".join(x for x in lines if x) + "\n}\n"
+
+
 def write_report(payload: dict, json_path: str, plots: bool = True) -> None:
-    protocol.write_json(json_path, payload)
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    with open(json_path, "w") as f:
+        f.write(dumps(payload))
     md = os.path.splitext(json_path)[0] + ".md"
     with open(md, "w") as f:
         f.write(markdown(payload))

@@ -158,6 +158,8 @@ def test_report_writer_json_markdown_and_pngs(tmp_path):
     path = str(tmp_path / "sweep.json")
     S.write_report(payload, path, plots=True)
     back = json.load(open(path))
+    assert back == json.loads(json.dumps(payload))
+    assert len(open(path).read().splitlines()) < len(payload["rows"]) + len(payload["cells"]) + 30
     for k in ("device", "date", "commit", "protocol", "rows"):
         assert k in back
     for r in back["rows"]:
