@@ -128,6 +128,10 @@ def test_goal_checks_on_synthetic_rows():
     rows = [r for r in synthetic_rows() if not (r["impl"] == "fa4" and r["mode"] == "softcap")]
     sc = {(r["cell"], r["direction"]): r for r in S.cell_results(rows)}[(SC, "fwd")]
     assert sc["goals"]["softcap>=1.8xFA4"] is None
+    rows = [r for r in synthetic_rows() if r["impl"] != "cudnn"]     # the faster of one baseline, said so
+    sm = {(r["cell"], r["direction"]): r for r in S.cell_results(rows)}[(SM, "fwd")]
+    assert sm["best_of_one"] == "fa4" and S._verdict(sm) == "PASS (best = fa4 alone)"
+    assert "best_of_one" not in res[(SM, "fwd")]
     summary = {s["goal"]: s for s in S.goal_summary(S.cell_results(synthetic_rows()))}
     assert (summary["softmax>=best"]["pass"], summary["softmax>=best"]["fail"]) == (1, 1)
     assert summary["softmax>=best"]["worst"] == pytest.approx(500 / 520)
