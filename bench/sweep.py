@@ -530,11 +530,26 @@ def estimate_cell_s(cell: Cell, impls=ALL_IMPLS) -> float:
     return total
 
 
+_RUNNING: list = []   # the cell process in flight (for _stop)
+
+
+def _stop(signum, frame):
+    """SIGTERM / SIGINT of the driver (an outer timeout): end the cell's process group too, which
+    has a session of its own and would otherwise keep the GPU busy after the driver is gone."""
+    for proc in _RUNNING:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    raise SystemExit(128 + signum)
+
+
 def run_child(cmd: list[str], timeout: float) -> tuple:
     """(return code or "timeout", its stdout and stderr): the cell's process in a session of its
     own, so that a timeout ends it with every process it started (torch.compile's workers)."""
     proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
+    _RUNNING[:] = [proc]
     try:
         log, _ = proc.communicate(timeout=timeout)
         return proc.returncode, log or ""
@@ -557,6 +572,17 @@ def run_cells(cells: list[Cell], opts: dict, out_path: str, selection: str = "")
     policy), budget_s (stop starting cells past it), cell_timeout_s."""
     payload = new_payload(opts, selection)
     tmp = tempfile.mkdtemp(prefix="sweep_cells_")
+    handlers = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _run_all(cells, opts, out_path, payload, tmp)
+    finally:
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return payload
+
+
+def _run_all(cells: list[Cell], opts: dict, out_path: str, payload: dict, tmp: str) -> None:
     t_start = time.time()
     budget = opts.get("budget_s")
     for i, cell in enumerate(cells):
@@ -587,8 +613,6 @@ def run_cells(cells: list[Cell], opts: dict, out_path: str, selection: str = "")
         print(f"goal {g['goal']}: {g['pass']} pass, {g['fail']} fail, {g['missing']} missing of {g['checked']}"
               + (f"; worst {g['worst']:.3f} ({g['worst_cell']})" if g["worst"] is not None else ""), flush=True)
     write_report(payload, out_path, plots=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    return payload
 
 
 def _read_json(path: str) -> Optional[dict]:

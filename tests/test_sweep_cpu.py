@@ -219,6 +219,42 @@ def test_driver_survives_crashing_and_hanging_cells(tmp_path, monkeypatch):
     assert "not run (--budget-s)" in open(tmp_path / "t.md").read()
 
 
+DRIVER = """
+import sys, os
+sys.path.insert(0, {bench!r})
+import sweep
+child = "import os, time; open({pid!r} + '.tmp', 'w').write(str(os.getpid())); os.rename({pid!r} + '.tmp', {pid!r}); time.sleep(60)"
+sweep.child_command = lambda cell, opts, out: [sys.executable, "-c", child]
+sweep.run_cells([sweep.Cell.parse("softmax-d64-causal-h2-1-s64-b1")], {{"device": "cpu"}}, {out!r})
+"""
+
+
+def test_terminating_the_driver_ends_the_cell_process(tmp_path):
+    """The cell process has a session of its own (so a cell timeout can end its whole group): a
+    SIGTERM to the driver (round.sh's timeout) must end it too, not leave it on the GPU."""
+    import signal
+    import time
+    pid_file = str(tmp_path / "child.pid")
+    code = DRIVER.format(bench=BENCH, pid=pid_file, out=str(tmp_path / "s.json"))
+    driver = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.time() + 60
+    while not os.path.exists(pid_file) and time.time() < deadline and driver.poll() is None:
+        time.sleep(0.1)
+    assert os.path.exists(pid_file), "the cell process never started"
+    child = int(open(pid_file).read())
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=30) == 128 + signal.SIGTERM
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the cell process outlived the driver")
+
+
 def test_harness_end_to_end_on_a_tiny_cpu_cell(tmp_path):
     """The real child process (--run-cell) on the CPU: ours through the reference backend, FA4
     left out with its reason (not installed / no GPU), rows for both directions, the report."""
