@@ -1,7 +1,7 @@
 """The standard attention grid: ours against FA4, cuDNN (torch SDPA) and FlexAttention, per cell.
 
     python bench/sweep.py --quick                        # H200 (~4 min): S 1k and 4k, D 128, causal, GQA
-    python bench/sweep.py --cells 'softmax-d64-*' --budget-s 540 --json bench/out/sweep_d64.json
+    python bench/sweep.py --cells 'softmax-d64-*' --budget-s 520 --json bench/out/sweep_d64.json
     python bench/sweep.py --dry-run [--quick] [--cells ...]   # CPU: cell list, compile estimate
     python bench/sweep.py --merge a.json b.json --json bench/results/sweep.json   # CPU: one report
 
@@ -62,9 +62,10 @@ FLOP_TEXT = ("FLOPs = 4 B Hq S^2 D forward (QK^T and PV), halved when causal; ba
              "sigmoid is counted the same. TFLOP/s = FLOPs / median time")
 
 # Per-cell iteration policy: a timed segment of about SEGMENT_MS, from a time estimate at
-# NOMINAL_TFLOPS (a planning rate, not a measurement; it only sizes the loops): at S = 512 a
-# forward takes ~0.1 ms and 100 calls per segment average out launch jitter, at S = 32k a
-# backward takes ~100 ms and 3 calls per segment keep a cell under a minute.
+# NOMINAL_TFLOPS (a planning rate, not a measurement; it only sizes the loops).  The grid's calls
+# span ~600x in FLOPs (S = 512 causal forward to S = 32k full backward: ~0.2 to ~110 ms at that
+# rate), so a fixed count either times launch jitter at the small end (a few calls) or spends
+# minutes per cell at the large end (100 calls); 3 calls of ~100 ms are already a stable mean.
 NOMINAL_TFLOPS = 400.0
 SEGMENT_MS, WARMUP_MS = 25.0, 100.0
 MIN_ITERS, MAX_ITERS = 3, 100
