@@ -284,13 +284,16 @@ def test_cudnn_row_falls_back_to_expanded_kv():
 
 def test_dry_run_prints_cells_and_compiles_without_cuda():
     out = subprocess.run([sys.executable, os.path.join(BENCH, "sweep.py"), "--dry-run", "--quick"],
-                         capture_output=True, text=True, timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "6 cells (quick)" in out.stdout and "estimated kernel compiles: ours 8" in out.stdout
     assert out.stdout.count("-d128-causal-h32-8-s") == 6
+    code = (f"import sys; sys.path.insert(0, {BENCH!r}); import sweep, torch; "
+            "sweep.main(['--dry-run', '--cells', '*-s32768-*']); print('cuda', torch.cuda.is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "36 cells (grid, cells *-s32768-*)" in out.stdout and out.stdout.endswith("cuda False\n")
     est = S.dry_run(S.grid())
     assert est["cells"] == 252 and est["rows"] == 84 * 2 * (3 + 4 + 2)
     assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2   # mode x D x mask
     assert est["flex_compiles"] == 2 * 84
-    import torch
-    assert not torch.cuda.is_initialized()
