@@ -927,7 +927,7 @@ def main(argv=None):
               f"the disk cache serves later cells), FA4 ~{est['fa4_builds']} (its disk cache on), "
               f"Flex {est['flex_compiles']} torch.compile graphs (a forward and a backward per softcap cell)")
         print(f"estimated device wall time: ~{est['estimated_s'] / 60:.1f} min "
-              f"(planning costs {PLAN}; ~{math.ceil(est['estimated_s'] / 540)} device calls of 540 s)")
+              f"(planning costs {PLAN}; {math.ceil(est['estimated_s'] / 520)} device call(s) at --budget-s 520)")
         return
     path = protocol.output_path(args.json, "sweep")
     run_cells(cells, opts, path, selection)
