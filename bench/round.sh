@@ -17,13 +17,17 @@
 #                and Gemma-2 D = 256), summarised by bench/tools/ncu_summary.py
 #   first_call   bench/tools/first_call.py: import + first call per mode, cold and warm compile cache
 #   train        bench/tools/train_sanity.py: 200 training steps of a tiny decoder, every arm
+#   sweep        bench/sweep.py --quick: issue 27's grid against FA4, cuDNN and Flex, its quick subset
+#                (S 1k and 4k, D 128, causal, GQA, every mode; ~4 min); SWEEP_CELLS=GLOBS runs those
+#                cells of the full grid instead (bench/sweep.py --dry-run --cells GLOBS lists them),
+#                stopping before 520 s; `bench/sweep.py --merge` joins the JSONs of several calls
 # Outputs: each step's log, results JSON + Markdown and summary.txt are written to
 # $OUT/round_<phases>/ ($OUT: the device tool's folder; default bench/out), which at the end
 # becomes $OUT/round_<phases>.tgz; summary.txt and (when there are few) the Markdown tables are
 # also copied beside it, since the device tool returns at most 8 files. Copy a table into
 # bench/results/ to commit it.
 set -u
-PHASES="tests goals table gemma2 accuracy elementwise ncu first_call train"
+PHASES="tests goals table gemma2 accuracy elementwise ncu first_call train sweep"
 [ $# -ge 1 ] || { awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 2; }
 for phase in "$@"; do
   case " $PHASES " in *" $phase "*) ;; *) echo "unknown phase $phase (phases: $PHASES)"; exit 2 ;; esac
@@ -103,6 +107,10 @@ for phase in "$@"; do
                    echo "first_call: bench/tools/first_call.py is not in this tree" >> "$W/summary.txt"
                  fi ;;
     train)       t train 300 python3 bench/tools/train_sanity.py --json "$W/train_sanity.json" ;;
+    sweep)       sw=(--quick); [ -n "${SWEEP_CELLS:-}" ] && sw=(--cells "$SWEEP_CELLS")
+                 t sweep 560 python3 bench/sweep.py "${sw[@]}" --budget-s 520 --json "$W/sweep.json"
+                 png=$(find "$W" -maxdepth 1 -name "sweep_*.png")   # the quick run's 3 come back as files
+                 [ -n "$png" ] && [ "$(echo "$png" | wc -l)" -le 3 ] && cp $png "$OUT/" ;;
   esac
 done
 
