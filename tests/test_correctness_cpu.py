@@ -1,0 +1,204 @@
+"""CPU tier of the correctness catalogue (tests/cases.py), the fuzz draws and the rule harness
+(tests/rule_harness.py): the grid covers flash-attn's, the build budget holds, shards partition
+the cases by variant, the draws are reproducible, and the whole harness path (layouts, GQA,
+windows, autograd, the rule, the records) runs with backend="reference" on small cases."""
+import json
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cases  # noqa: E402
+import rule_harness as H  # noqa: E402
+
+
+def test_ids_unique_and_seeds_stable():
+    cat = cases.catalogue()
+    ids = [c.id for c in cat]
+    assert len(set(ids)) == len(ids)
+    # blake2b of the id: the same in every process and Python version (hash() is salted)
+    assert cases.stable_seed("softmax-native-bf16-d128-causal-b2-sq1-sk1-h4x4-contiguous") == 1811627759
+    assert cat[0].seed == cases.stable_seed(cat[0].id)
+    assert len({c.seed for c in cat}) == len(cat)
+
+
+def test_catalogue_covers_flash_attn_grid():
+    cat = cases.catalogue()
+    assert {(c.mode, c.evaluator) for c in cat} == set(cases.SCORES)
+    assert {c.dtype for c in cat} == {"bf16", "fp16"}
+    assert {c.head_dim for c in cat} == {64, 128, 256}
+    assert {c.hq // c.hkv for c in cat} >= {1, 4, 8}
+    assert {c.layout for c in cat} == set(cases.LAYOUTS)
+    assert {c.variant.window for c in cat} == {None, "both", "left", "right"}
+    for v in cases.VARIANTS:   # decode-like rows and tails in every variant
+        mine = [c for c in cat if c.variant == v]
+        assert any(c.seqlen_k == 1 for c in mine) and any(c.seqlen_q == 1 for c in mine), v
+        assert any(c.seqlen_q > c.seqlen_k > 1 for c in mine) and any(1 < c.seqlen_q < c.seqlen_k for c in mine), v
+        assert any(c.seqlen_k % 64 for c in mine), v
+    pairs = {(c.seqlen_q, c.seqlen_k) for c in cat}
+    assert {(1, 1), (113, 203), (1024, 1023), (4224, 4224), (239, 1), (799, 3)} <= pairs
+    # every score runs FP16 and both backward builds (MHA: head_loop; few-KV-head GQA: not)
+    for m, e in cases.SCORES:
+        mine = [c for c in cat if (c.mode, c.evaluator) == (m, e)]
+        assert any(c.dtype == "fp16" for c in mine) and {c.hq == c.hkv for c in mine} == {True, False}
+
+
+def test_every_case_resolves_and_the_build_budget_holds():
+    """36 variants; the plan resolves every case (no combination it refuses); the distinct kernel
+    builds (each ~10-20 s of compile on the GPU machine) stay within the budget."""
+    assert len(cases.VARIANTS) == len(set(cases.VARIANTS)) == 36
+    for c in cases.catalogue():
+        cases.plan_of(c)
+    b = cases.catalogue_builds()
+    fwd, bwd = (sum(1 for kind, _ in b if kind == k) for k in ("fwd", "bwd"))
+    assert fwd <= 36 and bwd <= 46, (fwd, bwd)
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_shards_partition_by_variant(n):
+    cat = cases.catalogue()
+    parts = [cases.select_shard(cat, f"{i}/{n}") for i in range(n)]
+    assert sorted(c.id for p in parts for c in p) == sorted(c.id for c in cat)
+    owner = {}
+    for i, p in enumerate(parts):
+        assert p, f"shard {i}/{n} is empty"
+        for c in p:
+            assert owner.setdefault(c.variant, i) == i   # a variant's builds compile in one shard
+    if n == 8:
+        sizes = [len(p) for p in parts]
+        assert max(sizes) <= 2 * min(sizes), sizes
+
+
+@pytest.mark.parametrize("spec", ["3", "a/b", "2/2", "-1/4", "1/0"])
+def test_bad_shard_spec_names_the_variable(spec):
+    with pytest.raises(ValueError, match="FAP_SHARD"):
+        cases.parse_shard(spec)
+
+
+def test_fuzz_draws_are_reproducible_and_within_the_catalogue(monkeypatch):
+    a, b = cases.fuzz_cases(seed=7), cases.fuzz_cases(seed=7)
+    assert len(a) == cases.FUZZ_COUNT and [c.id for c in a] == [c.id for c in b]
+    assert [c.id for c in cases.fuzz_cases(seed=8)] != [c.id for c in a]
+    assert all(c.id.startswith(f"fuzz7_{i}-") for i, c in enumerate(a))
+    allowed = cases.catalogue_builds()
+    assert all(c.size <= cases.FUZZ_MAX_SIZE and cases.builds(c) <= allowed for c in a)
+    assert {c.variant for c in a} <= set(cases.VARIANTS)
+    assert {c.layout for c in a} == set(cases.FUZZ_LAYOUTS)
+    assert any(c.seqlen_q == 1 for c in a) and any(c.seqlen_k == 1 for c in a)
+    assert {c.hq // c.hkv for c in a} == {1, 2, 4, 8}
+    caps = {c.softcap for c in a if c.mode == "softcap"}
+    assert min(caps) >= 5 and max(caps) <= 50 and len(caps) > 5
+    monkeypatch.setenv("FAP_FUZZ_SEED", "123")
+    assert cases.fuzz_seed() == 123
+    monkeypatch.setenv("FAP_FUZZ_SEED", "x")
+    with pytest.raises(ValueError, match="FAP_FUZZ_SEED"):
+        cases.fuzz_seed()
+
+
+def test_layouts_are_the_strided_views_they_name():
+    v = cases.Variant("softmax", "native", "bf16", 64, True, None)
+    mk = lambda layout, s_q=5, s_k=5: H.make_inputs(cases.Case(v, 2, s_q, s_k, 4, 2, layout=layout), "cpu")
+    q, k, v_, do = mk("packed_qkv")
+    assert q.data_ptr() + 4 * 64 * 2 == k.data_ptr() and q.stride()[:2] == (5 * 8 * 64, 8 * 64)
+    q, k, v_, _ = mk("packed_qkv", 3, 5)     # S_q != S_k: k and v share one projection
+    assert q.is_contiguous() and k.stride(1) == 4 * 64 and k.data_ptr() + 2 * 64 * 2 == v_.data_ptr()
+    q, k, v_, _ = mk("transposed")
+    assert not q.is_contiguous() and q.stride()[1:] == (64, 5 * 64, 1)
+    q, k, v_, _ = mk("padded3")
+    assert q.stride(2) == 67 and q.stride(-1) == 1
+    assert all(t.dtype == torch.bfloat16 for t in (q, k, v_, do))
+    torch.testing.assert_close(mk("contiguous")[0], mk("contiguous")[0])   # seeded
+
+
+@pytest.mark.parametrize("mode", ["softmax", "softcap", "sigmoid"])
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (3, 2)), (True, (4, -1))])
+def test_lowprec_backward_is_the_exact_backward_without_rounding(mode, causal, window):
+    """In FP32 (no rounding of P or dS) lowprec_backward is the FP64 explicit backward: the
+    formulas (masks, GQA fold, softcap and sigmoid derivatives, D from O) are right."""
+    from flash_attn_poly import reference as R
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, s, h, 16, generator=g) for s, h in ((7, 4), (9, 2), (9, 2)))
+    if mode == "softcap":
+        q = q * 8
+    do = torch.randn(2, 7, 4, 16, generator=g)
+    kw = dict(causal=causal, window_size=window, softcap=30.0 if mode == "softcap" else None)
+    out, _ = R.attention_ref(q, k, v, mode, **kw)
+    got = H.lowprec_backward(do, q, k, v, out.float(), mode, **kw)
+    ref = R.attention_ref_backward(do, q, k, v, mode, **kw)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5)
+
+
+def _small_cases():
+    """A dozen small catalogue cases, one per (layout, MHA or GQA, mode): the CPU dry run."""
+    seen, out = set(), []
+    for c in sorted(cases.catalogue(), key=lambda c: (c.size, c.id)):
+        key = (c.layout, c.hq == c.hkv, c.mode)
+        if c.size <= 64 * 1024 and key not in seen and 1 < c.seqlen_k:
+            seen.add(key)
+            out.append(c)
+    return out[:12]
+
+
+@pytest.mark.parametrize("case", _small_cases(), ids=lambda c: c.id)
+def test_harness_runs_catalogue_cases_on_the_reference_backend(case, tmp_path, monkeypatch):
+    """backend="reference" as "ours": layouts, GQA, windows, autograd, the rule and the JSON
+    record all run; FP32 math passes the rule with room to spare."""
+    monkeypatch.setenv("FAP_CORRECTNESS_OUT", str(tmp_path))
+    monkeypatch.setenv("FAP_SHARD", "1/3")
+    rec = H.check(case, "reference", H.recorder_for("catalogue"))
+    names = ["o", "dq", "dk", "dv"] + ([] if case.mode == "sigmoid" else ["lse"])
+    assert sorted(rec["checks"]) == sorted(names)
+    assert rec["status"] == "passed"
+    assert all(0 <= c["ratio"] < 1 and c["torch_err"] > 0 for n, c in rec["checks"].items() if n != "lse")
+    (line,) = (tmp_path / "catalogue-shard1of3.jsonl").read_text().splitlines()
+    assert json.loads(line)["id"] == case.id
+
+
+@pytest.mark.parametrize("case", [c for c in cases.catalogue() if c.size <= 4096 and c.seqlen_k == 1][:4],
+                         ids=lambda c: c.id)
+def test_harness_single_key_cases_on_the_reference_backend(case):
+    """S_k = 1: O = V exactly (softmax modes), torch's error is 0: the floor alone decides."""
+    rec = H.check(case, "reference")
+    assert rec["status"] == "passed"
+
+
+def _small_fuzz_cases():
+    """The smallest fuzz draw of each layout (padded strides and GQA packing included)."""
+    seen, out = set(), []
+    for c in sorted(cases.fuzz_cases(), key=lambda c: (c.size, c.id)):
+        if c.layout not in seen and c.hq != c.hkv and c.seqlen_k > 1:
+            seen.add(c.layout)
+            out.append(c)
+    return out
+
+
+@pytest.mark.parametrize("case", _small_fuzz_cases(), ids=lambda c: c.id)
+def test_harness_runs_fuzz_cases_on_the_reference_backend(case):
+    assert H.check(case, "reference")["status"] == "passed"
+
+
+def test_rule_catches_a_4x_regression_nan_and_lse_pattern():
+    v = cases.Variant("softmax", "native", "bf16", 64, True, None)
+    case = cases.Case(v, 1, 200, 300, 4, 1)
+    q, k, v_, do = (t.detach() for t in H.make_inputs(case, "cpu"))
+    from flash_attn_poly import reference as R
+    ref, ref_lse = R.attention_ref(q, k, v_, "softmax", causal=True)
+    low, low_lse = R.attention_ref_lowprec(q, k, v_, "softmax", causal=True)
+    dt = torch.bfloat16
+    assert H.judge("o", low, ref, low, dt)["ok"]
+    worse = (ref + 4 * (low.double() - ref)).to(dt)
+    assert not H.judge("o", worse, ref, low, dt)["ok"]
+    nan = low.clone()
+    nan[0, 0, 0, 0] = math.nan
+    assert "non-finite" in H.judge("o", nan, ref, low, dt)["why"]
+    lse = low_lse.clone()
+    lse[0, 0, 0] = -math.inf
+    assert "finite in one" in H.judge("lse", lse, ref_lse, low_lse, dt)["why"]
+    # S_q > S_k causal: the first rows see no key: LSE -inf there on both sides
+    case = cases.Case(v, 1, 9, 4, 2, 2)
+    q, k, v_, _ = (t.detach() for t in H.make_inputs(case, "cpu"))
+    ref, ref_lse = R.attention_ref(q, k, v_, "softmax", causal=True)
+    low, low_lse = R.attention_ref_lowprec(q, k, v_, "softmax", causal=True)
+    assert (~torch.isfinite(ref_lse)).any() and H.judge("lse", low_lse, ref_lse, low_lse, dt)["ok"]
