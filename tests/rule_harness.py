@@ -168,8 +168,14 @@ def judge(name: str, got: torch.Tensor, ref: torch.Tensor, low: torch.Tensor, dt
     return out
 
 
-def case_fields(case) -> dict:
-    return {"tier": case.tier, "id": case.id, "variant": case.variant.name, "mode": case.mode,
+def _device_name(backend: str) -> str:
+    if backend == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return "cpu"
+
+
+def case_fields(case, backend: str) -> dict:
+    return {"tier": case.tier, "backend": backend, "device": _device_name(backend), "id": case.id, "variant": case.variant.name, "mode": case.mode,
             "evaluator": case.evaluator, "dtype": case.dtype, "head_dim": case.head_dim,
             "causal": case.causal, "window": list(case.window_size), "layout": case.layout,
             "shape": [case.batch, case.seqlen_q, case.seqlen_k, case.hq, case.hkv],
@@ -204,8 +210,7 @@ def run_case(case, backend: str = "cuda", device: str = None) -> dict:
             checks[name] = judge(name, got, r, lo, dt)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    rec = case_fields(case)
-    rec["backend"] = backend
+    rec = case_fields(case, backend)
     rec["checks"] = checks
     rec["status"] = "passed" if all(c["ok"] for c in checks.values()) else "failed"
     rec["seconds"] = round(time.perf_counter() - t0, 3)
@@ -223,8 +228,8 @@ def check(case, backend: str = "cuda", recorder=None) -> dict:
         rec = run_case(case, backend)
     except Exception as e:
         if recorder is not None:
-            rec = case_fields(case)
-            rec.update(backend=backend, status="error", message=f"{type(e).__name__}: {str(e)[:500]}")
+            rec = case_fields(case, backend)
+            rec.update(status="error", message=f"{type(e).__name__}: {str(e)[:500]}")
             recorder(rec)
         raise
     if recorder is not None:

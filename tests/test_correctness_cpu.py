@@ -202,3 +202,81 @@ def test_rule_catches_a_4x_regression_nan_and_lse_pattern():
     ref, ref_lse = R.attention_ref(q, k, v_, "softmax", causal=True)
     low, low_lse = R.attention_ref_lowprec(q, k, v_, "softmax", causal=True)
     assert (~torch.isfinite(ref_lse)).any() and H.judge("lse", low_lse, ref_lse, low_lse, dt)["ok"]
+
+
+# ----------------------------------------------------------------------------- bench/correctness.py
+def _bench_correctness():
+    import os
+    import sys
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import correctness
+    return correctness
+
+
+def _rec(tier, id_, mode, ev, status=None, **ratios):
+    checks = {d: {"err": r * 1e-3, "torch_err": 5e-4, "floor": 1e-5, "ratio": r, "ok": r <= 1,
+                  "why": "" if r <= 1 else f"{d} too big"} for d, r in ratios.items()}
+    status = status or ("passed" if all(r <= 1 for r in ratios.values()) else "failed")
+    return {"tier": tier, "id": id_, "mode": mode, "evaluator": ev, "status": status, "device": "NVIDIA H200",
+            "checks": checks}
+
+
+def test_collector_merges_shards_and_names_the_worst_case(tmp_path):
+    C = _bench_correctness()
+    lines = {
+        "catalogue-shard0of2.jsonl": [
+            _rec("catalogue", "a", "softmax", "native", o=0.5, lse=0.1, dq=0.7, dk=0.6, dv=0.4),
+            _rec("catalogue", "b", "softcap", "poly", "failed", o=1.8, lse=0.2, dq=0.9, dk=0.3, dv=0.2),
+            _rec("catalogue", "b", "softcap", "poly", o=0.9, lse=0.2, dq=0.9, dk=0.3, dv=0.2)],   # a rerun
+        "catalogue-shard1of2.jsonl": [
+            _rec("catalogue", "c", "sigmoid", "poly", "failed", o=0.3, dq=1.4, dk=0.2, dv=0.2),
+            {"tier": "catalogue", "id": "d", "mode": "sigmoid", "evaluator": "native", "status": "error",
+             "message": "RuntimeError: boom", "device": "NVIDIA H200"}],
+        "fuzz-shard0of1.jsonl": [_rec("fuzz", "f1", "softmax", "native", o=0.2, lse=0.0, dq=1.2, dk=0.1, dv=0.1),
+                                 _rec("fuzz", "f2", "softmax", "native", o=0.3, lse=0.0, dq=0.1, dk=0.1, dv=0.1)],
+    }
+    for name, recs in lines.items():
+        (tmp_path / name).write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    out = tmp_path / "res" / "correctness.json"
+    payload = C.collect(str(tmp_path), str(out), commit="abc1234", date="2026-12-01")
+    assert payload["tiers"]["catalogue"] == {"run": 4, "passed": 2, "failed": 1, "errors": 1}
+    assert payload["tiers"]["fuzz"] == {"run": 2, "passed": 1, "failed": 1, "errors": 0}
+    assert payload["max_ratio"]["softcap/poly"]["o"]["ratio"] == 0.9     # the rerun replaced the failure
+    assert payload["max_ratio"]["softmax/native"]["dq"] == pytest.approx(
+        {"ratio": 1.2, "id": "f1", "tier": "fuzz", "err": 1.2e-3, "torch_err": 5e-4, "floor": 1e-5})
+    assert payload["worst"] == {"ratio": 1.4, "direction": "dq", "id": "c", "tier": "catalogue"}
+    assert [f["id"] for f in payload["failures"]] == ["c", "d", "f1"]
+    assert "boom" in payload["failures"][1]["why"]
+    on_disk = json.loads(out.read_text())
+    assert on_disk["device"] == "NVIDIA H200" and on_disk["commit"] == "abc1234"
+    md = (tmp_path / "res" / "correctness.md").read_text()
+    assert "| catalogue | 4 | 2 | 1 | 1 |" in md and "| sigmoid/poly | 0.300 | — | 1.400 |" in md
+    assert "Worst case: `c` (catalogue), dQ ratio 1.400" in md
+    assert C.main(["collect", str(tmp_path), "--json", str(out)]) == 1   # failures: non-zero exit
+
+
+def test_collector_refuses_empty_dirs_and_bad_lines(tmp_path):
+    C = _bench_correctness()
+    with pytest.raises(FileNotFoundError, match="FAP_CORRECTNESS_OUT"):
+        C.read_records(str(tmp_path))
+    (tmp_path / "fuzz-shard0of1.jsonl").write_text('{"tier": "fuzz"}\nnot json\n')
+    with pytest.raises(ValueError, match=r"fuzz-shard0of1.jsonl:2"):
+        C.read_records(str(tmp_path))
+
+
+def test_collector_reads_what_the_harness_writes(tmp_path, monkeypatch):
+    """Records of the reference backend (one a raised case) through the real recorder, collected."""
+    C = _bench_correctness()
+    monkeypatch.setenv("FAP_CORRECTNESS_OUT", str(tmp_path))
+    monkeypatch.delenv("FAP_SHARD", raising=False)
+    rec = H.recorder_for("fuzz")
+    case = _small_fuzz_cases()[0]
+    H.check(case, "reference", rec)
+    bad = cases.Case(cases.VARIANTS[0], 1, 4, 4, 3, 2, tier="fuzz")   # 3 query heads over 2 KV heads: refused
+    with pytest.raises(ValueError, match="multiple"):
+        H.check(bad, "reference", rec)
+    payload = C.collect(str(tmp_path), str(tmp_path / "r.json"), commit="x", date="d")
+    assert payload["tiers"]["fuzz"] == {"run": 2, "passed": 1, "failed": 0, "errors": 1}
+    assert payload["device"] == "cpu" and payload["worst"]["id"] == case.id
