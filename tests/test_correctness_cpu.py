@@ -280,3 +280,108 @@ def test_collector_reads_what_the_harness_writes(tmp_path, monkeypatch):
     payload = C.collect(str(tmp_path), str(tmp_path / "r.json"), commit="x", date="d")
     assert payload["tiers"]["fuzz"] == {"run": 2, "passed": 1, "failed": 0, "errors": 1}
     assert payload["device"] == "cpu" and payload["worst"]["id"] == case.id
+
+
+# ----------------------------------------------------------------------------- bench/tools/sanitize.py
+def _sanitize():
+    import os
+    import sys
+    tools = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import sanitize
+    return sanitize
+
+
+def test_sanitize_calls_run_catalogue_builds():
+    """Every call of the sanitizer driver (5 scores x 3 shapes) resolves to builds the correctness
+    catalogue compiles, so under the tools the kernels load from the disk cache."""
+    S = _sanitize()
+    specs = S.call_specs()
+    assert len(specs) == 15 and len({n for n, *_ in specs}) == 15
+    allowed = cases.catalogue_builds()
+    for name, mode, ev, p in specs:
+        assert cases.builds(S.as_case(mode, ev, p)) <= allowed, name
+    assert {p["d"] for *_, p in specs} == {128, 256} and any(p["s_q"] % 64 and p["s_k"] % 64 for *_, p in specs)
+
+
+@pytest.mark.parametrize("argv,match", [(["--tools", "memcheck,nope"], "--tools"),
+                                        (["--shapes", "tail,huge"], "--shapes"),
+                                        (["--scores", "softmax/poly"], "--scores")])
+def test_sanitize_arguments_name_the_bad_value(argv, match, capsys):
+    S = _sanitize()
+    with pytest.raises((SystemExit, ValueError), match=None) as e:
+        S.main(argv + ["--no-warm"])
+    text = str(e.value) + capsys.readouterr().err
+    assert match in text
+
+
+def test_sanitize_parses_reports_and_decides():
+    S = _sanitize()
+    clean = "========= COMPUTE-SANITIZER\nsoftmax ok\n========= ERROR SUMMARY: 0 errors\n"
+    r = S.parse_report(clean)
+    assert r["errors"] == 0 and r["unsupported"] is None
+    race = ("========= Error: Race reported between Write access at 0x1f0 in AttnFwdSm90\n"
+            "========= RACECHECK SUMMARY: 3 hazards displayed (1 error, 2 warnings)\n"
+            "========= ERROR SUMMARY: 1 error\n")
+    r = S.parse_report(race)
+    assert r["hazards"] == (1, 2) and r["errors"] == 1 and "Race reported" in r["first"][0]
+    base = {"tool": "racecheck", "seconds": 1.0, "log": "x"}
+    assert S.verdict({**base, "rc": S.ERROR_EXIT, **r}) == "errors"
+    warn_only = S.parse_report("========= RACECHECK SUMMARY: 2 hazards displayed (0 errors, 2 warnings)\n"
+                               "========= ERROR SUMMARY: 0 errors\n")
+    assert S.verdict({**base, "rc": 0, **warn_only}) == "clean"
+    assert S.verdict({**base, "rc": 0, **S.parse_report("========= Error: Device not supported\n")}) == "unavailable"
+    assert S.verdict({**base, "rc": "timeout", **S.parse_report("partial")}) == "failed"
+
+
+def _fake_sanitizer(tmp_path, body):
+    exe = tmp_path / "bin" / "compute-sanitizer"
+    exe.parent.mkdir()
+    exe.write_text("#!/bin/sh\n" + body)
+    exe.chmod(0o755)
+    return str(exe.parent)
+
+
+@pytest.mark.parametrize("body,rc,word", [
+    ('echo "========= ERROR SUMMARY: 0 errors"; exit 0\n', 0, "clean"),
+    ('echo "========= Invalid __global__ read of size 4 bytes"; echo "========= ERROR SUMMARY: 2 errors"; exit 86\n',
+     1, "errors"),
+    ('echo "========= Error: Device not supported"; exit 1\n', 3, "unavailable")])
+def test_sanitize_driver_end_to_end_with_a_stand_in_tool(tmp_path, monkeypatch, body, rc, word):
+    """The driver's parent side (tool runs, logs, summary, exit status) with a stand-in
+    compute-sanitizer on PATH (the calls themselves need a GPU)."""
+    import os
+    S = _sanitize()
+    monkeypatch.setenv("PATH", _fake_sanitizer(tmp_path, body) + os.pathsep + os.environ["PATH"])
+    out = tmp_path / "out"
+    monkeypatch.setenv("OUT", str(out))      # the device tool's folder is the default
+    assert S.main(["--no-warm"]) == rc
+    text = (out / "sanitize_summary.txt").read_text()
+    assert [ln.split(":")[0] for ln in text.splitlines() if not ln.startswith(" ")][1:] == list(S.TOOLS)
+    assert f"memcheck: {word}" in text
+    assert sorted(p.name for p in out.iterdir()) == ["sanitize.log", "sanitize_summary.txt"]
+    assert "==== racecheck" in (out / "sanitize.log").read_text()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert S.main(["--no-warm", "--tools", "synccheck", "--out", str(tmp_path / "o2")]) == S.UNAVAILABLE_EXIT
+    assert "not on PATH" in (tmp_path / "o2" / "sanitize_summary.txt").read_text()
+
+
+def test_sanitize_stops_when_the_calls_fail_without_a_tool(tmp_path, monkeypatch):
+    """A failing warm-up (the calls raise with no sanitizer: here, no GPU) runs no tool and fails."""
+    import os
+    S = _sanitize()
+    monkeypatch.setenv("PATH", _fake_sanitizer(tmp_path, "exit 0\n") + os.pathsep + os.environ["PATH"])
+    monkeypatch.setattr(S, "_child_cmd", lambda args: [os.environ.get("PYTHON", "python3"), "-c", "raise SystemExit(5)"])
+    assert S.main(["--out", str(tmp_path / "o")]) == 1
+    text = (tmp_path / "o" / "sanitize_summary.txt").read_text()
+    assert text.startswith("warm-up (no sanitizer): rc=5") and "memcheck" not in text
+
+
+def test_sanitize_calls_dry_run_on_the_reference_backend(capsys):
+    S = _sanitize()
+    assert S.main(["--calls", "--backend", "reference", "--shapes", "tail,d256",
+                   "--scores", "softcap/poly,sigmoid/native"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[:2] for ln in lines] == [["tail:softcap/poly", "ok"], ["tail:sigmoid/native", "ok"],
+                                                ["d256:softcap/poly", "ok"], ["d256:sigmoid/native", "ok"]]
