@@ -88,12 +88,14 @@ def make_inputs(case, device="cuda"):
 
 # ----------------------------------------------------------------------------- torch at input precision
 def lowprec_backward(dout, q, k, v, out, mode, *, causal, softcap=None, window_size=(-1, -1),
-                     sigmoid_bias=None, softmax_scale=None):
+                     sigmoid_bias=None, softmax_scale=None, score_fn=None, score_grad_fn=None):
     """(dq, dk, dv) in the input dtype by a FlashAttention backward's math in torch: FP32 scores
     and P (exact functions), dV = P^T dO with P rounded to the input dtype, dP = dO V^T in FP32,
     dS = P (dP - D) (softmax modes, D = rowsum(dO o out) of the low-precision out; softcap times
     d logit / dx) or dP sigma' (sigmoid), rounded to the input dtype, dQ = dS K and dK = dS^T Q
-    with FP32 accumulation, each gradient rounded to the input dtype."""
+    with FP32 accumulation, each gradient rounded to the input dtype.  score_fn / score_grad_fn
+    (as for reference.attention_ref_backward: a replayed program) replace the exact score
+    function and its derivative."""
     from einops import repeat
     from flash_attn_poly import reference as R
     dt = q.dtype
@@ -110,12 +112,16 @@ def lowprec_backward(dout, q, k, v, out, mode, *, causal, softcap=None, window_s
     dp = torch.einsum("bqhd,bkhd->bhqk", do, v_up)
     if mode == "sigmoid":
         bias = sigmoid_bias if sigmoid_bias is not None else R.default_sigmoid_bias(s_k)
-        sig = torch.sigmoid(x + bias)
+        sig = score_fn(x).float() if score_fn is not None else torch.sigmoid(x + bias)
+        dsig = score_grad_fn(x).float() if score_grad_fn is not None else sig * (1 - sig)
         p = sig.masked_fill(~allowed, 0.0)
-        ds = (dp * sig * (1 - sig)).masked_fill(~allowed, 0.0)
+        ds = (dp * dsig).masked_fill(~allowed, 0.0)
     else:
         logits, dcap = x, None
-        if mode == "softcap":
+        if score_fn is not None:
+            logits = score_fn(x).float()
+            dcap = score_grad_fn(x).float() if score_grad_fn is not None else None
+        elif mode == "softcap":
             t = torch.tanh(x / softcap)
             logits, dcap = softcap * t, 1 - t * t
         p, _ = R.softmax_rows(logits.masked_fill(~allowed, float("-inf")))
