@@ -12,12 +12,14 @@ scores, P rounded to the input dtype for the PV product); backward = lowprec_bac
 accumulation, gradients rounded at the end).  Poly evaluators are judged against the exact
 function like native ones (issue 26: the poly defaults must pass the same rule).
 
-floor: eps(dtype) / 8 x max(max |T_ref|, 1e-2) for O and the gradients (a quarter of the
-rounding of the largest element: only where torch's own error is ~0, e.g. O = V at S_k = 1);
-eps(dtype) / 2 for the LSE, absolute (an LSE off by d scales every P the backward recomputes
-by e^d; d below one rounding of P in the input dtype is invisible there, where torch's FP32
-LSE error is ~1e-6).  A non-finite value, or an LSE -inf pattern that differs from the
-reference's (rows that see no key), never passes.
+floor: eps(dtype) / 8 x max |T_ref| (a quarter of the rounding of the largest element: where
+torch's own error is ~0, e.g. O = V at S_k = 1) plus 2^-22 x max |T|_abs, T computed in FP64
+from the absolute values of its terms (magnitudes below: where the exact answer cancels to ~0,
+e.g. dQ and dK at S_k = 1, both sides are FP32 accumulation noise at that scale);
+for the LSE eps(dtype) / 2, absolute (an LSE off by d scales every P the backward recomputes by
+e^d; d below one rounding of P in the input dtype is invisible there, where torch's FP32 LSE
+error is ~1e-6).  A non-finite value, or an LSE -inf pattern that differs from the reference's
+(rows that see no key), never passes.
 
 `run_case(case, backend)` returns a record (JSON-able dict: the case, per tensor the error,
 torch's error, the floor and ratio = err / (2 x torch_err + floor), status); `check` also
@@ -33,7 +35,7 @@ import torch
 
 FACTOR = 2.0
 FLOOR_EPS_FRACTION = 1 / 8
-FLOOR_MIN_SCALE = 1e-2
+FP32_NOISE = 2.0 ** -22   # 4 units of FP32 roundoff (tensor-core FP32 accumulation is not quite IEEE)
 LSE_FLOOR_EPS_FRACTION = 1 / 2
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -87,69 +89,111 @@ def make_inputs(case, device="cuda"):
 
 
 # ----------------------------------------------------------------------------- torch at input precision
-def lowprec_backward(dout, q, k, v, out, mode, *, causal, softcap=None, window_size=(-1, -1),
-                     sigmoid_bias=None, softmax_scale=None, score_fn=None, score_grad_fn=None):
+def _probs(q, k, mode, dtype, *, causal, softcap=None, window_size=(-1, -1), sigmoid_bias=None,
+           softmax_scale=None, score_fn=None, score_grad_fn=None):
+    """(p, dfac, scale) in dtype from q, k: P (0 where a key is masked) and the factor between dP
+    and dS: d logit/dx for softcap or a score_fn (None for plain softmax), dp/dx for sigmoid."""
+    from flash_attn_poly import reference as R
+    s_q, s_k = q.shape[1], k.shape[1]
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    x = R.scores(q, k, scale, dtype)
+    allowed = R.window_mask(s_q, s_k, *window_size, device=q.device)
+    if causal:
+        allowed &= R.causal_mask(s_q, s_k, device=q.device)
+    if mode == "sigmoid":
+        bias = sigmoid_bias if sigmoid_bias is not None else R.default_sigmoid_bias(s_k)
+        sig = score_fn(x).to(dtype) if score_fn is not None else torch.sigmoid(x + bias)
+        dsig = score_grad_fn(x).to(dtype) if score_grad_fn is not None else sig * (1 - sig)
+        return sig.masked_fill(~allowed, 0.0), dsig.masked_fill(~allowed, 0.0), scale
+    logits, dcap = x, None
+    if score_fn is not None:
+        logits = score_fn(x).to(dtype)
+        dcap = score_grad_fn(x).to(dtype) if score_grad_fn is not None else None
+    elif mode == "softcap":
+        t = torch.tanh(x / softcap)
+        logits, dcap = softcap * t, 1 - t * t
+    p, _ = R.softmax_rows(logits.masked_fill(~allowed, float("-inf")))
+    return p, dcap, scale
+
+
+def _expand(t, grp):
+    from einops import repeat
+    return repeat(t, "b s h d -> b s (h g) d", g=grp)
+
+
+def _fold(t, h_kv):
+    return t.reshape(t.shape[0], t.shape[1], h_kv, t.shape[2] // h_kv, t.shape[3]).sum(3)
+
+
+def lowprec_backward(dout, q, k, v, out, mode, **kw):
     """(dq, dk, dv) in the input dtype by a FlashAttention backward's math in torch: FP32 scores
     and P (exact functions), dV = P^T dO with P rounded to the input dtype, dP = dO V^T in FP32,
     dS = P (dP - D) (softmax modes, D = rowsum(dO o out) of the low-precision out; softcap times
     d logit / dx) or dP sigma' (sigmoid), rounded to the input dtype, dQ = dS K and dK = dS^T Q
-    with FP32 accumulation, each gradient rounded to the input dtype.  score_fn / score_grad_fn
-    (as for reference.attention_ref_backward: a replayed program) replace the exact score
-    function and its derivative."""
-    from einops import repeat
-    from flash_attn_poly import reference as R
-    dt = q.dtype
-    s_q, s_k, h_q, h_kv = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
-    grp = h_q // h_kv
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    x = R.scores(q, k, scale, torch.float32)
-    allowed = R.window_mask(s_q, s_k, *window_size, device=q.device)
-    if causal:
-        allowed &= R.causal_mask(s_q, s_k, device=q.device)
-    k_up = repeat(k, "b s h d -> b s (h g) d", g=grp).float()
-    v_up = repeat(v, "b s h d -> b s (h g) d", g=grp).float()
+    with FP32 accumulation, each gradient rounded to the input dtype.  kw: causal, softcap,
+    window_size, sigmoid_bias, softmax_scale, and score_fn / score_grad_fn (as for
+    reference.attention_ref_backward: a replayed program) for the exact score function and its
+    derivative."""
+    dt, h_kv = q.dtype, k.shape[2]
+    grp = q.shape[2] // h_kv
+    p, dfac, scale = _probs(q, k, mode, torch.float32, **kw)
     do = dout.float()
-    dp = torch.einsum("bqhd,bkhd->bhqk", do, v_up)
+    dp = torch.einsum("bqhd,bkhd->bhqk", do, _expand(v, grp).float())
     if mode == "sigmoid":
-        bias = sigmoid_bias if sigmoid_bias is not None else R.default_sigmoid_bias(s_k)
-        sig = score_fn(x).float() if score_fn is not None else torch.sigmoid(x + bias)
-        dsig = score_grad_fn(x).float() if score_grad_fn is not None else sig * (1 - sig)
-        p = sig.masked_fill(~allowed, 0.0)
-        ds = (dp * dsig).masked_fill(~allowed, 0.0)
+        ds = dp * dfac
     else:
-        logits, dcap = x, None
-        if score_fn is not None:
-            logits = score_fn(x).float()
-            dcap = score_grad_fn(x).float() if score_grad_fn is not None else None
-        elif mode == "softcap":
-            t = torch.tanh(x / softcap)
-            logits, dcap = softcap * t, 1 - t * t
-        p, _ = R.softmax_rows(logits.masked_fill(~allowed, float("-inf")))
-        d_row = torch.einsum("bqhd,bqhd->bhq", do, out.float())[..., None]
-        ds = p * (dp - d_row)
-        if dcap is not None:
-            ds = ds * dcap
+        ds = p * (dp - torch.einsum("bqhd,bqhd->bhq", do, out.float())[..., None])
+        if dfac is not None:
+            ds = ds * dfac
     p_lp, ds_lp = p.to(dt).float(), ds.to(dt).float()
-    dq = torch.einsum("bhqk,bkhd->bqhd", ds_lp, k_up) * scale
-    dk = torch.einsum("bhqk,bqhd->bkhd", ds_lp, q.float()) * scale
-    dv = torch.einsum("bhqk,bqhd->bkhd", p_lp, do)
-    fold = lambda t: t.reshape(t.shape[0], t.shape[1], h_kv, grp, t.shape[3]).sum(3)
-    return dq.to(dt), fold(dk).to(dt), fold(dv).to(dt)
+    dq = torch.einsum("bhqk,bkhd->bqhd", ds_lp, _expand(k, grp).float()) * scale
+    dk = _fold(torch.einsum("bhqk,bqhd->bkhd", ds_lp, q.float()) * scale, h_kv)
+    dv = _fold(torch.einsum("bhqk,bqhd->bkhd", p_lp, do), h_kv)
+    return dq.to(dt), dk.to(dt), dv.to(dt)
+
+
+def magnitudes(dout, q, k, v, out, mode, **kw) -> dict:
+    """max over elements of O, dQ, dK, dV computed in FP64 with every term's absolute value (dP
+    as |dO| |V|^T, D as rowsum(|dO| |O|), |d logit/dx|): the scale FP32 accumulation rounds at,
+    which bounds what it can leave where the exact result cancels to ~0 (dQ, dK at S_k = 1)."""
+    h_kv = k.shape[2]
+    grp = q.shape[2] // h_kv
+    p, dfac, scale = _probs(q, k, mode, torch.float64, **kw)
+    do, q64, k64, v64 = (t.double().abs() for t in (dout, q, _expand(k, grp), _expand(v, grp)))
+    dp = torch.einsum("bqhd,bkhd->bhqk", do, v64)
+    if mode == "sigmoid":
+        a = dp * dfac.abs()
+    else:
+        a = p * (dp + torch.einsum("bqhd,bqhd->bhq", do, out.double().abs())[..., None])
+        if dfac is not None:
+            a = a * dfac.abs()
+    mx = lambda t: t.max().item() if t.numel() else 0.0
+    return {"o": mx(torch.einsum("bhqk,bkhd->bqhd", p, v64)),
+            "dq": mx(torch.einsum("bhqk,bkhd->bqhd", a, k64) * scale),
+            "dk": mx(_fold(torch.einsum("bhqk,bqhd->bkhd", a, q64) * scale, h_kv)),
+            "dv": mx(_fold(torch.einsum("bhqk,bqhd->bkhd", p, do), h_kv))}
 
 
 # ----------------------------------------------------------------------------- the rule
-def floor_for(name: str, ref: torch.Tensor, dtype: torch.dtype) -> float:
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def floor_for(name: str, ref: torch.Tensor, dtype: torch.dtype, magnitude: float = 0.0) -> float:
+    """The rule's floor (module docstring); magnitude: magnitudes()[name] (the FP32 noise term)."""
     eps = torch.finfo(dtype).eps
     if name == "lse":
         return eps * LSE_FLOOR_EPS_FRACTION
     scale = ref.abs().max().item() if ref.numel() else 0.0
-    return eps * FLOOR_EPS_FRACTION * max(scale, FLOOR_MIN_SCALE)
+    return eps * FLOOR_EPS_FRACTION * scale + FP32_NOISE * magnitude
 
 
-def judge(name: str, got: torch.Tensor, ref: torch.Tensor, low: torch.Tensor, dtype: torch.dtype) -> dict:
-    """The rule for one tensor: {"err", "torch_err", "floor", "bound", "ratio", "ok", "why"}."""
+def judge(name: str, got: torch.Tensor, ref: torch.Tensor, low: torch.Tensor, dtype: torch.dtype,
+          magnitude: float = 0.0) -> dict:
+    """The rule for one tensor: {"err", "torch_err", "floor", "bound", "ratio", "ok", "why"}.
+    magnitude: magnitudes()[name] for O and the gradients (the floor's FP32 noise term)."""
     got, ref, low = got.detach(), ref.detach(), low.detach()
-    floor = floor_for(name, ref, dtype)
+    floor = floor_for(name, ref, dtype, magnitude)
     out = {"err": math.inf, "torch_err": math.nan, "floor": floor, "bound": math.nan, "ratio": math.inf,
            "ok": False, "why": ""}
     if got.shape != ref.shape:
@@ -165,10 +209,10 @@ def judge(name: str, got: torch.Tensor, ref: torch.Tensor, low: torch.Tensor, dt
         return out
     if name == "lse":
         got, ref, low = got[fin], ref[fin], low[fin]
-    err = (got.double() - ref.double()).abs().max().item() if got.numel() else 0.0
-    base = (low.double() - ref.double()).abs().max().item() if got.numel() else 0.0
+    err, base = max_err(got, ref), max_err(low, ref)
     bound = FACTOR * base + floor
-    out.update(err=err, torch_err=base, bound=bound, ratio=err / bound, ok=err <= bound)
+    out.update(err=err, torch_err=base, bound=bound, ratio=err / bound if bound > 0 else (0.0 if err == 0 else math.inf),
+               ok=err <= bound)
     if not out["ok"]:
         out["why"] = f"max abs error {err:.3e} > {FACTOR:g} x {base:.3e} + {floor:.2e} = {bound:.3e}"
     return out
@@ -208,12 +252,13 @@ def run_case(case, backend: str = "cuda", device: str = None) -> dict:
         low, low_lse = R.attention_ref_lowprec(qd, kd, vd, case.mode, **kw)
         ref_g = R.attention_ref_backward(dout, qd, kd, vd, case.mode, **kw)
         low_g = lowprec_backward(dout, qd, kd, vd, low, case.mode, **kw)
+        mag = magnitudes(dout, qd, kd, vd, ref, case.mode, **kw)
         dt = DTYPES[case.dtype]
-        checks = {"o": judge("o", out, ref, low, dt)}
+        checks = {"o": judge("o", out, ref, low, dt, mag["o"])}
         if has_lse:
             checks["lse"] = judge("lse", lse, ref_lse, low_lse, dt)
         for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref_g, low_g):
-            checks[name] = judge(name, got, r, lo, dt)
+            checks[name] = judge(name, got, r, lo, dt, mag[name])
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     rec = case_fields(case, backend)

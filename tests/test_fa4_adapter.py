@@ -60,9 +60,10 @@ def _judge_against_replay(out, grads, q, k, v, do, causal, cap):
     low, _ = attention_ref_lowprec(q, k, v, "softcap", score_fn=fn, **kw)
     ref_g = attention_ref_backward(do, q, k, v, "softcap", score_fn=fn, score_grad_fn=gfn, **kw)
     low_g = H.lowprec_backward(do, q, k, v, low, "softcap", score_fn=fn, score_grad_fn=gfn, **kw)
-    checks = {"o": H.judge("o", out, ref, low, q.dtype)}
+    mag = H.magnitudes(do, q, k, v, ref, "softcap", score_fn=fn, score_grad_fn=gfn, **kw)
+    checks = {"o": H.judge("o", out, ref, low, q.dtype, mag["o"])}
     for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref_g, low_g):
-        checks[name] = H.judge(name, got, r, lo, q.dtype)
+        checks[name] = H.judge(name, got, r, lo, q.dtype, mag[name])
     return checks
 
 
