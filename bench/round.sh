@@ -19,7 +19,7 @@
 #   first_call   bench/tools/first_call.py: import + first call per mode, cold and warm compile cache
 #   train        bench/tools/train_sanity.py: 200 training steps of a tiny decoder, every arm
 #   correctness  the catalogue and fuzz tiers (tests/test_correctness_gpu.py, tests/test_fuzz_gpu.py) in
-#                $FAP_SHARDS (default 8) parallel shards split by kernel variant, then bench/correctness.py
+#                $FAP_SHARDS (default 12) parallel shards split by kernel variant, then bench/correctness.py
 #                collect: correctness.json + .md (cases per tier, max error ratio to torch per mode and
 #                direction, the worst case) and the shards' JSON lines
 #                (compute-sanitizer is not a phase: run bench/tools/sanitize.py after this phase in the same
@@ -65,7 +65,7 @@ phase_tests() {   # compile is CPU-bound: every file in its own process; the win
 }
 
 phase_correctness() {   # shards split by kernel variant: each build compiles in one process
-  local n=${FAP_SHARDS:-8} i d="$W/correctness"
+  local n=${FAP_SHARDS:-12} i d="$W/correctness"
   mkdir -p "$d"
   for i in $(seq 0 $((n - 1))); do
     t "correctness_$i" 540 env FAP_SHARD="$i/$n" FAP_CORRECTNESS_OUT="$d" python3 -m pytest -q -p no:cacheprovider \
