@@ -1,6 +1,6 @@
 """The correctness tiers' results: merge the GPU tests' JSON lines into one JSON + Markdown table.
 
-    python bench/correctness.py collect OUT_DIR [--json bench/results/correctness.json]
+    python bench/correctness.py collect OUT_DIR --json bench/results/correctness.json
 
 OUT_DIR holds the *.jsonl files that tests/test_correctness_gpu.py (catalogue) and
 tests/test_fuzz_gpu.py (fuzz) append to when FAP_CORRECTNESS_OUT=OUT_DIR (one file per tier
@@ -20,12 +20,13 @@ import glob
 import json
 import math
 import os
+import re
 import sys
 
 DIRECTIONS = ("o", "lse", "dq", "dk", "dv")
 DIRECTION_NAMES = {"o": "fwd O", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV"}
 TIERS = ("catalogue", "fuzz")
-DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "correctness.json")
+BENCH = os.path.dirname(os.path.abspath(__file__))
 
 
 def read_records(out_dir: str) -> list:
@@ -78,7 +79,9 @@ def summarize(records: list) -> dict:
                                                   if not c.get("ok"))}
              for r in records if r.get("status") != "passed"]
     devices = sorted({r.get("device") for r in records if r.get("device")})
-    return {"devices": devices, "tiers": tiers, "max_ratio": worst, "worst": overall,
+    seeds = sorted({int(m.group(1)) for r in records if r.get("tier") == "fuzz"
+                    for m in [re.match(r"fuzz(\d+)_", str(r.get("id")))] if m})
+    return {"devices": devices, "fuzz_seeds": seeds, "tiers": tiers, "max_ratio": worst, "worst": overall,
             "failures": sorted(fails, key=lambda f: (f["tier"] or "", f["id"] or ""))}
 
 
@@ -98,6 +101,8 @@ def markdown(payload: dict) -> str:
              "", "| tier | run | passed | failed | raised |", "|---|---|---|---|---|"]
     for t, s in payload["tiers"].items():
         lines.append(f"| {t} | {s['run']} | {s['passed']} | {s['failed']} | {s['errors']} |")
+    if payload.get("fuzz_seeds"):
+        lines += ["", f"Fuzz seed: {', '.join(map(str, payload['fuzz_seeds']))} (FAP_FUZZ_SEED reproduces the draws)."]
     lines += ["", "Largest error ratio to torch per score and direction (the case that has it below):", "",
               "| mode/evaluator | " + " | ".join(DIRECTION_NAMES[d] for d in DIRECTIONS) + " |",
               "|---|" + "---|" * len(DIRECTIONS)]
@@ -134,15 +139,22 @@ def _json_safe(x):
     return x
 
 
-def collect(out_dir: str, json_path: str = DEFAULT_JSON, commit: str = None, date: str = None) -> dict:
-    """Merge OUT_DIR's records, write json_path and the Markdown beside it; return the payload."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+def _protocol():
+    if BENCH not in sys.path:
+        sys.path.insert(0, BENCH)
     import protocol
+    return protocol
+
+
+def collect(out_dir: str, json_path: str = None, commit: str = None, date: str = None) -> dict:
+    """Merge OUT_DIR's records, write json_path (default bench/out/correctness.json, scratch) and
+    the Markdown beside it; return the payload."""
+    protocol = _protocol()
+    json_path = protocol.output_path(json_path, "correctness")
     payload = summarize(read_records(out_dir))
     payload = {"device": ", ".join(payload["devices"]) or "unknown",
                "date": date or _dt.date.today().isoformat(),
                "commit": commit or protocol.commit_id(), **payload}
-    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
     with open(json_path, "w") as f:
         json.dump(_json_safe(payload), f, indent=2)
         f.write("\n")
@@ -156,8 +168,10 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect", help="merge OUT_DIR/*.jsonl into the results JSON + Markdown")
     c.add_argument("out_dir")
-    c.add_argument("--json", default=DEFAULT_JSON, help="results path (default bench/results/correctness.json)")
+    protocol = _protocol()
+    protocol.add_json_arg(c, "correctness")
     args = p.parse_args(argv)
+    args.json = protocol.output_path(args.json, "correctness")
     payload = collect(args.out_dir, args.json)
     for t, s in payload["tiers"].items():
         print(f"{t}: {s['passed']}/{s['run']} passed, {s['failed']} failed, {s['errors']} raised")

@@ -234,8 +234,8 @@ def test_collector_merges_shards_and_names_the_worst_case(tmp_path):
             _rec("catalogue", "c", "sigmoid", "poly", "failed", o=0.3, dq=1.4, dk=0.2, dv=0.2),
             {"tier": "catalogue", "id": "d", "mode": "sigmoid", "evaluator": "native", "status": "error",
              "message": "RuntimeError: boom", "device": "NVIDIA H200"}],
-        "fuzz-shard0of1.jsonl": [_rec("fuzz", "f1", "softmax", "native", o=0.2, lse=0.0, dq=1.2, dk=0.1, dv=0.1),
-                                 _rec("fuzz", "f2", "softmax", "native", o=0.3, lse=0.0, dq=0.1, dk=0.1, dv=0.1)],
+        "fuzz-shard0of1.jsonl": [_rec("fuzz", "fuzz42_0-x", "softmax", "native", o=0.2, lse=0.0, dq=1.2, dk=0.1, dv=0.1),
+                                 _rec("fuzz", "fuzz42_1-y", "softmax", "native", o=0.3, lse=0.0, dq=0.1, dk=0.1, dv=0.1)],
     }
     for name, recs in lines.items():
         (tmp_path / name).write_text("\n".join(json.dumps(r) for r in recs) + "\n")
@@ -245,15 +245,16 @@ def test_collector_merges_shards_and_names_the_worst_case(tmp_path):
     assert payload["tiers"]["fuzz"] == {"run": 2, "passed": 1, "failed": 1, "errors": 0}
     assert payload["max_ratio"]["softcap/poly"]["o"]["ratio"] == 0.9     # the rerun replaced the failure
     assert payload["max_ratio"]["softmax/native"]["dq"] == pytest.approx(
-        {"ratio": 1.2, "id": "f1", "tier": "fuzz", "err": 1.2e-3, "torch_err": 5e-4, "floor": 1e-5})
+        {"ratio": 1.2, "id": "fuzz42_0-x", "tier": "fuzz", "err": 1.2e-3, "torch_err": 5e-4, "floor": 1e-5})
     assert payload["worst"] == {"ratio": 1.4, "direction": "dq", "id": "c", "tier": "catalogue"}
-    assert [f["id"] for f in payload["failures"]] == ["c", "d", "f1"]
+    assert [f["id"] for f in payload["failures"]] == ["c", "d", "fuzz42_0-x"]
+    assert payload["fuzz_seeds"] == [42]
     assert "boom" in payload["failures"][1]["why"]
     on_disk = json.loads(out.read_text())
     assert on_disk["device"] == "NVIDIA H200" and on_disk["commit"] == "abc1234"
     md = (tmp_path / "res" / "correctness.md").read_text()
     assert "| catalogue | 4 | 2 | 1 | 1 |" in md and "| sigmoid/poly | 0.300 | — | 1.400 |" in md
-    assert "Worst case: `c` (catalogue), dQ ratio 1.400" in md
+    assert "Worst case: `c` (catalogue), dQ ratio 1.400" in md and "Fuzz seed: 42" in md
     assert C.main(["collect", str(tmp_path), "--json", str(out)]) == 1   # failures: non-zero exit
 
 

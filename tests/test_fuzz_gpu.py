@@ -27,8 +27,18 @@ def _sm_count() -> int:
     return cases.SM_COUNT_DEFAULT
 
 
-CASES = cases.select_shard(cases.fuzz_cases(sm_count=_sm_count()))
+SEED = cases.fuzz_seed()
+CASES = cases.select_shard(cases.fuzz_cases(SEED, sm_count=_sm_count()))
 _record = H.recorder_for("fuzz")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_seed(request):
+    """The seed on the terminal even under -q and output capture: it reproduces every draw."""
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled():
+        print(f"\nfuzz tier: FAP_FUZZ_SEED={SEED}, {len(CASES)} of {cases.FUZZ_COUNT} cases in this shard")
+    yield
 
 
 @pytest.mark.gpu
