@@ -15,7 +15,7 @@ access, so a call costs seconds, not microseconds):
            correctness tier already compiled (the kernels load from the disk cache)
 
 First the calls run once without a sanitizer (compiles into the disk cache, checks the
-outputs are finite), then once under each tool (`compute-sanitizer --tool T
+outputs are finite), then under each tool, the three at the same time (`compute-sanitizer --tool T
 --error-exitcode 86`; memcheck with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so an access past a
 tensor's end leaves its own allocation instead of landing in the caching allocator's pool).
 Exit status 0 only when every tool ran and reported no error.  Writes two files to --out
@@ -27,6 +27,7 @@ sanitize.log, every run's full output.  A machine where compute-sanitizer is mis
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import re
 import shutil
@@ -216,17 +217,13 @@ def main(argv=None) -> int:
         log.write(f"==== warm-up (no sanitizer) rc={warm['rc']}\n{text}\n")
         log.flush()
     results = []
-    for t in tools:
-        if warm["rc"] not in (0, "skipped"):   # the calls fail without a tool: nothing to learn under one
-            break
-        if results and verdict(results[-1]) == "unavailable":   # the same machine refuses the next tool too
-            results.append(dict(results[-1], tool=t, seconds=0.0, first=[]))
-            log.write(f"==== {t} not run: {results[-1]['unsupported']}\n")
-            continue
-        r, text = run_tool(t, args)
-        results.append(r)
-        log.write(f"==== {t} rc={r['rc']} {r['seconds']} s\n{text}\n")
-        log.flush()
+    if warm["rc"] in (0, "skipped") and tools:
+        # the tools at once: independent processes, each under its own timeout
+        with concurrent.futures.ThreadPoolExecutor(len(tools)) as pool:
+            runs = list(pool.map(lambda t: run_tool(t, args), tools))
+        for r, text in runs:
+            results.append(r)
+            log.write(f"==== {r['tool']} rc={r['rc']} {r['seconds']} s\n{text}\n")
     log.close()
     lines = summary_lines(results, warm)
     with open(os.path.join(args.out, "sanitize_summary.txt"), "w") as f:
