@@ -73,6 +73,7 @@ phase_correctness() {   # shards split by kernel variant: each build compiles in
   done
   wait
   t correctness_collect 60 python3 bench/correctness.py collect "$d" --json "$W/correctness.json"
+  cp "$W/correctness.json" "$OUT/" 2>/dev/null   # beside the tarball: the table to commit
 }
 
 phase_ncu() {   # one warm launch per build under ncu --set full; raw and SASS pages as CSV
