@@ -56,12 +56,9 @@ def make_inputs(case, device="cuda"):
     g = torch.Generator(device=device).manual_seed(case.seed)
     b, s_q, s_k, hq, hkv, d = case.batch, case.seqlen_q, case.seqlen_k, case.hq, case.hkv, case.head_dim
     amp = case.softcap / 4 if case.mode == "softcap" else 1.0
-    leaves = []
 
     def leaf(t):
-        t = t.to(dt).requires_grad_()
-        leaves.append(t)
-        return t
+        return t.to(dt).requires_grad_()
 
     if case.layout == "contiguous":
         q, k, v = (leaf(_randn((b, s, h, d), g, device) * a)
