@@ -230,20 +230,11 @@ def case_fields(case, backend: str) -> dict:
             "softcap": case.softcap, "seed": case.seed}
 
 
-def run_case(case, backend: str = "cuda", device: str = None) -> dict:
-    """Forward and backward of attention() on the case's inputs, each tensor judged by the rule.
-    Returns the record; status "passed" or "failed" (an exception propagates)."""
-    import flash_attn_poly
+def judge_case(case, q, k, v, dout, out, lse, grads) -> dict:
+    """{name: judge(...)} of a case's O, LSE (softmax modes) and (dq, dk, dv) against the FP64
+    reference and torch at the input precision (module docstring)."""
     from flash_attn_poly import reference as R
-    device = device or ("cuda" if backend == "cuda" else "cpu")
-    t0 = time.perf_counter()
-    q, k, v, dout = make_inputs(case, device)
     kw = case.kwargs()
-    has_lse = case.mode != "sigmoid"
-    res = flash_attn_poly.attention(q, k, v, case.mode, evaluator=case.evaluator, backend=backend,
-                                    return_lse=has_lse, **kw)
-    out, lse = res if has_lse else (res, None)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
     qd, kd, vd = (t.detach() for t in (q, k, v))
     with torch.no_grad():
         ref, ref_lse = R.attention_ref(qd, kd, vd, case.mode, **kw)
@@ -253,10 +244,27 @@ def run_case(case, backend: str = "cuda", device: str = None) -> dict:
         mag = magnitudes(dout, qd, kd, vd, ref, case.mode, **kw)
         dt = DTYPES[case.dtype]
         checks = {"o": judge("o", out, ref, low, dt, mag["o"])}
-        if has_lse:
+        if case.mode != "sigmoid":
             checks["lse"] = judge("lse", lse, ref_lse, low_lse, dt)
         for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref_g, low_g):
             checks[name] = judge(name, got, r, lo, dt, mag[name])
+    return checks
+
+
+def run_case(case, backend: str = "cuda", device: str = None) -> dict:
+    """Forward and backward of attention() on the case's inputs, each tensor judged by the rule.
+    Returns the record; status "passed" or "failed" (an exception propagates)."""
+    import flash_attn_poly
+    device = device or ("cuda" if backend == "cuda" else "cpu")
+    t0 = time.perf_counter()
+    q, k, v, dout = make_inputs(case, device)
+    kw = case.kwargs()
+    has_lse = case.mode != "sigmoid"
+    res = flash_attn_poly.attention(q, k, v, case.mode, evaluator=case.evaluator, backend=backend,
+                                    return_lse=has_lse, **kw)
+    out, lse = res if has_lse else (res, None)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    checks = judge_case(case, q, k, v, dout, out, lse, grads)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     rec = case_fields(case, backend)

@@ -388,3 +388,35 @@ def test_sanitize_calls_dry_run_on_the_reference_backend(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split()[:2] for ln in lines] == [["tail:softcap/poly", "ok"], ["tail:sigmoid/native", "ok"],
                                                 ["d256:softcap/poly", "ok"], ["d256:sigmoid/native", "ok"]]
+
+
+# ----------------------------------------------------------------------------- calibration
+def _emulation_cases():
+    """The largest catalogue cases the CPU affords, one per score x dtype x window x S_k = 1."""
+    picked, seen = [], set()
+    for c in sorted(cases.catalogue(), key=lambda c: (-c.size, c.id)):
+        key = (c.mode, c.dtype, c.variant.window is not None, c.seqlen_k == 1)
+        if c.size <= 600_000 and key not in seen:
+            seen.add(key)
+            picked.append(c)
+    return picked
+
+
+def test_a_flash_attention_order_emulation_passes_the_rule_with_room():
+    """tests/fa_emulation.py (online softmax over 64-key blocks, unrounded row sum, P and dS
+    rounded to the input dtype, D from the output) is what a right kernel computes: the rule
+    passes it on every score, dtype, window and S_k = 1, with the largest ratio well below 1
+    (a rule this kernel order could fail would fail right kernels on the GPU)."""
+    import fa_emulation as E
+    worst = {}
+    for case in _emulation_cases():
+        q, k, v, do = (t.detach() for t in H.make_inputs(case, "cpu"))
+        kw = case.kwargs()
+        out, lse = E.forward(q, k, v, case.mode, **kw)
+        grads = E.backward(do, q, k, v, out, lse, case.mode, **kw)
+        checks = H.judge_case(case, q, k, v, do, out, lse, grads)
+        for n, c in checks.items():
+            assert c["ok"], (case.id, n, c)
+            worst[n] = max(worst.get(n, 0.0), c["ratio"])
+    assert len(_emulation_cases()) >= 10
+    assert max(worst.values()) < 0.9, worst
