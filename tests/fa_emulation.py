@@ -20,8 +20,11 @@ def _expand(t, grp):
     return t.repeat_interleave(grp, dim=2)
 
 
-def forward(q, k, v, mode, *, causal, softcap=None, window_size=(-1, -1), block=64):
-    """(O in q.dtype, LSE FP32 or None)."""
+def forward(q, k, v, mode, *, causal, softcap=None, window_size=(-1, -1), block=64, fixed_max=None,
+            rounded_row_sum=False):
+    """(O in q.dtype, LSE FP32 or None).  fixed_max: a constant row max m0 instead of the online
+    one (softcap's constant-max build); rounded_row_sum: l sums the rounded P that the PV product
+    uses (the normalisation that is exact when one key dominates)."""
     dt = q.dtype
     s_q, s_k = q.shape[1], k.shape[1]
     grp = q.shape[2] // k.shape[2]
@@ -42,11 +45,11 @@ def forward(q, k, v, mode, *, causal, softcap=None, window_size=(-1, -1), block=
     acc = torch.zeros(b, s_q, h, q.shape[-1])
     for j in range(0, s_k, block):
         xb = logits[..., j:j + block]
-        m_new = torch.maximum(m, xb.amax(-1))
+        m_new = torch.maximum(m, xb.amax(-1)) if fixed_max is None else torch.full_like(m, fixed_max)
         safe = torch.where(m_new == -math.inf, 0.0, m_new)
         alpha = torch.exp(m - safe)
         pb = torch.exp(xb - safe[..., None])
-        l = l * alpha + pb.sum(-1)
+        l = l * alpha + (pb.to(dt).float() if rounded_row_sum else pb).sum(-1)
         acc = acc * alpha.transpose(1, 2)[..., None] + torch.einsum(
             "bhqk,bkhd->bqhd", pb.to(dt).float(), v_up[:, j:j + block])
         m = m_new

@@ -420,3 +420,23 @@ def test_a_flash_attention_order_emulation_passes_the_rule_with_room():
             worst[n] = max(worst.get(n, 0.0), c["ratio"])
     assert len(_emulation_cases()) >= 10
     assert max(worst.values()) < 0.9, worst
+
+
+@pytest.mark.parametrize("rounded_row_sum", [False, True], ids=["fp32_row_sum", "rounded_row_sum"])
+def test_the_catalogue_catches_softcaps_constant_max_normalisation(rounded_row_sum):
+    """Issue 26's softcap defect, emulated: with the constant row max c - 20, a row's largest p
+    is not 1, so its BF16 rounding for the PV product no longer cancels against an FP32 row sum
+    and O = V at S_k = 1 comes back off by an ulp: the rule fails the catalogue's S_k = 1 cases.
+    Normalising by the sum of the rounded P passes them."""
+    import fa_emulation as E
+    picked = [c for c in cases.catalogue() if c.mode == "softcap" and c.dtype == "bf16" and c.seqlen_k == 1
+              and c.size < 4096]
+    assert picked
+    verdicts = []
+    for case in picked:
+        q, k, v, do = (t.detach() for t in H.make_inputs(case, "cpu"))
+        kw = case.kwargs()
+        out, lse = E.forward(q, k, v, "softcap", fixed_max=case.softcap - 20.0,
+                             rounded_row_sum=rounded_row_sum, **kw)
+        verdicts.append(H.judge_case(case, q, k, v, do, out, lse, [torch.zeros_like(t) for t in (q, k, v)])["o"]["ok"])
+    assert all(verdicts) if rounded_row_sum else not any(verdicts), verdicts
