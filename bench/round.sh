@@ -8,8 +8,10 @@
 # (FAP_COMMIT as a literal sha: the copied tree has no .git; bench/protocol.commit_id records it.)
 # Phases:
 #   tests        every GPU test file (the files that use pytest.mark.gpu), one process each, in parallel
+#                (TEST_FILES="tests/test_a.py ...": those files only)
 #                (but the correctness and fuzz tiers: phase correctness)
 #   goals        bench/gqa_4096.py --pairs: the issues' goal pairs, each pair timed alone, 2 repeats
+#                (PAIR_NAMES="a,b": those pairs only; PAIR_REPEATS=n)
 #   table        bench/gqa_4096.py: every row side by side, shuffled order, CUDA-graph and clock columns
 #   gemma2       bench/gemma2.py at D = 256 and D = 128 (ours + FA4 rows, the FP16 tanh program as a row)
 #   accuracy     bench/accuracy.py: output and gradient error vs FP64, every mode and evaluator
@@ -56,7 +58,7 @@ gpu_test_files() { grep -l "pytest.mark.gpu" tests/test_*.py | grep -v -e test_c
 
 phase_tests() {   # compile is CPU-bound: every file in its own process; the window file in two halves
   local f n
-  for f in $(gpu_test_files); do
+  for f in ${TEST_FILES:-$(gpu_test_files)}; do
     n=$(basename "$f" .py); n=${n#test_}
     if [ "$n" = window_gpu ]; then
       pt window_gpu_a "$f" -k "softmax or softcap-native" &
@@ -105,7 +107,8 @@ phase_ncu() {   # one warm launch per build under ncu --set full; raw and SASS p
 for phase in "$@"; do
   case $phase in
     tests)       phase_tests ;;
-    goals)       t goals 400 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$W/gqa_4096_pairs.json" ;;
+    goals)       t goals 400 python3 bench/gqa_4096.py --pairs --pair-repeats "${PAIR_REPEATS:-2}" \
+                     ${PAIR_NAMES:+--pair-names "$PAIR_NAMES"} --json "$W/gqa_4096_pairs.json" ;;
     table)       t table 400 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
                      --json "$W/gqa_4096_shuffle.json" ;;
     gemma2)      t gemma2_d256 260 python3 bench/gemma2.py --impls ours,fa4 --programs softcap_c50_f16_odd \
