@@ -30,9 +30,11 @@ def main(argv=None):
     t = sub.add_parser("table", help="Table 2: ours vs Sollya fpminimax, with exact floors (writes "
                        "JSON and PATH.md)")
     t.add_argument("--json", required=True)
-    sw = sub.add_parser("sweep", help="figures like the seed's 4/5 (PNG)")
-    sw.add_argument("--out", required=True)
-    sw.add_argument("--dtype", default="f16", choices=["bf16", "f16"])
+    sw = sub.add_parser("sweep", help="D3-D6 sweeps like the seed's figures 4/5: PNGs, and the per-sweep "
+                        "check of its higher-degree-is-worse claim (JSON + PATH.md)")
+    sw.add_argument("--out", required=True, help="folder for the two PNGs")
+    sw.add_argument("--json", default=None, help="write the numbers here (and PATH.md)")
+    sw.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     am = sub.add_parser("attn-metric", help="attention-output error of the poly programs vs native (CPU, FP64 ref)")
     am.add_argument("--modes", nargs="+", default=["sigmoid", "softcap"], choices=["sigmoid", "softcap"])
     am.add_argument("--seeds", type=int, default=3)
@@ -129,9 +131,16 @@ def main(argv=None):
             with open(a.json.rsplit(".", 1)[0] + ".md", "w") as fh:
                 fh.write(md)
     elif a.cmd == "sweep":
-        from .sweep import sweep
-        for path in sweep(a.out, a.dtype):
-            print(path)
+        from . import sweep as SW
+        data = SW.run(a.dtype, progress=True)
+        pngs = SW.figures(data, a.out)
+        md = SW.markdown(data, cmd, pngs)
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump({"command": cmd, **data}, fh, indent=1)
+            with open(a.json.rsplit(".", 1)[0] + ".md", "w") as fh:
+                fh.write(md)
+        print(md, end="")
 
 
 def _emit(entries, write: bool, P, path):
