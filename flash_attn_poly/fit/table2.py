@@ -217,8 +217,8 @@ def reading(res):
            f"No odd D3 program with BF16 coefficients reaches the paper's {paper:.2e} at this "
            "clamp, by any construction."]
     lo_s = [r.get("sollya_real") for r in scan if r["L_c"] in below and "sollya_real" in r]
-    out.append(f"- Over the scan, the BF16 floor is <= {paper:.2e} only for L_c <= "
-               f"{max(below) if below else 'none'}"
+    out.append(f"- Over the scan, the BF16 floor is <= {paper:.2e} "
+               + (f"only for L_c <= {max(below)}" if below else "at no clamp")
                + (f", where Sollya's error is at most {max(lo_s):.4e} (not 5.47e-3)" if lo_s else "")
                + "; so no clamp of the scan reproduces the paper's pair under this protocol.")
     f64 = [r for r in scan if r["L_c"] == sig["L_c"]]
