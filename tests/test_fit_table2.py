@@ -80,3 +80,9 @@ def test_committed_table_matches_recomputation():
     scan = {r["L_c"]: r for r in res["sigmoid_scan"]}
     # the floor is below the paper's 5.44e-3 only at clamps of 4.875 and less
     assert max(lc for lc, r in scan.items() if r["lattice_real"] <= 5.44e-3) == 4.875
+
+
+def test_committed_markdown_is_the_json_rendered():
+    """table2.md (numbers and the reading's prose) is generated from table2.json, not edited."""
+    res = json.loads(RESULTS.read_text())
+    assert T2.markdown(res) == RESULTS.with_suffix(".md").read_text()
