@@ -17,7 +17,7 @@ from flash_attn_poly.asm import blocks
 PROGRAM = "sigmoid_attn_n4096"
 
 
-def _qkv(s=64, d=128):
+def _qkv(s=256, d=128):   # S_k inside the program's fitted span (plan.SIGMOID_FIT_SPAN)
     g = torch.Generator().manual_seed(3)
     return [torch.randn(1, s, 2, d, generator=g).to(torch.bfloat16) for _ in range(3)]
 
