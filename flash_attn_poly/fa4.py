@@ -132,30 +132,26 @@ def softcap_score_mods(softcap: float, program=PROGRAM, grad_rule: str | None = 
     if spec.clamp_on_fma:   # odd_u2: u = clamp(x / c, +-L) by fma.rn.sat, logit = c u - c rho
         alpha = inv_c * (1.0 / (2.0 * L))   # softcap_u2_alpha of u_scale = 1/c, on the host
 
-        def t_pair(x0, x1):   # tanh(u) = u - rho(u) = logit / c, and u
+        def logit_pair(x0, x1):   # (logits, tanh(u) = u - rho(u)): the kernels' u2 forms
             u0, u1, r0, r1 = softcap_u2_pair(x0, x1, Float32(alpha), L, spec)
-            return u0 - r0, u1 - r1, u0, u1
-
-        def fwd_pair(x0, x1):
-            t0, t1, _, _ = t_pair(x0, x1)
-            return Float32(c) * t0, Float32(c) * t1
+            return Float32(c) * u0 - Float32(c) * r0, Float32(c) * u1 - Float32(c) * r1, u0 - r0, u1 - r1
     else:                   # residual: logit = x_c - c rho(x_c / c), x_c = clamp(x, +-c L)
-        def t_pair(x0, x1):
+        def logit_pair(x0, x1):   # (logits, logit / c)
             x0 = cute.arch.fmin(cute.arch.fmax(x0, -x_max), x_max)
             x1 = cute.arch.fmin(cute.arch.fmax(x1, -x_max), x_max)
             u0, u1 = x0 * inv_c, x1 * inv_c
             r0, r1 = unpack(Int32(run_program(spec, "fwd", u0, u1)[0]))
             l0 = softcap_combine(x0, r0, u0, Float32(c), tail_u)
             l1 = softcap_combine(x1, r1, u1, Float32(c), tail_u)
-            return l0 * inv_c, l1 * inv_c, u0, u1
+            return l0, l1, l0 * inv_c, l1 * inv_c
 
-        def fwd_pair(x0, x1):
-            t0, t1, _, _ = t_pair(x0, x1)
-            return Float32(c) * t0, Float32(c) * t1
+    def fwd_pair(x0, x1):
+        l0, l1, _, _ = logit_pair(x0, x1)
+        return l0, l1
 
     if rule == "value":
         def bwd_pair(x0, x1):
-            t0, t1, _, _ = t_pair(x0, x1)
+            _, _, t0, t1 = logit_pair(x0, x1)
             return 1.0 - t0 * t0, 1.0 - t1 * t1
     else:
         def bwd_pair(x0, x1):
