@@ -4,7 +4,7 @@
 mode, evaluator=..., backend="fa4") at the seed's shape class (batch 1, 4096 tokens, 32 query
 and 8 KV heads, head_dim 128, causal, BF16), the score functions exactly as
 flash_attn_poly.fa4 hands them to FA4 (plan.resolve_fa4 -> fa4.score_mods).  Each build runs in
-a child process (`python tests/fa4_builds.py NAME OUTDIR`) under FA4's documented CPU-only
+a child process (`python tests/fa4_builds.py NAME OUTDIR ARCH`) under FA4's documented CPU-only
 compilation (FLASH_ATTENTION_ARCH=sm_100, CUTE_DSL_ARCH=sm_100a, FLASH_ATTENTION_NUM_SMS=148,
 torch's FakeTensorMode: no GPU, no memory), with the DSL keeping its cubins
 (CUTE_DSL_KEEP=cubin); nvdisasm (nvidia-cuda-nvdisasm, which knows SM100a) disassembles them.
@@ -37,8 +37,10 @@ SHAPE = (1, 4096, 32, 8, 128)    # (B, S, H_q, H_kv, D): the seed's B2/B3 shape
 SOFTCAP = 50.0
 # name -> attention() options (mode, evaluator, program or None for the plan's)
 BUILDS = {
+    "softmax": ("softmax", "native", None),
     "softcap_native": ("softcap", "native", None),
     "softcap_poly": ("softcap", "poly", None),
+    "softcap_poly_bf16": ("softcap", "poly", "softcap_c50"),   # the seed's B2 program (block-rule backward)
     "sigmoid_native": ("sigmoid", "native", None),
     "sigmoid_poly": ("sigmoid", "poly", None),
 }
@@ -54,8 +56,10 @@ FAMILIES = {
     "HFMA2": r"HFMA2(\..*)?",
     "STL": r"STL(\..*)?",
 }
-_ENV = {"FLASH_ATTENTION_ARCH": "sm_100", "CUTE_DSL_ARCH": "sm_100a", "FLASH_ATTENTION_NUM_SMS": "148",
-        "CUTE_DSL_KEEP": "cubin"}
+# arch -> (FA4's kernel selection, its SM count, the forward / backward kernel classes' cubin names);
+# sm_90a: the Hopper builds of the same calls, for the throughput model's check against the H200
+ARCHS = {"sm_100a": ("sm_100", "148", "flash_fwd_sm100", "flash_bwd_sm100"),
+         "sm_90a": ("sm_90", "132", "flash_fwd_sm90", "flash_bwd_sm90")}
 
 
 def cache_dir() -> str:
@@ -82,19 +86,21 @@ def _fingerprint() -> str:
     return h.hexdigest()[:20]
 
 
-def sass(name: str) -> dict:
-    """{"fwd": SASS text, "bwd": SASS text, "registers": {kernel: regs}} of BUILDS[name]."""
+def sass(name: str, arch: str = "sm_100a") -> dict:
+    """{"fwd": SASS text, "bwd": SASS text, "registers": {kernel: regs}} of BUILDS[name] for arch."""
     if name not in BUILDS:
         raise KeyError(f"unknown build {name!r}; builds: {sorted(BUILDS)}")
-    out = os.path.join(cache_dir(), _fingerprint(), name)
+    out = os.path.join(cache_dir(), _fingerprint(), arch, name)
     if not os.path.exists(os.path.join(out, "done")):
         os.makedirs(out, exist_ok=True)
-        env = dict(os.environ, **_ENV, CUTE_DSL_DUMP_DIR=os.path.join(out, "dump"))
+        fa4_arch, sms = ARCHS[arch][:2]
+        env = dict(os.environ, FLASH_ATTENTION_ARCH=fa4_arch, CUTE_DSL_ARCH=arch, FLASH_ATTENTION_NUM_SMS=sms,
+                   CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=os.path.join(out, "dump"))
         env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), name, out], env=env,
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), name, out, arch], env=env,
                            capture_output=True, text=True)
         if r.returncode:
-            raise RuntimeError(f"sm_100a build {name} failed:\n{r.stderr[-4000:]}")
+            raise RuntimeError(f"{arch} build {name} failed:\n{r.stderr[-4000:]}")
     res = {}
     for part in ("fwd", "bwd"):
         with open(os.path.join(out, f"{part}.sass")) as f:
@@ -109,10 +115,10 @@ def counts(text: str) -> dict:
     return sass_mod.count_opcodes(text, FAMILIES)
 
 
-def per_score(name: str) -> dict:
+def per_score(name: str, arch: str = "sm_100a") -> dict:
     """{"fwd"|"bwd": {family: count / sites}} with sites from SITES_BUILD (see the docstring)."""
-    sites = {p: counts(sass(SITES_BUILD)[p])["MUFU.TANH"] for p in ("fwd", "bwd")}
-    b = sass(name)
+    sites = {p: counts(sass(SITES_BUILD, arch)[p])["MUFU.TANH"] for p in ("fwd", "bwd")}
+    b = sass(name, arch)
     return {p: {k: v / sites[p] for k, v in counts(b[p]).items()} for p in ("fwd", "bwd")}
 
 
@@ -138,8 +144,8 @@ def import_fa4_on_cpu():
     return flash_attn.cute
 
 
-def _build(name: str, out: str) -> None:
-    """Child process: compile BUILDS[name] forward and backward for sm_100a, disassemble."""
+def _build(name: str, out: str, arch: str) -> None:
+    """Child process: compile BUILDS[name] forward and backward for arch, disassemble."""
     import glob
     import shutil
 
@@ -178,13 +184,13 @@ def _build(name: str, out: str) -> None:
                                   program=program)
         p = plan_mod.resolve_fa4(call)
         fa4.attention(q, k, v, p, return_lse=True)
-        take("flash_fwd_sm100", "fwd")
+        take(ARCHS[arch][2], "fwd")
         # the backward of flash_attn_func (FlashAttnFunc.backward's call), on fake tensors
         fwd, bwd, cap = fa4.score_mods(p)
         o, lse = torch.empty_like(q), torch.empty(b, hq, s, device="cuda", dtype=torch.float32)
         _flash_attn_bwd(q, k, v, o, torch.empty_like(o), lse, p.softmax_scale, True, cap,
                         score_mod=fwd, score_mod_bwd=bwd)
-        take("flash_bwd_sm100", "bwd")
+        take(ARCHS[arch][3], "bwd")
     with open(os.path.join(out, "registers.json"), "w") as f:
         json.dump(regs, f, indent=1)
     shutil.rmtree(dump, ignore_errors=True)
@@ -193,4 +199,4 @@ def _build(name: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    _build(sys.argv[1], sys.argv[2])
+    _build(sys.argv[1], sys.argv[2], sys.argv[3])

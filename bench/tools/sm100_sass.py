@@ -1,13 +1,15 @@
 """SASS of flash-attn-4's Blackwell (sm_100a) kernels with our score functions, compiled on the CPU.
 
-    python bench/tools/sm100_sass.py        # writes bench/results/sm100_sass.md and .json
+    python bench/tools/sm100_sass.py   # writes bench/results/sm100_sass.md/.json, sm100_model.md/.json
 
 Builds tests/fa4_builds.BUILDS (attention(..., backend="fa4") at the seed's shape class: B 1,
 S 4096, H 32/8, D 128, causal, BF16; softcap 50) forward and backward for sm_100a without a GPU
 (flash-attn-4 and nvdisasm with SM100a support needed: pip install 'flash-attn-poly[fa4]'
 nvidia-cuda-nvdisasm; on a CPU-only torch the triton stub of tests/fa4_builds.py stands in), and
 tabulates static opcode counts per score site (see tests/fa4_builds.py: sites = the native
-softcap build's MUFU.TANH count).  ~20-30 s per build here, cached in /tmp.
+softcap build's MUFU.TANH count); then the throughput model (bench/tools/sm100_model.py) from those
+counts and the same builds for sm_90a (the model's check against the H200).  ~20-30 s per build
+here (5 builds x 2 archs), cached in /tmp.
 """
 from __future__ import annotations
 
@@ -18,15 +20,17 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path[:0] = [os.path.join(ROOT, "tests"), ROOT]
+sys.path[:0] = [HERE, os.path.join(ROOT, "tests"), ROOT]
 
 import fa4_builds as fb  # noqa: E402
 
-EXTRA = {"FMUL": r"FMUL(\..*)?", "FADD": r"FADD(\..*)?", "FMNMX": r"FMNMX(\..*)?", "F2FP": r"F2FP(\..*)?",
+EXTRA = {"FMUL": r"FMUL(\..*)?", "FADD": r"FADD(\..*)?", "FMUL2": r"FMUL2(\..*)?", "FADD2": r"FADD2(\..*)?", "FMNMX": r"FMNMX(\..*)?", "F2FP": r"F2FP(\..*)?",
          "HMNMX2": r"HMNMX2(\..*)?", "HADD2": r"HADD2(\..*)?", "HMUL2": r"HMUL2(\..*)?",
          "MUFU.RCP": r"MUFU\.RCP(\..*)?", "LDL": r"LDL(\..*)?"}
 COLUMNS = ("MUFU.TANH", "MUFU.EX2", "MUFU.LG2", "MUFU", "HFMA2", "FFMA", "FFMA2", "FMUL", "FADD", "total")
-FMA_PIPE = ("FFMA", "FFMA2", "FMUL", "FADD", "HFMA2", "HMUL2", "HADD2")   # the FP32/FP16 FMA-pipe families
+# FMA-pipe slots per instruction: the paired FP32 ops (FFMA2, FMUL2, FADD2: two FP32 results per
+# lane) take two of the 128 FP32 lanes per clock per SM; packed 16-bit ops (two 16-bit results) one
+FMA_PIPE = {"FFMA": 1, "FMUL": 1, "FADD": 1, "FFMA2": 2, "FMUL2": 2, "FADD2": 2, "HFMA2": 1, "HMUL2": 1, "HADD2": 1}
 
 
 def counts(text: str) -> dict:
@@ -37,9 +41,10 @@ def counts(text: str) -> dict:
     return c
 
 
-def main(out_dir: str) -> dict:
-    raw = {name: {p: counts(fb.sass(name)[p]) for p in ("fwd", "bwd")} for name in fb.BUILDS}
-    regs = {name: fb.sass(name)["registers"] for name in fb.BUILDS}
+def tables(arch: str) -> tuple:
+    """(raw counts, per-score counts, sites, registers) of every build for arch."""
+    raw = {name: {p: counts(fb.sass(name, arch)[p]) for p in ("fwd", "bwd")} for name in fb.BUILDS}
+    regs = {name: fb.sass(name, arch)["registers"] for name in fb.BUILDS}
     sites = {p: raw[fb.SITES_BUILD][p]["MUFU.TANH"] for p in ("fwd", "bwd")}
     # the sites rule's check: the native backward recomputes one P (one MUFU.EX2) per tanh
     assert raw[fb.SITES_BUILD]["bwd"]["MUFU.EX2"] == sites["bwd"], raw[fb.SITES_BUILD]["bwd"]
@@ -47,7 +52,12 @@ def main(out_dir: str) -> dict:
                for p in ("fwd", "bwd")} for n in raw}
     for n in per:
         for p in ("fwd", "bwd"):
-            per[n][p]["FMA pipe"] = sum(per[n][p][f] for f in FMA_PIPE)
+            per[n][p]["FMA pipe"] = sum(w * per[n][p][f] for f, w in FMA_PIPE.items())
+    return raw, per, sites, regs
+
+
+def main(out_dir: str) -> dict:
+    raw, per, sites, regs = tables("sm_100a")
     goal = per["softcap_poly"]["fwd"]["MUFU"] <= 0.5 * per["softcap_native"]["fwd"]["MUFU"]
     from importlib import metadata
     doc = {
@@ -67,6 +77,12 @@ def main(out_dir: str) -> dict:
         json.dump(doc, f, indent=1)
     with open(os.path.join(out_dir, "sm100_sass.md"), "w") as f:
         f.write(_markdown(doc))
+    import sm100_model
+    model = sm100_model.model(per, tables("sm_90a")[1], fb.SHAPE[4])
+    with open(os.path.join(out_dir, "sm100_model.json"), "w") as f:
+        json.dump(model, f, indent=1)
+    with open(os.path.join(out_dir, "sm100_model.md"), "w") as f:
+        f.write(sm100_model.markdown(model))
     return doc
 
 
@@ -89,8 +105,10 @@ def _markdown(doc) -> str:
         "",
         "Builds: `attention(q, k, v, mode, evaluator=..., backend=\"fa4\")` at B 1, S 4096, H_q 32, H_kv 8, "
         "D 128, causal, BF16 (softcap 50; sigmoid bias -ln 4096), the score functions as "
-        "`flash_attn_poly.fa4` hands them to FA4: softcap native = FA4's own tanh score_mod; softcap poly = "
-        "the FP16 odd tanh program `softcap_c50_f16_odd` (value-rule backward); sigmoid through "
+        "`flash_attn_poly.fa4` hands them to FA4: softmax = FA4 as is; softcap native = FA4's own tanh "
+        "score_mod; softcap poly = the FP16 odd tanh program `softcap_c50_f16_odd` (the plan's, value-rule "
+        "backward); softcap poly_bf16 = `program=\"softcap_c50\"`, the seed's BF16 B2 program (its derivative "
+        "block in the backward); sigmoid through "
         "softmax(ln sigma) * exp(LSE): native sigma = 0.5 tanh + 0.5 on MUFU, poly = `sigmoid_attn_n4096_f16`; "
         "each then one MUFU.LG2 for ln.",
         "",
@@ -128,7 +146,11 @@ def _markdown(doc) -> str:
         "- FA4's native softcap divides the score by the cap (`acc_S / softcap`: an IEEE division, "
         "3 FFMA, an FCHK and a branch to `__cuda_sm3x_div_rn_noftz_f32_slowpath` per score in the SASS); "
         "the poly build multiplies by 1/c, so its forward has fewer FFMA than native's.",
-        "- Backward STL (spill stores) are FA4's own backward at this configuration, native and poly alike.",
+        f"- Spills (STL, static): FA4's backward spills at this configuration already (softmax "
+        f"{raw['softmax']['bwd']['STL']}, native softcap {raw['softcap_native']['bwd']['STL']}); the FP16 tanh "
+        f"program's value-rule backward raises it to {raw['softcap_poly']['bwd']['STL']} (forward "
+        f"{raw['softcap_poly']['fwd']['STL']}), the seed's BF16 program's block rule to "
+        f"{raw['softcap_poly_bf16']['bwd']['STL']}: the backward's cost on Blackwell is not predicted here.",
         "",
     ]
     return "\n".join(lines)
