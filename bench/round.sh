@@ -8,7 +8,10 @@
 # (FAP_COMMIT as a literal sha: the copied tree has no .git; bench/protocol.commit_id records it.)
 # Phases:
 #   tests        every GPU test file (the files that use pytest.mark.gpu), one process each, in parallel
+#                (TEST_FILES="tests/test_a.py ...": those files only)
+#                (but the correctness and fuzz tiers: phase correctness)
 #   goals        bench/gqa_4096.py --pairs: the issues' goal pairs, each pair timed alone, 2 repeats
+#                (PAIR_NAMES="a,b": those pairs only; PAIR_REPEATS=n)
 #   table        bench/gqa_4096.py: every row side by side, shuffled order, CUDA-graph and clock columns
 #   gemma2       bench/gemma2.py at D = 256 and D = 128 (ours + FA4 rows, the FP16 tanh program as a row)
 #   accuracy     bench/accuracy.py: output and gradient error vs FP64, every mode and evaluator
@@ -17,13 +20,23 @@
 #                and Gemma-2 D = 256), summarised by bench/tools/ncu_summary.py
 #   first_call   bench/tools/first_call.py: import + first call per mode, cold and warm compile cache
 #   train        bench/tools/train_sanity.py: 200 training steps of a tiny decoder, every arm
+#   sweep        bench/sweep.py --quick: issue 27's grid against FA4, cuDNN and Flex, its quick subset
+#                (S 1k and 4k, D 128, causal, GQA, every mode; ~4 min); SWEEP_CELLS=GLOBS runs those
+#                cells of the full grid instead (bench/sweep.py --dry-run --cells GLOBS lists them),
+#                stopping before 520 s; `bench/sweep.py --merge` joins the JSONs of several calls
+#   correctness  the catalogue and fuzz tiers (tests/test_correctness_gpu.py, tests/test_fuzz_gpu.py) in
+#                $FAP_SHARDS (default 12) parallel shards split by kernel variant, then bench/correctness.py
+#                collect: correctness.json + .md (cases per tier, max error ratio to torch per mode and
+#                direction, the worst case) and the shards' JSON lines
+#                (compute-sanitizer is not a phase: run bench/tools/sanitize.py after this phase in the same
+#                call, so its kernels load from the disk cache; it writes to $OUT too)
 # Outputs: each step's log, results JSON + Markdown and summary.txt are written to
 # $OUT/round_<phases>/ ($OUT: the device tool's folder; default bench/out), which at the end
 # becomes $OUT/round_<phases>.tgz; summary.txt and (when there are few) the Markdown tables are
 # also copied beside it, since the device tool returns at most 8 files. Copy a table into
 # bench/results/ to commit it.
 set -u
-PHASES="tests goals table gemma2 accuracy elementwise ncu first_call train"
+PHASES="tests goals table gemma2 accuracy elementwise ncu first_call train sweep correctness"
 [ $# -ge 1 ] || { awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 2; }
 for phase in "$@"; do
   case " $PHASES " in *" $phase "*) ;; *) echo "unknown phase $phase (phases: $PHASES)"; exit 2 ;; esac
@@ -40,11 +53,12 @@ t() {   # t NAME SECONDS CMD...: run under a timeout, log to $W/NAME.log, one su
 }
 pt() { local n=$1; shift; t "$n" 500 python3 -m pytest -q -p no:cacheprovider -m gpu "$@"; }
 
-gpu_test_files() { grep -l "pytest.mark.gpu" tests/test_*.py; }
+# the correctness and fuzz tiers run sharded in their own phase (one process would compile all 36 variants)
+gpu_test_files() { grep -l "pytest.mark.gpu" tests/test_*.py | grep -v -e test_correctness_gpu.py -e test_fuzz_gpu.py; }
 
 phase_tests() {   # compile is CPU-bound: every file in its own process; the window file in two halves
   local f n
-  for f in $(gpu_test_files); do
+  for f in ${TEST_FILES:-$(gpu_test_files)}; do
     n=$(basename "$f" .py); n=${n#test_}
     if [ "$n" = window_gpu ]; then
       pt window_gpu_a "$f" -k "softmax or softcap-native" &
@@ -54,6 +68,18 @@ phase_tests() {   # compile is CPU-bound: every file in its own process; the win
     fi
   done
   wait
+}
+
+phase_correctness() {   # shards split by kernel variant: each build compiles in one process
+  local n=${FAP_SHARDS:-12} i d="$W/correctness"
+  mkdir -p "$d"
+  for i in $(seq 0 $((n - 1))); do
+    t "correctness_$i" 540 env FAP_SHARD="$i/$n" FAP_CORRECTNESS_OUT="$d" python3 -m pytest -q -p no:cacheprovider \
+        -m gpu tests/test_correctness_gpu.py tests/test_fuzz_gpu.py &
+  done
+  wait
+  t correctness_collect 60 python3 bench/correctness.py collect "$d" --json "$W/correctness.json"
+  cp "$W/correctness.json" "$OUT/" 2>/dev/null   # beside the tarball: the table to commit
 }
 
 phase_ncu() {   # one warm launch per build under ncu --set full; raw and SASS pages as CSV
@@ -81,7 +107,8 @@ phase_ncu() {   # one warm launch per build under ncu --set full; raw and SASS p
 for phase in "$@"; do
   case $phase in
     tests)       phase_tests ;;
-    goals)       t goals 400 python3 bench/gqa_4096.py --pairs --pair-repeats 2 --json "$W/gqa_4096_pairs.json" ;;
+    goals)       t goals 400 python3 bench/gqa_4096.py --pairs --pair-repeats "${PAIR_REPEATS:-2}" \
+                     ${PAIR_NAMES:+--pair-names "$PAIR_NAMES"} --json "$W/gqa_4096_pairs.json" ;;
     table)       t table 400 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
                      --json "$W/gqa_4096_shuffle.json" ;;
     gemma2)      t gemma2_d256 260 python3 bench/gemma2.py --impls ours,fa4 --programs softcap_c50_f16_odd \
@@ -103,6 +130,11 @@ for phase in "$@"; do
                    echo "first_call: bench/tools/first_call.py is not in this tree" >> "$W/summary.txt"
                  fi ;;
     train)       t train 300 python3 bench/tools/train_sanity.py --json "$W/train_sanity.json" ;;
+    sweep)       sw=(--quick); [ -n "${SWEEP_CELLS:-}" ] && sw=(--cells "$SWEEP_CELLS")
+                 t sweep 560 python3 bench/sweep.py "${sw[@]}" --budget-s 520 --json "$W/sweep.json"
+                 png=$(find "$W" -maxdepth 1 -name "sweep_*.png")   # the quick run's 3 come back as files
+                 [ -n "$png" ] && [ "$(echo "$png" | wc -l)" -le 3 ] && cp $png "$OUT/" ;;
+    correctness) phase_correctness ;;
   esac
 done
 

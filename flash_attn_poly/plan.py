@@ -75,6 +75,12 @@ PROGRAM_ROWS = (
         "sigmoid-program"),
 )
 
+# A sigmoid_attn program (fitted for sigma(x - ln n)) is fed x + b + ln n, so any bias b runs it,
+# but its fit weighted score distributions around b = -ln n.  Outside this span of
+# b + ln n the plan takes the native sigmoid instead (plan.sigmoid_program_fits): at the
+# default bias b = -ln S_k the span is S_k in about [n / 33, 4 n].
+SIGMOID_FIT_SPAN = (-1.4, 3.5)
+
 SPLIT_ROWS = (
     Row({"mode": "softcap"}, {"poly_split": (1, 8)},
         "1/8 of the key columns through the block balances MUFU and FMA pipes", "softcap-split"),
@@ -113,7 +119,8 @@ FWD_ROWS = (
     Row({"mode": "softcap", "head_dim": 256}, dict(row_sum_carry=True),
         "carried row sum: 0.94x (native) / 0.976x (poly) at D = 256", "fwd-row-sum-carry"),
     Row({"mode": "softcap", "fixed_max_ok": True}, dict(fixed_max=True),
-        "constant row max c - 20 for bounded capped logits: no max reduction, no O rescale",
+        "constant row max c - 20 for bounded capped logits: no max reduction, no O rescale; O over "
+        "the rounded P's sum, LSE over the FP32 sum",
         "fwd-fixed-max"),
     Row({"mode": "softcap", "fixed_max_ok": True, "head_dim": 128},
         dict(tile_m=192, tile_n=64, num_stages=4, pingpong=False),
@@ -235,6 +242,23 @@ def _score_specs(call: AttnCall, tile_n: int, facts: dict, overrides: Mapping):
     return spec, spec
 
 
+def resolve_sigmoid_bias(call: AttnCall) -> Optional[float]:
+    """The sigmoid bias a call runs with: the user's, else b = -ln S_k (keeps sum_j sigma(x_ij + b)
+    near 1); None for the other modes."""
+    if call.mode != "sigmoid":
+        return None
+    return call.sigmoid_bias if call.sigmoid_bias is not None else -math.log(call.seqlen_k)
+
+
+def sigmoid_program_fits(program, bias: float) -> bool:
+    """Whether a sigmoid_attn program (fitted at n) is used inside its fitted span: b + ln n in
+    SIGMOID_FIT_SPAN.  Outside it (S_k = 1 at the default bias: b + ln 4096 = 8.3) the packed
+    program's error exceeds the FlashAttention rule's bound (2x torch's BF16 error), so the plan
+    runs the native sigmoid there (tests/test_plan_cpu.py; docs/MEASURED.md sigmoid-fit-span)."""
+    d = bias + math.log(program.n)
+    return SIGMOID_FIT_SPAN[0] <= d <= SIGMOID_FIT_SPAN[1]
+
+
 def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) -> AttnPlan:
     """The plan of a call on a GPU with sm_count SMs.  overrides: FwdConfig / BwdConfig fields as
     "fwd.<field>" / "bwd.<field>" keys, and "poly_split", "grad_rule" for the score (timing tools
@@ -246,6 +270,14 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         facts0 = _facts(call, None)
         name = call.program if call.program is not None else _apply(PROGRAM_ROWS, facts0, {})["program"]
         program = _program_spec(name)
+        if call.mode == "sigmoid" and program.n and not sigmoid_program_fits(program, resolve_sigmoid_bias(call)):
+            if call.program is not None:
+                import warnings
+                warnings.warn(f"sigmoid program {program.name!r} is fitted for bias -ln {program.n}; "
+                              f"bias {resolve_sigmoid_bias(call):.3g} is outside its span "
+                              f"(b + ln n in {SIGMOID_FIT_SPAN}): running the native sigmoid",
+                              stacklevel=3)
+            call, program = dataclasses.replace(call, evaluator="native"), None
     facts = _facts(call, program)
     facts["program"] = program
     unknown = sorted(k for k in overrides
@@ -301,9 +333,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     check_bwd(bwd_cfg)
 
     # ---- runtime values
-    bias = call.sigmoid_bias
-    if call.mode == "sigmoid" and bias is None:
-        bias = -math.log(call.seqlen_k)   # b = -ln S_k keeps sum_j sigma(x_ij + b) near 1
+    bias = resolve_sigmoid_bias(call)
     from .kernels.config import window_sizes
     zero_dq = bwd_cfg.head_loop and zero_dq_rule
     return AttnPlan(call=call, score=score, score_bwd=score_bwd, fwd=fwd_cfg, bwd=bwd_cfg,

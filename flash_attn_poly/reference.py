@@ -117,8 +117,9 @@ def attention_ref_lowprec(q, k, v, mode="softmax", *, causal=True, softcap=None,
     q.dtype. Its error against `attention_ref` sets the scale of what a kernel may be off
     by (see flash_attn_poly.testing).  fixed_max (softmax modes): the constant row max m0 of
     a kernel built with FwdConfig.fixed_max: p = exp(logit - m0) is rounded to q.dtype for
-    the PV product and the row sum adds the unrounded p, so a row whose mass sits on one key
-    is off by that key's rounding (exactly 1 with the row's own max)."""
+    the PV product and the row sum adds the same rounded p, so O = sum(p v) / sum(p) of the
+    rounded weights (a row whose mass sits on one key returns that key's v exactly, as the
+    row's own max, p = 1, does)."""
     s_q, s_k = q.shape[1], k.shape[1]
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     x = scores(q, k, scale, torch.float32)
@@ -137,10 +138,11 @@ def attention_ref_lowprec(q, k, v, mode="softmax", *, causal=True, softcap=None,
             x = score_fn(x).float() if score_fn is not None else softcap * torch.tanh(x / softcap)
         x = x.masked_fill(~allowed, float("-inf"))
         p, lse = softmax_rows(x)
-        if fixed_max is not None:   # unnormalised p against m0; O divided by their FP32 sum
+        if fixed_max is not None:   # unnormalised p against m0; O divided by their rounded sum
             p = torch.exp(x - fixed_max)
-            rsum = p.sum(-1)
     p = p.to(q.dtype).float()
+    if fixed_max is not None:
+        rsum = p.sum(-1)
     if rsum is not None:
         p = p / torch.where(rsum > 0, rsum, 1.0)[..., None]
     out = torch.einsum("bhqk,bkhd->bqhd", p, v_up.float()).to(q.dtype)

@@ -38,13 +38,6 @@ def assert_close_rule(out: torch.Tensor, ref: torch.Tensor, ref_lowprec: torch.T
     return stats
 
 
-def fixed_max_m0(plan):
-    """The constant row max (logits) a plan's forward uses (FwdConfig.fixed_max), or None: for
-    attention_ref_lowprec(fixed_max=...)."""
-    from .kernels.scores.softcap import FIXED_MAX_HEADROOM
-    return plan.softcap - FIXED_MAX_HEADROOM if plan.fwd.fixed_max else None
-
-
 def plan_for(q, k, v, mode="softmax", evaluator="native", overrides=None, **kw):
     """The plan attention(q, k, v, mode, evaluator=..., **kw) resolves, with plan overrides
     ("fwd.<field>", "bwd.<field>", "poly_split", "grad_rule"; flash_attn_poly.plan.resolve):

@@ -555,8 +555,12 @@ class AttnFwdSm90:
         ctx.pipe_v.consumer_release(kv_prev)
         # P_n into the A fragment now that nothing reads it: the stage pins the acc_S
         # registers it reads (keeps its non-volatile asm below the wait) and packs them
-        # (sigmoid/poly: the block's last squaring on its block pairs)
-        self.score.write_p(acc_S, ctx.tOrP, self.is_bf16)
+        # (sigmoid/poly: the block's last squaring on its block pairs; fixed_max: the
+        # row sum of the rounded P is taken here: common.write_p_fixed)
+        if cutlass.const_expr(self.cfg.fixed_max):
+            sc.write_p_fixed(acc_S, ctx.tOrP, ctx.softmax)
+        else:
+            self.score.write_p(acc_S, ctx.tOrP, self.is_bf16)
         self.rescale_o(ctx)
         return kv
 

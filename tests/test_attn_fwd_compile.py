@@ -65,10 +65,7 @@ COMBOS = [(m, e, d, c) for m, e in [("softmax", "native"), ("softcap", "native")
 def test_compiles_with_hgmma_and_no_spills(mode, evaluator, head_dim, causal):
     n = _counts(mode, evaluator, head_dim, causal)
     assert n["HGMMA"] > 0
-    if evaluator == "poly" and (n["STL"] or n["LDL"]):
-        # known: pure-poly builds spill a few words (ptxas allocates against 168 registers);
-        # the default splits do not (docs/NOTES_attn_fwd.md)
-        pytest.xfail(f"poly evaluator spills: STL {n['STL']} LDL {n['LDL']}")
+    # the default poly splits do not spill either (pure-poly builds may: docs/NOTES_attn_fwd.md)
     assert n["STL"] == 0 and n["LDL"] == 0, f"register spills: {n}"
 
 
@@ -301,7 +298,9 @@ def test_row_sum_carry_moves_o_rescale_to_the_pv_wait():
 def test_fixed_max_drops_the_row_max_and_o_rescale(evaluator):
     """FwdConfig.fixed_max=True (softcap, BF16): the interior (mask-free) loop has no
     FMNMX, no shuffles and no O-rescale FMULs, the same HGMMA and MUFU work, no spills, and
-    is shorter (D=128 causal: native 592 -> 437 instructions, poly 1/4 831 -> 581)."""
+    is shorter (D=128 causal, 128 x 128 tile: native 622 -> 602 instructions, poly 1/8 745 -> 665;
+    the row sum of the BF16-rounded P for O, common.write_p_fixed, costs 2 integer ops and 2
+    FADD per pair on top of the FP32 sum the LSE keeps)."""
     from flash_attn_poly.kernels import sass
 
     def interior(fixed):   # the two-warpgroup 128 x 128 tile both ways (fixed_max's default is 192 x 64)
@@ -318,7 +317,7 @@ def test_fixed_max_drops_the_row_max_and_o_rescale(evaluator):
     assert ops(on, "FMNMX") <= ops(off, "FMNMX") - 64 and ops(on, "SHFL") == 0 < ops(off, "SHFL")
     assert ops(on, "HGMMA") == ops(off, "HGMMA") and ops(on, "MUFU.TANH") == ops(off, "MUFU.TANH")
     assert ops(on, "MUFU.EX2") == ops(off, "MUFU.EX2") - 2   # the two rows' O-rescale exp2
-    assert n_on < n_off - 100
+    assert n_on < n_off - 10, (n_on, n_off)
 
 
 @pytest.mark.compile

@@ -85,16 +85,16 @@ def run_case(mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal, override
     o, l, plan = testing.run_forward(q, k, v, mode, evaluator, overrides, poison=True, program=program, **kw)
     torch.cuda.synchronize()
     ref, ref_lse = reference.attention_ref(q, k, v, mode, **kw)
-    # the same-dtype pipeline, with the kernel's constant row max where it uses one
-    m0 = testing.fixed_max_m0(plan)
-    low, _ = reference.attention_ref_lowprec(q, k, v, mode, fixed_max=m0, **kw)
+    # the same math in torch at the input precision (also for the constant row max: the kernel
+    # divides O by the sum of the rounded P, so a one-key row is exact as torch's)
+    low, _ = reference.attention_ref_lowprec(q, k, v, mode, **kw)
     st = {}
     fn, _ = plan_reference.score_fns(plan)
     if fn is not None:
         # judge against the program the kernel runs (tight) and report the exact-function error
         st["exact_err"] = testing.max_abs_err(o, ref)
         ref, ref_lse = reference.attention_ref(q, k, v, mode, score_fn=fn, **kw)
-        low, _ = reference.attention_ref_lowprec(q, k, v, mode, score_fn=fn, fixed_max=m0, **kw)
+        low, _ = reference.attention_ref_lowprec(q, k, v, mode, score_fn=fn, **kw)
     st.update(testing.assert_close_rule(o, ref, low, factor=2.0, floor=1e-3, name=f"{mode}/{evaluator} O"))
     if l is not None:
         fin = torch.isfinite(ref_lse)
@@ -197,6 +197,37 @@ def test_attn_fwd_softcap_fixed_max_range_ends(sign, evaluator, program, cap):
     b, s, h_q, h_kv, d = 1, 300, 4, 2, 128
     run_case("softcap", evaluator, "bf16", b, s, s, h_q, h_kv, d, True, overrides={"fwd.fixed_max": True},
              qkv=_saturating_inputs(b, s, h_q, h_kv, d, sign), softcap=cap, program=program)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("evaluator", ["native", "poly"])
+@pytest.mark.parametrize("mode", ["softmax", "softcap"])
+def test_attn_fwd_one_key_returns_v_exactly(mode, evaluator, d):
+    """A row that sees one key returns that key's V bit for bit and LSE = its logit, as torch's
+    softmax does (p = 1): S_k = 1, and a window (0, 0) where every row sees only its diagonal.
+    The constant row max of BF16 softcap (its default) meets this only because O is divided by
+    the sum of the BF16-rounded P (kernels/scores/common.write_p_fixed); the FP32 sum of the
+    unrounded P left O up to 2^-9 relative off."""
+    if mode == "softmax" and evaluator == "poly":
+        pytest.skip("softmax has no poly evaluator")
+    from flash_attn_poly import reference, testing
+    g = torch.Generator(device="cuda").manual_seed(11)
+    for s_q, s_k, win in ((37, 1, (-1, -1)), (1, 1, (-1, -1)), (300, 300, (0, 0))):
+        q, k, v = (torch.randn(2, s, h, d, device="cuda", generator=g).to(torch.bfloat16) * sc
+                   for s, h, sc in ((s_q, 8, 3.0), (s_k, 2, 3.0), (s_k, 2, 1.0)))
+        kw = dict(causal=False, window_size=win, softcap=50.0 if mode == "softcap" else None)
+        o, lse, plan = testing.run_forward(q, k, v, mode, evaluator, poison=True, **kw)
+        if mode == "softcap":
+            assert plan.fwd.fixed_max, plan.fwd   # the default this test is about
+        idx = torch.arange(s_q, device="cuda").clamp(max=s_k - 1)   # the one key of each row
+        want = v[:, idx].repeat_interleave(4, dim=2)
+        assert torch.equal(o, want), (s_q, s_k, win, (o.float() - want.float()).abs().max().item())
+        # LSE = the row's one logit: FP32 exact for softmax; softcap's tanh.approx.f32 (relative
+        # error 2^-11 on t = tanh(x / c), |x| <~ 30 here) moves the logit by up to ~7e-3
+        _, lse_ref = reference.attention_ref(q, k, v, mode, **kw)
+        tol = 1e-2 if mode == "softcap" else 1e-4
+        assert (lse.double() - lse_ref).abs().max().item() < tol
 
 
 # the online softmax's stale-max threshold (FwdConfig.rescale_threshold): softmax's default

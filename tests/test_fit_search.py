@@ -126,11 +126,3 @@ def test_differentiated_tanh_grad_matches_forward(table):
     c = np.asarray(fwd["coeffs"])
     assert grad["degree"] == 3 and grad["form"] == "even"
     assert np.array_equal(grad["coeffs"], rt.round_to(np.arange(1, 5) * c[1:], "bf16"))
-
-
-def test_sweep_writes_pngs(tmp_path):
-    pytest.importorskip("matplotlib")
-    from flash_attn_poly.fit.sweep import FUNCS, sweep
-    small = {fn + s: ([3.0], [3.0]) for fn in FUNCS for s in ("", "_grad")}
-    paths = sweep(tmp_path, "bf16", degrees=(3, 4), grids=small)
-    assert len(paths) == 2 and all((tmp_path / p.split("/")[-1]).stat().st_size > 10_000 for p in paths)

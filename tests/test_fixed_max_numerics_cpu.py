@@ -51,7 +51,8 @@ def test_the_cap_bound_is_what_keeps_p_normal():
 
 def _emulate(logits, v, cap, fixed: bool):
     """One query row set through the kernel's schedule: key blocks from the last to the first,
-    exp2 in FP32, P rounded to BF16 for P V, FP32 row sum and O; fixed: constant max m0."""
+    exp2 in FP32, P rounded to BF16 for P V, FP32 row sum and O; fixed: constant max m0 and the
+    row sum of the rounded P."""
     rows, n = logits.shape
     o = torch.zeros(rows, v.shape[1], dtype=torch.float32)
     row_sum = torch.zeros(rows, dtype=torch.float32)
@@ -68,8 +69,9 @@ def _emulate(logits, v, cap, fixed: bool):
             scale = torch.where(torch.isfinite(m), scale, torch.zeros_like(scale))
             o, row_sum, m = o * scale[:, None], row_sum * scale, m_new
             p = torch.exp2((blk - m[:, None]) * LOG2E)
-        row_sum = row_sum + p.sum(dim=1)
-        o = o + p.bfloat16().float() @ v[start:start + BLOCK].float()
+        pb = p.bfloat16().float()
+        row_sum = row_sum + (pb if fixed else p).sum(dim=1)   # fixed: the kernel sums the rounded p
+        o = o + pb @ v[start:start + BLOCK].float()
     out = o / row_sum[:, None]
     lse = torch.log(row_sum) + (m0 if fixed else m)
     return out, lse
@@ -86,11 +88,13 @@ def _rel(o, ref):
 
 @pytest.mark.parametrize("spread", [1.0, 12.0, 20.0, "minus_c", "plus_c"])
 def test_fixed_max_is_as_accurate_as_torch_eager_bf16(spread):
-    """The constant max costs accuracy against the online max: the row's largest p is no longer
-    exactly 1, so its BF16 rounding (2^-9) is not cancelled by the FP32 row sum.  Emulated here
-    (O before its BF16 store, rel L2 vs FP64): online 0.4-0.6e-3 at scaled-score std 12-20,
-    fixed 1.7e-3, torch's eager BF16 pipeline 1.5-1.7e-3 (it rounds normalised P the same way).
-    The check: fixed within 1.25x of eager BF16 torch, LSE as exact as the online max's."""
+    """The constant max costs some accuracy against the online max: the row's largest p is no
+    longer exactly 1, so its BF16 rounding (2^-9) stays in O.  The kernel sums the rounded P, so
+    O = sum(bf16(p) v) / sum(bf16(p)) and that error does not add up over the row.  Emulated here
+    (O before its BF16 store, rel L2 vs FP64): at scaled-score std 12-20 online 0.3-0.4e-3, fixed
+    0.6-0.8e-3, torch's eager BF16 pipeline 1.4-1.6e-3 (it rounds normalised P).  With the FP32
+    sum of the unrounded P instead, fixed was 1.7e-3.  The check: fixed within 1.05x of eager BF16
+    torch and 2.5x of the online max, LSE as exact as the online max's."""
     cap, rows, n, d = 50.0, 64, 1000, 64
     g = torch.Generator().manual_seed(3)
     if isinstance(spread, str):
@@ -106,7 +110,7 @@ def test_fixed_max_is_as_accurate_as_torch_eager_bf16(spread):
     assert torch.isfinite(o_f).all() and torch.isfinite(lse_f).all()
     err_f, err_o, err_e = _rel(o_f, ref), _rel(o_o, ref), _rel(_eager_bf16(logits, v), ref)
     print(f"spread {spread}: rel L2 fixed {err_f:.2e}, online {err_o:.2e}, eager bf16 {err_e:.2e}")
-    assert err_f <= 1.25 * err_e + 1e-5, (err_f, err_e)
+    assert err_f <= 1.05 * err_e + 1e-5 and err_f <= 2.5 * err_o + 1e-5, (err_f, err_e, err_o)
     tol = 1e-4 * max(1.0, ref_lse.abs().max().item())
     assert (lse_f.double() - ref_lse).abs().max().item() <= tol
     assert (lse_o.double() - ref_lse).abs().max().item() <= tol

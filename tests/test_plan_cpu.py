@@ -71,6 +71,28 @@ def test_sigmoid_resolves_the_f16_program_on_one_sixteenth():
     assert p.score_bwd == p.score
 
 
+@pytest.mark.parametrize("seqlen_k,bias,poly", [
+    (4096, None, True), (128, None, True), (16384, None, True),    # default bias -ln S_k inside the span
+    (1, None, False), (64, None, False), (32768, None, False),     # b + ln 4096 = 8.3, 4.2, -2.1
+    (1, -8.0, True), (4096, 0.0, False),                           # the span is of the bias, not of S_k
+])
+def test_sigmoid_program_outside_its_fitted_span_falls_back_to_native(seqlen_k, bias, poly):
+    """A sigmoid_attn program fitted at n = 4096 runs where b + ln n lies in SIGMOID_FIT_SPAN;
+    elsewhere (S_k = 1 at the default bias) its error exceeded the FlashAttention rule: native."""
+    p = resolve("sigmoid", "poly", seqlen_k=seqlen_k, sigmoid_bias=bias)
+    assert (p.score.evaluator == "poly") == poly and (p.score_bwd.evaluator == "poly") == poly
+    assert p.call.evaluator == ("poly" if poly else "native")
+    assert p.sigmoid_bias == pytest.approx(bias if bias is not None else -math.log(seqlen_k))
+    if not poly:   # the native plan throughout: no program, no ping-pong row for a packed score
+        assert p.score.program is None and p == resolve("sigmoid", "native", seqlen_k=seqlen_k, sigmoid_bias=bias)
+
+
+def test_a_named_sigmoid_program_outside_its_span_warns():
+    with pytest.warns(UserWarning, match="outside its span"):
+        p = resolve("sigmoid", "poly", seqlen_k=1, program="sigmoid_attn_n4096")
+    assert p.score.evaluator == "native"
+
+
 @pytest.mark.parametrize("mode", ["softmax", "softcap", "sigmoid"])
 def test_native_and_softmax_carry_no_program(mode):
     for ev in ("native", "poly"):

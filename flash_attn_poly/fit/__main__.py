@@ -27,11 +27,14 @@ def main(argv=None):
     w = sub.add_parser("write", help="regenerate flash_attn_poly/data/programs.json")
     w.add_argument("--out", default=None)
     sub.add_parser("derive", help="rewrite the table with every entry's derived constants (no refit)")
-    t = sub.add_parser("table", help="Table 2: ours vs Sollya fpminimax")
+    t = sub.add_parser("table", help="Table 2: ours vs Sollya fpminimax, with exact floors (writes "
+                       "JSON and PATH.md)")
     t.add_argument("--json", required=True)
-    sw = sub.add_parser("sweep", help="figures like the seed's 4/5 (PNG)")
-    sw.add_argument("--out", required=True)
-    sw.add_argument("--dtype", default="f16", choices=["bf16", "f16"])
+    sw = sub.add_parser("sweep", help="D3-D6 sweeps like the seed's figures 4/5: PNGs, and the per-sweep "
+                        "check of its higher-degree-is-worse claim (JSON + PATH.md)")
+    sw.add_argument("--out", required=True, help="folder for the two PNGs")
+    sw.add_argument("--json", default=None, help="write the numbers here (and PATH.md)")
+    sw.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
     am = sub.add_parser("attn-metric", help="attention-output error of the poly programs vs native (CPU, FP64 ref)")
     am.add_argument("--modes", nargs="+", default=["sigmoid", "softcap"], choices=["sigmoid", "softcap"])
     am.add_argument("--seeds", type=int, default=3)
@@ -95,11 +98,14 @@ def main(argv=None):
     elif a.cmd == "search":
         _emit(_search(a, cmd, P), a.write, P, path)
     elif a.cmd == "table":
-        from .table2 import table_rows
-        rows = table_rows(P.read(path), progress=True)
+        from . import table2
+        res = table2.build(P.read(path), progress=True, command=cmd)
+        md = table2.markdown(res)
         with open(a.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
-        print(json.dumps(rows, indent=1))
+            json.dump(res, fh, indent=1)
+        with open(a.json.rsplit(".", 1)[0] + ".md", "w") as fh:
+            fh.write(md)
+        print(md, end="")
     elif a.cmd == "attn-metric":
         from . import attn_metric
         a.program = {m: n for m, n in (("sigmoid", a.sigmoid_program), ("softcap", a.softcap_program)) if n}
@@ -125,9 +131,16 @@ def main(argv=None):
             with open(a.json.rsplit(".", 1)[0] + ".md", "w") as fh:
                 fh.write(md)
     elif a.cmd == "sweep":
-        from .sweep import sweep
-        for path in sweep(a.out, a.dtype):
-            print(path)
+        from . import sweep as SW
+        data = SW.run(a.dtype, progress=True)
+        pngs = SW.figures(data, a.out)
+        md = SW.markdown(data, cmd, pngs)
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump({"command": cmd, **data}, fh, indent=1)
+            with open(a.json.rsplit(".", 1)[0] + ".md", "w") as fh:
+                fh.write(md)
+        print(md, end="")
 
 
 def _emit(entries, write: bool, P, path):

@@ -197,13 +197,49 @@ def write_p_pinned(acc_S: cute.Tensor, tOrP: cute.Tensor, is_bf16: cutlass.Const
 
 
 @cute.jit
+def write_p_fixed(acc_S: cute.Tensor, tOrP: cute.Tensor, state):
+    """FwdConfig.fixed_max: FP32 P -> packed BF16 A fragment (one F2FP per pair, as
+    write_p_pinned) and state.row_sum_p, the row sum of the ROUNDED P (two integer ops per
+    pair unpack it, two FADD add it).
+
+    Against a constant max a row's largest p is not 1; dividing O by the FP32 sum of the
+    unrounded P would leave that p's BF16 rounding (up to 2^-9) in O, so a row dominated by one
+    key (S_k = 1, the first causal rows, decode, an attention sink) would not return that key's
+    V exactly.  O = sum(bf16(p) v) / sum(bf16(p)) is exact for one key, as the online max's
+    p = 1 is.  The LSE keeps the FP32 sum (state.row_sum): ln sum(bf16(p)) would be off by that
+    same rounding, and the backward recomputes P from the LSE.  Runs
+    after the PV wait in the overlapped loop (pins as write_p_pinned), at once in the first
+    block.  Frag-A index j of this thread is (adjacent pair, row pair, col group, M, ...) in
+    column-major order, so its row of acc_mn_view is (j // 2) % 2 + 2 * ((j // 8) % M)."""
+    src = acc_as_frag_a(acc_S)
+    dst = cute.recast_tensor(tOrP, Int32)
+    n_m = cute.size(src, mode=[1])
+    for i in cutlass.range_constexpr(cute.size(acc_S)):
+        acc_S[i] = pin_f32(acc_S[i])
+    lo_sum = [None] * (2 * n_m)
+    hi_sum = [None] * (2 * n_m)
+    for i in cutlass.range_constexpr(cute.size(dst)):
+        word = pack_f32x2(src[2 * i], src[2 * i + 1], True)
+        dst[i] = word
+        lo, hi = unpack_bf16x2(word)
+        r = i % 2 + 2 * ((2 * i // 8) % n_m)
+        lo_sum[r] = lo if lo_sum[r] is None else lo_sum[r] + lo
+        hi_sum[r] = hi if hi_sum[r] is None else hi_sum[r] + hi
+    for r in cutlass.range_constexpr(2 * n_m):
+        state.row_sum_p[r] = state.row_sum_p[r] + (lo_sum[r] + hi_sum[r])
+
+
+@cute.jit
 def online_softmax_probs(acc_S, tOrP, state, scale_log2, is_first: cutlass.Constexpr[bool],
                          row_scale, is_bf16: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool] = True):
     """P = exp2(S * scale_log2 - max) in place (softmax and softcap); packed into tOrP unless
     tOrP is None (attn_fwd block_overlap: FP32 P stays in acc_S until write_p after the PV wait)."""
     state.step(acc_S, scale_log2, is_first, row_scale, masked)
     if cutlass.const_expr(tOrP is not None):
-        write_p_native(acc_S, tOrP, is_bf16)
+        if cutlass.const_expr(state.fixed):
+            write_p_fixed(acc_S, tOrP, state)
+        else:
+            write_p_native(acc_S, tOrP, is_bf16)
 
 
 
@@ -248,6 +284,9 @@ class OnlineSoftmax:
         # an empty tile (no key visible) finalises to O = 0, LSE = -inf
         self.row_max.fill(-Float32.inf)
         self.row_sum.fill(0.0)
+        if self.fixed:   # the sum of the BF16-rounded P that O is divided by (write_p_fixed)
+            self.row_sum_p = cute.make_rmem_tensor((num_rows,), Float32)
+            self.row_sum_p.fill(0.0)
 
     @cute.jit
     def step(self, acc_S: cute.Tensor, scale_log2: Float32, is_first: cutlass.Constexpr[bool],
@@ -294,7 +333,8 @@ class OnlineSoftmax:
 
     @cute.jit
     def _step_fixed(self, s_mn, is_first: cutlass.Constexpr[bool], masked: cutlass.Constexpr[bool] = True):
-        """P = exp2(a) in place, a = (logit - m0) * log2(e) from the stage: no max, no rescale."""
+        """P = exp2(a) in place, a = (logit - m0) * log2(e) from the stage: no max, no rescale.
+        row_sum adds the FP32 P (for the LSE); write_p_fixed adds the rounded P (for O)."""
         for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
             acc = Float32(0.0)
             if cutlass.const_expr(self.sum_carry and not is_first):
@@ -340,7 +380,10 @@ class OnlineSoftmax:
         for r in cutlass.range_constexpr(cute.size(self.row_sum)):
             s = quad_allreduce(self.row_sum[r], "sum")
             empty = s == Float32(0.0) or s != s
-            o_scale[r] = Float32(0.0) if empty else cute.arch.rcp_approx(s)
+            s_o = s
+            if cutlass.const_expr(self.fixed):   # O by the rounded P's sum (write_p_fixed)
+                s_o = quad_allreduce(self.row_sum_p[r], "sum")
+            o_scale[r] = Float32(0.0) if empty else cute.arch.rcp_approx(s_o)
             m = self.fixed_lse if cutlass.const_expr(self.fixed) else self.row_max[r] * lse_scale
             lse[r] = -Float32.inf if empty else m + cute.math.log2(s, fastmath=True) * LN2
 

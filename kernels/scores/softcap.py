@@ -16,6 +16,8 @@ Forward.
           below BF16 P's 2^-9.
   fixed_max (BF16, c <= 50): the row max is the constant m0 = c - 20 (fixed_lse), and
           transform_fixed hands the online step exp2 arguments directly: no row max, no O rescale.
+          O is divided by the sum of the BF16-rounded P and the LSE takes the FP32 sum
+          (common.write_p_fixed), so a row dominated by one key is as exact as with its own max.
 
 Backward: P recomputed as the forward computed it, d logit/dx = 1 - tanh^2(u) (the c of the chain
 rule cancels the 1/c of u) and dS = P (dP - D) d logit/dx.  Poly block columns by grad_rule:
