@@ -198,3 +198,40 @@ def test_missing_fa4_error_names_the_extra():
             builtins.__import__ = real
     finally:
         fa4._IMPORTED.clear()
+
+
+# ------------------------------------------------------------------------------ the GPU test's judging
+def _fa4_like_forward(q, k, v, mode, kw, plan, fn):
+    """O as FA4 would return it from exact FP32 math: softmax modes the FP32 reference rounded to
+    BF16; sigmoid through the identity attention() uses (FP32 softmax of ln sigma rounded to BF16,
+    then times exp(LSE) in FP32 and rounded again)."""
+    from flash_attn_poly.reference import attention_ref
+    if mode != "sigmoid":
+        out, _ = attention_ref(q, k, v, mode, score_fn=fn, dtype=torch.float32, **kw)
+        return out.to(q.dtype)
+    sig = fn or (lambda x: torch.sigmoid(x + plan.sigmoid_bias))
+    o, lse = attention_ref(q, k, v, "softmax", causal=kw["causal"], dtype=torch.float32,
+                           score_fn=lambda x: torch.log(sig(x)))
+    return (o.to(q.dtype).float() * torch.exp(lse.float()).transpose(1, 2).unsqueeze(-1)).to(q.dtype)
+
+
+@pytest.mark.parametrize("mode, evaluator, program", [
+    ("softcap", "native", None), ("softcap", "poly", None), ("softcap", "poly", "softcap_c50"),
+    ("sigmoid", "native", None), ("sigmoid", "poly", None), ("sigmoid", "poly", "sigmoid_attn_n4096")])
+def test_gpu_judging_passes_a_perfect_fa4_and_fails_a_4x_worse_one(mode, evaluator, program):
+    """tests/test_fa4_backend_gpu.py's judging on the CPU, at its shapes: exact FP32 math with
+    FA4's roundings (the sigmoid identity's double rounding of O included) passes O, dQ, dK, dV;
+    an O with 4x torch's error does not."""
+    import test_fa4_backend_gpu as G
+    from flash_attn_poly.reference import attention_ref, attention_ref_backward, attention_ref_lowprec
+    q, k, v, do, kw, plan = G.inputs(mode, evaluator, program, device="cpu")
+    fn, gfn = G.fns(plan)
+    out = _fa4_like_forward(q, k, v, mode, kw, plan, fn)
+    grads = [g.to(q.dtype) for g in attention_ref_backward(do, q, k, v, mode, score_fn=fn, score_grad_fn=gfn,
+                                                            dtype=torch.float32, **kw)]
+    checks = G.judge(out, grads, q, k, v, do, mode, kw, plan)
+    assert all(c["ok"] for c in checks.values()), {n: c["why"] or round(c["ratio"], 3) for n, c in checks.items()}
+    ref, _ = attention_ref(q, k, v, mode, score_fn=fn, **kw)
+    low, _ = attention_ref_lowprec(q, k, v, mode, score_fn=fn, **kw)
+    worse = (ref + 4 * (low.double() - ref)).to(q.dtype)
+    assert not G.judge(worse, grads, q, k, v, do, mode, kw, plan)["o"]["ok"]
