@@ -372,22 +372,28 @@ class Fa4Plan:
 
 def resolve_fa4(call: AttnCall) -> Fa4Plan:
     """The FA4 plan of a validated call: the score (program by FA4_ROWS, a program the call names
-    otherwise; softcap's grad rule by GRAD_ROWS) and the runtime scalars."""
+    otherwise; softcap's grad rule by GRAD_ROWS; a sigmoid program outside its fitted bias span
+    runs native, as in resolve) and the runtime scalars."""
     score = "user" if call.score_mod is not None else call.mode
     program = grad_rule = None
+    bias = resolve_sigmoid_bias(call)
     if call.evaluator == "poly" and score in ("softcap", "sigmoid"):
         name = call.program if call.program is not None else _apply(FA4_ROWS, _facts(call, None), {})["program"]
         program = _program_spec(name)
         if program.is_exp2 or "fwd" not in program.roles:
             raise ValueError(f"program {program.name!r}: FA4 takes {call.mode} programs with a forward block "
                              "(the exp2 offload is our sm_90 kernels'; FA4 runs its own exp2)")
+        if score == "sigmoid" and program.n and not sigmoid_program_fits(program, bias):
+            if call.program is not None:
+                import warnings
+                warnings.warn(f"sigmoid program {program.name!r} is fitted for bias -ln {program.n}; bias "
+                              f"{bias:.3g} is outside its span (b + ln n in {SIGMOID_FIT_SPAN}): running the "
+                              "native sigmoid", stacklevel=3)
+            program = None
         if score == "softcap":
             grad_rule = _apply(GRAD_ROWS, dict(_facts(call, program), program_dtype=program.dtype),
                                {})["softcap_grad"]
             if grad_rule == "block" and "bwd" not in program.roles:
                 grad_rule = "value"
-    bias = call.sigmoid_bias
-    if call.mode == "sigmoid" and bias is None:
-        bias = -math.log(call.seqlen_k)
     return Fa4Plan(call=call, score=score, program=program, grad_rule=grad_rule,
                    softmax_scale=call.softmax_scale, softcap=call.softcap, sigmoid_bias=bias)

@@ -34,9 +34,15 @@ def test_plan_rows():
     assert (p.program.name, p.grad_rule) == ("softcap_c50", "block")   # the seed's B2 derivative block
     p = plan_mod.resolve_fa4(_call("softcap", "native"))
     assert (p.score, p.program, p.softcap) == ("softcap", None, 50.0)
-    p = plan_mod.resolve_fa4(_call("sigmoid", "poly"))
+    q, k, v = _qkv(s=256)
+    p = plan_mod.resolve_fa4(interface.validate(q, k, v, "sigmoid", "poly"))
     assert (p.score, p.program.name) == ("sigmoid", "sigmoid_attn_n4096_f16")
-    assert p.sigmoid_bias == pytest.approx(-math.log(64))
+    assert p.sigmoid_bias == pytest.approx(-math.log(256))
+    # S_k = 64: b + ln 4096 = ln 64 is outside the program's fitted span: native, as plan.resolve
+    p = plan_mod.resolve_fa4(_call("sigmoid", "poly"))
+    assert (p.score, p.program, p.sigmoid_bias) == ("sigmoid", None, pytest.approx(-math.log(64)))
+    with pytest.warns(UserWarning, match="outside its span"):
+        assert plan_mod.resolve_fa4(_call("sigmoid", "poly", program="sigmoid_attn_n4096")).program is None
     assert plan_mod.resolve_fa4(_call("sigmoid", "native", sigmoid_bias=-2.0)).sigmoid_bias == -2.0
     assert plan_mod.resolve_fa4(_call("softmax", "native")).score == "softmax"
 
