@@ -326,17 +326,7 @@ def select_shard(cases: list, spec: Optional[str] = None) -> list:
 # Cases that fail on the H200 for a reason found and documented but not yet fixed, run as strict
 # xfails (an unexpected pass fails too, so a fix must remove its entry).  Found 2026-12-01 at
 # 15eb355 and again at 7c848a4 (bench/results/correctness.md, docs/MEASURED.md poly-rule-domain).
-_SOFTCAP_FP16_TINY_SK = ("softcap native FP16, non-causal, S_k <= 3, cap >= 20: dQ non-finite (dK, dV, O "
-                         "pass). Read from the code: non-causal backward builds leave the key tail "
-                         "(keys >= S_k, zero-filled K rows) unmasked, so P = exp(score(0) - LSE) there; "
-                         "with LSE < -11 (few keys, very negative logits) FP16 P overflows and "
-                         "inf x the zero K row is a NaN dQ (fix on branch tailmask, not yet run)")
 KNOWN_DEFECTS = {
-    "softcap-poly-fp16-d128-full-b2-sq1-sk1-h8x2-contiguous-cap50": _SOFTCAP_FP16_TINY_SK,
-    "softcap-poly-fp16-d128-full-b2-sq239-sk1-h8x1-transposed-cap50": _SOFTCAP_FP16_TINY_SK,
-    "softcap-poly-fp16-d128-full-b2-sq799-sk3-h8x2-packed_qkv-cap50": _SOFTCAP_FP16_TINY_SK,
-    "fuzz20261201_67-softcap-poly-fp16-d128-full-b3-sq108-sk2-h32x4-padded3-cap29.5": _SOFTCAP_FP16_TINY_SK,
-    "fuzz20261201_294-softcap-poly-fp16-d128-full-b3-sq1-sk1-h8x2-padded8-cap47.5": _SOFTCAP_FP16_TINY_SK,
     "fuzz20261201_215-sigmoid-poly-bf16-d256-full-b3-sq26-sk712-h4x2-padded3":
         "sigmoid poly (FP16 program, 1/8 split at D = 256): dV 1.017x the rule's bound",
 }
