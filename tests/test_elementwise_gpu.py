@@ -80,9 +80,21 @@ def test_native_close_to_torch(kind, n):
     x = [t.float() for t in ins]
     s = torch.sigmoid(x[0])
     d = s * (1 + x[0] * (1 - s))
+    k = (2 / torch.pi) ** 0.5
+    t = torch.tanh(k * (x[0] + 0.044715 * x[0] ** 3))
+    gelu, dgelu = 0.5 * x[0] * (1 + t), 0.5 * (1 + t) + 0.5 * x[0] * (1 - t * t) * k * (1 + 3 * 0.044715 * x[0] ** 2)
     refs = {"silu_fwd": lambda: [x[0] * s], "silu_bwd": lambda: [x[1] * d],
             "swiglu_fwd": lambda: [x[0] * s * x[1]],
-            "swiglu_bwd": lambda: [x[2] * x[1] * d, x[2] * x[0] * s]}[kind]()
+            "swiglu_bwd": lambda: [x[2] * x[1] * d, x[2] * x[0] * s],
+            "geglu_fwd": lambda: [gelu * x[1]],
+            "geglu_bwd": lambda: [x[2] * x[1] * dgelu, x[2] * gelu]}[kind]()
+    if kind == "geglu_bwd":
+        # d_gate = (dy*up) * gelu': tanh.approx's ~2^-11 relative error moves gelu' by up to ~4e-5
+        # near its zero (x ~ -0.75), which dy*up (up to ~250 here) scales past a fixed atol
+        scale = (x[2] * x[1]).abs().clamp_min(1.0)
+        err = (outs[0].float() - refs[0]).abs() - 2**-7 * refs[0].abs()
+        assert (err <= 2e-3 * scale).all(), (err / scale).max()
+        outs, refs = outs[1:], refs[1:]
     for out, ref in zip(outs, refs):
         torch.testing.assert_close(out.float(), ref, rtol=2**-7, atol=2e-3)
 
@@ -123,3 +135,21 @@ def test_misaligned_view_and_rejects():
     assert torch.equal(act.silu(v), act.silu(v.clone()))
     with pytest.raises(ValueError, match="not contiguous"):
         act.silu(x[:1024].view(32, 32).t())
+
+
+def test_geglu_autograd_matches_replay_and_compiles():
+    """geglu(gate, up) forward and backward: bit-exact against the block replay (poly), the
+    torch.compile'd custom op equal to the eager path, native within BF16 rounding of torch's
+    gelu(approximate="tanh")."""
+    gate, up = (t.view(17, 241).requires_grad_() for t in _inputs(17 * 241, 2, "bf16", seed=11))
+    dy = _inputs(17 * 241, 1, "bf16", seed=12)[0].view(17, 241)
+    y = act.geglu(gate, up)
+    y.backward(dy)
+    ins = [gate.detach(), up.detach()]
+    assert np.array_equal(_f64(y.detach()), expected("geglu_fwd", "bf16", ins)[0])
+    d_gate, d_up = expected("geglu_bwd", "bf16", ins + [dy])
+    assert np.array_equal(_f64(gate.grad), d_gate) and np.array_equal(_f64(up.grad), d_up)
+    f = torch.compile(lambda g, u: act.PolyGeGLU()(g, u) * 2, fullgraph=True)
+    assert torch.equal(f(*ins), act.geglu(*ins) * 2)
+    ref = torch.nn.functional.gelu(ins[0].float(), approximate="tanh") * ins[1].float()
+    torch.testing.assert_close(act.geglu(*ins, "native").float(), ref, rtol=2**-7, atol=2e-3)
