@@ -73,6 +73,7 @@ BYTES_PER_PARAM = 18          # FP32 weight + grad + 2 AdamW moments (16) + auto
 TRANSIENT_PER_LOGIT = 10      # FP32 upcast grad + FP32 log-softmax grad + BF16 head grad
 HEADROOM = 0.92               # fraction of the device memory the plan may fill
 H200_GIB = 139.0              # usable memory of the lent H200 (torch's total_memory)
+FIRST_SEGMENT_S = 90.0        # budget estimate of an arm's first (compiling) segment
 ATTN_ARMS = ("eager", "sdpa", "flex", "native", "poly")
 MLP_KINDS = ("torch", "native", "poly")
 
@@ -395,8 +396,9 @@ def row(arm: Arm, model: str, seqlen: int, skip: int, target: int) -> dict:
 
 
 def run_model(name: str, seqlen: int, batch: int, layers: int, arms: list[str], a, device,
-              backend: str, deadline: float, log=print) -> list[dict]:
-    """One model, every arm alternating in segments; rows as the module docstring says."""
+              backend: str, deadline: float, log=print, eager_batch: int = 0) -> list[dict]:
+    """One model, every arm alternating in segments; rows as the module docstring says.
+    eager_batch: the eager arm's first batch when smaller (its S x S matrices; 0: `batch`)."""
     import transformers
     family, score, _ = MODELS[name]
     cfg = model_config(name, layers, a.dry_run)
@@ -405,6 +407,8 @@ def run_model(name: str, seqlen: int, batch: int, layers: int, arms: list[str], 
     for text in arms:
         try:
             arm_objs.append(Arm(text, score, batch))
+            if arm_objs[-1].attn == "eager" and eager_batch:
+                arm_objs[-1].batch = min(batch, eager_batch)
             if device.type != "cuda" and arm_objs[-1].attn == "flex":
                 arm_objs.pop()
                 raise ValueError("FlexAttention has no CPU backward")
@@ -443,7 +447,8 @@ def run_model(name: str, seqlen: int, batch: int, layers: int, arms: list[str], 
         order = live[rnd % len(live):] + live[:rnd % len(live)]     # rotate who goes first
         rnd += 1
         for arm in order:
-            est = seg_time.get(arm.name, 0.0)
+            # an arm's first segment compiles its graphs: about a minute per layer kind on the H200
+            est = seg_time.get(arm.name, FIRST_SEGMENT_S if a.compile != "none" else 0.0)
             if time.time() + est > deadline:
                 log(f"  budget: stopping before {arm.name} (segment ~{est:.0f} s)")
                 rows += [row(x, name, seqlen, a.skip, a.steps) for x in arm_objs]
@@ -465,7 +470,11 @@ def run_model(name: str, seqlen: int, batch: int, layers: int, arms: list[str], 
                     traceback.print_exc()
                     arm.error = f"{type(e).__name__}: {str(e)[:200]}"
                 opt.zero_grad(set_to_none=True)
-            seg_time[arm.name] = time.time() - t0 if arm.steps > a.segment else seg_time.get(arm.name, 0.0)
+            if arm.fwd:     # later segments: this arm's step time (no compile)
+                recent = [f + b + o for f, b, o in zip(arm.fwd[-n:], arm.bwd[-n:], arm.opt[-n:])]
+                seg_time[arm.name] = statistics.median(recent) / 1e3 * a.segment + 1.0
+            else:           # restarted at a smaller batch: compiles again
+                seg_time.pop(arm.name, None)
             last = f"{arm.fwd[-1] + arm.bwd[-1] + arm.opt[-1]:.1f} ms" if arm.fwd else "-"
             log(f"  {name} {arm.name:12s} steps {arm.steps:3d} last step {last} "
                 f"({time.time() - t0:.1f} s){' ' + arm.error if arm.error else ''}")
@@ -555,8 +564,9 @@ def main(argv=None) -> int:
             pl = next((x for x in plans if x["model"] == n and x["seqlen"] == s), None)
             batch = pl["batch"] if pl else 2
             layers = pl["layers"] if pl else 2
+            eager = max(1, max_batch(n, s, layers, mem, "eager")) if pl and not a.batch else 0
             rows += run_model(n, s, batch, layers, arms, a, device, backend, deadline,
-                              log=lambda m: print(m, flush=True))
+                              log=lambda m: print(m, flush=True), eager_batch=eager)
     out = {**protocol.header(protocol.Timing()), "plans": plans, "rows": rows,
            "protocol": (f"{a.steps} steps per arm alternating in segments of {a.segment}; median of "
                         f"steps {a.skip}-{a.steps} of (forward + loss, backward, optimizer step) "
