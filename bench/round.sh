@@ -136,7 +136,7 @@ for phase in "$@"; do
     train)       t train 300 python3 bench/tools/train_sanity.py --json "$W/train_sanity.json" ;;
     train_model) t train_model 590 python3 bench/train_model.py \
                      ${TRAIN_MODEL_ARGS:---model gemma2-2b --seqlen 4096 --arms flex,native,poly} \
-                     --budget-s 520 --json "$W/train_model.json" ;;
+                     --profile-steps 3 --budget-s 520 --json "$W/train_model.json" ;;
     sweep)       sw=(--quick); [ -n "${SWEEP_CELLS:-}" ] && sw=(--cells "$SWEEP_CELLS")
                  t sweep 560 python3 bench/sweep.py "${sw[@]}" --budget-s 520 --json "$W/sweep.json"
                  png=$(find "$W" -maxdepth 1 -name "sweep_*.png")   # the quick run's 3 come back as files

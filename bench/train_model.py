@@ -51,8 +51,10 @@ fragmentation); the device run prints the measured peak beside it.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -247,13 +249,17 @@ def _fused_attention_standin():
     return forward
 
 
-def saved_bytes(cfg, seqlen: int, attn: str) -> tuple[int, int]:
+@functools.lru_cache(maxsize=None)
+def saved_bytes(name: str, layers: int, seqlen: int, attn: str) -> tuple[int, int]:
     """(parameters, bytes autograd saves for one sequence of `seqlen` tokens, loss included)."""
     import transformers
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
     AttentionInterface.register("plan_fused", _fused_attention_standin())
     AttentionMaskInterface.register("plan_fused", flash_attention_mask)
+    AttentionInterface.register("sigmoid_eager", _sigmoid_eager)
+    AttentionMaskInterface.register("sigmoid_eager", flash_attention_mask)
+    cfg = model_config(name, layers, tiny=False)
     impl = {"eager": "eager", "sigmoid_eager": "sigmoid_eager"}.get(attn, "plan_fused")
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl,
@@ -276,7 +282,7 @@ def plan(name: str, seqlen: int, batch: int, layers: int, attn: str = "fused",
     cfg = model_config(name, layers, tiny=False)
     if MODELS[name][1] == "sigmoid" and attn == "eager":
         attn = "sigmoid_eager"
-    params, act = saved_bytes(cfg, seqlen, attn)
+    params, act = saved_bytes(name, layers, seqlen, attn)
     state = params * BYTES_PER_PARAM
     transient = batch * seqlen * cfg.vocab_size * TRANSIENT_PER_LOGIT
     total = state + batch * act + transient
@@ -374,6 +380,45 @@ def run_segment(model, mlps, opt, arm: Arm, batches: list, n: int, device, amp: 
         arm.opt.append(o)
 
 
+# Where a step's time goes: kernel (CUDA) or op (CPU dry run) names by the first pattern that
+# matches.  Every CuTe DSL kernel's name carries its module path "flash_attn_poly...", removed
+# first; ours are AttnFwdSm90 / AttnBwdSm90 / attn_bwd_prepost (attention) and ElementwiseKernel
+# (the fused GLU); inductor's names list the fused ops (triton_poi_fused_gelu_mul...), its
+# templates (triton_tem...) are flex attention (no other template runs without max-autotune).
+PROFILE_CATEGORIES = (
+    ("optimizer", r"adam|multi_tensor|foreach"),
+    ("loss", r"log_?softmax|nll_loss|cross_entropy"),
+    ("mlp activation", r"elementwise|gelu|silu|glu"),
+    ("attention", r"attn|attention|flash|fmha|flex|triton_tem|sdpa|softmax|sigmoid"),
+    ("norms", r"rsqrt|rms_?norm"),
+    ("matmul", r"gemm|xmma|nvjet|cutlass|cublas|matmul|addmm|bmm|aten::mm\b|linear"),
+)
+
+
+def classify(name: str) -> str:
+    n = name.lower().replace("flash_attn_poly", "")
+    return next((cat for cat, pat in PROFILE_CATEGORIES if re.search(pat, n)), "other")
+
+
+def profile_arm(model, mlps, opt, arm: "Arm", batches: list, n: int, device, amp: bool) -> dict:
+    """ms per step by category (PROFILE_CATEGORIES) over `n` extra steps of `arm` under
+    torch.profiler: CUDA kernel self time on the GPU, op self time on the CPU (dry run)."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = device.type == "cuda"
+    scratch = Arm.__new__(Arm)
+    scratch.__dict__.update(arm.__dict__, fwd=[], bwd=[], opt=[], losses=[], peak=0)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        run_segment(model, mlps, opt, scratch, batches, n, device, amp)
+    out: dict = {}
+    for e in prof.key_averages():
+        if cuda and e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        cat = classify(e.key)
+        out[cat] = out.get(cat, 0.0) + us / 1e3 / n
+    return {k: out[k] for k in sorted(out, key=out.get, reverse=True)}
+
+
 def row(arm: Arm, model: str, seqlen: int, skip: int, target: int) -> dict:
     batch = arm.batch
     r = {"model": model, "arm": arm.name, "attention": arm.attn, "mlp": arm.mlp, "seqlen": seqlen,
@@ -390,6 +435,8 @@ def row(arm: Arm, model: str, seqlen: int, skip: int, target: int) -> dict:
                  tokens_per_s=batch * seqlen / (med / 1e3), timed_steps=len(step),
                  loss_last=float(arm.losses[-1]))
     r["peak_mem_gb"] = arm.peak / 1e9 if arm.peak else None
+    if getattr(arm, "profile", None):
+        r["profile_ms_per_step"] = arm.profile
     if arm.steps < target and not arm.error:
         r["incomplete"] = f"{arm.steps} of {target} steps (budget)"
     return r
@@ -478,6 +525,13 @@ def run_model(name: str, seqlen: int, batch: int, layers: int, arms: list[str], 
             last = f"{arm.fwd[-1] + arm.bwd[-1] + arm.opt[-1]:.1f} ms" if arm.fwd else "-"
             log(f"  {name} {arm.name:12s} steps {arm.steps:3d} last step {last} "
                 f"({time.time() - t0:.1f} s){' ' + arm.error if arm.error else ''}")
+    for arm in arm_objs:
+        if a.profile_steps and arm.error is None and time.time() < deadline:
+            try:
+                arm.profile = profile_arm(model, mlps, opt, arm, batches(arm.batch), a.profile_steps,
+                                          device, amp)
+            except Exception as e:  # noqa: BLE001 - the profile is extra; the timings stand
+                log(f"  profile of {arm.name} failed: {type(e).__name__}: {e}")
     rows += [row(x, name, seqlen, a.skip, a.steps) for x in arm_objs]
     del model, opt, tokens
     if device.type == "cuda":
@@ -501,6 +555,15 @@ def markdown(out: dict) -> str:
                      f"(limit {p['limit_gib']:.1f})")
     rows = [r for r in out["rows"] if "tokens_per_s" in r]
     lines += ["", protocol.markdown_table(rows, COLS), ""]
+    prof = [r for r in out["rows"] if r.get("profile_ms_per_step")]
+    if prof:
+        cats = sorted({c for r in prof for c in r["profile_ms_per_step"]})
+        lines += ["Where the step's time goes (ms per step, kernel self time under torch.profiler):", "",
+                  "| model | arm | seqlen | " + " | ".join(cats) + " |", "|---" * (len(cats) + 3) + "|"]
+        for r in prof:
+            lines.append(f"| {r['model']} | {r['arm']} | {r['seqlen']} | " + " | ".join(
+                f"{r['profile_ms_per_step'].get(c, 0.0):.1f}" for c in cats) + " |")
+        lines.append("")
     for r in out["rows"]:
         for k in ("error", "skipped", "incomplete", "note"):
             if k in r:
@@ -522,6 +585,9 @@ def main(argv=None) -> int:
     p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--mem-gib", type=float, default=0.0, help="device memory (default: the device's)")
     p.add_argument("--budget-s", type=float, default=0.0, help="stop starting segments after this many s")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="after the timed steps, this many more per arm under torch.profiler: ms per "
+                        "step in attention, matmul, MLP activation, norms, loss, optimizer, other")
     p.add_argument("--plan", action="store_true", help="print the memory plan only (CPU, meta device)")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU: tiny configs of every model, reference backend, 3 steps per arm")
@@ -537,6 +603,7 @@ def main(argv=None) -> int:
     if a.dry_run:
         names = list(MODELS) if a.model == p.get_default("model") else names
         seqlens, a.steps, a.skip, a.segment = [32], 3, 1, 1
+        a.profile_steps = a.profile_steps or 1
         a.compile = "none" if a.compile_backend == "inductor" else a.compile
     plans = []
     if not a.dry_run:
@@ -564,7 +631,8 @@ def main(argv=None) -> int:
             pl = next((x for x in plans if x["model"] == n and x["seqlen"] == s), None)
             batch = pl["batch"] if pl else 2
             layers = pl["layers"] if pl else 2
-            eager = max(1, max_batch(n, s, layers, mem, "eager")) if pl and not a.batch else 0
+            wants_eager = any(parse_arm(x)[0] == "eager" for x in arms)
+            eager = max(1, max_batch(n, s, layers, mem, "eager")) if pl and wants_eager and not a.batch else 0
             rows += run_model(n, s, batch, layers, arms, a, device, backend, deadline,
                               log=lambda m: print(m, flush=True), eager_batch=eager)
     out = {**protocol.header(protocol.Timing()), "plans": plans, "rows": rows,

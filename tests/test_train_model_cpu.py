@@ -28,7 +28,24 @@ def test_dry_run_writes_rows_for_every_model(tmp_path):
             assert math.isfinite(r["tokens_per_s"]) and r["tokens_per_s"] > 0
             assert math.isfinite(r["loss_last"]) and abs(r["loss_last"] - math.log(97)) < 1.0
             assert r["step_ms"] >= r["fwd_ms"] and r["mlp"] == {"native": "native", "poly": "poly"}.get(arm, "torch")
-    assert (tmp_path / "t.md").read_text().count("| gemma2-2b |") == 3
+            assert set(r["profile_ms_per_step"]) <= {c for c, _ in tm.PROFILE_CATEGORIES} | {"other"}
+            assert r["profile_ms_per_step"]["matmul"] > 0
+    assert (tmp_path / "t.md").read_text().count("| gemma2-2b |") == 6     # timing and profile rows
+
+
+def test_profile_categories_of_kernel_names():
+    """Our CuTe kernels carry "flash_attn_poly" in every name: that must not make them attention."""
+    names = {"kernel_cutlass_kernel_flash_attn_polykernelselementwiseElementwiseKernel_object_at_": "mlp activation",
+             "kernel_cutlass_kernel_flash_attn_polykernelsattn_bwd_sm90AttnBwdSm90_object_at": "attention",
+             "triton_poi_fused_gelu_mul_0": "mlp activation", "triton_tem_fused_0": "attention",
+             "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_1": "norms",
+             "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT": "matmul",
+             "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, c10::BFloat16, float, "
+             "float, at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>": "loss",
+             "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
+             "triton_poi_fused_add_cat_mul_5": "other"}
+    for name, cat in names.items():
+        assert tm.classify(name) == cat, name
 
 
 def test_arms_the_models_cannot_run_are_refused_with_the_reason():
