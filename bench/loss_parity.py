@@ -419,13 +419,16 @@ def main(argv=None) -> int:
     out_dir = a.out_dir or os.path.join(protocol.OUT_DIR, "loss_parity_runs")
     os.makedirs(out_dir, exist_ok=True)
     deadline = t_start + a.budget_s if a.budget_s else float("inf")
-    runs, rc = {}, 0
+    runs, rc, last_s = {}, 0, 0.0
     for n in names:
-        if time.time() > deadline:
-            protocol.progress(f"budget: {n} not started")
+        # a run cut short is wasted: start one only when the last run's time still fits
+        if time.time() + last_s > deadline:
+            protocol.progress(f"budget: {n} not started (the last run took {last_s:.0f} s)")
             rc = 1
             continue
+        t_run = time.time()
         r = train_run(n, corpus, a, device, backend, deadline, log=lambda m: print(m, flush=True))
+        last_s = time.time() - t_run
         protocol.write_json(os.path.join(out_dir, f"run_{n}.json"), r)
         runs[n] = r
         if device.type == "cuda":

@@ -407,7 +407,7 @@ def profile_arm(model, mlps, opt, arm: "Arm", batches: list, n: int, device, amp
     cuda = device.type == "cuda"
     scratch = Arm.__new__(Arm)
     scratch.__dict__.update(arm.__dict__, fwd=[], bwd=[], opt=[], losses=[], peak=0)
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         run_segment(model, mlps, opt, scratch, batches, n, device, amp)
     out: dict = {}
     for e in prof.key_averages():
@@ -609,7 +609,8 @@ def main(argv=None) -> int:
     if not a.dry_run:
         for n in names:
             for s in seqlens:
-                layers = a.layers or (max_layers(s, 4, mem)[0] if MODELS[n][0] == "llama" else 26)
+                # Llama: the layer count that fits at the paper's batch 4 x 4096, at every length
+                layers = a.layers or (max_layers(4096, 4, mem)[0] if MODELS[n][0] == "llama" else 26)
                 batch = a.batch or max_batch(n, s, layers, mem)
                 pl = plan(n, s, batch, layers, mem_gib=mem)
                 plans.append(pl)
