@@ -227,3 +227,20 @@ def test_geglu_validation_and_reference():
     assert (up.grad.double() - val).abs().max() <= 2 * 2**-8 * val.abs().max()
     f = torch.compile(lambda a, b: act.geglu(a, b, backend="reference") * 2, fullgraph=True, backend="eager")
     assert torch.equal(f(gate.detach(), up.detach()), act.geglu(gate.detach(), up.detach(), backend="reference") * 2)
+
+
+def test_geglu_custom_ops_trace_forward_and_backward_with_fake_tensors():
+    """What torch.compile sees of geglu on the GPU, traced on the CPU without running a kernel:
+    the forward custom op's fake, its registered autograd calling the backward op (whose fake
+    gives both gradients), no graph break."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(gate, up, dy):
+        y = act._geglu_fwd(gate, up, "poly")
+        return (y,) + torch.autograd.grad(y, (gate, up), dy)
+
+    gate, up = (_bf16(4, 24, seed=s).requires_grad_() for s in (1, 2))
+    gm = make_fx(step, tracing_mode="fake")(gate, up, _bf16(4, 24, seed=3))
+    ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert ops.count("flash_attn_poly.geglu_fwd.default") == 1, ops
+    assert ops.count("flash_attn_poly.geglu_bwd.default") == 1, ops
