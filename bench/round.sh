@@ -12,18 +12,19 @@
 #                (but the correctness and fuzz tiers: phase correctness)
 #   goals        bench/gqa_4096.py --pairs: the issues' goal pairs, each pair timed alone, 2 repeats
 #                (PAIR_NAMES="a,b": those pairs only; PAIR_REPEATS=n)
-#   table        bench/gqa_4096.py: every row side by side, shuffled order, CUDA-graph and clock columns
-#   gemma2       bench/gemma2.py at D = 256 and D = 128 (ours + FA4 rows, the FP16 tanh program as a row)
+#   table        bench/gqa_4096.py: every row side by side, shuffled order, CUDA-graph and clock columns;
+#                then bench/gemma2.py at D = 256 and D = 128 (ours + FA4 rows, the FP16 tanh program as a row)
 #   accuracy     bench/accuracy.py: output and gradient error vs FP64, every mode and evaluator
 #   elementwise  bench/elementwise.py, CUDA-graph device time, then eager
 #   ncu          Nsight Compute of one warm launch per default build (forward and backward, anchor
 #                and Gemma-2 D = 256), summarised by bench/tools/ncu_summary.py
 #   first_call   bench/tools/first_call.py: import + first call per mode, cold and warm compile cache
-#   train        bench/tools/train_sanity.py: 200 training steps of a tiny decoder, every arm
 #   train_model  bench/train_model.py (issue 29): Gemma-2-2B at S = 4096 through transformers, arms flex, ours
 #                native, ours poly, 100 compiled training steps each, alternating in one process (~7-8 min, stops
 #                starting segments at 470 s); TRAIN_MODEL_ARGS="--model gemma2-2b --seqlen 8192 --arms flex,native,poly"
-#                (or --model llama3-8b --arms sdpa,native,poly, llama3-8b-sigmoid, ...) runs another subset
+#                (or --model llama3-8b --arms sdpa,native,poly, llama3-8b-sigmoid, ...) runs another subset;
+#                it replaces the tiny-decoder phase (bench/tools/train_sanity.py, 200 steps, every arm: run it
+#                by hand, ~300 s) to keep 10 phases
 #   sweep        bench/sweep.py --quick: issue 27's grid against FA4, cuDNN and Flex, its quick subset
 #                (S 1k and 4k, D 128, causal, GQA, every mode; ~4 min); SWEEP_CELLS=GLOBS runs those
 #                cells of the full grid instead (bench/sweep.py --dry-run --cells GLOBS lists them),
@@ -40,7 +41,7 @@
 # also copied beside it, since the device tool returns at most 8 files. Copy a table into
 # bench/results/ to commit it.
 set -u
-PHASES="tests goals table gemma2 accuracy elementwise ncu first_call train train_model sweep correctness"
+PHASES="tests goals table accuracy elementwise ncu first_call train_model sweep correctness"
 [ $# -ge 1 ] || { awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 2; }
 for phase in "$@"; do
   case " $PHASES " in *" $phase "*) ;; *) echo "unknown phase $phase (phases: $PHASES)"; exit 2 ;; esac
@@ -114,8 +115,8 @@ for phase in "$@"; do
     goals)       t goals 400 python3 bench/gqa_4096.py --pairs --pair-repeats "${PAIR_REPEATS:-2}" \
                      ${PAIR_NAMES:+--pair-names "$PAIR_NAMES"} --json "$W/gqa_4096_pairs.json" ;;
     table)       t table 400 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
-                     --json "$W/gqa_4096_shuffle.json" ;;
-    gemma2)      t gemma2_d256 260 python3 bench/gemma2.py --impls ours,fa4 --programs softcap_c50_f16_odd \
+                     --json "$W/gqa_4096_shuffle.json"
+                 t gemma2_d256 260 python3 bench/gemma2.py --impls ours,fa4 --programs softcap_c50_f16_odd \
                      --json "$W/gemma2_d256.json"
                  t gemma2_d128 220 python3 bench/gemma2.py --impls ours,fa4 --programs softcap_c50_f16_odd \
                      --headdim 128 --json "$W/gemma2_d128.json" ;;
@@ -133,7 +134,6 @@ for phase in "$@"; do
                  else
                    echo "first_call: bench/tools/first_call.py is not in this tree" >> "$W/summary.txt"
                  fi ;;
-    train)       t train 300 python3 bench/tools/train_sanity.py --json "$W/train_sanity.json" ;;
     train_model) t train_model 560 python3 bench/train_model.py \
                      ${TRAIN_MODEL_ARGS:---model gemma2-2b --seqlen 4096 --arms flex,native,poly} \
                      --profile-steps 3 --budget-s 470 --json "$W/train_model.json" ;;
