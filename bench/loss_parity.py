@@ -192,7 +192,7 @@ def train_run(name: str, corpus: dict, a, device, backend: str, deadline: float,
         for gr in opt.param_groups:
             gr["lr"] = lr_at(step, a.steps, a.lr)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
-            logits = model(input_ids=tok[:, :-1]).logits
+            logits = model(input_ids=tok[:, :-1], use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), tok[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -218,7 +218,7 @@ def heldout_loss(model, corpus: dict, a, device) -> float:
     for i in range(0, held.shape[0], a.batch):
         tok = held[i:i + a.batch].to(device).long()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            logits = model(input_ids=tok[:, :-1]).logits
+            logits = model(input_ids=tok[:, :-1], use_cache=False).logits
         total += float(F.cross_entropy(logits.float().reshape(-1, VOCAB), tok[:, 1:].reshape(-1),
                                        reduction="sum"))
         n += tok[:, 1:].numel()
@@ -431,6 +431,7 @@ def main(argv=None) -> int:
         last_s = time.time() - t_run
         protocol.write_json(os.path.join(out_dir, f"run_{n}.json"), r)
         runs[n] = r
+        torch._dynamo.reset()      # each run compiles its own model's layers
         if device.type == "cuda":
             torch.cuda.empty_cache()
         rc |= r["steps"] < r["target_steps"] or not math.isfinite(r["heldout"])

@@ -37,7 +37,9 @@ backward, and the optimizer step (fused AdamW, lr 1e-5, betas 0.9/0.95, weight d
 tokens, so the step is timed, not the learning); a row is the median over that arm's steps 20 to
 100 (`--skip`), tokens/s = batch x seqlen / that median; peak memory is the largest
 torch.cuda.max_memory_allocated of the arm's segments.  An arm that runs out of memory is a row
-with its error; `--batch` 0 (default) takes the planned batch.
+with its error; `--batch` 0 (default) takes the planned batch.  The step calls the model as a
+transformers training loop does (labels, use_cache=False), which includes transformers' one host
+synchronisation per forward (its packed-sequence check of the position ids), the same for every arm.
 
 Memory plan (`plan()`): the model is built on the meta device in BF16 and one forward with the loss
 runs under saved-tensor hooks, counting the bytes autograd keeps per sequence (one storage once;
@@ -272,6 +274,9 @@ def saved_bytes(name: str, layers: int, seqlen: int, attn: str) -> tuple[int, in
         return t
     ids = torch.zeros(1, seqlen, dtype=torch.long, device="meta")
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        # use_cache left on: without a cache transformers checks position_ids for packed
+        # sequences with a host-side .all(), which meta tensors cannot answer (the cache holds
+        # references to k/v that autograd saves anyway: no bytes change)
         model(input_ids=ids, labels=ids)
     return sum(p.numel() for p in model.parameters()), sum(seen.values())
 
@@ -355,7 +360,7 @@ def run_segment(model, mlps, opt, arm: Arm, batches: list, n: int, device, amp: 
         if cuda:
             ev[0].record()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss   # no KV cache in training
         if cuda:
             ev[1].record()
         t.append(time.perf_counter())
@@ -534,6 +539,7 @@ def run_model(name: str, seqlen: int, batch: int, layers: int, arms: list[str], 
                 log(f"  profile of {arm.name} failed: {type(e).__name__}: {e}")
     rows += [row(x, name, seqlen, a.skip, a.steps) for x in arm_objs]
     del model, opt, tokens
+    torch._dynamo.reset()          # the next model (another length) compiles its own graphs
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
