@@ -374,6 +374,7 @@ def main(argv=None) -> int:
     p.add_argument("--seqlen", type=int, default=2048)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--data-seed", type=int, default=0)
+    p.add_argument("--corpus-root", help="directory of .py files (default: this Python's stdlib)")
     p.add_argument("--heldout-windows", type=int, default=64)
     p.add_argument("--ewm-halflife", type=float, default=0.0,
                    help="tokens (default: 50 steps' tokens)")
@@ -412,7 +413,14 @@ def main(argv=None) -> int:
     cuda = torch.cuda.is_available() and not a.dry_run
     device = torch.device("cuda" if cuda else "cpu")
     backend = "cuda" if cuda else "reference"
-    corpus = build_corpus(max_bytes=2_000_000 if a.dry_run else 0)
+    corpus = build_corpus(a.corpus_root, max_bytes=2_000_000 if a.dry_run else 0)
+    need = a.steps * a.batch * (a.seqlen + 1) // 4
+    if corpus["train"].numel() < need or corpus["heldout"].numel() <= a.seqlen + 1:
+        p.error(f"the corpus ({corpus['files']} .py files under "
+                f"{a.corpus_root or sysconfig.get_paths()['stdlib']}) has {corpus['train'].numel()} "
+                f"training / {corpus['heldout'].numel()} held-out bytes; "
+                f"the run needs at least {need} (a quarter epoch) and one held-out window: point "
+                "--corpus-root at a directory of .py sources")
     protocol.progress(f"corpus: {corpus['files']} files, {corpus['bytes'] / 1e6:.1f} MB, train "
                       f"{corpus['train'].numel() / 1e6:.1f} M / held-out {corpus['heldout'].numel() / 1e6:.2f} M "
                       f"bytes, sha256 {corpus['sha256'][:16]}")
