@@ -1,6 +1,7 @@
-"""B1 SiLU, B4 fused SwiGLU and the FP16 standalone sweep: poly vs native, side by side.
+"""B1 SiLU, B4 fused SwiGLU, Gemma-2's GeGLU and the FP16 standalone sweep: poly vs native.
 
     python bench/elementwise.py            # H200: bench/out/elementwise.json (+ .md)
+    python bench/elementwise.py --sections geglu   # the fused GeGLU (gelu_pytorch_tanh) rows only
     python bench/elementwise.py --graph    # bench/out/elementwise_graph.json
         # every implementation's timed calls captured in CUDA graphs: device time, no host
         # dispatch (the 4M-element sweep and the B4 fwd+bwd step are host-bound otherwise)
@@ -128,6 +129,33 @@ def bench_b4(timing, copy_gbps):
     return rows
 
 
+def _eager_geglu(g, u):
+    return F.gelu(g, approximate="tanh") * u
+
+
+def bench_geglu(timing, copy_gbps):
+    """Gemma-2's MLP activation gelu_pytorch_tanh(gate) * up at the B4 shape: forward, and the
+    training step (forward, then both gradients from dy)."""
+    shape = (B4_ROWS, B4_HIDDEN)
+    gate = torch.randn(shape, device="cuda").to(torch.bfloat16).requires_grad_()
+    up = torch.randn(shape, device="cuda").to(torch.bfloat16).requires_grad_()
+    dy = torch.randn(shape, device="cuda").to(torch.bfloat16)
+    compiled = torch.compile(_eager_geglu)
+    n = gate.numel() * 2
+    impls = {"torch eager gelu_tanh(g)*u": _eager_geglu,
+             "torch.compile gelu_tanh(g)*u": compiled,
+             "native (SFU) kernel": lambda g, u: act.geglu(g, u, evaluator="native"),
+             "poly kernel": act.geglu}
+    with torch.no_grad():
+        fwd = {k: (lambda f=f: f(gate, up)) for k, f in impls.items()}
+        rows = _rows("GeGLU fwd", _time(fwd, timing), dict.fromkeys(fwd, 3 * n),
+                     copy_gbps, "torch eager gelu_tanh(g)*u")
+    both = {k: (lambda f=f: torch.autograd.grad(f(gate, up), (gate, up), dy)) for k, f in impls.items()}
+    rows += _rows("GeGLU fwd+bwd", _time(both, timing), dict.fromkeys(both, 8 * n),
+                  copy_gbps, "torch eager gelu_tanh(g)*u")
+    return rows
+
+
 _NATIVE_FWD = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": F.silu,
                "gelu": lambda x: F.gelu(x, approximate="none")}
 
@@ -166,7 +194,7 @@ def bench_sweep(timing, copy_gbps, sizes):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     protocol.add_json_arg(p, "elementwise")
-    p.add_argument("--sections", default="b1,b4,sweep")
+    p.add_argument("--sections", default="b1,b4,sweep", help="comma-separated: b1, b4, geglu, sweep")
     protocol.add_timing_args(p, warmup=25, rounds=5, iters=100)
     p.add_argument("--sweep-warmup", type=int, default=1000)
     p.add_argument("--sweep-rounds", type=int, default=9)
@@ -187,6 +215,8 @@ def main(argv=None) -> int:
         rows += bench_b1(timing, copy_gbps)
     if "b4" in sections:
         rows += bench_b4(timing, copy_gbps)
+    if "geglu" in sections:
+        rows += bench_geglu(timing, copy_gbps)
     if "sweep" in sections:
         rows += bench_sweep(sweep_timing, copy_gbps,
                             [int(s) for s in args.sweep_sizes.split(",")])

@@ -19,7 +19,12 @@
 #   ncu          Nsight Compute of one warm launch per default build (forward and backward, anchor
 #                and Gemma-2 D = 256), summarised by bench/tools/ncu_summary.py
 #   first_call   bench/tools/first_call.py: import + first call per mode, cold and warm compile cache
-#   train        bench/tools/train_sanity.py: 200 training steps of a tiny decoder, every arm
+#   train_model  bench/train_model.py (issue 29): Gemma-2-2B at S = 4096 through transformers, arms flex, ours
+#                native, ours poly, 100 compiled training steps each, alternating in one process (~7-8 min, stops
+#                starting segments at 470 s); TRAIN_MODEL_ARGS="--model gemma2-2b --seqlen 8192 --arms flex,native,poly"
+#                (or --model llama3-8b --arms sdpa,native,poly, llama3-8b-sigmoid, ...) runs another subset;
+#                it replaces the tiny-decoder phase (bench/tools/train_sanity.py, 200 steps, every arm: run it
+#                by hand, ~300 s) to keep 10 phases
 #   sweep        bench/sweep.py --quick: issue 27's grid against FA4, cuDNN and Flex, its quick subset
 #                (S 1k and 4k, D 128, causal, GQA, every mode; ~4 min); SWEEP_CELLS=GLOBS runs those
 #                cells of the full grid instead (bench/sweep.py --dry-run --cells GLOBS lists them),
@@ -36,7 +41,7 @@
 # also copied beside it, since the device tool returns at most 8 files. Copy a table into
 # bench/results/ to commit it.
 set -u
-PHASES="tests goals table accuracy elementwise ncu first_call train sweep correctness"
+PHASES="tests goals table accuracy elementwise ncu first_call train_model sweep correctness"
 [ $# -ge 1 ] || { awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 2; }
 for phase in "$@"; do
   case " $PHASES " in *" $phase "*) ;; *) echo "unknown phase $phase (phases: $PHASES)"; exit 2 ;; esac
@@ -129,7 +134,9 @@ for phase in "$@"; do
                  else
                    echo "first_call: bench/tools/first_call.py is not in this tree" >> "$W/summary.txt"
                  fi ;;
-    train)       t train 300 python3 bench/tools/train_sanity.py --json "$W/train_sanity.json" ;;
+    train_model) t train_model 560 python3 bench/train_model.py \
+                     ${TRAIN_MODEL_ARGS:---model gemma2-2b --seqlen 4096 --arms flex,native,poly} \
+                     --profile-steps 3 --budget-s 470 --json "$W/train_model.json" ;;
     sweep)       sw=(--quick); [ -n "${SWEEP_CELLS:-}" ] && sw=(--cells "$SWEEP_CELLS")
                  t sweep 560 python3 bench/sweep.py "${sw[@]}" --budget-s 520 --json "$W/sweep.json"
                  png=$(find "$W" -maxdepth 1 -name "sweep_*.png")   # the quick run's 3 come back as files

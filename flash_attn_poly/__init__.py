@@ -1,7 +1,7 @@
 """flash_attn_poly: attention and activation kernels whose transcendental functions run as
 packed-BF16 polynomial programs on the FMA pipe instead of the SFU (MUFU) pipe."""
-from .activations import PolySiLU, PolySwiGLU, silu, swiglu
+from .activations import PolyGeGLU, PolySiLU, PolySwiGLU, geglu, silu, swiglu
 from .interface import attention
 
 __version__ = "0.1.0"
-__all__ = ["attention", "silu", "swiglu", "PolySiLU", "PolySwiGLU"]
+__all__ = ["attention", "silu", "swiglu", "geglu", "PolySiLU", "PolySwiGLU", "PolyGeGLU"]

@@ -9,6 +9,12 @@ comparator that isolates the evaluator.
 intermediate; the backward writes d_gate and d_up in one kernel.  ``gate_up`` is the
 concatenated ``[..., 2H]`` output of a fused gate-up projection (gate first).
 
+``geglu(gate, up)``: gelu(gate) * up, Gemma-2's MLP (``gelu_pytorch_tanh``), with the same
+structure: the packed D4 GELU program ``gelu_d4`` forward, and its directly fitted derivative
+``gelu_d4_grad`` beside the value in the backward (the programs are fitted to the erf GELU,
+3-5% of their own error away from the tanh form: asm/blocks.py); ``"native"`` computes the
+tanh form in FP32 with one SFU tanh.
+
 The public functions are torch custom ops (``flash_attn_poly::*``) with fake
 implementations, so ``torch.compile`` traces them without graph breaks.  The kernels take
 contiguous BF16 CUDA tensors on sm_90; ``backend`` picks as attention() does: "auto" runs
@@ -145,6 +151,10 @@ def _silu_ref(x: Tensor) -> Tensor:
 
 def _swiglu_ref(gate: Tensor, up: Tensor) -> Tensor:
     return (F.silu(gate.float()) * up.float()).to(gate.dtype)
+
+
+def _geglu_ref(gate: Tensor, up: Tensor) -> Tensor:
+    return (F.gelu(gate.float(), approximate="tanh") * up.float()).to(gate.dtype)
 
 
 # ---- launching -------------------------------------------------------------------------
@@ -324,6 +334,40 @@ torch.library.register_autograd(f"{_LIB}::swiglu_fwd", _swiglu_backward,
                                 setup_context=_save_tensors_and_evaluator)
 
 
+@torch.library.custom_op(f"{_LIB}::geglu_fwd", mutates_args=())
+def _geglu_fwd(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
+    y = torch.empty_like(gate)
+    launch("geglu_fwd", "bf16", evaluator, [gate, up], [y])
+    return y
+
+
+@_geglu_fwd.register_fake
+def _(gate, up, evaluator):
+    return torch.empty_like(gate)
+
+
+@torch.library.custom_op(f"{_LIB}::geglu_bwd", mutates_args=())
+def _geglu_bwd(gate: Tensor, up: Tensor, grad: Tensor, evaluator: str) -> tuple[Tensor, Tensor]:
+    d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
+    launch("geglu_bwd", "bf16", evaluator, [gate, up, grad], [d_gate, d_up])
+    return d_gate, d_up
+
+
+@_geglu_bwd.register_fake
+def _(gate, up, grad, evaluator):
+    return torch.empty_like(gate), torch.empty_like(up)
+
+
+def _geglu_backward(ctx, grad):
+    gate, up = ctx.saved_tensors
+    d_gate, d_up = _geglu_bwd(gate, up, grad.contiguous(), ctx.evaluator)
+    return d_gate, d_up, None
+
+
+torch.library.register_autograd(f"{_LIB}::geglu_fwd", _geglu_backward,
+                                setup_context=_save_tensors_and_evaluator)
+
+
 def _half_shape(gate_up: Tensor):
     return (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
 
@@ -387,10 +431,14 @@ def _silu_fwd_eager(x: Tensor, evaluator: str) -> Tensor:
     return y
 
 
-def _swiglu_fwd_eager(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
+def _glu_fwd_eager(kind: str, gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
     y = torch.empty_like(gate)
-    _launch_fast("swiglu_fwd", "bf16", evaluator, [gate, up], [y])
+    _launch_fast(kind, "bf16", evaluator, [gate, up], [y])
     return y
+
+
+def _swiglu_fwd_eager(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
+    return _glu_fwd_eager("swiglu_fwd", gate, up, evaluator)
 
 
 def _swiglu_concat_fwd_eager(gate_up: Tensor, evaluator: str) -> Tensor:
@@ -431,6 +479,22 @@ class _SwiGLUFn(torch.autograd.Function):
         return d_gate, d_up, None
 
 
+class _GeGLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, evaluator):
+        ctx.save_for_backward(gate, up)   # inputs only, as _SwiGLUFn
+        ctx.evaluator = evaluator
+        return _glu_fwd_eager("geglu_fwd", gate, up, evaluator)
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
+        _launch_fast("geglu_bwd", "bf16", ctx.evaluator, [gate, up, grad.contiguous()],
+                     [d_gate, d_up])
+        return d_gate, d_up, None
+
+
 class _SwiGLUConcatFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate_up, evaluator):
@@ -459,6 +523,14 @@ def _swiglu_any(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
             return _SwiGLUFn.apply(gate, up, evaluator)
         return _swiglu_fwd_eager(gate, up, evaluator)
     return _swiglu_fwd(gate, up, evaluator)
+
+
+def _geglu_any(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
+    if _eager(gate) and type(up) is Tensor:
+        if needs_grad(gate, up):
+            return _GeGLUFn.apply(gate, up, evaluator)
+        return _glu_fwd_eager("geglu_fwd", gate, up, evaluator)
+    return _geglu_fwd(gate, up, evaluator)
 
 
 def _swiglu_concat_any(gate_up: Tensor, evaluator: str) -> Tensor:
@@ -517,6 +589,21 @@ def swiglu(gate: Tensor, up: Tensor | None = None, evaluator: str = "poly", *,
     return _swiglu_any(gate, up, evaluator)
 
 
+def geglu(gate: Tensor, up: Tensor, evaluator: str = "poly", *, backend: str = "auto") -> Tensor:
+    """gelu(gate) * up in one kernel (Gemma-2's ``gelu_pytorch_tanh`` GLU); differentiable (one
+    backward kernel for both grads).  Two tensors of one shape; backend as silu's (the
+    reference is torch's ``gelu(approximate="tanh")`` in FP32)."""
+    evaluator, backend = _evaluator(evaluator), _backend(backend)
+    _check_tensor("gate", gate)
+    _check_tensor("up", up)
+    _same_shape("gate", gate, "up", up)
+    if _which("geglu", backend, "gate", gate) == "reference":
+        return _geglu_ref(gate, up)
+    _check_layout("gate", gate)
+    _check_layout("up", up)
+    return _geglu_any(gate, up, evaluator)
+
+
 class PolySiLU(nn.Module):
     """Drop-in ``nn.SiLU`` replacement (the kernel on BF16 CUDA inputs; backend as silu's)."""
 
@@ -545,6 +632,22 @@ class PolySwiGLU(nn.Module):
 
     def forward(self, gate: Tensor, up: Tensor | None = None) -> Tensor:
         return swiglu(gate, up, self.evaluator, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"evaluator={self.evaluator!r}, backend={self.backend!r}"
+
+
+class PolyGeGLU(nn.Module):
+    """The activation of a GeGLU MLP: ``forward(gate, up)`` = gelu(gate) * up (Gemma-2:
+    ``down(PolyGeGLU()(gate_proj(x), up_proj(x)))``); backend as silu's."""
+
+    def __init__(self, evaluator: str = "poly", *, backend: str = "auto"):
+        super().__init__()
+        self.evaluator = _evaluator(evaluator)
+        self.backend = _backend(backend)
+
+    def forward(self, gate: Tensor, up: Tensor) -> Tensor:
+        return geglu(gate, up, self.evaluator, backend=self.backend)
 
     def extra_repr(self) -> str:
         return f"evaluator={self.evaluator!r}, backend={self.backend!r}"

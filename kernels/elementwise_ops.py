@@ -9,6 +9,8 @@ low half) to packed words, so the streaming kernel is the same for every kind:
 | silu_bwd     | x, g             | dx                 |
 | swiglu_fwd   | gate, up         | y = silu(gate)*up  |
 | swiglu_bwd   | gate, up, g      | d_gate, d_up       |
+| geglu_fwd    | gate, up         | y = gelu(gate)*up  |
+| geglu_bwd    | gate, up, g      | d_gate, d_up       |
 | <fn>_fwd     | x                | y (FP16 sweep)     |
 | <fn>_bwd     | x, g             | dx = g*f'(x)       |
 
@@ -16,7 +18,8 @@ low half) to packed words, so the streaming kernel is the same for every kind:
 table (fma.rn.{bf16,f16}x2, no MUFU), inlined through asm/cute_ops.py.
 ``native``: the same word-in/word-out interface on the SFU: unpack to FP32,
 sigma(v) = 0.5 + 0.5*tanh.approx(v/2) (one MUFU.TANH per element, the cheapest SFU
-sigmoid), FP32 arithmetic, one cvt.rn to 16 bits at the end -- torch's recipe, so a
+sigmoid; GeGLU: gelu_pytorch_tanh's 0.5*v*(1 + tanh(k*(v + 0.044715*v^3))), one MUFU.TANH),
+FP32 arithmetic, one cvt.rn to 16 bits at the end -- torch's recipe, so a
 poly/native comparison isolates the evaluator.
 """
 from __future__ import annotations
@@ -27,12 +30,14 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 # kind -> (number of packed inputs, number of packed outputs)
-ARITY = {"silu_fwd": (1, 1), "silu_bwd": (2, 1), "swiglu_fwd": (2, 1), "swiglu_bwd": (3, 2)}
+ARITY = {"silu_fwd": (1, 1), "silu_bwd": (2, 1), "swiglu_fwd": (2, 1), "swiglu_bwd": (3, 2),
+         "geglu_fwd": (2, 1), "geglu_bwd": (3, 2)}
 SWEEP_FNS = ("sigmoid", "tanh", "silu", "gelu")
 for _fn in SWEEP_FNS:
     ARITY[f"{_fn}_fwd"] = (1, 1)
     ARITY[f"{_fn}_bwd"] = (2, 1)
-BF16_KINDS = ("silu_fwd", "silu_bwd", "swiglu_fwd", "swiglu_bwd")
+BF16_KINDS = ("silu_fwd", "silu_bwd", "swiglu_fwd", "swiglu_bwd", "geglu_fwd", "geglu_bwd")
+GLU_FWD = ("swiglu_fwd", "geglu_fwd")   # (gate, up) -> y: no g * f'(x) step
 
 
 @dsl_user_op
@@ -75,7 +80,7 @@ def run_poly(blk, *words) -> tuple:
 
 def grad_mul(kind: str, dtype: str, evaluator: str) -> str | None:
     """PTX of the packed g * f'(x) step for (x, g) kinds with a poly block, else None."""
-    if evaluator == "poly" and ARITY[kind] == (2, 1) and kind != "swiglu_fwd":
+    if evaluator == "poly" and ARITY[kind] == (2, 1) and kind not in GLU_FWD:
         return f"mul.rn.{'bf16x2' if dtype == 'bf16' else 'f16x2'} $0, $1, $2;"
     return None
 
@@ -100,8 +105,35 @@ def _sigmoid_f32(v: str, s: str) -> list[str]:
             f"fma.rn.f32 {s}, {s}, 0f3F000000, 0f3F000000;"]
 
 
+# gelu_pytorch_tanh: k = sqrt(2/pi), cubic coefficient 0.044715 (FP32 bit patterns)
+_GELU_K, _GELU_C, _GELU_3C = "0f3F4C422A", "0f3D372713", "0f3E095D4F"
+
+
+def _geglu_lane(kind: str, v: list[str], outs: list[str]) -> list[str]:
+    """gelu_pytorch_tanh in FP32 with one MUFU.TANH: w = x*x, u = k*(x + c*x*w), t = tanh(u),
+    gelu = 0.5*x*(1 + t), gelu' = 0.5*(1 + t) + 0.5*x*(1 - t*t)*k*(1 + 3c*w)."""
+    x = v[0]
+    lines = [f"mul.f32 %u, {x}, {x};", f"mul.f32 %t, %u, {x};",
+             f"fma.rn.f32 %t, %t, {_GELU_C}, {x};", f"mul.f32 %t, %t, {_GELU_K};",
+             "tanh.approx.f32 %t, %t;",
+             "fma.rn.f32 %s, %t, 0f3F000000, 0f3F000000;",          # s = 0.5*(1 + t)
+             f"mul.f32 %w, %s, {x};"]                                 # gelu
+    if kind == "geglu_fwd":
+        return lines + [f"mul.f32 {outs[0]}, %w, {v[1]};"]
+    # v = gate, up, g; %u = x^2 -> k*(1 + 3c*x^2); %t = t -> 1 - t*t
+    lines += [f"fma.rn.f32 %u, %u, {_GELU_3C}, 0f3F800000;", f"mul.f32 %u, %u, {_GELU_K};",
+              "fma.rn.f32 %t, %t, %t, 0fBF800000;", "neg.f32 %t, %t;",
+              f"mul.f32 %t, %t, {x};", "mul.f32 %t, %t, 0f3F000000;",
+              "fma.rn.f32 %u, %t, %u, %s;",                           # gelu'
+              f"mul.f32 {outs[1]}, {v[2]}, %w;",
+              f"mul.f32 %t, {v[2]}, {v[1]};", f"mul.f32 {outs[0]}, %t, %u;"]
+    return lines
+
+
 def _native_lane(kind: str, v: list[str], outs: list[str]) -> list[str]:
     """FP32 lines for one lane; v = FP32 input registers, outs = FP32 result registers."""
+    if kind.startswith("geglu"):
+        return _geglu_lane(kind, v, outs)
     lines = _sigmoid_f32(v[0], "%s")
     if kind == "silu_fwd":
         return lines + [f"mul.f32 {outs[0]}, {v[0]}, %s;"]
@@ -121,7 +153,7 @@ def _native_lane(kind: str, v: list[str], outs: list[str]) -> list[str]:
 def native_block(kind: str, dtype: str) -> tuple[str, str, int]:
     """(PTX, constraints, n_out) of the SFU comparator for a BF16/B4 kind."""
     n_in, n_out = ARITY[kind]
-    lines = [".reg .f32 %s, %t, %u, %i<6>, %o<4>;", ".reg .b16 %hl, %hh;"]
+    lines = [".reg .f32 %s, %t, %u, %w, %i<6>, %o<4>;", ".reg .b16 %hl, %hh;"]
     ins = [f"${n_out + i}" for i in range(n_in)]
     for i, w in enumerate(ins):
         lines += _unpack(w, f"%i{2 * i}", f"%i{2 * i + 1}", dtype)

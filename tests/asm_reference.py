@@ -86,6 +86,13 @@ def expected_values(block, table: dict, xs: list[np.ndarray]) -> list[np.ndarray
         p, s = _sigmoid_chain(table, gate)
         d_gate = rt.mul(rt.mul(dy, up, "bf16"), _silu_grad(p, s), "bf16")
         return [d_gate, rt.mul(dy, s, "bf16")]
+    if name == "geglu_fwd_bf16x2":
+        return [rt.mul(rt.replay(PG.entry(B.GELU_D4, table), xs[0], "fused"), xs[1], "bf16")]
+    if name == "geglu_bwd_bf16x2":
+        gate, up, dy = xs
+        val = rt.replay(PG.entry(B.GELU_D4, table), gate, "fused")
+        der = rt.replay(PG.entry(B.GELU_D4_GRAD, table), gate, "fused")
+        return [rt.mul(rt.mul(dy, up, "bf16"), der, "bf16"), rt.mul(dy, val, "bf16")]
     assert len(progs) == len(block.out_types), name
     return [rt.replay(p, xs[0], "fused") for p in progs]
 

@@ -286,7 +286,8 @@ def test_cli_counts_cover_every_block(table, capsys):
             continue
         blk = B.get_block(name, table)
         assert counts[name] == {"instructions": blk.n_instructions, "fma": blk.n_fma}
-        assert blk.n_fma >= 2 and blk.n_instructions <= 24
+        # at most 24 instructions per program evaluated (geglu_bwd runs the value and derivative)
+        assert blk.n_fma >= 2 and blk.n_instructions <= 24 * len(blk.programs)
 
 
 def _words(line):

@@ -168,3 +168,79 @@ def test_every_kernel_kind_has_a_block():
     for fn in ops.SWEEP_FNS:
         for d in ("fwd", "bwd"):
             assert ops.poly_programs(f"{fn}_{d}", "f16")[0]["dtype"] == "f16"
+
+
+# ---- GeGLU (Gemma-2's gelu_pytorch_tanh MLP) ---------------------------------------------
+
+def _gelu_tanh(x):
+    k = np.sqrt(2 / np.pi)
+    t = np.tanh(k * (x + 0.044715 * x**3))
+    return 0.5 * x * (1 + t), 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x)
+
+
+def test_geglu_blocks_are_gelu_programs_within_their_error_of_the_tanh_form():
+    """The block reference the GPU test compares against is gelu_d4(gate) * up (forward) and
+    (dy*up)*gelu_d4_grad(gate), dy*gelu_d4(gate) (backward); the erf-fitted programs stay within
+    their own fitted error (+ 1e-3 for erf vs tanh) of gelu_pytorch_tanh at every BF16 input,
+    and beyond the clamp they are exact (max(x, 0)) / saturate near 0 and 1."""
+    table = programs.load_table()
+    x = runtime.all_inputs("bf16")
+    x = x[np.isfinite(x) & (np.abs(x) < 1e4)]
+    val = runtime.replay(programs.entry("gelu_d4", table), x, "fused")
+    der = runtime.replay(programs.entry("gelu_d4_grad", table), x, "fused")
+    ones = np.ones_like(x)
+    (y,) = reference.expected_values("geglu_fwd_bf16x2", table, [x, ones])
+    assert np.array_equal(y, val)
+    d_gate, d_up = reference.expected_values("geglu_bwd_bf16x2", table, [x, ones, ones])
+    assert np.array_equal(d_gate, der) and np.array_equal(d_up, val)
+    exact, dexact = _gelu_tanh(x)
+    fit_val = programs.entry("gelu_d4", table)["errors"]["bf16_fused"]
+    fit_der = programs.entry("gelu_d4_grad", table)["errors"]["bf16_fused"]
+    assert np.abs(val - exact).max() <= fit_val + 1e-3
+    assert np.abs(der - dexact).max() <= fit_der + 1e-3
+    big = np.abs(x) > 4
+    assert np.array_equal(val[big], np.maximum(x[big], 0))
+    assert np.abs(der[big] - (x[big] > 0)).max() < 0.05
+
+
+def test_geglu_validation_and_reference():
+    with pytest.raises(ValueError, match=r"gate \(4, 8\) and up \(4, 6\) differ in shape"):
+        act.geglu(_bf16(4, 8), _bf16(4, 6))
+    with pytest.raises(TypeError, match="up has dtype torch.int64"):
+        act.geglu(_bf16(8), _bf16(8).long())
+    with pytest.raises(ValueError, match="evaluator must be"):
+        act.PolyGeGLU("fast")
+    with pytest.raises(ValueError, match=r"geglu\(backend='cuda'\): gate is on cpu"):
+        act.geglu(_bf16(8), _bf16(8), backend="cuda")
+    with pytest.warns(UserWarning, match=r"flash_attn_poly.geglu: gate is on cpu"):
+        act.geglu(_bf16(8), _bf16(8))
+    g64 = torch.randn(6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 4
+    u64 = torch.randn(6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    gate, up = g64.to(torch.bfloat16).requires_grad_(), u64.to(torch.bfloat16).requires_grad_()
+    out = act.PolyGeGLU(backend="reference")(gate, up)
+    val, der = (torch.from_numpy(t) for t in _gelu_tanh(gate.detach().double().numpy()))
+    want = val * up.detach().double()
+    assert out.dtype == torch.bfloat16
+    assert (out.double() - want).abs().max() <= 2 * 2**-8 * want.abs().max()
+    out.double().sum().backward()
+    assert (gate.grad.double() - der * up.detach().double()).abs().max() <= 2 * 2**-8 * (der * up.detach().double()).abs().max()
+    assert (up.grad.double() - val).abs().max() <= 2 * 2**-8 * val.abs().max()
+    f = torch.compile(lambda a, b: act.geglu(a, b, backend="reference") * 2, fullgraph=True, backend="eager")
+    assert torch.equal(f(gate.detach(), up.detach()), act.geglu(gate.detach(), up.detach(), backend="reference") * 2)
+
+
+def test_geglu_custom_ops_trace_forward_and_backward_with_fake_tensors():
+    """What torch.compile sees of geglu on the GPU, traced on the CPU without running a kernel:
+    the forward custom op's fake, its registered autograd calling the backward op (whose fake
+    gives both gradients), no graph break."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(gate, up, dy):
+        y = act._geglu_fwd(gate, up, "poly")
+        return (y,) + torch.autograd.grad(y, (gate, up), dy)
+
+    gate, up = (_bf16(4, 24, seed=s).requires_grad_() for s in (1, 2))
+    gm = make_fx(step, tracing_mode="fake")(gate, up, _bf16(4, 24, seed=3))
+    ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert ops.count("flash_attn_poly.geglu_fwd.default") == 1, ops
+    assert ops.count("flash_attn_poly.geglu_bwd.default") == 1, ops

@@ -1,0 +1,451 @@
+"""Loss parity on real text: native vs polynomial evaluators over 2,000+ training steps (issue 29, item 2).
+
+    python bench/loss_parity.py --estimate                 # CPU: FLOPs and device time per run
+    python bench/loss_parity.py --runs B2_native,B2_poly,noise_seed1 --out-dir DIR --budget-s 520
+                                                           # H200: some runs (one device call)
+    python bench/loss_parity.py --collect DIR --json bench/results/loss_parity.json   # gaps, table, PNG
+    python bench/loss_parity.py --dry-run                  # CPU: tiny models, 20 steps, every run
+
+Data (built where it runs, nothing downloaded or committed): the Python standard library's own
+source files (`*.py` under sysconfig's stdlib path, site-packages left out; pydoc_data holds the
+documentation topics), read as bytes: byte-level tokens (vocab 256).  Files are taken in sorted
+path order; a file whose SHA-1 of its relative path is 0 mod 50 is held out (~2%).  The training
+stream is the other files joined by a blank line, cut into windows of seqlen + 1 bytes, visited
+in a permutation fixed by --data-seed (the same order for every run); the held-out loss is the
+mean over the first --heldout-windows windows of the held-out stream.  The corpus's size and
+SHA-256 are in every run file: runs are comparable only on the same corpus.
+
+Models (~113 M parameters, BF16 autocast over FP32 weights, AdamW lr 1e-3, betas 0.9/0.95, weight
+decay 0.1, 100 warm-up steps, cosine to 10%, gradient clipping 1.0, torch.compile per layer):
+Gemma-2-style (hidden 768, 12 layers, 8/4 heads, head_dim 128, GeGLU 3072, attention softcap 50,
+final softcap 30, sliding window 1024 on alternate layers) and Llama-style (the same sizes,
+SwiGLU, no softcaps).  Runs (a pair shares its seed, so initialisation and data order):
+  B1_native / B1_poly  Llama-style, softmax attention (native), SwiGLU kernel native / poly
+  B2_native / B2_poly  Gemma-2-style, softcap attention native / poly (GeGLU kernel native)
+  B3_native / B3_poly  Llama-style with sigmoid attention (b = -ln S) native / poly (SwiGLU native)
+  noise_seed1          B2_native with initialisation seed 1 (same data order): the seed-to-seed gap
+  G_poly               Gemma-2-style, GeGLU kernel poly (its pair is B2_native); not in the default set
+  noise_llama_seed1    B1_native with seed 1: when present, B1 and B3 are judged against the
+                       Llama-style model's own seed gap (noise_gap_llama); not in the default set
+
+Curves: the per-step loss smoothed causally by an exponentially weighted mean in token space
+(the paper's EWM): after a step of n tokens the mean moves by 1 - 2^(-n / half-life), half-life
+--ewm-halflife tokens.  A pair's gap is smoothed poly - smoothed native at equal tokens: the final
+gap, and the max |gap| over the tokens after the first 10% (the first descent is steep: there a
+gap measures alignment, not the evaluator).  The noise gap is the same for B2_native vs
+noise_seed1.  A poly run is within noise when |final gap| <= |final noise gap| and max gap <= max
+noise gap.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import math
+import os
+import sys
+import sysconfig
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.append(os.path.dirname(HERE))     # last: see train_model.py
+import protocol  # noqa: E402
+import train_model as tm  # noqa: E402
+
+VOCAB = 256
+HELDOUT_MOD = 50
+WARMUP_STEPS = 100
+GAP_FROM = 0.10           # fraction of the tokens before the max gap is taken
+
+# run -> (family, score, attention evaluator, MLP kind, init seed)
+RUNS = {
+    "B1_native": ("llama", "softmax", "native", "native", 0),
+    "B1_poly": ("llama", "softmax", "native", "poly", 0),
+    "B2_native": ("gemma2", "softcap", "native", "native", 0),
+    "B2_poly": ("gemma2", "softcap", "poly", "native", 0),
+    "B3_native": ("llama", "sigmoid", "native", "native", 0),
+    "B3_poly": ("llama", "sigmoid", "poly", "native", 0),
+    "noise_seed1": ("gemma2", "softcap", "native", "native", 1),
+    "G_poly": ("gemma2", "softcap", "native", "poly", 0),
+    "noise_llama_seed1": ("llama", "softmax", "native", "native", 1),
+}
+DEFAULT_RUNS = ("B1_native", "B1_poly", "B2_native", "B2_poly", "B3_native", "B3_poly", "noise_seed1")
+PAIRS = {"B1": ("B1_native", "B1_poly"), "B2": ("B2_native", "B2_poly"),
+         "B3": ("B3_native", "B3_poly"), "GeGLU": ("B2_native", "G_poly")}
+NOISE = ("B2_native", "noise_seed1")
+NOISE_LLAMA = ("B1_native", "noise_llama_seed1")   # optional: the Llama-style pairs' own noise
+
+
+# ---- data -------------------------------------------------------------------------------------
+
+def stdlib_files(root: str | None = None) -> list[str]:
+    """Sorted relative paths of the standard library's .py files (no site-packages)."""
+    root = root or sysconfig.get_paths()["stdlib"]
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x not in ("site-packages", "dist-packages", "__pycache__"))
+        out += [os.path.relpath(os.path.join(d, f), root) for f in files if f.endswith(".py")]
+    return sorted(out)
+
+
+def held_out(rel: str) -> bool:
+    return int(hashlib.sha1(rel.encode()).hexdigest(), 16) % HELDOUT_MOD == 0
+
+
+def build_corpus(root: str | None = None, max_bytes: int = 0) -> dict:
+    """{'train': uint8 tensor, 'heldout': uint8 tensor, 'sha256', 'files', 'bytes'}; max_bytes > 0
+    stops reading once that many bytes are in (the dry run)."""
+    root = root or sysconfig.get_paths()["stdlib"]
+    parts = {"train": [], "heldout": []}
+    h, n_files, total = hashlib.sha256(), 0, 0
+    for rel in stdlib_files(root):
+        with open(os.path.join(root, rel), "rb") as f:
+            data = f.read() + b"\n\n"
+        h.update(rel.encode() + b"\0" + data)
+        parts["heldout" if held_out(rel) else "train"].append(data)
+        n_files, total = n_files + 1, total + len(data)
+        if max_bytes and total >= max_bytes:
+            break
+    out = {k: torch.tensor(list(b"".join(v)), dtype=torch.uint8) if not v else
+           torch.frombuffer(bytearray(b"".join(v)), dtype=torch.uint8) for k, v in parts.items()}
+    return {**out, "sha256": h.hexdigest(), "files": n_files, "bytes": total}
+
+
+def windows(stream: torch.Tensor, seqlen: int) -> torch.Tensor:
+    n = (stream.numel() - 1) // (seqlen + 1)
+    return stream[: n * (seqlen + 1)].view(n, seqlen + 1)
+
+
+# ---- models -----------------------------------------------------------------------------------
+
+def model_config(family: str, tiny: bool, seqlen: int):
+    import transformers
+    size = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64) if tiny else
+            dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=8,
+                 num_key_value_heads=4, head_dim=128))
+    if family == "gemma2":
+        return transformers.Gemma2Config(
+            vocab_size=VOCAB, max_position_embeddings=seqlen, sliding_window=max(seqlen // 2, 1),
+            query_pre_attn_scalar=size["head_dim"], attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh", **size)
+    return transformers.LlamaConfig(vocab_size=VOCAB, max_position_embeddings=seqlen,
+                                    tie_word_embeddings=False, **size)
+
+
+def n_params(cfg) -> int:
+    """Parameters of a config, counted on the meta device."""
+    import transformers
+    with torch.device("meta"):
+        m = transformers.AutoModelForCausalLM.from_config(cfg)
+    return sum(p.numel() for p in m.parameters())
+
+
+def flops_per_token(cfg, seqlen: int) -> float:
+    """6 N (matmuls, forward + backward) + causal attention: forward 2 S H D per layer (QK and PV
+    over S/2 keys on average), backward 2.5x the forward."""
+    non_embed = n_params(cfg) - cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    attn = 3.5 * 2 * seqlen * cfg.num_attention_heads * cfg.head_dim * cfg.num_hidden_layers
+    return 6 * non_embed + 6 * cfg.vocab_size * cfg.hidden_size + attn
+
+
+# ---- one run ----------------------------------------------------------------------------------
+
+def lr_at(step: int, steps: int, lr: float) -> float:
+    warm = min(1.0, (step + 1) / min(WARMUP_STEPS, max(steps // 10, 1)))
+    return lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+
+
+def train_run(name: str, corpus: dict, a, device, backend: str, deadline: float, log=print) -> dict:
+    import transformers
+    family, score, attn_ev, mlp, seed = RUNS[name]
+    cfg = model_config(family, a.dry_run, a.seqlen)
+    tm.register_attention(backend)
+    impl = tm.attn_impl(score, attn_ev)
+    torch.manual_seed(seed)
+    with device:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl,
+                                                              dtype=torch.float32)
+    mlps = tm.wrap_mlps(model, family, backend)
+    tm.set_arm(model, mlps, impl, mlp)
+    if a.compile != "none":
+        torch._dynamo.config.recompile_limit = 64
+        for layer in model.model.layers:
+            layer.compile(backend=a.compile_backend, dynamic=False)
+    cuda = device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=cuda)
+    train = windows(corpus["train"], a.seqlen)
+    order = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(a.data_seed))
+    losses, t0 = [], time.time()
+    for step in range(a.steps):
+        if time.time() > deadline:
+            log(f"  {name}: budget reached at step {step}")
+            break
+        idx = order[(torch.arange(a.batch) + step * a.batch) % order.numel()]
+        tok = train[idx].to(device, non_blocking=True).long()
+        for gr in opt.param_groups:
+            gr["lr"] = lr_at(step, a.steps, a.lr)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            logits = model(input_ids=tok[:, :-1], use_cache=False).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), tok[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+        if step % 100 == 0 or step == a.steps - 1:
+            log(f"  {name} step {step:5d} loss {loss.item():.4f} ({time.time() - t0:.0f} s)")
+    losses = [float(x) for x in losses]
+    held = heldout_loss(model, corpus, a, device)
+    return {"run": name, "family": family, "score": score, "attention": attn_ev, "mlp": mlp,
+            "seed": seed, "data_seed": a.data_seed, "steps": len(losses), "target_steps": a.steps,
+            "tokens_per_step": a.batch * a.seqlen, "losses": losses, "heldout": held,
+            "params": sum(p.numel() for p in model.parameters()), "train_s": time.time() - t0,
+            "corpus": {k: corpus[k] for k in ("sha256", "files", "bytes")},
+            "config": {"seqlen": a.seqlen, "batch": a.batch, "lr": a.lr, "backend": backend}}
+
+
+@torch.no_grad()
+def heldout_loss(model, corpus: dict, a, device) -> float:
+    held = windows(corpus["heldout"], a.seqlen)[: a.heldout_windows]
+    total, n = 0.0, 0
+    for i in range(0, held.shape[0], a.batch):
+        tok = held[i:i + a.batch].to(device).long()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(input_ids=tok[:, :-1], use_cache=False).logits
+        total += float(F.cross_entropy(logits.float().reshape(-1, VOCAB), tok[:, 1:].reshape(-1),
+                                       reduction="sum"))
+        n += tok[:, 1:].numel()
+    return total / n if n else float("nan")
+
+
+# ---- curves and gaps --------------------------------------------------------------------------
+
+def ewm(losses: list[float], tokens_per_step: int, halflife: float) -> list[float]:
+    """Causal exponentially weighted mean in token space (see the module docstring)."""
+    alpha = 1.0 - 2.0 ** (-tokens_per_step / halflife)
+    out, m = [], None
+    for x in losses:
+        m = x if m is None else m + alpha * (x - m)
+        out.append(m)
+    return out
+
+
+def gap(native: dict, poly: dict, halflife: float) -> dict:
+    """Smoothed poly - native at equal step counts (the runs of a pair share tokens per step)."""
+    if native["tokens_per_step"] != poly["tokens_per_step"]:
+        raise ValueError(f"{native['run']} and {poly['run']} differ in tokens per step")
+    a = ewm(native["losses"], native["tokens_per_step"], halflife)
+    b = ewm(poly["losses"], poly["tokens_per_step"], halflife)
+    n = min(len(a), len(b))
+    if n == 0:
+        raise ValueError(f"{native['run']} or {poly['run']} has no steps")
+    d = [b[i] - a[i] for i in range(n)]
+    tail = d[int(GAP_FROM * n):] or d
+    return {"final_gap": d[-1], "max_gap": max(abs(x) for x in tail), "steps": n,
+            "tokens": n * native["tokens_per_step"], "gap_curve": d}
+
+
+def collect(runs: dict, halflife: float) -> dict:
+    out = {"arms": {}}
+    if all(r in runs for r in NOISE):
+        g = gap(runs[NOISE[0]], runs[NOISE[1]], halflife)
+        out["noise_gap"], out["noise_max_gap"] = abs(g["final_gap"]), g["max_gap"]
+    if all(r in runs for r in NOISE_LLAMA):
+        g = gap(runs[NOISE_LLAMA[0]], runs[NOISE_LLAMA[1]], halflife)
+        out["noise_gap_llama"], out["noise_max_gap_llama"] = abs(g["final_gap"]), g["max_gap"]
+    for pair, (nat, pol) in PAIRS.items():
+        if nat in runs and pol in runs:
+            g = gap(runs[nat], runs[pol], halflife)
+            arm = {"final_gap": g["final_gap"], "max_gap": g["max_gap"], "steps": g["steps"],
+                   "tokens": g["tokens"], "heldout_native": runs[nat]["heldout"],
+                   "heldout_poly": runs[pol]["heldout"]}
+            own = "_llama" if runs[nat]["family"] == "llama" and "noise_gap_llama" in out else ""
+            if "noise_gap" + own in out:
+                arm["noise_from"] = "llama" if own else "gemma2"
+                arm["within_noise"] = (abs(g["final_gap"]) <= out["noise_gap" + own]
+                                       and g["max_gap"] <= out["noise_max_gap" + own])
+            out["arms"][pair] = arm
+    shas = {r["corpus"]["sha256"] for r in runs.values()}
+    if len(shas) > 1:
+        raise ValueError(f"runs were trained on different corpora: {sorted(shas)}")
+    return out
+
+
+def plot(runs: dict, halflife: float, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    pairs = [(p, nv) for p, nv in PAIRS.items() if all(r in runs for r in nv)]
+    if not pairs:
+        return
+    fig, axes = plt.subplots(2, len(pairs), figsize=(3.6 * len(pairs), 5.0), squeeze=False)
+    for j, (pair, (nat, pol)) in enumerate(pairs):
+        ax, axg = axes[0][j], axes[1][j]
+        for r in (nat, pol) + ((NOISE[1],) if pair == "B2" and NOISE[1] in runs else ()):
+            tok = runs[r]["tokens_per_step"]
+            ys = ewm(runs[r]["losses"], tok, halflife)
+            ax.plot([(i + 1) * tok / 1e6 for i in range(len(ys))], ys, lw=1, label=r)
+        ax.set_title(pair, fontsize=9)
+        ax.set_ylabel("EWM loss (nats/byte)", fontsize=8)
+        ax.legend(fontsize=7)
+        g = gap(runs[nat], runs[pol], halflife)
+        tok = runs[nat]["tokens_per_step"]
+        xs = [(i + 1) * tok / 1e6 for i in range(len(g["gap_curve"]))]
+        axg.plot(xs, g["gap_curve"], lw=1, label="poly - native")
+        if all(r in runs for r in NOISE):
+            gn = gap(runs[NOISE[0]], runs[NOISE[1]], halflife)
+            axg.plot(xs[:len(gn["gap_curve"])], gn["gap_curve"][:len(xs)], lw=1, label="seed 1 - seed 0")
+        axg.axhline(0, color="k", lw=0.5)
+        axg.set_xlabel("tokens (M)", fontsize=8)
+        axg.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=70)
+    plt.close(fig)
+
+
+def markdown(out: dict) -> str:
+    lines = [f"# Loss parity, native vs poly ({out['device']}, {out['date']}, commit {out['commit']})", "",
+             protocol.doc_body(__doc__).split("\n\n")[0], "",
+             f"EWM half-life {out['ewm_halflife']:.0f} tokens; corpus: {out['corpus']['files']} files, "
+             f"{out['corpus']['bytes'] / 1e6:.1f} MB, sha256 {out['corpus']['sha256'][:16]}.", ""]
+    if "noise_gap" in out:
+        lines.append(f"Seed-to-seed (B2_native vs noise_seed1): final |gap| {out['noise_gap']:.4f}, "
+                     f"max |gap| {out['noise_max_gap']:.4f} nats.")
+    if "noise_gap_llama" in out:
+        lines.append(f"Seed-to-seed, Llama-style (B1_native vs noise_llama_seed1): final |gap| "
+                     f"{out['noise_gap_llama']:.4f}, max |gap| {out['noise_max_gap_llama']:.4f} nats.")
+    lines += ["", "| pair | steps | final gap | max gap | within noise | held-out native | held-out poly |",
+              "|---|---|---|---|---|---|---|"]
+    for pair, r in out["arms"].items():
+        lines.append(f"| {pair} | {r['steps']} | {r['final_gap']:+.4f} | {r['max_gap']:.4f} | "
+                     f"{r.get('within_noise', '—')} | {r['heldout_native']:.4f} | {r['heldout_poly']:.4f} |")
+    lines += ["", "| run | steps | final EWM loss | held-out | train s |", "|---|---|---|---|---|"]
+    for name, r in out["runs"].items():
+        lines.append(f"| {name} | {r['steps']} of {r['target_steps']} | {r['final_ewm']:.4f} | "
+                     f"{r['heldout']:.4f} | {r['train_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_collected(runs: dict, a, path: str) -> dict:
+    """The results JSON + Markdown at `path` and the PNG beside it.  The EWM half-life is
+    --ewm-halflife, else 50 steps' tokens of the runs."""
+    halflife = a.ewm_halflife or 50 * next(iter(runs.values()))["tokens_per_step"]
+    out = {**protocol.header(protocol.Timing()), **collect(runs, halflife),
+           "ewm_halflife": halflife,
+           "corpus": next(iter(runs.values()))["corpus"] if runs else None,
+           "runs": {n: {"steps": r["steps"], "target_steps": r["target_steps"], "heldout": r["heldout"],
+                        "train_s": r["train_s"], "params": r["params"],
+                        "final_ewm": ewm(r["losses"], r["tokens_per_step"], halflife)[-1]}
+                    for n, r in runs.items()}}
+    out.pop("protocol", None)
+    for n, r in out["runs"].items():
+        if r["steps"] < r["target_steps"]:
+            protocol.progress(f"warning: {n} ran {r['steps']} of {r['target_steps']} steps")
+    protocol.write_results(path, out, markdown(out))
+    plot(runs, halflife, os.path.splitext(path)[0] + ".png")
+    return out
+
+
+def estimate(a) -> None:
+    tokens = a.steps * a.batch * a.seqlen
+    for fam in ("gemma2", "llama"):
+        cfg = model_config(fam, False, a.seqlen)
+        f = flops_per_token(cfg, a.seqlen) * tokens
+        s = f / (a.tflops * 1e12)
+        per_call = max(1, int((520 - 60) // (s + 60)))    # 60 s: compile and data per run
+        print(f"{fam}-style: {n_params(cfg) / 1e6:.0f} M params, {tokens / 1e6:.1f} M tokens per run, "
+              f"{f:.2e} FLOP, {s:.0f} s at {a.tflops:.0f} TFLOP/s (+ ~60 s compile): "
+              f"{per_call} run(s) per 520 s device call, {math.ceil(len(DEFAULT_RUNS) / per_call)} "
+              f"calls for the {len(DEFAULT_RUNS)} default runs")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", default=",".join(DEFAULT_RUNS), help=f"comma-separated, of {list(RUNS)}")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seqlen", type=int, default=2048)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--data-seed", type=int, default=0)
+    p.add_argument("--corpus-root", help="directory of .py files (default: this Python's stdlib)")
+    p.add_argument("--heldout-windows", type=int, default=64)
+    p.add_argument("--ewm-halflife", type=float, default=0.0,
+                   help="tokens (default: 50 steps' tokens)")
+    p.add_argument("--compile", choices=("layers", "none"), default="layers")
+    p.add_argument("--compile-backend", default="inductor")
+    p.add_argument("--out-dir", help="write one run_<name>.json per run here (default: bench/out/loss_parity_runs)")
+    p.add_argument("--collect", metavar="DIR", help="only combine the run files of DIR")
+    p.add_argument("--budget-s", type=float, default=0.0, help="stop training after this many s")
+    p.add_argument("--estimate", action="store_true", help="FLOPs and device time per run (CPU)")
+    p.add_argument("--tflops", type=float, default=200.0, help="assumed training throughput for --estimate")
+    p.add_argument("--dry-run", action="store_true", help="CPU: tiny models, 20 steps, reference backend")
+    protocol.add_json_arg(p, "loss_parity")
+    a = p.parse_args(argv)
+    t_start = time.time()
+    if a.dry_run:
+        a.steps, a.batch, a.seqlen, a.heldout_windows = 20, 2, 64, 4
+        a.compile = "none" if a.compile_backend == "inductor" else a.compile
+    if a.estimate:
+        estimate(a)
+        return 0
+    path = protocol.output_path(a.json, "loss_parity")
+    if a.collect:
+        runs = {}
+        for f in sorted(glob.glob(os.path.join(a.collect, "run_*.json"))):
+            with open(f) as fh:
+                r = json.load(fh)
+            runs[r["run"]] = r
+        if not runs:
+            p.error(f"--collect: no run_*.json in {a.collect}")
+        write_collected(runs, a, path)
+        return 0
+    names = [s for s in a.runs.split(",") if s]
+    for n in names:
+        if n not in RUNS:
+            p.error(f"--runs: unknown run {n!r}; choose from {list(RUNS)}")
+    cuda = torch.cuda.is_available() and not a.dry_run
+    device = torch.device("cuda" if cuda else "cpu")
+    backend = "cuda" if cuda else "reference"
+    corpus = build_corpus(a.corpus_root, max_bytes=2_000_000 if a.dry_run else 0)
+    need = a.steps * a.batch * (a.seqlen + 1) // 4
+    if corpus["train"].numel() < need or corpus["heldout"].numel() <= a.seqlen + 1:
+        p.error(f"the corpus ({corpus['files']} .py files under "
+                f"{a.corpus_root or sysconfig.get_paths()['stdlib']}) has {corpus['train'].numel()} "
+                f"training / {corpus['heldout'].numel()} held-out bytes; "
+                f"the run needs at least {need} (a quarter epoch) and one held-out window: point "
+                "--corpus-root at a directory of .py sources")
+    protocol.progress(f"corpus: {corpus['files']} files, {corpus['bytes'] / 1e6:.1f} MB, train "
+                      f"{corpus['train'].numel() / 1e6:.1f} M / held-out {corpus['heldout'].numel() / 1e6:.2f} M "
+                      f"bytes, sha256 {corpus['sha256'][:16]}")
+    out_dir = a.out_dir or os.path.join(protocol.OUT_DIR, "loss_parity_runs")
+    os.makedirs(out_dir, exist_ok=True)
+    deadline = t_start + a.budget_s if a.budget_s else float("inf")
+    runs, rc, last_s = {}, 0, 0.0
+    for n in names:
+        # a run cut short is wasted: start one only when the last run's time still fits
+        if time.time() + last_s > deadline:
+            protocol.progress(f"budget: {n} not started (the last run took {last_s:.0f} s)")
+            rc = 1
+            continue
+        t_run = time.time()
+        r = train_run(n, corpus, a, device, backend, deadline, log=lambda m: print(m, flush=True))
+        last_s = time.time() - t_run
+        protocol.write_json(os.path.join(out_dir, f"run_{n}.json"), r)
+        runs[n] = r
+        torch._dynamo.reset()      # each run compiles its own model's layers
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        rc |= r["steps"] < r["target_steps"] or not math.isfinite(r["heldout"])
+    write_collected(runs, a, path)
+    return int(rc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""CPU tier of bench/loss_parity.py: the corpus split, the token-space EWM and the gaps, and a dry
+run (tiny models, reference backend, 20 steps) of one pair plus the noise run, collected again."""
+import json
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+import loss_parity as lp  # noqa: E402
+
+
+def test_corpus_is_deterministic_and_held_out_by_path():
+    a, b = lp.build_corpus(max_bytes=300_000), lp.build_corpus(max_bytes=300_000)
+    assert a["sha256"] == b["sha256"] and torch.equal(a["train"], b["train"])
+    assert a["train"].dtype == torch.uint8 and a["train"].numel() + a["heldout"].numel() == a["bytes"]
+    files = lp.stdlib_files()
+    assert files == sorted(files) and not any("site-packages" in f for f in files)
+    held = [f for f in files if lp.held_out(f)]
+    assert 0.005 < len(held) / len(files) < 0.05
+    w = lp.windows(a["train"], 63)
+    assert w.shape[1] == 64 and torch.equal(w[1, :], a["train"][64:128])
+
+
+def test_ewm_in_token_space_and_gaps():
+    # after one half-life of tokens a step from 1 to 0 is half forgotten, whatever the step size
+    for tok in (1, 4):
+        ys = lp.ewm([1.0] + [0.0] * (64 // tok), tok, 64.0)
+        assert abs(ys[-1] - 0.5) < 1e-12
+    nat = {"run": "n", "tokens_per_step": 2, "losses": [3.0] * 50}
+    pol = {"run": "p", "tokens_per_step": 2, "losses": [3.0] * 4 + [5.0] + [3.0] * 45}
+    g = lp.gap(nat, pol, 4.0)
+    assert g["final_gap"] > 0 and g["max_gap"] == pytest.approx(max(abs(x) for x in g["gap_curve"][5:]))
+    assert g["steps"] == 50 and g["tokens"] == 100
+    with pytest.raises(ValueError, match="differ in tokens per step"):
+        lp.gap(nat, {**pol, "tokens_per_step": 4}, 4.0)
+
+
+def test_dry_run_pair_and_noise_then_collect(tmp_path):
+    runs, js = tmp_path / "runs", tmp_path / "lp.json"
+    assert lp.main(["--dry-run", "--runs", "B2_native,B2_poly,noise_seed1", "--out-dir", str(runs),
+                    "--json", str(js)]) == 0
+    out = json.loads(js.read_text())
+    assert set(out["arms"]) == {"B2"} and out["noise_gap"] > 0     # another seed: another curve
+    arm = out["arms"]["B2"]
+    # the reference backend runs the exact functions for both evaluators: no gap at all
+    assert arm["final_gap"] == 0 and arm["max_gap"] == 0 and arm["within_noise"] is True
+    assert math.isfinite(arm["heldout_native"]) and arm["heldout_native"] < math.log(256)
+    assert (tmp_path / "lp.png").stat().st_size > 1000
+    r = json.loads((runs / "run_B2_poly.json").read_text())
+    assert r["steps"] == 20 and len(r["losses"]) == 20 and r["losses"][-1] < r["losses"][0]
+    assert lp.main(["--collect", str(runs), "--json", str(tmp_path / "again.json")]) == 0
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["arms"] == out["arms"] and again["noise_gap"] == out["noise_gap"]
