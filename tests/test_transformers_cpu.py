@@ -125,3 +125,14 @@ def test_plain_position_ids_take_the_dense_call(monkeypatch):
     with torch.no_grad():
         model(ids, position_ids=torch.arange(12)[None])
     assert not calls and len(nz) == 1   # 2 layers, one read of the ids
+
+
+def test_gpu_ragged_check_dry_run():
+    """tests/test_transformers_gpu.py's ragged-batch check, its body on the CPU through the
+    reference backend (only the CUDA launches are new on the device)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_transformers_gpu import ragged_check
+    res = ragged_check("cpu", "reference")
+    assert set(res) == {"padded", "packed"}

@@ -75,9 +75,9 @@ def _kernel_dtype(query, key, value):
     """The 16-bit dtype the kernels run in: autocast's when autocast is on (Gemma-2's rotary
     embedding returns FP32 q/k under autocast, as eager's matmuls would cast them), else the
     first 16-bit dtype among value, key, query; None if there is none."""
-    import torch
-    if torch.is_autocast_enabled("cuda"):
-        dt = torch.get_autocast_dtype("cuda")
+    dev = query.device.type
+    if torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
         return dt if dt in interface.DTYPES else None
     return next((t.dtype for t in (value, key, query) if t.dtype in interface.DTYPES), None)
 
@@ -119,9 +119,10 @@ def make_attention_forward(evaluator: str = "poly", backend: str = "auto"):
             return _masked_torch(query, key, value, attention_mask, scaling, softcap, window,
                                  dropout, module.training), None
         mode = "softcap" if softcap else "softmax"
-        if query.is_cuda and backend != "reference":   # casts are differentiable (FP32 grads flow back)
-            dt = _kernel_dtype(query, key, value)
-            query, key, value = (t.to(dt) for t in (query, key, value))
+        dt = _kernel_dtype(query, key, value)
+        mixed = len({query.dtype, key.dtype, value.dtype}) > 1   # autocast: FP32 q/k, 16-bit v
+        if dt is not None and ((query.is_cuda and backend != "reference") or mixed):
+            query, key, value = (t.to(dt) for t in (query, key, value))   # differentiable casts
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))   # (B, S, H, D) views
         opts = dict(causal=getattr(module, "is_causal", True), softcap=softcap or None, evaluator=evaluator,
                     softmax_scale=scaling, window_size=window, backend=backend)
