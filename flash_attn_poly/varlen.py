@@ -9,11 +9,13 @@ empty (S_q = 0: nothing; S_k = 0: its rows see no key, O = 0 and LSE = -inf).  T
 flash-attn varlen's (H_q, total_q), FP32, natural log.
 
 What runs (`backend`): "reference" computes each sequence with flash_attn_poly.reference in
-FP32; "cuda" runs each sequence through the dense kernels (one launch per non-empty sequence,
-after one device-to-host copy of the offsets; the plan of each sequence's shape, so each
-sequence gets exactly what attention() would give it).  That per-sequence launch is the
-mechanism until a single-launch varlen kernel (a tile scheduler that walks the sequences)
-replaces it; the API, the checks and the reference do not change with it.
+FP32; "cuda" runs the plan of the packed call (flash_attn_poly.plan, AttnCall.varlen): the varlen
+forward kernel where it sets fwd.varlen (one launch, a CTA per query tile, head and sequence;
+kernels/attn_fwd_sm90.py AttnFwdSm90Varlen), else each sequence through the dense kernels (one
+launch per non-empty sequence after one device-to-host copy of the offsets, with the plan of
+that sequence's shape, so each sequence gets exactly what attention() would give it).  The
+backward runs per sequence for now.  The API, the checks and the reference do not depend on
+which runs.
 """
 from __future__ import annotations
 
@@ -238,8 +240,32 @@ def _lse_shape(call: VarlenCall, total_q: int) -> tuple:
     return (0,) if call.mode == "sigmoid" else (call.heads_q, total_q)
 
 
-def _forward(q, k, v, cu_q, cu_k, call: VarlenCall, check: bool, backend: str):
+def _attn_call(call: VarlenCall) -> _fi.AttnCall:
+    """The plan's view of a varlen call: batch = sequences, lengths = the longest ones."""
+    return _fi.AttnCall(mode=call.mode, evaluator=call.evaluator, dtype=call.dtype, head_dim=call.head_dim,
+                        batch=call.batch, seqlen_q=max(call.max_seqlen_q, 1), seqlen_k=max(call.max_seqlen_k, 1),
+                        heads_q=call.heads_q, heads_kv=call.heads_kv, causal=call.causal, window=call.window,
+                        softmax_scale=call.softmax_scale, softcap=call.softcap, sigmoid_bias=call.sigmoid_bias,
+                        program=call.program, deterministic=call.deterministic, sigmoid_grad=call.sigmoid_grad,
+                        varlen=True)
+
+
+def _varlen_plan(call: VarlenCall, device, overrides=None):
+    """The plan of the packed call: fwd.varlen says whether the varlen forward kernel runs (else
+    one dense launch per sequence).  overrides: plan overrides (tests: {"fwd.varlen": True})."""
+    if overrides:
+        from . import plan as plan_mod
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+        return plan_mod.resolve(_attn_call(call), sms, overrides)
+    return _fi.plan_for(_attn_call(call), device)
+
+
+def _forward(q, k, v, cu_q, cu_k, call: VarlenCall, check: bool, backend: str, overrides=None):
     """(O (total_q, H_q, D) in q.dtype, LSE (H_q, total_q) FP32 or (0,) for sigmoid)."""
+    if backend == "cuda":
+        vp = _varlen_plan(call, q.device, overrides)
+        if vp.fwd.varlen:
+            return _forward_kernel(q, k, v, cu_q, cu_k, call, check, vp)
     cu_q_l, cu_k_l = _offsets(cu_q, cu_k, q, k, call, check or backend == "cuda")
     out = torch.zeros_like(q)   # rows of sequences with no key stay zero
     lse = torch.full(_lse_shape(call, q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
@@ -255,6 +281,18 @@ def _forward(q, k, v, cu_q, cu_k, call: VarlenCall, check: bool, backend: str):
         if call.mode != "sigmoid":
             lse[:, q0:q1] = lse_b[0]
     return out, lse
+
+
+def _forward_kernel(q, k, v, cu_q, cu_k, call: VarlenCall, check: bool, vp):
+    """The varlen forward kernel: one launch for the whole batch (kernels/attn_fwd_sm90.py,
+    AttnFwdSm90Varlen)."""
+    if check:
+        _offsets(cu_q, cu_k, q, k, call, True)
+    if q.shape[0] == 0 or call.max_seqlen_q == 0:   # no query row: nothing to launch
+        return torch.zeros_like(q), q.new_empty(_lse_shape(call, q.shape[0]), dtype=torch.float32)
+    from .kernels import dispatch
+    out, lse = dispatch.forward_varlen(vp, q, k, v, cu_q.contiguous(), cu_k.contiguous(), call.max_seqlen_q)
+    return out, (q.new_empty((0,), dtype=torch.float32) if lse is None else lse)
 
 
 def _backward(dout, q, k, v, cu_q, cu_k, out, lse, call: VarlenCall, backend: str):

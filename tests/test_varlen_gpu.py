@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 import rule_harness as H  # noqa: E402
 
 import flash_attn_poly as fap  # noqa: E402
+import flash_attn_poly.varlen as fv  # noqa: E402
 from flash_attn_poly import reference as R  # noqa: E402
 
 FUZZ_SEED = 2812
@@ -59,8 +60,12 @@ def _cu(lens, device):
     return torch.tensor([0] + np.cumsum(lens).tolist(), dtype=torch.int32, device=device)
 
 
-def run_and_judge(var, lens_q, lens_k, seed, backend, device):
-    """{tensor name: judge record} of one packed batch."""
+KERNEL_SIGMOID_BIAS = -4.0   # the varlen kernel takes one bias (the default -ln S_k is per sequence)
+
+
+def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False):
+    """{tensor name: judge record} of one packed batch.  kernel: the forward only, through the
+    varlen forward kernel (plan override fwd.varlen; sigmoid with KERNEL_SIGMOID_BIAS)."""
     mode, evaluator, dtype, d, causal, window, cap = var
     dt = H.DTYPES[dtype]
     hq, hkv = 4, 2
@@ -72,10 +77,19 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device):
     dout = torch.randn(tq, hq, d, generator=g, device=device).to(dt)
     cu_q, cu_k = _cu(lens_q, device), _cu(lens_k, device)
     kw = dict(causal=causal, window_size=window, softcap=cap)
-    res = fap.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), mode, evaluator=evaluator,
-                               backend=backend, return_lse=mode != "sigmoid", **kw)
-    out, lse = res if mode != "sigmoid" else (res, None)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
+    if kernel:
+        if mode == "sigmoid":
+            kw["sigmoid_bias"] = KERNEL_SIGMOID_BIAS
+        call = fv.validate(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), mode, evaluator, causal, cap,
+                           kw.get("sigmoid_bias"), None, window)
+        with torch.no_grad():
+            out, lse = fv._forward(q, k, v, cu_q, cu_k, call, True, backend, overrides={"fwd.varlen": True})
+        grads = None
+    else:
+        res = fap.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), mode, evaluator=evaluator,
+                                   backend=backend, return_lse=mode != "sigmoid", **kw)
+        out, lse = res if mode != "sigmoid" else (res, None)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
 
     # per-sequence references, packed back; rows without keys: O = 0, LSE = -inf, no gradient
     qd, kd, vd = (t.detach() for t in (q, k, v))
@@ -111,10 +125,11 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device):
         checks = {"o": H.judge("o", out, cat(parts["ref"]), cat(parts["low"]), dt, mag["o"])}
         if mode != "sigmoid":
             checks["lse"] = H.judge("lse", lse, cat(parts["ref_lse"], 1), cat(parts["low_lse"], 1), dt)
-        for n, got, r, lo in (("dq", grads[0], cat(parts["rdq"]), cat(parts["ldq"])),
-                              ("dk", grads[1], cat(kparts["rdk"]), cat(kparts["ldk"])),
-                              ("dv", grads[2], cat(kparts["rdv"]), cat(kparts["ldv"]))):
-            checks[n] = H.judge(n, got, r, lo, dt, mag[n])
+        if grads is not None:
+            for n, got, r, lo in (("dq", grads[0], cat(parts["rdq"]), cat(parts["ldq"])),
+                                  ("dk", grads[1], cat(kparts["rdk"]), cat(kparts["ldk"])),
+                                  ("dv", grads[2], cat(kparts["rdv"]), cat(kparts["ldv"]))):
+                checks[n] = H.judge(n, got, r, lo, dt, mag[n])
     return checks
 
 
@@ -127,6 +142,37 @@ def _assert_ok(checks):
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
 def test_varlen_rule_fuzz(var, lens_q, lens_k, seed):
     _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
+def test_varlen_kernel_forward_rule_fuzz(var, lens_q, lens_k, seed):
+    """The varlen forward kernel (one launch for the batch) by the same rule: O and LSE."""
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel=True))
+
+
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
+def test_varlen_kernel_forward_dry_run(var, lens_q, lens_k, seed, monkeypatch):
+    """test_varlen_kernel_forward_rule_fuzz's body on the CPU, the kernel launch stood in by the
+    reference (kernels.dispatch.forward_varlen's contract: packed O and (H_q, total_q) LSE): the
+    plan override, the launch arguments and the judging run here."""
+    from flash_attn_poly.kernels import dispatch
+    seen = []
+
+    def stand_in(vp, q, k, v, cu_q, cu_k, max_q):
+        c = vp.call
+        assert vp.fwd.varlen and vp.fwd.persistent == 0 and c.varlen and max_q == max(lens_q)
+        seen.append(c)
+        call = fv.VarlenCall(mode=c.mode, evaluator=c.evaluator, dtype=c.dtype, head_dim=c.head_dim, batch=c.batch,
+                             max_seqlen_q=max_q, max_seqlen_k=c.seqlen_k, heads_q=c.heads_q, heads_kv=c.heads_kv,
+                             causal=c.causal, window=c.window, softmax_scale=c.softmax_scale, softcap=c.softcap,
+                             sigmoid_bias=c.sigmoid_bias)
+        out, lse = fv._forward(q, k, v, cu_q, cu_k, call, True, "reference")
+        return out, (None if c.mode == "sigmoid" else lse)
+
+    monkeypatch.setattr(dispatch, "forward_varlen", stand_in)
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cpu", kernel=True))
+    assert len(seen) == (1 if sum(lens_q) and max(lens_q) else 0)
 
 
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
