@@ -12,8 +12,8 @@
 #                (but the correctness and fuzz tiers: phase correctness)
 #   goals        bench/gqa_4096.py --pairs: the issues' goal pairs, each pair timed alone, 2 repeats
 #                (PAIR_NAMES="a,b": those pairs only; PAIR_REPEATS=n)
-#   table        bench/gqa_4096.py: every row side by side, shuffled order, CUDA-graph and clock columns
-#   gemma2       bench/gemma2.py at D = 256 and D = 128 (ours + FA4 rows, the FP16 tanh program as a row)
+#   table        bench/gqa_4096.py: every row side by side, shuffled order, CUDA-graph and clock columns;
+#                then bench/gemma2.py at D = 256 and D = 128 (ours + FA4 rows, the FP16 tanh program as a row)
 #   accuracy     bench/accuracy.py: output and gradient error vs FP64, every mode and evaluator
 #   elementwise  bench/elementwise.py, CUDA-graph device time, then eager
 #   ncu          Nsight Compute of one warm launch per default build (forward and backward, anchor
@@ -36,7 +36,7 @@
 # also copied beside it, since the device tool returns at most 8 files. Copy a table into
 # bench/results/ to commit it.
 set -u
-PHASES="tests goals table gemma2 accuracy elementwise ncu first_call train sweep correctness"
+PHASES="tests goals table accuracy elementwise ncu first_call train sweep correctness"
 [ $# -ge 1 ] || { awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 2; }
 for phase in "$@"; do
   case " $PHASES " in *" $phase "*) ;; *) echo "unknown phase $phase (phases: $PHASES)"; exit 2 ;; esac
@@ -110,8 +110,8 @@ for phase in "$@"; do
     goals)       t goals 400 python3 bench/gqa_4096.py --pairs --pair-repeats "${PAIR_REPEATS:-2}" \
                      ${PAIR_NAMES:+--pair-names "$PAIR_NAMES"} --json "$W/gqa_4096_pairs.json" ;;
     table)       t table 400 python3 bench/gqa_4096.py --order shuffle --rounds 9 --clocks --graph-bwd \
-                     --json "$W/gqa_4096_shuffle.json" ;;
-    gemma2)      t gemma2_d256 260 python3 bench/gemma2.py --impls ours,fa4 --programs softcap_c50_f16_odd \
+                     --json "$W/gqa_4096_shuffle.json"
+                 t gemma2_d256 260 python3 bench/gemma2.py --impls ours,fa4 --programs softcap_c50_f16_odd \
                      --json "$W/gemma2_d256.json"
                  t gemma2_d128 220 python3 bench/gemma2.py --impls ours,fa4 --programs softcap_c50_f16_odd \
                      --headdim 128 --json "$W/gemma2_d128.json" ;;

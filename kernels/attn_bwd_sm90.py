@@ -486,8 +486,6 @@ class AttnBwdSm90(BwdReductions):
                                      n_block, m_block, head + h, batch, chunk, seqlen_q, seqlen_k,
                                      args, it != 0, it % 2)
                     state.advance()
-                self.store_dkv(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
-                               chunk, seqlen_k, args[5])
             else:
                 for m_block in cutlass.range(m_min, m_max, unroll=1):
                     self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
@@ -498,6 +496,11 @@ class AttnBwdSm90(BwdReductions):
                     state.advance()
                 self.epilogue_dkv(mma_dkv_epi, acc_dK, acc_dV, mdQacc, mdKacc, mdVacc, tidx,
                                   n_block, head, head_kv, batch, chunk, seqlen_q, seqlen_k, args)
+        if const_expr(self.head_loop):
+            # head_loop builds store dK and dV themselves (no zeroed accumulator behind them): a
+            # key block that no query sees (a window, S_q < S_k) stores its zeros too
+            self.store_dkv(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
+                           chunk, seqlen_k, args[5])
 
     @cute.jit
     def d_chunk(self, s: cute.Tensor, chunk) -> cute.Tensor:

@@ -22,8 +22,9 @@ SM_COUNT = 132            # the H200's SMs: the persistent forward grid and the 
 ANCHOR = (1, 4096, 32, 8)  # (B, S, H_q, H_kv) of the seed's shape
 SMALL = (1, 1024, 32, 8)   # a shape whose backward grid is too small for the per-KV-head build
 
-# (mode, evaluator) pairs: softcap poly resolves to the exp2 offload with BF16 inputs, to the
-# FP16 tanh program with FP16 inputs; sigmoid poly to the FP16 program
+# (mode, evaluator) pairs: softcap poly resolves to the exp2 offload with BF16 inputs and cap <= 50
+# (to native with FP16 inputs: plan.poly_outside_rule); sigmoid poly to the FP16 program with
+# BF16 inputs (to native with FP16 inputs)
 SCORES = (("softmax", "native"), ("softcap", "native"), ("softcap", "poly"),
           ("sigmoid", "native"), ("sigmoid", "poly"))
 

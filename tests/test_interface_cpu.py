@@ -161,8 +161,9 @@ def _plan(call):
 def test_default_program_follows_the_inputs():
     """attention()'s program for evaluator="poly" and program=None, decided by the plan (the
     call carries None): the exp2 offload for BF16 softcap with cap <= 50 (the constant row max),
-    the FP16 tanh program for FP16 inputs or a larger cap, the sigmoid default for sigmoid;
-    native and softmax calls carry none."""
+    the FP16 tanh program for BF16 with a larger cap, the sigmoid default for sigmoid on BF16
+    inside its fitted bias span; native (no program) for FP16 softcap and sigmoid and for sigmoid
+    at S_k = 8 (plan.poly_outside_rule); native and softmax calls carry none."""
     from flash_attn_poly import plan
     q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
     h = q.half()
@@ -170,8 +171,10 @@ def test_default_program_follows_the_inputs():
     prog = lambda *a, **kw: (lambda p: p and p.name)(_plan(call(*a, **kw)).score.program)
     assert call(q, "softcap", cap=50.0).program is None
     assert prog(q, "softcap", cap=50.0) == prog(q, "softcap", cap=30.0) == plan.EXP2_PROGRAM == "exp2_f32_d3"
-    assert prog(h, "softcap", cap=50.0) == prog(q, "softcap", cap=60.0) == "softcap_c50_f16_odd"
-    assert prog(q, "sigmoid") == prog(h, "sigmoid") == "sigmoid_attn_n4096_f16"
+    assert prog(q, "softcap", cap=60.0) == "softcap_c50_f16_odd" and prog(h, "softcap", cap=50.0) is None
+    q256 = torch.randn(1, 256, 2, 64, dtype=torch.bfloat16)
+    assert prog(q256, "sigmoid") == "sigmoid_attn_n4096_f16"
+    assert prog(q256.half(), "sigmoid") is None and prog(q, "sigmoid") is None
     assert prog(q, "softcap", "native", 50.0) is None and prog(q, "softmax") is None
 
 
@@ -217,7 +220,8 @@ def test_program_reaches_both_ops(monkeypatch):
         outs.append((out, qq.grad))
     assert seen == [("f", None), ("b", None), ("f", "sigmoid_attn_n4096_f16"), ("b", "sigmoid_attn_n4096_f16")]
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    plans = [_plan(fi.validate(q, k, v, "sigmoid", "poly", True, None, None, None, program=prog))
+    qb, kb, vb = _qkv(s=256, seed=3)   # S_k inside the program's fitted bias span (S_k = 12 is not)
+    plans = [_plan(fi.validate(qb, kb, vb, "sigmoid", "poly", True, None, None, None, program=prog))
              for prog in (None, "sigmoid_attn_n4096_f16")]
     # the default is that program: the same builds
     assert (plans[0].fwd, plans[0].bwd) == (plans[1].fwd, plans[1].bwd) and plans[0].call.program is None

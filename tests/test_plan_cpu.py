@@ -16,6 +16,7 @@ from flash_attn_poly import plan as P
 SM = 132                      # the H200's SMs
 ANCHOR = (1, 4096, 32, 8)     # (B, S, H_q, H_kv) of the seed's shape
 SMALL = (1, 1024, 32, 8)      # a grid too small for the per-KV-head backward
+TANH = "softcap_c50_f16_odd"  # the packed tanh program, by name only (no default: plan.poly_outside_rule)
 
 
 def call(mode="softmax", evaluator="native", *, dtype="bf16", d=128, shape=ANCHOR, seqlen_k=None,
@@ -52,16 +53,27 @@ def test_softcap_bf16_cap_up_to_50_resolves_the_exp2_offload():
     assert P.FIXED_MAX_CAP == 50.0
 
 
-@pytest.mark.parametrize("kw", [dict(softcap=60.0), dict(softcap=50.5), dict(dtype="fp16")],
-                         ids=["cap60", "cap50.5", "fp16"])
+@pytest.mark.parametrize("kw", [dict(softcap=60.0), dict(softcap=50.5)], ids=["cap60", "cap50.5"])
 def test_softcap_without_the_constant_max_resolves_the_f16_tanh_program(kw):
-    """FP16 inputs or a cap above 50: the FP16 odd tanh program on 1/8 of the key columns, the
-    value grad rule, the online row max; the backward recomputes P with the same spec."""
+    """BF16 and a cap above 50: the FP16 odd tanh program on 1/8 of the key columns, the value
+    grad rule, the online row max; the backward recomputes P with the same spec."""
     p = resolve("softcap", "poly", **kw)
     assert p.score.program.name == "softcap_c50_f16_odd" and p.score.evaluator == "poly"
     assert p.score.poly_split == (1, 8) and p.score.grad_rule == "value"
     assert p.score_bwd == p.score
     assert not p.fwd.fixed_max and p.fwd.exp2_fma == 0
+
+
+def test_softcap_on_fp16_inputs_runs_native_unless_a_program_is_named():
+    """FP16 inputs: no default program (the packed tanh program misses the error rule there:
+    plan.poly_outside_rule), so poly resolves the native plan; the named program runs as asked,
+    with that reason as a warning."""
+    p = resolve("softcap", "poly", dtype="fp16")
+    assert p.score.evaluator == "native" and p.score.program is None
+    assert p == resolve("softcap", "native", dtype="fp16")
+    with pytest.warns(UserWarning, match="FP16 inputs"):
+        p = resolve("softcap", "poly", program=TANH, dtype="fp16")
+    assert p.score.program.name == TANH and p.score.evaluator == "poly" and p.score.poly_split == (1, 8)
 
 
 def test_sigmoid_resolves_the_f16_program_on_one_sixteenth():
@@ -87,10 +99,20 @@ def test_sigmoid_program_outside_its_fitted_span_falls_back_to_native(seqlen_k, 
         assert p.score.program is None and p == resolve("sigmoid", "native", seqlen_k=seqlen_k, sigmoid_bias=bias)
 
 
-def test_a_named_sigmoid_program_outside_its_span_warns():
+
+def test_a_named_sigmoid_program_outside_its_span_warns_and_runs():
     with pytest.warns(UserWarning, match="outside its span"):
         p = resolve("sigmoid", "poly", seqlen_k=1, program="sigmoid_attn_n4096")
-    assert p.score.evaluator == "native"
+    assert p.score.evaluator == "poly" and p.score.program.name == "sigmoid_attn_n4096"
+
+
+def test_sigmoid_program_on_fp16_inputs_falls_back_to_native():
+    """The FP16 D4 sigmoid program misses the error rule on FP16 inputs (torch's FP16 error is
+    ~8x smaller than BF16's): the default is native there, a named program warns."""
+    p = resolve("sigmoid", "poly", dtype="fp16")
+    assert p.score.evaluator == "native" and p == resolve("sigmoid", "native", dtype="fp16")
+    with pytest.warns(UserWarning, match="FP16 inputs"):
+        assert resolve("sigmoid", "poly", dtype="fp16", program="sigmoid_attn_n4096_f16").score.evaluator == "poly"
 
 
 @pytest.mark.parametrize("mode", ["softmax", "softcap", "sigmoid"])
@@ -178,7 +200,7 @@ FWD_CASES = [
     (dict(mode="softcap", d=128, softcap=60.0), {}),
     (dict(mode="softcap", d=128, dtype="fp16"), {}),
     (dict(mode="softcap", evaluator="poly", d=128, softcap=60.0), dict(pingpong=True)),
-    (dict(mode="softcap", evaluator="poly", d=128, dtype="fp16"), dict(pingpong=True)),
+    (dict(mode="softcap", evaluator="poly", d=128, dtype="fp16"), {}),   # native: no FP16 default program
     (dict(mode="sigmoid", d=128), {}),
     (dict(mode="sigmoid", evaluator="poly", d=128), dict(pingpong=True)),
     (dict(mode="sigmoid", evaluator="poly", d=256), dict(tile_n=64, pingpong=True)),

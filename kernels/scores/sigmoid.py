@@ -27,6 +27,20 @@ from .common import (acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_as_b32, fra
                      write_p_native, write_p_pinned)
 
 
+@cute.jit
+def nan_through(p: Int32, s0: Float32, s1: Float32, f16: cutlass.Constexpr[bool]) -> Int32:
+    """A NaN score gives a NaN P half, as torch's sigmoid does: the blocks clamp their inputs
+    with min/max, which return the non-NaN operand, so a NaN in q or k would otherwise leave a
+    finite P.  Sets the quiet-NaN bits of that half (f16 0x7E00 / bf16 0x7FC0); a few integer
+    ops on the block pairs only."""
+    m = Int32(0)
+    if s0 != s0:
+        m = m | Int32(0x7E00 if f16 else 0x7FC0)
+    if s1 != s1:
+        m = m | Int32(0x7E000000 if f16 else 0x7FC00000)
+    return p | m
+
+
 def check_dtype(spec, is_bf16: bool) -> None:
     """A sigmoid poly score writes its block's packed P straight into the PV / dV operand: a BF16
     program (bf16x2 P) needs BF16 inputs; an FP16 program converts to bf16x2 for BF16 inputs and
@@ -130,6 +144,9 @@ class Score:
         p = Int32(run_program(self.program, role, s0 * params[0] + params[1], s1 * params[0] + params[1])[0])
         if cutlass.const_expr(self.p_f16 and is_bf16 and role == "fwd"):
             p = f16x2_to_bf16x2(p)   # the full f16 block's P -> the PV operand's bf16x2
+            p = nan_through(p, s0, s1, False)
+        else:   # q of "head" is NaN too: the tail's q * q keeps it
+            p = nan_through(p, s0, s1, self.p_f16)
         if cutlass.const_expr(masked):
             # masked scores are -inf: force exact zeros whatever the block returns (on q the
             # tail's 0 * 0 = +0 gives the same P bits: tests/test_asm_emulator.py)
@@ -176,6 +193,7 @@ class Score:
               is_bf16: cutlass.Constexpr[bool], coords=None, rc=None):
         if cutlass.const_expr(block and self.grad_rule == "product"):
             p = Int32(run_program(self.program, "fwd", s0 * args[0] + args[1], s1 * args[0] + args[1])[0])
+            p = nan_through(p, s0, s1, self.p_f16)
             if cutlass.const_expr(self.p_f16):
                 # the forward's P is bf16(p) for BF16 inputs, p itself for FP16 ones (dV
                 # operand); sigma' from the f16 p
@@ -185,8 +203,8 @@ class Score:
             return p, q0 - q0 * q0, q1 - q1 * q1
         if cutlass.const_expr(block):
             p, dp = run_program(self.program, "fwd_bwd", s0 * args[0] + args[1], s1 * args[0] + args[1])
-            d0, d1 = unpack_bf16x2(Int32(dp))
-            return Int32(p), d0, d1
+            d0, d1 = unpack_bf16x2(nan_through(Int32(dp), s0, s1, False))
+            return nan_through(Int32(p), s0, s1, False), d0, d1
         k0, k1 = args[0], args[1]
         if cutlass.const_expr(self.evaluator == "poly"):
             k0, k1 = args[0] * 0.5, args[2]
