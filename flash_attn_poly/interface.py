@@ -23,7 +23,7 @@ from .score_mod import ScoreMod, as_score_mod, by_key as _score_mod_by_key
 
 MODES = ("softmax", "softcap", "sigmoid")
 EVALUATORS = ("poly", "native")
-BACKENDS = ("auto", "cuda", "reference")
+BACKENDS = ("auto", "cuda", "fa4", "reference")
 DTYPES = (torch.bfloat16, torch.float16)          # what the CUDA kernels take
 REFERENCE_DTYPES = DTYPES + (torch.float32,)       # the reference backend also takes FP32
 HEAD_DIMS = (64, 128, 256)     # forward and backward
@@ -214,18 +214,57 @@ def _cuda_refusal(call: AttnCall, device: torch.device, capability) -> Optional[
     return None
 
 
+def _fa4_refusal(call: AttnCall, device: torch.device, capability) -> Optional[tuple]:
+    """(exception type, problem) saying why flash-attn-4's kernels cannot run `call`, or None
+    (FA4 itself missing is asked separately: fa4.require)."""
+    if capability is None:
+        return ValueError, f"flash-attn-4 needs CUDA tensors, got tensors on {device}"
+    if tuple(capability) not in plan_mod.FA4_ARCHS:
+        archs = ", ".join(f"sm_{a}{b}" for a, b in plan_mod.FA4_ARCHS)
+        return RuntimeError, (f"flash-attn-4 with score functions runs on {archs}; this GPU is "
+                              f"sm_{capability[0]}{capability[1]}")
+    if call.dtype not in ("bf16", "fp16"):
+        return TypeError, f"flash-attn-4 takes torch.bfloat16 or torch.float16, got dtype {call.dtype}"
+    if call.head_dim not in plan_mod.FA4_HEAD_DIMS:
+        return ValueError, (f"head_dim {call.head_dim} is not supported with flash-attn-4 here; "
+                            f"supported: {plan_mod.FA4_HEAD_DIMS}")
+    if call.sigmoid_grad == "surrogate":
+        return ValueError, ("sigmoid_grad='surrogate' (the coupled block) is our sm_90 kernels'; "
+                            "flash-attn-4 runs the 'product' rule")
+    return None
+
+
 def _pick_backend(backend: str, call: AttnCall, device: torch.device, capability) -> str:
-    """"cuda" or "reference" for attention(backend=...) (see _cuda_refusal)."""
+    """"cuda", "fa4" or "reference" for attention(backend=...) (see _cuda_refusal, _fa4_refusal)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "reference":
         return backend
+    if backend == "fa4":
+        refusal = _fa4_refusal(call, device, capability)
+        if refusal is not None:
+            exc, problem = refusal
+            raise exc(f"backend='fa4': {problem} (backend='reference' runs any dtype, head_dim and device)")
+        from . import fa4
+        fa4.require()
+        return "fa4"
     refusal = _cuda_refusal(call, device, capability)
     if refusal is None:
         return "cuda"
     exc, problem = refusal
     if backend == "cuda":
         raise exc(f"backend='cuda': {problem} (backend='reference' runs any dtype, head_dim and device)")
+    if capability is not None and tuple(capability) in plan_mod.FA4_AUTO_ARCHS:
+        fa4_refusal = _fa4_refusal(call, device, capability)
+        if fa4_refusal is None:
+            from . import fa4
+            try:
+                fa4.require()
+                return "fa4"
+            except ImportError:
+                problem += f"; flash-attn-4 would run it: pip install '{fa4.EXTRA}'"
+        else:
+            problem += f"; {fa4_refusal[1]}"
     warnings.warn(
         f"flash_attn_poly: {problem}; backend='auto' runs the slow torch reference (exact functions, "
         "not the polynomial programs). Pass backend='reference' to silence this.", stacklevel=3)
@@ -280,10 +319,13 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     before the softmax (mode "softmax"), flash-attn-4's signature; see flash_attn_poly.score_mod
     (ScoreMod, and the documented examples alibi() and softcap()).  score_mod_bwd (its
     derivative) is needed when gradients are.
-    backend: "auto" (the CUDA kernels where they can run the call, else the torch reference
-    with a warning naming why: no sm_90 GPU, FP32 inputs, a head_dim other than 64/128/256),
-    "cuda" (an error naming the problem instead), or "reference" (exact functions in FP32
-    torch; slow, any device, dtype and head_dim).
+    backend: "auto" (the CUDA kernels where they can run the call; on Blackwell (sm_100,
+    sm_103) flash-attn-4's kernels with our score functions; else the torch reference with a
+    warning naming why: no sm_90 GPU, FP32 inputs, a head_dim other than 64/128/256), "cuda"
+    (an error naming the problem instead), "fa4" (flash-attn-4's kernels, sm_90 or Blackwell,
+    with our score functions as its score_mod, flash_attn_poly/fa4.py; needs the extra
+    flash-attn-poly[fa4]; head_dim 64/96/128), or "reference" (exact functions in FP32 torch;
+    slow, any device, dtype and head_dim).
     return_lse: also return the FP32 natural-log LSE (B, H_q, S_q) (softmax modes only).
     window_size: (left, right) sliding window like flash-attn (-1 = unbounded): query i sees
     keys j with i + S_k - S_q - left <= j <= i + S_k - S_q + right; causal sets right = 0.
@@ -325,6 +367,9 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
         if mod.bwd is None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise ValueError(f"score_mod {mod.name!r} has no derivative and gradients are needed: pass "
                              "score_mod_bwd= (or ScoreMod(fwd, bwd)), or run under torch.no_grad()")
+    if which == "fa4":   # FA4's own autograd (flash_attn_func) runs the backward
+        from . import fa4
+        return fa4.attention(q, k, v, plan_mod.resolve_fa4(call), aux, return_lse)
     if torch.compiler.is_compiling():
         out, lse = torch.ops.flash_attn_poly.attn_fwd(q, k, v, list(aux), *_op_args(call), which)
     else:

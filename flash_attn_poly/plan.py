@@ -373,3 +373,60 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
                     window=window_sizes(call.window, call.causal, call.seqlen_q, call.seqlen_k),
                     zero_dq_in_pre=zero_dq, softmax_scale=call.softmax_scale, softcap=call.softcap,
                     sigmoid_bias=bias)
+
+
+# ---------------------------------------------------------------- the flash-attn-4 backend
+# attention(backend="fa4") runs flash-attn-4's kernels with our score functions
+# (flash_attn_poly/fa4.py); backend="auto" picks it where our sm_90 kernels cannot run and
+# FA4 can (Blackwell), on sm_90 only when asked.
+FA4_AUTO_ARCHS = ((10, 0), (10, 3))           # B200/GB200, B300/GB300
+FA4_ARCHS = ((9, 0),) + FA4_AUTO_ARCHS        # FA4's score_mod paths (sm_80 has none)
+FA4_HEAD_DIMS = (64, 96, 128)                 # FA4 4.0.0b36's standard range on sm_90 and sm_100
+
+FA4_ROWS = (
+    Row({"mode": "softcap", "evaluator": "poly"}, {"program": "softcap_c50_f16_odd"},
+        "the FP16 odd tanh program on every score pair: no MUFU.TANH, the ex2 stays FA4's", ""),
+    Row({"mode": "sigmoid", "evaluator": "poly"}, {"program": "sigmoid_attn_n4096_f16"},
+        "sigma from the FP16 program, then ln on MUFU: FA4 normalises, O * exp(LSE) undoes it", ""),
+)
+
+
+@dataclass(frozen=True)
+class Fa4Plan:
+    """A call on flash-attn-4: the score function fa4.score_mods builds (flash_attn_poly/fa4.py)."""
+    call: AttnCall
+    score: str                  # "softmax" | "softcap" | "sigmoid" | "user"
+    program: Any                # poly: an asm.programs.ProgramSpec; native: None
+    grad_rule: Optional[str]    # softcap poly: "value" | "block"; else None
+    softmax_scale: float
+    softcap: Optional[float]
+    sigmoid_bias: Optional[float]
+
+
+def resolve_fa4(call: AttnCall) -> Fa4Plan:
+    """The FA4 plan of a validated call: the score (program by FA4_ROWS, a program the call names
+    otherwise; softcap's grad rule by GRAD_ROWS; a sigmoid program outside its fitted bias span
+    runs native, as in resolve) and the runtime scalars."""
+    score = "user" if call.score_mod is not None else call.mode
+    program = grad_rule = None
+    bias = resolve_sigmoid_bias(call)
+    if call.evaluator == "poly" and score in ("softcap", "sigmoid"):
+        name = call.program if call.program is not None else _apply(FA4_ROWS, _facts(call, None), {})["program"]
+        program = _program_spec(name)
+        if program.is_exp2 or "fwd" not in program.roles:
+            raise ValueError(f"program {program.name!r}: FA4 takes {call.mode} programs with a forward block "
+                             "(the exp2 offload is our sm_90 kernels'; FA4 runs its own exp2)")
+        if score == "sigmoid" and program.n and not sigmoid_program_fits(program, bias):
+            if call.program is not None:
+                import warnings
+                warnings.warn(f"sigmoid program {program.name!r} is fitted for bias -ln {program.n}; bias "
+                              f"{bias:.3g} is outside its span (b + ln n in {SIGMOID_FIT_SPAN}): running the "
+                              "native sigmoid", stacklevel=3)
+            program = None
+        if score == "softcap":
+            grad_rule = _apply(GRAD_ROWS, dict(_facts(call, program), program_dtype=program.dtype),
+                               {})["softcap_grad"]
+            if grad_rule == "block" and "bwd" not in program.roles:
+                grad_rule = "value"
+    return Fa4Plan(call=call, score=score, program=program, grad_rule=grad_rule,
+                   softmax_scale=call.softmax_scale, softcap=call.softcap, sigmoid_bias=bias)

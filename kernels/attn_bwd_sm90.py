@@ -24,7 +24,8 @@ accumulated over all query blocks in registers and added with FP32 atomics into
 into (B, S_q, H_q, D).  The host scales by softmax_scale and casts (attn_bwd_prepost.py).
 
 Constraints: D in {64, 128, 256}; BF16/FP16; any S_q, S_k (TMA zero-fills tails; LSE padded
-with +inf so out-of-range query rows have P = 0); causal is bottom-right aligned.
+with +inf so out-of-range query rows have P = 0; keys past S_k are masked: mask_key_tail);
+causal is bottom-right aligned.
 
 Head dim 256.  dK and dV of a warpgroup's 64 key rows would take 2 x 64 x 256 / 128 = 256
 FP32 registers per thread, above the 240 a consumer thread gets.  So each CTA owns one
@@ -609,6 +610,8 @@ class AttnBwdSm90(BwdReductions):
                     self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), False, coords)
         if const_expr(self.is_causal or self.has_left or self.has_right):
             self.mask_causal(acc_S, rP32, tScS, n_block, m_block, seqlen_q, seqlen_k, args)
+        if const_expr(not self.is_causal):   # causal hides every key >= S_k already
+            self.mask_key_tail(acc_S, rP32, tScS, n_block, seqlen_k)
 
     def _static_rows(self) -> bool:
         """Is the evaluator of every row known at compile time?  Rows r of the C fragment are
@@ -653,6 +656,24 @@ class AttnBwdSm90(BwdReductions):
                     acc_S[2 * i] = Float32(0.0)
                     keep = keep & Int32(-65536)   # 0xFFFF0000
                 if mask_mod.key_hidden(n0 + tScS[2 * i + 1][0], m0 + tScS[2 * i + 1][1] + shift, *win):
+                    acc_S[2 * i + 1] = Float32(0.0)
+                    keep = keep & Int32(0xFFFF)
+                rP32[i] = rP32[i] & keep
+
+    @cute.jit
+    def mask_key_tail(self, acc_S, rP32, tScS, n_block, seqlen_k):
+        """Keys at or past S_k (the last key block's zero-filled K and V rows): f = 0, P = 0.
+        Unmasked, their P = exp(score(0) - LSE) is not small where a row's LSE is very negative
+        (few keys, all with low logits): FP16 P overflows for LSE < -11, and inf times the zero
+        K row is a NaN dQ.  Only the last key block can hold such keys (a uniform branch)."""
+        n0 = n_block * self.tile_n
+        if n0 + self.tile_n > seqlen_k:
+            for i in cutlass.range_constexpr(cute.size(acc_S) // 2):
+                keep = Int32(-1)
+                if n0 + tScS[2 * i][0] >= seqlen_k:
+                    acc_S[2 * i] = Float32(0.0)
+                    keep = keep & Int32(-65536)   # 0xFFFF0000
+                if n0 + tScS[2 * i + 1][0] >= seqlen_k:
                     acc_S[2 * i + 1] = Float32(0.0)
                     keep = keep & Int32(0xFFFF)
                 rP32[i] = rP32[i] & keep

@@ -82,8 +82,9 @@ def test_forward_and_backward(mode, evaluator, program, case, dtype=torch.bfloat
 @pytest.mark.parametrize("mode, evaluator, program", [m for m in MODES if m[2] is None])
 @pytest.mark.parametrize("case", CASES[:2])
 def test_fp16_inputs_forward_and_backward(mode, evaluator, program, case):
-    """FP16 inputs through the API, every mode with its default program (sigmoid/poly: the
-    FP16 D4 block's f16x2 P is the PV / dV operand as is)."""
+    """FP16 inputs through the API, every mode with its default (poly resolves native for FP16
+    softcap and sigmoid: plan.poly_outside_rule; the FP16 program's own path is
+    tests/test_attn_bwd_gpu.py's test_sigmoid_poly_fp16_inputs_fwd_bwd_matches_split_reference)."""
     test_forward_and_backward(mode, evaluator, program, case, dtype=torch.float16)
 
 

@@ -440,3 +440,11 @@ def test_the_catalogue_catches_softcaps_constant_max_normalisation(rounded_row_s
                              rounded_row_sum=rounded_row_sum, **kw)
         verdicts.append(H.judge_case(case, q, k, v, do, out, lse, [torch.zeros_like(t) for t in (q, k, v)])["o"]["ok"])
     assert all(verdicts) if rounded_row_sum else not any(verdicts), verdicts
+
+
+def test_known_defects_name_existing_cases():
+    """Every strict xfail of the GPU tiers names a case the catalogue or the default fuzz draw
+    holds (a stale entry would silently stop guarding anything)."""
+    import cases
+    ids = {c.id for c in cases.catalogue()} | {c.id for c in cases.fuzz_cases()}
+    assert set(cases.KNOWN_DEFECTS) <= ids, sorted(set(cases.KNOWN_DEFECTS) - ids)

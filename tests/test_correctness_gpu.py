@@ -23,6 +23,6 @@ _record = H.recorder_for("catalogue")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", cases.params(CASES))
 def test_catalogue_case(case):
     H.check(case, "cuda", _record)

@@ -42,6 +42,6 @@ def _print_seed(request):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", cases.params(CASES))
 def test_fuzz_case(case):
     H.check(case, "cuda", _record)
