@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -160,8 +161,18 @@ def _pick_backend(backend: str, call: VarlenCall, q) -> str:
         raise ValueError(f"backend must be one of {_fi.BACKENDS}, got {backend!r}")
     if backend == "reference":
         return backend
-    return _fi._pick_backend(backend, _seq_call(call, max(call.max_seqlen_q, 1), max(call.max_seqlen_k, 1)),
-                             q.device, _fi._capability(q))
+    if backend == "fa4":
+        raise ValueError("backend='fa4' does not take packed sequences (attention_varlen): use backend='cuda' "
+                         "(sm_90) or 'reference'")
+    seq = _seq_call(call, max(call.max_seqlen_q, 1), max(call.max_seqlen_k, 1))
+    which = _fi._pick_backend(backend, seq, q.device, _fi._capability(q))
+    if which == "fa4":   # "auto" on a GPU where only flash-attn-4 would run attention()
+        warnings.warn("flash_attn_poly: attention_varlen runs on sm_90 only (backend='fa4' takes no packed "
+                      "sequences); backend='auto' runs the slow torch reference", stacklevel=3)
+        return "reference"
+    if which == "cuda" and call.evaluator == "poly" and call.mode == "sigmoid" and call.dtype != "bf16":
+        _fi._check_sigmoid_program_dtype(seq)
+    return which
 
 
 def _seq_call(call: VarlenCall, s_q: int, s_k: int) -> _fi.AttnCall:

@@ -185,6 +185,7 @@ I32 = dict(dtype=torch.int32)
     (dict(mode="sigmoid", return_lse=True), ValueError, "no log-sum-exp"),
     (dict(window_size=(-2, 0)), ValueError, "window_size"),
     (dict(backend="tpu"), ValueError, "backend must be"),
+    (dict(backend="fa4"), ValueError, "backend='fa4' does not take packed sequences"),
 ])
 def test_rejects_bad_input(over, exc, match):
     with pytest.raises(exc, match=match):
