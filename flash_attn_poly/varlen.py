@@ -200,8 +200,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     its own: causal and window_size are aligned to each sequence's bottom-right corner, sigmoid's
     default bias is -ln S_k of each sequence.  Empty sequences are allowed (a query row with no
     key is zero, LSE -inf).  return_lse: also the FP32 LSE (H_q, total_q) (softmax modes).
-    check_inputs: check the offsets' values (one device-to-host copy of them); the CUDA path
-    reads them anyway and always checks.  Differentiable; under torch.compile a custom op
+    check_inputs: check the offsets' values (one device-to-host copy of them); the per-sequence
+    CUDA path reads them anyway and always checks; with False, offsets that break the rules
+    give undefined results (as in flash-attn).  Differentiable; under torch.compile a custom op
     (`torch.ops.flash_attn_poly.attn_varlen_fwd`) traced without graph breaks.
     """
     call = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mode, evaluator, causal,
