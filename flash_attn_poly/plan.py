@@ -44,6 +44,8 @@ class AttnCall:
     sigmoid_grad: Optional[str] = None  # None | "product" | "surrogate"
     score_mod: Any = None              # a user ScoreMod (mode "softmax"), see flash_attn_poly.score_mod
     aux: tuple = ()                    # (dtype name, ndim) of each aux tensor the score_mod reads
+    varlen: bool = False               # packed sequences (flash_attn_poly.varlen): batch = sequences,
+                                       # seqlen_q / seqlen_k = the longest ones
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ GRAD_ROWS = (
 FWD_ROWS = (
     Row({}, dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=True,
                  row_max_chains=1, row_sum_carry=False, rescale_threshold=0.0, fixed_max=False,
-                 exp2_fma=0),
+                 exp2_fma=0, varlen=False),
         "two consumer warpgroups of 64 rows, 2 K/V stages, a persistent LPT-ordered grid (0.92-0.96x)",
         "fwd-persistent"),
     Row({"head_dim": 256}, dict(tile_n=64),
@@ -131,6 +133,11 @@ FWD_ROWS = (
     Row({"exp2_offload": True, "fixed_max_ok": True}, dict(exp2_fma="from_split"),
         "the exp2 offload's columns take 2^a on the FMA pipe where the constant max bounds a",
         "softcap-exp2-offload"),
+    Row({"varlen": True}, dict(varlen=False),
+        "packed sequences run as one dense launch per sequence until the varlen forward kernel "
+        "(fwd.varlen=True: a CTA per query tile, head and sequence) has passed on a GPU", ""),
+    Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False),
+        "the varlen kernel takes one sigmoid bias; the default -ln S_k differs per sequence", ""),
 )
 
 BWD_ROWS = (
@@ -195,7 +202,8 @@ def _facts(call: AttnCall, program) -> dict:
     cap = call.softcap if call.softcap is not None else 0.0
     return {
         "mode": call.mode, "evaluator": call.evaluator, "dtype": call.dtype, "head_dim": call.head_dim,
-        "causal": call.causal, "deterministic": call.deterministic,
+        "causal": call.causal, "deterministic": call.deterministic, "varlen": call.varlen,
+        "sigmoid_default_bias": call.mode == "sigmoid" and call.sigmoid_bias is None,
         "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,
         "program_dtype": None if program is None else program.dtype,
         "exp2_offload": program is not None and program.is_exp2,
@@ -320,6 +328,11 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     for k_, v in overrides.items():
         if k_.startswith("fwd."):
             fwd[k_[4:]] = v
+    if fwd["varlen"]:   # structural: the varlen kernel runs a CTA per (query tile, head, sequence)
+        fwd["persistent"] = 0
+        if not call.varlen or facts["sigmoid_default_bias"]:
+            raise ValueError("fwd.varlen: the varlen forward runs packed calls (flash_attn_poly.varlen) with "
+                             "one sigmoid bias (the default -ln S_k differs per sequence: pass sigmoid_bias)")
     if fwd["fixed_max"] and not facts["fixed_max_ok"]:
         raise ValueError(f"fixed_max (a constant row max c - 20) needs mode='softcap', BF16 inputs and "
                          f"0 < softcap <= {FIXED_MAX_CAP} (beyond, P leaves FP32's normal range), got "

@@ -128,7 +128,7 @@ class AttnFwdSm90:
     @cute.jit
     def _launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                 mLSE: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
-                win_left: Int32, win_right: Int32, aux, stream):
+                win_left: Int32, win_right: Int32, aux, stream, varlen=None):
         """Host side.  The entry takes the call's own numbers (softmax scale, softcap, sigmoid
         bias; FP64, unused ones 0) and the score function encodes its four FP32 kernel arguments
         from them here, in FP64 then rounded once, as Python would (scores/*.fwd_scalars)."""
@@ -160,14 +160,18 @@ class AttnFwdSm90:
 
         self.shared_storage = SharedStorage
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
+        num_batch = mQ.shape[3]
+        if cutlass.const_expr(varlen is not None):   # (cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
+            num_m_blocks = cute.ceil_div(varlen[2], self.tile_m)
+            num_batch = varlen[0].shape[0] - 1
         sched = SectionLptScheduler(reverse=self.causal)
-        grid = SectionLptScheduler.grid(num_m_blocks, mQ.shape[2], mQ.shape[3])
+        grid = SectionLptScheduler.grid(num_m_blocks, mQ.shape[2], num_batch)
         if cutlass.const_expr(self.cfg.persistent > 0):
             tiles = num_m_blocks * mQ.shape[2] * mQ.shape[3]
             grid = (cutlass.min(tiles, self.cfg.persistent), 1, 1)
         self.kernel(mQ_tma, mK_tma, mV_tma, mO, mLSE, tma_q, tma_k, tma_v,
                     tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
-                    (p0, p1, p2, p3), self._window_param(win_left, win_right), sched, aux).launch(
+                    (p0, p1, p2, p3), self._window_param(win_left, win_right), sched, aux, varlen).launch(
             grid=grid,
             block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
@@ -184,7 +188,7 @@ class AttnFwdSm90:
                mLSE: cute.Tensor, tma_q: cute.CopyAtom, tma_k: cute.CopyAtom, tma_v: cute.CopyAtom,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout, params, window, sched: cutlass.Constexpr, aux):
+               sV_layout: cute.ComposedLayout, params, window, sched: cutlass.Constexpr, aux, varlen):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             for atom in (tma_q, tma_k, tma_v):
@@ -207,7 +211,7 @@ class AttnFwdSm90:
         else:
             self.single_tile_roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                                    tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params,
-                                   window, sched, blocks, warp_idx, aux)
+                                   window, sched, blocks, warp_idx, aux, varlen)
 
     def _section_group(self, mQ, mK):
         """LPT section width: the K and V rows of its KV heads (reused by the group's query
@@ -231,12 +235,34 @@ class AttnFwdSm90:
     @cute.jit
     def single_tile_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                           tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params, window,
-                          sched: cutlass.Constexpr, blocks, warp_idx, aux):
-        """One CTA = one tile (the grid has a CTA per tile, in LPT order)."""
-        m_block, head, batch = sched.work_tile(cute.ceil_div(mQ.shape[0], self.tile_m), mQ.shape[2],
-                                               self._section_group(mQ, mK))
+                          sched: cutlass.Constexpr, blocks, warp_idx, aux, varlen=None):
+        """One CTA = one tile (the grid has a CTA per tile, in LPT order).
+
+        varlen (cu_seqlens_q, cu_seqlens_k, max_seqlen_q): the grid's batch index is the
+        sequence; q, k, v, O (1, total, H, D) and LSE (1, H, total) are offset to the
+        sequence's first row (the TMA coordinates too: a tile reaching past the sequence
+        loads the next sequence's rows, which the sequence-length mask and the epilogue's
+        row bound keep out, or TMA's zero fill past the tensor), and the masks, the key
+        range and the epilogue see the sequence's own lengths.  A query tile past the
+        sequence's end (the grid is sized by the longest) does nothing."""
+        num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
+        if cutlass.const_expr(varlen is not None):
+            num_m_blocks = cute.ceil_div(varlen[2], self.tile_m)
+        m_block, head, batch = sched.work_tile(num_m_blocks, mQ.shape[2], self._section_group(mQ, mK))
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        if cutlass.const_expr(varlen is not None):
+            cu_q, cu_k = varlen[0], varlen[1]
+            off_q, off_k = cu_q[batch], cu_k[batch]
+            seqlen_q, seqlen_k = cu_q[batch + 1] - off_q, cu_k[batch + 1] - off_k
+            mQ, mO = (cute.domain_offset((off_q, 0, 0, 0), t) for t in (mQ, mO))
+            mK, mV = (cute.domain_offset((off_k, 0, 0, 0), t) for t in (mK, mV))
+            mLSE = cute.domain_offset((off_q, 0, 0), mLSE)
+            batch = Int32(0)   # the packed tensors' only batch entry (check_fwd: no user score reads it)
         n_max, n_cnt = self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
+        if cutlass.const_expr(varlen is not None):
+            if m_block * self.tile_m >= seqlen_q:   # past the sequence: no load, no GEMM, no row to write
+                n_max = Int32(0)
+                n_cnt = Int32(0)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.num_producer_regs)
             if warp_idx == 0:
@@ -631,6 +657,19 @@ class AttnFwdSm90Aux(AttnFwdSm90):
         self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, aux, stream)
 
 
+class AttnFwdSm90Varlen(AttnFwdSm90):
+    """The varlen build (FwdConfig.varlen): packed sequences.  The host entry takes q, k, v, O
+    as (1, total, H, D) and LSE as (1, H_q, total_q), then the int32 offsets cu_seqlens_q,
+    cu_seqlens_k (batch + 1) and max_seqlen_q (the grid's query tiles per sequence)."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                 mLSE: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_q: Int32,
+                 scale: Float64, softcap: Float64, bias: Float64, win_left: Int32, win_right: Int32, stream):
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, None, stream,
+                     (mCuSeqlensQ, mCuSeqlensK, max_seqlen_q))
+
+
 # ---------------------------------------------------------------------- compile + torch entry
 def _fake_args(cfg: FwdConfig):
     """Fake tensors with symbolic B/S/H and strides (D static): the signature the tvm-ffi
@@ -647,8 +686,12 @@ def _fake_args(cfg: FwdConfig):
     def qkv():
         return make_fake_tensor(dt, (shp(), shp(), shp(), shp()), (st(8), st(8), st(8), 1), assumed_align=16)
     lse = make_fake_tensor(Float32, (shp(), shp(), shp()), (st(), st(), 1), assumed_align=16)
-    args = (qkv(), qkv(), qkv(), qkv(), lse, Float64(1.0), Float64(1.0), Float64(0.0),   # scale, softcap, bias
-            Int32(0), Int32(0))   # window (left, right) sizes
+    args = (qkv(), qkv(), qkv(), qkv(), lse)
+    if cfg.varlen:   # cu_seqlens_q, cu_seqlens_k, max_seqlen_q
+        cu = lambda: make_fake_tensor(Int32, (shp(),), (1,), assumed_align=4)
+        args += (cu(), cu(), Int32(0))
+    args += (Float64(1.0), Float64(1.0), Float64(0.0),   # scale, softcap, bias
+             Int32(0), Int32(0))   # window (left, right) sizes
     if cfg.score.aux:
         args += (aux_fake_tensors(cfg.score.aux),)
     return args
@@ -685,4 +728,6 @@ def _compiled(cfg: FwdConfig):
 
 
 def kernel_for(cfg: FwdConfig) -> AttnFwdSm90:
+    if cfg.varlen:
+        return AttnFwdSm90Varlen(cfg)
     return (AttnFwdSm90Aux if cfg.score.aux else AttnFwdSm90)(cfg)

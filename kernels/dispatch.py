@@ -56,6 +56,20 @@ def forward(plan, q, k, v, aux=(), out=None, lse=None):
     return out, (None if plan.call.mode == "sigmoid" else lse)
 
 
+def forward_varlen(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, out=None, lse=None):
+    """The varlen forward build (plan.fwd.varlen) on packed q (total_q, H_q, D), k/v (total_k, H_kv,
+    D) and int32 offsets: (o (total_q, H_q, D), lse (H_q, total_q) or None).  The kernel sees
+    (1, total, H, D) views; max_seqlen_q sizes its grid (> 0)."""
+    import torch
+    total_q, h_q, _ = q.shape
+    q, k, v = (_tma_ready(t)[None] for t in (q, k, v))
+    out = torch.empty_like(q) if out is None else out[None]
+    lse = torch.empty(1, h_q, total_q, dtype=torch.float32, device=q.device) if lse is None else lse[None]
+    fn = compile_cache.compiled("attn_fwd", plan.fwd, functools.partial(_fwd_build, plan.fwd))
+    fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, *_numbers(plan), *plan.window)
+    return out[0], (None if plan.call.mode == "sigmoid" else lse[0])
+
+
 def turn_counters(cfg, b: int, s_q: int, s_k: int, h_q: int, h_kv: int) -> int:
     """Int32 counters of a deterministic backward: one per (query block, query head, batch,
     column chunk) for dQ, then one per (key block, KV head, batch, column chunk) for dK/dV

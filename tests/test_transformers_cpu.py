@@ -31,17 +31,108 @@ def test_register_and_match_eager_logits():
     assert (got - ref).abs().max() < 1e-4, (got - ref).abs().max()
 
 
-def test_window_mapping_and_padding_fallback():
+def test_window_mapping_and_4d_mask_fallback():
     assert fap_hf._window(None, 10) == (-1, -1)
     assert fap_hf._window(4096, 100) == (-1, -1)  # window longer than the sequence: plain causal
     assert fap_hf._window(8, 24) == (7, 0)
+    q = torch.randn(1, 2, 6, 64)
+    mask4d = torch.ones(1, 1, 6, 6, dtype=torch.bool)
+    assert "4-D" in fap_hf._fallback_reason(None, q, q, q, mask4d, 0.0, (-1, -1), "reference")
+    assert fap_hf._fallback_reason(None, q, q, q, mask4d[0, 0], 0.0, (-1, -1), "reference") is None
+
+
+def _loss_and_grads(model, ids, **kw):
+    """Logits, and the parameter gradients of the next-token loss over real (token, next token) pairs."""
+    model.zero_grad()
+    logits = model(ids, use_cache=False, **kw).logits   # no cache: eager masks packed sequences apart
+    real = kw["attention_mask"].bool() if "attention_mask" in kw else torch.ones_like(ids, dtype=torch.bool)
+    keep = real[:, :-1] & real[:, 1:]
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1][keep], ids[:, 1:][keep])
+    loss.backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _eager_and_ours():
+    name = fap_hf.register(backend="reference")
+    eager, ours = _tiny_gemma2("eager"), _tiny_gemma2(name)
+    ours.load_state_dict(eager.state_dict())
+    return eager.train(), ours.train()   # dropout is 0: train() only turns on the gradient paths
+
+
+def _assert_same(got, ref, keep=None):
+    (gl, gg), (rl, rg) = got, ref
+    if keep is not None:
+        gl, rl = gl[keep], rl[keep]
+    assert torch.isfinite(gl).all()
+    assert (gl - rl).abs().max() < 1e-4, (gl - rl).abs().max()
+    assert gg.keys() == rg.keys()
+    for n in rg:
+        scale = rg[n].abs().max().clamp_min(1e-6)
+        assert ((gg[n] - rg[n]).abs().max() / scale) < 1e-4, n
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch_runs_varlen_and_matches_eager(side, recwarn):
+    """A padded batch (2-D mask; 24 tokens > window 8: both layer kinds) runs unpad -> varlen
+    -> pad with no fallback; real tokens' logits and one step's gradients match eager."""
+    eager, ours = _eager_and_ours()
+    ids = torch.randint(0, 97, (3, 24), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(3, 24, dtype=torch.long)
+    for row, n in ((1, 5), (2, 17)):
+        if side == "left":
+            mask[row, :n] = 0
+        else:
+            mask[row, 24 - n:] = 0
+    fap_hf._warned.clear()
+    got = _loss_and_grads(ours, ids, attention_mask=mask)
+    assert not [w for w in recwarn if "falling back" in str(w.message)]
+    _assert_same(got, _loss_and_grads(eager, ids, attention_mask=mask), keep=mask.bool())
+
+
+def test_packed_batch_matches_eager_and_separate_sequences(recwarn):
+    """A packed row (position_ids restart at each sequence, as padding-free collators hand
+    them; and the same batch through the cu_seq_lens kwargs) matches eager, which masks the
+    sequences apart; sequence 1 alone gives its logits."""
+    eager, ours = _eager_and_ours()
+    lens = [5, 11, 8]
+    ids = torch.randint(0, 97, (1, sum(lens)), generator=torch.Generator().manual_seed(4))
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    fap_hf._warned.clear()
+    got = _loss_and_grads(ours, ids, position_ids=pos)
+    assert not [w for w in recwarn if "falling back" in str(w.message)]
+    _assert_same(got, _loss_and_grads(eager, ids, position_ids=pos))
+    cu = torch.tensor([0, 5, 16, 24], dtype=torch.int32)
+    by_cu = _loss_and_grads(ours, ids, position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                            max_length_q=11, max_length_k=11)
+    _assert_same(by_cu, got)
+    with torch.no_grad():
+        alone = ours(ids[:, 5:16]).logits
+    assert (alone - got[0][:, 5:16]).abs().max() < 1e-4
+
+
+def test_plain_position_ids_take_the_dense_call(monkeypatch):
+    """Position ids that never restart: the dense attention(), and the ids are read once per
+    forward (not once per layer)."""
     name = fap_hf.register(backend="reference")
     model = _tiny_gemma2(name)
-    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(2))
-    pad = torch.ones(2, 12, dtype=torch.long)
-    pad[1, :3] = 0
-    with pytest.warns(UserWarning, match="padding"):
-        fap_hf._warned.clear()
-        with torch.no_grad():
-            out = model(ids, attention_mask=pad).logits
-    assert torch.isfinite(out[0]).all()
+    calls = []
+    import flash_attn_poly.varlen as fv
+    monkeypatch.setattr(fv, "attention_varlen", lambda *a, **k: calls.append(a) or pytest.fail("varlen called"))
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(5))
+    nz = []
+    orig = torch.Tensor.nonzero
+    monkeypatch.setattr(torch.Tensor, "nonzero", lambda self, *a, **k: nz.append(1) or orig(self, *a, **k))
+    with torch.no_grad():
+        model(ids, position_ids=torch.arange(12)[None])
+    assert not calls and len(nz) == 1   # 2 layers, one read of the ids
+
+
+def test_gpu_ragged_check_dry_run():
+    """tests/test_transformers_gpu.py's ragged-batch check, its body on the CPU through the
+    reference backend (only the CUDA launches are new on the device)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_transformers_gpu import ragged_check
+    res = ragged_check("cpu", "reference")
+    assert set(res) == {"padded", "packed"}

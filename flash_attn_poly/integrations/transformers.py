@@ -15,18 +15,28 @@ stride along D) and return (B, S, H, D) as transformers' other implementations d
 
 Inputs run in autocast's dtype when autocast is on (Gemma-2's rotary embedding hands us
 FP32 q/k under autocast; eager's matmuls would cast them the same way), else in the 16-bit
-dtype the model runs in.  What we cannot express falls back, with a one-time warning naming the reason, to an
-explicit masked torch computation: padding masks, dropout during training, and cases
-the CUDA kernels do not support (head dims other than 64/128/256).
+dtype the model runs in.
+
+Ragged batches run as flash_attn_poly.attention_varlen, as transformers' flash-attention
+implementations do: a padded batch (the 2-D padding mask that the registered mask function
+`flash_attention_mask` hands us) is unpadded, run as packed sequences and padded back (pad
+rows are zero); a packed batch (padding-free collators: the `cu_seq_lens_q/k` and
+`max_length_q/k` kwargs, or `position_ids` that restart inside a row) runs as the sequences it
+holds, each causal on its own.  A sequence starts where its position id is not the previous
+one plus 1, as transformers' eager masks read them (masking_utils.find_packed_sequence_indices).
+What we cannot express falls back, with a one-time warning naming the reason, to an explicit
+masked torch computation: a 4-D mask, dropout during training, and cases the CUDA kernels do
+not support (head dims other than 64/128/256).
 """
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Optional
 
 import torch
 
-from .. import interface, reference
+from .. import interface, reference, varlen
 
 NAME = "poly_attention"
 _warned: set[str] = set()
@@ -47,8 +57,8 @@ def _window(sliding_window: Optional[int], s_k: int) -> tuple[int, int]:
 
 def _fallback_reason(module, query, key, value, attention_mask, dropout, window,
                      backend) -> Optional[str]:
-    if attention_mask is not None:
-        return "an explicit attention mask (padding) is not expressible as causal/window"
+    if attention_mask is not None and attention_mask.dim() != 2:
+        return "a 4-D attention mask is not expressible as causal/window (register() installs the 2-D padding mask)"
     if dropout and module.training:
         return "attention dropout in training is not implemented"
     if backend == "reference":
@@ -65,9 +75,9 @@ def _kernel_dtype(query, key, value):
     """The 16-bit dtype the kernels run in: autocast's when autocast is on (Gemma-2's rotary
     embedding returns FP32 q/k under autocast, as eager's matmuls would cast them), else the
     first 16-bit dtype among value, key, query; None if there is none."""
-    import torch
-    if torch.is_autocast_enabled("cuda"):
-        dt = torch.get_autocast_dtype("cuda")
+    dev = query.device.type
+    if torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
         return dt if dt in interface.DTYPES else None
     return next((t.dtype for t in (value, key, query) if t.dtype in interface.DTYPES), None)
 
@@ -109,15 +119,83 @@ def make_attention_forward(evaluator: str = "poly", backend: str = "auto"):
             return _masked_torch(query, key, value, attention_mask, scaling, softcap, window,
                                  dropout, module.training), None
         mode = "softcap" if softcap else "softmax"
-        if query.is_cuda and backend != "reference":   # casts are differentiable (FP32 grads flow back)
-            dt = _kernel_dtype(query, key, value)
-            query, key, value = (t.to(dt) for t in (query, key, value))
-        out = interface.attention(
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), mode,
-            causal=getattr(module, "is_causal", True), softcap=softcap or None,
-            evaluator=evaluator, softmax_scale=scaling, window_size=window, backend=backend)
-        return out, None
+        dt = _kernel_dtype(query, key, value)
+        mixed = len({query.dtype, key.dtype, value.dtype}) > 1   # autocast: FP32 q/k, 16-bit v
+        if dt is not None and ((query.is_cuda and backend != "reference") or mixed):
+            query, key, value = (t.to(dt) for t in (query, key, value))   # differentiable casts
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))   # (B, S, H, D) views
+        opts = dict(causal=getattr(module, "is_causal", True), softcap=softcap or None, evaluator=evaluator,
+                    softmax_scale=scaling, window_size=window, backend=backend)
+        if attention_mask is not None:
+            return _padded(q, k, v, attention_mask, mode, opts), None
+        packed = _packed_offsets(q, k, kwargs)
+        if packed is not None:
+            b, s_q = q.shape[:2]
+            out = varlen.attention_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), *packed, mode,
+                                          check_inputs=False, **opts)
+            return out.view(b, s_q, *out.shape[1:]), None
+        return interface.attention(q, k, v, mode, **opts), None
     return flash_attn_poly_forward
+
+
+def _offsets(lens: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+
+
+def _padded(q, k, v, attention_mask, mode, opts):
+    """A padded batch (B, S, H, D) with its 2-D mask (B, S_k), 1 = token (left or right
+    padding; the last S_q columns are the queries' own, as transformers' _upad_input reads
+    them): unpad, attention_varlen, pad back with zero rows."""
+    b, s_q = q.shape[:2]
+    s_k = k.shape[1]
+    keep_k = attention_mask[:, -s_k:].bool()
+    keep_q = keep_k[:, -s_q:]
+    idx_q = keep_q.flatten().nonzero().squeeze(1)
+    idx_k = keep_k.flatten().nonzero().squeeze(1)
+    lens_q, lens_k = keep_q.sum(1, dtype=torch.int32), keep_k.sum(1, dtype=torch.int32)
+    max_q, max_k = (int(x) for x in torch.stack([lens_q.max(), lens_k.max()]).tolist())
+    out = varlen.attention_varlen(q.flatten(0, 1)[idx_q], k.flatten(0, 1)[idx_k], v.flatten(0, 1)[idx_k],
+                                  _offsets(lens_q), _offsets(lens_k), max_q, max_k, mode, check_inputs=False,
+                                  **opts)
+    full = out.new_zeros((b * s_q,) + tuple(out.shape[1:]))
+    return full.index_put((idx_q,), out).view(b, s_q, *out.shape[1:])
+
+
+def _packed_offsets(q, k, kwargs):
+    """(cu_q, cu_k, max_q, max_k) of a packed batch, or None for a plain one: transformers'
+    cu_seq_lens_q/k and max_length_q/k kwargs as given, else the sequences that position_ids
+    mark (a new sequence wherever a position id is not the previous one plus 1, and at every
+    row start)."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    if all(x is not None for x in (cu_q, cu_k, max_q, max_k)):
+        return cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k
+    pos = kwargs.get("position_ids")
+    if pos is None or q.shape[1] != k.shape[1] or pos.shape[-1] != q.shape[1] or q.shape[1] < 2:
+        return None
+    return _packed_from_positions(pos, q.shape[0])
+
+
+# The model hands every layer the same position_ids tensor: read it (a device sync) once per
+# forward, not once per layer.  Keyed on the tensor object and its version counter.
+_last_positions: list = [None, -1, 0, None]   # [weakref to position_ids, its _version, batch, result]
+
+
+def _packed_from_positions(pos, batch):
+    ref, version, b, result = _last_positions
+    if ref is not None and ref() is pos and version == pos._version and b == batch:
+        return result
+    rows = pos.expand(batch, -1)
+    start = torch.ones_like(rows, dtype=torch.bool)
+    start[:, 1:] = rows[:, 1:] != rows[:, :-1] + 1
+    starts = start.flatten().nonzero().squeeze(1)
+    result = None
+    if starts.numel() != batch:   # else one sequence per row: the dense call
+        cu = torch.cat([starts, starts.new_tensor([rows.numel()])]).to(torch.int32)
+        longest = int((cu[1:] - cu[:-1]).max())
+        result = (cu, cu, longest, longest)
+    _last_positions[:] = [weakref.ref(pos), pos._version, batch, result]
+    return result
 
 
 def register(evaluator: str = "poly", backend: str = "auto", name: str = NAME) -> str:

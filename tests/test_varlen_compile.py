@@ -1,0 +1,75 @@
+"""Compile-only tests of the varlen forward build (FwdConfig.varlen; kernels/attn_fwd_sm90.py
+AttnFwdSm90Varlen): it builds for sm_90a on the CPU with HGMMA and no spills for the score
+functions and windows a packed batch uses, and it is a build of its own (the dense builds'
+SASS is pinned by tests/test_sass_defaults_compile.py)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+import builds as B  # noqa: E402
+
+VARIANTS = [   # (mode, evaluator, head_dim, causal, window, softcap, dtype): tests/test_varlen_gpu.py's and more
+    ("softmax", "native", 128, True, (-1, -1), None, "bf16"),
+    ("softcap", "poly", 256, True, (-1, -1), 30.0, "bf16"),
+    ("softmax", "native", 128, False, (48, 16), None, "bf16"),
+    ("sigmoid", "poly", 128, True, (-1, -1), None, "fp16"),
+    ("softcap", "native", 128, True, (63, -1), 50.0, "bf16"),
+    ("sigmoid", "poly", 128, False, (-1, -1), None, "bf16"),
+]
+
+
+def varlen_plan(mode, evaluator, d, causal, window, softcap, dtype="bf16", kernel=True):
+    """The plan of a packed call (8 sequences of at most 4096 tokens, H_q 32, H_kv 8) on an H200,
+    with the varlen forward chosen (fwd.varlen; persistent off: the plan's structural rule);
+    sigmoid with an explicit bias (the kernel takes one for all sequences)."""
+    from flash_attn_poly import plan
+    call = plan.AttnCall(mode=mode, evaluator=evaluator, dtype=dtype, head_dim=d, batch=8, seqlen_q=4096,
+                         seqlen_k=4096, heads_q=32, heads_kv=8, causal=causal, window=tuple(window),
+                         softmax_scale=d ** -0.5, softcap=softcap,
+                         sigmoid_bias=-4.0 if mode == "sigmoid" else None, varlen=True)
+    return plan.resolve(call, B.cat.SM_COUNT, {"fwd.varlen": True} if kernel else None)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-d{v[2]}-c{int(v[3])}-w{v[4][0]}_{v[4][1]}-{v[6]}")
+def test_varlen_forward_builds_without_spills(variant):
+    p = varlen_plan(*variant)
+    assert p.fwd.varlen and p.fwd.persistent == 0
+    n = B.fwd(p.fwd).counts()
+    assert n["HGMMA"] > 0
+    assert n["STL"] == 0 and n["LDL"] == 0, f"register spills: {n}"
+
+
+@pytest.mark.compile
+def test_varlen_is_its_own_build():
+    var = varlen_plan(*VARIANTS[0]).fwd
+    dense = dataclasses.replace(var, varlen=False)
+    a, b = B.fwd(dense), B.fwd(var)
+    assert a.sass != b.sass
+    # the same main loop: the GEMMs and the exponentials are the dense build's
+    for fam in ("HGMMA", "MUFU.EX2"):
+        assert a.counts()[fam] == b.counts()[fam], fam
+
+
+def test_check_fwd_refuses_persistent_varlen():
+    from flash_attn_poly.kernels.config import check_fwd
+    cfg = varlen_plan(*VARIANTS[0]).fwd
+    with pytest.raises(ValueError, match="varlen: a CTA per"):
+        check_fwd(dataclasses.replace(cfg, persistent=132))
+
+
+def test_plan_keeps_packed_calls_on_per_sequence_launches_by_default():
+    """The plan's varlen rows: the per-sequence dense launches (fwd.varlen False) by default; the
+    override picks the kernel, except for sigmoid's per-sequence default bias, and never for a
+    dense call."""
+    from flash_attn_poly import plan
+    assert not varlen_plan(*VARIANTS[0], kernel=False).fwd.varlen
+    call = varlen_plan(*VARIANTS[5]).call
+    with pytest.raises(ValueError, match="default -ln S_k differs per sequence"):
+        plan.resolve(dataclasses.replace(call, sigmoid_bias=None), 132, {"fwd.varlen": True})
+    with pytest.raises(ValueError, match="runs packed calls"):
+        plan.resolve(dataclasses.replace(call, varlen=False), 132, {"fwd.varlen": True})

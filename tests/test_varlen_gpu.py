@@ -1,0 +1,189 @@
+"""attention_varlen by the FlashAttention rule (tests/rule_harness.py), fuzzed over random
+length lists that include 0 and 1 (and S_q != S_k): forward O, LSE and dQ, dK, dV of the packed
+batch against the FP64 reference of each sequence, with torch at the input precision as the
+yardstick.  Few variants (few kernel builds): the GPU tier is cheap.
+
+The same body runs on the CPU with backend="reference" (the non-gpu tests here), so only the
+CUDA launches are new on the device.  Run on the H200:
+    python -m pytest -q -p no:cacheprovider -m gpu tests/test_varlen_gpu.py
+"""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rule_harness as H  # noqa: E402
+
+import flash_attn_poly as fap  # noqa: E402
+import flash_attn_poly.varlen as fv  # noqa: E402
+from flash_attn_poly import reference as R  # noqa: E402
+
+FUZZ_SEED = 2812
+# (mode, evaluator, dtype, head_dim, causal, window, softcap): variants of the correctness
+# catalogue (tests/cases.py), so the kernels they resolve to are builds it has
+VARIANTS = [
+    ("softmax", "native", "bf16", 128, True, (-1, -1), None),
+    ("softcap", "poly", "bf16", 256, True, (-1, -1), 30.0),
+    ("softmax", "native", "bf16", 128, False, (48, 16), None),
+    ("sigmoid", "poly", "fp16", 128, True, (-1, -1), None),
+]
+
+
+def draw_lengths(rng, n_seq, causal):
+    """A length list with 0s and 1s often, long-tailed otherwise; S_k = S_q or independent."""
+    def one():
+        u = rng.random()
+        if u < 0.15:
+            return 0
+        if u < 0.3:
+            return 1
+        return int(min(700, rng.pareto(1.2) * 40 + 2))
+    lens_q = [one() for _ in range(n_seq)]
+    lens_k = list(lens_q) if rng.random() < 0.5 else [one() for _ in range(n_seq)]
+    return lens_q, lens_k
+
+
+def cases(count=3):
+    rng = np.random.default_rng(FUZZ_SEED)
+    out = []
+    for vi, var in enumerate(VARIANTS):
+        for i in range(count):
+            lens_q, lens_k = draw_lengths(rng, int(rng.integers(1, 7)), var[4])
+            out.append(pytest.param(var, lens_q, lens_k, int(rng.integers(1 << 30)),
+                                    id=f"{var[0]}-{var[1]}-{var[2]}-d{var[3]}-c{int(var[4])}-"
+                                       f"w{var[5][0]}_{var[5][1]}-q{'_'.join(map(str, lens_q))}-"
+                                       f"k{'_'.join(map(str, lens_k))}"))
+    return out
+
+
+def _cu(lens, device):
+    return torch.tensor([0] + np.cumsum(lens).tolist(), dtype=torch.int32, device=device)
+
+
+KERNEL_SIGMOID_BIAS = -4.0   # the varlen kernel takes one bias (the default -ln S_k is per sequence)
+
+
+def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False):
+    """{tensor name: judge record} of one packed batch.  kernel: the forward only, through the
+    varlen forward kernel (plan override fwd.varlen; sigmoid with KERNEL_SIGMOID_BIAS)."""
+    mode, evaluator, dtype, d, causal, window, cap = var
+    dt = H.DTYPES[dtype]
+    hq, hkv = 4, 2
+    g = torch.Generator(device=device).manual_seed(seed)
+    amp = cap / 4 if mode == "softcap" else 1.0
+    tq, tk = sum(lens_q), sum(lens_k)
+    mk = lambda n, h, a=1.0: (torch.randn(n, h, d, generator=g, device=device) * a).to(dt).requires_grad_()
+    q, k, v = mk(tq, hq, amp), mk(tk, hkv), mk(tk, hkv)
+    dout = torch.randn(tq, hq, d, generator=g, device=device).to(dt)
+    cu_q, cu_k = _cu(lens_q, device), _cu(lens_k, device)
+    kw = dict(causal=causal, window_size=window, softcap=cap)
+    if kernel:
+        if mode == "sigmoid":
+            kw["sigmoid_bias"] = KERNEL_SIGMOID_BIAS
+        call = fv.validate(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), mode, evaluator, causal, cap,
+                           kw.get("sigmoid_bias"), None, window)
+        with torch.no_grad():
+            out, lse = fv._forward(q, k, v, cu_q, cu_k, call, True, backend, overrides={"fwd.varlen": True})
+        grads = None
+    else:
+        res = fap.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), mode, evaluator=evaluator,
+                                   backend=backend, return_lse=mode != "sigmoid", **kw)
+        out, lse = res if mode != "sigmoid" else (res, None)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+
+    # per-sequence references, packed back; rows without keys: O = 0, LSE = -inf, no gradient
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    parts = {n: [] for n in ("ref", "low", "ref_lse", "low_lse", "rdq", "ldq")}
+    kparts = {n: [] for n in ("rdk", "rdv", "ldk", "ldv")}
+    mag = {"o": 0.0, "dq": 0.0, "dk": 0.0, "dv": 0.0}
+    oq, ok_ = 0, 0
+    with torch.no_grad():
+        for sq, sk in zip(lens_q, lens_k):
+            qs, ks, vs, ds = qd[None, oq:oq + sq], kd[None, ok_:ok_ + sk], vd[None, ok_:ok_ + sk], dout[None, oq:oq + sq]
+            if sq and sk:
+                ref, ref_lse = R.attention_ref(qs, ks, vs, mode, **kw)
+                low, low_lse = R.attention_ref_lowprec(qs, ks, vs, mode, **kw)
+                rg = R.attention_ref_backward(ds, qs, ks, vs, mode, **kw)
+                lg = H.lowprec_backward(ds, qs, ks, vs, low, mode, **kw)
+                m = H.magnitudes(ds, qs, ks, vs, ref, mode, **kw)
+                mag = {n: max(mag[n], m[n]) for n in mag}
+            else:
+                z = lambda t, dtype=torch.float64: torch.zeros(t.shape, dtype=dtype, device=device)
+                ref, low = z(qs), z(qs, dt)
+                ninf = torch.full((1, hq, sq), -float("inf"), dtype=torch.float64, device=device)
+                ref_lse, low_lse = ninf, ninf.float()
+                rg, lg = (z(qs), z(ks), z(vs)), (z(qs, dt), z(ks, dt), z(vs, dt))
+            for n, t in (("ref", ref), ("low", low), ("rdq", rg[0]), ("ldq", lg[0])):
+                parts[n].append(t[0])
+            if mode != "sigmoid":
+                parts["ref_lse"].append(ref_lse[0])
+                parts["low_lse"].append(low_lse[0])
+            for n, t in (("rdk", rg[1]), ("rdv", rg[2]), ("ldk", lg[1]), ("ldv", lg[2])):
+                kparts[n].append(t[0])
+            oq, ok_ = oq + sq, ok_ + sk
+        cat = lambda ts, dim=0: torch.cat(ts, dim)
+        checks = {"o": H.judge("o", out, cat(parts["ref"]), cat(parts["low"]), dt, mag["o"])}
+        if mode != "sigmoid":
+            checks["lse"] = H.judge("lse", lse, cat(parts["ref_lse"], 1), cat(parts["low_lse"], 1), dt)
+        if grads is not None:
+            for n, got, r, lo in (("dq", grads[0], cat(parts["rdq"]), cat(parts["ldq"])),
+                                  ("dk", grads[1], cat(kparts["rdk"]), cat(kparts["ldk"])),
+                                  ("dv", grads[2], cat(kparts["rdv"]), cat(kparts["ldv"]))):
+                checks[n] = H.judge(n, got, r, lo, dt, mag[n])
+    return checks
+
+
+def _assert_ok(checks):
+    bad = {n: c["why"] for n, c in checks.items() if not c["ok"]}
+    assert not bad, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
+def test_varlen_rule_fuzz(var, lens_q, lens_k, seed):
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
+def test_varlen_kernel_forward_rule_fuzz(var, lens_q, lens_k, seed):
+    """The varlen forward kernel (one launch for the batch) by the same rule: O and LSE."""
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel=True))
+
+
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
+def test_varlen_kernel_forward_dry_run(var, lens_q, lens_k, seed, monkeypatch):
+    """test_varlen_kernel_forward_rule_fuzz's body on the CPU, the kernel launch stood in by the
+    reference (kernels.dispatch.forward_varlen's contract: packed O and (H_q, total_q) LSE): the
+    plan override, the launch arguments and the judging run here."""
+    from flash_attn_poly.kernels import dispatch
+    seen = []
+
+    def stand_in(vp, q, k, v, cu_q, cu_k, max_q):
+        c = vp.call
+        assert vp.fwd.varlen and vp.fwd.persistent == 0 and c.varlen and max_q == max(lens_q)
+        seen.append(c)
+        call = fv.VarlenCall(mode=c.mode, evaluator=c.evaluator, dtype=c.dtype, head_dim=c.head_dim, batch=c.batch,
+                             max_seqlen_q=max_q, max_seqlen_k=c.seqlen_k, heads_q=c.heads_q, heads_kv=c.heads_kv,
+                             causal=c.causal, window=c.window, softmax_scale=c.softmax_scale, softcap=c.softcap,
+                             sigmoid_bias=c.sigmoid_bias)
+        out, lse = fv._forward(q, k, v, cu_q, cu_k, call, True, "reference")
+        return out, (None if c.mode == "sigmoid" else lse)
+
+    monkeypatch.setattr(dispatch, "forward_varlen", stand_in)
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cpu", kernel=True))
+    assert len(seen) == (1 if sum(lens_q) and max(lens_q) else 0)
+
+
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
+def test_varlen_rule_reference_dry_run(var, lens_q, lens_k, seed):
+    """The GPU test's body on the CPU through the reference backend (exact functions in FP32):
+    the packing, the per-sequence references and the judging run here."""
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "reference", "cpu"))
+
+
+def test_the_draws_hold_empty_and_single_token_sequences():
+    drawn = [p.values for p in cases()]
+    lens = [n for _, lq, lk, _ in drawn for n in lq + lk]
+    assert 0 in lens and 1 in lens and max(lens) > 128   # a tail longer than one tile
+    assert any(lq != lk for _, lq, lk, _ in drawn)
