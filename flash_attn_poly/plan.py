@@ -160,6 +160,11 @@ BWD_ROWS = (
         "D = 256: full-D Q, dO, K, V and dS take 225 of 227 KB: one Q/dO stage, no staged dQ", ""),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
+    Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
+    Row({"varlen": True}, dict(varlen=False),
+        "packed sequences run their backward as one dense launch per sequence until the varlen "
+        "backward kernel (bwd.varlen=True: a CTA per key block, query head and sequence) has passed "
+        "on a GPU", ""),
 )
 
 # head_loop where its grid (key blocks x KV heads x batch x column chunks) has this many CTAs per SM
@@ -357,6 +362,12 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     for k_, v in overrides.items():
         if k_.startswith("bwd."):
             bwd[k_[4:]] = v
+    if bwd["varlen"]:   # structural: a CTA per (key block, query head, sequence) in launch order
+        if not call.varlen or facts["sigmoid_default_bias"] or call.deterministic:
+            raise ValueError("bwd.varlen: the varlen backward runs packed calls (flash_attn_poly.varlen) with "
+                             "one sigmoid bias (the default -ln S_k differs per sequence: pass sigmoid_bias), "
+                             "not deterministic")
+        bwd.update(head_loop=False, lpt=False)
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,

@@ -69,6 +69,35 @@ def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str,
     return lse2, dsum
 
 
+def preprocess_varlen(dout, out, lse, cu_q: list, needs_lse: bool, needs_dsum: bool, lse_base: str = "e"):
+    """The oracle of kernels/prepost_launch.preprocess_varlen: packed dout / out (total_q, H, D),
+    lse (H, total_q), host offsets cu_q -> (lse2, dsum) (1, H, padded rows), each sequence's
+    preprocess (padded to VARLEN_PAD) at its padded offset; rows no sequence owns are NaN (the
+    kernel leaves them unwritten: compare the owned rows, varlen_owned_rows)."""
+    from .prepost_launch import VARLEN_PAD, varlen_padded_offset, varlen_padded_rows
+    total_q, h, _ = dout.shape
+    rows = varlen_padded_rows(total_q, len(cu_q) - 1)
+    lse2 = torch.full((1, h, rows), math.nan, dtype=torch.float32, device=dout.device)
+    dsum = torch.full_like(lse2, math.nan)
+    for b in range(len(cu_q) - 1):
+        q0, q1 = cu_q[b], cu_q[b + 1]
+        p, n = varlen_padded_offset(q0, b), -(-(q1 - q0) // VARLEN_PAD) * VARLEN_PAD
+        lse_b = lse[None, :, q0:q1] if needs_lse else None
+        l2, ds = preprocess(dout[None, q0:q1], out[None, q0:q1], lse_b, needs_lse, needs_dsum, lse_base, VARLEN_PAD)
+        lse2[:, :, p:p + n], dsum[:, :, p:p + n] = l2, ds
+    return lse2, dsum
+
+
+def varlen_owned_rows(cu_q: list) -> list:
+    """Row indices of the padded packed buffers that preprocess_varlen writes (sequence order)."""
+    from .prepost_launch import VARLEN_PAD, varlen_padded_offset
+    out = []
+    for b in range(len(cu_q) - 1):
+        p = varlen_padded_offset(cu_q[b], b)
+        out += range(p, p + -(-(cu_q[b + 1] - cu_q[b]) // VARLEN_PAD) * VARLEN_PAD)
+    return out
+
+
 def accumulators(q, k, n_counters: int = 0):
     """dQ, dK, dV FP32 accumulators as views of one zeroed buffer: one memset kernel
     instead of three.  Every view starts at a multiple of D * 4 >= 256 bytes (D >= 64),

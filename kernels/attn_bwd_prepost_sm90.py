@@ -43,7 +43,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .prepost_launch import CHUNK32, PostKey, PreKey  # noqa: F401  (the keys are pure data)
+from .prepost_launch import CHUNK32, VARLEN_PAD, PostKey, PreKey  # noqa: F401  (the keys are pure data)
 
 LOG2_E = math.log2(math.e)
 CHUNK16 = 8          # 16-bit values per 16-byte load
@@ -85,12 +85,17 @@ class PreKernel:
 
     @cute.jit
     def _rows(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-              mLSE2: cute.Tensor, mDsum: cute.Tensor):
-        """dsum and lse2 of this CTA's rows (the whole pre kernel without zero_dq)."""
+              mLSE2: cute.Tensor, mDsum: cute.Tensor, seq=None):
+        """dsum and lse2 of this CTA's rows (the whole pre kernel without zero_dq).
+        seq: (batch index, S_q, S_pad) of one packed sequence (PreVarlenKernel), whose tensors
+        the caller has offset to the sequence's first row; None: the grid's batch and the
+        tensors' lengths."""
         tidx, _, _ = cute.arch.thread_idx()
         s_blk, h, b = cute.arch.block_idx()
         s_q = mdO.shape[1]
         s_pad = mDsum.shape[2]
+        if cutlass.const_expr(seq is not None):
+            b, s_q, s_pad = seq
         s0 = s_blk * self.rows
 
         # ---- dsum: the lanes of one row sit next to each other in the warp
@@ -206,6 +211,41 @@ class PreZeroKernel(PreKernel):
         return super().fake_args() + [_fake(Float32, 4, div=4)]   # dQ accumulator (B, S, H, D)
 
 
+class PreVarlenKernel(PreKernel):
+    """PreKernel on packed sequences (PreKey.varlen; kernels/prepost_launch.py, "Packed
+    sequences"): dO, O (1, total_q, H, D), LSE (1, H, total_q), lse2 and dsum (1, H, padded rows),
+    cu_seqlens_q (B + 1).  Grid (padded max_seqlen_q / rows, H, B): CTA (x, h, b) converts rows
+    [x * rows, ...) of sequence b below its padded length ceil(S_b / VARLEN_PAD) * VARLEN_PAD
+    (dO / O / LSE from row cu_q[b], lse2 / dsum from its padded offset); a CTA past that length
+    (an empty sequence: all of them) loads nothing."""
+
+    @cute.kernel
+    def kernel(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               mLSE2: cute.Tensor, mDsum: cute.Tensor, mCuQ: cute.Tensor):
+        s_blk, _, b = cute.arch.block_idx()
+        off = mCuQ[b]
+        s_q = mCuQ[b + 1] - off
+        s_pad = (s_q + (VARLEN_PAD - 1)) // VARLEN_PAD * VARLEN_PAD
+        off_pad = (off + b * VARLEN_PAD) // VARLEN_PAD * VARLEN_PAD   # prepost_launch.varlen_padded_offset
+        mdO, mO = (cute.domain_offset((0, off, 0, 0), t) for t in (mdO, mO))
+        mLSE = cute.domain_offset((0, 0, off), mLSE)
+        mLSE2, mDsum = (cute.domain_offset((0, 0, off_pad), t) for t in (mLSE2, mDsum))
+        if s_blk * self.rows < s_pad:
+            self._rows(mdO, mO, mLSE, mLSE2, mDsum, (Int32(0), s_q, s_pad))
+
+    @cute.jit
+    def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 mLSE2: cute.Tensor, mDsum: cute.Tensor, mCuQ: cute.Tensor, max_seqlen_q: Int32, stream):
+        rows = cute.ceil_div(max_seqlen_q, VARLEN_PAD) * VARLEN_PAD
+        grid = (cute.ceil_div(rows, self.rows), mDsum.shape[1], mCuQ.shape[0] - 1)
+        self.kernel(mdO, mO, mLSE, mLSE2, mDsum, mCuQ).launch(
+            grid=grid, block=[PRE_THREADS, 1, 1], stream=stream)
+
+    def fake_args(self):
+        cu = cute.runtime.make_fake_tensor(Int32, (cute.sym_int(32),), (1,), assumed_align=4)
+        return super().fake_args() + [cu, Int32(1)]
+
+
 # ------------------------------------------------------------------------------ post
 class PostKernel:
     def __init__(self, key: PostKey):
@@ -275,7 +315,7 @@ class PostKernel:
 def kernel_for(key):
     """The kernel object of a PreKey or PostKey."""
     if isinstance(key, PreKey):
-        return (PreZeroKernel if key.zero_dq else PreKernel)(key)
+        return (PreZeroKernel if key.zero_dq else PreVarlenKernel if key.varlen else PreKernel)(key)
     return PostKernel(key)
 
 

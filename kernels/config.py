@@ -59,6 +59,7 @@ class BwdConfig:
     dq_async: bool            # dQ staged in smem and added by warp 1's bulk reductions
     lpt: bool                 # LPT-ordered CTAs (key blocks of L2-sized head sections)
     head_loop: bool           # a CTA per (key block, KV head) runs the whole GQA group
+    varlen: bool              # packed sequences (cu_seqlens; kernels/attn_bwd_sm90.py AttnBwdSm90Varlen)
 
 
 def check_fwd(c: FwdConfig) -> None:
@@ -116,6 +117,11 @@ def check_bwd(c: BwdConfig) -> None:
         raise ValueError("head_loop: not with deterministic")
     if c.stages < 1:
         raise ValueError(f"stages must be >= 1, got {c.stages}")
+    if c.varlen and (c.deterministic or c.head_loop or c.lpt or c.score.kind == "user"):
+        raise ValueError("varlen backward: a CTA per (key block, query head, sequence) in launch order, "
+                         "without deterministic turns, head_loop, lpt or a user score function (its batch "
+                         f"index would be the packed tensor's), got deterministic={c.deterministic}, "
+                         f"head_loop={c.head_loop}, lpt={c.lpt}, score {c.score.kind!r}")
 
 
 def window_sizes(window, causal: bool, seqlen_q: int, seqlen_k: int) -> tuple:

@@ -26,15 +26,41 @@ class PreKey:
     needs_dsum: bool
     lse_base: str = "e"  # "e": multiply by log2(e); "2": as is
     zero_dq: bool = False  # PreZeroKernel: also zero the rows of the dQ accumulator
+    varlen: bool = False   # PreVarlenKernel: packed sequences into the padded packed buffers
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256) or self.dtype not in ("bf16", "f16") or self.lse_base not in ("e", "2"):
             raise ValueError(f"unsupported {self}")
+        if self.zero_dq and self.varlen:
+            raise ValueError(f"unsupported {self}: zero_dq serves the head_loop backward, which has no varlen build")
 
 
 @dataclass(frozen=True)
 class PostKey:
     dtype: str           # output dtype "bf16" | "f16"
+
+
+# Packed sequences (the varlen backward): the pre kernel writes lse2 and dsum of sequence b from
+# row varlen_padded_offset(cu_q[b], b) of a (1, H, varlen_padded_rows(total_q, B)) buffer, its
+# rows [S_b, ceil(S_b / VARLEN_PAD) * VARLEN_PAD) padded with +inf / 0, so the main kernel's
+# query blocks (tile_m 64 or 128, both dividing VARLEN_PAD) past a sequence's end see P = 0
+# instead of the next sequence's statistics.  Offset b is at most cu_q[b] + b * VARLEN_PAD and
+# more than cu_q[b] + (b - 1) * VARLEN_PAD, so offset b + 1 >= offset b + (S_b // PAD + 1) * PAD:
+# the padded blocks of consecutive sequences never overlap (flash-attn's padded offsets).  The
+# kernel computes the same formula from cu_seqlens_q (kernels/attn_bwd_prepost_sm90.py,
+# kernels/attn_bwd_sm90.py); these are the host's and the tests' copies.
+VARLEN_PAD = 128
+
+
+def varlen_padded_offset(cu_q_b: int, b: int) -> int:
+    """First row of sequence b in the padded packed LSE / dsum buffers."""
+    return (cu_q_b + b * VARLEN_PAD) // VARLEN_PAD * VARLEN_PAD
+
+
+def varlen_padded_rows(total_q: int, batch: int) -> int:
+    """Rows of the padded packed buffers: the offset a sequence `batch` would have (it covers
+    the last sequence's padded blocks)."""
+    return varlen_padded_offset(total_q, batch)
 
 
 def _build(key):
@@ -96,6 +122,36 @@ def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str,
     else:
         _check(dq_acc)
         _run(key, (dout, out, lse, lse2, dsum, dq_acc))
+    return lse2, dsum
+
+
+def preprocess_varlen(dout, out, lse, cu_seqlens_q, max_seqlen_q: int, needs_lse: bool, needs_dsum: bool,
+                      lse_base: str = "e"):
+    """(lse2, dsum), both (1, H, varlen_padded_rows(total_q, B)) FP32, of packed dout / out
+    (total_q, H, D) and lse (H, total_q): sequence b's rows start at its padded offset, their
+    tail up to a multiple of VARLEN_PAD rows is +inf (lse2) / 0 (dsum); rows between the
+    sequences' padded blocks are left unwritten (no query block reads them).  Unneeded
+    buffers are zeros (sigmoid: one uninitialised placeholder, never read)."""
+    import torch
+    total_q, h_q, d = dout.shape
+    batch = cu_seqlens_q.shape[0] - 1
+    rows = varlen_padded_rows(total_q, batch)
+    if not (needs_lse or needs_dsum):
+        buf = torch.empty(1, h_q, rows, dtype=torch.float32, device=dout.device)
+        return buf, buf
+    lse2 = torch.empty(1, h_q, rows, dtype=torch.float32, device=dout.device)
+    dsum = torch.empty_like(lse2)
+    if total_q == 0 or max_seqlen_q == 0:
+        return lse2, dsum
+    if needs_dsum and out.dtype != dout.dtype:
+        raise ValueError(f"preprocess_varlen: out must have dout's dtype {dout.dtype}, got {out.dtype}")
+    dout = dout.contiguous()
+    out = out.contiguous() if needs_dsum else dout    # not read: any tensor of the right type
+    lse = lse.float().contiguous() if needs_lse else lse2[0]
+    _check(dout, out)
+    _check(lse, align=4)
+    key = PreKey(_dtype_name(dout.dtype), d, bool(needs_lse), bool(needs_dsum), lse_base, varlen=True)
+    _run(key, (dout[None], out[None], lse[None], lse2, dsum, cu_seqlens_q, int(max_seqlen_q)))
     return lse2, dsum
 
 

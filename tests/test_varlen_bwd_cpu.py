@@ -1,0 +1,106 @@
+"""CPU tests of the varlen backward's host side: the padded packed offsets of the LSE / dsum
+buffers (kernels/prepost_launch.py, "Packed sequences"), their torch oracle, the plan's
+bwd.varlen rows and check_bwd's refusals."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+import torch
+
+from flash_attn_poly.kernels import attn_bwd_prepost as ref
+from flash_attn_poly.kernels.prepost_launch import (VARLEN_PAD, varlen_padded_offset, varlen_padded_rows)
+
+LENGTH_LISTS = [[0], [1], [0, 0, 5], [128, 1, 0, 129, 127, 256], [300, 0, 1, 1, 64, 65]]
+
+
+def _cu(lengths):
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return cu
+
+
+@pytest.mark.parametrize("lengths", LENGTH_LISTS + [None] * 4)
+def test_padded_blocks_are_aligned_disjoint_and_inside(lengths):
+    """Every sequence's padded block [offset, offset + ceil(S / PAD) * PAD) starts on a multiple
+    of VARLEN_PAD, holds the sequence, does not overlap the next one's, and ends inside the
+    buffer; a run of 100 sequences of one row pads no more than a row block each."""
+    if lengths is None:
+        rng = random.Random(len(LENGTH_LISTS))
+        lengths = [rng.choice([0, 1, 2, 63, 64, 127, 128, 129, rng.randrange(1000)]) for _ in range(rng.randrange(1, 40))]
+    cu = _cu(lengths)
+    rows = varlen_padded_rows(cu[-1], len(lengths))
+    end = 0
+    for b, n in enumerate(lengths):
+        p = varlen_padded_offset(cu[b], b)
+        assert p % VARLEN_PAD == 0 and p >= end
+        end = p + -(-n // VARLEN_PAD) * VARLEN_PAD
+        assert end <= rows
+    assert rows <= cu[-1] + len(lengths) * VARLEN_PAD
+    assert varlen_padded_rows(100, 100) <= 100 + 100 * VARLEN_PAD
+
+
+def test_preprocess_varlen_oracle_matches_the_definition():
+    """The oracle: lse2 = LSE * log2 e (-inf -> +inf) and dsum = rowsum(dO o O) at each
+    sequence's padded rows, +inf / 0 in its padded tail, NaN in rows nobody owns."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [3, 0, 130, 1]
+    cu = _cu(lengths)
+    h, d = 2, 64
+    dout = torch.randn(cu[-1], h, d, generator=g).bfloat16()
+    out = torch.randn(cu[-1], h, d, generator=g).bfloat16()
+    lse = torch.randn(h, cu[-1], generator=g)
+    lse[0, 4] = -math.inf
+    lse2, dsum = ref.preprocess_varlen(dout, out, lse, cu, True, True)
+    owned = set(ref.varlen_owned_rows(cu))
+    for b, n in enumerate(lengths):
+        p = varlen_padded_offset(cu[b], b)
+        for s in range(-(-n // VARLEN_PAD) * VARLEN_PAD):
+            if s < n:
+                row = cu[b] + s
+                want = lse[:, row] * math.log2(math.e)
+                want = torch.where(want == -math.inf, math.inf, want)
+                torch.testing.assert_close(lse2[0, :, p + s], want)
+                torch.testing.assert_close(dsum[0, :, p + s], (dout[row].float() * out[row].float()).sum(-1))
+            else:
+                assert (lse2[0, :, p + s] == math.inf).all() and (dsum[0, :, p + s] == 0).all()
+    assert lse2[0, 0, varlen_padded_offset(cu[2], 2) + 1] == math.inf   # row 4 of the batch: LSE -inf
+    free = [r for r in range(lse2.shape[2]) if r not in owned]
+    assert free and torch.isnan(lse2[0, :, free]).all() and torch.isnan(dsum[0, :, free]).all()
+
+
+def _call(mode="softmax", **kw):
+    from flash_attn_poly import plan
+    base = dict(mode=mode, evaluator="native", dtype="bf16", head_dim=128, batch=8, seqlen_q=4096,
+                seqlen_k=4096, heads_q=32, heads_kv=8, causal=True, window=(-1, -1), softmax_scale=128 ** -0.5,
+                softcap=30.0 if mode == "softcap" else None, sigmoid_bias=-4.0 if mode == "sigmoid" else None,
+                varlen=True)
+    base.update(kw)
+    return plan.AttnCall(**base)
+
+
+def test_plan_keeps_the_varlen_backward_off_until_asked():
+    from flash_attn_poly import plan
+    assert not plan.resolve(_call(), 132).bwd.varlen
+    assert not plan.resolve(_call(varlen=False), 132).bwd.varlen
+    on = plan.resolve(_call(), 132, {"bwd.varlen": True}).bwd
+    assert on.varlen and not on.head_loop and not on.lpt and not on.deterministic
+    with pytest.raises(ValueError, match="runs packed calls"):
+        plan.resolve(_call(varlen=False), 132, {"bwd.varlen": True})
+    with pytest.raises(ValueError, match="default -ln S_k differs per sequence"):
+        plan.resolve(_call("sigmoid", sigmoid_bias=None), 132, {"bwd.varlen": True})
+    with pytest.raises(ValueError, match="not deterministic"):
+        plan.resolve(_call(deterministic=True), 132, {"bwd.varlen": True})
+
+
+def test_check_bwd_refuses_what_the_varlen_build_lacks():
+    from flash_attn_poly import plan
+    from flash_attn_poly.kernels.config import check_bwd
+    cfg = plan.resolve(_call(), 132, {"bwd.varlen": True}).bwd
+    check_bwd(cfg)
+    for field in ("head_loop", "lpt", "deterministic"):
+        with pytest.raises(ValueError, match=f"varlen backward: .*{field}=True"):
+            check_bwd(dataclasses.replace(cfg, **{field: True}, **({"dq_async": False} if field == "deterministic" else {})))
