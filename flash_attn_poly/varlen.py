@@ -14,8 +14,9 @@ forward kernel where it sets fwd.varlen (one launch, a CTA per query tile, head 
 kernels/attn_fwd_sm90.py AttnFwdSm90Varlen), else each sequence through the dense kernels (one
 launch per non-empty sequence after one device-to-host copy of the offsets, with the plan of
 that sequence's shape, so each sequence gets exactly what attention() would give it).  The
-backward runs per sequence for now.  The API, the checks and the reference do not depend on
-which runs.
+backward likewise: the varlen backward kernels where the plan sets bwd.varlen (one pre, main and
+post launch; kernels/attn_bwd_sm90.py AttnBwdSm90Varlen), else per sequence.  The API, the
+checks and the reference do not depend on which runs.
 """
 from __future__ import annotations
 
@@ -307,8 +308,13 @@ def _forward_kernel(q, k, v, cu_q, cu_k, call: VarlenCall, check: bool, vp):
     return out, (q.new_empty((0,), dtype=torch.float32) if lse is None else lse)
 
 
-def _backward(dout, q, k, v, cu_q, cu_k, out, lse, call: VarlenCall, backend: str):
-    """(dq, dk, dv); keys of a sequence with no query and rows with no key get zero gradients."""
+def _backward(dout, q, k, v, cu_q, cu_k, out, lse, call: VarlenCall, backend: str, overrides=None):
+    """(dq, dk, dv); keys of a sequence with no query and rows with no key get zero gradients.
+    overrides: plan overrides (tests: {"bwd.varlen": True})."""
+    if backend == "cuda":
+        vp = _varlen_plan(call, q.device, overrides)
+        if vp.bwd.varlen:
+            return _backward_kernel(dout, q, k, v, cu_q, cu_k, out, lse, call, vp)
     cu_q_l, cu_k_l = _offsets(cu_q, cu_k, q, k, call, False)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for b in range(call.batch):
@@ -322,6 +328,17 @@ def _backward(dout, q, k, v, cu_q, cu_k, out, lse, call: VarlenCall, backend: st
                           out[None, q0:q1], lse_b, sc, p, backend, ())
         dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
+
+
+def _backward_kernel(dout, q, k, v, cu_q, cu_k, out, lse, call: VarlenCall, vp):
+    """The varlen backward kernels: one pre, main and post launch for the whole batch
+    (kernels/dispatch.py backward_varlen; kernels/attn_bwd_sm90.py AttnBwdSm90Varlen)."""
+    if q.shape[0] == 0 or k.shape[0] == 0 or call.max_seqlen_q == 0 or call.max_seqlen_k == 0:
+        # no (query, key) pair in the batch: every gradient is zero, no launch
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    from .kernels import dispatch
+    return dispatch.backward_varlen(vp, dout, q, k, v, out, lse, cu_q.contiguous(), cu_k.contiguous(),
+                                    call.max_seqlen_q, call.max_seqlen_k)
 
 
 # ------------------------------------------------------------------------------ custom ops

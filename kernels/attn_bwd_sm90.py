@@ -63,6 +63,7 @@ from . import compile_cache, mask as mask_mod, scores
 from .barriers import BwdBarrier
 from .bwd_reduce import DQ_ROW_PAD, BwdReductions, acc_mn_view, dq_rank  # noqa: F401
 from .config import BwdConfig, check_bwd
+from .prepost_launch import VARLEN_PAD
 from .scores import common as sc
 from .tile_scheduler import SectionLptScheduler, section_heads
 
@@ -117,6 +118,7 @@ class AttnBwdSm90(BwdReductions):
         if cfg.score.kind == "sigmoid":
             self.stage.check_dtype(self.dtype is cutlass.BFloat16)
         self._aux = None   # a user score function's aux tensors (set while the kernel is traced)
+        self._varlen = None   # a varlen build's (cu_seqlens_q, cu_seqlens_k, max_seqlen_k) (set while traced)
         self.tile_m, self.tile_n, self.stages = cfg.tile_m, cfg.tile_n, cfg.stages
         # D = 256: each CTA accumulates one 128-wide column chunk of dQ/dK/dV (grid z =
         # batch x chunk) and recomputes S and dP over the full D ("Head dim 256" in the
@@ -196,10 +198,11 @@ class AttnBwdSm90(BwdReductions):
                      win_left, win_right, (), stream)
 
     def _launch(self, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, scalars,
-                win_left, win_right, extra, stream, aux=None):
+                win_left, win_right, extra, stream, aux=None, varlen=None):
         """Host-side body of __call__ (traced inside it); extra: kernel args after the window.
         scalars: the call's (softmax scale, softcap, sigmoid bias) in FP64; the score function
-        encodes its three FP32 kernel arguments from them here (scores/*.bwd_scalars)."""
+        encodes its three FP32 kernel arguments from them here (scores/*.bwd_scalars).
+        varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_k) of a packed batch (AttnBwdSm90Varlen)."""
         scalars = tuple(Float32(a) for a in self.stage.bwd_scalars(*scalars))
         # (B, S, H, D) -> (S, D, H, B); stats (B, H, S_pad) -> (S_pad, H, B)
         mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc = [
@@ -223,12 +226,14 @@ class AttnBwdSm90(BwdReductions):
         n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
         grid_heads = cute.size((mK if const_expr(self.head_loop) else mQ).shape[2])
         grid = (n_blocks, grid_heads, cute.size(mQ.shape[3]) * self.n_chunks)
+        if const_expr(varlen is not None):   # key blocks of the longest sequence x heads x sequences
+            grid = (cute.ceil_div(varlen[2], self.tile_n), grid_heads, (varlen[0].shape[0] - 1) * self.n_chunks)
         if const_expr(self.lpt):
             grid = SectionLptScheduler.grid(n_blocks, grid_heads, cute.size(mQ.shape[3]) * self.n_chunks)
         self.kernel(tQ, tK, tV, tdO, tLSE, tDsum, mdQacc, mdKacc, mdVacc,
                     tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
                     mma_sdp, mma_dkv, mma_dq, scalars + self._window_param(win_left, win_right) + extra,
-                    Storage, aux).launch(
+                    Storage, aux, varlen).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     def _window_param(self, win_left, win_right):
@@ -250,8 +255,9 @@ class AttnBwdSm90(BwdReductions):
     def kernel(self, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc,
                tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
                mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
-               args, Storage: cutlass.Constexpr, aux):
+               args, Storage: cutlass.Constexpr, aux, varlen):
         self._aux = aux
+        self._varlen = varlen   # (cu_seqlens_q, cu_seqlens_k, max_seqlen_k) or None
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if const_expr(self.lpt and self.head_loop):
@@ -308,6 +314,11 @@ class AttnBwdSm90(BwdReductions):
 
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
+        if const_expr(varlen is not None):
+            # packed sequences (AttnBwdSm90Varlen): the grid's batch index is the sequence
+            mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, seqlen_q, seqlen_k = self.varlen_views(
+                varlen, batch, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc)
+            batch = Int32(0)   # the packed tensors' only batch entry (check_bwd: no user score reads it)
         n_heads = 1   # query heads this CTA runs: head, head + 1, ... (head_loop: the GQA group)
         if const_expr(self.head_loop):
             n_heads = mQ.shape[2] // mK.shape[2]
@@ -320,6 +331,9 @@ class AttnBwdSm90(BwdReductions):
             # (recomputing it from other shape values costs a second integer division)
             args = args + (head - head_kv * (mQ.shape[2] // mK.shape[2]),)
         m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, args)
+        if const_expr(varlen is not None):
+            if n_block * self.tile_n >= seqlen_k:   # past the sequence's keys (the grid is the longest's)
+                m_max = m_min
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp_idx == 0:
@@ -335,6 +349,33 @@ class AttnBwdSm90(BwdReductions):
                      pipe_q, pipe_do, pipe_kv, mdQacc, mdKacc, mdVacc, tidx - 128,
                      n_block, head, head_kv, batch, chunk, m_min, m_max, seqlen_q, seqlen_k,
                      args + (aux_addr,))
+
+    @cute.jit
+    def varlen_views(self, varlen, seq, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc):
+        """Sequence `seq` of a packed batch: q, dO, the dQ accumulator (and the TMA coordinates of
+        q, dO) from row cu_q[seq], k, v from row cu_k[seq], LSE / dsum from the padded offset
+        (kernels/prepost_launch.py, "Packed sequences"), and the sequence's lengths.  The dK / dV
+        accumulators are offset at the epilogue (varlen_dkv): a 64-bit pointer made here stays
+        live through the main loop and spilled (D = 64: 12 -> 35 words).
+        Query blocks past the sequence's end load the next sequence's Q / dO rows with the +inf
+        / 0 padding statistics (P = 0; the dQ adds stop at the row bound); the last key block's
+        keys past S_k are masked as in the dense build (causal mask or mask_key_tail)."""
+        cu_q, cu_k = varlen[0], varlen[1]
+        off_q, off_k = cu_q[seq], cu_k[seq]
+        seqlen_q, seqlen_k = cu_q[seq + 1] - off_q, cu_k[seq + 1] - off_k
+        off_pad = (off_q + seq * VARLEN_PAD) // VARLEN_PAD * VARLEN_PAD   # prepost_launch.varlen_padded_offset
+        mQ, mdO, mdQacc = (cute.domain_offset((off_q, 0, 0, 0), t) for t in (mQ, mdO, mdQacc))
+        mK, mV = (cute.domain_offset((off_k, 0, 0, 0), t) for t in (mK, mV))
+        mLSE, mDsum = (cute.domain_offset((off_pad, 0, 0), t) for t in (mLSE, mDsum))
+        return mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, seqlen_q, seqlen_k
+
+    @cute.jit
+    def varlen_dkv(self, mdKacc, mdVacc):
+        """The dK / dV accumulators from this CTA's sequence's first key row (varlen builds, at
+        the epilogue: the sequence index and its offset are read again, not kept in registers)."""
+        seq = cute.arch.block_idx()[2] // self.n_chunks
+        off_k = self._varlen[1][seq]
+        return tuple(cute.domain_offset((off_k, 0, 0, 0), t) for t in (mdKacc, mdVacc))
 
     @cute.jit
     def _tma_tiles(self, atom, mX, sX, tile, coord):
@@ -493,10 +534,15 @@ class AttnBwdSm90(BwdReductions):
                                      tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
                                      sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
                                      n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args,
-                                     m_block != m_min)
+                                     m_block != m_min, sdO=sdO)
                     state.advance()
-                self.epilogue_dkv(mma_dkv_epi, acc_dK, acc_dV, mdQacc, mdKacc, mdVacc, tidx,
-                                  n_block, head, head_kv, batch, chunk, seqlen_q, seqlen_k, args)
+                if const_expr(self.cfg.varlen):
+                    mdK_seq, mdV_seq = self.varlen_dkv(mdKacc, mdVacc)
+                    self.epilogue_dkv(mma_dkv_epi, acc_dK, acc_dV, mdQacc, mdK_seq, mdV_seq, tidx,
+                                      n_block, head, head_kv, batch, chunk, seqlen_q, seqlen_k, args)
+                else:
+                    self.epilogue_dkv(mma_dkv_epi, acc_dK, acc_dV, mdQacc, mdKacc, mdVacc, tidx,
+                                      n_block, head, head_kv, batch, chunk, seqlen_q, seqlen_k, args)
         if const_expr(self.head_loop):
             # head_loop builds store dK and dV themselves (no zeroed accumulator behind them): a
             # key block that no query sees (a window, S_q < S_k) stores its zeros too
@@ -517,7 +563,7 @@ class AttnBwdSm90(BwdReductions):
     def one_m_block(self, mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
                     tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
                     sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
-                    n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args, accumulate, buf=None):
+                    n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args, accumulate, buf=None, sdO=None):
         idx = state.index
         if const_expr(buf is None):   # sdS double buffer: alternates per query block
             buf = m_block % 2
@@ -529,6 +575,8 @@ class AttnBwdSm90(BwdReductions):
         warpgroup.commit_group()
         lse = self.col_stats(sLSE, idx, tScS, self.stage.needs_lse and self.hoist_lse)   # while S runs
         pipe_do.consumer_wait(state)
+        if const_expr(self.cfg.varlen and not self.stage.needs_lse):
+            self.zero_do_tail(sdO, idx, m_block, seqlen_q, tidx)
         self.gemm(mma_sdp, acc_dP, tSrV, tSrdO[None, None, None, idx], True)
         warpgroup.commit_group()
         warpgroup.wait_group(1)
@@ -679,6 +727,26 @@ class AttnBwdSm90(BwdReductions):
                 rP32[i] = rP32[i] & keep
 
     @cute.jit
+    def zero_do_tail(self, sdO, idx, m_block, seqlen_q, tidx):
+        """Varlen builds of a score without LSE (sigmoid): zero the rows of the staged dO tile at
+        or past the sequence's S_q (the next sequence's rows; the dense build's TMA zero fill
+        made them inert), so dP^T = V dO^T is 0 there, hence dS^T = 0 (no dK, dQ share) and
+        P^T dO adds nothing to dV.  The softmax-like scores need none: their +inf padded LSE
+        makes P = 0.  Only a sequence's last query block holds such rows (uniform branch); both
+        MMA warpgroups zero the same rows (the 256 threads split them), then fence the generic
+        writes for the async proxy and meet at a named barrier before either issues dP^T.
+        (Masking P and the dS factor in registers instead spilled: D = 64 16 -> 45 words.)"""
+        m0 = m_block * self.tile_m
+        if m0 + self.tile_m > seqlen_q:
+            first = cutlass.max(seqlen_q - m0, 0)
+            n = (self.tile_m - first) * self.D
+            for i in cutlass.range(tidx, n, 256, unroll=1):
+                r = first + i // self.D
+                sdO[r, i - (i // self.D) * self.D, idx] = self.dtype(0.0)
+            cute.arch.fence_view_async_shared()
+            pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DO_TAIL), num_threads=256).arrive_and_wait()
+
+    @cute.jit
     def dscores(self, acc_F, acc_dP, tScS, sDsum, idx):
         """acc_dP (dP^T) -> dS^T / scale in place, from the dS factors acc_F."""
         f_mn, dp_mn, c_mn = acc_mn_view(acc_F), acc_mn_view(acc_dP), acc_mn_view(tScS)
@@ -740,6 +808,22 @@ class AttnBwdSm90DetAux(AttnBwdSm90Det):
                      win_left, win_right, (mSem,), stream, aux)
 
 
+class AttnBwdSm90Varlen(AttnBwdSm90):
+    """The varlen build (BwdConfig.varlen): packed sequences.  The host entry takes q, k, v, dO
+    and the FP32 dQ/dK/dV accumulators as (1, total, H, D), lse2 and dsum as (1, H_q, padded
+    rows) (kernels/prepost_launch.preprocess_varlen), then cu_seqlens_q, cu_seqlens_k (int32,
+    B + 1) and max_seqlen_k (the grid's key blocks per sequence).  Grid (key blocks of the
+    longest sequence, H_q, sequences x column chunks), launch order."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                 mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
+                 mdVacc: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_k: Int32,
+                 scale: Float64, softcap: Float64, bias: Float64, win_left: Int32, win_right: Int32, stream):
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (scale, softcap, bias),
+                     win_left, win_right, (), stream, None, (mCuSeqlensQ, mCuSeqlensK, max_seqlen_k))
+
+
 class AttnBwdSm90HeadLoopAux(AttnBwdSm90HeadLoop):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
@@ -769,8 +853,12 @@ def fake_args(cfg: BwdConfig):
     dq, dk, dv = (mk(Float32, 4, 2) for _ in range(3))  # red.v2: 8-byte aligned rows
     if cfg.head_loop:   # dK, dV: the dtype gradients (st.global.b32 pairs: 4-byte aligned rows)
         dk, dv = mk(dt, 4, 2), mk(dt, 4, 2)
-    args = (q, k, v, do, lse, dsum, dq, dk, dv, Float64(1.0), Float64(1.0), Float64(0.0),   # scale, cap, bias
-            Int32(0), Int32(0))   # window (left, right) sizes
+    args = (q, k, v, do, lse, dsum, dq, dk, dv)
+    if cfg.varlen:   # cu_seqlens_q, cu_seqlens_k, max_seqlen_k
+        cu = lambda: make_fake_tensor(Int32, (cute.sym_int(32),), (1,), assumed_align=4)
+        args += (cu(), cu(), Int32(1))
+    args += (Float64(1.0), Float64(1.0), Float64(0.0),   # scale, cap, bias
+             Int32(0), Int32(0))   # window (left, right) sizes
     if cfg.head_loop:
         args += (Float32(1.0),)   # dK scale
     if cfg.deterministic:   # turn counters: a view into the zeroed accumulator buffer
@@ -782,6 +870,8 @@ def fake_args(cfg: BwdConfig):
 
 
 def kernel_for(cfg: BwdConfig) -> AttnBwdSm90:
+    if cfg.varlen:   # check_bwd: not deterministic, head_loop or a user score
+        return AttnBwdSm90Varlen(cfg)
     if cfg.score.aux:
         cls = AttnBwdSm90DetAux if cfg.deterministic else AttnBwdSm90HeadLoopAux if cfg.head_loop else AttnBwdSm90Aux
     else:

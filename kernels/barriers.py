@@ -22,3 +22,4 @@ class BwdBarrier(enum.IntEnum):
     TURN = 2              # deterministic builds: counter seen / adds issued (256 MMA threads)
     DQ_FULL = 3           # dq_async: dQ tile staged in smem (256 MMA threads arrive, warp 1 waits)
     DQ_EMPTY = 4          # dq_async: warp 1 has read the staged tile (it arrives, MMA threads wait)
+    DO_TAIL = 5           # varlen sigmoid: dO rows past the sequence zeroed in smem (256 MMA threads)

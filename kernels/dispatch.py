@@ -70,6 +70,27 @@ def forward_varlen(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     return out[0], (None if plan.call.mode == "sigmoid" else lse[0])
 
 
+def backward_varlen(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                    max_seqlen_k: int):
+    """The varlen backward build (plan.bwd.varlen) on packed dout, q, out (total_q, H_q, D), k, v
+    (total_k, H_kv, D), lse (H_q, total_q) (sigmoid: ignored) and int32 offsets: (dq, dk, dv)
+    like q, k, v.  The pre kernel writes the padded packed lse2 / dsum (prepost_launch,
+    "Packed sequences"), the main kernel sees (1, total, H, D) views and max_seqlen_k sizes its
+    grid (> 0), the post kernel is the dense one (row-wise)."""
+    from . import attn_bwd_prepost, prepost_launch as prepost
+    cfg = plan.bwd
+    dout, q, k, v = (t.contiguous() for t in (dout, q, k, v))
+    needs = plan.call.mode != "sigmoid"   # the LSE and dsum of softmax-like scores
+    lse2, dsum = prepost.preprocess_varlen(dout, out, lse, cu_seqlens_q, max_seqlen_q, needs, needs, "e")
+    q4, k4, v4, do4 = (t[None] for t in (q, k, v, dout))
+    dq_acc, dk_acc, dv_acc = attn_bwd_prepost.accumulators(q4, k4)
+    fn = compile_cache.compiled("attn_bwd", cfg, functools.partial(_bwd_build, cfg))
+    fn(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_acc, dv_acc, cu_seqlens_q, cu_seqlens_k, max_seqlen_k,
+       *_numbers(plan), *plan.window)
+    dq, dk, dv = prepost.postprocess(dq_acc, dk_acc, dv_acc, plan.softmax_scale, q.dtype)
+    return dq[0], dk[0], dv[0]
+
+
 def turn_counters(cfg, b: int, s_q: int, s_k: int, h_q: int, h_kv: int) -> int:
     """Int32 counters of a deterministic backward: one per (query block, query head, batch,
     column chunk) for dQ, then one per (key block, KV head, batch, column chunk) for dK/dV
