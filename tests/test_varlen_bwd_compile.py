@@ -1,0 +1,88 @@
+"""Compile-only tests of the varlen backward (BwdConfig.varlen; kernels/attn_bwd_sm90.py
+AttnBwdSm90Varlen, kernels/attn_bwd_prepost_sm90.py PreVarlenKernel): the builds a packed batch
+uses compile for sm_90a on the CPU with HGMMA and spill no more than the dense build of the same
+call (none where it has none), the main kernel is a build of its own with the dense main loop,
+and the pre kernel keeps the dense one's loads.  The dense builds' SASS is pinned by
+tests/test_sass_defaults_compile.py (the varlen code is behind const_expr)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+import builds as B  # noqa: E402
+
+VARIANTS = [   # (mode, evaluator, head_dim, causal, window, softcap, dtype): tests/test_varlen_gpu.py's and D = 64
+    ("softmax", "native", 128, True, (-1, -1), None, "bf16"),
+    ("softcap", "poly", 256, True, (-1, -1), 30.0, "bf16"),
+    ("softmax", "native", 128, False, (48, 16), None, "bf16"),
+    ("sigmoid", "poly", 128, True, (-1, -1), None, "fp16"),
+    ("softmax", "native", 64, True, (-1, -1), None, "bf16"),
+]
+
+
+def varlen_plan(mode, evaluator, d, causal, window, softcap, dtype="bf16", kernel=True):
+    """The plan of a packed call (8 sequences of at most 4096 tokens, H_q 32, H_kv 8) on an H200,
+    with the varlen backward chosen (bwd.varlen; head_loop and lpt off: the plan's structural
+    rule); sigmoid with an explicit bias (the kernel takes one for all sequences)."""
+    from flash_attn_poly import plan
+    call = plan.AttnCall(mode=mode, evaluator=evaluator, dtype=dtype, head_dim=d, batch=8, seqlen_q=4096,
+                         seqlen_k=4096, heads_q=32, heads_kv=8, causal=causal, window=tuple(window),
+                         softmax_scale=d ** -0.5, softcap=softcap,
+                         sigmoid_bias=-4.0 if mode == "sigmoid" else None, varlen=True)
+    return plan.resolve(call, B.cat.SM_COUNT, {"bwd.varlen": True} if kernel else None)
+
+
+def _spilled(n: dict) -> int:
+    return n["STL"] + n["LDL"]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-d{v[2]}-c{int(v[3])}-w{v[4][0]}_{v[4][1]}-{v[6]}")
+def test_varlen_backward_builds_without_extra_spills(variant):
+    """HGMMA present; spills no more than the dense build of the same knobs (varlen off; the plan's
+    dense default may differ: head_loop, lpt); none at D = 128.  Measured on the CPU: D = 256
+    2 + 2 words as dense, D = 64 12 + 11 against dense 12 + 12."""
+    p = varlen_plan(*variant)
+    assert p.bwd.varlen and not p.bwd.head_loop and not p.bwd.lpt
+    n = B.bwd(p.bwd).counts()
+    assert n["HGMMA"] > 0
+    dense = B.bwd(dataclasses.replace(p.bwd, varlen=False)).counts()
+    assert _spilled(n) <= _spilled(dense), f"varlen spills {n['STL']}/{n['LDL']}, dense {dense['STL']}/{dense['LDL']}"
+    if variant[2] == 128:
+        assert _spilled(n) == 0, n
+
+
+@pytest.mark.compile
+def test_varlen_backward_is_its_own_build():
+    var = varlen_plan(*VARIANTS[0]).bwd
+    dense = dataclasses.replace(var, varlen=False)
+    a, b = B.bwd(dense), B.bwd(var)
+    assert a.sass != b.sass
+    # the same main loop: the GEMMs and the exponentials are the dense build's
+    for fam in ("HGMMA", "MUFU.EX2"):
+        assert a.counts()[fam] == b.counts()[fam], fam
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("d", [64, 128])
+def test_pre_varlen_sass(d):
+    """PreVarlenKernel: the dense pre kernel's 8 x 16-byte row loads, no spills, and the
+    launch's tvm-ffi signature (packed tensors, the offsets, max_seqlen_q)."""
+    import cutlass.cute as cute
+    from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as P, prepost_launch as L, sass
+    key = L.PreKey("bf16", d, True, True, varlen=True)
+    k = P.kernel_for(key)
+    assert isinstance(k, P.PreVarlenKernel)
+    c = sass.compile_sm90(k, *k.fake_args(), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=False))
+    n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN))
+    assert n["LDG.E.128"] == 2 * P.PRE_CHUNKS, n
+    assert n["STL"] == 0 and n["LDL"] == 0, n
+
+
+def test_pre_key_refuses_zero_dq_with_varlen():
+    from flash_attn_poly.kernels import prepost_launch as L
+    with pytest.raises(ValueError, match="zero_dq serves the head_loop backward"):
+        L.PreKey("bf16", 128, True, True, zero_dq=True, varlen=True)
