@@ -63,9 +63,11 @@ def _cu(lens, device):
 KERNEL_SIGMOID_BIAS = -4.0   # the varlen kernel takes one bias (the default -ln S_k is per sequence)
 
 
-def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False):
+def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kernel_bwd=False):
     """{tensor name: judge record} of one packed batch.  kernel: the forward only, through the
-    varlen forward kernel (plan override fwd.varlen; sigmoid with KERNEL_SIGMOID_BIAS)."""
+    varlen forward kernel (plan override fwd.varlen; sigmoid with KERNEL_SIGMOID_BIAS).
+    kernel_bwd: the per-sequence forward (the reference on the CPU), then the backward through
+    the varlen backward kernels (plan override bwd.varlen; sigmoid with KERNEL_SIGMOID_BIAS)."""
     mode, evaluator, dtype, d, causal, window, cap = var
     dt = H.DTYPES[dtype]
     hq, hkv = 4, 2
@@ -77,7 +79,19 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False):
     dout = torch.randn(tq, hq, d, generator=g, device=device).to(dt)
     cu_q, cu_k = _cu(lens_q, device), _cu(lens_k, device)
     kw = dict(causal=causal, window_size=window, softcap=cap)
-    if kernel:
+    if kernel_bwd:
+        if mode == "sigmoid":
+            kw["sigmoid_bias"] = KERNEL_SIGMOID_BIAS
+        call = fv.validate(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), mode, evaluator, causal, cap,
+                           kw.get("sigmoid_bias"), None, window)
+        with torch.no_grad():
+            qd, kd, vd = (t.detach() for t in (q, k, v))
+            out, lse = fv._forward(qd, kd, vd, cu_q, cu_k, call, True, backend if device == "cuda" else "reference")
+            grads = fv._backward(dout, qd, kd, vd, cu_q, cu_k, out, lse, call, backend,
+                                 overrides={"bwd.varlen": True})
+        if mode == "sigmoid":
+            lse = None
+    elif kernel:
         if mode == "sigmoid":
             kw["sigmoid_bias"] = KERNEL_SIGMOID_BIAS
         call = fv.validate(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), mode, evaluator, causal, cap,
@@ -173,6 +187,52 @@ def test_varlen_kernel_forward_dry_run(var, lens_q, lens_k, seed, monkeypatch):
     monkeypatch.setattr(dispatch, "forward_varlen", stand_in)
     _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cpu", kernel=True))
     assert len(seen) == (1 if sum(lens_q) and max(lens_q) else 0)
+
+
+def bwd_cases():
+    """The fuzz cases, and one with empty and one-token sequences on both sides and tails past a
+    key block and a query block."""
+    return cases() + [pytest.param(VARIANTS[0], [1, 0, 200, 65, 0], [1, 3, 200, 0, 130], 7, id="softmax-fixed-0-1")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", bwd_cases())
+def test_varlen_kernel_backward_rule_fuzz(var, lens_q, lens_k, seed):
+    """The varlen backward kernels (one pre, main and post launch for the batch) by the same rule:
+    dQ, dK, dV (and O, LSE of the per-sequence forward).  Run on the H200:
+        python -m pytest -q -p no:cacheprovider -m gpu tests/test_varlen_gpu.py -k kernel_backward"""
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel_bwd=True))
+
+
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", bwd_cases())
+def test_varlen_kernel_backward_dry_run(var, lens_q, lens_k, seed, monkeypatch):
+    """test_varlen_kernel_backward_rule_fuzz's body on the CPU, the launches stood in by the
+    reference (kernels.dispatch.backward_varlen's contract: packed dq, dk, dv); the stand-in also
+    runs the pre kernel's torch oracle on the launch's arguments (padded rows inside the buffer,
+    +inf / 0 tails) so the plan override, the arguments and the judging run here."""
+    from flash_attn_poly.kernels import attn_bwd_prepost as pre_ref, dispatch
+    seen = []
+
+    def stand_in(vp, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k):
+        c = vp.call
+        assert vp.bwd.varlen and not vp.bwd.head_loop and not vp.bwd.lpt and c.varlen
+        assert (max_q, max_k) == (max(lens_q), max(lens_k)) and cu_q.dtype == cu_k.dtype == torch.int32
+        needs = c.mode != "sigmoid"
+        if needs:
+            assert lse.shape == (q.shape[1], q.shape[0])
+            lse2, dsum = pre_ref.preprocess_varlen(dout, out, lse, cu_q.tolist(), True, True)
+            owned = pre_ref.varlen_owned_rows(cu_q.tolist())
+            assert not torch.isnan(lse2[0][:, owned]).any() and not torch.isnan(dsum[0][:, owned]).any()
+        seen.append(c)
+        call = fv.VarlenCall(mode=c.mode, evaluator=c.evaluator, dtype=c.dtype, head_dim=c.head_dim, batch=c.batch,
+                             max_seqlen_q=max_q, max_seqlen_k=max_k, heads_q=c.heads_q, heads_kv=c.heads_kv,
+                             causal=c.causal, window=c.window, softmax_scale=c.softmax_scale, softcap=c.softcap,
+                             sigmoid_bias=c.sigmoid_bias)
+        return fv._backward(dout, q, k, v, cu_q, cu_k, out, lse, call, "reference")
+
+    monkeypatch.setattr(dispatch, "backward_varlen", stand_in)
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cpu", kernel_bwd=True))
+    assert len(seen) == (1 if sum(lens_q) and sum(lens_k) else 0)
 
 
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
