@@ -104,3 +104,70 @@ def test_check_bwd_refuses_what_the_varlen_build_lacks():
     for field in ("head_loop", "lpt", "deterministic"):
         with pytest.raises(ValueError, match=f"varlen backward: .*{field}=True"):
             check_bwd(dataclasses.replace(cfg, **{field: True}, **({"dq_async": False} if field == "deterministic" else {})))
+
+
+def test_backward_varlen_launch_contract(monkeypatch):
+    """kernels/dispatch.backward_varlen on CPU tensors with the compiled kernels stood in by
+    recorders: the pre kernel gets packed (1, total, H, D) / (1, H, total) views, the offsets and
+    max_seqlen_q, and its oracle's rows reach the main kernel; the main kernel gets exactly the
+    arguments of AttnBwdSm90Varlen.__call__ (count and order: the padded buffers, the (1, total,
+    H, D) accumulators, the offsets, max_seqlen_k, the numbers, the window); the post kernel's
+    outputs come back as packed (total, H, D) gradients."""
+    import inspect
+
+    pytest.importorskip("cutlass")
+    from flash_attn_poly import plan
+    from flash_attn_poly.kernels import attn_bwd_sm90, compile_cache, dispatch
+    lengths_q, lengths_k = [5, 0, 130, 1], [7, 2, 129, 0]
+    cu_q_l, cu_k_l = _cu(lengths_q), _cu(lengths_k)
+    h_q, h_kv, d = 4, 2, 64
+    g = torch.Generator().manual_seed(1)
+    q, dout, out = (torch.randn(cu_q_l[-1], h_q, d, generator=g).bfloat16() for _ in range(3))
+    k, v = (torch.randn(cu_k_l[-1], h_kv, d, generator=g).bfloat16() for _ in range(2))
+    lse = torch.randn(h_q, cu_q_l[-1], generator=g)
+    cu_q, cu_k = (torch.tensor(c, dtype=torch.int32) for c in (cu_q_l, cu_k_l))
+    call = plan.AttnCall(mode="softmax", evaluator="native", dtype="bf16", head_dim=d, batch=4, seqlen_q=130,
+                         seqlen_k=129, heads_q=h_q, heads_kv=h_kv, causal=True, window=(-1, -1),
+                         softmax_scale=0.125, varlen=True)
+    vp = plan.resolve(call, 132, {"bwd.varlen": True})
+    calls = {}
+
+    def compiled(kind, key, build):
+        def fn(*args):
+            calls.setdefault(kind, []).append((key, args))
+            if kind == "attn_bwd_prepost" and not hasattr(key, "needs_lse"):   # post: scale and cast
+                dq_acc, dk_acc, dv_acc, dq, dk, dv = args[:6]
+                dq.copy_(dq_acc * args[6]), dk.copy_(dk_acc * args[6]), dv.copy_(dv_acc)
+            elif kind == "attn_bwd_prepost":                                    # pre: the oracle
+                do4, o4, lse3, lse2, dsum, cu, max_q = args
+                assert key.varlen and do4.shape == (1,) + tuple(q.shape) and lse3.shape == (1,) + tuple(lse.shape)
+                assert cu is cu_q and max_q == 130
+                r2, rd = ref.preprocess_varlen(do4[0], o4[0], lse3[0], cu_q_l, True, True)
+                rows = ref.varlen_owned_rows(cu_q_l)
+                lse2[:, :, rows], dsum[:, :, rows] = r2[:, :, rows], rd[:, :, rows]
+            else:                                                               # main: mark the accumulators
+                args[6].fill_(1.0), args[7].fill_(2.0), args[8].fill_(3.0)
+        return fn
+
+    monkeypatch.setattr(compile_cache, "compiled", compiled)
+    dq, dk, dv = dispatch.backward_varlen(vp, dout, q, k, v, out, lse, cu_q, cu_k, 130, 129)
+    (key, args), = calls["attn_bwd"]
+    assert key == vp.bwd and key.varlen
+    params = [p for p in inspect.signature(attn_bwd_sm90.AttnBwdSm90Varlen.__call__).parameters if p not in ("self", "stream")]
+    assert len(args) == len(params), (len(args), params)
+    named = dict(zip(params, args))
+    assert named["mQ"].shape == (1,) + tuple(q.shape) and named["mK"].shape == (1,) + tuple(k.shape)
+    assert named["mdO"].shape == (1,) + tuple(dout.shape)
+    rows = varlen_padded_rows(cu_q_l[-1], 4)
+    assert named["mLSE"].shape == named["mDsum"].shape == (1, h_q, rows)
+    owned = ref.varlen_owned_rows(cu_q_l)
+    r2, rd = ref.preprocess_varlen(dout, out, lse, cu_q_l, True, True)
+    torch.testing.assert_close(named["mLSE"][:, :, owned], r2[:, :, owned])
+    torch.testing.assert_close(named["mDsum"][:, :, owned], rd[:, :, owned])
+    assert named["mdQacc"].shape == (1,) + tuple(q.shape) and named["mdQacc"].dtype == torch.float32
+    assert named["mdKacc"].shape == named["mdVacc"].shape == (1,) + tuple(k.shape)
+    assert named["mCuSeqlensQ"] is cu_q and named["mCuSeqlensK"] is cu_k and named["max_seqlen_k"] == 129
+    assert (named["scale"], named["softcap"], named["bias"]) == (0.125, 0.0, 0.0)
+    assert (named["win_left"], named["win_right"]) == vp.window
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape and dq.dtype == torch.bfloat16
+    assert (dq == 0.125).all() and (dk == 0.25).all() and (dv == 3.0).all()
