@@ -32,12 +32,14 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "f
 
 
 # ------------------------------------------------------------------------------ validation
-def _check_tensors(q, k, v) -> None:
+def check_qkv_common(q, k, v, ndim: int, layout: str) -> None:
+    """The checks attention() and attention_varlen share: tensors of rank ndim (layout names the
+    dimensions in the message), a supported dtype, head_dim contiguous, one dtype, one device."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+        if t.dim() != ndim:
+            raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
         if t.dtype not in REFERENCE_DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; supported: torch.bfloat16, torch.float16 "
                             "(and torch.float32 with backend='reference')")
@@ -47,6 +49,10 @@ def _check_tensors(q, k, v) -> None:
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+
+
+def _check_tensors(q, k, v) -> None:
+    check_qkv_common(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
     b, s_q, h_q, d = q.shape
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")

@@ -58,21 +58,7 @@ class VarlenCall:
 
 # ------------------------------------------------------------------------------ validation
 def _check_tensors(q, k, v) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be 3-D (total_tokens, heads, head_dim) for attention_varlen, "
-                             f"got shape {tuple(t.shape)}")
-        if t.dtype not in _fi.REFERENCE_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: torch.bfloat16, torch.float16 "
-                            "(and torch.float32 with backend='reference')")
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension, got strides {t.stride()}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    _fi.check_qkv_common(q, k, v, 3, "(total_tokens, heads, head_dim) for attention_varlen")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if k.shape[2] != q.shape[2]:

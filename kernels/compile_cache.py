@@ -437,7 +437,7 @@ def fingerprint() -> str:
     """16 hex digits naming everything besides the key that a cached build depends on:
     the package sources that generate code (kernels/, asm/, the coefficient table), the
     target arch (CUTE_DSL_ARCH or the GPU's), and the cutlass-dsl, apache-tvm-ffi, torch and
-    Python versions.  Computed once per process (~5 ms)."""
+    Python versions.  Computed once per process (it hashes the source files)."""
     global _fingerprint
     if _fingerprint is None:
         t0 = time.perf_counter()

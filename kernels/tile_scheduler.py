@@ -21,7 +21,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-# Bytes of per-head working set a section may keep in L2 (H100 / H200 SXM: 50 MB of L2).
+# Bytes of per-head working set a section may keep in L2 (sm_90 parts have 50 MB of L2).
 L2_SECTION_BYTES = 32 << 20
 
 
