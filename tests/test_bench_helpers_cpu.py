@@ -455,3 +455,50 @@ def test_compile_only_reports_progress_per_build(monkeypatch, capsys):
     assert rep["sigmoid/poly/bwd"]["HGMMA"] == 1
     with pytest.raises(SystemExit, match="headdim 96"):
         G.compile_only(96)
+
+
+@pytest.mark.parametrize("tool", ["fwd_tuning", "bwd_tuning"])
+def test_tuning_tools_rows_on_the_cpu(tool, monkeypatch, tmp_path, capsys):
+    """fwd_tuning / bwd_tuning end to end on the CPU with the device parts faked (inputs on the
+    meta device, dispatch returning a per-plan constant, the timer returning per-row times): which
+    rows run (poly-only knobs skipped for native modes), the knob-vs-default differences, the
+    ratio rows, and the files written.  What the GPU adds is the kernels and the clock."""
+    import importlib
+    import torch
+    import plan_knobs
+    import protocol
+    from flash_attn_poly.kernels import dispatch
+    T = importlib.import_module(tool)
+    direction = tool[:3]
+    value = {}                                     # id(plan) -> its fake output value (1, 2, ...)
+
+    def fake_forward(plan, q, k, v):
+        return torch.full((2,), float(value.setdefault(id(plan), len(value) + 1))), None
+    monkeypatch.setattr(plan_knobs, "inputs", lambda args, n: [*_meta_qkv(*ANCHOR), _meta_qkv(*ANCHOR)[0]][:n])
+    monkeypatch.setattr(dispatch, "forward", fake_forward)
+    monkeypatch.setattr(dispatch, "backward", lambda plan, do, q, k, v, o, lse: [o * 2, o * 3, o * 4])
+    monkeypatch.setattr(protocol, "time_alternating",
+                        lambda fns, timing: {n: float(i + 1) for i, n in enumerate(fns)})
+    knob = "num_stages=3" if direction == "fwd" else "head_loop=0"
+    out = tmp_path / f"{tool}.json"
+    assert T.main(["--knob", knob, "--knob", "split=1/2", "--modes", "softmax:native,sigmoid:poly",
+                   "--json", str(out)]) == 0
+    res = json.load(open(out))
+    sep = "/" if direction == "fwd" else ":"
+    names = [r["row"] for r in res["rows"]]
+    assert names[:5] == [f"softmax{sep}native default", f"softmax{sep}native {knob}", f"sigmoid{sep}poly default",
+                         f"sigmoid{sep}poly {knob}", f"sigmoid{sep}poly split=1/2"]
+    ratios = {r["row"]: r["ms"] for r in res["rows"][5:]}
+    assert ratios == {f"softmax{sep}native {knob} / default": 2.0, f"sigmoid{sep}poly {knob} / default": 4 / 3,
+                      f"sigmoid{sep}poly split=1/2 / default": 5 / 3}
+    diffs = res["max_abs_diff" if direction == "fwd" else "max_rel_l2_vs_default"]
+    assert set(diffs) == {f"softmax:native {knob}", f"sigmoid:poly {knob}", "sigmoid:poly split=1/2"}
+    assert all(d > 0 for d in diffs.values())      # every row's fake output differs from its default's
+    assert "softmax:native: row 'split=1/2' skipped" in capsys.readouterr().out
+    md = (tmp_path / f"{tool}.md").read_text()
+    assert md.startswith(f"# {'Forward' if direction == 'fwd' else 'Backward'} knobs ") and "Protocol: " in md
+    assert res["shape"] == dict(batch=1, seqlen=8192 if direction == "fwd" else 4096,
+                                hq=8 if direction == "fwd" else 32, hkv=4 if direction == "fwd" else 8,
+                                headdim=256 if direction == "fwd" else 128)
+    with pytest.raises(SystemExit):
+        T.main([])                                 # no --knob: a parser error
