@@ -502,3 +502,36 @@ def test_tuning_tools_rows_on_the_cpu(tool, monkeypatch, tmp_path, capsys):
                                 headdim=256 if direction == "fwd" else 128)
     with pytest.raises(SystemExit):
         T.main([])                                 # no --knob: a parser error
+
+
+def test_per_call_tools_rows_on_the_cpu(monkeypatch, tmp_path):
+    """kernel_breakdown / call_timeline end to end on the CPU with the device parts faked
+    (gqa_4096's prepared calls, the profiler and the timers): every row forward then backward,
+    the per-kernel shares and sums, and the files written."""
+    import call_timeline as C
+    import gqa_4096 as G
+    import kernel_breakdown as K
+    calls = []
+    monkeypatch.setattr(G, "_prepare", lambda rows, args, backward: {
+        r: (lambda r=r, b=backward: calls.append((r, b))) for r in rows})
+    monkeypatch.setattr(K, "rows_of", lambda args: ["ours softmax", "fa4 softmax"])
+    monkeypatch.setattr(C, "_rows", lambda: ["ours softmax"])
+    monkeypatch.setattr(K, "profile", lambda fn, warmup, iters: {"main": 3.0, "pre": 1.0})
+    assert K.main(["--json", str(tmp_path / "kb.json"), "--iters", "2"]) == 0
+    res = json.load(open(tmp_path / "kb.json"))
+    assert [(r["row"], r["dir"], r["kernel"], r["share"]) for r in res["rows"][:3]] == [
+        ("ours softmax", "fwd", "main", 0.75), ("ours softmax", "fwd", "pre", 0.25), ("ours softmax", "fwd", "(sum)", 1.0)]
+    assert [(r["row"], r["dir"]) for r in res["rows"] if r["kernel"] == "(sum)"] == [
+        ("ours softmax", "fwd"), ("fa4 softmax", "fwd"), ("ours softmax", "bwd"), ("fa4 softmax", "bwd")]
+    assert "20 calls" not in res["protocol"] and "2 calls under torch.profiler" in res["protocol"]
+    assert (tmp_path / "kb.md").read_text().startswith("# Per-kernel device time (")
+    monkeypatch.setattr(C, "host_us", lambda fn, iters: 5.0)
+    monkeypatch.setattr(C, "wall_us", lambda fn, iters: 9.0)
+    monkeypatch.setattr(C, "_trace", lambda fn, iters: [])
+    monkeypatch.setattr(C, "split_trace", lambda ev, iters: {"kernel_us": 7.0})
+    calls.clear()
+    assert C.main(["--json", str(tmp_path / "ct.json"), "--warmup", "3"]) == 0
+    res = json.load(open(tmp_path / "ct.json"))
+    assert res["rows"] == [{"row": "ours softmax", "dir": d, "host_us": 5.0, "wall_us": 9.0, "kernel_us": 7.0}
+                           for d in ("fwd", "bwd")]
+    assert calls == [("ours softmax", False)] * 3 + [("ours softmax", True)] * 3   # the warm-up calls
