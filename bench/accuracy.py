@@ -91,12 +91,12 @@ def run(args) -> dict:
         n = native.get((r["mode"], r["spread"]))
         if r["evaluator"] == "poly" and n:
             r["poly/native"] = " / ".join(f"{r[x] / n[x]:.2f}" for x in ("O", "dQ", "dK", "dV"))
-    timing = protocol.Timing(0, 1, 1)
-    hdr = protocol.header(timing) if device == "cuda" else {"device": "cpu (reference backend)",
-                                                            "commit": protocol.commit_id()}
-    hdr["protocol"] = (f"one call per row, B={args.batch} S={args.seqlen} H_q={args.hq} H_kv={args.hkv} "
-                       f"D={args.headdim} causal BF16, backend={args.backend}; rel L2 vs FP64 exact-function "
-                       "reference (flash_attn_poly.reference)")
+    hdr = protocol.header(protocol_text=(
+        f"one call per row, B={args.batch} S={args.seqlen} H_q={args.hq} H_kv={args.hkv} D={args.headdim} "
+        f"causal BF16, backend={args.backend}; rel L2 vs FP64 exact-function reference "
+        "(flash_attn_poly.reference)"))
+    if device != "cuda":
+        hdr["device"] = "cpu (reference backend)"
     return {**hdr, "rows": rows}
 
 
@@ -112,10 +112,7 @@ def main(argv=None) -> int:
     cols = ["mode", "evaluator", "program", "spread", "O", "dQ", "dK", "dV", "poly/native"]
     table = protocol.markdown_table([{k: (f"{v:.2e}" if k in ("O", "dQ", "dK", "dV") else v)
                                       for k, v in r.items()} for r in res["rows"]], cols)
-    print(table)
-    protocol.write_results(path, res,
-                           f"# Attention accuracy vs FP64 exact math ({res['device']}, commit {res['commit']})\n\n"
-                           f"Protocol: {res['protocol']}.\n\n{protocol.doc_body(__doc__)}\n\n{table}\n")
+    protocol.report(path, res, table, "Attention accuracy vs FP64 exact math", doc=__doc__)
     return 0
 
 

@@ -257,10 +257,18 @@ def output_path(json_path: str | None, name: str) -> str:
     return path
 
 
-def header(timing: Timing) -> dict:
+def header(timing: Timing | None = None, protocol_text: str | None = None) -> dict:
+    """Where and how a job ran: device, date, commit, torch and the protocol text (the job's own
+    `protocol_text` where it does not time through `timing`, else timing.describe())."""
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {"device": dev, "date": _dt.date.today().isoformat(), "commit": commit_id(),
-            "torch": torch.__version__, "protocol": timing.describe()}
+            "torch": torch.__version__,
+            "protocol": protocol_text if protocol_text is not None else timing.describe()}
+
+
+def shape_of(args) -> dict:
+    """The attention shape of add_shape_args' options, as results record it."""
+    return dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv, headdim=args.headdim)
 
 
 def write_json(path: str, payload: dict) -> None:
@@ -276,10 +284,12 @@ def add_shape_args(p, batch=1, seqlen=4096, hq=32, hkv=8, headdim=128) -> None:
         p.add_argument(f"--{name}", type=int, default=default)
 
 
-def add_timing_args(p, warmup: int, rounds: int, iters: int) -> None:
-    """--warmup --rounds --iters (the Timing fields) on an argparse parser, with this script's defaults."""
+def add_timing_args(p, warmup: int, rounds: int | None, iters: int) -> None:
+    """--warmup --rounds --iters (the Timing fields) on an argparse parser, with this script's
+    defaults; rounds=None: a job without rounds (no --rounds)."""
     for name, default in (("warmup", warmup), ("rounds", rounds), ("iters", iters)):
-        p.add_argument(f"--{name}", type=int, default=default)
+        if default is not None:
+            p.add_argument(f"--{name}", type=int, default=default)
 
 
 def doc_body(doc: str) -> str:
@@ -294,6 +304,19 @@ def write_results(path: str, payload: dict, markdown: str) -> None:
     with open(md, "w") as f:
         f.write(markdown)
     progress(f"wrote {path} and {md}")
+
+
+def report(path: str, res: dict, table: str, title: str, *, shape: str = "", notes: str = "",
+           doc: str | None = None) -> None:
+    """Print a job's Markdown table, then write_results: res as JSON at path and the Markdown
+    beside it, "# <title> (<device>, <date>, commit <commit>)", a paragraph "<shape>Protocol:
+    <res["protocol"]>.<notes>", the body of the script's docstring `doc` (doc_body) when given,
+    and the table."""
+    print(table)
+    parts = [f"# {title} ({res['device']}, {res['date']}, commit {res['commit']})",
+             f"{shape}Protocol: {res['protocol']}.{notes}"]
+    parts += [doc_body(doc)] if doc else []
+    write_results(path, res, "\n\n".join(parts + [table]) + "\n")
 
 
 def markdown_table(rows: list[dict], cols: list[str]) -> str:

@@ -26,6 +26,7 @@ always runs torch.  A bad tensor, dtype, shape, evaluator or backend raises
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 
@@ -78,6 +79,13 @@ def _same_shape(a_name: str, a: Tensor, b_name: str, b: Tensor) -> None:
         raise TypeError(f"{a_name} and {b_name} must share one dtype, got {a.dtype} and {b.dtype}")
     if a.device != b.device:
         raise ValueError(f"{a_name} is on {a.device} but {b_name} is on {b.device}")
+
+
+def _check_gate_up(gate, up) -> None:
+    """The two inputs of a gated activation: tensors of one shape, dtype and device."""
+    _check_tensor("gate", gate)
+    _check_tensor("up", up)
+    _same_shape("gate", gate, "up", up)
 
 
 def _evaluator(evaluator: str) -> str:
@@ -300,72 +308,56 @@ def _silu_backward(ctx, grad):
 torch.library.register_autograd(f"{_LIB}::silu_fwd", _silu_backward, setup_context=_save_tensors_and_evaluator)
 
 
-@torch.library.custom_op(f"{_LIB}::swiglu_fwd", mutates_args=())
-def _swiglu_fwd(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
-    y = torch.empty_like(gate)
-    launch("swiglu_fwd", "bf16", evaluator, [gate, up], [y])
-    return y
+@dataclasses.dataclass(frozen=True)
+class _Gated:
+    """A gated activation f(gate) * up over two tensors of one shape: its kernel kinds
+    (``fwd_kind``: (gate, up) -> y; ``bwd_kind``: (gate, up, grad) -> (d_gate, d_up)) and
+    their custom ops."""
+    fwd_kind: str
+    bwd_kind: str
+    fwd_op: object
+    bwd_op: object
 
 
-@_swiglu_fwd.register_fake
-def _(gate, up, evaluator):
-    return torch.empty_like(gate)
+def _gated_ops(name: str) -> _Gated:
+    """Register ``flash_attn_poly::{name}_fwd`` / ``{name}_bwd`` for the kernels of the same
+    kinds, their fakes and the forward op's autograd (the backward op on the saved inputs)."""
+    fwd_kind, bwd_kind = f"{name}_fwd", f"{name}_bwd"
+
+    @torch.library.custom_op(f"{_LIB}::{fwd_kind}", mutates_args=())
+    def fwd_op(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
+        y = torch.empty_like(gate)
+        launch(fwd_kind, "bf16", evaluator, [gate, up], [y])
+        return y
+
+    @fwd_op.register_fake
+    def _(gate, up, evaluator):
+        return torch.empty_like(gate)
+
+    @torch.library.custom_op(f"{_LIB}::{bwd_kind}", mutates_args=())
+    def bwd_op(gate: Tensor, up: Tensor, grad: Tensor, evaluator: str) -> tuple[Tensor, Tensor]:
+        d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
+        launch(bwd_kind, "bf16", evaluator, [gate, up, grad], [d_gate, d_up])
+        return d_gate, d_up
+
+    @bwd_op.register_fake
+    def _(gate, up, grad, evaluator):
+        return torch.empty_like(gate), torch.empty_like(up)
+
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        d_gate, d_up = bwd_op(gate, up, grad.contiguous(), ctx.evaluator)
+        return d_gate, d_up, None
+
+    torch.library.register_autograd(f"{_LIB}::{fwd_kind}", backward,
+                                    setup_context=_save_tensors_and_evaluator)
+    return _Gated(fwd_kind, bwd_kind, fwd_op, bwd_op)
 
 
-@torch.library.custom_op(f"{_LIB}::swiglu_bwd", mutates_args=())
-def _swiglu_bwd(gate: Tensor, up: Tensor, grad: Tensor, evaluator: str) -> tuple[Tensor, Tensor]:
-    d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
-    launch("swiglu_bwd", "bf16", evaluator, [gate, up, grad], [d_gate, d_up])
-    return d_gate, d_up
-
-
-@_swiglu_bwd.register_fake
-def _(gate, up, grad, evaluator):
-    return torch.empty_like(gate), torch.empty_like(up)
-
-
-def _swiglu_backward(ctx, grad):
-    gate, up = ctx.saved_tensors
-    d_gate, d_up = _swiglu_bwd(gate, up, grad.contiguous(), ctx.evaluator)
-    return d_gate, d_up, None
-
-
-torch.library.register_autograd(f"{_LIB}::swiglu_fwd", _swiglu_backward,
-                                setup_context=_save_tensors_and_evaluator)
-
-
-@torch.library.custom_op(f"{_LIB}::geglu_fwd", mutates_args=())
-def _geglu_fwd(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
-    y = torch.empty_like(gate)
-    launch("geglu_fwd", "bf16", evaluator, [gate, up], [y])
-    return y
-
-
-@_geglu_fwd.register_fake
-def _(gate, up, evaluator):
-    return torch.empty_like(gate)
-
-
-@torch.library.custom_op(f"{_LIB}::geglu_bwd", mutates_args=())
-def _geglu_bwd(gate: Tensor, up: Tensor, grad: Tensor, evaluator: str) -> tuple[Tensor, Tensor]:
-    d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
-    launch("geglu_bwd", "bf16", evaluator, [gate, up, grad], [d_gate, d_up])
-    return d_gate, d_up
-
-
-@_geglu_bwd.register_fake
-def _(gate, up, grad, evaluator):
-    return torch.empty_like(gate), torch.empty_like(up)
-
-
-def _geglu_backward(ctx, grad):
-    gate, up = ctx.saved_tensors
-    d_gate, d_up = _geglu_bwd(gate, up, grad.contiguous(), ctx.evaluator)
-    return d_gate, d_up, None
-
-
-torch.library.register_autograd(f"{_LIB}::geglu_fwd", _geglu_backward,
-                                setup_context=_save_tensors_and_evaluator)
+_SWIGLU = _gated_ops("swiglu")
+_GEGLU = _gated_ops("geglu")
+_swiglu_fwd, _swiglu_bwd = _SWIGLU.fwd_op, _SWIGLU.bwd_op    # the ops bench/ and tests/ call
+_geglu_fwd, _geglu_bwd = _GEGLU.fwd_op, _GEGLU.bwd_op
 
 
 def _half_shape(gate_up: Tensor):
@@ -437,10 +429,6 @@ def _glu_fwd_eager(kind: str, gate: Tensor, up: Tensor, evaluator: str) -> Tenso
     return y
 
 
-def _swiglu_fwd_eager(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
-    return _glu_fwd_eager("swiglu_fwd", gate, up, evaluator)
-
-
 def _swiglu_concat_fwd_eager(gate_up: Tensor, evaluator: str) -> Tensor:
     y = gate_up.new_empty(_half_shape(gate_up))
     _launch_fast("swiglu_fwd", "bf16", evaluator, [gate_up, gate_up], [y], "concat",
@@ -463,36 +451,22 @@ class _SiLUFn(torch.autograd.Function):
         return dx, None
 
 
-class _SwiGLUFn(torch.autograd.Function):
+class _GatedFn(torch.autograd.Function):
+    """Eager autograd of the gated activation `g` (a _Gated)."""
+
     @staticmethod
-    def forward(ctx, gate, up, evaluator):
+    def forward(ctx, g, gate, up, evaluator):
         ctx.save_for_backward(gate, up)   # inputs only; no intermediate, no output
-        ctx.evaluator = evaluator
-        return _swiglu_fwd_eager(gate, up, evaluator)
+        ctx.g, ctx.evaluator = g, evaluator
+        return _glu_fwd_eager(g.fwd_kind, gate, up, evaluator)
 
     @staticmethod
     def backward(ctx, grad):
         gate, up = ctx.saved_tensors
         d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
-        _launch_fast("swiglu_bwd", "bf16", ctx.evaluator, [gate, up, grad.contiguous()],
+        _launch_fast(ctx.g.bwd_kind, "bf16", ctx.evaluator, [gate, up, grad.contiguous()],
                      [d_gate, d_up])
-        return d_gate, d_up, None
-
-
-class _GeGLUFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gate, up, evaluator):
-        ctx.save_for_backward(gate, up)   # inputs only, as _SwiGLUFn
-        ctx.evaluator = evaluator
-        return _glu_fwd_eager("geglu_fwd", gate, up, evaluator)
-
-    @staticmethod
-    def backward(ctx, grad):
-        gate, up = ctx.saved_tensors
-        d_gate, d_up = torch.empty_like(gate), torch.empty_like(up)
-        _launch_fast("geglu_bwd", "bf16", ctx.evaluator, [gate, up, grad.contiguous()],
-                     [d_gate, d_up])
-        return d_gate, d_up, None
+        return None, d_gate, d_up, None
 
 
 class _SwiGLUConcatFn(torch.autograd.Function):
@@ -517,20 +491,15 @@ def _silu_any(x: Tensor, evaluator: str) -> Tensor:
     return _silu_fwd(x, evaluator)
 
 
-def _swiglu_any(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
+def _gated_kernel(g: _Gated, gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
+    """The kernel path of a gated activation on validated inputs (layout checked here)."""
+    _check_layout("gate", gate)
+    _check_layout("up", up)
     if _eager(gate) and type(up) is Tensor:
         if needs_grad(gate, up):
-            return _SwiGLUFn.apply(gate, up, evaluator)
-        return _swiglu_fwd_eager(gate, up, evaluator)
-    return _swiglu_fwd(gate, up, evaluator)
-
-
-def _geglu_any(gate: Tensor, up: Tensor, evaluator: str) -> Tensor:
-    if _eager(gate) and type(up) is Tensor:
-        if needs_grad(gate, up):
-            return _GeGLUFn.apply(gate, up, evaluator)
-        return _glu_fwd_eager("geglu_fwd", gate, up, evaluator)
-    return _geglu_fwd(gate, up, evaluator)
+            return _GatedFn.apply(g, gate, up, evaluator)
+        return _glu_fwd_eager(g.fwd_kind, gate, up, evaluator)
+    return g.fwd_op(gate, up, evaluator)
 
 
 def _swiglu_concat_any(gate_up: Tensor, evaluator: str) -> Tensor:
@@ -577,16 +546,12 @@ def swiglu(gate: Tensor, up: Tensor | None = None, evaluator: str = "poly", *,
             # H % 8 != 0: the halves are not 16-byte aligned; run the two-tensor kernel on
             # contiguous copies (correct, one extra read+write of the input).
             g, u = gate.chunk(2, dim=-1)
-            return _swiglu_any(g.contiguous(), u.contiguous(), evaluator)
+            return _gated_kernel(_SWIGLU, g.contiguous(), u.contiguous(), evaluator)
         return _swiglu_concat_any(gate, evaluator)
-    _check_tensor("gate", gate)
-    _check_tensor("up", up)
-    _same_shape("gate", gate, "up", up)
+    _check_gate_up(gate, up)
     if _which("swiglu", backend, "gate", gate) == "reference":
         return _swiglu_ref(gate, up)
-    _check_layout("gate", gate)
-    _check_layout("up", up)
-    return _swiglu_any(gate, up, evaluator)
+    return _gated_kernel(_SWIGLU, gate, up, evaluator)
 
 
 def geglu(gate: Tensor, up: Tensor, evaluator: str = "poly", *, backend: str = "auto") -> Tensor:
@@ -594,63 +559,47 @@ def geglu(gate: Tensor, up: Tensor, evaluator: str = "poly", *, backend: str = "
     backward kernel for both grads).  Two tensors of one shape; backend as silu's (the
     reference is torch's ``gelu(approximate="tanh")`` in FP32)."""
     evaluator, backend = _evaluator(evaluator), _backend(backend)
-    _check_tensor("gate", gate)
-    _check_tensor("up", up)
-    _same_shape("gate", gate, "up", up)
+    _check_gate_up(gate, up)
     if _which("geglu", backend, "gate", gate) == "reference":
         return _geglu_ref(gate, up)
-    _check_layout("gate", gate)
-    _check_layout("up", up)
-    return _geglu_any(gate, up, evaluator)
+    return _gated_kernel(_GEGLU, gate, up, evaluator)
 
 
-class PolySiLU(nn.Module):
-    """Drop-in ``nn.SiLU`` replacement (the kernel on BF16 CUDA inputs; backend as silu's)."""
+class _PolyActivation(nn.Module):
+    """What the activation modules share: the evaluator and backend, validated once."""
 
     def __init__(self, evaluator: str = "poly", *, backend: str = "auto"):
         super().__init__()
         self.evaluator = _evaluator(evaluator)
         self.backend = _backend(backend)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return silu(x, self.evaluator, backend=self.backend)
-
     def extra_repr(self) -> str:
         return f"evaluator={self.evaluator!r}, backend={self.backend!r}"
 
 
-class PolySwiGLU(nn.Module):
+class PolySiLU(_PolyActivation):
+    """Drop-in ``nn.SiLU`` replacement (the kernel on BF16 CUDA inputs; backend as silu's)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return silu(x, self.evaluator, backend=self.backend)
+
+
+class PolySwiGLU(_PolyActivation):
     """The activation of a SwiGLU MLP: ``forward(gate, up)`` or ``forward(gate_up)``.
 
     Llama: ``down(PolySwiGLU()(gate_proj(x), up_proj(x)))``; fused gate-up projections
     (DeepSeek experts): ``down(PolySwiGLU()(gate_up_proj(x)))``."""
 
-    def __init__(self, evaluator: str = "poly", *, backend: str = "auto"):
-        super().__init__()
-        self.evaluator = _evaluator(evaluator)
-        self.backend = _backend(backend)
-
     def forward(self, gate: Tensor, up: Tensor | None = None) -> Tensor:
         return swiglu(gate, up, self.evaluator, backend=self.backend)
 
-    def extra_repr(self) -> str:
-        return f"evaluator={self.evaluator!r}, backend={self.backend!r}"
 
-
-class PolyGeGLU(nn.Module):
+class PolyGeGLU(_PolyActivation):
     """The activation of a GeGLU MLP: ``forward(gate, up)`` = gelu(gate) * up (Gemma-2:
     ``down(PolyGeGLU()(gate_proj(x), up_proj(x)))``); backend as silu's."""
 
-    def __init__(self, evaluator: str = "poly", *, backend: str = "auto"):
-        super().__init__()
-        self.evaluator = _evaluator(evaluator)
-        self.backend = _backend(backend)
-
     def forward(self, gate: Tensor, up: Tensor) -> Tensor:
         return geglu(gate, up, self.evaluator, backend=self.backend)
-
-    def extra_repr(self) -> str:
-        return f"evaluator={self.evaluator!r}, backend={self.backend!r}"
 
 
 # ---- FP16 standalone sweep (bench/elementwise.py) ----------------------------------------

@@ -199,11 +199,7 @@ def _try_load(path: Path):
         counters["corrupt"] += 1
         _log.warning("compile cache: entry %s does not load (%s: %s); deleting it and compiling "
                      "again", path, type(e).__name__, _one_line(e))
-        for p in (path, so):
-            try:
-                p.unlink()
-            except OSError:
-                pass
+        _remove(path, so)
         return None
     counters["load"] += 1
     seconds["load"] += time.perf_counter() - t0
@@ -233,10 +229,7 @@ def _try_load_so(so: Path, libs_file: Path):
     except Exception as e:  # noqa: BLE001 - the object file is the fallback
         _log.info("compile cache: %s does not load (%s: %s); using the object file", so,
                   type(e).__name__, _one_line(e))
-        try:
-            so.unlink()
-        except OSError:
-            pass
+        _remove(so)
         return None
     counters["load"] += 1
     counters["load_so"] += 1
@@ -300,10 +293,7 @@ def _link_so(obj: Path) -> bool:
         os.replace(tmp, so)
     except Exception as e:  # noqa: BLE001 - the object file entry is complete without it
         _log.info("compile cache: no shared library for %s (%s: %s)", obj, type(e).__name__, _one_line(e))
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+        _remove(tmp)
         return False
     return True
 
@@ -320,14 +310,21 @@ def _export(fn, path: Path) -> bool:
     except Exception as e:  # noqa: BLE001 - a cache that cannot be written is not an error
         _log.warning("compile cache: cannot write %s (%s: %s); this build stays in memory only",
                      path, type(e).__name__, _one_line(e))
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+        _remove(tmp)
         return False
     counters["export"] += 1
     seconds["export"] += time.perf_counter() - t0
     return True
+
+
+def _remove(*paths: Path) -> None:
+    """Delete what a failed load or write leaves (a damaged entry, a temporary file), where it
+    exists and can be deleted: the caller goes on either way."""
+    for p in paths:
+        try:
+            p.unlink()
+        except OSError:
+            pass
 
 
 def _one_line(e: Exception) -> str:

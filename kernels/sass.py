@@ -59,6 +59,14 @@ FAMILIES = {
     "LDL": r"LDL(\..*)?",   # local loads: spill reloads
 }
 
+
+
+def families(*opcodes: str) -> dict:
+    """{opcode: regex} for count_opcodes: each opcode with or without further dot modifiers
+    ("MUFU.EX2" counts MUFU.EX2 and MUFU.EX2.FTZ, not MUFU.EX2X)."""
+    return {op: re.escape(op) + r"(\..*)?" for op in opcodes}
+
+
 # "/*0090*/   @!P0 F2FP.BF16.F32.PACK_AB R0, R7, R0 ;" -> "F2FP.BF16.F32.PACK_AB"
 _INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]+\s+)?([A-Z][A-Z0-9_.]*)")
 

@@ -42,3 +42,15 @@ def _no_cubin_left_behind(request):
     if new:
         pytest.fail(f"left {len(new)} .cubin file(s) in {sorted(map(str, {p.parent for p in new}))} "
                     f"(a --keep-cubin compile without --dump-dir): {[p.name for p in new]}", pytrace=False)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """kernels/compile_cache.py on an empty directory (tmp_path, yielded) with nothing in
+    memory, before and after the test."""
+    from flash_attn_poly.kernels import compile_cache
+
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    compile_cache.clear_memory()
+    yield tmp_path
+    compile_cache.clear_memory()

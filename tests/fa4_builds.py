@@ -45,17 +45,8 @@ BUILDS = {
     "sigmoid_poly": ("sigmoid", "poly", None),
 }
 SITES_BUILD = "softcap_native"
-FAMILIES = {
-    "UTCMMA (tcgen05.mma)": r"UTC[A-Z]*MMA(\..*)?",
-    "MUFU.TANH": r"MUFU\.TANH(\..*)?",
-    "MUFU.EX2": r"MUFU\.EX2(\..*)?",
-    "MUFU.LG2": r"MUFU\.LG2(\..*)?",
-    "MUFU": r"MUFU(\..*)?",
-    "FFMA": r"FFMA(\..*)?",
-    "FFMA2": r"FFMA2(\..*)?",
-    "HFMA2": r"HFMA2(\..*)?",
-    "STL": r"STL(\..*)?",
-}
+# the opcode families of the tables (families()): tcgen05 MMA, then these opcodes with any modifiers
+OPCODES = ("MUFU.TANH", "MUFU.EX2", "MUFU.LG2", "MUFU", "FFMA", "FFMA2", "HFMA2", "STL")
 # arch -> (FA4's kernel selection, its SM count, the forward / backward kernel classes' cubin names);
 # sm_90a: the Hopper builds of the same calls, for the throughput model's check against the H200
 ARCHS = {"sm_100a": ("sm_100", "148", "flash_fwd_sm100", "flash_bwd_sm100"),
@@ -110,9 +101,17 @@ def sass(name: str, arch: str = "sm_100a") -> dict:
     return res
 
 
+def families(*extra: str) -> dict:
+    """{family: regex} for kernels/sass.count_opcodes: "UTCMMA (tcgen05.mma)" (every tcgen05 MMA
+    opcode), then OPCODES and `extra` (kernels/sass.families).  Imported when asked: the build's
+    child process imports FA4 before flash_attn_poly (import_fa4_on_cpu)."""
+    from flash_attn_poly.kernels import sass as sass_mod
+    return {"UTCMMA (tcgen05.mma)": r"UTC[A-Z]*MMA(\..*)?", **sass_mod.families(*OPCODES, *extra)}
+
+
 def counts(text: str) -> dict:
     from flash_attn_poly.kernels import sass as sass_mod
-    return sass_mod.count_opcodes(text, FAMILIES)
+    return sass_mod.count_opcodes(text, families())
 
 
 def per_score(name: str, arch: str = "sm_100a") -> dict:

@@ -455,3 +455,83 @@ def test_compile_only_reports_progress_per_build(monkeypatch, capsys):
     assert rep["sigmoid/poly/bwd"]["HGMMA"] == 1
     with pytest.raises(SystemExit, match="headdim 96"):
         G.compile_only(96)
+
+
+@pytest.mark.parametrize("tool", ["fwd_tuning", "bwd_tuning"])
+def test_tuning_tools_rows_on_the_cpu(tool, monkeypatch, tmp_path, capsys):
+    """fwd_tuning / bwd_tuning end to end on the CPU with the device parts faked (inputs on the
+    meta device, dispatch returning a per-plan constant, the timer returning per-row times): which
+    rows run (poly-only knobs skipped for native modes), the knob-vs-default differences, the
+    ratio rows, and the files written.  What the GPU adds is the kernels and the clock."""
+    import importlib
+    import torch
+    import plan_knobs
+    import protocol
+    from flash_attn_poly.kernels import dispatch
+    T = importlib.import_module(tool)
+    direction = tool[:3]
+    value = {}                                     # id(plan) -> its fake output value (1, 2, ...)
+
+    def fake_forward(plan, q, k, v):
+        return torch.full((2,), float(value.setdefault(id(plan), len(value) + 1))), None
+    monkeypatch.setattr(plan_knobs, "inputs", lambda args, n: [*_meta_qkv(*ANCHOR), _meta_qkv(*ANCHOR)[0]][:n])
+    monkeypatch.setattr(dispatch, "forward", fake_forward)
+    monkeypatch.setattr(dispatch, "backward", lambda plan, do, q, k, v, o, lse: [o * 2, o * 3, o * 4])
+    monkeypatch.setattr(protocol, "time_alternating",
+                        lambda fns, timing: {n: float(i + 1) for i, n in enumerate(fns)})
+    knob = "num_stages=3" if direction == "fwd" else "head_loop=0"
+    out = tmp_path / f"{tool}.json"
+    assert T.main(["--knob", knob, "--knob", "split=1/2", "--modes", "softmax:native,sigmoid:poly",
+                   "--json", str(out)]) == 0
+    res = json.load(open(out))
+    sep = "/" if direction == "fwd" else ":"
+    names = [r["row"] for r in res["rows"]]
+    assert names[:5] == [f"softmax{sep}native default", f"softmax{sep}native {knob}", f"sigmoid{sep}poly default",
+                         f"sigmoid{sep}poly {knob}", f"sigmoid{sep}poly split=1/2"]
+    ratios = {r["row"]: r["ms"] for r in res["rows"][5:]}
+    assert ratios == {f"softmax{sep}native {knob} / default": 2.0, f"sigmoid{sep}poly {knob} / default": 4 / 3,
+                      f"sigmoid{sep}poly split=1/2 / default": 5 / 3}
+    diffs = res["max_abs_diff" if direction == "fwd" else "max_rel_l2_vs_default"]
+    assert set(diffs) == {f"softmax:native {knob}", f"sigmoid:poly {knob}", "sigmoid:poly split=1/2"}
+    assert all(d > 0 for d in diffs.values())      # every row's fake output differs from its default's
+    assert "softmax:native: row 'split=1/2' skipped" in capsys.readouterr().out
+    md = (tmp_path / f"{tool}.md").read_text()
+    assert md.startswith(f"# {'Forward' if direction == 'fwd' else 'Backward'} knobs ") and "Protocol: " in md
+    assert res["shape"] == dict(batch=1, seqlen=8192 if direction == "fwd" else 4096,
+                                hq=8 if direction == "fwd" else 32, hkv=4 if direction == "fwd" else 8,
+                                headdim=256 if direction == "fwd" else 128)
+    with pytest.raises(SystemExit):
+        T.main([])                                 # no --knob: a parser error
+
+
+def test_per_call_tools_rows_on_the_cpu(monkeypatch, tmp_path):
+    """kernel_breakdown / call_timeline end to end on the CPU with the device parts faked
+    (gqa_4096's prepared calls, the profiler and the timers): every row forward then backward,
+    the per-kernel shares and sums, and the files written."""
+    import call_timeline as C
+    import gqa_4096 as G
+    import kernel_breakdown as K
+    calls = []
+    monkeypatch.setattr(G, "_prepare", lambda rows, args, backward: {
+        r: (lambda r=r, b=backward: calls.append((r, b))) for r in rows})
+    monkeypatch.setattr(K, "rows_of", lambda args: ["ours softmax", "fa4 softmax"])
+    monkeypatch.setattr(C, "_rows", lambda: ["ours softmax"])
+    monkeypatch.setattr(K, "profile", lambda fn, warmup, iters: {"main": 3.0, "pre": 1.0})
+    assert K.main(["--json", str(tmp_path / "kb.json"), "--iters", "2"]) == 0
+    res = json.load(open(tmp_path / "kb.json"))
+    assert [(r["row"], r["dir"], r["kernel"], r["share"]) for r in res["rows"][:3]] == [
+        ("ours softmax", "fwd", "main", 0.75), ("ours softmax", "fwd", "pre", 0.25), ("ours softmax", "fwd", "(sum)", 1.0)]
+    assert [(r["row"], r["dir"]) for r in res["rows"] if r["kernel"] == "(sum)"] == [
+        ("ours softmax", "fwd"), ("fa4 softmax", "fwd"), ("ours softmax", "bwd"), ("fa4 softmax", "bwd")]
+    assert "20 calls" not in res["protocol"] and "2 calls under torch.profiler" in res["protocol"]
+    assert (tmp_path / "kb.md").read_text().startswith("# Per-kernel device time (")
+    monkeypatch.setattr(C, "host_us", lambda fn, iters: 5.0)
+    monkeypatch.setattr(C, "wall_us", lambda fn, iters: 9.0)
+    monkeypatch.setattr(C, "_trace", lambda fn, iters: [])
+    monkeypatch.setattr(C, "split_trace", lambda ev, iters: {"kernel_us": 7.0})
+    calls.clear()
+    assert C.main(["--json", str(tmp_path / "ct.json"), "--warmup", "3"]) == 0
+    res = json.load(open(tmp_path / "ct.json"))
+    assert res["rows"] == [{"row": "ours softmax", "dir": d, "host_us": 5.0, "wall_us": 9.0, "kernel_us": 7.0}
+                           for d in ("fwd", "bwd")]
+    assert calls == [("ours softmax", False)] * 3 + [("ours softmax", True)] * 3   # the warm-up calls

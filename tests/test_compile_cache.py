@@ -166,14 +166,6 @@ def _result(proc, stderr=None):
     return json.loads(out.strip().splitlines()[-1])
 
 
-@pytest.fixture
-def fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv(cc.ENV, str(tmp_path))
-    cc.clear_memory()
-    yield tmp_path
-    cc.clear_memory()
-
-
 def _elementwise():
     from flash_attn_poly.kernels import elementwise as ew
 
@@ -197,7 +189,7 @@ def _call_error(fn):
 
 
 @pytest.mark.compile
-def test_round_trip_new_process_loads_without_tracing(fresh):
+def test_round_trip_new_process_loads_without_tracing(fresh_cache):
     key, build = _elementwise()
     before = cc.counters.copy()
     fn = cc.compiled("elementwise", key, build)
@@ -207,10 +199,10 @@ def test_round_trip_new_process_loads_without_tracing(fresh):
     assert delta == {"build": 1, "export": 1, "load": 1, **so}, delta    # built, written, read back
     assert cc.compiled("elementwise", key, build) is fn               # memory hit: nothing else
     assert cc.counters - before == delta
-    entries = list(fresh.glob(f"{cc.fingerprint()}/elementwise/*.o"))
+    entries = list(fresh_cache.glob(f"{cc.fingerprint()}/elementwise/*.o"))
     assert entries == [path]
     # a new process with no way to build (build=None would raise if called) loads the entry
-    got = _result(_child(fresh, "load_only"))
+    got = _result(_child(fresh_cache, "load_only"))
     assert got["counters"] == {"load": 1, **so}, got
     assert got["error"] == _call_error(fn)        # the same tvm-ffi signature, argument checks
     print(f"\nnew process: import {got['import_s']:.2f} s, cached kernel {got['get_s'] * 1e3:.1f} ms "
@@ -220,18 +212,18 @@ def test_round_trip_new_process_loads_without_tracing(fresh):
 
 
 @pytest.mark.compile
-def test_disabled_cache_builds_in_memory(fresh, monkeypatch):
+def test_disabled_cache_builds_in_memory(fresh_cache, monkeypatch):
     monkeypatch.setenv(cc.ENV, "off")
     key, build = _elementwise()
     before = cc.counters.copy()
     fn = cc.compiled("elementwise", key, build)
     assert cc.counters - before == {"build": 1}
-    assert not any(fresh.iterdir())
+    assert not any(fresh_cache.iterdir())
     _call_error(fn)
 
 
 @pytest.mark.compile
-def test_memory_only_key_writes_nothing(fresh):
+def test_memory_only_key_writes_nothing(fresh_cache):
     from flash_attn_poly.kernels import elementwise as ew
 
     @dataclasses.dataclass(frozen=True)
@@ -243,7 +235,7 @@ def test_memory_only_key_writes_nothing(fresh):
     before = cc.counters.copy()
     cc.compiled("elementwise", key, lambda: ew._build(key.base))
     assert cc.counters - before == {"build": 1, "memory_only": 1}
-    assert not any(fresh.iterdir())
+    assert not any(fresh_cache.iterdir())
 
 
 def _damage(path, damage):
@@ -258,7 +250,7 @@ def _damage(path, damage):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("damage", ["empty", "truncated", "garbage"])
-def test_damaged_entry_is_rebuilt_with_a_warning(fresh, damage):
+def test_damaged_entry_is_rebuilt_with_a_warning(fresh_cache, damage):
     """A damaged entry (its object file and, where linked, its shared library) is logged,
     deleted and rebuilt by the next process that asks for it; the rewritten entry loads.  (In
     new processes: one that has dlopened an entry's X.so keeps that mapping whatever replaces
@@ -270,17 +262,17 @@ def test_damaged_entry_is_rebuilt_with_a_warning(fresh, damage):
     for p in (path, path.with_suffix(".so")) if so else (path,):
         _damage(p, damage)
     log = []
-    got = _result(_child(fresh), log)
+    got = _result(_child(fresh_cache), log)
     assert got["counters"] == {"corrupt": 1, "build": 1, "export": 1, "load": 1, **so}, got
     assert "does not load" in log[0] and str(path) in log[0], log[0][-2000:]
     assert path.stat().st_size > 0 and got["error"]
-    got = _result(_child(fresh, "load_only"))     # the rewritten entry loads
+    got = _result(_child(fresh_cache, "load_only"))     # the rewritten entry loads
     assert got["counters"] == {"load": 1, **so}, got
 
 
 @pytest.mark.compile
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
-def test_damaged_shared_library_falls_back_to_the_object_file(fresh, damage):
+def test_damaged_shared_library_falls_back_to_the_object_file(fresh_cache, damage):
     """An entry's X.so that does not load (a truncated one is not even dlopened: that faulted
     the process with SIGBUS) is deleted and its object file loads instead (no rebuild); the
     call signature is the same."""
@@ -290,16 +282,16 @@ def test_damaged_shared_library_falls_back_to_the_object_file(fresh, damage):
     if not _so(path):
         pytest.skip("no C compiler: the cache writes object files only")
     _damage(path.with_suffix(".so"), damage)
-    got = _result(_child(fresh, "load_only"))
+    got = _result(_child(fresh_cache, "load_only"))
     assert got["counters"] == {"load": 1}, got
     assert not path.with_suffix(".so").exists() and path.is_file()
     assert got["error"] == _call_error(fn)
 
 
 @pytest.mark.compile
-def test_unwritable_cache_dir_falls_back_to_memory(fresh, monkeypatch, caplog):
+def test_unwritable_cache_dir_falls_back_to_memory(fresh_cache, monkeypatch, caplog):
     monkeypatch.setattr(cc, "_warned", set())
-    blocker = fresh / "not_a_dir"
+    blocker = fresh_cache / "not_a_dir"
     blocker.write_text("a file where the cache directory should be")
     monkeypatch.setenv(cc.ENV, str(blocker))
     key, build = _elementwise()
@@ -312,12 +304,12 @@ def test_unwritable_cache_dir_falls_back_to_memory(fresh, monkeypatch, caplog):
 
 
 @pytest.mark.compile
-def test_processes_racing_on_one_entry_build_it_once(fresh):
-    procs = [_child(fresh) for _ in range(2)]
+def test_processes_racing_on_one_entry_build_it_once(fresh_cache):
+    procs = [_child(fresh_cache) for _ in range(2)]
     results = [_result(p) for p in procs]
     builds = sum(r["counters"].get("build", 0) for r in results)
     assert builds == 1, results       # the second waited on the entry's lock, then loaded it
     assert all(r["counters"].get("load", 0) == 1 for r in results), results     # (through X.so or X.o)
     assert results[0]["error"] == results[1]["error"] != ""
-    assert len(list(fresh.glob(f"*/elementwise/*.o"))) == 1
-    assert not list(fresh.glob("*/elementwise/.*.tmp.o"))     # no temporary file left behind
+    assert len(list(fresh_cache.glob(f"*/elementwise/*.o"))) == 1
+    assert not list(fresh_cache.glob("*/elementwise/.*.tmp.o"))     # no temporary file left behind

@@ -244,3 +244,58 @@ def test_geglu_custom_ops_trace_forward_and_backward_with_fake_tensors():
     ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     assert ops.count("flash_attn_poly.geglu_fwd.default") == 1, ops
     assert ops.count("flash_attn_poly.geglu_bwd.default") == 1, ops
+
+
+_EXACT = {"silu": torch.nn.functional.silu,
+          "swiglu": lambda gate, up: torch.nn.functional.silu(gate) * up,
+          "geglu": lambda gate, up: torch.nn.functional.gelu(gate, approximate="tanh") * up}
+
+
+def _recording_kernels(calls):
+    """Stands in for activations._launch_fast on the CPU: records (kind, evaluator, number of
+    inputs, number of outputs, layout) and writes the exact function's value (kind *_fwd) or
+    its vector-Jacobian product with the last input (kind *_bwd), computed in FP64."""
+    def run(kind, dtype, evaluator, ins, outs, layout="flat", h=0):
+        calls.append((kind, evaluator, len(ins), len(outs), layout))
+        fn = _EXACT[kind.rsplit("_", 1)[0]]
+        xs = [t.double() for t in ins]
+        if kind.endswith("_fwd"):
+            outs[0].copy_(fn(*xs))
+        else:
+            for out, d in zip(outs, torch.func.vjp(fn, *xs[:-1])[1](xs[-1])):
+                out.copy_(d)
+    return run
+
+
+@pytest.mark.parametrize("name", ["silu", "swiglu", "geglu", "swiglu_concat_h6"])
+def test_eager_kernel_path_launches_and_differentiates(monkeypatch, name):
+    """The eager fast path on the CPU with the kernel launch recorded (the CUDA part is the only
+    thing left out): which kinds run with how many tensors, that the forward returns the
+    kernel's output and autograd returns the backward kernel's outputs per input."""
+    calls = []
+    monkeypatch.setattr(act, "_launch_fast", _recording_kernels(calls))
+    monkeypatch.setattr(act, "_which", lambda fn, backend, arg, t: "cuda")
+    kind = name.split("_")[0]
+    if name == "swiglu_concat_h6":      # H = 6: halves not 16-byte aligned, two-tensor kernel
+        gate_up = _bf16(4, 12, seed=1).requires_grad_()
+        ins, call_ins = [gate_up], list(gate_up.detach().chunk(2, dim=-1))
+        y = act.swiglu(gate_up, evaluator="native")
+    else:
+        ins = [_bf16(4, 16, seed=s).requires_grad_() for s in range(1 if kind == "silu" else 2)]
+        call_ins = [t.detach() for t in ins]
+        y = getattr(act, kind)(*ins, evaluator="native")
+    dy = _bf16(*y.shape, seed=9)
+    grads = torch.autograd.grad(y, ins, dy)
+    n = len(call_ins)
+    assert calls == [(f"{kind}_fwd", "native", n, 1, "flat"),
+                     (f"{kind}_bwd", "native", n + 1, n, "flat")]
+    xs = [t.double() for t in call_ins]
+    assert torch.equal(y, _EXACT[kind](*xs).to(torch.bfloat16))
+    want = [d.to(torch.bfloat16) for d in torch.func.vjp(_EXACT[kind], *xs)[1](dy.double())]
+    if len(ins) < n:                    # the gradient of gate_up is [d_gate | d_up]
+        want = [torch.cat(want, dim=-1)]
+    assert len(grads) == len(want) and all(torch.equal(g, w) for g, w in zip(grads, want))
+    calls.clear()
+    with torch.no_grad():
+        getattr(act, kind)(*[t.detach() for t in ins], evaluator="poly")
+    assert calls == [(f"{kind}_fwd", "poly", n, 1, "flat")]

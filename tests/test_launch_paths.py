@@ -17,18 +17,8 @@ def _rejects_cpu_tensor(fn, *args):
         fn(*args)
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    from flash_attn_poly.kernels import compile_cache
-
-    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
-    compile_cache.clear_memory()
-    yield tmp_path
-    compile_cache.clear_memory()
-
-
 @pytest.mark.compile
-def test_attn_fwd_signature(cache_dir):
+def test_attn_fwd_signature(fresh_cache):
     torch = pytest.importorskip("torch")
     import sass_catalogue as cat
     from flash_attn_poly.kernels import attn_fwd_sm90 as A
@@ -41,7 +31,7 @@ def test_attn_fwd_signature(cache_dir):
 
 
 @pytest.mark.compile
-def test_attn_bwd_signature(cache_dir):
+def test_attn_bwd_signature(fresh_cache):
     torch = pytest.importorskip("torch")
     import sass_catalogue as cat
     from flash_attn_poly.kernels import attn_bwd_sm90 as K
@@ -56,7 +46,7 @@ def test_attn_bwd_signature(cache_dir):
 
 
 @pytest.mark.compile
-def test_elementwise_signature(cache_dir):
+def test_elementwise_signature(fresh_cache):
     torch = pytest.importorskip("torch")
     from flash_attn_poly.kernels import elementwise as ew
 

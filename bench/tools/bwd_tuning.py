@@ -35,71 +35,42 @@ def parse_knob(text: str):
 
 
 def run(args) -> dict:
-    import torch
     from flash_attn_poly.kernels import dispatch
-    g = torch.Generator(device="cuda").manual_seed(0)
-    mk = lambda h: torch.randn(args.batch, args.seqlen, h, args.headdim, device="cuda",
-                               dtype=torch.bfloat16, generator=g)
-    q, k, v, do = mk(args.hq), mk(args.hkv), mk(args.hkv), mk(args.hq)
+    q, k, v, do = plan_knobs.inputs(args, 4)
     knobs = {text: parse_knob(text) for text in args.knob}
     fns, diffs = {}, {}
-    for me in args.modes.split(","):
-        mode, ev = me.split(":")
-        kw = dict(causal=True, softcap=50.0 if mode == "softcap" else None)
-        grads = {}
-        mine = {n: kn for n, kn in knobs.items() if ev == "poly" or not kn.poly_only}
-        for name in sorted(set(knobs) - set(mine)):
-            print(f"{me}: row '{name}' skipped (split / program / grad rule knobs need a poly evaluator)")
-        for name, knob in [("default", None)] + list(mine.items()):
-            plan = plan_knobs.plan_for(q, k, v, mode, ev, knob, **kw)
-            o, lse = dispatch.forward(plan, q, k, v)
-            fn = lambda plan=plan, o=o, lse=lse: dispatch.backward(plan, do, q, k, v, o, lse)
-            grads[name] = [x.double() for x in fn()]
-            fns[f"{me} {name}"] = fn
-        for name in mine:
-            rel = max(((a - b).norm() / b.norm()).item() for a, b in zip(grads[name], grads["default"]))
+    for me, name, plan in plan_knobs.each_plan(q, k, v, args.modes, knobs):
+        o, lse = dispatch.forward(plan, q, k, v)
+        fn = lambda plan=plan, o=o, lse=lse: dispatch.backward(plan, do, q, k, v, o, lse)
+        grads = [x.double() for x in fn()]
+        fns[f"{me} {name}"] = fn
+        if name == "default":
+            default = grads
+        else:
+            rel = max(((a - b).norm() / b.norm()).item() for a, b in zip(grads, default))
             diffs[f"{me} {name}"] = rel
             print(f"{me}: {name} vs default, max rel L2 over dQ/dK/dV {rel:.2e}", flush=True)
-        del grads
+    del grads, default
     timing = protocol.Timing(args.warmup, args.rounds, args.iters, args.order)
     times = protocol.time_alternating(fns, timing)
     rows = [{"row": n, "ms": t} for n, t in times.items()]
-    for me in args.modes.split(","):
-        for name in knobs:
-            if f"{me} {name}" in times:   # not a skipped poly-only row
-                rows.append({"row": f"{me} {name} / default", "ms": times[f"{me} {name}"] / times[f"{me} default"]})
-    shape = dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv, headdim=args.headdim)
-    return {**protocol.header(timing), "shape": shape, "knobs": list(knobs), "max_rel_l2_vs_default": diffs,
-            "rows": rows}
+    rows += plan_knobs.ratio_rows(times, args.modes.split(","), list(knobs))
+    return {**protocol.header(timing), "shape": protocol.shape_of(args), "knobs": list(knobs),
+            "max_rel_l2_vs_default": diffs, "rows": rows}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     protocol.add_shape_args(p)
-    p.add_argument("--knob", action="append", default=[],
-                   help="plan overrides NAME=VALUE[+NAME=VALUE...] (BwdConfig fields, deterministic, zero_dq_in_pre, "
-                        "split, softcap_grad, program; bench/tools/plan_knobs.py); repeat for more rows")
-    p.add_argument("--modes", default="softmax:native,softcap:poly,sigmoid:poly")
-    p.add_argument("--order", choices=sorted(protocol.ORDERS), default="alternate")
-    protocol.add_timing_args(p, warmup=10, rounds=5, iters=20)
-    protocol.add_json_arg(p, "bwd_tuning")
-    args = p.parse_args(argv)
-    if not args.knob:
-        p.error("give at least one --knob (e.g. --knob head_loop=0)")
-    for text in args.knob:
-        try:
-            parse_knob(text)
-        except ValueError as e:
-            p.error(str(e))
-    path = protocol.output_path(args.json, "bwd_tuning")
+    args, path = plan_knobs.tuning_args(
+        p, argv, "bwd", modes="softmax:native,softcap:poly,sigmoid:poly", example="head_loop=0",
+        knob_help="plan overrides NAME=VALUE[+NAME=VALUE...] (BwdConfig fields, deterministic, zero_dq_in_pre, "
+                  "split, softcap_grad, program; bench/tools/plan_knobs.py); repeat for more rows")
     res = run(args)
-    table = protocol.markdown_table(res["rows"], ["row", "ms"])
-    print(table)
-    protocol.write_results(path, res,
-                           f"# Backward knobs {' | '.join(res['knobs'])} ({res['device']}, {res['date']}, "
-                           f"commit {res['commit']})\n\nShape: {res['shape']}, causal, BF16, softcap 50. "
-                           f"Protocol: {res['protocol']}.\nMax rel L2 vs the default per row: "
-                           f"{res['max_rel_l2_vs_default']}.\n\n{table}\n")
+    protocol.report(path, res, protocol.markdown_table(res["rows"], ["row", "ms"]),
+                    f"Backward knobs {' | '.join(res['knobs'])}",
+                    shape=f"Shape: {res['shape']}, causal, BF16, softcap 50. ",
+                    notes=f"\nMax rel L2 vs the default per row: {res['max_rel_l2_vs_default']}.")
     return 0
 
 

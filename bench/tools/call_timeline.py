@@ -21,7 +21,6 @@ bench/gqa_4096.py (the same callables: forward under no_grad, backward as
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -32,6 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol, gqa_4096)
 import gqa_4096 as G  # noqa: E402
+import kernel_breakdown  # noqa: E402
 import protocol  # noqa: E402
 
 
@@ -114,38 +114,25 @@ def _kernel_role(name: str) -> str:
 
 def run(args) -> dict:
     out = []
-    for backward in (False, True):
-        fns = G._prepare(_rows(), args, backward)
-        for key, fn in fns.items():
-            for _ in range(args.warmup):
-                fn()
-            h = host_us(fn, args.iters)
-            w = wall_us(fn, args.iters)
-            t = split_trace(_trace(fn, args.iters), args.iters)
-            out.append({"row": key, "dir": "bwd" if backward else "fwd", "host_us": h, "wall_us": w, **t})
-    timing = protocol.Timing(args.warmup, 1, args.iters)
-    hdr = protocol.header(timing)
-    hdr["protocol"] = (f"{args.warmup} warm-up calls; then per row {args.iters} un-synchronised calls "
-                       f"(host_us), {args.iters} CUDA-event-timed calls (wall_us), and {args.iters} calls "
-                       "under torch.profiler (CPU+CUDA) for kernel_us / idle_us / host_late_us")
+    for key, direction, fn in kernel_breakdown.each_call(_rows(), args):
+        for _ in range(args.warmup):
+            fn()
+        h = host_us(fn, args.iters)
+        w = wall_us(fn, args.iters)
+        t = split_trace(_trace(fn, args.iters), args.iters)
+        out.append({"row": key, "dir": direction, "host_us": h, "wall_us": w, **t})
+    hdr = protocol.header(protocol_text=(
+        f"{args.warmup} warm-up calls; then per row {args.iters} un-synchronised calls (host_us), "
+        f"{args.iters} CUDA-event-timed calls (wall_us), and {args.iters} calls under torch.profiler "
+        "(CPU+CUDA) for kernel_us / idle_us / host_late_us"))
     return {**hdr, "rows": out}
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    protocol.add_shape_args(p)
-    p.add_argument("--warmup", type=int, default=25)
-    p.add_argument("--iters", type=int, default=50)
-    protocol.add_json_arg(p, "call_timeline")
-    args = p.parse_args(argv)
-    path = protocol.output_path(args.json, "call_timeline")
+    args, path = kernel_breakdown.parse_args(__doc__, "call_timeline", argv, warmup=25, iters=50)
     res = run(args)
     cols = ["row", "dir", "host_us", "wall_us", "kernel_us", "idle_us", "host_late_us", "kernels_per_call", "gaps"]
-    table = protocol.markdown_table(res["rows"], cols)
-    print(table)
-    protocol.write_results(path, res,
-                           f"# Call timeline ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
-                           f"Protocol: {res['protocol']}.\n\n{protocol.doc_body(__doc__)}\n\n{table}\n")
+    protocol.report(path, res, protocol.markdown_table(res["rows"], cols), "Call timeline", doc=__doc__)
     return 0
 
 

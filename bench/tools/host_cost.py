@@ -141,12 +141,10 @@ def run(args) -> dict:
     rows = [{"row": name, "us": per_call_us(fn, args)} for name, fn in fns.items()]
     if args.profile:
         profile(fns, args)
-    timing = protocol.Timing(args.warmup, args.rounds, args.iters)
-    hdr = protocol.header(timing)
-    hdr["shape"] = dict(batch=args.batch, seqlen=args.seqlen, hq=args.hq, hkv=args.hkv, headdim=args.headdim)
-    hdr["protocol"] = (f"{args.warmup} warm-up calls, then the median over {args.rounds} rounds of "
-                       f"the perf_counter mean of {args.iters} back-to-back calls (host-bound shape)")
-    return {**hdr, "rows": rows}
+    hdr = protocol.header(protocol_text=(
+        f"{args.warmup} warm-up calls, then the median over {args.rounds} rounds of the perf_counter "
+        f"mean of {args.iters} back-to-back calls (host-bound shape)"))
+    return {**hdr, "shape": protocol.shape_of(args), "rows": rows}
 
 
 def main(argv=None) -> int:
@@ -160,12 +158,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     path = protocol.output_path(args.json, "host_cost")
     res = run(args)
-    table = protocol.markdown_table(res["rows"], ["row", "us"])
-    print(table)
-    protocol.write_results(path, res,
-                           f"# Host time per call ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
-                           f"Shape {res['shape']}. Protocol: {res['protocol']}.\n\n"
-                           f"{protocol.doc_body(__doc__)}\n\n{table}\n")
+    protocol.report(path, res, protocol.markdown_table(res["rows"], ["row", "us"]), "Host time per call",
+                    shape=f"Shape {res['shape']}. ", doc=__doc__)
     return 0
 
 

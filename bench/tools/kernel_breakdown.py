@@ -55,39 +55,44 @@ def rows_of(args):
     return rows + [r for r in (G.fa4("softmax"), G.fa4("softcap")) if r is not None]
 
 
+def each_call(rows, args):
+    """(row key, "fwd" | "bwd", callable) for bench/gqa_4096.py's rows: every forward call
+    (under no_grad), then every backward (torch.autograd.grad on a retained graph)."""
+    for backward in (False, True):
+        for key, fn in G._prepare(rows, args, backward).items():
+            yield key, "bwd" if backward else "fwd", fn
+
+
 def run(args) -> dict:
     out = []
-    for backward in (False, True):
-        fns = G._prepare(rows_of(args), args, backward)
-        for key, fn in fns.items():
-            per = profile(fn, args.warmup, args.iters)
-            total = sum(per.values())
-            for kname, us in sorted(per.items(), key=lambda kv: -kv[1]):
-                out.append({"row": key, "dir": "bwd" if backward else "fwd", "kernel": kname,
-                            "us_per_call": us, "share": us / total if total else None})
-            out.append({"row": key, "dir": "bwd" if backward else "fwd", "kernel": "(sum)",
-                        "us_per_call": total, "share": 1.0})
-    timing = protocol.Timing(args.warmup, 1, args.iters)
-    hdr = protocol.header(timing)
-    hdr["protocol"] = (f"{args.warmup} warm-up calls, then {args.iters} calls under torch.profiler "
-                       "(CUDA activity); per kernel: summed device time / calls")
+    for key, direction, fn in each_call(rows_of(args), args):
+        per = profile(fn, args.warmup, args.iters)
+        total = sum(per.values())
+        for kname, us in sorted(per.items(), key=lambda kv: -kv[1]):
+            out.append({"row": key, "dir": direction, "kernel": kname,
+                        "us_per_call": us, "share": us / total if total else None})
+        out.append({"row": key, "dir": direction, "kernel": "(sum)", "us_per_call": total, "share": 1.0})
+    hdr = protocol.header(protocol_text=(f"{args.warmup} warm-up calls, then {args.iters} calls under "
+                                         "torch.profiler (CUDA activity); per kernel: summed device time / calls"))
     return {**hdr, "rows": out}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(doc: str, name: str, argv, warmup: int, iters: int):
+    """(args, output path) of a per-call tool (this one, call_timeline.py): the shape options
+    (bench/gqa_4096.py's defaults), --warmup, --iters and --json (default bench/out/<name>.json)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     protocol.add_shape_args(p)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--iters", type=int, default=20)
-    protocol.add_json_arg(p, "kernel_breakdown")
+    protocol.add_timing_args(p, warmup=warmup, rounds=None, iters=iters)
+    protocol.add_json_arg(p, name)
     args = p.parse_args(argv)
-    path = protocol.output_path(args.json, "kernel_breakdown")
+    return args, protocol.output_path(args.json, name)
+
+
+def main(argv=None) -> int:
+    args, path = parse_args(__doc__, "kernel_breakdown", argv, warmup=10, iters=20)
     res = run(args)
     table = protocol.markdown_table(res["rows"], ["row", "dir", "kernel", "us_per_call", "share"])
-    print(table)
-    protocol.write_results(path, res,
-                           f"# Per-kernel device time ({res['device']}, {res['date']}, commit {res['commit']})\n\n"
-                           f"Protocol: {res['protocol']}.\n\n{protocol.doc_body(__doc__)}\n\n{table}\n")
+    protocol.report(path, res, table, "Per-kernel device time", doc=__doc__)
     return 0
 
 

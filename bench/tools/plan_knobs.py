@@ -107,6 +107,65 @@ def parse(text: str, direction: str = "fwd") -> Knob:
     return Knob(text, overrides, call)
 
 
+def tuning_args(parser, argv, direction: str, *, modes: str, knob_help: str, example: str):
+    """(args, output path) of a tuning tool (fwd_tuning.py, bwd_tuning.py; `parser` holds its
+    shape options): adds --knob (repeatable), --modes, --order, --warmup / --rounds / --iters
+    (10 / 5 / 20) and --json (default bench/out/<direction>_tuning.json), parses argv, and checks
+    the knobs: at least one (else a parser error suggesting `--knob example`), each one parsing for
+    `direction` (else a parser error naming the problem)."""
+    import protocol
+    parser.add_argument("--knob", action="append", default=[], help=knob_help)
+    parser.add_argument("--modes", default=modes)
+    parser.add_argument("--order", choices=sorted(protocol.ORDERS), default="alternate")
+    protocol.add_timing_args(parser, warmup=10, rounds=5, iters=20)
+    protocol.add_json_arg(parser, f"{direction}_tuning")
+    args = parser.parse_args(argv)
+    if not args.knob:
+        parser.error(f"give at least one --knob (e.g. --knob {example})")
+    for text in args.knob:
+        try:
+            parse(text, direction)
+        except ValueError as e:
+            parser.error(str(e))
+    return args, protocol.output_path(args.json, f"{direction}_tuning")
+
+
+def applicable(knobs: dict, evaluator: str, label: str) -> dict:
+    """The knobs ({text: Knob}) a row of `evaluator` runs, in order: split / program / grad-rule
+    knobs need a poly evaluator; each one left out is printed under `label`."""
+    mine = {text: kn for text, kn in knobs.items() if evaluator == "poly" or not kn.poly_only}
+    for text in sorted(set(knobs) - set(mine)):
+        print(f"{label}: row '{text}' skipped (split / program / grad_rule knobs need a poly evaluator)")
+    return mine
+
+
+def inputs(args, n: int):
+    """q, k, v (n = 3), and dO (n = 4): seeded standard-normal BF16 CUDA tensors of the tool's
+    shape options (protocol.add_shape_args), [batch, seqlen, heads, headdim]."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(0)
+    heads = (args.hq, args.hkv, args.hkv, args.hq)[:n]
+    return [torch.randn(args.batch, args.seqlen, h, args.headdim, device="cuda", dtype=torch.bfloat16,
+                        generator=g) for h in heads]
+
+
+def each_plan(q, k, v, modes: str, knobs: dict):
+    """(mode:evaluator, row name, plan) of a tuning tool's rows, causal, softcap 50: per entry of
+    `modes` ("softmax:native,softcap:poly"), the default plan ("default"), then each applicable knob's."""
+    for me in modes.split(","):
+        mode, ev = me.split(":")
+        kw = dict(causal=True, softcap=50.0 if mode == "softcap" else None)
+        for name, knob in [("default", None)] + list(applicable(knobs, ev, me).items()):
+            yield me, name, plan_for(q, k, v, mode, ev, knob, **kw)
+
+
+def ratio_rows(times: dict, prefixes: list, texts: list) -> list:
+    """Rows "<prefix> <knob> / default": each knob row's time over its default's, for the rows
+    that ran (times keys "<prefix> <knob>" and "<prefix> default")."""
+    return [{"row": f"{pre} {t} / default", "ms": times[f"{pre} {t}"] / times[f"{pre} default"]}
+            for pre in prefixes for t in texts if f"{pre} {t}" in times]
+
+
 def plan_for(q, k, v, mode: str, evaluator: str, knob: Knob = None, **kw):
     """The plan attention(q, k, v, mode, evaluator=, **kw) resolves, with the knob applied
     (flash_attn_poly.testing.plan_for; q, k, v may live on torch's meta device)."""

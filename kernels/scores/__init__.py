@@ -6,7 +6,9 @@ side (softmax.py, softcap.py, sigmoid.py, user.py), registered by one line in RE
 call runs is a `ScoreSpec`: pure data (its hash is its content: kind, evaluator, program spec,
 poly split, grad rule, user function), chosen by flash_attn_poly.plan and carried by the kernel
 configs (kernels/config.py).  `device(spec)` builds the module's device object when a kernel is
-traced; it is the only thing here that imports cutlass.
+traced; it is the only thing here that imports cutlass.  Each module's `Score` subclasses
+common.ScoreBase, which holds the spec's choices, the per-key block rule and the softmax family's
+defaults (probs by the online softmax, write_p, dscore2), and overrides what differs.
 
 The device object's contract (kernels/attn_fwd_sm90.py and attn_bwd_sm90.py call it):
   host:     fwd_scalars(scale, softcap, bias) -> 4 FP32 kernel arguments (params)

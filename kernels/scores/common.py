@@ -16,6 +16,8 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from . import poly_pair
+
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
@@ -242,6 +244,57 @@ def online_softmax_probs(acc_S, tOrP, state, scale_log2, is_first: cutlass.Const
             write_p_native(acc_S, tOrP, is_bf16)
 
 
+
+
+# ----------------------------------------------------------------------------------------
+# the device object's shared parts
+# ----------------------------------------------------------------------------------------
+class ScoreBase:
+    """What the score functions' device objects (the contract: kernels/scores/__init__.py) share:
+    the spec's choices as attributes, the per-key block rule, and the softmax family's defaults:
+    flags, no transform, P by the online softmax over exp2(x * params[EXP2_SCALE] - max),
+    packed after the PV wait by write_p_pinned, dS = P (dP - D).  A module's `Score` subclasses
+    it and overrides what differs; only a score that runs a program (HAS_PROGRAM) takes the
+    spec's evaluator, the others are "native" whatever the spec says."""
+    has_lse = True
+    uses_online_softmax = True
+    needs_lse = True
+    needs_dsum = True
+    HAS_PROGRAM = False
+    EXP2_SCALE = 1        # which of the 4 forward params scales the transformed scores into exp2
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.evaluator = spec.evaluator if self.HAS_PROGRAM else "native"
+        self.program = spec.program
+        self.poly_split = spec.poly_split
+        self.grad_rule = spec.grad_rule
+
+    def poly_pair(self, col_group: int) -> bool:
+        """Does key column group `col_group` run the program's block (scores.poly_pair)?"""
+        return self.evaluator == "poly" and poly_pair(self.poly_split, col_group)
+
+    def uses_block(self, col_group: int) -> bool:
+        """The backward's rule per key column group: the forward's."""
+        return self.poly_pair(col_group)
+
+    @cute.jit
+    def transform(self, acc_S: cute.Tensor, params, coords):
+        pass
+
+    @cute.jit
+    def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
+              masked: cutlass.Constexpr[bool], row_scale, is_bf16: cutlass.Constexpr[bool]):
+        online_softmax_probs(acc_S, tOrP, state, params[self.EXP2_SCALE], is_first, row_scale, is_bf16,
+                             masked)
+
+    @cute.jit
+    def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
+        write_p_pinned(acc_S, tOrP, is_bf16)
+
+    @cute.jit
+    def dscore2(self, f0, f1, dp0, dp1, dsum0, dsum1):
+        return f0 * (dp0 - dsum0), f1 * (dp1 - dsum1)
 
 
 # ----------------------------------------------------------------------------------------

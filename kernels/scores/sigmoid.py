@@ -21,8 +21,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from . import poly_pair
-from .common import (acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_as_b32, frag_a_col_group,
+from .common import (ScoreBase, acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_as_b32, frag_a_col_group,
                      pack_f32x2, pin_f32, run_program, tanh_approx, unpack_bf16x2, unpack_f16x2,
                      write_p_native, write_p_pinned)
 
@@ -50,18 +49,15 @@ def check_dtype(spec, is_bf16: bool) -> None:
                          "(FP16 inputs need an FP16 program)")
 
 
-class Score:
+class Score(ScoreBase):
     has_lse = False
     uses_online_softmax = False
     needs_lse = False
     needs_dsum = False
+    HAS_PROGRAM = True
 
     def __init__(self, spec):
-        self.spec = spec
-        self.evaluator = spec.evaluator
-        self.program = spec.program
-        self.poly_split = spec.poly_split
-        self.grad_rule = spec.grad_rule
+        super().__init__(spec)
         self.program_n, self.p_f16 = 0, False
         if self.evaluator == "poly":
             prog = self.program
@@ -76,11 +72,6 @@ class Score:
 
     def check_dtype(self, is_bf16: bool) -> None:
         check_dtype(self.spec, is_bf16)
-
-    def poly_pair(self, col_group: int) -> bool:
-        return self.evaluator == "poly" and poly_pair(self.poly_split, col_group)
-
-    uses_block = poly_pair   # the backward's rule per key column group: the forward's
 
     # ------------------------------------------------------------------ host
     def fwd_scalars(self, scale: float, softcap, bias: float):
@@ -98,10 +89,6 @@ class Score:
         return (scale, bias + math.log(self.program_n), 0.5 * bias)
 
     # ------------------------------------------------------------------ forward
-    @cute.jit
-    def transform(self, acc_S: cute.Tensor, params, coords):
-        pass
-
     @cute.jit
     def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
               masked: cutlass.Constexpr[bool], row_scale, is_bf16: cutlass.Constexpr[bool]):

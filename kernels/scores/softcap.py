@@ -30,9 +30,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from . import poly_pair
-from .common import (LOG2E, fma_sat, online_softmax_probs, pack_f32x2, run_program, tanh_approx,
-                     unpack_bf16x2, unpack_f16x2, acc_mn_view, write_p_pinned)
+from .common import (LOG2E, ScoreBase, acc_mn_view, fma_sat, pack_f32x2, run_program, tanh_approx,
+                     unpack_bf16x2, unpack_f16x2)
 
 # the constant row max of fixed_max: largest p = e^HEADROOM; caps up to 50 keep the smallest
 # p = e^(HEADROOM - 2c) >= e^-80 normal in FP32 and BF16 (flash_attn_poly.plan.FIXED_MAX_CAP)
@@ -75,18 +74,12 @@ def softcap_u2_pair(s0, s1, alpha, clamp_l: cutlass.Constexpr[float], program: c
     return u0, u1, r0, r1
 
 
-class Score:
-    has_lse = True
-    uses_online_softmax = True
-    needs_lse = True
-    needs_dsum = True
+class Score(ScoreBase):
+    HAS_PROGRAM = True
+    EXP2_SCALE = 1        # params[1]: c log2 e (native: tanh units), log2 e (poly: logits)
 
     def __init__(self, spec):
-        self.spec = spec
-        self.evaluator = spec.evaluator
-        self.program = spec.program
-        self.poly_split = spec.poly_split
-        self.grad_rule = spec.grad_rule
+        super().__init__(spec)
         self.clamp_l, self.rho_f16, self.tail_u, self.u2 = 0.0, False, 0.0, False
         if self.evaluator == "poly":
             prog = self.program
@@ -100,11 +93,6 @@ class Score:
             self.rho_f16 = prog.f16
             self.tail_u = prog.region_threshold_f32
             self.u2 = prog.clamp_on_fma
-
-    def poly_pair(self, col_group: int) -> bool:
-        return self.evaluator == "poly" and poly_pair(self.poly_split, col_group)
-
-    uses_block = poly_pair   # the backward's rule per key column group: the forward's
 
     # ------------------------------------------------------------------ host
     def fwd_scalars(self, scale: float, softcap: float, bias):
@@ -145,25 +133,7 @@ class Score:
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 acc_S[i] = tanh_approx(acc_S[i] * params[0]) * c_log2 + k
         else:
-            s_mn = acc_mn_view(acc_S)
-            x_max = params[2] * self.clamp_l
-            u_scale = params[0] * params[3]
-            alpha = softcap_u2_alpha(u_scale, self.clamp_l)
-            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-                for g in cutlass.range_constexpr(cute.size(s_mn, mode=[1]) // 2):
-                    if cutlass.const_expr(self.poly_pair(g) and self.u2):
-                        # a = (c u - c rho) log2e + k as two FFMAs: c log2e u + k, then - c log2e rho
-                        u0, u1, r0, r1 = softcap_u2_pair(s_mn[r, 2 * g], s_mn[r, 2 * g + 1], alpha,
-                                                         self.clamp_l, self.program)
-                        s_mn[r, 2 * g] = (u0 * c_log2 + k) - c_log2 * r0
-                        s_mn[r, 2 * g + 1] = (u1 * c_log2 + k) - c_log2 * r1
-                    elif cutlass.const_expr(self.poly_pair(g)):
-                        self._pair_poly(s_mn, r, 2 * g, x_max, params)
-                        for c in cutlass.range_constexpr(2 * g, 2 * g + 2):
-                            s_mn[r, c] = s_mn[r, c] * LOG2E + k
-                    else:
-                        for c in cutlass.range_constexpr(2 * g, 2 * g + 2):
-                            s_mn[r, c] = tanh_approx(s_mn[r, c] * u_scale) * c_log2 + k
+            self._transform_poly(acc_S, params, (c_log2, k))
 
     @cute.jit
     def transform(self, acc_S: cute.Tensor, params, coords):
@@ -171,10 +141,15 @@ class Score:
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 acc_S[i] = tanh_approx(acc_S[i] * params[0])
         else:
-            self._transform_poly(acc_S, params)
+            self._transform_poly(acc_S, params, None)
 
     @cute.jit
-    def _transform_poly(self, acc_S: cute.Tensor, params):
+    def _transform_poly(self, acc_S: cute.Tensor, params, exp2_arg):
+        """Poly score pair by pair: the program's block on poly_pair groups (an odd_u2 program
+        clamping on the FMA pipe), c tanh.approx(s (scale/c)) on the others.  exp2_arg None:
+        acc_S <- logits (transform); (c log2e, k): acc_S <- logit log2e + k (transform_fixed)."""
+        if cutlass.const_expr(exp2_arg is not None):
+            c_log2, k = exp2_arg
         s_mn = acc_mn_view(acc_S)
         x_max = params[2] * self.clamp_l
         u_scale = params[0] * params[3]   # scale/c once ((s*scale)*(1/c) per score cost an FMUL more)
@@ -185,13 +160,23 @@ class Score:
                 if cutlass.const_expr(self.poly_pair(g) and self.u2):
                     u0, u1, r0, r1 = softcap_u2_pair(s_mn[r, 2 * g], s_mn[r, 2 * g + 1], alpha,
                                                      self.clamp_l, self.program)
-                    s_mn[r, 2 * g] = (params[2] * u0) - params[2] * r0
-                    s_mn[r, 2 * g + 1] = (params[2] * u1) - params[2] * r1
+                    if cutlass.const_expr(exp2_arg is None):
+                        s_mn[r, 2 * g] = (params[2] * u0) - params[2] * r0
+                        s_mn[r, 2 * g + 1] = (params[2] * u1) - params[2] * r1
+                    else:   # a = (c u - c rho) log2e + k as two FFMAs: c log2e u + k, then - c log2e rho
+                        s_mn[r, 2 * g] = (u0 * c_log2 + k) - c_log2 * r0
+                        s_mn[r, 2 * g + 1] = (u1 * c_log2 + k) - c_log2 * r1
                 elif cutlass.const_expr(self.poly_pair(g)):
                     self._pair_poly(s_mn, r, 2 * g, x_max, params)
+                    if cutlass.const_expr(exp2_arg is not None):
+                        for c in cutlass.range_constexpr(2 * g, 2 * g + 2):
+                            s_mn[r, c] = s_mn[r, c] * LOG2E + k
                 else:
                     for c in cutlass.range_constexpr(2 * g, 2 * g + 2):
-                        s_mn[r, c] = params[2] * tanh_approx(s_mn[r, c] * u_scale)
+                        if cutlass.const_expr(exp2_arg is None):
+                            s_mn[r, c] = params[2] * tanh_approx(s_mn[r, c] * u_scale)
+                        else:   # one FMUL fewer than through the logit
+                            s_mn[r, c] = tanh_approx(s_mn[r, c] * u_scale) * c_log2 + k
 
     @cute.jit
     def _pair_poly(self, s_mn, r, c, x_max, params):
@@ -202,15 +187,6 @@ class Score:
         r0, r1 = unpack_f16x2(rho) if cutlass.const_expr(self.rho_f16) else unpack_bf16x2(rho)
         s_mn[r, c] = softcap_combine(x0, r0, u0, params[2], self.tail_u)
         s_mn[r, c + 1] = softcap_combine(x1, r1, u1, params[2], self.tail_u)
-
-    @cute.jit
-    def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
-              masked: cutlass.Constexpr[bool], row_scale, is_bf16: cutlass.Constexpr[bool]):
-        online_softmax_probs(acc_S, tOrP, state, params[1], is_first, row_scale, is_bf16, masked)
-
-    @cute.jit
-    def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
-        write_p_pinned(acc_S, tOrP, is_bf16)
 
     def lse_scale(self, params):
         # native: max is in tanh units (logit = c*t); poly: max is already a logit
@@ -273,7 +249,3 @@ class Score:
             return l0, l1, 1.0 - t0 * t0, 1.0 - t1 * t1
         g0, g1 = unpack(Int32(run_program(self.program, "bwd", u0, u1)[0]))
         return l0, l1, g0, g1
-
-    @cute.jit
-    def dscore2(self, f0, f1, dp0, dp1, dsum0, dsum1):
-        return f0 * (dp0 - dsum0), f1 * (dp1 - dsum1)

@@ -17,7 +17,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .common import LOG2E, acc_mn_view, online_softmax_probs, pack_f32x2, write_p_pinned
+from .common import LOG2E, ScoreBase, acc_mn_view, pack_f32x2
 
 
 def _exp2(x):
@@ -35,15 +35,11 @@ def _check_result(y, what: str, name: str):
     return y
 
 
-class Score:
-    has_lse = True
-    uses_online_softmax = True
-    needs_lse = True
-    needs_dsum = True
+class Score(ScoreBase):
+    EXP2_SCALE = 1        # params[1] = log2 e: transform leaves y = score_mod(x) in natural units
 
     def __init__(self, spec):
-        self.spec = spec
-        self.evaluator = "native"
+        super().__init__(spec)
         self.mod = spec.user
 
     # ------------------------------------------------------------------ host
@@ -77,9 +73,6 @@ class Score:
         return _check_result(y, "score_mod", self.mod.name)
 
     # ------------------------------------------------------------------ forward
-    def poly_pair(self, col_group: int) -> bool:
-        return False
-
     @cute.jit
     def transform(self, acc_S: cute.Tensor, params, coords):
         s_mn = acc_mn_view(acc_S)
@@ -91,22 +84,10 @@ class Score:
                 x.store(self._fwd(x.load(), coords, r, 2 * g, 2 * g + 1))
                 s_mn[r, 2 * g], s_mn[r, 2 * g + 1] = x[0], x[1]
 
-    @cute.jit
-    def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
-              masked: cutlass.Constexpr[bool], row_scale, is_bf16: cutlass.Constexpr[bool]):
-        online_softmax_probs(acc_S, tOrP, state, params[1], is_first, row_scale, is_bf16)
-
-    @cute.jit
-    def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
-        write_p_pinned(acc_S, tOrP, is_bf16)
-
     def lse_scale(self, params):
         return Float32(1.0)
 
     # ------------------------------------------------------------------ backward
-    def uses_block(self, col_group) -> bool:
-        return False
-
     @cute.jit
     def prob2(self, s0, s1, lse0, lse1, args, block: cutlass.Constexpr[bool],
               is_bf16: cutlass.Constexpr[bool], coords=None, rc=None):
@@ -122,7 +103,3 @@ class Score:
         f = self.mod.bwd(p.load(), xs, b, h, q, kv, coords.seqlen, self._aux(coords))
         f = _check_result(f, "score_mod_bwd", self.mod.name)
         return pack_f32x2(p[0], p[1], is_bf16), f[0], f[1]
-
-    @cute.jit
-    def dscore2(self, f0, f1, dp0, dp1, dsum0, dsum1):
-        return f0 * (dp0 - dsum0), f1 * (dp1 - dsum1)
