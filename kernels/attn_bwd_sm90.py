@@ -27,6 +27,13 @@ Constraints: D in {64, 128, 256}; BF16/FP16; any S_q, S_k (TMA zero-fills tails;
 with +inf so out-of-range query rows have P = 0; keys past S_k are masked: mask_key_tail);
 causal is bottom-right aligned.
 
+dQ split.  dQ = dS K is tile_m x Dc per CTA.  With 64 query rows (the default) the two MMA
+warpgroups take Dc / 2 columns each, reading all of dS and half of K^T; K^T is dQ's
+MN-major B operand, so a half must be whole swizzle atoms: at D = 64 (32 columns) K and V
+use the 64-byte swizzle instead of the 128-byte one (64 columns).  With 128 query rows (the
+bwd.tile_m=128 override at D = 64) each warpgroup takes 64 rows, which costs 64 registers of
+S^T and dP^T each per thread and spills there (docs/NOTES_attn_bwd.md, "D = 64 tile").
+
 Head dim 256.  dK and dV of a warpgroup's 64 key rows would take 2 x 64 x 256 / 128 = 256
 FP32 registers per thread, above the 240 a consumer thread gets.  So each CTA owns one
 128-column chunk c of the gradients (grid z = batch x 2 chunks): it computes S^T and dP^T
@@ -90,8 +97,8 @@ class AttnBwdSm90(BwdReductions):
         # registers while the S / dV GEMMs run, and (dq_async) dQ issued before dK so the dQ
         # tile is staged to smem while dK runs.  Register limits (CPU SASS): D = 256 keeps smem
         # reads (hoisted: 2 -> 4 spilled words); the red.global dQ path keeps LSE in smem
-        # (softcap/poly 1/2 spills 2 words with it hoisted); D = 64 (16 columns more per
-        # thread) spills 12 words.
+        # (softcap/poly 1/2 spills 2 words with it hoisted); tile_m 128 (the D = 64 override,
+        # 32 columns per thread) spills with or without hoisting.
         self.hoist_dsum = head_dim <= 128
         self.hoist_lse = self.hoist_dsum and dq_async
         self.dq_early = dq_async
@@ -125,11 +132,18 @@ class AttnBwdSm90(BwdReductions):
         # module docstring); D <= 128: one chunk, the whole head.
         self.Dc = min(head_dim, 128)
         self.n_chunks = head_dim // self.Dc
-        self.dq_split_n = self.Dc == 128   # dQ warpgroups split D (else split M)
+        # dQ = dS K (tile_m x Dc): the two warpgroups split its columns (64 query rows) or,
+        # with 128 query rows, its rows (module docstring, "dQ split")
+        self.dq_split_n = self.tile_m == 64
+        # K and V smem swizzle: dQ's B operand is K^T (MN-major), so a warpgroup's Dc / 2
+        # columns must be whole swizzle atoms: 64 16-bit columns for the 128-byte swizzle,
+        # 32 (D = 64 at tile_m 64) for the 64-byte one
+        self.kv_atom = (warpgroup.SmemLayoutAtomKind.K_SW64 if self.dq_split_n and self.Dc // 2 < 64
+                        else warpgroup.SmemLayoutAtomKind.K_SW128)
 
     # ---------------------------------------------------------------- host side
-    def _smem_layout(self, rows: int, stages: int | None):
-        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.dtype)
+    def _smem_layout(self, rows: int, stages: int | None, kind=warpgroup.SmemLayoutAtomKind.K_SW128):
+        atom = warpgroup.make_smem_layout_atom(kind, self.dtype)
         shape = (rows, self.D) if stages is None else (rows, self.D, stages)
         return cute.tile_to_shape(atom, shape, (0, 1, 2) if stages else (0, 1))
 
@@ -147,10 +161,10 @@ class AttnBwdSm90(BwdReductions):
         return mma_sdp, mma_dkv, mma_dq
 
     def _smem_layouts(self):
-        """(sQ/sdO staged, sK/sV, sdS double-buffered): all K-major, 128B swizzle."""
+        """(sQ/sdO staged, sK/sV, sdS double-buffered): all K-major, 128B swizzle (sK/sV: kv_atom's)."""
         sds_atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.dtype)
         sdS = cute.tile_to_shape(sds_atom, (self.tile_m, self.tile_n, 2), (0, 1, 2))
-        return self._smem_layout(self.tile_m, self.stages), self._smem_layout(self.tile_n, None), sdS
+        return self._smem_layout(self.tile_m, self.stages), self._smem_layout(self.tile_n, None, self.kv_atom), sdS
 
     def _storage(self):
         dt, st = self.dtype, self.stages

@@ -242,7 +242,7 @@ BWD_FIELDS = ("tile_m", "tile_n", "stages", "deterministic", "dq_async", "lpt", 
 
 @pytest.mark.parametrize("d,want", [
     (128, dict(tile_m=64, tile_n=128, stages=2, deterministic=False, dq_async=True, lpt=True, head_loop=True)),
-    (64, dict(tile_m=128, tile_n=128, stages=2, deterministic=False, dq_async=True, lpt=True, head_loop=True)),
+    (64, dict(tile_m=64, tile_n=128, stages=2, deterministic=False, dq_async=True, lpt=True, head_loop=True)),
     (256, dict(tile_m=64, tile_n=128, stages=1, deterministic=False, dq_async=False, lpt=True, head_loop=True)),
 ])
 def test_backward_rows(d, want):
