@@ -190,6 +190,38 @@ def catalogue() -> list:
     return [c for i, v in enumerate(VARIANTS) for c in _variant_cases(i, v)]
 
 
+def pick(n: Optional[int] = None, *, where=None, max_size: Optional[int] = None, **attrs) -> list:
+    """Catalogue cases for the GPU tests that exercise one mechanism on catalogue cases (plan
+    overrides, named programs, exactness): those whose attributes equal attrs (any Case or
+    Variant field or property: mode, evaluator, dtype, head_dim, causal, window, layout, hq,
+    hkv, seqlen_q, ...), where(case) true and size <= max_size, in catalogue order; the first n.
+    Raises where fewer than n match, so a catalogue change cannot silently empty a test."""
+    def attr(c, name):
+        return getattr(c.variant, name) if name == "window" else getattr(c, name)
+    out = [c for c in catalogue() if all(attr(c, k) == v for k, v in attrs.items())
+           and (where is None or where(c)) and (max_size is None or c.size <= max_size)]
+    if n is not None:
+        if len(out) < n:
+            raise LookupError(f"cases.pick: {len(out)} catalogue cases match {attrs} (and where/max_size), "
+                              f"{n} wanted")
+        out = out[:n]
+    return out
+
+
+def retarget(case: Case, **fields) -> Case:
+    """The case with some fields changed: Variant fields (mode, evaluator, ...: another build)
+    or Case fields (runtime values: window_size, hq, hkv, softcap, ...; the build stays).  The id,
+    hence the seed, follows the new fields."""
+    import dataclasses
+    vf = {k: fields.pop(k) for k in list(fields) if k in Variant.__dataclass_fields__}
+    v = dataclasses.replace(case.variant, **vf) if vf else case.variant
+    if v.mode == "softcap" and case.softcap is None and "softcap" not in fields:
+        fields["softcap"] = SOFTCAP
+    if v.mode != "softcap":
+        fields["softcap"] = None
+    return dataclasses.replace(case, variant=v, **fields)
+
+
 # ----------------------------------------------------------------------------- the fuzz tier
 FUZZ_SEED = 20261201
 FUZZ_COUNT = 300
