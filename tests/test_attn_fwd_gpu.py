@@ -142,15 +142,19 @@ def test_attn_fwd_softcap_fixed_max_range_ends(r):
 
 # ----------------------------------------------------------------------------- one key: O = V exactly
 def _one_key_cases():
-    """Every catalogue case with S_k = 1 of the softmax-family scores (no window), and window
-    cases narrowed to the diagonal ((0, 0), or (0, -1) with causal; S_q <= S_k so every row sees
+    """For each softmax-family score and head_dim (BF16), a catalogue case with S_k = 1 (no window;
+    a non-causal variant's first where there is one: every row sees the key), and window cases
+    narrowed to the diagonal ((0, 0), or (0, -1) with causal; S_q <= S_k so every row sees
     exactly one key)."""
-    single = cases.pick(seqlen_k=1, window=None, where=lambda c: c.mode in ("softmax", "softcap"))
+    single = {}
+    for c in sorted(cases.pick(seqlen_k=1, window=None, dtype="bf16", where=lambda c: c.mode in ("softmax", "softcap")),
+                    key=lambda c: c.causal):   # stable: catalogue order within non-causal, then causal
+        single.setdefault((c.mode, c.evaluator, c.head_dim), c)
     diag = [cases.retarget(cases.pick(1, mode=m, evaluator=e, window=w, where=lambda c: 64 <= c.seqlen_q <= c.seqlen_k,
                                       max_size=SMALL)[0], window_size=(0, -1) if w == "left" else (0, 0))
             for m, e, w in (("softmax", "native", "both"), ("softmax", "native", "left"),
                             ("softcap", "native", "left"), ("softcap", "poly", "both"))]
-    return single + diag
+    return list(single.values()) + diag
 
 
 ONE_KEY_RUNS = [G.run(c, bwd=False) for c in _one_key_cases()]
