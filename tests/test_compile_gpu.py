@@ -79,7 +79,12 @@ def test_compiled_step_matches_eager(mode, evaluator):
     # the reference: the same weights in FP32, exact attention and SiLU (torch), no autocast
     ref_model = _model(mode, evaluator, "reference", "exact", seed).to(dev)
     ref_model.load_state_dict(model.state_dict())
-    ref = _step(ref_model, idx, autocast=False)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False   # an FP32 reference, not TF32's 10-bit products
+    try:
+        ref = _step(ref_model, idx, autocast=False)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     eager = _step(model, idx, autocast=True)
     torch._dynamo.reset()
     # fullgraph: a graph break raises here; the CPU dry run traces with aot_eager (no C++ build)
