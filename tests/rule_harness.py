@@ -207,15 +207,14 @@ def judge_case(case, q, k, v, dout, out, lse, grads, score_fn=None, score_grad_f
     with torch.no_grad():
         ref, ref_lse = R.attention_ref(qd, kd, vd, case.mode, **kw, **fns)
         low, low_lse = R.attention_ref_lowprec(qd, kd, vd, case.mode, **kw, **fns)
+        mag = magnitudes(dout, qd, kd, vd, ref, case.mode, o_only="bwd" not in directions, **kw, **gfns)
         if "fwd" in directions:
-            checks["o"] = judge("o", out, ref, low, dt, magnitudes(None, qd, kd, vd, ref, case.mode, o_only=True,
-                                                                   **kw, **fns)["o"])
+            checks["o"] = judge("o", out, ref, low, dt, mag["o"])
             if case.mode != "sigmoid":
                 checks["lse"] = judge("lse", lse, ref_lse, low_lse, dt)
         if "bwd" in directions:
             ref_g = R.attention_ref_backward(dout, qd, kd, vd, case.mode, **kw, **gfns)
             low_g = lowprec_backward(dout, qd, kd, vd, low, case.mode, **kw, **gfns)
-            mag = magnitudes(dout, qd, kd, vd, ref, case.mode, **kw, **gfns)
             for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref_g, low_g):
                 checks[name] = judge(name, got, r, lo, dt, mag[name])
     return checks
