@@ -18,6 +18,10 @@ draws only variants and resolved builds the catalogue already has (fuzz_cases). 
 build count, which also depends on the shape through the plan (the backward's head_loop where its
 grid fills the GPU; a fallback the plan picks), is pinned by tests/test_correctness_cpu.py.
 
+The GPU mechanism tests (tests/test_attn_fwd_gpu.py, test_attn_bwd_gpu.py, test_api_gpu.py,
+test_window_gpu.py, through tests/gpu_check.py) take their cases from here too (pick, retarget),
+so their inputs are seeded the same way and their builds are mostly the catalogue's.
+
 Sharding (env FAP_SHARD=i/N, 0 <= i < N): cases are split by variant, never inside one, so each
 build compiles in one process; variants go to shards by estimated cost (compile + cases).
 """
