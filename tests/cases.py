@@ -18,6 +18,10 @@ draws only variants and resolved builds the catalogue already has (fuzz_cases). 
 build count, which also depends on the shape through the plan (the backward's head_loop where its
 grid fills the GPU; a fallback the plan picks), is pinned by tests/test_correctness_cpu.py.
 
+The GPU mechanism tests (tests/test_attn_fwd_gpu.py, test_attn_bwd_gpu.py, test_api_gpu.py,
+test_window_gpu.py, through tests/gpu_check.py) take their cases from here too (pick, retarget),
+so their inputs are seeded the same way and their builds are mostly the catalogue's.
+
 Sharding (env FAP_SHARD=i/N, 0 <= i < N): cases are split by variant, never inside one, so each
 build compiles in one process; variants go to shards by estimated cost (compile + cases).
 """
@@ -188,6 +192,38 @@ def _variant_cases(i: int, v: Variant) -> list:
 def catalogue() -> list:
     """Every catalogue case, in a fixed order (variants in VARIANTS order)."""
     return [c for i, v in enumerate(VARIANTS) for c in _variant_cases(i, v)]
+
+
+def pick(n: Optional[int] = None, *, where=None, max_size: Optional[int] = None, **attrs) -> list:
+    """Catalogue cases for the GPU tests that exercise one mechanism on catalogue cases (plan
+    overrides, named programs, exactness): those whose attributes equal attrs (any Case or
+    Variant field or property: mode, evaluator, dtype, head_dim, causal, window, layout, hq,
+    hkv, seqlen_q, ...), where(case) true and size <= max_size, in catalogue order; the first n.
+    Raises where fewer than n match, so a catalogue change cannot silently empty a test."""
+    def attr(c, name):
+        return getattr(c.variant, name) if name == "window" else getattr(c, name)
+    out = [c for c in catalogue() if all(attr(c, k) == v for k, v in attrs.items())
+           and (where is None or where(c)) and (max_size is None or c.size <= max_size)]
+    if n is not None:
+        if len(out) < n:
+            raise LookupError(f"cases.pick: {len(out)} catalogue cases match {attrs} (and where/max_size), "
+                              f"{n} wanted")
+        out = out[:n]
+    return out
+
+
+def retarget(case: Case, **fields) -> Case:
+    """The case with some fields changed: Variant fields (mode, evaluator, ...: another build)
+    or Case fields (runtime values: window_size, hq, hkv, softcap, ...; the build stays).  The id,
+    hence the seed, follows the new fields."""
+    import dataclasses
+    vf = {k: fields.pop(k) for k in list(fields) if k in Variant.__dataclass_fields__}
+    v = dataclasses.replace(case.variant, **vf) if vf else case.variant
+    if v.mode == "softcap" and case.softcap is None and "softcap" not in fields:
+        fields["softcap"] = SOFTCAP
+    if v.mode != "softcap":
+        fields["softcap"] = None
+    return dataclasses.replace(case, variant=v, **fields)
 
 
 # ----------------------------------------------------------------------------- the fuzz tier

@@ -34,10 +34,10 @@ import time
 
 import torch
 
-FACTOR = 2.0
-FLOOR_EPS_FRACTION = 1 / 8
-FP32_NOISE = 2.0 ** -22   # 4 units of FP32 roundoff (tensor-core FP32 accumulation is not quite IEEE)
-LSE_FLOOR_EPS_FRACTION = 1.0
+# the rule itself: one implementation, in the package, re-exported here
+from flash_attn_poly.testing import (FACTOR, FLOOR_EPS_FRACTION, FP32_NOISE,  # noqa: F401
+                                     LSE_FLOOR_EPS_FRACTION, floor_for, judge, max_err)
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -150,13 +150,17 @@ def lowprec_backward(dout, q, k, v, out, mode, **kw):
     return dq.to(dt), dk.to(dt), dv.to(dt)
 
 
-def magnitudes(dout, q, k, v, out, mode, **kw) -> dict:
+def magnitudes(dout, q, k, v, out, mode, o_only=False, **kw) -> dict:
     """max over elements of O, dQ, dK, dV computed in FP64 with every term's absolute value (dP
     as |dO| |V|^T, D as rowsum(|dO| |O|), |d logit/dx|): the scale FP32 accumulation rounds at,
-    which bounds what it can leave where the exact result cancels to ~0 (dQ, dK at S_k = 1)."""
+    which bounds what it can leave where the exact result cancels to ~0 (dQ, dK at S_k = 1).
+    o_only: {"o": ...} alone (dout unused)."""
     h_kv = k.shape[2]
     grp = q.shape[2] // h_kv
     p, dfac, scale = _probs(q, k, mode, torch.float64, **kw)
+    mx = lambda t: t.max().item() if t.numel() else 0.0
+    if o_only:
+        return {"o": mx(torch.einsum("bhqk,bkhd->bqhd", p, _expand(v, grp).double().abs()))}
     do, q64, k64, v64 = (t.double().abs() for t in (dout, q, _expand(k, grp), _expand(v, grp)))
     dp = torch.einsum("bqhd,bkhd->bhqk", do, v64)
     if mode == "sigmoid":
@@ -165,55 +169,10 @@ def magnitudes(dout, q, k, v, out, mode, **kw) -> dict:
         a = p * (dp + torch.einsum("bqhd,bqhd->bhq", do, out.double().abs())[..., None])
         if dfac is not None:
             a = a * dfac.abs()
-    mx = lambda t: t.max().item() if t.numel() else 0.0
     return {"o": mx(torch.einsum("bhqk,bkhd->bqhd", p, v64)),
             "dq": mx(torch.einsum("bhqk,bkhd->bqhd", a, k64) * scale),
             "dk": mx(_fold(torch.einsum("bhqk,bqhd->bkhd", a, q64) * scale, h_kv)),
             "dv": mx(_fold(torch.einsum("bhqk,bqhd->bkhd", p, do), h_kv))}
-
-
-# ----------------------------------------------------------------------------- the rule
-def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-
-
-def floor_for(name: str, ref: torch.Tensor, dtype: torch.dtype, magnitude: float = 0.0) -> float:
-    """The rule's floor (module docstring); magnitude: magnitudes()[name] (the FP32 noise term)."""
-    eps = torch.finfo(dtype).eps
-    if name == "lse":
-        return eps * LSE_FLOOR_EPS_FRACTION
-    scale = ref.abs().max().item() if ref.numel() else 0.0
-    return eps * FLOOR_EPS_FRACTION * scale + FP32_NOISE * magnitude
-
-
-def judge(name: str, got: torch.Tensor, ref: torch.Tensor, low: torch.Tensor, dtype: torch.dtype,
-          magnitude: float = 0.0) -> dict:
-    """The rule for one tensor: {"err", "torch_err", "floor", "bound", "ratio", "ok", "why"}.
-    magnitude: magnitudes()[name] for O and the gradients (the floor's FP32 noise term)."""
-    got, ref, low = got.detach(), ref.detach(), low.detach()
-    floor = floor_for(name, ref, dtype, magnitude)
-    out = {"err": math.inf, "torch_err": math.nan, "floor": floor, "bound": math.nan, "ratio": math.inf,
-           "ok": False, "why": ""}
-    if got.shape != ref.shape:
-        out["why"] = f"shape {tuple(got.shape)} != reference {tuple(ref.shape)}"
-        return out
-    fin = torch.isfinite(ref)
-    if name == "lse" and not torch.equal(torch.isfinite(got), fin):
-        bad = (torch.isfinite(got) != fin).sum().item()
-        out["why"] = f"{bad} rows where the LSE is finite in one and not the other (rows that see no key: -inf)"
-        return out
-    if not torch.isfinite(got[fin]).all():
-        out["why"] = f"{(~torch.isfinite(got[fin])).sum().item()} non-finite values"
-        return out
-    if name == "lse":
-        got, ref, low = got[fin], ref[fin], low[fin]
-    err, base = max_err(got, ref), max_err(low, ref)
-    bound = FACTOR * base + floor
-    out.update(err=err, torch_err=base, bound=bound, ratio=err / bound if bound > 0 else (0.0 if err == 0 else math.inf),
-               ok=err <= bound)
-    if not out["ok"]:
-        out["why"] = f"max abs error {err:.3e} > {FACTOR:g} x {base:.3e} + {floor:.2e} = {bound:.3e}"
-    return out
 
 
 def _device_name(backend: str) -> str:
@@ -230,24 +189,34 @@ def case_fields(case, backend: str) -> dict:
             "softcap": case.softcap, "seed": case.seed}
 
 
-def judge_case(case, q, k, v, dout, out, lse, grads) -> dict:
+def judge_case(case, q, k, v, dout, out, lse, grads, score_fn=None, score_grad_fn=None,
+               directions=("fwd", "bwd")) -> dict:
     """{name: judge(...)} of a case's O, LSE (softmax modes) and (dq, dk, dv) against the FP64
-    reference and torch at the input precision (module docstring)."""
+    reference and torch at the input precision (module docstring).  score_fn / score_grad_fn:
+    the score function (and its derivative) the references compute instead of the exact one (a
+    plan's program replay, tests/plan_reference.py: for tests of named programs, poly splits and
+    grad rules); directions: "fwd" judges O and LSE, "bwd" dQ, dK, dV (out then is the O the
+    backward was fed)."""
     from flash_attn_poly import reference as R
     kw = case.kwargs()
+    fns = {} if score_fn is None else {"score_fn": score_fn}
+    gfns = dict(fns, **({} if score_grad_fn is None else {"score_grad_fn": score_grad_fn}))
     qd, kd, vd = (t.detach() for t in (q, k, v))
+    dt = DTYPES[case.dtype]
+    checks = {}
     with torch.no_grad():
-        ref, ref_lse = R.attention_ref(qd, kd, vd, case.mode, **kw)
-        low, low_lse = R.attention_ref_lowprec(qd, kd, vd, case.mode, **kw)
-        ref_g = R.attention_ref_backward(dout, qd, kd, vd, case.mode, **kw)
-        low_g = lowprec_backward(dout, qd, kd, vd, low, case.mode, **kw)
-        mag = magnitudes(dout, qd, kd, vd, ref, case.mode, **kw)
-        dt = DTYPES[case.dtype]
-        checks = {"o": judge("o", out, ref, low, dt, mag["o"])}
-        if case.mode != "sigmoid":
-            checks["lse"] = judge("lse", lse, ref_lse, low_lse, dt)
-        for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref_g, low_g):
-            checks[name] = judge(name, got, r, lo, dt, mag[name])
+        ref, ref_lse = R.attention_ref(qd, kd, vd, case.mode, **kw, **fns)
+        low, low_lse = R.attention_ref_lowprec(qd, kd, vd, case.mode, **kw, **fns)
+        mag = magnitudes(dout, qd, kd, vd, ref, case.mode, o_only="bwd" not in directions, **kw, **gfns)
+        if "fwd" in directions:
+            checks["o"] = judge("o", out, ref, low, dt, mag["o"])
+            if case.mode != "sigmoid":
+                checks["lse"] = judge("lse", lse, ref_lse, low_lse, dt)
+        if "bwd" in directions:
+            ref_g = R.attention_ref_backward(dout, qd, kd, vd, case.mode, **kw, **gfns)
+            low_g = lowprec_backward(dout, qd, kd, vd, low, case.mode, **kw, **gfns)
+            for name, got, r, lo in zip(("dq", "dk", "dv"), grads, ref_g, low_g):
+                checks[name] = judge(name, got, r, lo, dt, mag[name])
     return checks
 
 
