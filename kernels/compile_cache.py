@@ -433,8 +433,9 @@ _fingerprint: Optional[str] = None
 def fingerprint() -> str:
     """16 hex digits naming everything besides the key that a cached build depends on:
     the package sources that generate code (kernels/, asm/, the coefficient table), the
-    target arch (CUTE_DSL_ARCH or the GPU's), and the cutlass-dsl, apache-tvm-ffi, torch and
-    Python versions.  Computed once per process (it hashes the source files)."""
+    target arch (CUTE_DSL_ARCH or the GPU's), and the cutlass-dsl (with its installed CUDA
+    flavours: their embedded ptxas generates different code), apache-tvm-ffi, torch and Python
+    versions.  Computed once per process (it hashes the source files)."""
     global _fingerprint
     if _fingerprint is None:
         t0 = time.perf_counter()
@@ -450,7 +451,8 @@ def fingerprint_parts() -> list:
     """(name, value) pairs that fingerprint() hashes; a source file contributes its digest."""
     parts = [("python", f"{sys.version_info.major}.{sys.version_info.minor}"),
              ("arch", _arch())]
-    for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi", "torch"):
+    for dist in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13",
+                 "apache-tvm-ffi", "torch"):
         parts.append((dist, _version(dist)))
     for rel, path in _codegen_sources():
         parts.append((rel, hashlib.sha256(path.read_bytes()).hexdigest()))
@@ -475,8 +477,8 @@ def _arch() -> str:
 
 
 def _version(dist: str) -> str:
-    module = {"nvidia-cutlass-dsl": "cutlass", "apache-tvm-ffi": "tvm_ffi", "torch": "torch"}[dist]
-    loaded = sys.modules.get(module)
+    module = {"nvidia-cutlass-dsl": "cutlass", "apache-tvm-ffi": "tvm_ffi", "torch": "torch"}.get(dist)
+    loaded = sys.modules.get(module) if module else None
     version = getattr(loaded, "__version__", None)
     if version is None:
         from importlib import metadata

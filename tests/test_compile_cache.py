@@ -121,6 +121,9 @@ def test_fingerprint_covers_sources_versions_and_arch():
     assert parts["arch"] == os.environ.get("CUTE_DSL_ARCH", parts["arch"])
     for name in ("python", "nvidia-cutlass-dsl", "apache-tvm-ffi", "torch"):
         assert parts[name] not in ("", "absent"), name
+    # the CUDA flavours: a cache filled with one flavour's code is not another's
+    flavours = [parts[f"nvidia-cutlass-dsl-libs-cu{v}"] for v in (12, 13)]
+    assert any(f != "absent" for f in flavours), flavours
     for source in ("kernels/compile_cache.py", "kernels/attn_fwd_sm90.py", "asm/blocks.py",
                    "data/programs.json"):
         assert len(parts[source]) == 64, source
