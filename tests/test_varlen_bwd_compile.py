@@ -43,15 +43,15 @@ def _spilled(n: dict) -> int:
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}-d{v[2]}-c{int(v[3])}-w{v[4][0]}_{v[4][1]}-{v[6]}")
 def test_varlen_backward_builds_without_extra_spills(variant):
     """HGMMA present; spills no more than the dense build of the same knobs (varlen off; the plan's
-    dense default may differ: head_loop, lpt); none at D = 128.  Measured on the CPU: D = 256
-    2 + 2 words as dense, D = 64 12 + 11 against dense 12 + 12."""
+    dense default may differ: head_loop, lpt); none at D = 64 (the 64 x 128 tile) and D = 128.
+    Measured on the CPU: D = 256 2 + 2 words as dense."""
     p = varlen_plan(*variant)
     assert p.bwd.varlen and not p.bwd.head_loop and not p.bwd.lpt
     n = B.bwd(p.bwd).counts()
     assert n["HGMMA"] > 0
     dense = B.bwd(dataclasses.replace(p.bwd, varlen=False)).counts()
     assert _spilled(n) <= _spilled(dense), f"varlen spills {n['STL']}/{n['LDL']}, dense {dense['STL']}/{dense['LDL']}"
-    if variant[2] == 128:
+    if variant[2] in (64, 128):
         assert _spilled(n) == 0, n
 
 
