@@ -37,7 +37,7 @@ import protocol  # noqa: E402
 def rows(args, device: str):
     """q, k, v, the knobs, the (mode:evaluator, row name, plan) of every row that builds, and the
     refused knob rows."""
-    q, k, v = plan_knobs.inputs(args, 3, device)
+    q, k, v = plan_knobs.inputs(args, 3) if device == "cuda" else plan_knobs.inputs(args, 3, device)
     knobs = {text: plan_knobs.parse(text, "fwd") for text in args.knob}
     refused = []
     plans = list(plan_knobs.each_plan(q, k, v, args.modes, knobs, refused))
@@ -110,7 +110,10 @@ def main(argv=None) -> int:
     res = run(args)
     protocol.report(path, res, protocol.markdown_table(res["rows"], ["row", "ms"]), f"Forward knobs {res['knob']}",
                     shape=f"Shape: {res['shape']}, causal, BF16. ",
-                    notes=f"\nMax |default - knob| per row: {res['max_abs_diff']}.")
+                    notes=f"\nMax |default - knob| per row: {res['max_abs_diff']}."
+                          + "".join(f"\n- {n}: would justify a FWD_ROWS row when {r['when']} sets {r['sets']}"
+                                    for n, r in res["proposed_rows"].items())
+                          + "".join(f"\n- {r['mode']} {r['knob']}: refused ({r['reason']})" for r in res["refused"]))
     return 0
 
 
