@@ -51,8 +51,9 @@ def proposed_rows(plans) -> dict:
         if name == "default":
             default = plan
             continue
-        out[f"{me} {name}"] = plan_knobs.plan_row(default, plan)
-        print(f"{me} {name}: would justify a FWD_ROWS row {out[f'{me} {name}']}")
+        out[f"{me} {name}"] = row = plan_knobs.plan_row(default, plan)
+        print(f"{me} {name}: " + (f"would justify a FWD_ROWS row {row}" if row["sets"] else
+                                  "the default's own config (a second default row: the noise floor)"))
     return out
 
 
@@ -112,6 +113,7 @@ def main(argv=None) -> int:
                     shape=f"Shape: {res['shape']}, causal, BF16. ",
                     notes=f"\nMax |default - knob| per row: {res['max_abs_diff']}."
                           + "".join(f"\n- {n}: would justify a FWD_ROWS row when {r['when']} sets {r['sets']}"
+                                    if r["sets"] else f"\n- {n}: the default's own config (the noise floor)"
                                     for n, r in res["proposed_rows"].items())
                           + "".join(f"\n- {r['mode']} {r['knob']}: refused ({r['reason']})" for r in res["refused"]))
     return 0
