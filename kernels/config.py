@@ -3,7 +3,7 @@
 `FwdConfig` and `BwdConfig` are what changes the generated code of the forward and the
 backward kernel (the compile-cache keys; shapes, scales and window sizes are runtime
 arguments).  Every field is set by flash_attn_poly.plan, which holds the defaults and the
-reason for each; this module only says which combinations a kernel can build
+reason for each (but FwdConfig.peel_unmasked, a candidate no row sets yet: off unless overridden); this module only says which combinations a kernel can build
 (`check_fwd`, `check_bwd`, CUTLASS's can_implement).  Pure Python: the plan and the launch
 path read it without importing cutlass.
 """
