@@ -3,7 +3,7 @@
 `FwdConfig` and `BwdConfig` are what changes the generated code of the forward and the
 backward kernel (the compile-cache keys; shapes, scales and window sizes are runtime
 arguments).  Every field is set by flash_attn_poly.plan, which holds the defaults and the
-reason for each; this module only says which combinations a kernel can build
+reason for each (but FwdConfig.peel_unmasked, a candidate no row sets yet: off unless overridden); this module only says which combinations a kernel can build
 (`check_fwd`, `check_bwd`, CUTLASS's can_implement).  Pure Python: the plan and the launch
 path read it without importing cutlass.
 """
@@ -41,6 +41,10 @@ class FwdConfig:
     fixed_max: bool           # softcap: a constant row max c - 20 (no max, no O rescale)
     exp2_fma: int             # fixed_max: column groups of 8 whose P = 2^a runs on the FMA pipe
     varlen: bool              # packed sequences (cu_seqlens offsets; kernels/attn_fwd_sm90.py AttnFwdSm90Varlen)
+    # the peeled second key block runs mask-free where it is interior (one more copy of the
+    # step).  A candidate (bench/tools/fwd_tuning.py --knob peel_unmasked=1), not a plan row yet:
+    # its False keeps the plan's rows as they are; a row that takes it sets it like any field
+    peel_unmasked: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,8 +75,10 @@ def check_fwd(c: FwdConfig) -> None:
         raise ValueError(f"tile_m must be 128 or 192 (2 or 3 consumer warpgroups), got {c.tile_m}")
     if c.pingpong and wgs != 2:
         raise ValueError("pingpong pairs two consumer warpgroups: tile_m 192 needs pingpong=False")
-    if c.tile_n % 64 or c.tile_n <= 0:
-        raise ValueError(f"tile_n must be a positive multiple of 64, got {c.tile_n}")
+    if c.tile_n % 16 or not 16 <= c.tile_n <= 256:
+        # keys are the K of the PV wgmma (16 per instruction for 16-bit inputs) and the N of the
+        # QK wgmma and the rows of a K/V TMA box (both at most 256)
+        raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {c.tile_n}")
     if c.num_stages < 1:
         raise ValueError(f"num_stages must be >= 1, got {c.num_stages}")
     tiles = 2 * (c.tile_m + 2 * c.num_stages * c.tile_n) * c.head_dim   # 16-bit Q, K, V

@@ -399,3 +399,92 @@ def test_softcap_exp2_offload_build(head_dim, causal):
     assert n["STL"] == 0 and n["LDL"] == 0, n
     log = _ptxas_report(p)[0]
     assert "C7512" not in log and "C7513" not in log, log
+
+
+# ------------------------------------------ candidates of issue 27's cells (not plan rows yet)
+# Timed by bench/tools/fwd_tuning.py --knob beside the default (docs/NOTES_attn_fwd.md,
+# "Candidates for D = 64, D = 256 and short sequences"); here: they build, without spills or
+# wgmma serialisation, with the GEMMs their tiles imply.
+CAND_MODES = [("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")]
+
+
+def _clean(p):
+    """ptxas log and SASS counts of p's forward, asserting no spill and no C7512-C7514."""
+    log, n, depbar, _ = _ptxas_report(p)
+    assert n["STL"] == 0 and n["LDL"] == 0 and "0 bytes spill stores" in log, (n, log[-800:])
+    assert not any(c in log for c in ("C7512", "C7513", "C7514")), log[-800:]
+    return n, depbar
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator", CAND_MODES)
+def test_d64_three_warpgroups_tile_192x128(mode, evaluator):
+    """D = 64 on three consumer warpgroups, tile 192 x 128 (FA4's D <= 64 tile): O is 32
+    registers a thread, so the 128-key S (64) and P (32) fit 160 registers where D = 128 spills.
+    Same GEMM count as the 128 x 128 default (each warpgroup's GEMM shapes are unchanged), the
+    loop's two real waits (DEPBAR 9 in both)."""
+    kw = dict(softcap=FIXED) if mode == "softcap" else {}
+    p = _plan(mode, evaluator, 64, tile_m=192, tile_n=128, pingpong=False, **kw)
+    d = _plan(mode, evaluator, 64, **kw)
+    assert (p.fwd.tile_m, p.fwd.tile_n, d.fwd.tile_m) == (192, 128, 128)
+    assert p.score == d.score   # the split repeats in 128 keys either way
+    n, depbar = _clean(p)
+    nd, depbar_d = _clean(d)
+    assert n["HGMMA"] == nd["HGMMA"] > 0 and depbar == depbar_d, (n["HGMMA"], nd["HGMMA"], depbar, depbar_d)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator", CAND_MODES[:2])
+def test_d256_tile_n80(mode, evaluator):
+    """D = 256 with 80-key blocks (FA4's D = 256 tile): Q 64 KB + 2 stages of 80-key K and V
+    (160 KB) fill 224 of sm_90's 227 KB.  Per block the QK GEMM is 16 k-steps of m64n80 as
+    before and PV gains a fifth k-step of 16 keys: HGMMA = the 64-key build's + 5 (one per loop
+    copy and the last PV)."""
+    kw = dict(softcap=FIXED) if mode == "softcap" else {}
+    p = _plan(mode, evaluator, 256, tile_n=80, **kw)
+    d = _plan(mode, evaluator, 256, **kw)
+    assert (p.fwd.tile_n, d.fwd.tile_n, p.fwd.num_stages) == (80, 64, 2)
+    n, depbar = _clean(p)
+    nd, _ = _clean(d)
+    assert n["HGMMA"] == nd["HGMMA"] + 5 and depbar == 9, (n["HGMMA"], nd["HGMMA"], depbar)
+
+
+def test_d256_tile_n80_refuses_splits_that_cannot_repeat():
+    """sigmoid/poly's 1/16 split (1/8 at 64-key blocks) cannot repeat in 80 keys (k must divide
+    10 groups of 8 and be a power of two: 1 or 2): the plan refuses the candidate there, naming
+    the split, rather than run another split than the backward's."""
+    with pytest.raises(ValueError, match="poly_split"):
+        _plan("sigmoid", "poly", 256, tile_n=80)
+
+
+def test_check_fwd_tile_n_is_a_multiple_of_16_up_to_256():
+    """tile_n is the K of the PV wgmma (16 per instruction) and the N of the QK wgmma and the
+    K/V TMA box rows (<= 256)."""
+    import dataclasses
+    from flash_attn_poly.kernels.config import check_fwd
+    p = _plan("softmax", "native", 64)
+    check_fwd(dataclasses.replace(p.fwd, tile_n=80))
+    for bad in (72, 0, 272):
+        with pytest.raises(ValueError, match="tile_n"):
+            check_fwd(dataclasses.replace(p.fwd, tile_n=bad))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator,head_dim,causal,window", [
+    ("softmax", "native", 128, True, (-1, -1)), ("sigmoid", "poly", 128, True, (-1, -1)),
+    ("softmax", "native", 64, True, (-1, -1)), ("softmax", "native", 128, True, (256, -1)),
+    ("softmax", "native", 128, False, (256, 256))])
+def test_peel_unmasked_adds_one_mask_free_step(mode, evaluator, head_dim, causal, window):
+    """peel_unmasked: the peeled second block (the first PV) gets a mask-free copy for tiles
+    whose second block is interior: one more overlapped step, i.e. HGMMA + 16 (QK 8 + PV 8
+    k-steps at 128 x 128, D = 128; 4 + 8 at D = 64) and DEPBAR + 2 (its two waits); no spill,
+    no serialisation, and the stage's MUFU grows by one block's worth only.  Windowed builds
+    too (the copy is taken right of the left window's edge only)."""
+    p = _plan(mode, evaluator, head_dim, causal, window=window, peel_unmasked=True)
+    d = _plan(mode, evaluator, head_dim, causal, window=window)
+    assert p.fwd.peel_unmasked and not d.fwd.peel_unmasked
+    n, depbar = _clean(p)
+    nd, depbar_d = _clean(d)
+    step = head_dim // 16 + 128 // 16
+    assert n["HGMMA"] == nd["HGMMA"] + step and depbar == depbar_d + 2, (n["HGMMA"], nd["HGMMA"], depbar)
+    assert nd["MUFU"] < n["MUFU"] <= nd["MUFU"] + 2 * 128 * 128 // 128, (n["MUFU"], nd["MUFU"])

@@ -139,24 +139,54 @@ def applicable(knobs: dict, evaluator: str, label: str) -> dict:
     return mine
 
 
-def inputs(args, n: int):
-    """q, k, v (n = 3), and dO (n = 4): seeded standard-normal BF16 CUDA tensors of the tool's
-    shape options (protocol.add_shape_args), [batch, seqlen, heads, headdim]."""
+def inputs(args, n: int, device: str = "cuda"):
+    """q, k, v (n = 3), and dO (n = 4): seeded standard-normal BF16 tensors of the tool's shape
+    options (protocol.add_shape_args), [batch, seqlen, heads, headdim], on `device` ("meta": shapes
+    only, for resolving plans and compiling without a GPU)."""
     import torch
-    g = torch.Generator(device="cuda").manual_seed(0)
     heads = (args.hq, args.hkv, args.hkv, args.hq)[:n]
-    return [torch.randn(args.batch, args.seqlen, h, args.headdim, device="cuda", dtype=torch.bfloat16,
-                        generator=g) for h in heads]
+    shape = lambda h: (args.batch, args.seqlen, h, args.headdim)
+    if device == "meta":
+        return [torch.empty(shape(h), device="meta", dtype=torch.bfloat16) for h in heads]
+    g = torch.Generator(device=device).manual_seed(0)
+    return [torch.randn(shape(h), device=device, dtype=torch.bfloat16, generator=g) for h in heads]
 
 
-def each_plan(q, k, v, modes: str, knobs: dict):
+def each_plan(q, k, v, modes: str, knobs: dict, refused: list = None):
     """(mode:evaluator, row name, plan) of a tuning tool's rows, causal, softcap 50: per entry of
-    `modes` ("softmax:native,softcap:poly"), the default plan ("default"), then each applicable knob's."""
+    `modes` ("softmax:native,softcap:poly"), the default plan ("default"), then each applicable knob's.
+    refused: a list to collect (mode:evaluator, knob, reason) of the knob rows whose plan no kernel
+    builds (e.g. tile_n 80 under sigmoid/poly, whose 1/16 split cannot repeat in 80 keys), which
+    are then skipped with the reason printed; None: such a knob raises its ValueError."""
     for me in modes.split(","):
         mode, ev = me.split(":")
         kw = dict(causal=True, softcap=50.0 if mode == "softcap" else None)
         for name, knob in [("default", None)] + list(applicable(knobs, ev, me).items()):
-            yield me, name, plan_for(q, k, v, mode, ev, knob, **kw)
+            try:
+                p = plan_for(q, k, v, mode, ev, knob, **kw)
+            except ValueError as e:
+                if refused is None or knob is None:
+                    raise
+                refused.append((me, name, str(e)))
+                print(f"{me}: row '{name}' skipped: {e}")
+                continue
+            yield me, name, p
+
+
+def plan_row(default, plan, direction: str = "fwd") -> dict:
+    """What a plan row adopting `plan` over `default` would be: {"when": the call facts of the
+    cell (mode, evaluator, head_dim; the S and batch a short-sequence row needs are no plan
+    fact yet), "sets": the kernel config fields that differ}.  plan.py's rows take such a row
+    only where the timing and the GPU tests of that config justify it."""
+    a, b = getattr(default, direction), getattr(plan, direction)
+    sets = {f.name: getattr(b, f.name) for f in dataclasses.fields(b)
+            if f.name not in _CALL_FIELDS and getattr(a, f.name) != getattr(b, f.name)}
+    if plan.score != default.score:
+        sets["score"] = f"{plan.score.program.name if plan.score.program else plan.score.kind} {plan.score.poly_split}"
+    c = plan.call
+    when = {"mode": c.mode, "evaluator": c.evaluator, "head_dim": c.head_dim,
+            "cell": f"B={c.batch} S={c.seqlen_q} H={c.heads_q}/{c.heads_kv}"}
+    return {"when": when, "sets": sets}
 
 
 def ratio_rows(times: dict, prefixes: list, texts: list) -> list:
