@@ -296,6 +296,18 @@ def _sanitize():
     return sanitize
 
 
+def test_sanitize_verdicts():
+    """Each tool's own summary decides: memcheck/synccheck an ERROR SUMMARY, racecheck a RACECHECK
+    SUMMARY of hazards (it prints no ERROR SUMMARY: a clean racecheck run is clean, not failed)."""
+    S = _sanitize()
+    run = lambda **kw: {"unsupported": None, "rc": 0, "errors": None, "hazards": None, **kw}
+    assert S.verdict(run(errors=0)) == "clean"
+    assert S.verdict(run(hazards=(0, 0))) == "clean"
+    assert S.verdict(run(hazards=(0, 3))) == "clean"          # warnings alone do not fail
+    assert S.verdict(run(hazards=(2, 0))) == "errors" and S.verdict(run(errors=1)) == "errors"
+    assert S.verdict(run()) == "failed" and S.verdict(run(rc="timeout", hazards=(0, 0))) == "failed"
+
+
 def test_sanitize_calls_run_catalogue_builds():
     """Every call of the sanitizer driver (5 scores x 3 shapes) resolves to builds the correctness
     catalogue compiles, so under the tools the kernels load from the disk cache."""

@@ -165,7 +165,8 @@ def verdict(r: dict) -> str:
         return "unavailable"
     if (r["errors"] or 0) > 0 or (r["hazards"] or (0, 0))[0] > 0 or r["rc"] == ERROR_EXIT:
         return "errors"
-    if r["rc"] == 0 and r["errors"] == 0:
+    # racecheck reports a RACECHECK SUMMARY (hazards) and no ERROR SUMMARY line
+    if r["rc"] == 0 and (r["errors"] == 0 or (r["errors"] is None and r["hazards"] is not None)):
         return "clean"
     return "failed"
 
