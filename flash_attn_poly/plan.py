@@ -153,9 +153,6 @@ BWD_ROWS = (
     Row({"mode": "sigmoid"}, dict(zero_dq_in_pre=False),
         "sigmoid has no pre kernel otherwise: a memset is cheaper than launching it to zero dQ",
         "bwd-zero-dq"),
-    Row({"head_dim": 64}, dict(tile_m=64),
-        "D = 64: 64 x 128 tiles, dQ split in 32-column halves (K, V in 64-byte swizzle): no spills; "
-        "the 128 x 128 tile (bwd.tile_m=128) spills 14-161 words and serialises its wgmmas", "bwd-d64-tile"),
     Row({"head_dim": 256}, dict(stages=1, dq_async=False),
         "D = 256: full-D Q, dO, K, V and dS take 225 of 227 KB: one Q/dO stage, no staged dQ", ""),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),

@@ -27,12 +27,11 @@ Constraints: D in {64, 128, 256}; BF16/FP16; any S_q, S_k (TMA zero-fills tails;
 with +inf so out-of-range query rows have P = 0; keys past S_k are masked: mask_key_tail);
 causal is bottom-right aligned.
 
-dQ split.  dQ = dS K is tile_m x Dc per CTA.  With 64 query rows (the default) the two MMA
-warpgroups take Dc / 2 columns each, reading all of dS and half of K^T; K^T is dQ's
-MN-major B operand, so a half must be whole swizzle atoms: at D = 64 (32 columns) K and V
-use the 64-byte swizzle instead of the 128-byte one (64 columns).  With 128 query rows (the
-bwd.tile_m=128 override at D = 64) each warpgroup takes 64 rows, which costs 64 registers of
-S^T and dP^T each per thread and spills there (docs/NOTES_attn_bwd.md, "D = 64 tile").
+dQ split.  dQ = dS K is tile_m x Dc per CTA (64 query rows): the two MMA warpgroups take
+Dc / 2 columns each, reading all of dS and half of K^T; K^T is dQ's MN-major B operand, so a
+half must be whole swizzle atoms: at D = 64 (32 columns) K and V use the 64-byte swizzle
+instead of the 128-byte one (64 columns).  (A 128-row tile splitting dQ along M spilled at
+D = 64 and was slower: docs/NOTES_attn_bwd.md, "D = 64 tile".)
 
 Head dim 256.  dK and dV of a warpgroup's 64 key rows would take 2 x 64 x 256 / 128 = 256
 FP32 registers per thread, above the 240 a consumer thread gets.  So each CTA owns one
@@ -97,8 +96,7 @@ class AttnBwdSm90(BwdReductions):
         # registers while the S / dV GEMMs run, and (dq_async) dQ issued before dK so the dQ
         # tile is staged to smem while dK runs.  Register limits (CPU SASS): D = 256 keeps smem
         # reads (hoisted: 2 -> 4 spilled words); the red.global dQ path keeps LSE in smem
-        # (softcap/poly 1/2 spills 2 words with it hoisted); tile_m 128 (the D = 64 override,
-        # 32 columns per thread) spills with or without hoisting.
+        # (softcap/poly 1/2 spills 2 words with it hoisted).
         self.hoist_dsum = head_dim <= 128
         self.hoist_lse = self.hoist_dsum and dq_async
         self.dq_early = dq_async
@@ -132,13 +130,11 @@ class AttnBwdSm90(BwdReductions):
         # module docstring); D <= 128: one chunk, the whole head.
         self.Dc = min(head_dim, 128)
         self.n_chunks = head_dim // self.Dc
-        # dQ = dS K (tile_m x Dc): the two warpgroups split its columns (64 query rows) or,
-        # with 128 query rows, its rows (module docstring, "dQ split")
-        self.dq_split_n = self.tile_m == 64
-        # K and V smem swizzle: dQ's B operand is K^T (MN-major), so a warpgroup's Dc / 2
-        # columns must be whole swizzle atoms: 64 16-bit columns for the 128-byte swizzle,
-        # 32 (D = 64 at tile_m 64) for the 64-byte one
-        self.kv_atom = (warpgroup.SmemLayoutAtomKind.K_SW64 if self.dq_split_n and self.Dc // 2 < 64
+        # dQ = dS K (tile_m x Dc): the two warpgroups split its columns (module docstring,
+        # "dQ split").  K and V smem swizzle: dQ's B operand is K^T (MN-major), so a
+        # warpgroup's Dc / 2 columns must be whole swizzle atoms: 64 16-bit columns for the
+        # 128-byte swizzle, 32 (D = 64) for the 64-byte one
+        self.kv_atom = (warpgroup.SmemLayoutAtomKind.K_SW64 if self.Dc // 2 < 64
                         else warpgroup.SmemLayoutAtomKind.K_SW128)
 
     # ---------------------------------------------------------------- host side
@@ -154,10 +150,7 @@ class AttnBwdSm90(BwdReductions):
         mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, wgs, (64, self.tile_m))
         mma_dkv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, wgs, (64, self.Dc),
                                                     warpgroup.OperandSource.RMEM)
-        if self.dq_split_n:
-            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 2, 1), (64, self.Dc // 2))
-        else:
-            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, self.Dc))
+        mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 2, 1), (64, self.Dc // 2))
         return mma_sdp, mma_dkv, mma_dq
 
     def _smem_layouts(self):

@@ -56,7 +56,7 @@ class BwdConfig:
     causal: bool
     window_left: bool
     window_right: bool
-    tile_m: int               # query rows per block (the N of S^T): 64, or 128 (dQ split along M)
+    tile_m: int               # query rows per block (the N of S^T): 64
     tile_n: int               # key rows per CTA (the M of S^T; 64 per MMA warpgroup)
     stages: int               # Q / dO pipeline depth
     deterministic: bool       # ordered dQ/dK/dV adds: bitwise reproducible gradients
@@ -123,10 +123,9 @@ def check_bwd(c: BwdConfig) -> None:
         raise ValueError("head_loop: not with deterministic")
     if c.stages < 1:
         raise ValueError(f"stages must be >= 1, got {c.stages}")
-    if c.tile_m not in (64, 128) or c.tile_n != 128:
-        # 64 key rows per MMA warpgroup; dQ's warpgroups split its columns (tile_m 64) or its
-        # 64-row halves (tile_m 128)
-        raise ValueError(f"backward tile must be 64 or 128 query rows x 128 keys, got tile_m={c.tile_m}, "
+    if c.tile_m != 64 or c.tile_n != 128:
+        # 64 key rows per MMA warpgroup; dQ's warpgroups split its columns
+        raise ValueError(f"backward tile must be 64 query rows x 128 keys, got tile_m={c.tile_m}, "
                          f"tile_n={c.tile_n}")
     if c.varlen and (c.deterministic or c.head_loop or c.lpt or c.score.kind == "user"):
         raise ValueError("varlen backward: a CTA per (key block, query head, sequence) in launch order, "

@@ -275,7 +275,6 @@ BWD_KNOB_EFFECTS = [
     ("softmax", "native", "dq_async=0", lambda p: not p.bwd.dq_async),
     ("softmax", "native", "lpt=0", lambda p: not p.bwd.lpt),
     ("softmax", "native", "stages=1", lambda p: p.bwd.stages == 1),
-    ("softmax", "native", "tile_m=128", lambda p: p.bwd.tile_m == 128),
     ("softmax", "native", "deterministic=1",
      lambda p: p.bwd.deterministic and not (p.bwd.dq_async or p.bwd.lpt or p.bwd.head_loop)),
     ("softmax", "native", "zero_dq_in_pre=0", lambda p: p.bwd.head_loop and not p.zero_dq_in_pre),
