@@ -440,21 +440,8 @@ class AttnFwdSm90:
         # The first PV product must overwrite O (zero-init is a compile-time flag: a
         # runtime one puts a predicate move inside the wgmma stage and ptxas then
         # serialises every wgmma, C7513), so the second block is peeled (kept masked).
-        n_peel = cutlass.min(cutlass.max(n_cnt - 1, 0), 1)
-        if cutlass.const_expr(self.cfg.peel_unmasked):
-            # a second copy of the peeled step, mask-free, for tiles whose second block is
-            # interior (every causal tile of S_q = S_k with tile_m = tile_n: only the diagonal
-            # block needs the mask); 0/1-trip loops as above
-            n_free = cutlass.min(n_peel, cutlass.max(n_unmasked - (n_max - 2), 0))
-            if cutlass.const_expr(blocks.has_left):   # ... and right of the left window's edge
-                n_free = cutlass.min(n_free, cutlass.max(n_max - 1 - n_lo, 0))
-            for _ in cutlass.range(n_peel - n_free, unroll=1):
-                kv = self.block_overlap(ctx, kv, n_max - 2, True, True)
-            for _ in cutlass.range(n_free, unroll=1):
-                kv = self.block_overlap(ctx, kv, n_max - 2, False, True)
-        else:
-            for _ in cutlass.range(n_peel, unroll=1):
-                kv = self.block_overlap(ctx, kv, n_max - 2, True, True)
+        for _ in cutlass.range(cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
+            kv = self.block_overlap(ctx, kv, n_max - 2, True, True)
         n_diag = n_diag - 1
         n_inner = cutlass.min(n_inner, mask_mod.sub0(n_max - 2, n_lo))
         for i in cutlass.range(n_diag, unroll=1):

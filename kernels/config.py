@@ -3,7 +3,7 @@
 `FwdConfig` and `BwdConfig` are what changes the generated code of the forward and the
 backward kernel (the compile-cache keys; shapes, scales and window sizes are runtime
 arguments).  Every field is set by flash_attn_poly.plan, which holds the defaults and the
-reason for each (but FwdConfig.peel_unmasked, a candidate no row sets yet: off unless overridden); this module only says which combinations a kernel can build
+reason for each; this module only says which combinations a kernel can build
 (`check_fwd`, `check_bwd`, CUTLASS's can_implement).  Pure Python: the plan and the launch
 path read it without importing cutlass.
 """
@@ -41,10 +41,6 @@ class FwdConfig:
     fixed_max: bool           # softcap: a constant row max c - 20 (no max, no O rescale)
     exp2_fma: int             # fixed_max: column groups of 8 whose P = 2^a runs on the FMA pipe
     varlen: bool              # packed sequences (cu_seqlens offsets; kernels/attn_fwd_sm90.py AttnFwdSm90Varlen)
-    # the peeled second key block runs mask-free where it is interior (one more copy of the
-    # step).  A candidate (bench/tools/fwd_tuning.py --knob peel_unmasked=1), not a plan row yet:
-    # its False keeps the plan's rows as they are; a row that takes it sets it like any field
-    peel_unmasked: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -467,24 +467,3 @@ def test_check_fwd_tile_n_is_a_multiple_of_16_up_to_256():
     for bad in (72, 0, 272):
         with pytest.raises(ValueError, match="tile_n"):
             check_fwd(dataclasses.replace(p.fwd, tile_n=bad))
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("mode,evaluator,head_dim,causal,window", [
-    ("softmax", "native", 128, True, (-1, -1)), ("sigmoid", "poly", 128, True, (-1, -1)),
-    ("softmax", "native", 64, True, (-1, -1)), ("softmax", "native", 128, True, (256, -1)),
-    ("softmax", "native", 128, False, (256, 256))])
-def test_peel_unmasked_adds_one_mask_free_step(mode, evaluator, head_dim, causal, window):
-    """peel_unmasked: the peeled second block (the first PV) gets a mask-free copy for tiles
-    whose second block is interior: one more overlapped step, i.e. HGMMA + 16 (QK 8 + PV 8
-    k-steps at 128 x 128, D = 128; 4 + 8 at D = 64) and DEPBAR + 2 (its two waits); no spill,
-    no serialisation, and the stage's MUFU grows by one block's worth only.  Windowed builds
-    too (the copy is taken right of the left window's edge only)."""
-    p = _plan(mode, evaluator, head_dim, causal, window=window, peel_unmasked=True)
-    d = _plan(mode, evaluator, head_dim, causal, window=window)
-    assert p.fwd.peel_unmasked and not d.fwd.peel_unmasked
-    n, depbar = _clean(p)
-    nd, depbar_d = _clean(d)
-    step = head_dim // 16 + 128 // 16
-    assert n["HGMMA"] == nd["HGMMA"] + step and depbar == depbar_d + 2, (n["HGMMA"], nd["HGMMA"], depbar)
-    assert nd["MUFU"] < n["MUFU"] <= nd["MUFU"] + 2 * 128 * 128 // 128, (n["MUFU"], nd["MUFU"])
