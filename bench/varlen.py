@@ -9,9 +9,9 @@ timed side by side in one run with the protocol in bench/protocol.py; forward an
 separately (backward: `torch.autograd.grad` on a retained graph, forward excluded).  Results go
 to bench/out/varlen.json and the Markdown beside it; `--json bench/results/varlen.json` commits one.
 
-Rows "ours_varlen" run attention_varlen as the plan picks (today: one dense launch per
-sequence, forward and backward); "ours_varlen_kernel" the varlen forward kernel (plan override
-fwd.varlen; forward only, no sigmoid: it takes one bias).
+Rows "ours_varlen" run attention_varlen as the plan picks: the varlen kernels (one forward and
+one backward launch for the batch, a CTA per tile, head and sequence) for softmax and softcap;
+one dense launch per sequence for sigmoid at its default bias (-ln S_k differs per sequence).
 
 Scenarios.  "equal": B sequences of one length L (default 8 x 4096); rows: ours varlen, ours
 dense on (B, L, H, D) (the same tokens: varlen's overhead, goal <= 3%).  "ragged": lengths
@@ -70,16 +70,13 @@ def _mode_kw(mode):
 
 def rows_for(scenario: str, modes, evaluators) -> list[tuple[str, str, str]]:
     """(impl, mode, evaluator) of every row."""
-    impls = ("ours_varlen", "ours_varlen_kernel", "ours_dense") if scenario == "equal" else \
-        ("ours_varlen", "ours_varlen_kernel", "fa4_varlen", "ours_padded")
+    impls = ("ours_varlen", "ours_dense") if scenario == "equal" else ("ours_varlen", "fa4_varlen", "ours_padded")
     out = []
     for mode in modes:
         for impl in impls:
             evs = evaluators if impl.startswith("ours") else ("native",)
             if impl == "fa4_varlen" and mode == "sigmoid":
                 continue   # FA4 has no sigmoid attention
-            if impl == "ours_varlen_kernel" and mode == "sigmoid":
-                continue   # the varlen kernel takes one bias; the default -ln S_k is per sequence
             out += [(impl, mode, ev) for ev in evs]
     return out
 
@@ -102,16 +99,6 @@ def make_row(impl, mode, evaluator, lens, args) -> Optional[Callable[[bool], tup
         def build(rg):
             q, k, v = packed(rg)
             return (lambda: fap.attention_varlen(q, k, v, cu, cu, mx, mx, mode, evaluator=evaluator, **kw)), (q, k, v)
-        return build
-    if impl == "ours_varlen_kernel":   # the varlen forward kernel (plan override; forward only)
-        import flash_attn_poly.varlen as fv
-
-        def build(rg):
-            if rg:
-                raise NotImplementedError("the varlen kernel row is forward-only (the backward runs per sequence)")
-            q, k, v = packed(rg)
-            call = fv.validate(q, k, v, cu, cu, mx, mx, mode, evaluator, True, kw.get("softcap"))
-            return (lambda: fv._forward(q, k, v, cu, cu, call, False, "cuda", overrides={"fwd.varlen": True})), (q, k, v)
         return build
     if impl == "fa4_varlen":
         try:
@@ -191,8 +178,7 @@ def run(args) -> dict:
 
 
 def ratios(rows: list[dict], scenario: str) -> dict:
-    """baseline time / ours varlen time, per mode, evaluator and direction ("fwd_kernel": over the
-    varlen forward kernel's time)."""
+    """baseline time / ours varlen time, per mode, evaluator and direction."""
     by = {(r["impl"], r["mode"], r["evaluator"]): r for r in rows}
     base = ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded")
     out = {}
@@ -201,9 +187,6 @@ def ratios(rows: list[dict], scenario: str) -> dict:
             continue
         for b in base:
             other = by.get((b, mode, ev if b.startswith("ours") else "native"))
-            kern = by.get(("ours_varlen_kernel", mode, ev))
-            if other and kern and other.get("fwd_ms") and kern.get("fwd_ms"):
-                out[f"{b}/{mode}/{ev}/fwd_kernel"] = other["fwd_ms"] / kern["fwd_ms"]
             for d in ("fwd", "bwd"):
                 if other and other.get(f"{d}_ms") and r.get(f"{d}_ms"):
                     out[f"{b}/{mode}/{ev}/{d}"] = other[f"{d}_ms"] / r[f"{d}_ms"]

@@ -64,6 +64,8 @@ class Row:
 # the smallest p = e^(20 - 2c) normal (kernels/scores/softcap.py, fixed_lse)
 FIXED_MAX_CAP = 50.0
 EXP2_PROGRAM = "exp2_f32_d3"
+# query lengths up to this run the forward as one CTA per tile (fwd-short-grid)
+SHORT_Q = 1024
 
 # softcap on FP16 inputs has no default program: the packed tanh program misses the error rule
 # there (poly_outside_rule), so poly runs the native score (by name it runs, with a warning)
@@ -133,11 +135,24 @@ FWD_ROWS = (
     Row({"exp2_offload": True, "fixed_max_ok": True}, dict(exp2_fma="from_split"),
         "the exp2 offload's columns take 2^a on the FMA pipe where the constant max bounds a",
         "softcap-exp2-offload"),
-    Row({"varlen": True}, dict(varlen=False),
-        "packed sequences run as one dense launch per sequence until the varlen forward kernel "
-        "(fwd.varlen=True: a CTA per query tile, head and sequence) has passed on a GPU", ""),
+    Row({"head_dim": 64}, dict(tile_m=192, tile_n=128, num_stages=3, pingpong=False),
+        "three consumer warpgroups, tile 192 x 128, 3 K/V stages: 0.90-0.93x the 128 x 128 tile at D = 64",
+        "fwd-d64-tile"),
+    Row({"fixed_max_ok": True, "head_dim": 256, "poly_score": False}, dict(tile_n=80),
+        "softcap D = 256 under the constant row max: 80-key blocks fill smem better, 0.93x (a packed "
+        "program's split period needs a power-of-2 block)", "fwd-d256-tile-n80"),
+    Row({"exp2_offload": True, "head_dim": 256}, dict(pingpong=True),
+        "the exp2 offload at D = 256 with 80-key blocks overlaps better with ping-pong: 0.915x", "fwd-d256-tile-n80"),
+    Row({"mode": "softmax", "short_q": True}, dict(persistent=0),
+        "S_q <= 1024: one CTA per tile, 0.96x the persistent grid (softcap's 192-row tile loses: 1.12x)",
+        "fwd-short-grid"),
+    Row({"mode": "sigmoid", "short_q": True}, dict(persistent=0),
+        "S_q <= 1024: one CTA per tile, 0.95x the persistent grid", "fwd-short-grid"),
+    Row({"varlen": True}, dict(varlen=True),
+        "packed sequences: one launch, a CTA per query tile, head and sequence", ""),
     Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False),
-        "the varlen kernel takes one sigmoid bias; the default -ln S_k differs per sequence", ""),
+        "the varlen kernel takes one sigmoid bias; the default -ln S_k differs per sequence, so each "
+        "sequence runs as its own dense launch", ""),
 )
 
 BWD_ROWS = (
@@ -158,10 +173,12 @@ BWD_ROWS = (
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
     Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
-    Row({"varlen": True}, dict(varlen=False),
-        "packed sequences run their backward as one dense launch per sequence until the varlen "
-        "backward kernel (bwd.varlen=True: a CTA per key block, query head and sequence) has passed "
-        "on a GPU", ""),
+    Row({"varlen": True}, dict(varlen=True),
+        "packed sequences: one pre, main and post launch, a CTA per key block, query head and sequence", ""),
+    Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False),
+        "the varlen kernels take one sigmoid bias; the default -ln S_k differs per sequence", ""),
+    Row({"varlen": True, "deterministic": True}, dict(varlen=False),
+        "ordered dQ adds need the dense launch order: each sequence runs as its own dense launch", ""),
 )
 
 # head_loop where its grid (key blocks x KV heads x batch x column chunks) has this many CTAs per SM
@@ -205,6 +222,7 @@ def _facts(call: AttnCall, program) -> dict:
     return {
         "mode": call.mode, "evaluator": call.evaluator, "dtype": call.dtype, "head_dim": call.head_dim,
         "causal": call.causal, "deterministic": call.deterministic, "varlen": call.varlen,
+        "short_q": call.seqlen_q <= SHORT_Q,
         "sigmoid_default_bias": call.mode == "sigmoid" and call.sigmoid_bias is None,
         "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,
         "program_dtype": None if program is None else program.dtype,
@@ -251,7 +269,15 @@ def _score_specs(call: AttnCall, tile_n: int, facts: dict, overrides: Mapping):
     rule = grad.get("softcap_grad") if call.mode == "softcap" else (call.sigmoid_grad or grad.get("sigmoid_grad"))
     rule = overrides.get("grad_rule", rule)
     spec = ScoreSpec(kind=call.mode, evaluator="poly", program=program, poly_split=split, grad_rule=rule)
-    return spec, spec
+    bwd_score = overrides.get("bwd_score", grad.get("bwd_score", "program"))
+    if bwd_score == "program":
+        return spec, spec
+    if bwd_score != "native" or call.mode != "sigmoid" or rule != "product":
+        raise ValueError(f"bwd_score: 'program' (the backward recomputes P with the forward's program) or, "
+                         f"for sigmoid's product rule only, 'native' (P from MUFU); got {bwd_score!r} with "
+                         f"mode={call.mode!r}, grad rule {rule!r}")
+    # P recomputed on MUFU: the product rule's sigma' = p (1 - p) of the exact sigmoid
+    return spec, ScoreSpec(kind="sigmoid", evaluator="native")
 
 
 def resolve_sigmoid_bias(call: AttnCall) -> Optional[float]:
@@ -293,7 +319,7 @@ def poly_outside_rule(call: AttnCall, program) -> Optional[str]:
 
 def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) -> AttnPlan:
     """The plan of a call on a GPU with sm_count SMs.  overrides: FwdConfig / BwdConfig fields as
-    "fwd.<field>" / "bwd.<field>" keys, and "poly_split", "grad_rule" for the score (timing tools
+    "fwd.<field>" / "bwd.<field>" keys, and "poly_split", "grad_rule", "bwd_score" for the score (timing tools
     and tests); checked like the defaults (kernels.config.check_fwd / check_bwd)."""
     from .kernels.config import BwdConfig, FwdConfig, check_bwd, check_fwd
     overrides = dict(overrides or {})
@@ -311,10 +337,10 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     facts = _facts(call, program)
     facts["program"] = program
     unknown = sorted(k for k in overrides
-                     if not (k.startswith(("fwd.", "bwd.")) or k in ("poly_split", "grad_rule")))
+                     if not (k.startswith(("fwd.", "bwd.")) or k in ("poly_split", "grad_rule", "bwd_score")))
     if unknown:
         raise ValueError(f"unknown plan overrides {unknown}: use 'fwd.<FwdConfig field>', "
-                         "'bwd.<BwdConfig field>', 'poly_split' or 'grad_rule'")
+                         "'bwd.<BwdConfig field>', 'poly_split', 'grad_rule' or 'bwd_score'")
 
     # ---- forward
     fwd = _apply(FWD_ROWS, facts, {})

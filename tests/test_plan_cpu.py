@@ -185,7 +185,7 @@ BASE = dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=SM,
 FWD_CASES = [
     # softmax: the stale-max threshold everywhere; at D = 128 ping-pong, carried row sum, 4 max chains
     (dict(mode="softmax", d=128), dict(pingpong=True, row_sum_carry=True, row_max_chains=4, rescale_threshold=8.0)),
-    (dict(mode="softmax", d=64), dict(rescale_threshold=8.0)),
+    (dict(mode="softmax", d=64), dict(tile_m=192, num_stages=3, rescale_threshold=8.0)),
     (dict(mode="softmax", d=256), dict(tile_n=64, rescale_threshold=8.0)),
     (dict(mode="softmax", d=128, dtype="fp16"), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
                                                      rescale_threshold=8.0)),
@@ -193,9 +193,23 @@ FWD_CASES = [
     (dict(mode="softcap", d=128), dict(tile_m=192, tile_n=64, num_stages=4, fixed_max=True)),
     (dict(mode="softcap", evaluator="poly", d=128), dict(tile_m=192, tile_n=64, num_stages=4, fixed_max=True,
                                                          exp2_fma=1)),
-    (dict(mode="softcap", evaluator="poly", d=64), dict(fixed_max=True, exp2_fma=1)),
-    (dict(mode="softcap", evaluator="poly", d=256), dict(tile_n=64, row_sum_carry=True, fixed_max=True, exp2_fma=1)),
-    (dict(mode="softcap", d=256), dict(tile_n=64, row_sum_carry=True, fixed_max=True)),
+    # D = 64: three consumer warpgroups, 192 x 128, 3 stages, no ping-pong, for every score
+    (dict(mode="softcap", evaluator="poly", d=64), dict(tile_m=192, num_stages=3, fixed_max=True, exp2_fma=1)),
+    (dict(mode="sigmoid", evaluator="poly", d=64), dict(tile_m=192, num_stages=3)),
+    (dict(mode="softcap", d=64, softcap=60.0), dict(tile_m=192, num_stages=3)),
+    # softcap D = 256 under the constant max: 80-key blocks (and ping-pong for the exp2 offload)
+    (dict(mode="softcap", evaluator="poly", d=256), dict(tile_n=80, pingpong=True, row_sum_carry=True,
+                                                         fixed_max=True, exp2_fma=1)),
+    (dict(mode="softcap", d=256), dict(tile_n=80, row_sum_carry=True, fixed_max=True)),
+    (dict(mode="softcap", d=256, softcap=60.0), dict(tile_n=64, row_sum_carry=True)),
+    # S_q <= 1024: one CTA per tile for softmax and sigmoid (softcap keeps the persistent grid)
+    (dict(mode="softmax", d=128, shape=SMALL), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
+                                                    rescale_threshold=8.0, persistent=0)),
+    (dict(mode="sigmoid", evaluator="poly", d=128, shape=SMALL), dict(pingpong=True, persistent=0)),
+    (dict(mode="softcap", evaluator="poly", d=128, shape=SMALL), dict(tile_m=192, tile_n=64, num_stages=4,
+                                                                      fixed_max=True, exp2_fma=1)),
+    (dict(mode="softmax", d=128, shape=(1, 1025, 32, 8)), dict(pingpong=True, row_sum_carry=True,
+                                                               row_max_chains=4, rescale_threshold=8.0)),
     # online max (cap > 50, FP16): two warpgroups; ping-pong for a packed program's score
     (dict(mode="softcap", d=128, softcap=60.0), {}),
     (dict(mode="softcap", d=128, dtype="fp16"), {}),

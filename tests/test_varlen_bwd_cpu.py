@@ -82,12 +82,17 @@ def _call(mode="softmax", **kw):
     return plan.AttnCall(**base)
 
 
-def test_plan_keeps_the_varlen_backward_off_until_asked():
+def test_plan_varlen_backward_rows():
+    """Packed calls run the varlen backward (no per-KV-head loop, no LPT order) except with
+    sigmoid's per-sequence default bias or a deterministic backward; dense calls never, and
+    the override refuses those three."""
     from flash_attn_poly import plan
-    assert not plan.resolve(_call(), 132).bwd.varlen
-    assert not plan.resolve(_call(varlen=False), 132).bwd.varlen
-    on = plan.resolve(_call(), 132, {"bwd.varlen": True}).bwd
+    on = plan.resolve(_call(), 132).bwd
     assert on.varlen and not on.head_loop and not on.lpt and not on.deterministic
+    assert not plan.resolve(_call(varlen=False), 132).bwd.varlen
+    assert not plan.resolve(_call("sigmoid", sigmoid_bias=None), 132).bwd.varlen
+    det = plan.resolve(_call(deterministic=True), 132).bwd
+    assert not det.varlen and det.deterministic
     with pytest.raises(ValueError, match="runs packed calls"):
         plan.resolve(_call(varlen=False), 132, {"bwd.varlen": True})
     with pytest.raises(ValueError, match="default -ln S_k differs per sequence"):
@@ -99,7 +104,7 @@ def test_plan_keeps_the_varlen_backward_off_until_asked():
 def test_check_bwd_refuses_what_the_varlen_build_lacks():
     from flash_attn_poly import plan
     from flash_attn_poly.kernels.config import check_bwd
-    cfg = plan.resolve(_call(), 132, {"bwd.varlen": True}).bwd
+    cfg = plan.resolve(_call(), 132).bwd
     check_bwd(cfg)
     for field in ("head_loop", "lpt", "deterministic"):
         with pytest.raises(ValueError, match=f"varlen backward: .*{field}=True"):

@@ -19,6 +19,7 @@ VARIANTS = [   # (mode, evaluator, head_dim, causal, window, softcap, dtype): te
     ("sigmoid", "poly", 128, True, (-1, -1), None, "fp16"),
     ("softcap", "native", 128, True, (63, -1), 50.0, "bf16"),
     ("sigmoid", "poly", 128, False, (-1, -1), None, "bf16"),
+    ("softmax", "native", 64, True, (-1, -1), None, "bf16"),    # the 192 x 128 forward tile
 ]
 
 
@@ -62,13 +63,15 @@ def test_check_fwd_refuses_persistent_varlen():
         check_fwd(dataclasses.replace(cfg, persistent=132))
 
 
-def test_plan_keeps_packed_calls_on_per_sequence_launches_by_default():
-    """The plan's varlen rows: the per-sequence dense launches (fwd.varlen False) by default; the
-    override picks the kernel, except for sigmoid's per-sequence default bias, and never for a
-    dense call."""
+def test_plan_runs_packed_calls_on_the_varlen_forward():
+    """The plan's varlen rows: packed calls run the varlen forward (non-persistent) except with
+    sigmoid's per-sequence default bias (one dense launch per sequence); the override never
+    takes a dense call or that bias."""
     from flash_attn_poly import plan
-    assert not varlen_plan(*VARIANTS[0], kernel=False).fwd.varlen
+    p = varlen_plan(*VARIANTS[0], kernel=False)
+    assert p.fwd.varlen and p.fwd.persistent == 0
     call = varlen_plan(*VARIANTS[5]).call
+    assert not plan.resolve(dataclasses.replace(call, sigmoid_bias=None), 132).fwd.varlen
     with pytest.raises(ValueError, match="default -ln S_k differs per sequence"):
         plan.resolve(dataclasses.replace(call, sigmoid_bias=None), 132, {"fwd.varlen": True})
     with pytest.raises(ValueError, match="runs packed calls"):

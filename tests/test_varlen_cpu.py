@@ -258,36 +258,85 @@ def test_torch_compile_fullgraph_equals_eager(mode, kw):
     assert torch.equal(loss, loss2) and torch.equal(g, g2)
 
 
-def test_cuda_path_routes_each_sequence_through_the_dense_kernels(monkeypatch):
-    """backend='cuda' (the kernels stood in by the dense reference): one forward and one backward
-    launch per non-empty sequence, each with the plan of that sequence's dense call (batch 1,
-    its own S_q and S_k, so sigmoid's bias is its own -ln S_k), and the same result as the
-    reference backend, bit for bit."""
+def _route(monkeypatch):
+    """Stand the kernels in by the reference (dense: per call; varlen: per packed batch) and
+    record each launch: ("fwd" | "bwd" | "fwd_varlen" | "bwd_varlen", the plan's call, extra)."""
     from flash_attn_poly import plan as plan_mod
     from flash_attn_poly.kernels import dispatch
     launches = []
     monkeypatch.setattr(fi, "plan_for", lambda call, device: plan_mod.resolve(call, 132))
-    monkeypatch.setattr(dispatch, "forward", lambda p, q, k, v, aux=(): launches.append(("fwd", p.call))
+    monkeypatch.setattr(dispatch, "forward", lambda p, q, k, v, aux=(): launches.append(("fwd", p.call, None))
                         or fi._reference_forward(q, k, v, p.call, aux))
     monkeypatch.setattr(dispatch, "backward", lambda p, dout, q, k, v, out, lse, aux=():
                         launches.append(("bwd", p.call, lse.shape)) or fi._reference_backward(dout, q, k, v, p.call))
-    lens_q, lens_k = [3, 0, 5, 2], [4, 2, 5, 0]
+
+    def as_varlen(c, max_q, max_k):
+        return fv.VarlenCall(mode=c.mode, evaluator=c.evaluator, dtype=c.dtype, head_dim=c.head_dim, batch=c.batch,
+                             max_seqlen_q=max_q, max_seqlen_k=max_k, heads_q=c.heads_q, heads_kv=c.heads_kv,
+                             causal=c.causal, window=c.window, softmax_scale=c.softmax_scale, softcap=c.softcap,
+                             sigmoid_bias=c.sigmoid_bias)
+
+    def fwd_varlen(vp, q, k, v, cu_q, cu_k, max_q):
+        launches.append(("fwd_varlen", vp.call, vp.fwd))
+        out, lse = fv._forward(q, k, v, cu_q, cu_k, as_varlen(vp.call, max_q, vp.call.seqlen_k), True, "reference")
+        return out, (None if vp.call.mode == "sigmoid" else lse)
+
+    def bwd_varlen(vp, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k):
+        launches.append(("bwd_varlen", vp.call, vp.bwd))
+        return fv._backward(dout, q, k, v, cu_q, cu_k, out, lse, as_varlen(vp.call, max_q, max_k), "reference")
+
+    monkeypatch.setattr(dispatch, "forward_varlen", fwd_varlen)
+    monkeypatch.setattr(dispatch, "backward_varlen", bwd_varlen)
+    return launches
+
+
+def _cuda_and_reference(mode, kw, lens_q, lens_k, **vkw):
     q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, d=64, dtype=torch.bfloat16, seed=9)
     dout = torch.randn_like(q)
-    for mode, kw in (("softcap", {"softcap": 20.0}), ("sigmoid", {})):
+    res = {}
+    for backend in ("cuda", "reference"):
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+        call = fv.validate(qq, kk, vv, cu_q, cu_k, max(lens_q), max(lens_k), mode, "poly", True, kw.get("softcap"),
+                           **vkw)
+        out, lse = fv._EagerVarlen.apply(qq, kk, vv, cu_q, cu_k, call, True, backend)
+        res[backend] = (out, lse) + torch.autograd.grad(out, (qq, kk, vv), dout)
+    for a, b in zip(res["cuda"], res["reference"]):
+        assert torch.equal(a, b), mode
+
+
+def test_cuda_path_runs_one_varlen_launch_per_batch(monkeypatch):
+    """backend='cuda' (the kernels stood in by the reference): softmax and softcap run the varlen
+    forward and backward kernels, one launch each for the whole batch (a CTA per tile, head and
+    sequence), non-persistent and without the per-KV-head loop; the same result as the reference
+    backend, bit for bit."""
+    launches = _route(monkeypatch)
+    lens_q, lens_k = [3, 0, 5, 2], [4, 2, 5, 0]
+    for mode, kw in (("softmax", {}), ("softcap", {"softcap": 20.0}), ("sigmoid", {"sigmoid_bias": -2.0})):
         launches.clear()
-        res = {}
-        for backend in ("cuda", "reference"):
-            qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
-            call = fv.validate(qq, kk, vv, cu_q, cu_k, 5, 5, mode, "poly", True, kw.get("softcap"))
-            out, lse = fv._EagerVarlen.apply(qq, kk, vv, cu_q, cu_k, call, True, backend)
-            res[backend] = (out, lse) + torch.autograd.grad(out, (qq, kk, vv), dout)
-        for a, b in zip(res["cuda"], res["reference"]):
-            assert torch.equal(a, b), mode
-        fwd = [c for c in launches if c[0] == "fwd"]
-        bwd = [c for c in launches if c[0] == "bwd"]
-        assert [(c[1].batch, c[1].seqlen_q, c[1].seqlen_k) for c in fwd] == [(1, 3, 4), (1, 5, 5)]
-        assert [(c[1].seqlen_q, c[1].seqlen_k) for c in bwd] == [(3, 4), (5, 5)]
-        assert all(c[1].mode == mode and c[1].sigmoid_bias is None for c in fwd)
-        if mode == "softcap":
-            assert [c[2] for c in bwd] == [(1, 4, 3), (1, 4, 5)]
+        _cuda_and_reference(mode, kw, lens_q, lens_k, **({"sigmoid_bias": kw["sigmoid_bias"]} if kw.get("sigmoid_bias") else {}))
+        assert [c[0] for c in launches] == ["fwd_varlen", "bwd_varlen"], mode
+        fwd, bwd = launches[0], launches[1]
+        assert fwd[1].varlen and fwd[2].varlen and fwd[2].persistent == 0
+        assert bwd[2].varlen and not bwd[2].head_loop and not bwd[2].lpt
+
+
+def test_cuda_path_routes_each_sequence_through_the_dense_kernels(monkeypatch):
+    """Where the varlen kernels do not apply (sigmoid's default bias -ln S_k differs per sequence;
+    a deterministic backward needs the dense launch order): one dense launch per non-empty
+    sequence, each with the plan of that sequence's dense call (batch 1, its own S_q and S_k, so
+    sigmoid's bias is its own -ln S_k), and the reference backend's result, bit for bit."""
+    launches = _route(monkeypatch)
+    lens_q, lens_k = [3, 0, 5, 2], [4, 2, 5, 0]
+    launches.clear()
+    _cuda_and_reference("sigmoid", {}, lens_q, lens_k)
+    fwd = [c for c in launches if c[0] == "fwd"]
+    bwd = [c for c in launches if c[0] == "bwd"]
+    assert len(fwd) + len(bwd) == len(launches)
+    assert [(c[1].batch, c[1].seqlen_q, c[1].seqlen_k) for c in fwd] == [(1, 3, 4), (1, 5, 5)]
+    assert [(c[1].seqlen_q, c[1].seqlen_k) for c in bwd] == [(3, 4), (5, 5)]
+    assert all(c[1].mode == "sigmoid" and c[1].sigmoid_bias is None for c in fwd)
+    launches.clear()
+    _cuda_and_reference("softcap", {"softcap": 20.0}, lens_q, lens_k, deterministic=True)
+    assert [c[0] for c in launches] == ["fwd_varlen", "bwd", "bwd"]
+    assert [c[2] for c in launches[1:]] == [(1, 4, 3), (1, 4, 5)]
+    assert all(c[1].deterministic for c in launches[1:])

@@ -26,6 +26,7 @@ VARIANTS = [
     ("softcap", "poly", "bf16", 256, True, (-1, -1), 30.0),
     ("softmax", "native", "bf16", 128, False, (48, 16), None),
     ("sigmoid", "poly", "fp16", 128, True, (-1, -1), None),
+    ("softmax", "native", "bf16", 64, True, (-1, -1), None),   # the 192 x 128 forward tile
 ]
 
 
@@ -79,11 +80,12 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kern
     dout = torch.randn(tq, hq, d, generator=g, device=device).to(dt)
     cu_q, cu_k = _cu(lens_q, device), _cu(lens_k, device)
     kw = dict(causal=causal, window_size=window, softcap=cap)
-    if kernel_bwd:
+    if kernel or kernel_bwd:
         if mode == "sigmoid":
             kw["sigmoid_bias"] = KERNEL_SIGMOID_BIAS
         call = fv.validate(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), mode, evaluator, causal, cap,
                            kw.get("sigmoid_bias"), None, window)
+    if kernel_bwd:
         with torch.no_grad():
             qd, kd, vd = (t.detach() for t in (q, k, v))
             out, lse = fv._forward(qd, kd, vd, cu_q, cu_k, call, True, backend if device == "cuda" else "reference")
@@ -92,10 +94,6 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kern
         if mode == "sigmoid":
             lse = None
     elif kernel:
-        if mode == "sigmoid":
-            kw["sigmoid_bias"] = KERNEL_SIGMOID_BIAS
-        call = fv.validate(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), mode, evaluator, causal, cap,
-                           kw.get("sigmoid_bias"), None, window)
         with torch.no_grad():
             out, lse = fv._forward(q, k, v, cu_q, cu_k, call, True, backend, overrides={"fwd.varlen": True})
         grads = None
