@@ -150,6 +150,8 @@ FWD_ROWS = (
         "S_q <= 1024: one CTA per tile, 0.95x the persistent grid", "fwd-short-grid"),
     Row({"varlen": True}, dict(varlen=True),
         "packed sequences: one launch, a CTA per query tile, head and sequence", ""),
+    Row({"varlen": True, "head_dim": 64}, dict(tile_m=128, num_stages=2),
+        "the varlen build's sequence offsets spill on the 192-row tile at D = 64 (2 words): 128 rows", ""),
     Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False),
         "the varlen kernel takes one sigmoid bias; the default -ln S_k differs per sequence, so each "
         "sequence runs as its own dense launch", ""),

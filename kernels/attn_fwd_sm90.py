@@ -213,11 +213,12 @@ class AttnFwdSm90:
                                    tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params,
                                    window, sched, blocks, warp_idx, aux, varlen)
 
-    def _section_group(self, mQ, mK):
-        """LPT section width: the K and V rows of its KV heads (reused by the group's query
-        heads and by every query tile) fit L2; Q and O stream through once."""
+    def _section_group(self, mQ, mK, units=None):
+        """LPT section width in query heads (units: of the persistent order's (batch, head)
+        units, default the heads): the K and V rows of its KV heads (reused by the group's
+        query heads and by every query tile) fit L2; Q and O stream through once."""
         h_q = mQ.shape[2]
-        return section_heads(h_q, mK.shape[0], self.head_dim * 4, h_q // mK.shape[2])
+        return section_heads(h_q if units is None else units, mK.shape[0], self.head_dim * 4, h_q // mK.shape[2])
 
     def _key_range(self, blocks, m_block, seqlen_q, seqlen_k, window):
         """(n_max, n_cnt): key blocks [n_max - n_cnt, n_max) are visited (n_cnt is n_max
@@ -226,10 +227,10 @@ class AttnFwdSm90:
         n_cnt = mask_mod.sub0(n_max, blocks.n_block_min(m_block, seqlen_q, seqlen_k, window[0]))
         return n_max, n_cnt
 
-    def _tile(self, sched, t, num_m_blocks, h_q, group, blocks, seqlen_q, seqlen_k, window):
+    def _tile(self, sched, t, num_m_blocks, h_q, num_batch, group, blocks, seqlen_q, seqlen_k, window):
         """(m_block, head, batch, n_max, n_cnt) of linear tile t (persistent CTAs; every role
         decodes the tiles it walks itself)."""
-        m_block, head, batch = sched.tile_at(t, num_m_blocks, h_q, group)
+        m_block, head, batch = sched.tile_at(t, num_m_blocks, h_q, num_batch, group)
         return (m_block, head, batch) + self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
 
     @cute.jit
@@ -284,9 +285,9 @@ class AttnFwdSm90:
         next tile's K/V as stages free up and its Q once the consumers release Q (after
         their last QK GEMM of a tile), while they finish the last PV and the epilogue."""
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
-        h_q = mQ.shape[2]
-        group = self._section_group(mQ, mK)
-        tiles = num_m_blocks * h_q * mQ.shape[3]
+        h_q, num_batch = mQ.shape[2], mQ.shape[3]
+        group = self._section_group(mQ, mK, h_q * num_batch)
+        tiles = num_m_blocks * h_q * num_batch
         cta = cute.arch.block_idx()[0]
         num_ctas = cute.arch.grid_dim()[0]
         rounds = cute.ceil_div(tiles, num_ctas)
@@ -301,8 +302,8 @@ class AttnFwdSm90:
                 for r in cutlass.range(rounds, unroll=1):
                     t = persistent_tile(r, cta, num_ctas)
                     for _ in cutlass.range(cutlass.min(cutlass.max(tiles - t, 0), 1), unroll=1):
-                        m_block, head, batch, n_max, n_cnt = self._tile(sched, t, num_m_blocks, h_q, group,
-                                                                        blocks, seqlen_q, seqlen_k, window)
+                        m_block, head, batch, n_max, n_cnt = self._tile(
+                            sched, t, num_m_blocks, h_q, num_batch, group, blocks, seqlen_q, seqlen_k, window)
                         head_kv = head // (h_q // mK.shape[2])
                         q_prod, kv_prod = self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v,
                                                     pipe_q, pipe_k, pipe_v, m_block, head, head_kv,
@@ -317,8 +318,8 @@ class AttnFwdSm90:
             for r in cutlass.range(rounds, unroll=1):
                 t = persistent_tile(r, cta, num_ctas)
                 for _ in cutlass.range(cutlass.min(cutlass.max(tiles - t, 0), 1), unroll=1):
-                    m_block, head, batch, n_max, n_cnt = self._tile(sched, t, num_m_blocks, h_q, group,
-                                                                    blocks, seqlen_q, seqlen_k, window)
+                    m_block, head, batch, n_max, n_cnt = self._tile(
+                        sched, t, num_m_blocks, h_q, num_batch, group, blocks, seqlen_q, seqlen_k, window)
                     kv_cons, q_cons = self.mma(mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q,
                                                pipe_k, pipe_v, params, blocks, m_block, head, batch, n_max,
                                                seqlen_q, seqlen_k, window, n_cnt, kv_cons, q_cons, aux)

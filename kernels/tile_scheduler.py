@@ -10,8 +10,12 @@ tiles of head 0 first, starts the last head's longest CTA about when the grid is
 done: a late long job.)  grid = (num_blocks * H, 1, B).  The backward's deterministic build
 keeps the plain launch order (blockIdx), which its turn protocol relies on.
 
-persistent_tile: the forward's persistent grid (min(tiles, SMs) CTAs) walks the same linear
-order, CTA c taking one tile per round in snake order (SectionLptScheduler.tile_at decodes it).
+persistent_tile: the forward's persistent grid (min(tiles, SMs) CTAs) walks one linear order,
+CTA c taking one tile per round in snake order (SectionLptScheduler.tile_at decodes it).  That
+order runs over (batch, head) units, heads fastest, cut into L2 sections across batches: with
+the batch as the slowest index (the non-persistent grid's z), every batch would restart the
+longest-first order, and the snake (which balances a monotonically shortening sequence) would
+hand some CTAs two of the longest tiles per period and others two of the shortest.
 """
 from __future__ import annotations
 
@@ -66,12 +70,14 @@ class SectionLptScheduler:
         return self.decode(lin, batch, num_blocks, num_heads, group)
 
     @cute.jit
-    def tile_at(self, t: Int32, num_blocks: Int32, num_heads: Int32, group: Int32):
-        """(block, head, batch) of linear tile t of the grid's order (lin fastest, then
-        batch): the persistent forward's CTAs walk these indices (persistent_tile)."""
-        per_batch = num_blocks * num_heads
-        batch = t // per_batch
-        return self.decode(t - batch * per_batch, batch, num_blocks, num_heads, group)
+    def tile_at(self, t: Int32, num_blocks: Int32, num_heads: Int32, num_batch: Int32, group: Int32):
+        """(block, head, batch) of linear tile t of the persistent forward's order: the LPT order
+        over units u = batch * num_heads + head, sections of `group` units (section_heads over
+        num_heads * num_batch: units of one KV head's query heads stay together, since
+        num_heads is a multiple of that group)."""
+        block, unit, _ = self.decode(t, Int32(0), num_blocks, num_heads * num_batch, group)
+        batch = unit // num_heads
+        return block, unit - batch * num_heads, batch
 
     @cute.jit
     def decode(self, lin: Int32, batch: Int32, num_blocks: Int32, num_heads: Int32, group: Int32):
@@ -85,6 +91,13 @@ class SectionLptScheduler:
         if cutlass.const_expr(self.reverse):
             block = num_blocks - 1 - block
         return Int32(block), Int32(head), Int32(batch)
+
+
+def persistent_lpt_tile(t: int, num_blocks: int, num_heads: int, num_batch: int, group: int,
+                        reverse: bool) -> tuple[int, int, int]:
+    """Host mirror of SectionLptScheduler.tile_at: (block, head, batch) of linear tile t."""
+    block, unit = lpt_tile(t, num_blocks, num_heads * num_batch, group, reverse)
+    return block, unit % num_heads, unit // num_heads
 
 
 def persistent_tile(round_: int, cta: int, num_ctas: int) -> int:

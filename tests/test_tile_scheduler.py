@@ -53,3 +53,40 @@ def test_persistent_snake_balances_lpt_tiles():
     rr = [sum(lengths[t] for t in range(c, len(lengths), g)) for c in range(g)]
     mean = sum(lengths) / g
     assert max(load) <= 1.01 * mean and max(rr) >= 1.1 * mean, (max(load), max(rr), mean)
+
+
+@pytest.mark.parametrize("num_blocks,num_heads,num_batch,group", [(8, 32, 16, 256), (7, 5, 3, 10), (4, 8, 2, 12),
+                                                                  (1, 1, 1, 1), (32, 32, 1, 32)])
+def test_persistent_order_is_a_bijection_over_batches(num_blocks, num_heads, num_batch, group):
+    n = num_blocks * num_heads * num_batch
+    tiles = [T.persistent_lpt_tile(i, num_blocks, num_heads, num_batch, group, True) for i in range(n)]
+    assert sorted(tiles) == [(b, h, z) for b in range(num_blocks) for h in range(num_heads) for z in range(num_batch)]
+    # heads of one batch stay adjacent (a KV head's query heads share its K/V in L2)
+    k = min(4, num_heads, group)
+    assert tiles[:k] == [(num_blocks - 1, hh, 0) for hh in range(k)]
+
+
+def _makespan(order, ctas, cost):
+    """Longest persistent CTA's load over the mean: CTA c walks persistent_tile(r, c, ctas)."""
+    rounds = -(-len(order) // ctas)
+    load = [sum(cost(order[t]) for r in range(rounds) if (t := T.persistent_tile(r, c, ctas)) < len(order))
+            for c in range(ctas)]
+    return max(load) / (sum(load) / ctas)
+
+
+@pytest.mark.parametrize("batch,seqlen", [(16, 1024), (4, 4096), (8, 2048), (1, 4096)])
+def test_persistent_order_balances_batched_causal_shapes(batch, seqlen):
+    """Causal forward tiles of 128 rows, 32/8 heads, D = 128, 132 CTAs; a tile costs its key
+    blocks plus 1.5 blocks of fixed cost.  Over (batch, head) units the snake keeps the longest
+    CTA within 5% of the mean at every batch; an order that restarts longest-first in every
+    batch (the batch as the slowest index) is 1.2x at B = 16, S = 1k."""
+    nb, h = seqlen // 128, 32
+    group = T.heads_per_section(h * batch, seqlen, 128 * 4, 4)
+    cost = lambda tile: tile[0] + 1 + 1.5
+    order = [T.persistent_lpt_tile(i, nb, h, batch, group, True) for i in range(nb * h * batch)]
+    assert _makespan(order, 132, cost) <= 1.05
+    if batch == 16:
+        g1 = T.heads_per_section(h, seqlen, 128 * 4, 4)
+        per_batch = [T.lpt_tile(i, nb, h, g1, True) for i in range(nb * h)]
+        old = [(b, hh, z) for z in range(batch) for b, hh in per_batch]
+        assert _makespan(old, 132, cost) >= 1.2
