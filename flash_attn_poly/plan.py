@@ -64,8 +64,6 @@ class Row:
 # the smallest p = e^(20 - 2c) normal (kernels/scores/softcap.py, fixed_lse)
 FIXED_MAX_CAP = 50.0
 EXP2_PROGRAM = "exp2_f32_d3"
-# query lengths up to this run the forward as one CTA per tile (fwd-short-grid)
-SHORT_Q = 1024
 
 # softcap on FP16 inputs has no default program: the packed tanh program misses the error rule
 # there (poly_outside_rule), so poly runs the native score (by name it runs, with a warning)
@@ -104,6 +102,10 @@ GRAD_ROWS = (
     Row({"mode": "sigmoid"}, {"sigmoid_grad": "product"},
         "sigma' = p (1 - p) from the recomputed P: same error as native, no second program",
         "sigmoid-grad-rule"),
+    Row({"mode": "sigmoid"}, {"bwd_score": "native"},
+        "the product rule's backward recomputes P on MUFU: the program's P error no longer reaches dV "
+        "(D = 256's 1/8 split missed the rule in ~2% of draws); 0.957x (D = 256) / 0.996x (D = 128) the time",
+        "sigmoid-bwd-native-p"),
 )
 
 FWD_ROWS = (
@@ -138,16 +140,9 @@ FWD_ROWS = (
     Row({"head_dim": 64}, dict(tile_m=192, tile_n=128, num_stages=3, pingpong=False),
         "three consumer warpgroups, tile 192 x 128, 3 K/V stages: 0.90-0.93x the 128 x 128 tile at D = 64",
         "fwd-d64-tile"),
-    Row({"fixed_max_ok": True, "head_dim": 256, "poly_score": False}, dict(tile_n=80),
-        "softcap D = 256 under the constant row max: 80-key blocks fill smem better, 0.93x (a packed "
-        "program's split period needs a power-of-2 block)", "fwd-d256-tile-n80"),
-    Row({"exp2_offload": True, "head_dim": 256}, dict(pingpong=True),
-        "the exp2 offload at D = 256 with 80-key blocks overlaps better with ping-pong: 0.915x", "fwd-d256-tile-n80"),
-    Row({"mode": "softmax", "short_q": True}, dict(persistent=0),
-        "S_q <= 1024: one CTA per tile, 0.96x the persistent grid (softcap's 192-row tile loses: 1.12x)",
-        "fwd-short-grid"),
-    Row({"mode": "sigmoid", "short_q": True}, dict(persistent=0),
-        "S_q <= 1024: one CTA per tile, 0.95x the persistent grid", "fwd-short-grid"),
+    Row({"exp2_offload": True, "head_dim": 256}, dict(tile_n=80, pingpong=True),
+        "the exp2 offload at D = 256: 80-key blocks with ping-pong, 0.915x (native softcap keeps 64: "
+        "80 took 1.016x)", "fwd-d256-tile-n80"),
     Row({"varlen": True}, dict(varlen=True),
         "packed sequences: one launch, a CTA per query tile, head and sequence", ""),
     Row({"varlen": True, "head_dim": 64}, dict(tile_m=128, num_stages=2),
@@ -224,7 +219,6 @@ def _facts(call: AttnCall, program) -> dict:
     return {
         "mode": call.mode, "evaluator": call.evaluator, "dtype": call.dtype, "head_dim": call.head_dim,
         "causal": call.causal, "deterministic": call.deterministic, "varlen": call.varlen,
-        "short_q": call.seqlen_q <= SHORT_Q,
         "sigmoid_default_bias": call.mode == "sigmoid" and call.sigmoid_bias is None,
         "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,
         "program_dtype": None if program is None else program.dtype,
@@ -271,7 +265,8 @@ def _score_specs(call: AttnCall, tile_n: int, facts: dict, overrides: Mapping):
     rule = grad.get("softcap_grad") if call.mode == "softcap" else (call.sigmoid_grad or grad.get("sigmoid_grad"))
     rule = overrides.get("grad_rule", rule)
     spec = ScoreSpec(kind=call.mode, evaluator="poly", program=program, poly_split=split, grad_rule=rule)
-    bwd_score = overrides.get("bwd_score", grad.get("bwd_score", "program"))
+    # the row's backward P applies to the product rule; another rule (the surrogate) needs the program
+    bwd_score = overrides.get("bwd_score", grad.get("bwd_score", "program") if rule == "product" else "program")
     if bwd_score == "program":
         return spec, spec
     if bwd_score != "native" or call.mode != "sigmoid" or rule != "product":

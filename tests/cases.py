@@ -362,10 +362,7 @@ def select_shard(cases: list, spec: Optional[str] = None) -> list:
 # Cases that fail on the H200 for a reason found and documented but not yet fixed, run as strict
 # xfails (an unexpected pass fails too, so a fix must remove its entry).  Found 2026-12-01 at
 # 15eb355 and again at 7c848a4 (bench/results/correctness.md, docs/MEASURED.md poly-rule-domain).
-KNOWN_DEFECTS = {
-    "fuzz20261201_215-sigmoid-poly-bf16-d256-full-b3-sq26-sk712-h4x2-padded3":
-        "sigmoid poly (FP16 program, 1/8 split at D = 256): dV 1.017x the rule's bound",
-}
+KNOWN_DEFECTS: dict = {}
 
 
 def params(case_list: list) -> list:

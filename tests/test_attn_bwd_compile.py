@@ -43,6 +43,8 @@ def _plan(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split
     here: the plain build, no dQ staging, no LPT order, a CTA per query head); window: left and
     (non-causal) right bounds compiled in; poly_split None: the plan's split for d."""
     ov = {"bwd.dq_async": dq_async, "bwd.lpt": lpt, "bwd.head_loop": head_loop}
+    if mode == "sigmoid" and evaluator == "poly" and grad_rule in (None, "product"):
+        ov["bwd_score"] = "program"   # the poly backward's mechanism (the default recomputes P on MUFU)
     if poly_split is not None:
         ov["poly_split"] = poly_split
     if grad_rule is not None:

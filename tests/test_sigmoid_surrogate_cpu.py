@@ -31,9 +31,11 @@ def test_public_call_resolves_to_the_coupled_block():
     fwd, coupled = blocks.block_for(prog, "fwd"), blocks.block_for(prog, "fwd_bwd")
     assert (fwd.n_instructions, fwd.n_fma) == (17, 3)          # the seed's forward block
     assert (coupled.n_instructions, coupled.n_fma) == (22, 4)  # value + P (a + b x) surrogate
-    # the default rule stays the product rule (plan.GRAD_ROWS), with the same program
+    # the default rule stays the product rule (plan.GRAD_ROWS), the same program in the forward,
+    # P recomputed on MUFU in the backward
     d = testing.plan_for(q, k, v, "sigmoid", "poly", program=PROGRAM)
-    assert d.score_bwd.grad_rule == "product" and d.score_bwd.program == prog
+    assert d.score.grad_rule == "product" and d.score.program == prog
+    assert (d.score_bwd.evaluator, d.score_bwd.program) == ("native", None)
 
 
 def test_the_surrogate_kernel_score_takes_the_coupled_block():
