@@ -102,10 +102,6 @@ GRAD_ROWS = (
     Row({"mode": "sigmoid"}, {"sigmoid_grad": "product"},
         "sigma' = p (1 - p) from the recomputed P: same error as native, no second program",
         "sigmoid-grad-rule"),
-    Row({"mode": "sigmoid"}, {"bwd_score": "native"},
-        "the product rule's backward recomputes P on MUFU: the program's P error no longer reaches dV "
-        "(D = 256's 1/8 split missed the rule in ~2% of draws); 0.957x (D = 256) / 0.996x (D = 128) the time",
-        "sigmoid-bwd-native-p"),
 )
 
 FWD_ROWS = (
@@ -190,7 +186,7 @@ class AttnPlan:
     """A resolved call: what the forward and the backward kernels build and run."""
     call: AttnCall
     score: Any                 # forward side: a kernels.scores.ScoreSpec
-    score_bwd: Any             # backward side (the exp2 offload's is native's)
+    score_bwd: Any             # backward side (the exp2 offload's and sigmoid's product rule's are native's)
     fwd: Any                   # kernels.config.FwdConfig
     bwd: Any                   # kernels.config.BwdConfig
     window: tuple              # runtime (left, right) window sizes (kernels/config.window_sizes)
@@ -265,16 +261,12 @@ def _score_specs(call: AttnCall, tile_n: int, facts: dict, overrides: Mapping):
     rule = grad.get("softcap_grad") if call.mode == "softcap" else (call.sigmoid_grad or grad.get("sigmoid_grad"))
     rule = overrides.get("grad_rule", rule)
     spec = ScoreSpec(kind=call.mode, evaluator="poly", program=program, poly_split=split, grad_rule=rule)
-    # the row's backward P applies to the product rule; another rule (the surrogate) needs the program
-    bwd_score = overrides.get("bwd_score", grad.get("bwd_score", "program") if rule == "product" else "program")
-    if bwd_score == "program":
-        return spec, spec
-    if bwd_score != "native" or call.mode != "sigmoid" or rule != "product":
-        raise ValueError(f"bwd_score: 'program' (the backward recomputes P with the forward's program) or, "
-                         f"for sigmoid's product rule only, 'native' (P from MUFU); got {bwd_score!r} with "
-                         f"mode={call.mode!r}, grad rule {rule!r}")
-    # P recomputed on MUFU: the product rule's sigma' = p (1 - p) of the exact sigmoid
-    return spec, ScoreSpec(kind="sigmoid", evaluator="native")
+    if call.mode == "sigmoid" and rule == "product":
+        # sigma' = p (1 - p) of P recomputed on MUFU (the native build): the program's P error
+        # reached dV past the rule (docs/MEASURED.md sigmoid-bwd-native-p); the surrogate's
+        # coupled block recomputes P with the program (the same spec)
+        return spec, ScoreSpec(kind="sigmoid", evaluator="native")
+    return spec, spec
 
 
 def resolve_sigmoid_bias(call: AttnCall) -> Optional[float]:
@@ -316,7 +308,7 @@ def poly_outside_rule(call: AttnCall, program) -> Optional[str]:
 
 def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) -> AttnPlan:
     """The plan of a call on a GPU with sm_count SMs.  overrides: FwdConfig / BwdConfig fields as
-    "fwd.<field>" / "bwd.<field>" keys, and "poly_split", "grad_rule", "bwd_score" for the score (timing tools
+    "fwd.<field>" / "bwd.<field>" keys, and "poly_split", "grad_rule" for the score (timing tools
     and tests); checked like the defaults (kernels.config.check_fwd / check_bwd)."""
     from .kernels.config import BwdConfig, FwdConfig, check_bwd, check_fwd
     overrides = dict(overrides or {})
@@ -334,10 +326,10 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     facts = _facts(call, program)
     facts["program"] = program
     unknown = sorted(k for k in overrides
-                     if not (k.startswith(("fwd.", "bwd.")) or k in ("poly_split", "grad_rule", "bwd_score")))
+                     if not (k.startswith(("fwd.", "bwd.")) or k in ("poly_split", "grad_rule")))
     if unknown:
         raise ValueError(f"unknown plan overrides {unknown}: use 'fwd.<FwdConfig field>', "
-                         "'bwd.<BwdConfig field>', 'poly_split', 'grad_rule' or 'bwd_score'")
+                         "'bwd.<BwdConfig field>', 'poly_split' or 'grad_rule'")
 
     # ---- forward
     fwd = _apply(FWD_ROWS, facts, {})

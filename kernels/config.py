@@ -119,6 +119,9 @@ def check_bwd(c: BwdConfig) -> None:
         raise ValueError("head_loop: not with deterministic")
     if c.stages < 1:
         raise ValueError(f"stages must be >= 1, got {c.stages}")
+    if c.score.kind == "sigmoid" and c.score.evaluator == "poly" and c.score.grad_rule != "surrogate":
+        raise ValueError(f"backward score: sigmoid poly runs the surrogate rule's block only (the product rule "
+                         f"recomputes P natively), got grad_rule {c.score.grad_rule!r}")
     if c.tile_m != 64 or c.tile_n != 128:
         # 64 key rows per MMA warpgroup; dQ's warpgroups split its columns
         raise ValueError(f"backward tile must be 64 query rows x 128 keys, got tile_m={c.tile_m}, "

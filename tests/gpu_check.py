@@ -183,7 +183,8 @@ def _ref_backward(case, dout, q, k, v, fn, gfn):
 def execute(r: Run, qkvd=None):
     """Run the kernels (or the reference stand-in) on the run's inputs.  Returns a dict: plan,
     q, k, v, dout, o, lse (what the backward was fed where fwd is False), grads (or None), and
-    the plan's score functions fn, gfn (None for a native score)."""
+    the plan's score functions fn, gfn (None for a native score) and its backward score's
+    fn_bwd, gfn_bwd."""
     import plan_reference
     from flash_attn_poly import testing
     be = backend()
@@ -192,6 +193,7 @@ def execute(r: Run, qkvd=None):
         return _execute_api(r, q, k, v, dout)
     p = r.plan(q, k, v)
     fn, gfn = plan_reference.score_fns(p)
+    fn_b, gfn_b = plan_reference.score_fns(p, side="bwd")
     if r.fwd:
         if be == "cuda":
             o, lse = testing.forward_poisoned(p, q, k, v)
@@ -204,10 +206,11 @@ def execute(r: Run, qkvd=None):
         if be == "cuda":
             grads = testing.run_backward(p, dout, q, k, v, o, lse)
         else:
-            grads = _ref_backward(r.case, dout, q, k, v, fn, gfn)
+            grads = _ref_backward(r.case, dout, q, k, v, fn_b, gfn_b)
     if be == "cuda":
         torch.cuda.synchronize()
-    return dict(plan=p, q=q, k=k, v=v, dout=dout, o=o, lse=lse, grads=grads, fn=fn, gfn=gfn)
+    return dict(plan=p, q=q, k=k, v=v, dout=dout, o=o, lse=lse, grads=grads, fn=fn, gfn=gfn, fn_bwd=fn_b,
+                gfn_bwd=gfn_b)
 
 
 def _execute_api(r: Run, q, k, v, dout):
@@ -220,6 +223,7 @@ def _execute_api(r: Run, q, k, v, dout):
     c = r.case
     p = r.plan(q, k, v)
     fn, gfn = plan_reference.score_fns(p)
+    fn_b, gfn_b = plan_reference.score_fns(p, side="bwd")
     has_lse = c.mode != "sigmoid"
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
     if be == "cuda" or fn is None:
@@ -230,19 +234,25 @@ def _execute_api(r: Run, q, k, v, dout):
         o = o.detach()
     else:
         o, lse = _ref_forward(c, q, k, v, fn, torch.float32)
-        grads = _ref_backward(c, dout, q, k, v, fn, gfn) if r.bwd else None
+        grads = _ref_backward(c, dout, q, k, v, fn_b, gfn_b) if r.bwd else None
     if be == "cuda":
         torch.cuda.synchronize()
-    return dict(plan=p, q=q, k=k, v=v, dout=dout, o=o, lse=lse, grads=grads, fn=fn, gfn=gfn)
+    return dict(plan=p, q=q, k=k, v=v, dout=dout, o=o, lse=lse, grads=grads, fn=fn, gfn=gfn, fn_bwd=fn_b,
+                gfn_bwd=gfn_b)
 
 
 def judge(r: Run, res: dict) -> dict:
     """The rule on every tensor the run produced (O and LSE where the forward ran, dQ, dK, dV
     where the backward ran), against the FP64 reference of the plan's function."""
-    dirs = (("fwd",) if r.fwd else ()) + (("bwd",) if r.bwd else ())
     grads = res["grads"] if res["grads"] is not None else (None,) * 3
-    return H.judge_case(r.case, res["q"], res["k"], res["v"], res["dout"], res["o"], res["lse"], grads,
-                        res["fn"], res["gfn"], dirs)
+    out = {}
+    if r.fwd:
+        out.update(H.judge_case(r.case, res["q"], res["k"], res["v"], res["dout"], res["o"], res["lse"], grads,
+                                res["fn"], res["gfn"], ("fwd",)))
+    if r.bwd:   # against the backward score's function (P recomputed on MUFU where the plan says so)
+        out.update(H.judge_case(r.case, res["q"], res["k"], res["v"], res["dout"], res["o"], res["lse"], grads,
+                                res["fn_bwd"], res["gfn_bwd"], ("bwd",)))
+    return out
 
 
 def check(r: Run, qkvd=None) -> dict:

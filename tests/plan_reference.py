@@ -13,10 +13,12 @@ from __future__ import annotations
 import poly_reference as PR
 
 
-def score_fns(plan, io_dtype: str = None):
-    """(score_fn, score_grad_fn) of plan's forward score; io_dtype ("bf16" | "f16", default the
-    call's dtype): the attention inputs' type (a sigmoid FP16 program's P is rounded to it)."""
-    spec = plan.score
+def score_fns(plan, io_dtype: str = None, side: str = "fwd"):
+    """(score_fn, score_grad_fn) of plan's forward score (side "bwd": of its backward score,
+    native where the backward recomputes P on MUFU: sigmoid's product rule, the exp2 offload);
+    io_dtype ("bf16" | "f16", default the call's dtype): the attention inputs' type (a sigmoid
+    FP16 program's P is rounded to it)."""
+    spec = plan.score if side == "fwd" else plan.score_bwd
     if spec.evaluator != "poly":
         return None, None
     from flash_attn_poly.kernels import scores

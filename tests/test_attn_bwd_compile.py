@@ -43,8 +43,6 @@ def _plan(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split
     here: the plain build, no dQ staging, no LPT order, a CTA per query head); window: left and
     (non-causal) right bounds compiled in; poly_split None: the plan's split for d."""
     ov = {"bwd.dq_async": dq_async, "bwd.lpt": lpt, "bwd.head_loop": head_loop}
-    if mode == "sigmoid" and evaluator == "poly" and grad_rule in (None, "product"):
-        ov["bwd_score"] = "program"   # the poly backward's mechanism (the default recomputes P on MUFU)
     if poly_split is not None:
         ov["poly_split"] = poly_split
     if grad_rule is not None:
@@ -72,18 +70,22 @@ TURN_OPS = {"LDG.STRONG.GPU": r"LDG\.E\.STRONG\.GPU", "MEMBAR.GPU": r"MEMBAR\.AL
 @pytest.mark.parametrize("mode", ["softcap", "sigmoid"])
 @pytest.mark.parametrize("split", [None, (1, 1), (1, 2), (1, 4), (3, 4), (0, 2)])
 def test_bwd_side_follows_forward_split(mode, split):
-    """The plan hands the backward the forward's score spec: same program, split and rule per
-    key column group."""
-    p = _plan(mode, "poly", poly_split=split)
+    """The plan hands a poly backward the forward's score spec: same program, split and rule per
+    key column group (sigmoid: the surrogate rule's, its only poly backward)."""
+    kw = dict(program=BF16["sigmoid"], grad_rule="surrogate") if mode == "sigmoid" else {}
+    p = _plan(mode, "poly", poly_split=split, **kw)
     fwd, bwd = scores.device(p.score), scores.device(p.score_bwd)
     assert p.score_bwd == p.score and bwd.poly_split == fwd.poly_split
     assert [bwd.uses_block(g) for g in range(64)] == [fwd.poly_pair(g) for g in range(64)]
 
 
 def test_bwd_side_program_facts_and_args():
-    sc, sg = (scores.device(_plan(m, "poly").score_bwd) for m in ("softcap", "sigmoid"))
-    fc, fg = (scores.device(_plan(m, "poly").score) for m in ("softcap", "sigmoid"))
+    surrogate = dict(program=BF16["sigmoid"], grad_rule="surrogate")
+    sc, fc = (scores.device(getattr(_plan("softcap", "poly"), side)) for side in ("score_bwd", "score"))
+    sg, fg = (scores.device(getattr(_plan("sigmoid", "poly", **surrogate), side)) for side in ("score_bwd", "score"))
     assert sc.clamp_l == fc.clamp_l > 0 and sg.program_n == fg.program_n == 4096
+    # the product rule (the default): the backward is the native build, no block
+    assert _plan("sigmoid", "poly").score_bwd == _plan("sigmoid").score_bwd
     # MUFU columns of a sigmoid poly score: 0.5*arg0 and arg2 are the forward's params 2, 3
     a, p = sg.bwd_scalars(0.125, None, -3.0), fg.fwd_scalars(0.125, None, -3.0)
     assert (0.5 * a[0], a[1], a[2]) == (p[2], p[1], p[3])
@@ -213,8 +215,9 @@ def test_poly_stage_bwd_sfu_counts(mode, split):
     of every variant are the once-per-CTA integer division head // (H_q / H_kv).  (softcap
     1/4: test_softcap_poly_bwd_quarter_split_no_spills.)"""
     n = _sass(mode, "poly", poly_split=split, program=BF16[mode],
-              grad_rule="block" if mode == "softcap" else None)   # the seed's derivative block
-    j, k = _plan(mode, "poly", poly_split=split).score_bwd.poly_split
+              grad_rule="block" if mode == "softcap" else "surrogate")   # the seed's derivative blocks
+    j, k = _plan(mode, "poly", poly_split=split, program=BF16[mode],
+                 grad_rule="block" if mode == "softcap" else "surrogate").score_bwd.poly_split
     assert n["HFMA2.BF16"] > 0 and n["STL"] == 0 and n["LDL"] == 0, n
     if k <= 2:
         assert n["MUFU.TANH"] == SCORES_D128 * (k - j) // k, n
@@ -335,7 +338,7 @@ def test_bwd_over_shared_memory_fails_at_build_naming_the_config():
 
 def test_sigmoid_grad_rule_default_matches_the_reference():
     import poly_reference as PR
-    assert _plan("sigmoid", "poly").score_bwd.grad_rule == PR.SIGMOID_GRAD_RULE == "product"
+    assert _plan("sigmoid", "poly").score.grad_rule == PR.SIGMOID_GRAD_RULE == "product"
     with pytest.raises(ValueError, match="grad_rule"):
         _plan("sigmoid", "poly", grad_rule="exact")
 
@@ -357,25 +360,11 @@ def test_softcap_grad_rule_default_matches_the_reference(program, rule):
         _plan("softcap", "poly", program=program, grad_rule="exact")
 
 
-@pytest.mark.compile
-def test_sigmoid_poly_bwd_product_rule_is_shorter():
-    """BF16 D3 program at 1/4: grad_rule "product" runs the 17-instruction forward block (3 packed FMAs, 2 squarings)
-    and one FFMA per score for p (1 - p) instead of the coupled 22-instruction block: fewer
-    packed ops, 32 more FFMA per thread and query block (D=128, 1/4 split), no spills."""
-    n = {r: _sass("sigmoid", "poly", poly_split=(1, 4), program=BF16["sigmoid"], grad_rule=r)
-         for r in ("product", "surrogate")}
-    p, s = n["product"], n["surrogate"]
-    assert p["STL"] == 0 and p["LDL"] == 0 and p["HGMMA"] == s["HGMMA"] == 32, p
-    assert p["HFMA2.BF16"] * 4 == s["HFMA2.BF16"] * 3, (p, s)
-    assert p["MUFU.TANH"] == s["MUFU.TANH"], (p, s)
-
-
 def _sass_program(mode, program):
     """Opcode counts of the D = 128 causal BF16 poly build (dQ async, LPT) with the poly
-    side's table `program`, at the BF16 programs' former default splits (softcap 1/2,
-    sigmoid 1/4) for comparison with them."""
-    return _sass(mode, "poly", poly_split={"softcap": (1, 2), "sigmoid": (1, 4)}[mode], program=program,
-                 dq_async=True, lpt=True)
+    side's table `program`, at the BF16 program's former default split (softcap 1/2) for
+    comparison with it."""
+    return _sass(mode, "poly", poly_split={"softcap": (1, 2)}[mode], program=program, dq_async=True, lpt=True)
 
 
 @pytest.mark.compile
@@ -399,16 +388,6 @@ def test_softcap_program_without_blocks_is_refused():
                             poly_split=(1, 8), grad_rule="value")
     with pytest.raises(ValueError, match="softcap program 'tanh_d4' has no forward block"):
         scores.device(spec)
-
-
-@pytest.mark.compile
-def test_sigmoid_f16_program_bwd_builds_without_spills():
-    """program="sigmoid_attn_n4096_f16", product rule: f16x2 block, P converted for dV,
-    sigma' from the f16 P; no spills, same HGMMA and MUFU.TANH counts as the BF16 build."""
-    n = _sass_program("sigmoid", "sigmoid_attn_n4096_f16")
-    base = _sass("sigmoid", "poly", poly_split=(1, 4), dq_async=True, lpt=True, program=BF16["sigmoid"])
-    assert n["HGMMA"] == base["HGMMA"] and n["MUFU.TANH"] == base["MUFU.TANH"], (n, base)
-    assert n["HFMA2.BF16"] == 0 < n["HFMA2"] and n["STL"] == 0 and n["LDL"] == 0, n
 
 
 def test_sigmoid_f16_program_refuses_surrogate():
@@ -442,17 +421,16 @@ def test_head_loop_bwd_stores_dkv_without_atomics(mode, evaluator, d, dq_async):
 
 @pytest.mark.compile
 def test_sigmoid_poly_fp16_inputs_build_and_bf16_program_is_refused():
-    """FP16 inputs with the FP16 sigmoid program: the block's f16x2 P feeds PV / dV as is
-    (16 fewer F2FP per thread than the BF16-input build's conversions in the forward, none
-    spilled); the BF16 program is refused by name for FP16 inputs, forward and backward."""
+    """FP16 inputs with the FP16 sigmoid program: the block's f16x2 P feeds PV as is (16 fewer
+    F2FP per thread than the BF16-input build's conversions in the forward, none spilled; the
+    backward is the native build); the BF16 program is refused by name for FP16 inputs, forward
+    and backward (its surrogate)."""
     from flash_attn_poly.kernels import attn_fwd_sm90 as A
     counts = {dt: B.fwd(B.plan("sigmoid", "poly", dtype=dt).fwd).counts() for dt in ("bf16", "fp16")}
     assert counts["fp16"]["HGMMA"] == counts["bf16"]["HGMMA"] and counts["fp16"]["STL"] == 0, counts
     assert counts["fp16"]["F2FP"] < counts["bf16"]["F2FP"], counts
-    n = _sass("sigmoid", "poly", dtype="fp16", dq_async=True, lpt=True)
-    assert n["HGMMA"] > 0 and n["STL"] == 0 and n.get("HFMA2.BF16", 0) == 0, n
-    bad = _plan("sigmoid", "poly", dtype="fp16", program=BF16["sigmoid"])   # attention() refuses it first
-    with pytest.raises(ValueError, match="BF16 inputs only"):
+    bad = _plan("sigmoid", "poly", dtype="fp16", program=BF16["sigmoid"], grad_rule="surrogate")
+    with pytest.raises(ValueError, match="BF16 inputs only"):   # attention() refuses it first
         A.kernel_for(bad.fwd)
     with pytest.raises(ValueError, match="BF16 inputs only"):
         K.kernel_for(bad.bwd)

@@ -15,11 +15,13 @@ SM = 132
 ANCHOR = (1, 4096, 32, 8)
 
 
-def _plan(mode, evaluator="poly", d=128, dtype="bf16", softcap=None, program=None, overrides=None):
+def _plan(mode, evaluator="poly", d=128, dtype="bf16", softcap=None, program=None, overrides=None,
+          sigmoid_grad=None):
     b, s, h_q, h_kv = ANCHOR
     c = P.AttnCall(mode=mode, evaluator=evaluator, dtype=dtype, head_dim=d, batch=b, seqlen_q=s, seqlen_k=s,
                    heads_q=h_q, heads_kv=h_kv, causal=True, window=(-1, -1), softmax_scale=d ** -0.5,
-                   softcap=(softcap or 50.0) if mode == "softcap" else None, program=program)
+                   softcap=(softcap or 50.0) if mode == "softcap" else None, program=program,
+                   sigmoid_grad=sigmoid_grad)
     return P.resolve(c, SM, overrides)
 
 
@@ -59,12 +61,13 @@ def test_forward_split_is_the_backward_rule(mode, d, overrides):
     """The forward decides block or MUFU per column group g of its key block (compile time);
     the backward per global key group (key // 8).  For the plan of every head dim (softcap:
     the FP16 tanh program under the constant row max, BF16 cap 50; or with a 64-key block as
-    an override) the two agree on every key of several blocks, because the plan coarsens the
-    split to the forward's key block and hands the backward the same spec (D = 256: 1/8, the
-    64-key block's finest)."""
+    an override; sigmoid: the surrogate rule, its poly backward) the two agree on every key of
+    several blocks, because the plan coarsens the split to the forward's key block and hands the
+    backward the same spec (D = 256: 1/8, the 64-key block's finest)."""
     from flash_attn_poly.kernels import scores
-    program = "softcap_c50_f16_odd" if mode == "softcap" else None
-    p = _plan(mode, d=d, program=program, overrides=overrides)
+    program = "softcap_c50_f16_odd" if mode == "softcap" else "sigmoid_attn_n4096"
+    p = _plan(mode, d=d, program=program, overrides=overrides,
+              sigmoid_grad="surrogate" if mode == "sigmoid" else None)
     spec, tile_n = p.score, p.fwd.tile_n
     assert p.score_bwd == spec
     j, k = spec.poly_split
@@ -73,9 +76,11 @@ def test_forward_split_is_the_backward_rule(mode, d, overrides):
         assert scores.poly_pair(spec.poly_split, (key % tile_n) // 8) == \
             scores.poly_pair(p.score_bwd.poly_split, key // 8), key
     assert spec.poly_split == ((1, 16) if (mode, tile_n) == ("sigmoid", 128) else (1, 8))
-    # softcap at D = 128: the three-warpgroup tile 192 x 64 unless an override sets the tile
-    assert (p.fwd.tile_m, tile_n) == ((192, 64) if (mode, d, overrides) == ("softcap", 128, {}) else
-                                      (128, 64 if overrides or d == 256 else 128))
+    # softcap at D = 128: the three-warpgroup tile 192 x 64 unless an override sets the tile;
+    # D = 64: 192 x 128 for every score
+    want = {("softcap", 128): (192, 64), ("softcap", 64): (192, 128), ("sigmoid", 64): (192, 128)}
+    want = (128, 64) if overrides else want.get((mode, d), (128, 64 if d == 256 else 128))
+    assert (p.fwd.tile_m, tile_n) == want
 
 
 def test_forward_refuses_a_split_longer_than_its_key_block():

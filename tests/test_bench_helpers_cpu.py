@@ -282,7 +282,7 @@ BWD_KNOB_EFFECTS = [
      lambda p: p.score_bwd.grad_rule == "surrogate" and p.score_bwd.program.name == "sigmoid_attn_n4096"),
     ("softcap", "poly", "softcap_grad=block+program=softcap_c50_f16",
      lambda p: p.score_bwd.grad_rule == "block" and p.score_bwd.program.name == "softcap_c50_f16"),
-    ("sigmoid", "poly", "split=1/8", lambda p: p.score_bwd.poly_split == (1, 8)),
+    ("sigmoid", "poly", "split=1/8", lambda p: p.score.poly_split == (1, 8)),
 ]
 
 

@@ -86,9 +86,11 @@ def test_sigmoid_resolves_the_f16_program_on_one_sixteenth():
     assert p.bwd.score == p.score_bwd == resolve("sigmoid", "native").score_bwd
     s = resolve("sigmoid", "poly", sigmoid_grad="surrogate")
     assert s.score_bwd == s.score and s.score.grad_rule == "surrogate"
-    assert resolve("sigmoid", "poly", overrides={"bwd_score": "program"}).score_bwd == p.score
-    with pytest.raises(ValueError, match="bwd_score"):
-        resolve("sigmoid", "poly", sigmoid_grad="surrogate", overrides={"bwd_score": "native"})
+    # a sigmoid poly backward spec other than the surrogate's has no kernel path: check_bwd names it
+    from flash_attn_poly.kernels.config import check_bwd
+    import dataclasses
+    with pytest.raises(ValueError, match="surrogate rule's block only"):
+        check_bwd(dataclasses.replace(p.bwd, score=p.score))
 
 
 @pytest.mark.parametrize("seqlen_k,bias,poly", [
@@ -157,7 +159,8 @@ def test_split_is_coarsened_to_the_forward_key_block():
         assert p.score.poly_split == want and p.fwd.tile_n % (8 * want[1]) == 0, d
         s = resolve("sigmoid", "poly", d=d, program="sigmoid_attn_n4096", sigmoid_grad="surrogate")
         assert s.score_bwd == s.score and s.score.poly_split == want, d
-    p = resolve("sigmoid", "poly", overrides={"fwd.tile_n": 64, "bwd_score": "program"})
+    p = resolve("sigmoid", "poly", program="sigmoid_attn_n4096", sigmoid_grad="surrogate",
+                overrides={"fwd.tile_n": 64})
     assert p.score.poly_split == (1, 8) and p.score_bwd == p.score
     assert resolve("softcap", "poly", d=256, softcap=60.0).score.poly_split == (1, 8)
 
@@ -181,8 +184,8 @@ def test_grad_rules():
     assert p.score.grad_rule == "product" and p.score_bwd.evaluator == "native"   # sigmoid-bwd-native-p
     assert resolve("sigmoid", "poly", program="sigmoid_attn_n4096",
                    sigmoid_grad="surrogate").score_bwd.grad_rule == "surrogate"
-    assert resolve("sigmoid", "poly", sigmoid_grad="surrogate",
-                   overrides={"grad_rule": "product"}).score_bwd.grad_rule == "product"
+    o = resolve("sigmoid", "poly", sigmoid_grad="surrogate", overrides={"grad_rule": "product"})
+    assert o.score.grad_rule == "product" and o.score_bwd.evaluator == "native"    # the override wins
     for mode in ("softcap", "sigmoid"):
         with pytest.raises(ValueError, match="grad_rule"):
             resolve(mode, "poly", softcap=60.0 if mode == "softcap" else None, overrides={"grad_rule": "exact"})

@@ -10,7 +10,6 @@ softcap_c50_f16_odd`, `head_loop=0+lpt=1`):
                                    bwd_tuning BwdConfig fields
   split=J/K (poly_split=J/K)       the poly score's key column split ("poly_split")
   grad_rule=R (softcap_grad=R)     the poly backward's derivative rule ("grad_rule")
-  bwd_score=program|native         the poly backward's P: the forward's program or MUFU (sigmoid)
   program=NAME, sigmoid_grad=R,    attention() arguments: the plan resolves from them (deterministic
   deterministic=0/1                turns off dq_async, lpt and head_loop by its row)
                                    (bwd also: zero_dq_in_pre=0/1, who zeroes head_loop's dQ
@@ -33,7 +32,7 @@ CALL_KNOBS = {"program": str, "sigmoid_grad": str, "deterministic": bool}   # pl
 # backward choices of the plan that are no BwdConfig field but take a "bwd." override
 BWD_PLAN_FIELDS = {"zero_dq_in_pre": "bool"}   # who zeroes head_loop's dQ accumulator
 ALIASES = {"split": "poly_split", "softcap_grad": "grad_rule"}
-POLY_ONLY = ("poly_split", "grad_rule", "bwd_score", "program", "sigmoid_grad")   # need evaluator="poly"
+POLY_ONLY = ("poly_split", "grad_rule", "program", "sigmoid_grad")   # need evaluator="poly"
 
 
 def _fields(direction: str) -> dict:
@@ -92,7 +91,7 @@ def parse(text: str, direction: str = "fwd") -> Knob:
         key = ALIASES.get(name, name)
         if key == "poly_split":
             overrides[key] = _split(name, value)
-        elif key in ("grad_rule", "bwd_score"):
+        elif key == "grad_rule":
             overrides[key] = value
         elif key in CALL_KNOBS:
             call[key] = _value(name, CALL_KNOBS[key], value)
@@ -101,7 +100,7 @@ def parse(text: str, direction: str = "fwd") -> Knob:
             if not dot:
                 scope, fname = direction, key
             if scope not in fields or fname not in fields[scope]:
-                known = dict.fromkeys([*fields[direction], *ALIASES, "poly_split", "grad_rule", "bwd_score", *CALL_KNOBS])
+                known = dict.fromkeys([*fields[direction], *ALIASES, "poly_split", "grad_rule", *CALL_KNOBS])
                 raise ValueError(f"--knob {name}: unknown; known: {', '.join(known)} "
                                  "(or fwd.<FwdConfig field>, bwd.<BwdConfig field>)")
             overrides[f"{scope}.{fname}"] = _value(name, fields[scope][fname], value)

@@ -12,8 +12,9 @@ Forward.
           then write_p's "tail" (P = q*q, one mul) after the PV wait: the same instructions and
           bits as the block.  An FP16 program's f16x2 P is converted to bf16x2 for BF16 inputs.
 Backward: g = dP sigma'(x + b) (no LSE, no D).  MUFU columns: the forward's p and sigma' =
-p (1 - p).  Poly block columns by grad_rule: "product": the "fwd" block's P and sigma' = p (1 - p);
-"surrogate": the coupled "fwd_bwd" block's P and its factored D4 derivative surrogate (seed B3).
+p (1 - p).  The product rule's backward is the native score (the plan hands it the native spec:
+the program's P error reached dV); a poly backward is the surrogate rule's: on its block columns
+the coupled "fwd_bwd" block's P and its factored D4 derivative surrogate (seed B3).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .common import (ScoreBase, acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_as_b32, frag_a_col_group,
-                     pack_f32x2, pin_f32, run_program, tanh_approx, unpack_bf16x2, unpack_f16x2,
+                     pack_f32x2, pin_f32, run_program, tanh_approx, unpack_bf16x2,
                      write_p_native, write_p_pinned)
 
 
@@ -72,6 +73,12 @@ class Score(ScoreBase):
 
     def check_dtype(self, is_bf16: bool) -> None:
         check_dtype(self.spec, is_bf16)
+
+    def check_bwd_rule(self) -> None:
+        """A poly backward runs the coupled block: the product rule recomputes P natively."""
+        if self.evaluator == "poly" and self.grad_rule != "surrogate":
+            raise ValueError(f"sigmoid poly backward: grad_rule {self.grad_rule!r} has no program path (the "
+                             "product rule's backward is the native score; only the surrogate runs a block)")
 
     # ------------------------------------------------------------------ host
     def fwd_scalars(self, scale: float, softcap, bias: float):
@@ -178,17 +185,7 @@ class Score(ScoreBase):
     @cute.jit
     def prob2(self, s0, s1, lse0, lse1, args, block: cutlass.Constexpr[bool],
               is_bf16: cutlass.Constexpr[bool], coords=None, rc=None):
-        if cutlass.const_expr(block and self.grad_rule == "product"):
-            p = Int32(run_program(self.program, "fwd", s0 * args[0] + args[1], s1 * args[0] + args[1])[0])
-            p = nan_through(p, s0, s1, self.p_f16)
-            if cutlass.const_expr(self.p_f16):
-                # the forward's P is bf16(p) for BF16 inputs, p itself for FP16 ones (dV
-                # operand); sigma' from the f16 p
-                q0, q1 = unpack_f16x2(p)
-                return (pack_f32x2(q0, q1, True) if cutlass.const_expr(is_bf16) else p), q0 - q0 * q0, q1 - q1 * q1
-            q0, q1 = unpack_bf16x2(p)
-            return p, q0 - q0 * q0, q1 - q1 * q1
-        if cutlass.const_expr(block):
+        if cutlass.const_expr(block):   # the surrogate (check_bwd_rule: the only poly backward)
             p, dp = run_program(self.program, "fwd_bwd", s0 * args[0] + args[1], s1 * args[0] + args[1])
             d0, d1 = unpack_bf16x2(nan_through(Int32(dp), s0, s1, False))
             return nan_through(Int32(p), s0, s1, False), d0, d1
