@@ -136,6 +136,10 @@ FWD_ROWS = (
     Row({"head_dim": 64}, dict(tile_m=192, tile_n=128, num_stages=3, pingpong=False),
         "three consumer warpgroups, tile 192 x 128, 3 K/V stages: 0.90-0.93x the 128 x 128 tile at D = 64",
         "fwd-d64-tile"),
+    Row({"mode": "softcap", "fixed_max_ok": False, "head_dim": 64}, dict(tile_m=128, num_stages=2),
+        "softcap under the online max (cap > 50, FP16) spills on the 192-row causal tile: 128 rows", ""),
+    Row({"mode": "softcap", "fixed_max_ok": False, "head_dim": 64, "poly_score": True}, dict(pingpong=True),
+        "with a packed program's score: ping-pong, as at the other head dims", "fwd-pingpong"),
     Row({"exp2_offload": True, "head_dim": 256}, dict(tile_n=80, pingpong=True),
         "the exp2 offload at D = 256: 80-key blocks with ping-pong, 0.915x (native softcap keeps 64: "
         "80 took 1.016x)", "fwd-d256-tile-n80"),

@@ -210,7 +210,10 @@ FWD_CASES = [
     # D = 64: three consumer warpgroups, 192 x 128, 3 stages, no ping-pong, for every score
     (dict(mode="softcap", evaluator="poly", d=64), dict(tile_m=192, num_stages=3, fixed_max=True, exp2_fma=1)),
     (dict(mode="sigmoid", evaluator="poly", d=64), dict(tile_m=192, num_stages=3)),
-    (dict(mode="softcap", d=64, softcap=60.0), dict(tile_m=192, num_stages=3)),
+    # ... but online-max softcap (cap > 50, FP16) keeps the 128-row tile (the 192-row one spills)
+    (dict(mode="softcap", d=64, softcap=60.0), {}),
+    (dict(mode="softcap", d=64, dtype="fp16"), {}),
+    (dict(mode="softcap", evaluator="poly", d=64, softcap=60.0), dict(pingpong=True)),
     # the exp2 offload at D = 256: 80-key blocks with ping-pong (native softcap keeps 64)
     (dict(mode="softcap", evaluator="poly", d=256), dict(tile_n=80, pingpong=True, row_sum_carry=True,
                                                          fixed_max=True, exp2_fma=1)),
