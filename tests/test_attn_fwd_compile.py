@@ -392,7 +392,9 @@ def test_softcap_exp2_offload_build(head_dim, causal):
     assert p.score.evaluator == "native" and p.score.program.name == "exp2_f32_d3"
     assert p.fwd.fixed_max and p.fwd.exp2_fma == 1
     n = _counts("softcap", "poly", head_dim, causal, softcap=FIXED)
-    nat = _counts("softcap", "native", head_dim, causal, softcap=FIXED)
+    # native on the offload's tile (at D = 256 the offload runs 80-key blocks with ping-pong)
+    tile = dict(tile_n=p.fwd.tile_n, pingpong=p.fwd.pingpong) if head_dim == 256 else {}
+    nat = _counts("softcap", "native", head_dim, causal, softcap=FIXED, **tile)
     assert n["MUFU.TANH"] == nat["MUFU.TANH"] > 0
     assert 0 < n["MUFU.EX2"] < nat["MUFU.EX2"], (n["MUFU.EX2"], nat["MUFU.EX2"])
     assert n["FFMA"] > nat["FFMA"] and n["HGMMA"] == nat["HGMMA"]
@@ -401,10 +403,9 @@ def test_softcap_exp2_offload_build(head_dim, causal):
     assert "C7512" not in log and "C7513" not in log, log
 
 
-# ------------------------------------------ candidates of issue 27's cells (not plan rows yet)
-# Timed by bench/tools/fwd_tuning.py --knob beside the default (docs/NOTES_attn_fwd.md,
-# "Candidates for D = 64, D = 256 and short sequences"); here: they build, without spills or
-# wgmma serialisation, with the GEMMs their tiles imply.
+# ------------------------------------------ the tiles of issue 27's cells (plan rows fwd-d64-tile,
+# fwd-d256-tile-n80): they build without spills or wgmma serialisation, with the GEMMs their tiles
+# imply, beside the tiles they replaced
 CAND_MODES = [("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")]
 
 
@@ -419,34 +420,37 @@ def _clean(p):
 @pytest.mark.compile
 @pytest.mark.parametrize("mode,evaluator", CAND_MODES)
 def test_d64_three_warpgroups_tile_192x128(mode, evaluator):
-    """D = 64 on three consumer warpgroups, tile 192 x 128 (FA4's D <= 64 tile): O is 32
-    registers a thread, so the 128-key S (64) and P (32) fit 160 registers where D = 128 spills.
-    Same GEMM count as the 128 x 128 default (each warpgroup's GEMM shapes are unchanged), the
-    loop's two real waits (DEPBAR 9 in both)."""
+    """D = 64 on three consumer warpgroups, tile 192 x 128, 3 K/V stages (FA4's D <= 64 tile; the
+    default): O is 32 registers a thread, so the 128-key S (64) and P (32) fit 160 registers where
+    D = 128 spills.  Same GEMM count as the 128 x 128 two-warpgroup tile it replaced (each
+    warpgroup's GEMM shapes are unchanged)."""
     kw = dict(softcap=FIXED) if mode == "softcap" else {}
-    p = _plan(mode, evaluator, 64, tile_m=192, tile_n=128, pingpong=False, **kw)
     d = _plan(mode, evaluator, 64, **kw)
-    assert (p.fwd.tile_m, p.fwd.tile_n, d.fwd.tile_m) == (192, 128, 128)
-    assert p.score == d.score   # the split repeats in 128 keys either way
-    n, depbar = _clean(p)
-    nd, depbar_d = _clean(d)
-    assert n["HGMMA"] == nd["HGMMA"] > 0 and depbar == depbar_d, (n["HGMMA"], nd["HGMMA"], depbar, depbar_d)
+    old = _plan(mode, evaluator, 64, tile_m=128, num_stages=2, **kw)
+    assert (d.fwd.tile_m, d.fwd.tile_n, d.fwd.num_stages, d.fwd.pingpong, old.fwd.tile_m) == (192, 128, 3, False, 128)
+    assert d.score == old.score   # the split repeats in 128 keys either way
+    n, _ = _clean(d)
+    no, _ = _clean(old)
+    assert n["HGMMA"] == no["HGMMA"] > 0, (n["HGMMA"], no["HGMMA"])
 
 
 @pytest.mark.compile
 @pytest.mark.parametrize("mode,evaluator", CAND_MODES[:2])
 def test_d256_tile_n80(mode, evaluator):
-    """D = 256 with 80-key blocks (FA4's D = 256 tile): Q 64 KB + 2 stages of 80-key K and V
-    (160 KB) fill 224 of sm_90's 227 KB.  Per block the QK GEMM is 16 k-steps of m64n80 as
-    before and PV gains a fifth k-step of 16 keys: HGMMA = the 64-key build's + 5 (one per loop
-    copy and the last PV)."""
+    """D = 256 with 80-key blocks (FA4's D = 256 tile; the exp2 offload's default, with ping-pong):
+    Q 64 KB + 2 stages of 80-key K and V (160 KB) fill 224 of sm_90's 227 KB.  Per block the QK
+    GEMM is 16 k-steps of m64n80 as before and PV gains a fifth k-step of 16 keys: HGMMA = the
+    64-key build's + 5 (one per loop copy and the last PV)."""
     kw = dict(softcap=FIXED) if mode == "softcap" else {}
-    p = _plan(mode, evaluator, 256, tile_n=80, **kw)
-    d = _plan(mode, evaluator, 256, **kw)
+    p = _plan(mode, evaluator, 256, tile_n=80, pingpong=False, **kw)
+    d = _plan(mode, evaluator, 256, tile_n=64, pingpong=False, **kw)
     assert (p.fwd.tile_n, d.fwd.tile_n, p.fwd.num_stages) == (80, 64, 2)
     n, depbar = _clean(p)
     nd, _ = _clean(d)
     assert n["HGMMA"] == nd["HGMMA"] + 5 and depbar == 9, (n["HGMMA"], nd["HGMMA"], depbar)
+    if mode == "softcap":   # the default is that tile (with ping-pong)
+        assert (_plan(mode, evaluator, 256, **kw).fwd.tile_n, _plan(mode, evaluator, 256, **kw).fwd.pingpong) == (80, True)
+        _clean(_plan(mode, evaluator, 256, **kw))
 
 
 def test_d256_tile_n80_refuses_splits_that_cannot_repeat():
