@@ -180,20 +180,26 @@ def _ref_backward(case, dout, q, k, v, fn, gfn):
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
 
 
+def _score_fns(p):
+    """(fn, gfn) of the plan's forward score and (fn_bwd, gfn_bwd) of its backward score: the
+    same pair where the backward recomputes P with the forward's spec."""
+    import plan_reference
+    fn, gfn = plan_reference.score_fns(p)
+    return (fn, gfn) + ((fn, gfn) if p.score_bwd == p.score else plan_reference.score_fns(p, side="bwd"))
+
+
 def execute(r: Run, qkvd=None):
     """Run the kernels (or the reference stand-in) on the run's inputs.  Returns a dict: plan,
     q, k, v, dout, o, lse (what the backward was fed where fwd is False), grads (or None), and
     the plan's score functions fn, gfn (None for a native score) and its backward score's
     fn_bwd, gfn_bwd."""
-    import plan_reference
     from flash_attn_poly import testing
     be = backend()
     q, k, v, dout = qkvd if qkvd is not None else inputs(r)
     if r.path == "api":
         return _execute_api(r, q, k, v, dout)
     p = r.plan(q, k, v)
-    fn, gfn = plan_reference.score_fns(p)
-    fn_b, gfn_b = plan_reference.score_fns(p, side="bwd")
+    fn, gfn, fn_b, gfn_b = _score_fns(p)
     if r.fwd:
         if be == "cuda":
             o, lse = testing.forward_poisoned(p, q, k, v)
@@ -218,12 +224,10 @@ def _execute_api(r: Run, q, k, v, dout):
     attention(backend="reference") where the plan's score is native and the plan's function in
     FP32 where it is a program (the reference backend computes exact functions only)."""
     import flash_attn_poly
-    import plan_reference
     be = backend()
     c = r.case
     p = r.plan(q, k, v)
-    fn, gfn = plan_reference.score_fns(p)
-    fn_b, gfn_b = plan_reference.score_fns(p, side="bwd")
+    fn, gfn, fn_b, gfn_b = _score_fns(p)
     has_lse = c.mode != "sigmoid"
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
     if be == "cuda" or fn is None:
@@ -245,13 +249,14 @@ def judge(r: Run, res: dict) -> dict:
     """The rule on every tensor the run produced (O and LSE where the forward ran, dQ, dK, dV
     where the backward ran), against the FP64 reference of the plan's function."""
     grads = res["grads"] if res["grads"] is not None else (None,) * 3
-    out = {}
-    if r.fwd:
-        out.update(H.judge_case(r.case, res["q"], res["k"], res["v"], res["dout"], res["o"], res["lse"], grads,
-                                res["fn"], res["gfn"], ("fwd",)))
-    if r.bwd:   # against the backward score's function (P recomputed on MUFU where the plan says so)
-        out.update(H.judge_case(r.case, res["q"], res["k"], res["v"], res["dout"], res["o"], res["lse"], grads,
-                                res["fn_bwd"], res["gfn_bwd"], ("bwd",)))
+    judge_dirs = lambda fn, gfn, dirs: H.judge_case(r.case, res["q"], res["k"], res["v"], res["dout"], res["o"],
+                                                   res["lse"], grads, fn, gfn, dirs)
+    if res["plan"].score_bwd == res["plan"].score:   # one function: one reference for both directions
+        return judge_dirs(res["fn"], res["gfn"], (("fwd",) if r.fwd else ()) + (("bwd",) if r.bwd else ()))
+    # the backward against its own score's function (P recomputed on MUFU where the plan says so)
+    out = judge_dirs(res["fn"], res["gfn"], ("fwd",)) if r.fwd else {}
+    if r.bwd:
+        out.update(judge_dirs(res["fn_bwd"], res["gfn_bwd"], ("bwd",)))
     return out
 
 

@@ -263,6 +263,7 @@ def _route(monkeypatch):
     record each launch: ("fwd" | "bwd" | "fwd_varlen" | "bwd_varlen", the plan's call, extra)."""
     from flash_attn_poly import plan as plan_mod
     from flash_attn_poly.kernels import dispatch
+    from test_varlen_gpu import varlen_call_of
     launches = []
     monkeypatch.setattr(fi, "plan_for", lambda call, device: plan_mod.resolve(call, 132))
     monkeypatch.setattr(dispatch, "forward", lambda p, q, k, v, aux=(): launches.append(("fwd", p.call, None))
@@ -270,20 +271,15 @@ def _route(monkeypatch):
     monkeypatch.setattr(dispatch, "backward", lambda p, dout, q, k, v, out, lse, aux=():
                         launches.append(("bwd", p.call, lse.shape)) or fi._reference_backward(dout, q, k, v, p.call))
 
-    def as_varlen(c, max_q, max_k):
-        return fv.VarlenCall(mode=c.mode, evaluator=c.evaluator, dtype=c.dtype, head_dim=c.head_dim, batch=c.batch,
-                             max_seqlen_q=max_q, max_seqlen_k=max_k, heads_q=c.heads_q, heads_kv=c.heads_kv,
-                             causal=c.causal, window=c.window, softmax_scale=c.softmax_scale, softcap=c.softcap,
-                             sigmoid_bias=c.sigmoid_bias)
-
     def fwd_varlen(vp, q, k, v, cu_q, cu_k, max_q):
         launches.append(("fwd_varlen", vp.call, vp.fwd))
-        out, lse = fv._forward(q, k, v, cu_q, cu_k, as_varlen(vp.call, max_q, vp.call.seqlen_k), True, "reference")
+        call = varlen_call_of(vp.call, max_q, vp.call.seqlen_k)
+        out, lse = fv._forward(q, k, v, cu_q, cu_k, call, True, "reference")
         return out, (None if vp.call.mode == "sigmoid" else lse)
 
     def bwd_varlen(vp, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k):
         launches.append(("bwd_varlen", vp.call, vp.bwd))
-        return fv._backward(dout, q, k, v, cu_q, cu_k, out, lse, as_varlen(vp.call, max_q, max_k), "reference")
+        return fv._backward(dout, q, k, v, cu_q, cu_k, out, lse, varlen_call_of(vp.call, max_q, max_k), "reference")
 
     monkeypatch.setattr(dispatch, "forward_varlen", fwd_varlen)
     monkeypatch.setattr(dispatch, "backward_varlen", bwd_varlen)
@@ -297,7 +293,7 @@ def _cuda_and_reference(mode, kw, lens_q, lens_k, **vkw):
     for backend in ("cuda", "reference"):
         qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
         call = fv.validate(qq, kk, vv, cu_q, cu_k, max(lens_q), max(lens_k), mode, "poly", True, kw.get("softcap"),
-                           **vkw)
+                           kw.get("sigmoid_bias"), **vkw)
         out, lse = fv._EagerVarlen.apply(qq, kk, vv, cu_q, cu_k, call, True, backend)
         res[backend] = (out, lse) + torch.autograd.grad(out, (qq, kk, vv), dout)
     for a, b in zip(res["cuda"], res["reference"]):
@@ -313,7 +309,7 @@ def test_cuda_path_runs_one_varlen_launch_per_batch(monkeypatch):
     lens_q, lens_k = [3, 0, 5, 2], [4, 2, 5, 0]
     for mode, kw in (("softmax", {}), ("softcap", {"softcap": 20.0}), ("sigmoid", {"sigmoid_bias": -2.0})):
         launches.clear()
-        _cuda_and_reference(mode, kw, lens_q, lens_k, **({"sigmoid_bias": kw["sigmoid_bias"]} if kw.get("sigmoid_bias") else {}))
+        _cuda_and_reference(mode, kw, lens_q, lens_k)
         assert [c[0] for c in launches] == ["fwd_varlen", "bwd_varlen"], mode
         fwd, bwd = launches[0], launches[1]
         assert fwd[1].varlen and fwd[2].varlen and fwd[2].persistent == 0

@@ -64,6 +64,15 @@ def _cu(lens, device):
 KERNEL_SIGMOID_BIAS = -4.0   # the varlen kernel takes one bias (the default -ln S_k is per sequence)
 
 
+def varlen_call_of(c, max_q: int, max_k: int):
+    """The VarlenCall of a packed call's plan call c (flash_attn_poly.varlen: batch = sequences):
+    what the kernel stand-ins hand the reference backend."""
+    return fv.VarlenCall(mode=c.mode, evaluator=c.evaluator, dtype=c.dtype, head_dim=c.head_dim, batch=c.batch,
+                         max_seqlen_q=max_q, max_seqlen_k=max_k, heads_q=c.heads_q, heads_kv=c.heads_kv,
+                         causal=c.causal, window=c.window, softmax_scale=c.softmax_scale, softcap=c.softcap,
+                         sigmoid_bias=c.sigmoid_bias)
+
+
 def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kernel_bwd=False):
     """{tensor name: judge record} of one packed batch.  kernel: the forward only, through the
     varlen forward kernel (plan override fwd.varlen; sigmoid with KERNEL_SIGMOID_BIAS).
@@ -175,11 +184,7 @@ def test_varlen_kernel_forward_dry_run(var, lens_q, lens_k, seed, monkeypatch):
         c = vp.call
         assert vp.fwd.varlen and vp.fwd.persistent == 0 and c.varlen and max_q == max(lens_q)
         seen.append(c)
-        call = fv.VarlenCall(mode=c.mode, evaluator=c.evaluator, dtype=c.dtype, head_dim=c.head_dim, batch=c.batch,
-                             max_seqlen_q=max_q, max_seqlen_k=c.seqlen_k, heads_q=c.heads_q, heads_kv=c.heads_kv,
-                             causal=c.causal, window=c.window, softmax_scale=c.softmax_scale, softcap=c.softcap,
-                             sigmoid_bias=c.sigmoid_bias)
-        out, lse = fv._forward(q, k, v, cu_q, cu_k, call, True, "reference")
+        out, lse = fv._forward(q, k, v, cu_q, cu_k, varlen_call_of(c, max_q, c.seqlen_k), True, "reference")
         return out, (None if c.mode == "sigmoid" else lse)
 
     monkeypatch.setattr(dispatch, "forward_varlen", stand_in)
@@ -222,11 +227,7 @@ def test_varlen_kernel_backward_dry_run(var, lens_q, lens_k, seed, monkeypatch):
             owned = pre_ref.varlen_owned_rows(cu_q.tolist())
             assert not torch.isnan(lse2[0][:, owned]).any() and not torch.isnan(dsum[0][:, owned]).any()
         seen.append(c)
-        call = fv.VarlenCall(mode=c.mode, evaluator=c.evaluator, dtype=c.dtype, head_dim=c.head_dim, batch=c.batch,
-                             max_seqlen_q=max_q, max_seqlen_k=max_k, heads_q=c.heads_q, heads_kv=c.heads_kv,
-                             causal=c.causal, window=c.window, softmax_scale=c.softmax_scale, softcap=c.softcap,
-                             sigmoid_bias=c.sigmoid_bias)
-        return fv._backward(dout, q, k, v, cu_q, cu_k, out, lse, call, "reference")
+        return fv._backward(dout, q, k, v, cu_q, cu_k, out, lse, varlen_call_of(c, max_q, max_k), "reference")
 
     monkeypatch.setattr(dispatch, "backward_varlen", stand_in)
     _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cpu", kernel_bwd=True))

@@ -74,12 +74,6 @@ class Score(ScoreBase):
     def check_dtype(self, is_bf16: bool) -> None:
         check_dtype(self.spec, is_bf16)
 
-    def check_bwd_rule(self) -> None:
-        """A poly backward runs the coupled block: the product rule recomputes P natively."""
-        if self.evaluator == "poly" and self.grad_rule != "surrogate":
-            raise ValueError(f"sigmoid poly backward: grad_rule {self.grad_rule!r} has no program path (the "
-                             "product rule's backward is the native score; only the surrogate runs a block)")
-
     # ------------------------------------------------------------------ host
     def fwd_scalars(self, scale: float, softcap, bias: float):
         import math
@@ -185,7 +179,7 @@ class Score(ScoreBase):
     @cute.jit
     def prob2(self, s0, s1, lse0, lse1, args, block: cutlass.Constexpr[bool],
               is_bf16: cutlass.Constexpr[bool], coords=None, rc=None):
-        if cutlass.const_expr(block):   # the surrogate (check_bwd_rule: the only poly backward)
+        if cutlass.const_expr(block):   # the surrogate (config.check_bwd: the only poly backward)
             p, dp = run_program(self.program, "fwd_bwd", s0 * args[0] + args[1], s1 * args[0] + args[1])
             d0, d1 = unpack_bf16x2(nan_through(Int32(dp), s0, s1, False))
             return nan_through(Int32(p), s0, s1, False), d0, d1
