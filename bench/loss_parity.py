@@ -25,9 +25,10 @@ SwiGLU, no softcaps).  Runs (a pair shares its seed, so initialisation and data 
   B3_native / B3_poly  Llama-style with sigmoid attention (b = -ln S) native / poly (SwiGLU native)
   noise_seed1          B2_native with initialisation seed 1 (same data order): the seed-to-seed gap
   G_poly               Gemma-2-style, GeGLU kernel poly (its pair is B2_native); not in the default set
-  noise_llama_seed1    B1_native with seed 1: when present, B1 and B3 are judged against the
-                       Llama-style model's own seed gap (noise_gap_llama); not in the default set
-
+  noise_llama_seed1    B1_native with seed 1; noise_sigmoid_seed1: B3_native with seed 1.  When present,
+                       B1 and B3 are judged against their own model's seed gap; not in the default set
+  rerun_B3_native      B3_native again (seed 0): what the backward's non-deterministic accumulation
+                       alone leaves after 2,000 steps; not in the default set
 Curves: the per-step loss smoothed causally by an exponentially weighted mean in token space
 (the paper's EWM): after a step of n tokens the mean moves by 1 - 2^(-n / half-life), half-life
 --ewm-halflife tokens.  A pair's gap is smoothed poly - smoothed native at equal tokens: the final
@@ -73,12 +74,20 @@ RUNS = {
     "noise_seed1": ("gemma2", "softcap", "native", "native", 1),
     "G_poly": ("gemma2", "softcap", "native", "poly", 0),
     "noise_llama_seed1": ("llama", "softmax", "native", "native", 1),
+    "noise_sigmoid_seed1": ("llama", "sigmoid", "native", "native", 1),
+    "rerun_B3_native": ("llama", "sigmoid", "native", "native", 0),
 }
 DEFAULT_RUNS = ("B1_native", "B1_poly", "B2_native", "B2_poly", "B3_native", "B3_poly", "noise_seed1")
 PAIRS = {"B1": ("B1_native", "B1_poly"), "B2": ("B2_native", "B2_poly"),
          "B3": ("B3_native", "B3_poly"), "GeGLU": ("B2_native", "G_poly")}
 NOISE = ("B2_native", "noise_seed1")
-NOISE_LLAMA = ("B1_native", "noise_llama_seed1")   # optional: the Llama-style pairs' own noise
+# Each pair is judged against the seed-to-seed gap of its own model and score where that run
+# exists (optional runs), else against NOISE's.  Keys: (family, score) of the pair's native run.
+OWN_NOISE = {("llama", "softmax"): ("B1_native", "noise_llama_seed1"),
+             ("llama", "sigmoid"): ("B3_native", "noise_sigmoid_seed1")}
+# Same seed, same evaluator, run twice: the gap that the backward's non-deterministic dQ
+# accumulation alone leaves after 2,000 steps (optional).
+RERUNS = {"B3": ("B3_native", "rerun_B3_native")}
 
 
 # ---- data -------------------------------------------------------------------------------------
@@ -203,7 +212,8 @@ def train_run(name: str, corpus: dict, a, device, backend: str, deadline: float,
             log(f"  {name} step {step:5d} loss {loss.item():.4f} ({time.time() - t0:.0f} s)")
     losses = [float(x) for x in losses]
     held = heldout_loss(model, corpus, a, device)
-    return {"run": name, "family": family, "score": score, "attention": attn_ev, "mlp": mlp,
+    where = protocol.header(protocol.Timing())
+    return {**{k: where[k] for k in ("device", "date", "commit", "torch")}, "run": name, "family": family, "score": score, "attention": attn_ev, "mlp": mlp,
             "seed": seed, "data_seed": a.data_seed, "steps": len(losses), "target_steps": a.steps,
             "tokens_per_step": a.batch * a.seqlen, "losses": losses, "heldout": held,
             "params": sum(p.numel() for p in model.parameters()), "train_s": time.time() - t0,
@@ -257,20 +267,32 @@ def collect(runs: dict, halflife: float) -> dict:
     if all(r in runs for r in NOISE):
         g = gap(runs[NOISE[0]], runs[NOISE[1]], halflife)
         out["noise_gap"], out["noise_max_gap"] = abs(g["final_gap"]), g["max_gap"]
-    if all(r in runs for r in NOISE_LLAMA):
-        g = gap(runs[NOISE_LLAMA[0]], runs[NOISE_LLAMA[1]], halflife)
-        out["noise_gap_llama"], out["noise_max_gap_llama"] = abs(g["final_gap"]), g["max_gap"]
+    out["own_noise"] = {}
+    for (fam, score), (a, b) in OWN_NOISE.items():
+        if a in runs and b in runs:
+            g = gap(runs[a], runs[b], halflife)
+            out["own_noise"][f"{fam}/{score}"] = {"runs": [a, b], "final_gap": abs(g["final_gap"]),
+                                                  "max_gap": g["max_gap"]}
+    out["reruns"] = {}
+    for pair, (a, b) in RERUNS.items():
+        if a in runs and b in runs:
+            g = gap(runs[a], runs[b], halflife)
+            out["reruns"][pair] = {"runs": [a, b], "final_gap": abs(g["final_gap"]), "max_gap": g["max_gap"],
+                                   "heldout": [runs[a]["heldout"], runs[b]["heldout"]]}
     for pair, (nat, pol) in PAIRS.items():
         if nat in runs and pol in runs:
             g = gap(runs[nat], runs[pol], halflife)
             arm = {"final_gap": g["final_gap"], "max_gap": g["max_gap"], "steps": g["steps"],
                    "tokens": g["tokens"], "heldout_native": runs[nat]["heldout"],
                    "heldout_poly": runs[pol]["heldout"]}
-            own = "_llama" if runs[nat]["family"] == "llama" and "noise_gap_llama" in out else ""
-            if "noise_gap" + own in out:
-                arm["noise_from"] = "llama" if own else "gemma2"
-                arm["within_noise"] = (abs(g["final_gap"]) <= out["noise_gap" + own]
-                                       and g["max_gap"] <= out["noise_max_gap" + own])
+            key = f"{runs[nat]['family']}/{runs[nat]['score']}"
+            ref = out["own_noise"].get(key)
+            if ref is None and "noise_gap" in out:
+                key, ref = "gemma2/softcap", {"final_gap": out["noise_gap"], "max_gap": out["noise_max_gap"]}
+            if ref is not None:
+                arm["noise_from"] = key
+                arm["within_noise"] = (abs(g["final_gap"]) <= ref["final_gap"]
+                                       and g["max_gap"] <= ref["max_gap"])
             out["arms"][pair] = arm
     shas = {r["corpus"]["sha256"] for r in runs.values()}
     if len(shas) > 1:
@@ -288,7 +310,10 @@ def plot(runs: dict, halflife: float, path: str) -> None:
     fig, axes = plt.subplots(2, len(pairs), figsize=(3.6 * len(pairs), 5.0), squeeze=False)
     for j, (pair, (nat, pol)) in enumerate(pairs):
         ax, axg = axes[0][j], axes[1][j]
-        for r in (nat, pol) + ((NOISE[1],) if pair == "B2" and NOISE[1] in runs else ()):
+        na, nb = OWN_NOISE.get((runs[nat]["family"], runs[nat]["score"]), NOISE)
+        if not (na in runs and nb in runs):
+            na, nb = NOISE
+        for r in (nat, pol) + ((nb,) if na == nat and nb in runs else ()):
             tok = runs[r]["tokens_per_step"]
             ys = ewm(runs[r]["losses"], tok, halflife)
             ax.plot([(i + 1) * tok / 1e6 for i in range(len(ys))], ys, lw=1, label=r)
@@ -299,9 +324,13 @@ def plot(runs: dict, halflife: float, path: str) -> None:
         tok = runs[nat]["tokens_per_step"]
         xs = [(i + 1) * tok / 1e6 for i in range(len(g["gap_curve"]))]
         axg.plot(xs, g["gap_curve"], lw=1, label="poly - native")
-        if all(r in runs for r in NOISE):
-            gn = gap(runs[NOISE[0]], runs[NOISE[1]], halflife)
-            axg.plot(xs[:len(gn["gap_curve"])], gn["gap_curve"][:len(xs)], lw=1, label="seed 1 - seed 0")
+        if na in runs and nb in runs:
+            gn = gap(runs[na], runs[nb], halflife)
+            axg.plot(xs[:len(gn["gap_curve"])], gn["gap_curve"][:len(xs)], lw=1,
+                     label="seed 1 - seed 0" + ("" if na == nat else f" ({runs[na]['family']})"))
+        if pair in RERUNS and all(r in runs for r in RERUNS[pair]):
+            gr = gap(runs[RERUNS[pair][0]], runs[RERUNS[pair][1]], halflife)
+            axg.plot(xs[:len(gr["gap_curve"])], gr["gap_curve"][:len(xs)], lw=1, label="rerun - run")
         axg.axhline(0, color="k", lw=0.5)
         axg.set_xlabel("tokens (M)", fontsize=8)
         axg.legend(fontsize=7)
@@ -318,14 +347,19 @@ def markdown(out: dict) -> str:
     if "noise_gap" in out:
         lines.append(f"Seed-to-seed (B2_native vs noise_seed1): final |gap| {out['noise_gap']:.4f}, "
                      f"max |gap| {out['noise_max_gap']:.4f} nats.")
-    if "noise_gap_llama" in out:
-        lines.append(f"Seed-to-seed, Llama-style (B1_native vs noise_llama_seed1): final |gap| "
-                     f"{out['noise_gap_llama']:.4f}, max |gap| {out['noise_max_gap_llama']:.4f} nats.")
-    lines += ["", "| pair | steps | final gap | max gap | within noise | held-out native | held-out poly |",
-              "|---|---|---|---|---|---|---|"]
+    for key, r in out.get("own_noise", {}).items():
+        lines.append(f"Seed-to-seed, {key} ({r['runs'][0]} vs {r['runs'][1]}): final |gap| "
+                     f"{r['final_gap']:.4f}, max |gap| {r['max_gap']:.4f} nats.")
+    for pair, r in out.get("reruns", {}).items():
+        lines.append(f"Same seed run twice, {pair} ({r['runs'][0]} vs {r['runs'][1]}): final |gap| "
+                     f"{r['final_gap']:.4f}, max |gap| {r['max_gap']:.4f} nats; held-out "
+                     f"{r['heldout'][0]:.4f} vs {r['heldout'][1]:.4f}.")
+    lines += ["", "| pair | steps | final gap | max gap | noise of | within noise | held-out native | held-out poly |",
+              "|---|---|---|---|---|---|---|---|"]
     for pair, r in out["arms"].items():
         lines.append(f"| {pair} | {r['steps']} | {r['final_gap']:+.4f} | {r['max_gap']:.4f} | "
-                     f"{r.get('within_noise', '—')} | {r['heldout_native']:.4f} | {r['heldout_poly']:.4f} |")
+                     f"{r.get('noise_from', '—')} | {r.get('within_noise', '—')} | {r['heldout_native']:.4f} | "
+                     f"{r['heldout_poly']:.4f} |")
     lines += ["", "| run | steps | final EWM loss | held-out | train s |", "|---|---|---|---|---|"]
     for name, r in out["runs"].items():
         lines.append(f"| {name} | {r['steps']} of {r['target_steps']} | {r['final_ewm']:.4f} | "
@@ -345,6 +379,9 @@ def write_collected(runs: dict, a, path: str) -> dict:
                         "final_ewm": ewm(r["losses"], r["tokens_per_step"], halflife)[-1]}
                     for n, r in runs.items()}}
     out.pop("protocol", None)
+    for k in ("device", "commit", "date"):     # where the runs trained, not where they are collected
+        vals = sorted({str(r.get(k, "unknown")) for r in runs.values()})
+        out[k] = vals[0] if len(vals) == 1 else " / ".join(vals)
     for n, r in out["runs"].items():
         if r["steps"] < r["target_steps"]:
             protocol.progress(f"warning: {n} ran {r['steps']} of {r['target_steps']} steps")
