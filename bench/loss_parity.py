@@ -29,6 +29,11 @@ SwiGLU, no softcaps).  Runs (a pair shares its seed, so initialisation and data 
                        B1 and B3 are judged against their own model's seed gap; not in the default set
   rerun_B3_native      B3_native again (seed 0): what the backward's non-deterministic accumulation
                        alone leaves after 2,000 steps; not in the default set
+  B3_poly_seed1        B3_poly with seed 1 (its pair is noise_sigmoid_seed1: pair B3_seed1)
+  B3_eager / B3_clamp8 / B3_clampall   B3 diagnosis (the poly runs reach a lower loss than every
+                       native run): torch's FP32 sigmoid attention; the same with the default
+                       program's clamps (P at its input range's ends) on 8 of each 128 key columns
+                       (the 1/16 split's columns), or on all of them
 Curves: the per-step loss smoothed causally by an exponentially weighted mean in token space
 (the paper's EWM): after a step of n tokens the mean moves by 1 - 2^(-n / half-life), half-life
 --ewm-halflife tokens.  A pair's gap is smoothed poly - smoothed native at equal tokens: the final
@@ -76,10 +81,16 @@ RUNS = {
     "noise_llama_seed1": ("llama", "softmax", "native", "native", 1),
     "noise_sigmoid_seed1": ("llama", "sigmoid", "native", "native", 1),
     "rerun_B3_native": ("llama", "sigmoid", "native", "native", 0),
+    "B3_poly_seed1": ("llama", "sigmoid", "poly", "native", 1),
+    # which arm is the odd one, and why (B3's poly runs train to a lower loss than native's):
+    "B3_eager": ("llama", "sigmoid", "eager", "native", 0),          # torch's FP32 sigmoid
+    "B3_clamp8": ("llama", "sigmoid", "clamp8", "native", 0),        # eager + the program's clamps, 8 of 128 columns
+    "B3_clampall": ("llama", "sigmoid", "clampall", "native", 0),    # eager + the clamps on every column
 }
 DEFAULT_RUNS = ("B1_native", "B1_poly", "B2_native", "B2_poly", "B3_native", "B3_poly", "noise_seed1")
 PAIRS = {"B1": ("B1_native", "B1_poly"), "B2": ("B2_native", "B2_poly"),
-         "B3": ("B3_native", "B3_poly"), "GeGLU": ("B2_native", "G_poly")}
+         "B3": ("B3_native", "B3_poly"), "B3_seed1": ("noise_sigmoid_seed1", "B3_poly_seed1"),
+         "GeGLU": ("B2_native", "G_poly")}
 NOISE = ("B2_native", "noise_seed1")
 # Each pair is judged against the seed-to-seed gap of its own model and score where that run
 # exists (optional runs), else against NOISE's.  Keys: (family, score) of the pair's native run.
@@ -165,6 +176,50 @@ def flops_per_token(cfg, seqlen: int) -> float:
 
 # ---- one run ----------------------------------------------------------------------------------
 
+# ---- the sigmoid program's clamps in torch (the B3 diagnosis runs) ----------------------------
+
+CLAMPED = {"clamp8": 8, "clampall": 128}   # key columns (of each 128) that take the clamps
+
+
+def register_clamped() -> dict:
+    """transformers attention functions for the B3_clamp* runs: torch's sigmoid attention (as
+    train_model's eager arm) where, on the first `cols` key columns of every 128 (the columns the
+    plan's 1/16 split runs through the program), P takes the default program's values outside
+    its input range: sigma(x - ln n) is evaluated on x' = x + b + ln n clamped to [lo, hi], so
+    P = P(lo) below lo and P(hi) above hi (4.4e-6 and 0.975 for sigmoid_attn_n4096_f16), exact
+    sigmoid in between.  Whether these clamps (and the position pattern of the split) make the
+    poly runs' lower loss."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    from flash_attn_poly import plan as plan_mod, reference
+    from flash_attn_poly.asm import programs
+    from flash_attn_poly.fit import runtime
+    import numpy as np
+    name = next(r.sets["program"] for r in plan_mod.PROGRAM_ROWS if r.when.get("mode") == "sigmoid")
+    prog = programs.entry(name)
+    lo, hi, n = prog["params"]["lo"], prog["params"]["hi"], prog["params"]["n"]
+    p_lo, p_hi = (float(v) for v in runtime.replay(prog, np.array([lo, hi])))
+    out = {}
+    for key, cols in CLAMPED.items():
+        def fwd(module, query, key_, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
+                sliding_window=None, cols=cols, **kwargs):
+            grp = query.shape[1] // key_.shape[1]
+            k, v = key_.repeat_interleave(grp, 1), value.repeat_interleave(grp, 1)
+            s_q, s_k = query.shape[2], k.shape[2]
+            x = torch.matmul(query, k.transpose(-1, -2).to(query.dtype)).float() * scaling
+            b = reference.default_sigmoid_bias(s_k)
+            p = torch.sigmoid(x + b)
+            xp = x + (b + math.log(n))
+            on = (torch.arange(s_k, device=x.device) % 128) < cols
+            p = torch.where(on & (xp < lo), p_lo, torch.where(on & (xp > hi), p_hi, p))
+            p = p.masked_fill(~reference.causal_mask(s_q, s_k, query.device), 0.0)
+            return torch.matmul(p.to(v.dtype), v).transpose(1, 2).contiguous(), None
+        AttentionInterface.register(f"sigmoid_{key}", fwd)
+        AttentionMaskInterface.register(f"sigmoid_{key}", flash_attention_mask)
+        out[key] = f"sigmoid_{key}"
+    return out
+
+
 def lr_at(step: int, steps: int, lr: float) -> float:
     warm = min(1.0, (step + 1) / min(WARMUP_STEPS, max(steps // 10, 1)))
     return lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
@@ -175,7 +230,7 @@ def train_run(name: str, corpus: dict, a, device, backend: str, deadline: float,
     family, score, attn_ev, mlp, seed = RUNS[name]
     cfg = model_config(family, a.dry_run, a.seqlen)
     tm.register_attention(backend)
-    impl = tm.attn_impl(score, attn_ev)
+    impl = register_clamped()[attn_ev] if attn_ev in CLAMPED else tm.attn_impl(score, attn_ev)
     torch.manual_seed(seed)
     with device:
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl,
@@ -258,7 +313,9 @@ def gap(native: dict, poly: dict, halflife: float) -> dict:
         raise ValueError(f"{native['run']} or {poly['run']} has no steps")
     d = [b[i] - a[i] for i in range(n)]
     tail = d[int(GAP_FROM * n):] or d
-    return {"final_gap": d[-1], "max_gap": max(abs(x) for x in tail), "steps": n,
+    last = d[int(0.75 * n):] or d
+    return {"final_gap": d[-1], "max_gap": max(abs(x) for x in tail), "tail_mean": sum(last) / len(last),
+            "steps": n,
             "tokens": n * native["tokens_per_step"], "gap_curve": d}
 
 
@@ -267,28 +324,31 @@ def collect(runs: dict, halflife: float) -> dict:
     if all(r in runs for r in NOISE):
         g = gap(runs[NOISE[0]], runs[NOISE[1]], halflife)
         out["noise_gap"], out["noise_max_gap"] = abs(g["final_gap"]), g["max_gap"]
+        out["noise_tail_mean"] = abs(g["tail_mean"])
     out["own_noise"] = {}
     for (fam, score), (a, b) in OWN_NOISE.items():
         if a in runs and b in runs:
             g = gap(runs[a], runs[b], halflife)
             out["own_noise"][f"{fam}/{score}"] = {"runs": [a, b], "final_gap": abs(g["final_gap"]),
-                                                  "max_gap": g["max_gap"]}
+                                                  "max_gap": g["max_gap"], "tail_mean": abs(g["tail_mean"])}
     out["reruns"] = {}
     for pair, (a, b) in RERUNS.items():
         if a in runs and b in runs:
             g = gap(runs[a], runs[b], halflife)
             out["reruns"][pair] = {"runs": [a, b], "final_gap": abs(g["final_gap"]), "max_gap": g["max_gap"],
+                                   "tail_mean": abs(g["tail_mean"]),
                                    "heldout": [runs[a]["heldout"], runs[b]["heldout"]]}
     for pair, (nat, pol) in PAIRS.items():
         if nat in runs and pol in runs:
             g = gap(runs[nat], runs[pol], halflife)
-            arm = {"final_gap": g["final_gap"], "max_gap": g["max_gap"], "steps": g["steps"],
+            arm = {"final_gap": g["final_gap"], "max_gap": g["max_gap"], "tail_mean": g["tail_mean"], "steps": g["steps"],
                    "tokens": g["tokens"], "heldout_native": runs[nat]["heldout"],
                    "heldout_poly": runs[pol]["heldout"]}
             key = f"{runs[nat]['family']}/{runs[nat]['score']}"
             ref = out["own_noise"].get(key)
             if ref is None and "noise_gap" in out:
-                key, ref = "gemma2/softcap", {"final_gap": out["noise_gap"], "max_gap": out["noise_max_gap"]}
+                key, ref = "gemma2/softcap", {"final_gap": out["noise_gap"], "max_gap": out["noise_max_gap"],
+                                              "tail_mean": out["noise_tail_mean"]}
             if ref is not None:
                 arm["noise_from"] = key
                 arm["within_noise"] = (abs(g["final_gap"]) <= ref["final_gap"]
@@ -327,7 +387,7 @@ def plot(runs: dict, halflife: float, path: str) -> None:
         if na in runs and nb in runs:
             gn = gap(runs[na], runs[nb], halflife)
             axg.plot(xs[:len(gn["gap_curve"])], gn["gap_curve"][:len(xs)], lw=1,
-                     label="seed 1 - seed 0" + ("" if na == nat else f" ({runs[na]['family']})"))
+                     label="seed 1 - seed 0" + ("" if na == nat else f" ({na})"))
         if pair in RERUNS and all(r in runs for r in RERUNS[pair]):
             gr = gap(runs[RERUNS[pair][0]], runs[RERUNS[pair][1]], halflife)
             axg.plot(xs[:len(gr["gap_curve"])], gr["gap_curve"][:len(xs)], lw=1, label="rerun - run")
@@ -346,18 +406,21 @@ def markdown(out: dict) -> str:
              f"{out['corpus']['bytes'] / 1e6:.1f} MB, sha256 {out['corpus']['sha256'][:16]}.", ""]
     if "noise_gap" in out:
         lines.append(f"Seed-to-seed (B2_native vs noise_seed1): final |gap| {out['noise_gap']:.4f}, "
-                     f"max |gap| {out['noise_max_gap']:.4f} nats.")
+                     f"max |gap| {out['noise_max_gap']:.4f}, |mean gap| over the last 25% of steps "
+                     f"{out['noise_tail_mean']:.4f} nats.")
     for key, r in out.get("own_noise", {}).items():
         lines.append(f"Seed-to-seed, {key} ({r['runs'][0]} vs {r['runs'][1]}): final |gap| "
-                     f"{r['final_gap']:.4f}, max |gap| {r['max_gap']:.4f} nats.")
+                     f"{r['final_gap']:.4f}, max |gap| {r['max_gap']:.4f}, |mean gap| over the last 25% "
+                     f"{r['tail_mean']:.4f} nats.")
     for pair, r in out.get("reruns", {}).items():
         lines.append(f"Same seed run twice, {pair} ({r['runs'][0]} vs {r['runs'][1]}): final |gap| "
-                     f"{r['final_gap']:.4f}, max |gap| {r['max_gap']:.4f} nats; held-out "
+                     f"{r['final_gap']:.4f}, max |gap| {r['max_gap']:.4f}, |mean gap| over the last 25% "
+                     f"{r['tail_mean']:.4f} nats; held-out "
                      f"{r['heldout'][0]:.4f} vs {r['heldout'][1]:.4f}.")
-    lines += ["", "| pair | steps | final gap | max gap | noise of | within noise | held-out native | held-out poly |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| pair | steps | final gap | max gap | mean gap, last 25% | noise of | within noise | "
+              "held-out native | held-out poly |", "|---|---|---|---|---|---|---|---|---|"]
     for pair, r in out["arms"].items():
-        lines.append(f"| {pair} | {r['steps']} | {r['final_gap']:+.4f} | {r['max_gap']:.4f} | "
+        lines.append(f"| {pair} | {r['steps']} | {r['final_gap']:+.4f} | {r['max_gap']:.4f} | {r['tail_mean']:+.4f} | "
                      f"{r.get('noise_from', '—')} | {r.get('within_noise', '—')} | {r['heldout_native']:.4f} | "
                      f"{r['heldout_poly']:.4f} |")
     lines += ["", "| run | steps | final EWM loss | held-out | train s |", "|---|---|---|---|---|"]

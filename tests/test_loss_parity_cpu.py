@@ -55,3 +55,30 @@ def test_dry_run_pair_and_noise_then_collect(tmp_path):
     assert lp.main(["--collect", str(runs), "--json", str(tmp_path / "again.json")]) == 0
     again = json.loads((tmp_path / "again.json").read_text())
     assert again["arms"] == out["arms"] and again["noise_gap"] == out["noise_gap"]
+
+
+def test_clamped_sigmoid_takes_the_programs_end_values_on_its_columns():
+    # the B3_clamp* runs' attention: on the first `cols` key columns of every 128, P outside the
+    # default sigmoid program's input range is the program's value at that end; elsewhere exact
+    from transformers import AttentionInterface
+    import numpy as np
+    from flash_attn_poly.asm import programs
+    from flash_attn_poly.fit import runtime
+    names = lp.register_clamped()
+    prog = programs.entry("sigmoid_attn_n4096_f16")
+    p_lo, p_hi = runtime.replay(prog, np.array([prog["params"]["lo"], prog["params"]["hi"]]))
+    s, d = 256, 256
+    v = torch.eye(s)[None, None]                      # O = P
+    q = torch.ones(1, 1, s, d)
+    for sign, want in ((-1.0, p_lo), (1.0, p_hi)):
+        k = sign * 4.0 * torch.ones(1, 1, s, d)      # scaled score +-64: beyond both ends
+        for name, cols in (("clamp8", 8), ("clampall", 128)):
+            o, _ = AttentionInterface._global_mapping[names[name]](None, q, k, v, None, scaling=d ** -0.5)
+            p = o[0, :, 0, :]                         # (S_q, S_k)
+            allowed = torch.ones(s, s).tril().bool()
+            on = (torch.arange(s) % 128 < cols)[None, :] & allowed
+            assert torch.allclose(p[on], torch.tensor(float(want)))
+            off = allowed & ~on
+            exact = torch.sigmoid(torch.tensor(sign * 64.0 - math.log(s)))
+            assert off.sum() == 0 or torch.allclose(p[off], exact)
+            assert (p[~allowed] == 0).all()
