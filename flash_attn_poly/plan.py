@@ -143,11 +143,12 @@ FWD_ROWS = (
     Row({"exp2_offload": True, "head_dim": 256}, dict(tile_n=80, pingpong=True),
         "the exp2 offload at D = 256: 80-key blocks with ping-pong, 0.915x (native softcap keeps 64: "
         "80 took 1.016x)", "fwd-d256-tile-n80"),
-    Row({"varlen": True}, dict(varlen=True),
-        "packed sequences: one launch, a CTA per query tile, head and sequence", ""),
+    Row({"varlen": True}, dict(varlen=True, persistent=False),
+        "packed sequences: one launch, a CTA per query tile, head and sequence (the persistent "
+        "varlen build, fwd.persistent, has not run on a GPU yet)", ""),
     Row({"varlen": True, "head_dim": 64}, dict(tile_m=128, num_stages=2),
         "the varlen build's sequence offsets spill on the 192-row tile at D = 64 (2 words): 128 rows", ""),
-    Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False),
+    Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False, persistent=True),
         "the varlen kernel takes one sigmoid bias; the default -ln S_k differs per sequence, so each "
         "sequence runs as its own dense launch", ""),
 )
@@ -337,8 +338,6 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
 
     # ---- forward
     fwd = _apply(FWD_ROWS, facts, {})
-    if fwd["persistent"] is True:
-        fwd["persistent"] = sm_count
     if fwd["exp2_fma"] == "from_split":   # the exp2 offload: its split in groups of 8 out of 8
         j, k = tuple(overrides["poly_split"]) if "poly_split" in overrides else \
             _apply(SPLIT_ROWS, facts, {})["poly_split"]
@@ -349,8 +348,11 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     for k_, v in overrides.items():
         if k_.startswith("fwd."):
             fwd[k_[4:]] = v
-    if fwd["varlen"]:   # structural: the varlen kernel runs a CTA per (query tile, head, sequence)
+    if fwd["persistent"] is True:
+        fwd["persistent"] = sm_count
+    elif fwd["persistent"] is False:
         fwd["persistent"] = 0
+    if fwd["varlen"]:
         if not call.varlen or facts["sigmoid_default_bias"]:
             raise ValueError("fwd.varlen: the varlen forward runs packed calls (flash_attn_poly.varlen) with "
                              "one sigmoid bias (the default -ln S_k differs per sequence: pass sigmoid_bias)")

@@ -167,7 +167,7 @@ class AttnFwdSm90:
         sched = SectionLptScheduler(reverse=self.causal)
         grid = SectionLptScheduler.grid(num_m_blocks, mQ.shape[2], num_batch)
         if cutlass.const_expr(self.cfg.persistent > 0):
-            tiles = num_m_blocks * mQ.shape[2] * mQ.shape[3]
+            tiles = num_m_blocks * mQ.shape[2] * num_batch
             grid = (cutlass.min(tiles, self.cfg.persistent), 1, 1)
         self.kernel(mQ_tma, mK_tma, mV_tma, mO, mLSE, tma_q, tma_k, tma_v,
                     tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
@@ -207,18 +207,35 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.cfg.persistent > 0):
             self.persistent_roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                                   tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params,
-                                  window, sched, blocks, warp_idx, aux)
+                                  window, sched, blocks, warp_idx, aux, varlen)
         else:
             self.single_tile_roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                                    tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params,
                                    window, sched, blocks, warp_idx, aux, varlen)
 
-    def _section_group(self, mQ, mK, units=None):
+    def _section_group(self, mQ, mK, units=None, rows=None):
         """LPT section width in query heads (units: of the persistent order's (batch, head)
         units, default the heads): the K and V rows of its KV heads (reused by the group's
-        query heads and by every query tile) fit L2; Q and O stream through once."""
+        query heads and by every query tile) fit L2; Q and O stream through once.  rows: K rows
+        per unit (default mK's; the varlen build passes the longest sequence's)."""
         h_q = mQ.shape[2]
-        return section_heads(h_q if units is None else units, mK.shape[0], self.head_dim * 4, h_q // mK.shape[2])
+        return section_heads(h_q if units is None else units, mK.shape[0] if rows is None else rows,
+                             self.head_dim * 4, h_q // mK.shape[2])
+
+    @cute.jit
+    def _sequence(self, varlen, batch, mQ, mK, mV, mO, mLSE):
+        """The varlen build's view of sequence `batch`: q, k, v, O (1, total, H, D) and LSE (1, H,
+        total) offset to the sequence's first row (the TMA coordinate tensors too: a tile reaching
+        past the sequence loads the next sequence's rows, which the sequence-length mask and the
+        epilogue's row bound keep out, or TMA's zero fill past the tensor), its own lengths, and
+        batch 0 (the packed tensors' only batch entry; check_fwd: no user score reads it)."""
+        cu_q, cu_k = varlen[0], varlen[1]
+        off_q, off_k = cu_q[batch], cu_k[batch]
+        seqlen_q, seqlen_k = cu_q[batch + 1] - off_q, cu_k[batch + 1] - off_k
+        mQ, mO = (cute.domain_offset((off_q, 0, 0, 0), t) for t in (mQ, mO))
+        mK, mV = (cute.domain_offset((off_k, 0, 0, 0), t) for t in (mK, mV))
+        mLSE = cute.domain_offset((off_q, 0, 0), mLSE)
+        return mQ, mK, mV, mO, mLSE, Int32(0), seqlen_q, seqlen_k
 
     def _key_range(self, blocks, m_block, seqlen_q, seqlen_k, window):
         """(n_max, n_cnt): key blocks [n_max - n_cnt, n_max) are visited (n_cnt is n_max
@@ -240,25 +257,16 @@ class AttnFwdSm90:
         """One CTA = one tile (the grid has a CTA per tile, in LPT order).
 
         varlen (cu_seqlens_q, cu_seqlens_k, max_seqlen_q): the grid's batch index is the
-        sequence; q, k, v, O (1, total, H, D) and LSE (1, H, total) are offset to the
-        sequence's first row (the TMA coordinates too: a tile reaching past the sequence
-        loads the next sequence's rows, which the sequence-length mask and the epilogue's
-        row bound keep out, or TMA's zero fill past the tensor), and the masks, the key
-        range and the epilogue see the sequence's own lengths.  A query tile past the
-        sequence's end (the grid is sized by the longest) does nothing."""
+        sequence (_sequence: the tensors offset to it, its own lengths for the masks, the key
+        range and the epilogue).  A query tile past the sequence's end (the grid is sized by
+        the longest) does nothing."""
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
         if cutlass.const_expr(varlen is not None):
             num_m_blocks = cute.ceil_div(varlen[2], self.tile_m)
         m_block, head, batch = sched.work_tile(num_m_blocks, mQ.shape[2], self._section_group(mQ, mK))
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         if cutlass.const_expr(varlen is not None):
-            cu_q, cu_k = varlen[0], varlen[1]
-            off_q, off_k = cu_q[batch], cu_k[batch]
-            seqlen_q, seqlen_k = cu_q[batch + 1] - off_q, cu_k[batch + 1] - off_k
-            mQ, mO = (cute.domain_offset((off_q, 0, 0, 0), t) for t in (mQ, mO))
-            mK, mV = (cute.domain_offset((off_k, 0, 0, 0), t) for t in (mK, mV))
-            mLSE = cute.domain_offset((off_q, 0, 0), mLSE)
-            batch = Int32(0)   # the packed tensors' only batch entry (check_fwd: no user score reads it)
+            mQ, mK, mV, mO, mLSE, batch, seqlen_q, seqlen_k = self._sequence(varlen, batch, mQ, mK, mV, mO, mLSE)
         n_max, n_cnt = self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
         if cutlass.const_expr(varlen is not None):
             if m_block * self.tile_m >= seqlen_q:   # past the sequence: no load, no GEMM, no row to write
@@ -279,14 +287,24 @@ class AttnFwdSm90:
     @cute.jit
     def persistent_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                          tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params, window,
-                         sched: cutlass.Constexpr, blocks, warp_idx, aux):
+                         sched: cutlass.Constexpr, blocks, warp_idx, aux, varlen=None):
         """Persistent CTAs: every role walks the same tiles (persistent_tile, snake order over
         the LPT order); the pipeline states run on across tiles, so the producer starts the
         next tile's K/V as stages free up and its Q once the consumers release Q (after
-        their last QK GEMM of a tile), while they finish the last PV and the epilogue."""
+        their last QK GEMM of a tile), while they finish the last PV and the epilogue.
+
+        varlen: the order runs over (sequence, head) units with the longest sequence's query
+        tiles (for causal self-attention a tile's cost is its block index, whatever the
+        sequence, so the order stays longest first); every role reads the tile's sequence
+        offsets (_sequence) and skips a tile past its sequence's end, without a pipeline step."""
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
         h_q, num_batch = mQ.shape[2], mQ.shape[3]
-        group = self._section_group(mQ, mK, h_q * num_batch)
+        rows = None
+        if cutlass.const_expr(varlen is not None):
+            num_m_blocks = cute.ceil_div(varlen[2], self.tile_m)
+            num_batch = varlen[0].shape[0] - 1
+            rows = varlen[2]
+        group = self._section_group(mQ, mK, h_q * num_batch, rows)
         tiles = num_m_blocks * h_q * num_batch
         cta = cute.arch.block_idx()[0]
         num_ctas = cute.arch.grid_dim()[0]
@@ -302,12 +320,23 @@ class AttnFwdSm90:
                 for r in cutlass.range(rounds, unroll=1):
                     t = persistent_tile(r, cta, num_ctas)
                     for _ in cutlass.range(cutlass.min(cutlass.max(tiles - t, 0), 1), unroll=1):
-                        m_block, head, batch, n_max, n_cnt = self._tile(
-                            sched, t, num_m_blocks, h_q, num_batch, group, blocks, seqlen_q, seqlen_k, window)
-                        head_kv = head // (h_q // mK.shape[2])
-                        q_prod, kv_prod = self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v,
-                                                    pipe_q, pipe_k, pipe_v, m_block, head, head_kv,
-                                                    batch, n_max, n_cnt, q_prod, kv_prod)
+                        if cutlass.const_expr(varlen is None):
+                            m_block, head, batch, n_max, n_cnt = self._tile(
+                                sched, t, num_m_blocks, h_q, num_batch, group, blocks, seqlen_q, seqlen_k, window)
+                            head_kv = head // (h_q // mK.shape[2])
+                            q_prod, kv_prod = self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v,
+                                                        pipe_q, pipe_k, pipe_v, m_block, head, head_kv,
+                                                        batch, n_max, n_cnt, q_prod, kv_prod)
+                        else:
+                            m_block, head, b = sched.tile_at(t, num_m_blocks, h_q, num_batch, group)
+                            sQt, sKt, sVt, _o, _l, b, sq, sk = self._sequence(varlen, b, mQ, mK, mV, mO, mLSE)
+                            for _ in cutlass.range(cutlass.min(cutlass.max(sq - m_block * self.tile_m, 0), 1),
+                                                   unroll=1):
+                                n_max, n_cnt = self._key_range(blocks, m_block, sq, sk, window)
+                                head_kv = head // (h_q // mK.shape[2])
+                                q_prod, kv_prod = self.load(sQt, sKt, sVt, sQ, sK, sV, tma_q, tma_k, tma_v,
+                                                            pipe_q, pipe_k, pipe_v, m_block, head, head_kv,
+                                                            b, n_max, n_cnt, q_prod, kv_prod)
         else:
             cute.arch.setmaxregister_increase(self.num_mma_regs)
             wg = cute.arch.make_warp_uniform((cute.arch.thread_idx()[0] - self.num_threads_per_wg)
@@ -318,11 +347,21 @@ class AttnFwdSm90:
             for r in cutlass.range(rounds, unroll=1):
                 t = persistent_tile(r, cta, num_ctas)
                 for _ in cutlass.range(cutlass.min(cutlass.max(tiles - t, 0), 1), unroll=1):
-                    m_block, head, batch, n_max, n_cnt = self._tile(
-                        sched, t, num_m_blocks, h_q, num_batch, group, blocks, seqlen_q, seqlen_k, window)
-                    kv_cons, q_cons = self.mma(mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q,
-                                               pipe_k, pipe_v, params, blocks, m_block, head, batch, n_max,
-                                               seqlen_q, seqlen_k, window, n_cnt, kv_cons, q_cons, aux)
+                    if cutlass.const_expr(varlen is None):
+                        m_block, head, batch, n_max, n_cnt = self._tile(
+                            sched, t, num_m_blocks, h_q, num_batch, group, blocks, seqlen_q, seqlen_k, window)
+                        kv_cons, q_cons = self.mma(mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q,
+                                                   pipe_k, pipe_v, params, blocks, m_block, head, batch, n_max,
+                                                   seqlen_q, seqlen_k, window, n_cnt, kv_cons, q_cons, aux)
+                    else:
+                        m_block, head, b = sched.tile_at(t, num_m_blocks, h_q, num_batch, group)
+                        _q, _k, _v, mOt, mLSEt, b, sq, sk = self._sequence(varlen, b, mQ, mK, mV, mO, mLSE)
+                        for _ in cutlass.range(cutlass.min(cutlass.max(sq - m_block * self.tile_m, 0), 1),
+                                               unroll=1):
+                            n_max, n_cnt = self._key_range(blocks, m_block, sq, sk, window)
+                            kv_cons, q_cons = self.mma(mOt, mLSEt, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv,
+                                                       pipe_q, pipe_k, pipe_v, params, blocks, m_block, head, b,
+                                                       n_max, sq, sk, window, n_cnt, kv_cons, q_cons, aux)
             if cutlass.const_expr(self.pingpong):
                 if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced
                     self.pingpong_sync(0)

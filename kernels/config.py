@@ -95,10 +95,9 @@ def check_fwd(c: FwdConfig) -> None:
                                                           and s.program.is_exp2)):
         raise ValueError(f"exp2_fma (column groups of 8 on the FMA pipe) needs 0..8, fixed_max and an "
                          f"exp2_f32 program, got {c.exp2_fma} (fixed_max={c.fixed_max}, program={s.program})")
-    if c.varlen and (c.persistent or s.kind == "user"):
-        raise ValueError("varlen: a CTA per (query tile, head, sequence) (persistent=0), and no user score "
-                         f"function (its batch index would be the packed tensor's), got persistent={c.persistent}, "
-                         f"score {s.kind!r}")
+    if c.varlen and s.kind == "user":
+        raise ValueError("varlen: no user score function (its batch index would be the packed tensor's), "
+                         f"got score {s.kind!r}")
     if s.evaluator == "poly" and not split_fits_block(s.poly_split, c.tile_n):
         raise ValueError(f"poly_split {s.poly_split} repeats every {8 * s.poly_split[1]} keys, more than "
                          f"the forward's key block (tile_n {c.tile_n}): the forward could not send the "

@@ -23,16 +23,18 @@ VARIANTS = [   # (mode, evaluator, head_dim, causal, window, softcap, dtype): te
 ]
 
 
-def varlen_plan(mode, evaluator, d, causal, window, softcap, dtype="bf16", kernel=True):
+def varlen_plan(mode, evaluator, d, causal, window, softcap, dtype="bf16", kernel=True, persistent=False):
     """The plan of a packed call (8 sequences of at most 4096 tokens, H_q 32, H_kv 8) on an H200,
-    with the varlen forward chosen (fwd.varlen; persistent off: the plan's structural rule);
-    sigmoid with an explicit bias (the kernel takes one for all sequences)."""
+    with the varlen forward chosen (fwd.varlen; one CTA per tile, the plan's varlen row, or with
+    persistent the persistent grid, override fwd.persistent); sigmoid with an explicit bias (the
+    kernel takes one for all sequences)."""
     from flash_attn_poly import plan
     call = plan.AttnCall(mode=mode, evaluator=evaluator, dtype=dtype, head_dim=d, batch=8, seqlen_q=4096,
                          seqlen_k=4096, heads_q=32, heads_kv=8, causal=causal, window=tuple(window),
                          softmax_scale=d ** -0.5, softcap=softcap,
                          sigmoid_bias=-4.0 if mode == "sigmoid" else None, varlen=True)
-    return plan.resolve(call, B.cat.SM_COUNT, {"fwd.varlen": True} if kernel else None)
+    over = ({"fwd.varlen": True} if kernel else {}) | ({"fwd.persistent": True} if persistent else {})
+    return plan.resolve(call, B.cat.SM_COUNT, over or None)
 
 
 @pytest.mark.compile
@@ -56,11 +58,27 @@ def test_varlen_is_its_own_build():
         assert a.counts()[fam] == b.counts()[fam], fam
 
 
-def test_check_fwd_refuses_persistent_varlen():
+@pytest.mark.compile
+@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[1], VARIANTS[2], VARIANTS[3]],
+                         ids=lambda v: f"{v[0]}-{v[1]}-d{v[2]}-c{int(v[3])}-w{v[4][0]}_{v[4][1]}-{v[6]}")
+def test_persistent_varlen_forward_builds_without_spills(variant):
+    """The persistent varlen forward (override fwd.persistent): every role decodes its tiles over
+    (sequence, head) units, reads the sequence's offsets and skips tiles past its end.  The same
+    GEMMs and exponentials as the one-CTA-per-tile varlen build, no spills."""
+    p = varlen_plan(*variant, persistent=True)
+    assert p.fwd.varlen and p.fwd.persistent == B.cat.SM_COUNT
+    a, b = B.fwd(varlen_plan(*variant).fwd).counts(), B.fwd(p.fwd).counts()
+    assert b["STL"] == 0 and b["LDL"] == 0, f"register spills: {b}"
+    for fam in ("HGMMA", "MUFU.EX2", "MUFU.TANH"):
+        assert a[fam] == b[fam], (fam, a[fam], b[fam])
+
+
+def test_check_fwd_refuses_user_scores_in_varlen():
     from flash_attn_poly.kernels.config import check_fwd
+    from flash_attn_poly.kernels.scores import ScoreSpec
     cfg = varlen_plan(*VARIANTS[0]).fwd
-    with pytest.raises(ValueError, match="varlen: a CTA per"):
-        check_fwd(dataclasses.replace(cfg, persistent=132))
+    with pytest.raises(ValueError, match="varlen: no user score"):
+        check_fwd(dataclasses.replace(cfg, score=ScoreSpec(kind="user", evaluator="native", user=object())))
 
 
 def test_plan_runs_packed_calls_on_the_varlen_forward():
@@ -70,6 +88,8 @@ def test_plan_runs_packed_calls_on_the_varlen_forward():
     from flash_attn_poly import plan
     p = varlen_plan(*VARIANTS[0], kernel=False)
     assert p.fwd.varlen and p.fwd.persistent == 0
+    dense_seq = plan.resolve(dataclasses.replace(varlen_plan(*VARIANTS[5]).call, sigmoid_bias=None), 132)
+    assert not dense_seq.fwd.varlen and dense_seq.fwd.persistent == 132   # per-sequence launches stay persistent
     call = varlen_plan(*VARIANTS[5]).call
     assert not plan.resolve(dataclasses.replace(call, sigmoid_bias=None), 132).fwd.varlen
     with pytest.raises(ValueError, match="default -ln S_k differs per sequence"):
