@@ -1,0 +1,89 @@
+"""The default sigmoid program at large score magnitudes (CPU, the kernel's P replayed).
+
+The default sigmoid_attn program clamps its input x' = x + b + ln n to [lo, hi] = [-3.5, 12]
+(fitted for scores of std 1-2), so on the key columns of the plan's 1/16 split P is at most
+p(hi) = 0.975 where the exact sigmoid goes to 1.  At score std 16 (D = 64, S = 1024, default
+bias) the output then misses the FlashAttention rule (max error <= 2x torch's + floor) in two of
+four draws; with the exact sigmoid above hi the same draws pass with a wide margin, so the cap
+is the cause.  The kernel's P on those columns is what tests/poly_reference.split_fns replays
+(the GPU tests judge the kernels against it), and on the H200 the kernel's O error at score
+std 8 was 2.1x native's (bench/results/sigmoid_poly_diag.md).  Found 2026-12-02; not fixed: a
+wider hi needs more than the D4 form gives (refits with hi >= 14.5 overshoot P > 1), so the fix
+is a native fix-up of the pairs above hi or a third region (docs/MEASURED.md loss-parity).
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import poly_reference as PR  # noqa: E402
+import rule_harness as H  # noqa: E402
+
+S, D, HEADS = 1024, 64, 2
+
+
+def _default_sigmoid():
+    from flash_attn_poly import plan as P
+    from flash_attn_poly.kernels import scores
+    call = P.AttnCall(mode="sigmoid", evaluator="poly", dtype="bf16", head_dim=D, batch=1, seqlen_q=S,
+                      seqlen_k=S, heads_q=HEADS, heads_kv=HEADS, causal=True, window=(-1, -1),
+                      softmax_scale=D ** -0.5, softcap=None, sigmoid_bias=None)
+    pl = P.resolve(call, 132)
+    assert pl.score.evaluator == "poly" and pl.score.poly_split == (1, 16)
+    fn, _ = PR.split_fns("sigmoid", scores.device(pl.score), S, 50.0, sigmoid_bias=pl.sigmoid_bias,
+                         sigmoid_grad=None, io_dtype="bf16")
+    return pl, fn
+
+
+def _worst_ratio(score_fn, sigma: float, seeds=range(4)) -> float:
+    from flash_attn_poly import reference as R
+    from flash_attn_poly.testing import judge
+    worst = 0.0
+    for seed in seeds:
+        g = torch.Generator().manual_seed(seed)
+        q = (torch.randn(1, S, HEADS, D, generator=g) * sigma).bfloat16()
+        k, v = (torch.randn(1, S, HEADS, D, generator=g).bfloat16() for _ in range(2))
+        ref, _ = R.attention_ref(q, k, v, "sigmoid")
+        low, _ = R.attention_ref_lowprec(q, k, v, "sigmoid")
+        got, _ = R.attention_ref_lowprec(q, k, v, "sigmoid", score_fn=score_fn)
+        mag = H.magnitudes(None, q, k, v, ref, "sigmoid", o_only=True, causal=True)
+        worst = max(worst, judge("o", got.to(torch.bfloat16), ref, low, torch.bfloat16, mag["o"])["ratio"])
+    return worst
+
+
+def test_the_default_program_caps_p_below_one():
+    pl, fn = _default_sigmoid()
+    hi, n = pl.score.program.param("hi"), pl.score.program.param("n")
+    # a score far above the clamp, on a block column (key 0) and a MUFU column (key 8)
+    x = torch.full((1, 1, 1, S), 40.0, dtype=torch.float64)
+    p = fn(x)[0, 0, 0]
+    cap = float(p[0])
+    assert 0.97 < cap < 0.98, cap
+    assert float(p[8]) == pytest.approx(1.0, abs=1e-12)
+    exact_at_hi = 1.0 / (1.0 + math.exp(-(hi - math.log(n))))
+    assert cap == pytest.approx(exact_at_hi, abs=2e-3)
+
+
+@pytest.mark.xfail(strict=True, reason="the default sigmoid program's input clamp at hi caps P at 0.975 on the "
+                                       "split's columns: the rule misses at score std 16 (module docstring)")
+def test_default_sigmoid_program_holds_the_rule_at_score_std_16():
+    _, fn = _default_sigmoid()
+    assert _worst_ratio(fn, 16.0) <= 1.0
+
+
+def test_the_cap_is_the_cause():
+    """The same draws with the exact sigmoid above the clamp pass with a wide margin."""
+    pl, fn = _default_sigmoid()
+    hi = pl.score.program.param("hi")
+    shift = pl.sigmoid_bias + math.log(pl.score.program.param("n"))
+
+    def exact_above_hi(x):
+        p = fn(x)
+        return torch.where(x + shift > hi, torch.sigmoid(x + pl.sigmoid_bias).to(p.dtype), p)
+
+    assert _worst_ratio(exact_above_hi, 16.0) < 0.7
