@@ -329,12 +329,12 @@ class AttnFwdSm90:
                                                         batch, n_max, n_cnt, q_prod, kv_prod)
                         else:
                             m_block, head, b = sched.tile_at(t, num_m_blocks, h_q, num_batch, group)
-                            sQt, sKt, sVt, _o, _l, b, sq, sk = self._sequence(varlen, b, mQ, mK, mV, mO, mLSE)
+                            mQt, mKt, mVt, _, _, b, sq, sk = self._sequence(varlen, b, mQ, mK, mV, mO, mLSE)
                             for _ in cutlass.range(cutlass.min(cutlass.max(sq - m_block * self.tile_m, 0), 1),
                                                    unroll=1):
                                 n_max, n_cnt = self._key_range(blocks, m_block, sq, sk, window)
                                 head_kv = head // (h_q // mK.shape[2])
-                                q_prod, kv_prod = self.load(sQt, sKt, sVt, sQ, sK, sV, tma_q, tma_k, tma_v,
+                                q_prod, kv_prod = self.load(mQt, mKt, mVt, sQ, sK, sV, tma_q, tma_k, tma_v,
                                                             pipe_q, pipe_k, pipe_v, m_block, head, head_kv,
                                                             b, n_max, n_cnt, q_prod, kv_prod)
         else:
@@ -355,7 +355,7 @@ class AttnFwdSm90:
                                                    seqlen_q, seqlen_k, window, n_cnt, kv_cons, q_cons, aux)
                     else:
                         m_block, head, b = sched.tile_at(t, num_m_blocks, h_q, num_batch, group)
-                        _q, _k, _v, mOt, mLSEt, b, sq, sk = self._sequence(varlen, b, mQ, mK, mV, mO, mLSE)
+                        _, _, _, mOt, mLSEt, b, sq, sk = self._sequence(varlen, b, mQ, mK, mV, mO, mLSE)
                         for _ in cutlass.range(cutlass.min(cutlass.max(sq - m_block * self.tile_m, 0), 1),
                                                unroll=1):
                             n_max, n_cnt = self._key_range(blocks, m_block, sq, sk, window)
