@@ -23,16 +23,10 @@ VARIANTS = [   # (mode, evaluator, head_dim, causal, window, softcap, dtype): te
 ]
 
 
-def varlen_plan(mode, evaluator, d, causal, window, softcap, dtype="bf16", kernel=True):
-    """The plan of a packed call (8 sequences of at most 4096 tokens, H_q 32, H_kv 8) on an H200,
-    with the varlen backward chosen (bwd.varlen; head_loop and lpt off: the plan's structural
-    rule); sigmoid with an explicit bias (the kernel takes one for all sequences)."""
-    from flash_attn_poly import plan
-    call = plan.AttnCall(mode=mode, evaluator=evaluator, dtype=dtype, head_dim=d, batch=8, seqlen_q=4096,
-                         seqlen_k=4096, heads_q=32, heads_kv=8, causal=causal, window=tuple(window),
-                         softmax_scale=d ** -0.5, softcap=softcap,
-                         sigmoid_bias=-4.0 if mode == "sigmoid" else None, varlen=True)
-    return plan.resolve(call, B.cat.SM_COUNT, {"bwd.varlen": True} if kernel else None)
+def varlen_plan(*variant, kernel=True):
+    """builds.varlen_plan with the varlen backward chosen (bwd.varlen; head_loop and lpt off: the
+    plan's structural rule)."""
+    return B.varlen_plan(*variant, overrides={"bwd.varlen": True} if kernel else None)
 
 
 def _spilled(n: dict) -> int:
