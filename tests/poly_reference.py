@@ -36,7 +36,7 @@ def _apply(fn: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> torch.Ten
 
 
 def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, program: str = None,
-                io_dtype: str = "bf16", native_above_clamp: bool = True):
+                io_dtype: str = "bf16", native_above_clamp: bool = False):
     """(score_fn, score_grad_fn): the program's forward block on x' = x + bias + ln n, and the
     backward's sigma': p (1 - p) of that block's BF16 p ("product", the plan's default,
     ScoreSpec.grad_rule; kernels/scores/sigmoid.py) or the coupled block's derivative
@@ -45,9 +45,8 @@ def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, 
     program's P is rounded to the PV operand's type (io_dtype: "bf16" for BF16 inputs, "f16"
     keeps the block's f16 P, as the kernels do for FP16 inputs), and its sigma' is p (1 - p)
     of the FP16 p (product rule only).  native_above_clamp: scores whose block input is above
-    the program's clamp (params.hi) take the exact sigmoid, as our kernels' pairs there run the
-    native formula (kernels/scores/sigmoid.py _pair_poly); False: the block's P(hi) (FA4's
-    score_mod runs the block alone)."""
+    the program's clamp (params.hi) take the exact sigmoid instead of the block's P(hi) (a fix
+    the kernels do not run: tests/test_sigmoid_program_range_cpu.py)."""
     grad_rule = grad_rule or SIGMOID_GRAD_RULE
     spec = _spec(program or f"sigmoid_attn_n{n}")
     p_fwd = spec.entry()

@@ -45,9 +45,8 @@ def fns(plan):
         return PR.softcap_fns(plan.softcap, plan.program, plan.grad_rule)
     # FA4 takes the program's P as it comes out of the block (f16 or bf16, widened to FP32), not
     # rounded to the PV operand's type as our kernels do: "f16" keeps an FP16 program's P as is
-    # and FA4's score_mod runs the block alone: P(hi) above the program's clamp
     return PR.sigmoid_fns(plan.sigmoid_bias, plan.program.n, "product", plan.program,
-                          "f16" if plan.program.f16 else "bf16", native_above_clamp=False)
+                          "f16" if plan.program.f16 else "bf16")
 
 
 def inputs(mode, evaluator, program, device="cuda"):

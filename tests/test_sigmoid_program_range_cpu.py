@@ -1,15 +1,16 @@
-"""The sigmoid program at large score magnitudes (CPU, the kernel's P replayed).
+"""The default sigmoid program at large score magnitudes (CPU, the kernel's P replayed).
 
 The default sigmoid_attn program clamps its input x' = x + b + ln n to [lo, hi] = [-3.5, 12]
-(fitted for scores of std 1-2): on its own, on the key columns of the plan's 1/16 split, P stops
-at p(hi) = 0.975 where the exact sigmoid goes to 1.  At score std 16 (D = 64, S = 1024, default
-bias) that cap alone pushed the output past the FlashAttention rule (max error <= 2x torch's +
-floor) in two of four draws (ratio up to 1.13; on the H200 the kernel's O error at score std 8
-was 2.1x native's, bench/results/sigmoid_poly_diag.md).  Refits with the clamp at 14.5-16
-overshoot to P > 1 (D4 in u cannot follow the saturation), so the kernels run the native
-formula on a block pair with an input above the clamp (kernels/scores/sigmoid.py _pair_poly);
-tests/poly_reference.sigmoid_fns models that (native_above_clamp, the default; FA4's score_mod
-runs the block alone: False), and the GPU tests judge the kernels against it.
+(fitted for scores of std 1-2), so on the key columns of the plan's 1/16 split P stops at
+p(hi) = 0.975 where the exact sigmoid goes to 1.  At score std 16 (D = 64, S = 1024, default
+bias) the output then misses the FlashAttention rule (max error <= 2x torch's + floor) in two
+of four draws (ratio up to 1.13); with the exact sigmoid above the clamp the same draws pass
+with a wide margin, so the cap is the cause.  The kernel's P on those columns is what
+tests/poly_reference.sigmoid_fns replays (the GPU tests judge the kernels against it); on the
+H200 the kernel's O error at score std 8 was 2.1x native's (bench/results/sigmoid_poly_diag.md).
+Not fixed: refits with the clamp at 14.5-16 overshoot to P > 1, and a native fix-up of each
+block pair above the clamp cost +19% instructions in the forward's interior loop and 14
+spilled words in the D = 64 one-CTA-per-tile build (docs/MEASURED.md sigmoid-program-cap).
 """
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ import rule_harness as H  # noqa: E402
 S, D, HEADS = 1024, 64, 2
 
 
-def _default_sigmoid(native_above_clamp=True):
-    """The default plan's sigmoid poly score at this shape, and its per-column P (the kernel's
-    model, or the block alone)."""
+def _default_sigmoid(native_above_clamp=False):
+    """The default plan's sigmoid poly score at this shape, and its per-column P (the kernel's:
+    the block alone; or with the exact sigmoid above the clamp)."""
     from flash_attn_poly import plan as P
     from flash_attn_poly.kernels import scores
     call = P.AttnCall(mode="sigmoid", evaluator="poly", dtype="bf16", head_dim=D, batch=1, seqlen_q=S,
@@ -61,25 +62,27 @@ def _worst_ratio(score_fn, sigma: float, seeds=range(4)) -> float:
     return worst
 
 
-def test_the_block_alone_caps_p_below_one_and_the_kernel_model_does_not():
-    pl, block_only = _default_sigmoid(native_above_clamp=False)
-    _, kernel = _default_sigmoid()
+def test_the_default_program_caps_p_below_one():
+    pl, kernel = _default_sigmoid()
+    _, fixed = _default_sigmoid(native_above_clamp=True)
     hi, n = pl.score.program.param("hi"), pl.score.program.param("n")
     x = torch.full((1, 1, 1, S), 40.0, dtype=torch.float64)   # far above the clamp
-    cap = float(block_only(x)[0, 0, 0, 0])
+    cap = float(kernel(x)[0, 0, 0, 0])
     assert 0.97 < cap < 0.98 and cap == pytest.approx(1.0 / (1.0 + math.exp(-(hi - math.log(n)))), abs=2e-3)
-    assert float(block_only(x)[0, 0, 0, 8]) == pytest.approx(1.0, abs=1e-12)     # a MUFU column
-    assert float(kernel(x)[0, 0, 0, 0]) == pytest.approx(1.0, abs=1e-12)
-    # inside the clamp both are the block's P
-    x = torch.full((1, 1, 1, S), 1.0, dtype=torch.float64)
-    assert float(kernel(x)[0, 0, 0, 0]) == float(block_only(x)[0, 0, 0, 0])
+    assert float(kernel(x)[0, 0, 0, 8]) == pytest.approx(1.0, abs=1e-12)     # a MUFU column
+    assert float(fixed(x)[0, 0, 0, 0]) == pytest.approx(1.0, abs=1e-12)
+    x = torch.full((1, 1, 1, S), 1.0, dtype=torch.float64)                   # inside the clamp: the block's P
+    assert float(fixed(x)[0, 0, 0, 0]) == float(kernel(x)[0, 0, 0, 0])
 
 
-def test_the_block_alone_misses_the_rule_at_score_std_16():
-    _, block_only = _default_sigmoid(native_above_clamp=False)
-    assert _worst_ratio(block_only, 16.0) > 1.0
-
-
-def test_the_kernels_p_holds_the_rule_at_score_std_16():
+@pytest.mark.xfail(strict=True, reason="the default sigmoid program's input clamp caps P at 0.975 on the split's "
+                                       "columns: the rule misses at score std 16 (module docstring)")
+def test_default_sigmoid_program_holds_the_rule_at_score_std_16():
     _, kernel = _default_sigmoid()
-    assert _worst_ratio(kernel, 16.0) < 0.7
+    assert _worst_ratio(kernel, 16.0) <= 1.0
+
+
+def test_the_cap_is_the_cause():
+    """The same draws with the exact sigmoid above the clamp pass with a wide margin."""
+    _, fixed = _default_sigmoid(native_above_clamp=True)
+    assert _worst_ratio(fixed, 16.0) < 0.7

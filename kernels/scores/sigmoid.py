@@ -11,9 +11,6 @@ Forward.
           the block in two parts: its "head" in the score stage (the packed q kept in acc_S),
           then write_p's "tail" (P = q*q, one mul) after the PV wait: the same instructions and
           bits as the block.  An FP16 program's f16x2 P is converted to bf16x2 for BF16 inputs.
-          A block pair with an input above the program's clamp (params.hi, where its P stops at
-          P(hi) < 1: 0.975 for the default) takes the native formula instead, a branch that only
-          large scores take (the cap had pushed O past the FlashAttention rule at score std 16).
 Backward: g = dP sigma'(x + b) (no LSE, no D).  MUFU columns: the forward's p and sigma' =
 p (1 - p).  The product rule's backward is the native score (the plan hands it the native spec:
 the program's P error reached dV); a poly backward is the surrogate rule's: on its block columns
@@ -26,7 +23,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .common import (ScoreBase, acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_as_b32, frag_a_col_group,
-                     pack_f32x2, pin_f32, run_program, sqrt_approx, tanh_approx, unpack_bf16x2,
+                     pack_f32x2, pin_f32, run_program, tanh_approx, unpack_bf16x2,
                      write_p_native, write_p_pinned)
 
 
@@ -73,7 +70,6 @@ class Score(ScoreBase):
                                     "piecewise2_factored" if self.grad_rule == "surrogate" else ""))
             self.program_n = prog.n
             self.p_f16 = prog.f16
-            self.clamp_hi = float(prog.param("hi"))
 
     def check_dtype(self, is_bf16: bool) -> None:
         check_dtype(self.spec, is_bf16)
@@ -132,20 +128,13 @@ class Score(ScoreBase):
     @cute.jit
     def _pair_poly(self, s0, s1, params, masked: cutlass.Constexpr[bool], role: cutlass.Constexpr[str],
                    is_bf16: cutlass.Constexpr[bool] = True):
-        """The program's block `role` ("fwd": P; "head": q, P = q*q) on one score pair.  A pair
-        with a block input above the program's clamp (params.hi: the block would return P(hi) < 1
-        there) takes the native sigmoid instead (_native_pair; a branch taken only by large
-        scores)."""
-        x0 = s0 * params[0] + params[1]
-        x1 = s1 * params[0] + params[1]
-        p = Int32(run_program(self.program, role, x0, x1)[0])
-        to_bf16 = self.p_f16 and is_bf16 and role == "fwd"
-        if cutlass.const_expr(to_bf16):
+        """The program's block `role` ("fwd": P; "head": q, P = q*q) on one score pair."""
+        p = Int32(run_program(self.program, role, s0 * params[0] + params[1], s1 * params[0] + params[1])[0])
+        if cutlass.const_expr(self.p_f16 and is_bf16 and role == "fwd"):
             p = f16x2_to_bf16x2(p)   # the full f16 block's P -> the PV operand's bf16x2
-        if cutlass.max(x0, x1) > Float32(self.clamp_hi):
-            p = self._native_pair(s0, s1, params, role, is_bf16)
-        # q of "head" is NaN too: the tail's q * q keeps it
-        p = nan_through(p, s0, s1, False if to_bf16 else self.p_f16)
+            p = nan_through(p, s0, s1, False)
+        else:   # q of "head" is NaN too: the tail's q * q keeps it
+            p = nan_through(p, s0, s1, self.p_f16)
         if cutlass.const_expr(masked):
             # masked scores are -inf: force exact zeros whatever the block returns (on q the
             # tail's 0 * 0 = +0 gives the same P bits: tests/test_asm_emulator.py)
@@ -156,17 +145,6 @@ class Score(ScoreBase):
                 keep = keep | Int32(-65536)   # 0xFFFF0000
             p = p & keep
         return p
-
-    @cute.jit
-    def _native_pair(self, s0, s1, params, role: cutlass.Constexpr[str], is_bf16: cutlass.Constexpr[bool]):
-        """The MUFU columns' sigmoid on a block pair, in the block's output format: "fwd" the
-        PV operand's packed P, "head" q = sqrt(P) in the program's 16-bit type (the tail squares
-        it; near P = 1 the FP16 q keeps P within a BF16 step)."""
-        p0 = tanh_approx(s0 * params[2] + params[3]) * 0.5 + 0.5
-        p1 = tanh_approx(s1 * params[2] + params[3]) * 0.5 + 0.5
-        if cutlass.const_expr(role == "fwd"):
-            return pack_f32x2(p0, p1, is_bf16)
-        return pack_f32x2(sqrt_approx(p0), sqrt_approx(p1), not self.p_f16)
 
     @cute.jit
     def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
@@ -202,17 +180,9 @@ class Score(ScoreBase):
     def prob2(self, s0, s1, lse0, lse1, args, block: cutlass.Constexpr[bool],
               is_bf16: cutlass.Constexpr[bool], coords=None, rc=None):
         if cutlass.const_expr(block):   # the surrogate (config.check_bwd: the only poly backward)
-            x0 = s0 * args[0] + args[1]
-            x1 = s1 * args[0] + args[1]
-            p, dp = run_program(self.program, "fwd_bwd", x0, x1)
-            p = Int32(p)
+            p, dp = run_program(self.program, "fwd_bwd", s0 * args[0] + args[1], s1 * args[0] + args[1])
             d0, d1 = unpack_bf16x2(nan_through(Int32(dp), s0, s1, False))
-            if cutlass.max(x0, x1) > Float32(self.clamp_hi):   # the forward's native pairs
-                q0 = tanh_approx(s0 * (args[0] * 0.5) + args[2]) * 0.5 + 0.5
-                q1 = tanh_approx(s1 * (args[0] * 0.5) + args[2]) * 0.5 + 0.5
-                p = pack_f32x2(q0, q1, is_bf16)
-                d0, d1 = q0 * (1.0 - q0), q1 * (1.0 - q1)
-            return nan_through(p, s0, s1, False), d0, d1
+            return nan_through(Int32(p), s0, s1, False), d0, d1
         k0, k1 = args[0], args[1]
         if cutlass.const_expr(self.evaluator == "poly"):
             k0, k1 = args[0] * 0.5, args[2]
