@@ -145,12 +145,12 @@ FWD_ROWS = (
         "80 took 1.016x)", "fwd-d256-tile-n80"),
     Row({"varlen": True}, dict(varlen=True, persistent=False),
         "packed sequences: one launch, a CTA per query tile, head and sequence (the persistent "
-        "varlen build, fwd.persistent, has not run on a GPU yet)", ""),
+        "varlen build, fwd.persistent, has not run on a GPU yet)", "varlen-grid"),
     Row({"varlen": True, "head_dim": 64}, dict(tile_m=128, num_stages=2),
         "the varlen build's sequence offsets spill on the 192-row tile at D = 64 (2 words): 128 rows", ""),
     Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False, persistent=True),
         "the varlen kernel takes one sigmoid bias; the default -ln S_k differs per sequence, so each "
-        "sequence runs as its own dense launch", ""),
+        "sequence runs as its own dense launch (persistent, as dense calls)", "fwd-persistent"),
 )
 
 BWD_ROWS = (
