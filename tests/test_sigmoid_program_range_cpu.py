@@ -9,7 +9,7 @@ with a wide margin, so the cap is the cause.  The kernel's P on those columns is
 tests/poly_reference.sigmoid_fns replays (the GPU tests judge the kernels against it); on the
 H200 the kernel's O error at score std 8 was 2.1x native's (bench/results/sigmoid_poly_diag.md).
 Not fixed: refits with the clamp at 14.5-16 overshoot to P > 1, and a native fix-up of each
-block pair above the clamp cost +19% instructions in the forward's interior loop and 14
+block pair above the clamp moved the loop's MUFU-column work behind the PV wait and left 14
 spilled words in the D = 64 one-CTA-per-tile build (docs/MEASURED.md sigmoid-program-cap).
 """
 from __future__ import annotations
