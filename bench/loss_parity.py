@@ -191,7 +191,7 @@ def register_clamped() -> dict:
     poly runs' lower loss."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-    from flash_attn_poly import plan as plan_mod, reference
+    from flash_attn_poly import plan as plan_mod
     from flash_attn_poly.asm import programs
     from flash_attn_poly.fit import runtime
     import numpy as np
@@ -201,19 +201,15 @@ def register_clamped() -> dict:
     p_lo, p_hi = (float(v) for v in runtime.replay(prog, np.array([lo, hi])))
     out = {}
     for key, cols in CLAMPED.items():
-        def fwd(module, query, key_, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
-                sliding_window=None, cols=cols, **kwargs):
-            grp = query.shape[1] // key_.shape[1]
-            k, v = key_.repeat_interleave(grp, 1), value.repeat_interleave(grp, 1)
-            s_q, s_k = query.shape[2], k.shape[2]
-            x = torch.matmul(query, k.transpose(-1, -2).to(query.dtype)).float() * scaling
-            b = reference.default_sigmoid_bias(s_k)
+        def probs(x, b, cols=cols):
             p = torch.sigmoid(x + b)
             xp = x + (b + math.log(n))
-            on = (torch.arange(s_k, device=x.device) % 128) < cols
-            p = torch.where(on & (xp < lo), p_lo, torch.where(on & (xp > hi), p_hi, p))
-            p = p.masked_fill(~reference.causal_mask(s_q, s_k, query.device), 0.0)
-            return torch.matmul(p.to(v.dtype), v).transpose(1, 2).contiguous(), None
+            on = (torch.arange(x.shape[-1], device=x.device) % 128) < cols
+            return torch.where(on & (xp < lo), p_lo, torch.where(on & (xp > hi), p_hi, p))
+
+        def fwd(module, query, key_, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
+                sliding_window=None, probs=probs, **kwargs):
+            return tm.sigmoid_eager(query, key_, value, scaling, probs)
         AttentionInterface.register(f"sigmoid_{key}", fwd)
         AttentionMaskInterface.register(f"sigmoid_{key}", flash_attention_mask)
         out[key] = f"sigmoid_{key}"

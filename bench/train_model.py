@@ -127,18 +127,26 @@ def model_config(name: str, layers: int, tiny: bool):
 
 # ---- attention implementations ----------------------------------------------------------------
 
-def _sigmoid_eager(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                   softcap=None, sliding_window=None, **kwargs):
+def sigmoid_eager(query, key, value, scaling, probs=None):
     """Sigmoid attention in torch ((B, H, S, D) in, (B, S, H, D) out): p = sigmoid(q k^T * scale
-    - ln S_k), causal (bottom-right), no normalisation; compiled with the layer."""
+    - ln S_k), causal (bottom-right), no normalisation; compiled with the layer.  probs(x, b):
+    P of the scaled scores x and the bias b instead of sigmoid(x + b) (bench/loss_parity.py's
+    clamped runs)."""
     from flash_attn_poly import reference
     grp = query.shape[1] // key.shape[1]
     k, v = key.repeat_interleave(grp, 1), value.repeat_interleave(grp, 1)
     s_q, s_k = query.shape[2], key.shape[2]
     x = torch.matmul(query, k.transpose(-1, -2).to(query.dtype)).float() * scaling
-    p = torch.sigmoid(x + reference.default_sigmoid_bias(s_k))
+    b = reference.default_sigmoid_bias(s_k)
+    p = torch.sigmoid(x + b) if probs is None else probs(x, b)
     p = p.masked_fill(~reference.causal_mask(s_q, s_k, query.device), 0.0)
     return torch.matmul(p.to(v.dtype), v).transpose(1, 2).contiguous(), None
+
+
+def _sigmoid_eager(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                   softcap=None, sliding_window=None, **kwargs):
+    """transformers' attention function of sigmoid_eager."""
+    return sigmoid_eager(query, key, value, scaling)
 
 
 def _sigmoid_ours(evaluator: str, backend: str):

@@ -251,6 +251,18 @@ class AttnFwdSm90:
         return (m_block, head, batch) + self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
 
     @cute.jit
+    def _varlen_tile(self, sched, t, num_m_blocks, h_q, num_batch, group, blocks, window, varlen,
+                     mQ, mK, mV, mO, mLSE):
+        """_tile of the varlen build: (m_block, head, batch 0, the tensors offset to the tile's
+        sequence (_sequence), its lengths, n_max, n_cnt, live); live is 1 for a query tile inside
+        its sequence, 0 past its end (the roles skip it)."""
+        m_block, head, b = sched.tile_at(t, num_m_blocks, h_q, num_batch, group)
+        mQ, mK, mV, mO, mLSE, b, sq, sk = self._sequence(varlen, b, mQ, mK, mV, mO, mLSE)
+        n_max, n_cnt = self._key_range(blocks, m_block, sq, sk, window)
+        live = cutlass.min(cutlass.max(sq - m_block * self.tile_m, 0), 1)
+        return m_block, head, b, (mQ, mK, mV, mO, mLSE), sq, sk, n_max, n_cnt, live
+
+    @cute.jit
     def single_tile_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                           tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params, window,
                           sched: cutlass.Constexpr, blocks, warp_idx, aux, varlen=None):
@@ -328,11 +340,10 @@ class AttnFwdSm90:
                                                         pipe_q, pipe_k, pipe_v, m_block, head, head_kv,
                                                         batch, n_max, n_cnt, q_prod, kv_prod)
                         else:
-                            m_block, head, b = sched.tile_at(t, num_m_blocks, h_q, num_batch, group)
-                            mQt, mKt, mVt, _, _, b, sq, sk = self._sequence(varlen, b, mQ, mK, mV, mO, mLSE)
-                            for _ in cutlass.range(cutlass.min(cutlass.max(sq - m_block * self.tile_m, 0), 1),
-                                                   unroll=1):
-                                n_max, n_cnt = self._key_range(blocks, m_block, sq, sk, window)
+                            m_block, head, b, (mQt, mKt, mVt, _, _), _, _, n_max, n_cnt, live = self._varlen_tile(
+                                sched, t, num_m_blocks, h_q, num_batch, group, blocks, window, varlen,
+                                mQ, mK, mV, mO, mLSE)
+                            for _ in cutlass.range(live, unroll=1):
                                 head_kv = head // (h_q // mK.shape[2])
                                 q_prod, kv_prod = self.load(mQt, mKt, mVt, sQ, sK, sV, tma_q, tma_k, tma_v,
                                                             pipe_q, pipe_k, pipe_v, m_block, head, head_kv,
@@ -354,11 +365,10 @@ class AttnFwdSm90:
                                                    pipe_k, pipe_v, params, blocks, m_block, head, batch, n_max,
                                                    seqlen_q, seqlen_k, window, n_cnt, kv_cons, q_cons, aux)
                     else:
-                        m_block, head, b = sched.tile_at(t, num_m_blocks, h_q, num_batch, group)
-                        _, _, _, mOt, mLSEt, b, sq, sk = self._sequence(varlen, b, mQ, mK, mV, mO, mLSE)
-                        for _ in cutlass.range(cutlass.min(cutlass.max(sq - m_block * self.tile_m, 0), 1),
-                                               unroll=1):
-                            n_max, n_cnt = self._key_range(blocks, m_block, sq, sk, window)
+                        m_block, head, b, (_, _, _, mOt, mLSEt), sq, sk, n_max, n_cnt, live = self._varlen_tile(
+                            sched, t, num_m_blocks, h_q, num_batch, group, blocks, window, varlen,
+                            mQ, mK, mV, mO, mLSE)
+                        for _ in cutlass.range(live, unroll=1):
                             kv_cons, q_cons = self.mma(mOt, mLSEt, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv,
                                                        pipe_q, pipe_k, pipe_v, params, blocks, m_block, head, b,
                                                        n_max, sq, sk, window, n_cnt, kv_cons, q_cons, aux)

@@ -36,7 +36,7 @@ def _apply(fn: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> torch.Ten
 
 
 def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, program: str = None,
-                io_dtype: str = "bf16", native_above_clamp: bool = False):
+                io_dtype: str = "bf16"):
     """(score_fn, score_grad_fn): the program's forward block on x' = x + bias + ln n, and the
     backward's sigma': p (1 - p) of that block's BF16 p ("product", the plan's default,
     ScoreSpec.grad_rule; kernels/scores/sigmoid.py) or the coupled block's derivative
@@ -44,9 +44,7 @@ def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, 
     (name or ProgramSpec) other than sigmoid_attn_n{n}, whose own n then applies; an FP16
     program's P is rounded to the PV operand's type (io_dtype: "bf16" for BF16 inputs, "f16"
     keeps the block's f16 P, as the kernels do for FP16 inputs), and its sigma' is p (1 - p)
-    of the FP16 p (product rule only).  native_above_clamp: scores whose block input is above
-    the program's clamp (params.hi) take the exact sigmoid instead of the block's P(hi) (a fix
-    the kernels do not run: tests/test_sigmoid_program_range_cpu.py)."""
+    of the FP16 p (product rule only)."""
     grad_rule = grad_rule or SIGMOID_GRAD_RULE
     spec = _spec(program or f"sigmoid_attn_n{n}")
     p_fwd = spec.entry()
@@ -58,35 +56,18 @@ def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, 
     p_grad = spec.grad.entry() if grad_rule == "surrogate" else None
     shift = bias + math.log(spec.n)
 
-    hi = float(p_fwd["params"]["hi"])
-
     def shifted(x):
         return runtime.round_to(x + shift, "f32")  # the kernel's FP32 fma(s, scale, shift)
 
-    def block_p(a):
-        xs = shifted(a)
-        p = runtime.replay(p_fwd, xs, "fused")
-        if native_above_clamp:
-            with np.errstate(over="ignore"):   # masked scores (-inf): exp(+inf), P = 0
-                p = np.where(xs > hi, 1.0 / (1.0 + np.exp(-(np.asarray(a, np.float64) + bias))), p)
-        return p, xs
-
     def product(a):
-        p, _ = block_p(a)
+        p = runtime.replay(p_fwd, shifted(a), "fused")
         return p - p * p
 
     def value(a):
-        p, _ = block_p(a)
+        p = runtime.replay(p_fwd, shifted(a), "fused")
         return runtime.round_to(p, "bf16") if f16 and io_dtype == "bf16" else p
 
-    def surrogate(a):
-        g = runtime.replay(p_grad, shifted(a), "fused")
-        if native_above_clamp:
-            p, xs = block_p(a)
-            g = np.where(xs > hi, p - p * p, g)
-        return g
-
-    grad = product if grad_rule == "product" else surrogate
+    grad = product if grad_rule == "product" else (lambda a: runtime.replay(p_grad, shifted(a), "fused"))
     return (lambda x: _apply(value, x), lambda x: _apply(grad, x))
 
 

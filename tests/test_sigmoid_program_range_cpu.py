@@ -6,7 +6,7 @@ p(hi) = 0.975 where the exact sigmoid goes to 1.  At score std 16 (D = 64, S = 1
 bias) the output then misses the FlashAttention rule (max error <= 2x torch's + floor) in two
 of four draws (ratio up to 1.13); with the exact sigmoid above the clamp the same draws pass
 with a wide margin, so the cap is the cause.  The kernel's P on those columns is what
-tests/poly_reference.sigmoid_fns replays (the GPU tests judge the kernels against it); on the
+tests/poly_reference.split_fns replays (the GPU tests judge the kernels against it); on the
 H200 the kernel's O error at score std 8 was 2.1x native's (bench/results/sigmoid_poly_diag.md).
 Not fixed: refits with the clamp at 14.5-16 overshoot to P > 1, and a native fix-up of each
 block pair above the clamp moved the loop's MUFU-column work behind the PV wait and left 14
@@ -28,9 +28,10 @@ import rule_harness as H  # noqa: E402
 S, D, HEADS = 1024, 64, 2
 
 
-def _default_sigmoid(native_above_clamp=False):
-    """The default plan's sigmoid poly score at this shape, and its per-column P (the kernel's:
-    the block alone; or with the exact sigmoid above the clamp)."""
+def _default_sigmoid(exact_above_clamp=False):
+    """The default plan's sigmoid poly score at this shape and its per-column P: the kernel's
+    (poly_reference.split_fns), or the same with the exact sigmoid where the block input is above
+    the program's clamp."""
     from flash_attn_poly import plan as P
     from flash_attn_poly.kernels import scores
     call = P.AttnCall(mode="sigmoid", evaluator="poly", dtype="bf16", head_dim=D, batch=1, seqlen_q=S,
@@ -38,12 +39,13 @@ def _default_sigmoid(native_above_clamp=False):
                       softmax_scale=D ** -0.5, softcap=None, sigmoid_bias=None)
     pl = P.resolve(call, 132)
     assert pl.score.evaluator == "poly" and pl.score.poly_split == (1, 16)
-    spec = scores.device(pl.score)
-    block, _ = PR.sigmoid_fns(pl.sigmoid_bias, spec.program.n, "product", spec.program, "bf16",
-                              native_above_clamp=native_above_clamp)
-    cols = torch.tensor([n % 128 < 8 for n in range(S)])       # the 1/16 split's key columns
-    fn = lambda x: torch.where(cols, block(x), torch.sigmoid(x + pl.sigmoid_bias))
-    return pl, fn
+    fn, _ = PR.split_fns("sigmoid", scores.device(pl.score), S, 50.0, sigmoid_bias=pl.sigmoid_bias,
+                         sigmoid_grad=None, io_dtype="bf16")
+    if not exact_above_clamp:
+        return pl, fn
+    hi = pl.score.program.param("hi")
+    shift = pl.sigmoid_bias + math.log(pl.score.program.param("n"))
+    return pl, lambda x: torch.where(x + shift > hi, torch.sigmoid(x + pl.sigmoid_bias).to(torch.float64), fn(x))
 
 
 def _worst_ratio(score_fn, sigma: float, seeds=range(4)) -> float:
@@ -64,7 +66,7 @@ def _worst_ratio(score_fn, sigma: float, seeds=range(4)) -> float:
 
 def test_the_default_program_caps_p_below_one():
     pl, kernel = _default_sigmoid()
-    _, fixed = _default_sigmoid(native_above_clamp=True)
+    _, fixed = _default_sigmoid(exact_above_clamp=True)
     hi, n = pl.score.program.param("hi"), pl.score.program.param("n")
     x = torch.full((1, 1, 1, S), 40.0, dtype=torch.float64)   # far above the clamp
     cap = float(kernel(x)[0, 0, 0, 0])
@@ -84,5 +86,5 @@ def test_default_sigmoid_program_holds_the_rule_at_score_std_16():
 
 def test_the_cap_is_the_cause():
     """The same draws with the exact sigmoid above the clamp pass with a wide margin."""
-    _, fixed = _default_sigmoid(native_above_clamp=True)
+    _, fixed = _default_sigmoid(exact_above_clamp=True)
     assert _worst_ratio(fixed, 16.0) < 0.7
