@@ -9,12 +9,9 @@ timed side by side in one run with the protocol in bench/protocol.py; forward an
 separately (backward: `torch.autograd.grad` on a retained graph, forward excluded).  Results go
 to bench/out/varlen.json and the Markdown beside it; `--json bench/results/varlen.json` commits one.
 
-Rows "ours_varlen" run attention_varlen as the plan picks: the varlen kernels (one forward and
-one backward launch for the batch, a CTA per tile, head and sequence) for softmax and softcap;
+Rows "ours_varlen" run attention_varlen as the plan picks: the varlen kernels (a persistent forward
+over (sequence, head) units, and a backward with a CTA per key tile, head and sequence) for softmax and softcap;
 one dense launch per sequence for sigmoid at its default bias (-ln S_k differs per sequence).
-Rows "ours_varlen_persistent" (forward only; softmax and softcap): the persistent varlen forward
-(plan override fwd.persistent), the candidate for the plan's varlen row; its ratios are keyed
-"persistent:<baseline>/...", one of them against ours_varlen.
 
 Scenarios.  "equal": B sequences of one length L (default 8 x 4096); rows: ours varlen, ours
 dense on (B, L, H, D) (the same tokens: varlen's overhead, goal <= 3%).  "ragged": lengths
@@ -73,7 +70,7 @@ def _mode_kw(mode):
 
 def rows_for(scenario: str, modes, evaluators) -> list[tuple[str, str, str]]:
     """(impl, mode, evaluator) of every row."""
-    impls = ("ours_varlen", "ours_varlen_persistent") + (
+    impls = ("ours_varlen",) + (
         ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded"))
     out = []
     for mode in modes:
@@ -81,8 +78,6 @@ def rows_for(scenario: str, modes, evaluators) -> list[tuple[str, str, str]]:
             evs = evaluators if impl.startswith("ours") else ("native",)
             if impl == "fa4_varlen" and mode == "sigmoid":
                 continue   # FA4 has no sigmoid attention
-            if impl == "ours_varlen_persistent" and mode == "sigmoid":
-                continue   # sigmoid's default bias runs per-sequence dense launches
             out += [(impl, mode, ev) for ev in evs]
     return out
 
@@ -105,18 +100,6 @@ def make_row(impl, mode, evaluator, lens, args) -> Optional[Callable[[bool], tup
         def build(rg):
             q, k, v = packed(rg)
             return (lambda: fap.attention_varlen(q, k, v, cu, cu, mx, mx, mode, evaluator=evaluator, **kw)), (q, k, v)
-        return build
-    if impl == "ours_varlen_persistent":   # the persistent varlen forward (plan override), forward only
-        from flash_attn_poly import varlen as fv
-
-        def build(rg):
-            if rg:
-                return None
-            q, k, v = packed(rg)
-            call = fv.validate(q, k, v, cu, cu, mx, mx, mode, evaluator, True, kw.get("softcap"), None, None,
-                               (-1, -1))
-            over = {"fwd.varlen": True, "fwd.persistent": True}
-            return (lambda: fv._forward(q, k, v, cu, cu, call, True, "cuda", overrides=over)), (q, k, v)
         return build
     if impl == "fa4_varlen":
         try:
@@ -149,10 +132,7 @@ def _prepare(builders: dict, backward: bool) -> dict:
     fns = {}
     for key, build in builders.items():
         try:
-            built = build(backward)
-            if built is None:      # a forward-only row
-                continue
-            fwd, leaves = built
+            fwd, leaves = build(backward)
             if not backward:
                 with torch.no_grad():
                     fwd()
@@ -204,14 +184,13 @@ def ratios(rows: list[dict], scenario: str) -> dict:
     base = ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded")
     out = {}
     for (impl, mode, ev), r in by.items():
-        if impl not in ("ours_varlen", "ours_varlen_persistent"):
+        if impl != "ours_varlen":
             continue
-        pre = "" if impl == "ours_varlen" else "persistent:"
-        for b in base + (("ours_varlen",) if pre else ()):
+        for b in base:
             other = by.get((b, mode, ev if b.startswith("ours") else "native"))
             for d in ("fwd", "bwd"):
                 if other and other.get(f"{d}_ms") and r.get(f"{d}_ms"):
-                    out[f"{pre}{b}/{mode}/{ev}/{d}"] = other[f"{d}_ms"] / r[f"{d}_ms"]
+                    out[f"{b}/{mode}/{ev}/{d}"] = other[f"{d}_ms"] / r[f"{d}_ms"]
     return out
 
 

@@ -89,6 +89,7 @@ class AttnFwdSm90:
         check_fwd(cfg)
         self.cfg = cfg
         self.score = scores.device(cfg.score)
+        self.score.clamp_fixup = cfg.clamp_fixup   # TEMPORARY A/B knob
         self.dtype = _DTYPES[cfg.dtype]
         self.is_bf16 = cfg.dtype == "bf16"
         if cfg.score.kind == "sigmoid":
@@ -211,7 +212,7 @@ class AttnFwdSm90:
         else:
             self.single_tile_roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                                    tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params,
-                                   window, sched, blocks, warp_idx, aux, varlen)
+                                   window, sched, blocks, warp_idx, aux)
 
     def _section_group(self, mQ, mK, units=None, rows=None):
         """LPT section width in query heads (units: of the persistent order's (batch, head)
@@ -265,25 +266,13 @@ class AttnFwdSm90:
     @cute.jit
     def single_tile_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                           tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params, window,
-                          sched: cutlass.Constexpr, blocks, warp_idx, aux, varlen=None):
-        """One CTA = one tile (the grid has a CTA per tile, in LPT order).
-
-        varlen (cu_seqlens_q, cu_seqlens_k, max_seqlen_q): the grid's batch index is the
-        sequence (_sequence: the tensors offset to it, its own lengths for the masks, the key
-        range and the epilogue).  A query tile past the sequence's end (the grid is sized by
-        the longest) does nothing."""
+                          sched: cutlass.Constexpr, blocks, warp_idx, aux):
+        """One CTA = one tile (the grid has a CTA per tile, in LPT order); dense calls only (the
+        varlen build is persistent: config.check_fwd)."""
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
-        if cutlass.const_expr(varlen is not None):
-            num_m_blocks = cute.ceil_div(varlen[2], self.tile_m)
         m_block, head, batch = sched.work_tile(num_m_blocks, mQ.shape[2], self._section_group(mQ, mK))
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
-        if cutlass.const_expr(varlen is not None):
-            mQ, mK, mV, mO, mLSE, batch, seqlen_q, seqlen_k = self._sequence(varlen, batch, mQ, mK, mV, mO, mLSE)
         n_max, n_cnt = self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
-        if cutlass.const_expr(varlen is not None):
-            if m_block * self.tile_m >= seqlen_q:   # past the sequence: no load, no GEMM, no row to write
-                n_max = Int32(0)
-                n_cnt = Int32(0)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.num_producer_regs)
             if warp_idx == 0:

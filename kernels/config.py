@@ -41,6 +41,7 @@ class FwdConfig:
     fixed_max: bool           # softcap: a constant row max c - 20 (no max, no O rescale)
     exp2_fma: int             # fixed_max: column groups of 8 whose P = 2^a runs on the FMA pipe
     varlen: bool              # packed sequences (cu_seqlens offsets; kernels/attn_fwd_sm90.py AttnFwdSm90Varlen)
+    clamp_fixup: bool = True  # TEMPORARY A/B knob: sigmoid poly's MUFU fix-up above the program's clamp
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +99,9 @@ def check_fwd(c: FwdConfig) -> None:
     if c.varlen and s.kind == "user":
         raise ValueError("varlen: no user score function (its batch index would be the packed tensor's), "
                          f"got score {s.kind!r}")
+    if c.varlen and c.persistent <= 0:
+        raise ValueError("varlen: the varlen forward is a persistent grid (persistent = the CTA count), "
+                         f"got persistent {c.persistent}")
     if s.evaluator == "poly" and not split_fits_block(s.poly_split, c.tile_n):
         raise ValueError(f"poly_split {s.poly_split} repeats every {8 * s.poly_split[1]} keys, more than "
                          f"the forward's key block (tile_n {c.tile_n}): the forward could not send the "

@@ -29,4 +29,4 @@ def score_fns(plan, io_dtype: str = None, side: str = "fwd"):
                         plan.softcap if plan.softcap is not None else 50.0,
                         sigmoid_bias=plan.sigmoid_bias,
                         sigmoid_grad=rule if call.mode == "sigmoid" else None, io_dtype=io,
-                        softcap_grad=rule if call.mode == "softcap" else None)
+                        softcap_grad=rule if call.mode == "softcap" else None, side=side)

@@ -73,10 +73,9 @@ def varlen_call_of(c, max_q: int, max_k: int):
                          sigmoid_bias=c.sigmoid_bias)
 
 
-def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kernel_bwd=False, persistent=False):
+def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kernel_bwd=False):
     """{tensor name: judge record} of one packed batch.  kernel: the forward only, through the
-    varlen forward kernel (plan override fwd.varlen, and fwd.persistent with persistent; sigmoid
-    with KERNEL_SIGMOID_BIAS).
+    varlen forward kernel (plan override fwd.varlen; sigmoid with KERNEL_SIGMOID_BIAS).
     kernel_bwd: the per-sequence forward (the reference on the CPU), then the backward through
     the varlen backward kernels (plan override bwd.varlen; sigmoid with KERNEL_SIGMOID_BIAS)."""
     mode, evaluator, dtype, d, causal, window, cap = var
@@ -105,8 +104,7 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kern
             lse = None
     elif kernel:
         with torch.no_grad():
-            over = {"fwd.varlen": True} | ({"fwd.persistent": True} if persistent else {})
-            out, lse = fv._forward(q, k, v, cu_q, cu_k, call, True, backend, overrides=over)
+            out, lse = fv._forward(q, k, v, cu_q, cu_k, call, True, backend, overrides={"fwd.varlen": True})
         grads = None
     else:
         res = fap.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), mode, evaluator=evaluator,
@@ -168,17 +166,14 @@ def test_varlen_rule_fuzz(var, lens_q, lens_k, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("persistent", [False, True], ids=["one_cta_per_tile", "persistent"])
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
-def test_varlen_kernel_forward_rule_fuzz(var, lens_q, lens_k, seed, persistent):
-    """The varlen forward kernel (one launch for the batch) by the same rule: O and LSE; one CTA
-    per tile (the plan's default) and the persistent grid (override fwd.persistent)."""
-    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel=True, persistent=persistent))
+def test_varlen_kernel_forward_rule_fuzz(var, lens_q, lens_k, seed):
+    """The varlen forward kernel (one persistent launch for the batch) by the same rule: O and LSE."""
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel=True))
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["one_cta_per_tile", "persistent"])
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
-def test_varlen_kernel_forward_dry_run(var, lens_q, lens_k, seed, persistent, monkeypatch):
+def test_varlen_kernel_forward_dry_run(var, lens_q, lens_k, seed, monkeypatch):
     """test_varlen_kernel_forward_rule_fuzz's body on the CPU, the kernel launch stood in by the
     reference (kernels.dispatch.forward_varlen's contract: packed O and (H_q, total_q) LSE): the
     plan override, the launch arguments and the judging run here."""
@@ -188,13 +183,13 @@ def test_varlen_kernel_forward_dry_run(var, lens_q, lens_k, seed, persistent, mo
     def stand_in(vp, q, k, v, cu_q, cu_k, max_q):
         c = vp.call
         assert vp.fwd.varlen and c.varlen and max_q == max(lens_q)
-        assert (vp.fwd.persistent > 0) == persistent
+        assert vp.fwd.persistent > 0
         seen.append(c)
         out, lse = fv._forward(q, k, v, cu_q, cu_k, varlen_call_of(c, max_q, c.seqlen_k), True, "reference")
         return out, (None if c.mode == "sigmoid" else lse)
 
     monkeypatch.setattr(dispatch, "forward_varlen", stand_in)
-    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cpu", kernel=True, persistent=persistent))
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cpu", kernel=True))
     assert len(seen) == (1 if sum(lens_q) and max(lens_q) else 0)
 
 

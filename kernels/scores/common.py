@@ -51,6 +51,12 @@ def tanh_approx(x: Float32, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
+def sqrt_approx(x: Float32, *, loc=None, ip=None) -> Float32:
+    """sqrt.approx.f32: MUFU.SQRT, relative error ~2^-23 on [2^-126, 2^126]."""
+    return Float32(_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "sqrt.approx.f32 $0, $1;", "=f,f"))
+
+
+@dsl_user_op
 def fma_sat(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
     """fma.rn.sat.f32: a*b + c clamped to [0, 1] on the FMA pipe (NaN -> +0)."""
     return Float32(_asm(T.f32(), [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c)],

@@ -11,6 +11,11 @@ Forward.
           the block in two parts: its "head" in the score stage (the packed q kept in acc_S),
           then write_p's "tail" (P = q*q, one mul) after the PV wait: the same instructions and
           bits as the block.  An FP16 program's f16x2 P is converted to bf16x2 for BF16 inputs.
+          The block clamps its input at the program's params.hi, where its P stops at P(hi) < 1
+          (0.975 for the default: O missed the FlashAttention rule at score std 16).  So each
+          thread keeps its block pairs' raw scores and their running max, and one branch per
+          key block (taken only when that max's block input passes hi) recomputes all of them
+          with the MUFU formula; typical scores pay the max chain, one FFMA and the branch.
 Backward: g = dP sigma'(x + b) (no LSE, no D).  MUFU columns: the forward's p and sigma' =
 p (1 - p).  The product rule's backward is the native score (the plan hands it the native spec:
 the program's P error reached dV); a poly backward is the surrogate rule's: on its block columns
@@ -23,7 +28,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .common import (ScoreBase, acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_as_b32, frag_a_col_group,
-                     pack_f32x2, pin_f32, run_program, tanh_approx, unpack_bf16x2,
+                     pack_f32x2, pin_f32, run_program, sqrt_approx, tanh_approx, unpack_bf16x2,
                      write_p_native, write_p_pinned)
 
 
@@ -70,6 +75,7 @@ class Score(ScoreBase):
                                     "piecewise2_factored" if self.grad_rule == "surrogate" else ""))
             self.program_n = prog.n
             self.p_f16 = prog.f16
+            self.clamp_hi = float(prog.param("hi"))
 
     def check_dtype(self, is_bf16: bool) -> None:
         check_dtype(self.spec, is_bf16)
@@ -104,13 +110,18 @@ class Score(ScoreBase):
     @cute.jit
     def _probs_poly(self, acc_S, tOrP, params, masked: cutlass.Constexpr[bool], is_bf16: cutlass.Constexpr[bool]):
         """P of every pair into tOrP; tOrP=None (the overlapped loop): block pairs leave the head's
-        packed q (P = q*q) in their even acc_S register, MUFU pairs FP32 P in both."""
+        packed q (P = q*q) in their even acc_S register, MUFU pairs FP32 P in both.  Block pairs
+        whose inputs pass the clamp: _above_clamp."""
         src = acc_as_frag_a(acc_S)
         dst = None
         if cutlass.const_expr(tOrP is not None):
             dst = cute.recast_tensor(tOrP, Int32)
+        saved, mx = [], None
         for i in cutlass.range_constexpr(cute.size(src) // 2):
             if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
+                saved.append((i, src[2 * i], src[2 * i + 1]))
+                pair_max = cutlass.max(src[2 * i], src[2 * i + 1])
+                mx = pair_max if cutlass.const_expr(mx is None) else cutlass.max(mx, pair_max)
                 if cutlass.const_expr(tOrP is None):
                     src[2 * i] = b32_as_f32(self._pair_poly(src[2 * i], src[2 * i + 1], params,
                                                             masked, "head", is_bf16))
@@ -122,6 +133,25 @@ class Score(ScoreBase):
                 p1 = tanh_approx(src[2 * i + 1] * params[2] + params[3]) * 0.5 + 0.5
                 if cutlass.const_expr(tOrP is None):
                     src[2 * i], src[2 * i + 1] = p0, p1
+                else:
+                    dst[i] = pack_f32x2(p0, p1, is_bf16)
+        if cutlass.const_expr(len(saved) > 0 and getattr(self, "clamp_fixup", True)):
+            self._above_clamp(src, dst, saved, mx, params, is_bf16)
+
+    @cute.jit
+    def _above_clamp(self, src, dst, saved, mx, params, is_bf16: cutlass.Constexpr[bool]):
+        """One branch per thread and key block: when the largest block-pair score's input passes
+        the program's clamp, every block pair of the thread takes the MUFU formula (the raw
+        scores were kept: the head overwrote the even registers with q).  Head (dst None): q =
+        sqrt(P) in the program's 16-bit type, the tail squares it (near P = 1 an FP16 q keeps P
+        within a BF16 step); otherwise the PV operand's packed P.  Masked -inf gives +0 and NaN
+        stays NaN, as on the MUFU columns."""
+        if mx * params[0] + params[1] > Float32(self.clamp_hi):
+            for i, s0, s1 in saved:
+                p0 = tanh_approx(s0 * params[2] + params[3]) * 0.5 + 0.5
+                p1 = tanh_approx(s1 * params[2] + params[3]) * 0.5 + 0.5
+                if cutlass.const_expr(dst is None):
+                    src[2 * i] = b32_as_f32(pack_f32x2(sqrt_approx(p0), sqrt_approx(p1), not self.p_f16))
                 else:
                     dst[i] = pack_f32x2(p0, p1, is_bf16)
 
