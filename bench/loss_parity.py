@@ -30,10 +30,11 @@ SwiGLU, no softcaps).  Runs (a pair shares its seed, so initialisation and data 
   rerun_B3_native      B3_native again (seed 0): what the backward's non-deterministic accumulation
                        alone leaves after 2,000 steps; not in the default set
   B3_poly_seed1        B3_poly with seed 1 (its pair is noise_sigmoid_seed1: pair B3_seed1)
-  B3_eager / B3_clamp8 / B3_clampall   B3 diagnosis (the poly runs reach a lower loss than every
+  B3_eager / B3_clamp8 / B3_clampall / B3_floor8   B3 diagnosis (the poly runs reach a lower loss than every
                        native run): torch's FP32 sigmoid attention; the same with the default
                        program's clamps (P at its input range's ends) on 8 of each 128 key columns
-                       (the 1/16 split's columns), or on all of them
+                       (the 1/16 split's columns), or on all of them; B3_floor8: the lower clamp
+                       alone (P = P(lo) below lo) on the 8 columns
 Curves: the per-step loss smoothed causally by an exponentially weighted mean in token space
 (the paper's EWM): after a step of n tokens the mean moves by 1 - 2^(-n / half-life), half-life
 --ewm-halflife tokens.  A pair's gap is smoothed poly - smoothed native at equal tokens: the final
@@ -86,6 +87,7 @@ RUNS = {
     "B3_eager": ("llama", "sigmoid", "eager", "native", 0),          # torch's FP32 sigmoid
     "B3_clamp8": ("llama", "sigmoid", "clamp8", "native", 0),        # eager + the program's clamps, 8 of 128 columns
     "B3_clampall": ("llama", "sigmoid", "clampall", "native", 0),    # eager + the clamps on every column
+    "B3_floor8": ("llama", "sigmoid", "floor8", "native", 0),        # eager + the lower clamp alone, 8 of 128
 }
 DEFAULT_RUNS = ("B1_native", "B1_poly", "B2_native", "B2_poly", "B3_native", "B3_poly", "noise_seed1")
 PAIRS = {"B1": ("B1_native", "B1_poly"), "B2": ("B2_native", "B2_poly"),
@@ -178,7 +180,8 @@ def flops_per_token(cfg, seqlen: int) -> float:
 
 # ---- the sigmoid program's clamps in torch (the B3 diagnosis runs) ----------------------------
 
-CLAMPED = {"clamp8": 8, "clampall": 128}   # key columns (of each 128) that take the clamps
+# key columns (of each 128) that take the clamps, and which ends: "both", or "lo" (P(lo) below lo only)
+CLAMPED = {"clamp8": (8, "both"), "clampall": (128, "both"), "floor8": (8, "lo")}
 
 
 def register_clamped() -> dict:
@@ -187,7 +190,8 @@ def register_clamped() -> dict:
     plan's 1/16 split runs through the program), P takes the default program's values outside
     its input range: sigma(x - ln n) is evaluated on x' = x + b + ln n clamped to [lo, hi], so
     P = P(lo) below lo and P(hi) above hi (4.4e-6 and 0.975 for sigmoid_attn_n4096_f16), exact
-    sigmoid in between.  Whether these clamps (and the position pattern of the split) make the
+    sigmoid in between ("lo": the floor below lo only, exact above hi, as the forward kernel's
+    MUFU fix-up gives).  Whether these clamps (and the position pattern of the split) make the
     poly runs' lower loss."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
@@ -200,12 +204,12 @@ def register_clamped() -> dict:
     lo, hi, n = prog["params"]["lo"], prog["params"]["hi"], prog["params"]["n"]
     p_lo, p_hi = (float(v) for v in runtime.replay(prog, np.array([lo, hi])))
     out = {}
-    for key, cols in CLAMPED.items():
-        def probs(x, b, cols=cols):
+    for key, (cols, ends) in CLAMPED.items():
+        def probs(x, b, cols=cols, top=ends == "both"):
             p = torch.sigmoid(x + b)
             xp = x + (b + math.log(n))
             on = (torch.arange(x.shape[-1], device=x.device) % 128) < cols
-            return torch.where(on & (xp < lo), p_lo, torch.where(on & (xp > hi), p_hi, p))
+            return torch.where(on & (xp < lo), p_lo, torch.where(on & (xp > hi) & top, p_hi, p))
 
         def fwd(module, query, key_, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
                 sliding_window=None, probs=probs, **kwargs):

@@ -36,7 +36,7 @@ def _apply(fn: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> torch.Ten
 
 
 def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, program: str = None,
-                io_dtype: str = "bf16", above_clamp: bool = True):
+                io_dtype: str = "bf16", forward: bool = True):
     """(score_fn, score_grad_fn): the program's forward block on x' = x + bias + ln n, and the
     backward's sigma': p (1 - p) of that block's BF16 p ("product", the plan's default,
     ScoreSpec.grad_rule; kernels/scores/sigmoid.py) or the coupled block's derivative
@@ -45,11 +45,12 @@ def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, 
     program's P is rounded to the PV operand's type (io_dtype: "bf16" for BF16 inputs, "f16"
     keeps the block's f16 P, as the kernels do for FP16 inputs), and its sigma' is p (1 - p)
     of the FP16 p (product rule only).
-    above_clamp: where the block input passes the program's clamp (params.hi) P is the exact
-    sigmoid, as the forward kernel's fix-up computes it on MUFU (kernels/scores/sigmoid.py
-    _above_clamp: there for every block pair of a thread's key block once one passes; those
-    pairs' inputs below hi differ from this model by the program's error); False: the block's
-    capped P, which the surrogate backward's coupled block keeps."""
+    forward: the forward kernel's P around the program's clamp [params.lo, params.hi]
+    (kernels/scores/sigmoid.py): the exact sigmoid where the block input passes hi (the kernel's
+    MUFU fix-up, there for every block pair of a thread's key block once one passes; those
+    pairs' inputs below hi differ from this model by the program's error), +0 at or below lo;
+    False: the block's P, capped at P(hi) and floored at P(lo), which the surrogate backward's
+    coupled block keeps."""
     grad_rule = grad_rule or SIGMOID_GRAD_RULE
     spec = _spec(program or f"sigmoid_attn_n{n}")
     p_fwd = spec.entry()
@@ -68,14 +69,14 @@ def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, 
         p = runtime.replay(p_fwd, shifted(a), "fused")
         return p - p * p
 
-    hi = float(spec.param("hi"))
+    lo, hi = float(spec.param("lo")), float(spec.param("hi"))
 
     def value(a):
         xs = shifted(a)
         p = runtime.replay(p_fwd, xs, "fused")
-        if above_clamp:
+        if forward:
             with np.errstate(over="ignore"):
-                p = np.where(xs > hi, 1.0 / (1.0 + np.exp(-(a + bias))), p)
+                p = np.where(xs > hi, 1.0 / (1.0 + np.exp(-(a + bias))), np.where(xs > lo, p, 0.0))
         return runtime.round_to(p, "bf16") if f16 and io_dtype == "bf16" else p
 
     grad = product if grad_rule == "product" else (lambda a: runtime.replay(p_grad, shifted(a), "fused"))
@@ -117,8 +118,8 @@ def split_fns(mode: str, score, s_k: int, softcap: float = 50.0, sigmoid_bias=No
     last; the same rule serves the forward and the backward reference.  The grad rule is the
     spec's unless sigmoid_grad / softcap_grad name another.  io_dtype: the attention inputs'
     type, "bf16" or "f16" (sigmoid: the PV operand P).  side: "fwd" or "bwd" (sigmoid: the
-    forward's P is exact above the program's clamp, the surrogate backward's block P is capped:
-    sigmoid_fns above_clamp)."""
+    forward's P is exact above the program's clamp and 0 below it, the surrogate backward's
+    block P is capped and floored: sigmoid_fns forward)."""
     from flash_attn_poly.kernels.scores import poly_pair
     if score.evaluator != "poly" or score.program is None:
         raise ValueError(f"split_fns replays a poly score's program; got evaluator {score.evaluator!r}, "
@@ -130,7 +131,7 @@ def split_fns(mode: str, score, s_k: int, softcap: float = 50.0, sigmoid_bias=No
     else:
         b = -math.log(s_k) if sigmoid_bias is None else float(sigmoid_bias)
         poly, poly_grad = sigmoid_fns(b, score.program.n, sigmoid_grad or score.grad_rule, score.program, io_dtype,
-                                      above_clamp=side == "fwd")
+                                      forward=side == "fwd")
         exact = lambda x: torch.sigmoid(x + b)
         exact_grad = lambda x: torch.sigmoid(x + b) * (1 - torch.sigmoid(x + b))
     cols = torch.tensor([bool(poly_pair(score.poly_split, n // 8)) for n in range(s_k)])

@@ -45,8 +45,9 @@ def fns(plan):
         return PR.softcap_fns(plan.softcap, plan.program, plan.grad_rule)
     # FA4 takes the program's P as it comes out of the block (f16 or bf16, widened to FP32), not
     # rounded to the PV operand's type as our kernels do: "f16" keeps an FP16 program's P as is
+    # (the block alone: FA4's score_mod has neither of our forward's clamp fix-ups)
     return PR.sigmoid_fns(plan.sigmoid_bias, plan.program.n, "product", plan.program,
-                          "f16" if plan.program.f16 else "bf16")
+                          "f16" if plan.program.f16 else "bf16", forward=False)
 
 
 def inputs(mode, evaluator, program, device="cuda"):

@@ -72,11 +72,13 @@ def test_clamped_sigmoid_takes_the_programs_end_values_on_its_columns():
     q = torch.ones(1, 1, s, d)
     for sign, want in ((-1.0, p_lo), (1.0, p_hi)):
         k = sign * 4.0 * torch.ones(1, 1, s, d)      # scaled score +-64: beyond both ends
-        for name, cols in (("clamp8", 8), ("clampall", 128)):
+        for name, cols in (("clamp8", 8), ("clampall", 128), ("floor8", 8)):
             o, _ = AttentionInterface._global_mapping[names[name]](None, q, k, v, None, scaling=d ** -0.5)
             p = o[0, :, 0, :]                         # (S_q, S_k)
             allowed = torch.ones(s, s).tril().bool()
             on = (torch.arange(s) % 128 < cols)[None, :] & allowed
+            if name == "floor8" and sign > 0:         # the floor alone: exact above the range
+                on = on & False
             assert torch.allclose(p[on], torch.tensor(float(want)))
             off = allowed & ~on
             exact = torch.sigmoid(torch.tensor(sign * 64.0 - math.log(s)))

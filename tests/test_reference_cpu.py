@@ -93,12 +93,12 @@ def test_sigmoid_f16_reference_rounds_p_to_bf16():
     from flash_attn_poly.asm import programs
 
     prog = programs.entry("sigmoid_attn_n4096_f16")
-    fn, gfn = PR.sigmoid_fns(-math.log(4096), program="sigmoid_attn_n4096_f16")
+    fn, gfn = PR.sigmoid_fns(-math.log(4096), program="sigmoid_attn_n4096_f16", forward=False)
     x = torch.linspace(-4, 10, 1001, dtype=torch.float64)
     p16 = rt.replay(prog, x.numpy(), "fused")
     assert np.array_equal(fn(x).numpy(), rt.round_to(p16, "bf16"))
     assert np.allclose(gfn(x).numpy(), p16 - p16 * p16)
-    fn16, _ = PR.sigmoid_fns(-math.log(4096), program="sigmoid_attn_n4096_f16", io_dtype="f16")
+    fn16, _ = PR.sigmoid_fns(-math.log(4096), program="sigmoid_attn_n4096_f16", io_dtype="f16", forward=False)
     assert np.array_equal(fn16(x).numpy(), p16)          # FP16 inputs: the f16 P as is
     assert not np.array_equal(fn16(x).numpy(), fn(x).numpy())
     import pytest as _pt

@@ -76,6 +76,7 @@ class Score(ScoreBase):
             self.program_n = prog.n
             self.p_f16 = prog.f16
             self.clamp_hi = float(prog.param("hi"))
+            self.clamp_lo = float(prog.param("lo"))
 
     def check_dtype(self, is_bf16: bool) -> None:
         check_dtype(self.spec, is_bf16)
@@ -158,23 +159,27 @@ class Score(ScoreBase):
     @cute.jit
     def _pair_poly(self, s0, s1, params, masked: cutlass.Constexpr[bool], role: cutlass.Constexpr[str],
                    is_bf16: cutlass.Constexpr[bool] = True):
-        """The program's block `role` ("fwd": P; "head": q, P = q*q) on one score pair."""
-        p = Int32(run_program(self.program, role, s0 * params[0] + params[1], s1 * params[0] + params[1])[0])
+        """The program's block `role` ("fwd": P; "head": q, P = q*q) on one score pair.  A block
+        input below the program's lower clamp (params.lo) gives P = +0 (the block would return
+        its floor P(lo) > 0 for every such key: 7e-6 for the default, where the sigmoid goes to
+        0); masked scores (-inf) are below it too."""
+        x0 = s0 * params[0] + params[1]
+        x1 = s1 * params[0] + params[1]
+        p = Int32(run_program(self.program, role, x0, x1)[0])
         if cutlass.const_expr(self.p_f16 and is_bf16 and role == "fwd"):
             p = f16x2_to_bf16x2(p)   # the full f16 block's P -> the PV operand's bf16x2
-            p = nan_through(p, s0, s1, False)
-        else:   # q of "head" is NaN too: the tail's q * q keeps it
-            p = nan_through(p, s0, s1, self.p_f16)
-        if cutlass.const_expr(masked):
-            # masked scores are -inf: force exact zeros whatever the block returns (on q the
-            # tail's 0 * 0 = +0 gives the same P bits: tests/test_asm_emulator.py)
+        if cutlass.const_expr(masked or getattr(self, "low_zero", True)):
+            # zeros whatever the block returns (on q the tail's 0 * 0 = +0 gives the same P bits:
+            # tests/test_asm_emulator.py)
+            lo = Float32(self.clamp_lo) if cutlass.const_expr(getattr(self, "low_zero", True)) else -Float32.inf
             keep = Int32(0)
-            if s0 != -Float32.inf:
+            if x0 > lo:
                 keep = keep | Int32(0xFFFF)
-            if s1 != -Float32.inf:
+            if x1 > lo:
                 keep = keep | Int32(-65536)   # 0xFFFF0000
             p = p & keep
-        return p
+        # NaN after the zeroing (NaN > lo is false); q of "head" is NaN too: the tail's q * q keeps it
+        return nan_through(p, s0, s1, False if self.p_f16 and is_bf16 and role == "fwd" else self.p_f16)
 
     @cute.jit
     def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
