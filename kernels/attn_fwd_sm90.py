@@ -89,8 +89,6 @@ class AttnFwdSm90:
         check_fwd(cfg)
         self.cfg = cfg
         self.score = scores.device(cfg.score)
-        self.score.clamp_fixup = cfg.clamp_fixup   # TEMPORARY A/B knobs
-        self.score.low_zero = cfg.low_zero
         self.dtype = _DTYPES[cfg.dtype]
         self.is_bf16 = cfg.dtype == "bf16"
         if cfg.score.kind == "sigmoid":

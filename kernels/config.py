@@ -41,8 +41,6 @@ class FwdConfig:
     fixed_max: bool           # softcap: a constant row max c - 20 (no max, no O rescale)
     exp2_fma: int             # fixed_max: column groups of 8 whose P = 2^a runs on the FMA pipe
     varlen: bool              # packed sequences (cu_seqlens offsets; kernels/attn_fwd_sm90.py AttnFwdSm90Varlen)
-    clamp_fixup: bool = True  # TEMPORARY A/B knob: sigmoid poly's MUFU fix-up above the program's clamp
-    low_zero: bool = True     # TEMPORARY A/B knob: sigmoid poly's P = 0 below the program's lower clamp
 
 
 @dataclass(frozen=True, kw_only=True)

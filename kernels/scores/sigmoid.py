@@ -5,8 +5,10 @@ Forward.
           score (-inf) gives tanh = -1, p = +0 exactly.
   poly:   the program's "fwd" block (17 instructions for the seed's BF16 D3 sigmoid_attn_n4096)
           computes sigma(x' - ln n) on two FP32 inputs and returns packed P, the PV A operand
-          directly; it is fed x' = x + b + ln n, so any bias works (exact for b = -ln n).  Masked
-          lanes are zeroed afterwards with a select.  Pairs outside poly_split run the native
+          directly; it is fed x' = x + b + ln n, so any bias works (exact for b = -ln n).  Lanes
+          whose x' is at or below the block's lower clamp params.lo (masked -inf among them)
+          are zeroed afterwards with a select (the block would give its floor P(lo) > 0 to
+          every such key).  Pairs outside poly_split run the native
           formula (params[2] = scale/2, params[3] = b/2).  The overlapped loop (tOrP=None) runs
           the block in two parts: its "head" in the score stage (the packed q kept in acc_S),
           then write_p's "tail" (P = q*q, one mul) after the PV wait: the same instructions and
@@ -16,6 +18,7 @@ Forward.
           thread keeps its block pairs' raw scores and their running max, and one branch per
           key block (taken only when that max's block input passes hi) recomputes all of them
           with the MUFU formula; typical scores pay the max chain, one FFMA and the branch.
+          The surrogate backward's coupled block keeps both clamps (tests/poly_reference).
 Backward: g = dP sigma'(x + b) (no LSE, no D).  MUFU columns: the forward's p and sigma' =
 p (1 - p).  The product rule's backward is the native score (the plan hands it the native spec:
 the program's P error reached dV); a poly backward is the surrogate rule's: on its block columns
@@ -106,10 +109,10 @@ class Score(ScoreBase):
             if cutlass.const_expr(tOrP is not None):
                 write_p_native(acc_S, tOrP, is_bf16)
         else:
-            self._probs_poly(acc_S, tOrP, params, masked, is_bf16)
+            self._probs_poly(acc_S, tOrP, params, is_bf16)   # masked -inf: below the clamp, P = +0
 
     @cute.jit
-    def _probs_poly(self, acc_S, tOrP, params, masked: cutlass.Constexpr[bool], is_bf16: cutlass.Constexpr[bool]):
+    def _probs_poly(self, acc_S, tOrP, params, is_bf16: cutlass.Constexpr[bool]):
         """P of every pair into tOrP; tOrP=None (the overlapped loop): block pairs leave the head's
         packed q (P = q*q) in their even acc_S register, MUFU pairs FP32 P in both.  Block pairs
         whose inputs pass the clamp: _above_clamp."""
@@ -124,10 +127,9 @@ class Score(ScoreBase):
                 pair_max = cutlass.max(src[2 * i], src[2 * i + 1])
                 mx = pair_max if cutlass.const_expr(mx is None) else cutlass.max(mx, pair_max)
                 if cutlass.const_expr(tOrP is None):
-                    src[2 * i] = b32_as_f32(self._pair_poly(src[2 * i], src[2 * i + 1], params,
-                                                            masked, "head", is_bf16))
+                    src[2 * i] = b32_as_f32(self._pair_poly(src[2 * i], src[2 * i + 1], params, "head", is_bf16))
                 else:
-                    dst[i] = self._pair_poly(src[2 * i], src[2 * i + 1], params, masked, "fwd", is_bf16)
+                    dst[i] = self._pair_poly(src[2 * i], src[2 * i + 1], params, "fwd", is_bf16)
             else:
                 # native sigma = 0.5 tanh(0.5 x + 0.5 b) + 0.5; masked -inf gives +0 exactly
                 p0 = tanh_approx(src[2 * i] * params[2] + params[3]) * 0.5 + 0.5
@@ -136,7 +138,7 @@ class Score(ScoreBase):
                     src[2 * i], src[2 * i + 1] = p0, p1
                 else:
                     dst[i] = pack_f32x2(p0, p1, is_bf16)
-        if cutlass.const_expr(len(saved) > 0 and getattr(self, "clamp_fixup", True)):
+        if cutlass.const_expr(len(saved) > 0):
             self._above_clamp(src, dst, saved, mx, params, is_bf16)
 
     @cute.jit
@@ -157,8 +159,7 @@ class Score(ScoreBase):
                     dst[i] = pack_f32x2(p0, p1, is_bf16)
 
     @cute.jit
-    def _pair_poly(self, s0, s1, params, masked: cutlass.Constexpr[bool], role: cutlass.Constexpr[str],
-                   is_bf16: cutlass.Constexpr[bool] = True):
+    def _pair_poly(self, s0, s1, params, role: cutlass.Constexpr[str], is_bf16: cutlass.Constexpr[bool] = True):
         """The program's block `role` ("fwd": P; "head": q, P = q*q) on one score pair.  A block
         input below the program's lower clamp (params.lo) gives P = +0 (the block would return
         its floor P(lo) > 0 for every such key: 7e-6 for the default, where the sigmoid goes to
@@ -168,16 +169,14 @@ class Score(ScoreBase):
         p = Int32(run_program(self.program, role, x0, x1)[0])
         if cutlass.const_expr(self.p_f16 and is_bf16 and role == "fwd"):
             p = f16x2_to_bf16x2(p)   # the full f16 block's P -> the PV operand's bf16x2
-        if cutlass.const_expr(masked or getattr(self, "low_zero", True)):
-            # zeros whatever the block returns (on q the tail's 0 * 0 = +0 gives the same P bits:
-            # tests/test_asm_emulator.py)
-            lo = Float32(self.clamp_lo) if cutlass.const_expr(getattr(self, "low_zero", True)) else -Float32.inf
-            keep = Int32(0)
-            if x0 > lo:
-                keep = keep | Int32(0xFFFF)
-            if x1 > lo:
-                keep = keep | Int32(-65536)   # 0xFFFF0000
-            p = p & keep
+        # zeros whatever the block returns (on q the tail's 0 * 0 = +0 gives the same P bits:
+        # tests/test_asm_emulator.py)
+        keep = Int32(0)
+        if x0 > Float32(self.clamp_lo):
+            keep = keep | Int32(0xFFFF)
+        if x1 > Float32(self.clamp_lo):
+            keep = keep | Int32(-65536)   # 0xFFFF0000
+        p = p & keep
         # NaN after the zeroing (NaN > lo is false); q of "head" is NaN too: the tail's q * q keeps it
         return nan_through(p, s0, s1, False if self.p_f16 and is_bf16 and role == "fwd" else self.p_f16)
 
