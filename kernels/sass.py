@@ -40,6 +40,7 @@ FAMILIES = {
     "MUFU.EX2": r"MUFU\.EX2(\..*)?",
     "MUFU.TANH": r"MUFU\.TANH(\..*)?",
     "MUFU.RCP": r"MUFU\.RCP(\..*)?",
+    "MUFU.RSQ": r"MUFU\.RSQ(\..*)?",
     "MUFU": r"MUFU(\..*)?",
     "HFMA2": r"HFMA2(\..*)?",                        # all packed 16-bit FMAs (f16 and bf16)
     "HFMA2.BF16": r"HFMA2(\.MMA)?\.BF16(_V2)?(\..*)?",  # bf16x2: HFMA2.BF16_V2 / HFMA2.MMA.BF16_V2

@@ -9,8 +9,9 @@ What the SASS must show:
   * HGMMA present (QK^T and PV run on the tensor cores);
   * no local-memory traffic (STL/LDL = register spills);
   * MUFU per mode: softmax has EX2 and no TANH; softcap/native has TANH; pure poly
-    (poly_split (1, 1)): softcap has no TANH, sigmoid has no MUFU but the 2 RCP of the
-    prologue's integer divide;
+    (poly_split (1, 1)): softcap has no TANH, sigmoid has no TANH and its other MUFU are the
+    prologue's integer divides (RCP) and the clamp fix-up's EX2 and RSQ (one of each per block
+    pair score, in a branch typical scores skip: kernels/scores/sigmoid.py _above_clamp);
   * the default poly split (j, k) keeps MUFU.TANH by design: exactly (1 - j/k) of native's.
 """
 from __future__ import annotations
@@ -90,13 +91,18 @@ def test_softcap_pure_poly_has_no_tanh():
 @pytest.mark.compile
 def test_sigmoid_pure_poly_has_no_mufu():
     n = _counts("sigmoid", "poly", split=(1, 1), pingpong=True, persistent=0)
-    # the only MUFU left are RCP of the prologue's integer divides: 2 for head // (H_q / H_kv),
-    # 3 more for the LPT tile decode (kernels/tile_scheduler.py), once per CTA
-    assert n["MUFU"] - n["MUFU.RCP"] == 0 and n["MUFU.RCP"] <= 5 and n["HFMA2"] > 0
+    # no TANH; the clamp fix-up's branch (EX2 and RSQ, one of each per block-pair score), and
+    # RCP of the prologue's integer divides: 2 for head // (H_q / H_kv), 3 more for the LPT tile
+    # decode (kernels/tile_scheduler.py), once per CTA
+    fixup = n["MUFU.EX2"] + n["MUFU.RSQ"]
+    assert n["MUFU.TANH"] == 0 and n["MUFU.EX2"] == n["MUFU.RSQ"] > 0, n
+    assert n["MUFU"] - n["MUFU.RCP"] - fixup == 0 and n["MUFU.RCP"] <= 5 and n["HFMA2"] > 0, n
     # persistent CTAs (the default): the decode runs once per tile in the producer and in the
     # consumers (rounds, batch and section divides): RCP only, a handful
     n2 = _counts("sigmoid", "poly", split=(1, 1), pingpong=True)
-    assert n2["MUFU"] - n2["MUFU.RCP"] == 0 and n2["MUFU.RCP"] <= 10 and n2["HFMA2"] > 0, n2
+    fixup2 = n2["MUFU.EX2"] + n2["MUFU.RSQ"]
+    assert n2["MUFU.TANH"] == 0 and n2["MUFU.EX2"] == n2["MUFU.RSQ"] > 0, n2
+    assert n2["MUFU"] - n2["MUFU.RCP"] - fixup2 == 0 and n2["MUFU.RCP"] <= 10 and n2["HFMA2"] > 0, n2
 
 
 @pytest.mark.compile
@@ -106,12 +112,16 @@ def test_persistent_default_keeps_the_loop(mode, evaluator, head_dim):
     """The default forward is persistent (FwdConfig.persistent = the SM count): the tile loop
     wraps the one-tile-per-CTA body (persistent=0, the same LPT order), so the GEMMs and the
     stage's MUFU and packed FMAs are that build's, with no spills; only the tile decode
-    (integer divides, RCP) is added."""
+    (integer divides, RCP) is added.  The one-CTA-per-tile build (no plan row picks it) of
+    sigmoid poly at D = 64 spills 3 words since the clamp fix-up keeps the block pairs' raw
+    scores (docs/MEASURED.md sigmoid-program-cap); the persistent default does not."""
     assert _plan(mode, evaluator, head_dim).fwd.persistent == B.cat.SM_COUNT   # the H200's SMs
     a, b = _counts(mode, evaluator, head_dim), _counts(mode, evaluator, head_dim, persistent=0)
     for op in ("HGMMA", "MUFU.EX2", "MUFU.TANH", "HFMA2"):
         assert a[op] == b[op], (op, a, b)
-    assert a["STL"] == b["STL"] and a["LDL"] == b["LDL"], (a, b)
+    one_cta_spill = 3 if (mode, evaluator, head_dim) == ("sigmoid", "poly", 64) else 0
+    assert a["STL"] == 0 and a["LDL"] == 0, a
+    assert b["STL"] == one_cta_spill and b["LDL"] == one_cta_spill, b
     assert b["MUFU.RCP"] < a["MUFU.RCP"] <= b["MUFU.RCP"] + 6, (a, b)
 
 
@@ -188,19 +198,24 @@ def test_sigmoid_poly_overlapped_loop_has_no_c7513(split):
     write_p the last squaring (sigmoid_fwd_tail) and the MUFU pairs' packs after wait_group(0).
 
     Measured here (D=128 causal BF16, 168 regs, HGMMA 72, DEPBAR 9, no C7513): 1/4: TANH 192
-    (native 256), 2944 instr., no spills; 1/2: TANH 128, 3376 instr., no spills; 1/1: no
-    TANH, 4224 instr., spills (STL 11 / LDL 23)."""
+    (native 256), no spills; 1/2: TANH 128; 1/1: no TANH.  The clamp fix-up (its EX2 and RSQ
+    count apart) keeps the block pairs' raw scores through the stage: 1/2 spills 17 words
+    (none before it), 1/1 4 (11 before); the default splits (1/16, 1/8 at D = 256) do not."""
     log, n, depbar, _ = _ptxas_report(_loop_cfg("sigmoid", "poly", split=split, program=BF16["sigmoid"]))
     assert "C7513" not in log, log[-600:]
     assert n["HGMMA"] > 0 and depbar < n["HGMMA"], (depbar, n)
     _, nat, _, _ = _ptxas_report(_loop_cfg("sigmoid", "native"))
     j, k = split
-    # the block pairs have no MUFU: TANH is the MUFU pairs' share of native's
+    # the block pairs have no TANH: TANH is the MUFU pairs' share of native's; the fix-up's
+    # branch: one EX2 and one RSQ per block-pair score of each stage
     assert n["MUFU.TANH"] * k == nat["MUFU.TANH"] * (k - j), (n, nat)
+    assert n["MUFU.EX2"] == n["MUFU.RSQ"] > 0 and n["MUFU.EX2"] * k == nat["MUFU.TANH"] * j, (n, nat)
     # two squarings per block pair (head's first, tail's last), as in the whole block
     assert n["HMUL2"] == 2 * n["HFMA2.BF16"] // 3, n
-    if split != (1, 1):
-        assert "0 bytes spill stores" in log and n["STL"] == 0 and n["LDL"] == 0, n
+    spill = {(1, 4): 0, (1, 2): 17, (1, 1): 4}[split]
+    assert n["STL"] <= spill, n
+    if spill == 0:
+        assert "0 bytes spill stores" in log and n["LDL"] == 0, n
 
 
 @pytest.mark.compile

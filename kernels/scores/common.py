@@ -51,9 +51,9 @@ def tanh_approx(x: Float32, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
-def sqrt_approx(x: Float32, *, loc=None, ip=None) -> Float32:
-    """sqrt.approx.f32: MUFU.SQRT, relative error ~2^-23 on [2^-126, 2^126]."""
-    return Float32(_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "sqrt.approx.f32 $0, $1;", "=f,f"))
+def rsqrt_approx(x: Float32, *, loc=None, ip=None) -> Float32:
+    """rsqrt.approx.ftz.f32: MUFU.RSQ, relative error ~2^-22.9; +inf gives +0."""
+    return Float32(_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "rsqrt.approx.ftz.f32 $0, $1;", "=f,f"))
 
 
 @dsl_user_op

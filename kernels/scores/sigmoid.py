@@ -17,7 +17,7 @@ Forward.
           (0.975 for the default: O missed the FlashAttention rule at score std 16).  So each
           thread keeps its block pairs' raw scores and their running max, and one branch per
           key block (taken only when that max's block input passes hi) recomputes all of them
-          with the MUFU formula; typical scores pay the max chain, one FFMA and the branch.
+          on MUFU (EX2, RSQ); typical scores pay the max chain, one FFMA and the branch.
           The surrogate backward's coupled block keeps both clamps (tests/poly_reference).
 Backward: g = dP sigma'(x + b) (no LSE, no D).  MUFU columns: the forward's p and sigma' =
 p (1 - p).  The product rule's backward is the native score (the plan hands it the native spec:
@@ -26,12 +26,14 @@ the coupled "fwd_bwd" block's P and its factored D4 derivative surrogate (seed B
 """
 from __future__ import annotations
 
+import math
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .common import (ScoreBase, acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_as_b32, frag_a_col_group,
-                     pack_f32x2, pin_f32, run_program, sqrt_approx, tanh_approx, unpack_bf16x2,
+                     exp2_approx, pack_f32x2, pin_f32, run_program, rsqrt_approx, tanh_approx, unpack_bf16x2,
                      write_p_native, write_p_pinned)
 
 
@@ -144,19 +146,23 @@ class Score(ScoreBase):
     @cute.jit
     def _above_clamp(self, src, dst, saved, mx, params, is_bf16: cutlass.Constexpr[bool]):
         """One branch per thread and key block: when the largest block-pair score's input passes
-        the program's clamp, every block pair of the thread takes the MUFU formula (the raw
-        scores were kept: the head overwrote the even registers with q).  Head (dst None): q =
-        sqrt(P) in the program's 16-bit type, the tail squares it (near P = 1 an FP16 q keeps P
-        within a BF16 step); otherwise the PV operand's packed P.  Masked -inf gives +0 and NaN
+        the program's clamp, every block pair of the thread takes q = sigma(z)^(1/2) =
+        (1 + 2^(-z log2 e))^(-1/2), z = x + b = 2 (s params[2] + params[3]), on MUFU (EX2 and RSQ,
+        families the rest of a sigmoid build does not use, so the compile tests count the branch
+        apart); the raw scores were kept, the head overwrote the even registers.  Head (dst None):
+        q in the program's 16-bit type, the tail squares it (near P = 1 an FP16 q keeps P within
+        a BF16 step); otherwise the PV operand's packed P = q * q.  Masked -inf gives +0 and NaN
         stays NaN, as on the MUFU columns."""
         if mx * params[0] + params[1] > Float32(self.clamp_hi):
+            k = params[2] * Float32(-2.0 * math.log2(math.e))
+            c = params[3] * Float32(-2.0 * math.log2(math.e))
             for i, s0, s1 in saved:
-                p0 = tanh_approx(s0 * params[2] + params[3]) * 0.5 + 0.5
-                p1 = tanh_approx(s1 * params[2] + params[3]) * 0.5 + 0.5
+                q0 = rsqrt_approx(exp2_approx(s0 * k + c) + 1.0)
+                q1 = rsqrt_approx(exp2_approx(s1 * k + c) + 1.0)
                 if cutlass.const_expr(dst is None):
-                    src[2 * i] = b32_as_f32(pack_f32x2(sqrt_approx(p0), sqrt_approx(p1), not self.p_f16))
+                    src[2 * i] = b32_as_f32(pack_f32x2(q0, q1, not self.p_f16))
                 else:
-                    dst[i] = pack_f32x2(p0, p1, is_bf16)
+                    dst[i] = pack_f32x2(q0 * q0, q1 * q1, is_bf16)
 
     @cute.jit
     def _pair_poly(self, s0, s1, params, role: cutlass.Constexpr[str], is_bf16: cutlass.Constexpr[bool] = True):
