@@ -147,7 +147,8 @@ FWD_ROWS = (
         "packed sequences: one persistent launch over (sequence, head) units, tiles past a "
         "sequence's end skipped: 1.04-1.22x a CTA per tile on a ragged batch", "varlen-grid"),
     Row({"varlen": True, "head_dim": 64}, dict(tile_m=128, num_stages=2),
-        "the varlen build's sequence offsets spill on the 192-row tile at D = 64 (2 words): 128 rows", ""),
+        "D = 64 varlen keeps 128 rows: the one-CTA varlen build spilled on the 192-row tile; the "
+        "persistent one builds without spills there (CPU) but has not run on a GPU", ""),
     Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False, persistent=True),
         "the varlen kernel takes one sigmoid bias; the default -ln S_k differs per sequence, so each "
         "sequence runs as its own dense launch (persistent, as dense calls)", "fwd-persistent"),
