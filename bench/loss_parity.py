@@ -35,6 +35,10 @@ SwiGLU, no softcaps).  Runs (a pair shares its seed, so initialisation and data 
                        program's clamps (P at its input range's ends) on 8 of each 128 key columns
                        (the 1/16 split's columns), or on all of them; B3_floor8: the lower clamp
                        alone (P = P(lo) below lo) on the 8 columns
+  B3_poly8 / B3_f16p8  eager, whose forward P on those 8 columns is the poly kernel's (the program
+                       replayed from a table over every FP16 input, exact above the clamp, 0
+                       below) or the sigmoid rounded to FP16, with the exact sigmoid's gradient:
+                       whether the kernel's in-range P alone (or its FP16 rounding) lowers the loss
 Curves: the per-step loss smoothed causally by an exponentially weighted mean in token space
 (the paper's EWM): after a step of n tokens the mean moves by 1 - 2^(-n / half-life), half-life
 --ewm-halflife tokens.  A pair's gap is smoothed poly - smoothed native at equal tokens: the final
@@ -88,6 +92,8 @@ RUNS = {
     "B3_clamp8": ("llama", "sigmoid", "clamp8", "native", 0),        # eager + the program's clamps, 8 of 128 columns
     "B3_clampall": ("llama", "sigmoid", "clampall", "native", 0),    # eager + the clamps on every column
     "B3_floor8": ("llama", "sigmoid", "floor8", "native", 0),        # eager + the lower clamp alone, 8 of 128
+    "B3_poly8": ("llama", "sigmoid", "poly8", "native", 0),          # eager, the poly forward's P on 8 of 128
+    "B3_f16p8": ("llama", "sigmoid", "f16p8", "native", 0),          # eager, FP16-rounded P on 8 of 128
 }
 DEFAULT_RUNS = ("B1_native", "B1_poly", "B2_native", "B2_poly", "B3_native", "B3_poly", "noise_seed1")
 PAIRS = {"B1": ("B1_native", "B1_poly"), "B2": ("B2_native", "B2_poly"),
@@ -220,6 +226,62 @@ def register_clamped() -> dict:
     return out
 
 
+# key columns 0-7 of every 128 (the 1/16 split's) take, in the forward only (the gradient stays
+# the exact sigmoid's, as our kernels' native backward gives it): "program" the default
+# program's P as the poly forward computes it (block on the f16 input, BF16 P, exact above hi,
+# 0 at or below lo); "f16" the exact sigmoid rounded to FP16 first (the block's output type)
+REPLAYED = {"poly8": "program", "f16p8": "f16"}
+
+
+def program_table(device="cpu") -> tuple:
+    """(table, lo, hi, ln n) of the default sigmoid program: table[bits] = the forward's P (BF16
+    value, as float32) for the block input whose FP16 bit pattern is `bits` (all 65536), by the
+    CPU replay the kernel tests use (fit.runtime.replay, fused order), rounded to BF16."""
+    from flash_attn_poly import plan as plan_mod
+    from flash_attn_poly.asm import programs
+    from flash_attn_poly.fit import runtime
+    import numpy as np
+    name = next(r.sets["program"] for r in plan_mod.PROGRAM_ROWS if r.when.get("mode") == "sigmoid")
+    prog = programs.entry(name)
+    lo, hi, n = prog["params"]["lo"], prog["params"]["hi"], prog["params"]["n"]
+    x = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = runtime.round_to(runtime.replay(prog, np.nan_to_num(x, nan=0.0)), "bf16")
+    return torch.tensor(p, dtype=torch.float32, device=device), float(lo), float(hi), math.log(n)
+
+
+def register_replayed() -> dict:
+    """transformers attention functions for the B3_poly8 / B3_f16p8 runs (REPLAYED): torch's sigmoid
+    attention whose P on key columns 0-7 of every 128 is, in the forward only, the poly forward's
+    (a table of the program's block over every FP16 input) or the FP16-rounded sigmoid; the
+    backward is the exact sigmoid's (straight through), as our kernels' native backward."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    out, state = {}, {}
+    for key, kind in REPLAYED.items():
+        def probs(x, b, kind=kind):
+            p = torch.sigmoid(x + b)
+            on = (torch.arange(x.shape[-1], device=x.device) % 128) < 8
+            if kind == "f16":
+                q = p.half().float()
+            else:
+                if x.device not in state:
+                    state[x.device] = program_table(x.device)
+                table, lo, hi, ln_n = state[x.device]
+                xp = x + (b + ln_n)
+                q = table[xp.half().view(torch.int16).long() & 0xFFFF]
+                q = torch.where(xp > hi, p, torch.where(xp > lo, q, torch.zeros_like(q)))
+            return torch.where(on, p + (q - p).detach(), p)
+
+        def fwd(module, query, key_, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
+                sliding_window=None, probs=probs, **kwargs):
+            return tm.sigmoid_eager(query, key_, value, scaling, probs)
+        AttentionInterface.register(f"sigmoid_{key}", fwd)
+        AttentionMaskInterface.register(f"sigmoid_{key}", flash_attention_mask)
+        out[key] = f"sigmoid_{key}"
+    return out
+
+
 def lr_at(step: int, steps: int, lr: float) -> float:
     warm = min(1.0, (step + 1) / min(WARMUP_STEPS, max(steps // 10, 1)))
     return lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
@@ -230,7 +292,12 @@ def train_run(name: str, corpus: dict, a, device, backend: str, deadline: float,
     family, score, attn_ev, mlp, seed = RUNS[name]
     cfg = model_config(family, a.dry_run, a.seqlen)
     tm.register_attention(backend)
-    impl = register_clamped()[attn_ev] if attn_ev in CLAMPED else tm.attn_impl(score, attn_ev)
+    if attn_ev in CLAMPED:
+        impl = register_clamped()[attn_ev]
+    elif attn_ev in REPLAYED:
+        impl = register_replayed()[attn_ev]
+    else:
+        impl = tm.attn_impl(score, attn_ev)
     torch.manual_seed(seed)
     with device:
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl,

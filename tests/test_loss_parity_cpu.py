@@ -84,3 +84,39 @@ def test_clamped_sigmoid_takes_the_programs_end_values_on_its_columns():
             exact = torch.sigmoid(torch.tensor(sign * 64.0 - math.log(s)))
             assert off.sum() == 0 or torch.allclose(p[off], exact)
             assert (p[~allowed] == 0).all()
+
+
+def test_replayed_sigmoid_takes_the_poly_forward_on_its_columns():
+    # the B3_poly8 / B3_f16p8 runs' attention: on key columns 0-7 of every 128 the forward's P is
+    # the poly kernel's model (tests/poly_reference, side "fwd", rounded to BF16) or the FP16-rounded
+    # sigmoid; elsewhere, and the gradient everywhere, the exact sigmoid's
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import poly_reference as PR
+    from transformers import AttentionInterface
+    names = lp.register_replayed()
+    s, d = 256, 64
+    g = torch.Generator().manual_seed(0)
+    q = (torch.randn(1, 1, s, d, generator=g) * 2.0).requires_grad_()
+    k = torch.randn(1, 1, s, d, generator=g) * 2.0
+    v = torch.eye(s)[None, None]                     # O = P
+    scale = d ** -0.5
+    x = (q.detach() @ k.transpose(-1, -2)).float() * scale
+    b = -math.log(s)
+    exact = torch.sigmoid(x + b)
+    allowed = torch.ones(s, s).tril().bool()
+    on = (torch.arange(s) % 128 < 8)[None, :].expand(s, s) & allowed
+    model, _ = PR.sigmoid_fns(b, program="sigmoid_attn_n4096_f16")   # the forward's P (BF16)
+    want = {"poly8": model(x)[0, 0].float(), "f16p8": exact[0, 0].half().float()}
+    for name in ("poly8", "f16p8"):
+        o, _ = AttentionInterface._global_mapping[names[name]](None, q, k, v, None, scaling=scale)
+        p = o[0, :, 0, :].bfloat16().float()          # (S_q, S_k): the PV operand is BF16 in training
+        assert torch.equal(p[on], want[name][on].bfloat16().float()), name
+        off = allowed & ~on
+        assert torch.equal(p[off], exact[0, 0][off].bfloat16().float()), name
+        assert not torch.equal(p[on], exact[0, 0][on].bfloat16().float()), name   # the columns differ
+        # the gradient is the exact sigmoid's: the same as the plain eager attention's
+        gq, = torch.autograd.grad(o.float().sum(), q)
+        o2, _ = lp.tm.sigmoid_eager(q, k, v, scale)
+        gq2, = torch.autograd.grad(o2.float().sum(), q)
+        assert torch.allclose(gq, gq2, rtol=0, atol=0), name
