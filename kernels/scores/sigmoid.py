@@ -168,7 +168,7 @@ class Score(ScoreBase):
     def _pair_poly(self, s0, s1, params, role: cutlass.Constexpr[str], is_bf16: cutlass.Constexpr[bool] = True):
         """The program's block `role` ("fwd": P; "head": q, P = q*q) on one score pair.  A block
         input below the program's lower clamp (params.lo) gives P = +0 (the block would return
-        its floor P(lo) > 0 for every such key: 7e-6 for the default, where the sigmoid goes to
+        its floor P(lo) > 0 for every such key: 4.4e-6 for the default, where the sigmoid goes to
         0); masked scores (-inf) are below it too."""
         x0 = s0 * params[0] + params[1]
         x1 = s1 * params[0] + params[1]
