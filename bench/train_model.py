@@ -413,9 +413,13 @@ def classify(name: str) -> str:
     return next((cat for cat, pat in PROFILE_CATEGORIES if re.search(pat, n)), "other")
 
 
-def profile_arm(model, mlps, opt, arm: "Arm", batches: list, n: int, device, amp: bool) -> dict:
-    """ms per step by category (PROFILE_CATEGORIES) over `n` extra steps of `arm` under
-    torch.profiler: CUDA kernel self time on the GPU, op self time on the CPU (dry run)."""
+PROFILE_TOP = 30   # kernels per arm kept by name (the arms' per-kernel diff in the Markdown)
+
+
+def profile_arm(model, mlps, opt, arm: "Arm", batches: list, n: int, device, amp: bool) -> tuple:
+    """(ms per step by category (PROFILE_CATEGORIES), the PROFILE_TOP kernels [{name, category,
+    ms}] by ms per step) over `n` extra steps of `arm` under torch.profiler: CUDA kernel self
+    time on the GPU, op self time on the CPU (dry run)."""
     from torch.profiler import ProfilerActivity, profile
     cuda = device.type == "cuda"
     scratch = Arm.__new__(Arm)
@@ -423,13 +427,17 @@ def profile_arm(model, mlps, opt, arm: "Arm", batches: list, n: int, device, amp
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         run_segment(model, mlps, opt, scratch, batches, n, device, amp)
     out: dict = {}
+    kernels: dict = {}
     for e in prof.key_averages():
         if cuda and e.device_type != torch.autograd.DeviceType.CUDA:
             continue
         us = e.self_device_time_total if cuda else e.self_cpu_time_total
         cat = classify(e.key)
         out[cat] = out.get(cat, 0.0) + us / 1e3 / n
-    return {k: out[k] for k in sorted(out, key=out.get, reverse=True)}
+        kernels[e.key] = kernels.get(e.key, 0.0) + us / 1e3 / n
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:PROFILE_TOP]
+    return ({k: out[k] for k in sorted(out, key=out.get, reverse=True)},
+            [{"name": k[:200], "category": classify(k), "ms": v} for k, v in top])
 
 
 def row(arm: Arm, model: str, seqlen: int, skip: int, target: int) -> dict:
@@ -450,6 +458,7 @@ def row(arm: Arm, model: str, seqlen: int, skip: int, target: int) -> dict:
     r["peak_mem_gb"] = arm.peak / 1e9 if arm.peak else None
     if getattr(arm, "profile", None):
         r["profile_ms_per_step"] = arm.profile
+        r["profile_top_kernels"] = arm.profile_kernels
     if arm.steps < target and not arm.error:
         r["incomplete"] = f"{arm.steps} of {target} steps (budget)"
     return r
@@ -541,8 +550,8 @@ def run_model(name: str, seqlen: int, batch: int, layers: int, arms: list[str], 
     for arm in arm_objs:
         if a.profile_steps and arm.error is None and time.time() < deadline:
             try:
-                arm.profile = profile_arm(model, mlps, opt, arm, batches(arm.batch), a.profile_steps,
-                                          device, amp)
+                arm.profile, arm.profile_kernels = profile_arm(model, mlps, opt, arm, batches(arm.batch),
+                                                               a.profile_steps, device, amp)
             except Exception as e:  # noqa: BLE001 - the profile is extra; the timings stand
                 log(f"  profile of {arm.name} failed: {type(e).__name__}: {e}")
     rows += [row(x, name, seqlen, a.skip, a.steps) for x in arm_objs]
@@ -578,11 +587,34 @@ def markdown(out: dict) -> str:
             lines.append(f"| {r['model']} | {r['arm']} | {r['seqlen']} | " + " | ".join(
                 f"{r['profile_ms_per_step'].get(c, 0.0):.1f}" for c in cats) + " |")
         lines.append("")
+        lines += kernel_diff(prof)
     for r in out["rows"]:
         for k in ("error", "skipped", "incomplete", "note"):
             if k in r:
                 lines.append(f"- {r['model']} S={r['seqlen']} {r['arm']}: {k}: {r[k]}")
     return "\n".join(lines) + "\n"
+
+
+def kernel_diff(prof: list, n: int = 25) -> list:
+    """Markdown lines: per (model, seqlen), the kernels of every profiled arm side by side (ms per
+    step; the union of each arm's top kernels, the n largest by their largest time): where two
+    arms' steps differ outside the category totals."""
+    lines = []
+    for key in dict.fromkeys((r["model"], r["seqlen"]) for r in prof):
+        rs = [r for r in prof if (r["model"], r["seqlen"]) == key and r.get("profile_top_kernels")]
+        if not rs:
+            continue
+        ms = {r["arm"]: {k["name"]: k["ms"] for k in r["profile_top_kernels"]} for r in rs}
+        cat = {k["name"]: k["category"] for r in rs for k in r["profile_top_kernels"]}
+        names = sorted(cat, key=lambda nm: -max(m.get(nm, 0.0) for m in ms.values()))[:n]
+        arms = list(ms)
+        lines += [f"Top kernels, {key[0]} S={key[1]} (ms per step; '-': not among that arm's top {PROFILE_TOP}):", "",
+                  "| kernel | category | " + " | ".join(arms) + " |", "|---" * (len(arms) + 2) + "|"]
+        for nm in names:
+            cells = " | ".join(f"{ms[a][nm]:.2f}" if nm in ms[a] else "-" for a in arms)
+            lines.append(f"| `{nm[:90]}` | {cat[nm]} | {cells} |")
+        lines.append("")
+    return lines
 
 
 def main(argv=None) -> int:

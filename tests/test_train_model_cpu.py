@@ -30,7 +30,12 @@ def test_dry_run_writes_rows_for_every_model(tmp_path):
             assert r["step_ms"] >= r["fwd_ms"] and r["mlp"] == {"native": "native", "poly": "poly"}.get(arm, "torch")
             assert set(r["profile_ms_per_step"]) <= {c for c, _ in tm.PROFILE_CATEGORIES} | {"other"}
             assert r["profile_ms_per_step"]["matmul"] > 0
-    assert (tmp_path / "t.md").read_text().count("| gemma2-2b |") == 6     # timing and profile rows
+            top = r["profile_top_kernels"]
+            assert 0 < len(top) <= tm.PROFILE_TOP and [k["ms"] for k in top] == sorted((k["ms"] for k in top), reverse=True)
+            assert sum(k["ms"] for k in top) <= sum(r["profile_ms_per_step"].values()) + 1e-6
+    md = (tmp_path / "t.md").read_text()
+    assert md.count("| gemma2-2b |") == 6     # timing and profile rows
+    assert "Top kernels, gemma2-2b S=" in md   # the arms' per-kernel diff
 
 
 def test_profile_categories_of_kernel_names():
