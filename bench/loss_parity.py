@@ -190,6 +190,28 @@ def flops_per_token(cfg, seqlen: int) -> float:
 CLAMPED = {"clamp8": (8, "both"), "clampall": (128, "both"), "floor8": (8, "lo")}
 
 
+def default_sigmoid_program() -> dict:
+    """The table entry of the plan's default sigmoid program (its lo, hi and n in params)."""
+    from flash_attn_poly import plan as plan_mod
+    from flash_attn_poly.asm import programs
+    name = next(r.sets["program"] for r in plan_mod.PROGRAM_ROWS if r.when.get("mode") == "sigmoid")
+    return programs.entry(name)
+
+
+def register_sigmoid_probs(key: str, probs) -> str:
+    """Register train_model's eager sigmoid attention with P = probs(x, b) as transformers'
+    attention implementation "sigmoid_<key>" (and its mask function); returns the name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    def fwd(module, query, key_, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
+            sliding_window=None, **kwargs):
+        return tm.sigmoid_eager(query, key_, value, scaling, probs)
+    AttentionInterface.register(f"sigmoid_{key}", fwd)
+    AttentionMaskInterface.register(f"sigmoid_{key}", flash_attention_mask)
+    return f"sigmoid_{key}"
+
+
 def register_clamped() -> dict:
     """transformers attention functions for the B3_clamp* runs: torch's sigmoid attention (as
     train_model's eager arm) where, on the first `cols` key columns of every 128 (the columns the
@@ -199,14 +221,9 @@ def register_clamped() -> dict:
     sigmoid in between ("lo": the floor below lo only, exact above hi, as the forward kernel's
     MUFU fix-up gives).  Whether these clamps (and the position pattern of the split) make the
     poly runs' lower loss."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-    from flash_attn_poly import plan as plan_mod
-    from flash_attn_poly.asm import programs
     from flash_attn_poly.fit import runtime
     import numpy as np
-    name = next(r.sets["program"] for r in plan_mod.PROGRAM_ROWS if r.when.get("mode") == "sigmoid")
-    prog = programs.entry(name)
+    prog = default_sigmoid_program()
     lo, hi, n = prog["params"]["lo"], prog["params"]["hi"], prog["params"]["n"]
     p_lo, p_hi = (float(v) for v in runtime.replay(prog, np.array([lo, hi])))
     out = {}
@@ -216,13 +233,7 @@ def register_clamped() -> dict:
             xp = x + (b + math.log(n))
             on = (torch.arange(x.shape[-1], device=x.device) % 128) < cols
             return torch.where(on & (xp < lo), p_lo, torch.where(on & (xp > hi) & top, p_hi, p))
-
-        def fwd(module, query, key_, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
-                sliding_window=None, probs=probs, **kwargs):
-            return tm.sigmoid_eager(query, key_, value, scaling, probs)
-        AttentionInterface.register(f"sigmoid_{key}", fwd)
-        AttentionMaskInterface.register(f"sigmoid_{key}", flash_attention_mask)
-        out[key] = f"sigmoid_{key}"
+        out[key] = register_sigmoid_probs(key, probs)
     return out
 
 
@@ -237,12 +248,9 @@ def program_table(device="cpu") -> tuple:
     """(table, lo, hi, ln n) of the default sigmoid program: table[bits] = the forward's P (BF16
     value, as float32) for the block input whose FP16 bit pattern is `bits` (all 65536), by the
     CPU replay the kernel tests use (fit.runtime.replay, fused order), rounded to BF16."""
-    from flash_attn_poly import plan as plan_mod
-    from flash_attn_poly.asm import programs
     from flash_attn_poly.fit import runtime
     import numpy as np
-    name = next(r.sets["program"] for r in plan_mod.PROGRAM_ROWS if r.when.get("mode") == "sigmoid")
-    prog = programs.entry(name)
+    prog = default_sigmoid_program()
     lo, hi, n = prog["params"]["lo"], prog["params"]["hi"], prog["params"]["n"]
     x = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -255,8 +263,6 @@ def register_replayed() -> dict:
     attention whose P on key columns 0-7 of every 128 is, in the forward only, the poly forward's
     (a table of the program's block over every FP16 input) or the FP16-rounded sigmoid; the
     backward is the exact sigmoid's (straight through), as our kernels' native backward."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
     out, state = {}, {}
     for key, kind in REPLAYED.items():
         def probs(x, b, kind=kind):
@@ -272,13 +278,7 @@ def register_replayed() -> dict:
                 q = table[xp.half().view(torch.int16).long() & 0xFFFF]
                 q = torch.where(xp > hi, p, torch.where(xp > lo, q, torch.zeros_like(q)))
             return torch.where(on, p + (q - p).detach(), p)
-
-        def fwd(module, query, key_, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
-                sliding_window=None, probs=probs, **kwargs):
-            return tm.sigmoid_eager(query, key_, value, scaling, probs)
-        AttentionInterface.register(f"sigmoid_{key}", fwd)
-        AttentionMaskInterface.register(f"sigmoid_{key}", flash_attention_mask)
-        out[key] = f"sigmoid_{key}"
+        out[key] = register_sigmoid_probs(key, probs)
     return out
 
 
