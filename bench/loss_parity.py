@@ -94,10 +94,21 @@ RUNS = {
     "B3_floor8": ("llama", "sigmoid", "floor8", "native", 0),        # eager + the lower clamp alone, 8 of 128
     "B3_poly8": ("llama", "sigmoid", "poly8", "native", 0),          # eager, the poly forward's P on 8 of 128
     "B3_f16p8": ("llama", "sigmoid", "f16p8", "native", 0),          # eager, FP16-rounded P on 8 of 128
+    # does the B3 gap close with training? the pair at twice the steps (the cosine schedule stretched)
+    "B3_native_4k": ("llama", "sigmoid", "native", "native", 0),
+    "B3_poly_4k": ("llama", "sigmoid", "poly", "native", 0),
 }
+# runs whose step count is their own, not --steps (the schedule follows it)
+RUN_STEPS = {"B3_native_4k": 4000, "B3_poly_4k": 4000}
+
+
+def run_steps(name: str, a) -> int:
+    """Steps of run `name`: its RUN_STEPS entry, else --steps (a dry run keeps its own)."""
+    return a.steps if a.dry_run else RUN_STEPS.get(name, a.steps)
 DEFAULT_RUNS = ("B1_native", "B1_poly", "B2_native", "B2_poly", "B3_native", "B3_poly", "noise_seed1")
 PAIRS = {"B1": ("B1_native", "B1_poly"), "B2": ("B2_native", "B2_poly"),
          "B3": ("B3_native", "B3_poly"), "B3_seed1": ("noise_sigmoid_seed1", "B3_poly_seed1"),
+         "B3_4k": ("B3_native_4k", "B3_poly_4k"),
          "GeGLU": ("B2_native", "G_poly")}
 NOISE = ("B2_native", "noise_seed1")
 # Each pair is judged against the seed-to-seed gap of its own model and score where that run
@@ -290,6 +301,7 @@ def lr_at(step: int, steps: int, lr: float) -> float:
 def train_run(name: str, corpus: dict, a, device, backend: str, deadline: float, log=print) -> dict:
     import transformers
     family, score, attn_ev, mlp, seed = RUNS[name]
+    steps = run_steps(name, a)
     cfg = model_config(family, a.dry_run, a.seqlen)
     tm.register_attention(backend)
     if attn_ev in CLAMPED:
@@ -314,14 +326,14 @@ def train_run(name: str, corpus: dict, a, device, backend: str, deadline: float,
     train = windows(corpus["train"], a.seqlen)
     order = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(a.data_seed))
     losses, t0 = [], time.time()
-    for step in range(a.steps):
+    for step in range(steps):
         if time.time() > deadline:
             log(f"  {name}: budget reached at step {step}")
             break
         idx = order[(torch.arange(a.batch) + step * a.batch) % order.numel()]
         tok = train[idx].to(device, non_blocking=True).long()
         for gr in opt.param_groups:
-            gr["lr"] = lr_at(step, a.steps, a.lr)
+            gr["lr"] = lr_at(step, steps, a.lr)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             logits = model(input_ids=tok[:, :-1], use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), tok[:, 1:].reshape(-1))
@@ -330,13 +342,13 @@ def train_run(name: str, corpus: dict, a, device, backend: str, deadline: float,
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach())
-        if step % 100 == 0 or step == a.steps - 1:
+        if step % 100 == 0 or step == steps - 1:
             log(f"  {name} step {step:5d} loss {loss.item():.4f} ({time.time() - t0:.0f} s)")
     losses = [float(x) for x in losses]
     held = heldout_loss(model, corpus, a, device)
     where = protocol.header(protocol.Timing())
     return {**{k: where[k] for k in ("device", "date", "commit", "torch")}, "run": name, "family": family, "score": score, "attention": attn_ev, "mlp": mlp,
-            "seed": seed, "data_seed": a.data_seed, "steps": len(losses), "target_steps": a.steps,
+            "seed": seed, "data_seed": a.data_seed, "steps": len(losses), "target_steps": steps,
             "tokens_per_step": a.batch * a.seqlen, "losses": losses, "heldout": held,
             "params": sum(p.numel() for p in model.parameters()), "train_s": time.time() - t0,
             "corpus": {k: corpus[k] for k in ("sha256", "files", "bytes")},
@@ -392,11 +404,12 @@ def collect(runs: dict, halflife: float) -> dict:
         g = gap(runs[NOISE[0]], runs[NOISE[1]], halflife)
         out["noise_gap"], out["noise_max_gap"] = abs(g["final_gap"]), g["max_gap"]
         out["noise_tail_mean"] = abs(g["tail_mean"])
+        out["noise_steps"] = g["steps"]
     out["own_noise"] = {}
     for (fam, score), (a, b) in OWN_NOISE.items():
         if a in runs and b in runs:
             g = gap(runs[a], runs[b], halflife)
-            out["own_noise"][f"{fam}/{score}"] = {"runs": [a, b], "final_gap": abs(g["final_gap"]),
+            out["own_noise"][f"{fam}/{score}"] = {"runs": [a, b], "final_gap": abs(g["final_gap"]), "steps": g["steps"],
                                                   "max_gap": g["max_gap"], "tail_mean": abs(g["tail_mean"])}
     out["reruns"] = {}
     for pair, (a, b) in RERUNS.items():
@@ -415,7 +428,9 @@ def collect(runs: dict, halflife: float) -> dict:
             ref = out["own_noise"].get(key)
             if ref is None and "noise_gap" in out:
                 key, ref = "gemma2/softcap", {"final_gap": out["noise_gap"], "max_gap": out["noise_max_gap"],
-                                              "tail_mean": out["noise_tail_mean"]}
+                                              "tail_mean": out["noise_tail_mean"], "steps": out["noise_steps"]}
+            if ref is not None and ref.get("steps", g["steps"]) != g["steps"]:
+                ref = None      # a seed-to-seed gap of another length says nothing about this pair
             if ref is not None:
                 arm["noise_from"] = key
                 arm["within_noise"] = (abs(g["final_gap"]) <= ref["final_gap"]
@@ -581,7 +596,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if cuda else "cpu")
     backend = "cuda" if cuda else "reference"
     corpus = build_corpus(a.corpus_root, max_bytes=2_000_000 if a.dry_run else 0)
-    need = a.steps * a.batch * (a.seqlen + 1) // 4
+    need = max(run_steps(n, a) for n in names) * a.batch * (a.seqlen + 1) // 4
     if corpus["train"].numel() < need or corpus["heldout"].numel() <= a.seqlen + 1:
         p.error(f"the corpus ({corpus['files']} .py files under "
                 f"{a.corpus_root or sysconfig.get_paths()['stdlib']}) has {corpus['train'].numel()} "
