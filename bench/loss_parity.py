@@ -97,9 +97,10 @@ RUNS = {
     # does the B3 gap close with training? the pair at twice the steps (the cosine schedule stretched)
     "B3_native_4k": ("llama", "sigmoid", "native", "native", 0),
     "B3_poly_4k": ("llama", "sigmoid", "poly", "native", 0),
+    "noise_sigmoid_seed1_4k": ("llama", "sigmoid", "native", "native", 1),
 }
 # runs whose step count is their own, not --steps (the schedule follows it)
-RUN_STEPS = {"B3_native_4k": 4000, "B3_poly_4k": 4000}
+RUN_STEPS = {"B3_native_4k": 4000, "B3_poly_4k": 4000, "noise_sigmoid_seed1_4k": 4000}
 
 
 def run_steps(name: str, a) -> int:
@@ -115,6 +116,8 @@ NOISE = ("B2_native", "noise_seed1")
 # exists (optional runs), else against NOISE's.  Keys: (family, score) of the pair's native run.
 OWN_NOISE = {("llama", "softmax"): ("B1_native", "noise_llama_seed1"),
              ("llama", "sigmoid"): ("B3_native", "noise_sigmoid_seed1")}
+# seed-to-seed pairs of other lengths (a pair is judged against the one of its own step count)
+OWN_NOISE_MORE = {("llama", "sigmoid"): [("B3_native_4k", "noise_sigmoid_seed1_4k")]}
 # Same seed, same evaluator, run twice: the gap that the backward's non-deterministic dQ
 # accumulation alone leaves after 2,000 steps (optional).
 RERUNS = {"B3": ("B3_native", "rerun_B3_native")}
@@ -406,8 +409,9 @@ def collect(runs: dict, halflife: float) -> dict:
         out["noise_tail_mean"] = abs(g["tail_mean"])
         out["noise_steps"] = g["steps"]
     out["own_noise"] = {}
-    for (fam, score), (a, b) in OWN_NOISE.items():
-        if a in runs and b in runs:
+    for (fam, score), (a, b) in [(k, v) for k, v in OWN_NOISE.items()] + [
+            (k, v) for k, vs in OWN_NOISE_MORE.items() for v in vs]:
+        if a in runs and b in runs and f"{fam}/{score}" not in out["own_noise"]:
             g = gap(runs[a], runs[b], halflife)
             out["own_noise"][f"{fam}/{score}"] = {"runs": [a, b], "final_gap": abs(g["final_gap"]), "steps": g["steps"],
                                                   "max_gap": g["max_gap"], "tail_mean": abs(g["tail_mean"])}
@@ -452,9 +456,9 @@ def plot(runs: dict, halflife: float, path: str) -> None:
     fig, axes = plt.subplots(2, len(pairs), figsize=(3.6 * len(pairs), 5.0), squeeze=False)
     for j, (pair, (nat, pol)) in enumerate(pairs):
         ax, axg = axes[0][j], axes[1][j]
-        na, nb = OWN_NOISE.get((runs[nat]["family"], runs[nat]["score"]), NOISE)
-        if not (na in runs and nb in runs):
-            na, nb = NOISE
+        fs = (runs[nat]["family"], runs[nat]["score"])
+        na, nb = next((c for c in [OWN_NOISE.get(fs)] + OWN_NOISE_MORE.get(fs, [])
+                       if c and c[0] in runs and c[1] in runs), NOISE)
         for r in (nat, pol) + ((nb,) if na == nat and nb in runs else ()):
             tok = runs[r]["tokens_per_step"]
             ys = ewm(runs[r]["losses"], tok, halflife)

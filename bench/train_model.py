@@ -398,10 +398,13 @@ def run_segment(model, mlps, opt, arm: Arm, batches: list, n: int, device, amp: 
 # first; ours are AttnFwdSm90 / AttnBwdSm90 / attn_bwd_prepost (attention) and ElementwiseKernel
 # (the fused GLU); inductor's names list the fused ops (triton_poi_fused_gelu_mul...), its
 # templates (triton_tem...) are flex attention (no other template runs without max-autotune).
+# aten's generic elementwise kernels (casts, copies, fills, scalar products: autocast's weight
+# casts, clip_grad_norm_'s scaling, zeroed buffers) are "elementwise (aten)", not the MLP's.
 PROFILE_CATEGORIES = (
     ("optimizer", r"adam|multi_tensor|foreach"),
     ("loss", r"log_?softmax|nll_loss|cross_entropy"),
-    ("mlp activation", r"elementwise|gelu|silu|glu"),
+    ("mlp activation", r"gelu|silu|glu|elementwisekernel"),
+    ("elementwise (aten)", r"elementwise_kernel|fillfunctor|copy_kernel"),
     ("attention", r"attn|attention|flash|fmha|flex|triton_tem|sdpa|softmax|sigmoid"),
     ("norms", r"rsqrt|rms_?norm"),
     ("matmul", r"gemm|xmma|nvjet|cutlass|cublas|matmul|addmm|bmm|aten::mm\b|linear"),
@@ -413,7 +416,8 @@ def classify(name: str) -> str:
     return next((cat for cat, pat in PROFILE_CATEGORIES if re.search(pat, n)), "other")
 
 
-PROFILE_TOP = 30   # kernels per arm kept by name (the arms' per-kernel diff in the Markdown)
+PROFILE_TOP = 30   # kernels per arm kept by name whatever their time (the arms' per-kernel diff)
+PROFILE_FLOOR_MS = 0.05   # and beyond those, every kernel of at least this many ms per step
 
 
 def profile_arm(model, mlps, opt, arm: "Arm", batches: list, n: int, device, amp: bool) -> tuple:
@@ -435,7 +439,8 @@ def profile_arm(model, mlps, opt, arm: "Arm", batches: list, n: int, device, amp
         cat = classify(e.key)
         out[cat] = out.get(cat, 0.0) + us / 1e3 / n
         kernels[e.key] = kernels.get(e.key, 0.0) + us / 1e3 / n
-    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:PROFILE_TOP]
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1])
+    top = ranked[:PROFILE_TOP] + [kv for kv in ranked[PROFILE_TOP:] if kv[1] >= PROFILE_FLOOR_MS]
     return ({k: out[k] for k in sorted(out, key=out.get, reverse=True)},
             [{"name": k[:200], "category": classify(k), "ms": v} for k, v in top])
 
@@ -607,8 +612,12 @@ def kernel_diff(prof: list, n: int = 25) -> list:
         ms = {r["arm"]: {k["name"]: k["ms"] for k in r["profile_top_kernels"]} for r in rs}
         cat = {k["name"]: k["category"] for r in rs for k in r["profile_top_kernels"]}
         names = sorted(cat, key=lambda nm: -max(m.get(nm, 0.0) for m in ms.values()))[:n]
+        spread = lambda nm: max(m.get(nm, 0.0) for m in ms.values()) - min(m.get(nm, 0.0) for m in ms.values())
+        names += [nm for nm in sorted(cat, key=lambda nm: -spread(nm)) if nm not in names and spread(nm) >= 0.3][:n]
         arms = list(ms)
-        lines += [f"Top kernels, {key[0]} S={key[1]} (ms per step; '-': not among that arm's top {PROFILE_TOP}):", "",
+        lines += [f"Kernels, {key[0]} S={key[1]}: the {n} largest, then those whose arms differ by >= 0.3 ms "
+                  f"(ms per step; '-': not run by that arm, or below its top {PROFILE_TOP} and "
+                  f"{PROFILE_FLOOR_MS} ms):", "",
                   "| kernel | category | " + " | ".join(arms) + " |", "|---" * (len(arms) + 2) + "|"]
         for nm in names:
             cells = " | ".join(f"{ms[a][nm]:.2f}" if nm in ms[a] else "-" for a in arms)
