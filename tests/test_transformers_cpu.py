@@ -136,3 +136,38 @@ def test_gpu_ragged_check_dry_run():
     from test_transformers_gpu import ragged_check
     res = ragged_check("cpu", "reference")
     assert set(res) == {"padded", "packed"}
+
+
+def test_compiled_layers_read_position_ids_inside_one_op():
+    """Under torch.compile (per decoder layer, as training scripts compile) the position ids go
+    into one custom op that decides dense or varlen when it runs: a layer is one graph with no
+    break (the data-dependent reading had split it into several), the ids are read once per
+    forward, and plain, packed (one row) and packed (two rows) batches match eager, gradients too."""
+    eager, ours = _eager_and_ours()
+    layer = ours.model.layers[0]
+    seen = {}
+    orig = layer.forward
+    layer.forward = lambda *a, **kw: seen.update(a=a, kw=kw) or orig(*a, **kw)
+    ours(torch.randint(0, 97, (2, 24)), use_cache=False)
+    layer.forward = orig
+    assert "position_ids" in seen["kw"]   # transformers hands every layer the ids
+    ex = torch._dynamo.explain(layer)(*seen["a"], **seen["kw"])
+    assert (ex.graph_count, ex.graph_break_count) == (1, 0), [str(r.reason)[:120] for r in ex.break_reasons]
+    torch._dynamo.reset()
+    for m in ours.model.layers:
+        m.compile(backend="inductor")
+    g = torch.Generator().manual_seed(6)
+    two = torch.cat([torch.arange(10), torch.arange(14)])[None].expand(2, -1)
+    cases = (({}, (2, 24)), ({"position_ids": torch.cat([torch.arange(n) for n in (5, 11, 8)])[None]}, (1, 24)),
+             ({"position_ids": two}, (2, 24)))
+    for kw, shape in cases:
+        ids = torch.randint(0, 97, shape, generator=g)
+        _assert_same(_loss_and_grads(ours, ids, **kw), _loss_and_grads(eager, ids, **kw))
+    nz, orig_nz = [], torch.Tensor.nonzero
+    torch.Tensor.nonzero = lambda self, *a, **k: nz.append(1) or orig_nz(self, *a, **k)
+    try:
+        _loss_and_grads(ours, ids, position_ids=two.clone())
+    finally:
+        torch.Tensor.nonzero = orig_nz
+    assert len(nz) == 1, len(nz)   # 2 layers, forward and backward: one read
+    torch._dynamo.reset()

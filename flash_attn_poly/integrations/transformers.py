@@ -128,6 +128,12 @@ def make_attention_forward(evaluator: str = "poly", backend: str = "auto"):
                     softmax_scale=scaling, window_size=window, backend=backend)
         if attention_mask is not None:
             return _padded(q, k, v, attention_mask, mode, opts), None
+        if torch.compiler.is_compiling() and _positions_to_read(q, k, kwargs) is not None:
+            # one custom op reads the position ids and runs the dense or the varlen kernels:
+            # no data-dependent branch for the compiler to break the layer's graph at
+            out = _positions_attention(q, k, v, kwargs["position_ids"], mode, opts)
+            if out is not None:
+                return out, None
         packed = _packed_offsets(q, k, kwargs)
         if packed is not None:
             b, s_q = q.shape[:2]
@@ -170,10 +176,120 @@ def _packed_offsets(q, k, kwargs):
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
     if all(x is not None for x in (cu_q, cu_k, max_q, max_k)):
         return cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k
+    pos = _positions_to_read(q, k, kwargs)
+    return None if pos is None else _packed_from_positions(pos, q.shape[0])
+
+
+def _positions_to_read(q, k, kwargs):
+    """The position_ids whose values say whether the batch is packed (shapes only: no cu_seq_lens
+    kwargs, self-attention over more than one position), else None."""
+    if all(kwargs.get(n) is not None for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")):
+        return None
     pos = kwargs.get("position_ids")
     if pos is None or q.shape[1] != k.shape[1] or pos.shape[-1] != q.shape[1] or q.shape[1] < 2:
         return None
-    return _packed_from_positions(pos, q.shape[0])
+    return pos
+
+
+# ---- under torch.compile: the position ids read inside one custom op ----------------------------
+# Traced, the reading below is data-dependent (nonzero, a host int) and broke every compiled
+# decoder layer into several graphs.  These ops take the position ids as an input and decide
+# dense or varlen when they run (the reading cached per forward as below); the compiler sees one
+# op with fixed output shapes: O like q (empty_like: its strides too), the LSE as the dense
+# call's (B, H_q, S), the gradients contiguous in q's, k's, v's shapes.
+
+def _op_opts(causal, softcap, evaluator, softmax_scale, window, backend) -> dict:
+    return dict(causal=causal, softcap=softcap or None, evaluator=evaluator, softmax_scale=softmax_scale,
+                window_size=tuple(window), backend=backend)
+
+
+def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """t with ref's strides (the op's fake tensors are empty_like of its inputs)."""
+    want = torch.empty_like(ref)
+    return t if t.stride() == want.stride() else want.copy_(t)
+
+
+@torch.library.custom_op("flash_attn_poly::hf_positions_fwd", mutates_args=())
+def _positions_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_ids: torch.Tensor, mode: str,
+                   evaluator: str, causal: bool, softcap: float, softmax_scale: float, window: list[int],
+                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    b, s, h = q.shape[:3]
+    opts = _op_opts(causal, softcap, evaluator, softmax_scale, window, backend)
+    packed = _packed_from_positions(position_ids, b)
+    with torch.no_grad():
+        if packed is None:
+            out, lse = interface.attention(q, k, v, mode, return_lse=True, **opts)
+        else:
+            out, lse = varlen.attention_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), *packed, mode,
+                                               check_inputs=False, return_lse=True, **opts)
+            out, lse = out.view(q.shape), lse.view(h, b, s).transpose(0, 1)
+    return _like(out, q), lse.contiguous()
+
+
+@_positions_fwd.register_fake
+def _positions_fwd_fake(q, k, v, position_ids, *rest):
+    b, s, h = q.shape[:3]
+    return torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32)
+
+
+@torch.library.custom_op("flash_attn_poly::hf_positions_bwd", mutates_args=())
+def _positions_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor, position_ids: torch.Tensor, mode: str, evaluator: str, causal: bool,
+                   softcap: float, softmax_scale: float, window: list[int],
+                   backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    b, s, h = q.shape[:3]
+    opts = _op_opts(causal, softcap, evaluator, softmax_scale, window, backend)
+    packed = _packed_from_positions(position_ids, b)
+    dout = dout.contiguous()
+    if packed is None:
+        call = interface.validate(q, k, v, mode, evaluator, causal, opts["softcap"], None, softmax_scale,
+                                  opts["window_size"])
+        which = interface._pick_backend(backend, call, q.device, interface._capability(q))
+        plan = interface.plan_for(call, q.device) if which == "cuda" else None
+        grads = interface._backward(dout, q, k, v, out, lse, call, plan, which, ())
+    else:
+        qf, kf, vf = (t.flatten(0, 1) for t in (q, k, v))
+        call = varlen.validate(qf, kf, vf, packed[0], packed[1], packed[2], packed[3], mode, evaluator, causal,
+                               opts["softcap"], None, softmax_scale, opts["window_size"], False, None, None)
+        which = varlen._pick_backend(backend, call, qf)
+        grads = varlen._backward(dout.flatten(0, 1), qf, kf, vf, packed[0], packed[1], out.flatten(0, 1),
+                                 lse.transpose(0, 1).reshape(h, b * s), call, which)
+        grads = tuple(g.view(t.shape) for g, t in zip(grads, (q, k, v)))
+    return tuple(g.contiguous() for g in grads)
+
+
+@_positions_bwd.register_fake
+def _positions_bwd_fake(dout, q, k, v, *rest):
+    return tuple(t.new_empty(t.shape) for t in (q, k, v))
+
+
+def _positions_setup(ctx, inputs, output):
+    q, k, v, pos, *rest = inputs
+    ctx.rest = rest
+    ctx.save_for_backward(q, k, v, pos, *output)
+
+
+def _positions_backward(ctx, dout, _dlse):
+    q, k, v, pos, out, lse = ctx.saved_tensors
+    dq, dk, dv = _positions_bwd(dout, q, k, v, out, lse, pos, *ctx.rest)
+    need = ctx.needs_input_grad
+    return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (None,) * (1 + len(ctx.rest))
+
+
+_positions_fwd.register_autograd(_positions_backward, setup_context=_positions_setup)
+
+
+def _positions_attention(q, k, v, position_ids, mode, opts):
+    """O through the position-ids op, or None where that op does not apply (backends whose
+    autograd is not ours: flash-attn-4's; a user score or other options go the other way)."""
+    call = interface.validate(q, k, v, mode, opts["evaluator"], opts["causal"], opts["softcap"], None,
+                              opts["softmax_scale"], opts["window_size"])
+    if interface._pick_backend(opts["backend"], call, q.device, interface._capability(q)) not in ("cuda", "reference"):
+        return None
+    out, _ = torch.ops.flash_attn_poly.hf_positions_fwd(
+        q, k, v, position_ids, mode, opts["evaluator"], opts["causal"], float(opts["softcap"] or 0.0),
+        float(call.softmax_scale), list(call.window), opts["backend"])
+    return out
 
 
 # The model hands every layer the same position_ids tensor: read it (a device sync) once per
@@ -181,6 +297,11 @@ def _packed_offsets(q, k, kwargs):
 _last_positions: list = [None, -1, 0, None]   # [weakref to position_ids, its _version, batch, result]
 
 
+# Traced, this reading is data-dependent (nonzero, a host int) and its cache check does not
+# survive tracing: a compiled layer read the ids itself.  Compiled calls read them inside the
+# position-ids op above; where that op does not apply (flash-attn-4's backend) the compiler
+# calls this eagerly (a graph break, and still one read per forward).
+@torch.compiler.disable
 def _packed_from_positions(pos, batch):
     ref, version, b, result = _last_positions
     if ref is not None and ref() is pos and version == pos._version and b == batch:
