@@ -12,6 +12,10 @@ to bench/out/varlen.json and the Markdown beside it; `--json bench/results/varle
 Rows "ours_varlen" run attention_varlen as the plan picks: the varlen kernels (a persistent forward
 over (sequence, head) units, and a backward with a CTA per key tile, head and sequence) for softmax and softcap;
 one dense launch per sequence for sigmoid at its default bias (-ln S_k differs per sequence).
+Rows "ours_varlen_compact" (forward only; softmax and softcap): the varlen forward in the compact
+order (plan override fwd.varlen_compact: only the live (query tile, sequence) pairs, longest first,
+from a table built on the device), the candidate for the plan's varlen row; its ratios are keyed
+"compact:<baseline>/...", one of them against ours_varlen.
 
 Scenarios.  "equal": B sequences of one length L (default 8 x 4096); rows: ours varlen, ours
 dense on (B, L, H, D) (the same tokens: varlen's overhead, goal <= 3%).  "ragged": lengths
@@ -70,7 +74,7 @@ def _mode_kw(mode):
 
 def rows_for(scenario: str, modes, evaluators) -> list[tuple[str, str, str]]:
     """(impl, mode, evaluator) of every row."""
-    impls = ("ours_varlen",) + (
+    impls = ("ours_varlen", "ours_varlen_compact") + (
         ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded"))
     out = []
     for mode in modes:
@@ -78,6 +82,8 @@ def rows_for(scenario: str, modes, evaluators) -> list[tuple[str, str, str]]:
             evs = evaluators if impl.startswith("ours") else ("native",)
             if impl == "fa4_varlen" and mode == "sigmoid":
                 continue   # FA4 has no sigmoid attention
+            if impl == "ours_varlen_compact" and mode == "sigmoid":
+                continue   # sigmoid's default bias runs per-sequence dense launches
             out += [(impl, mode, ev) for ev in evs]
     return out
 
@@ -100,6 +106,18 @@ def make_row(impl, mode, evaluator, lens, args) -> Optional[Callable[[bool], tup
         def build(rg):
             q, k, v = packed(rg)
             return (lambda: fap.attention_varlen(q, k, v, cu, cu, mx, mx, mode, evaluator=evaluator, **kw)), (q, k, v)
+        return build
+    if impl == "ours_varlen_compact":   # the compact-order varlen forward (plan override), forward only
+        from flash_attn_poly import varlen as fv
+
+        def build(rg):
+            if rg:
+                return None
+            q, k, v = packed(rg)
+            call = fv.validate(q, k, v, cu, cu, mx, mx, mode, evaluator, True, kw.get("softcap"), None, None,
+                               (-1, -1))
+            over = {"fwd.varlen": True, "fwd.varlen_compact": True}
+            return (lambda: fv._forward(q, k, v, cu, cu, call, False, "cuda", overrides=over)), (q, k, v)
         return build
     if impl == "fa4_varlen":
         try:
@@ -132,7 +150,10 @@ def _prepare(builders: dict, backward: bool) -> dict:
     fns = {}
     for key, build in builders.items():
         try:
-            fwd, leaves = build(backward)
+            built = build(backward)
+            if built is None:      # a forward-only row
+                continue
+            fwd, leaves = built
             if not backward:
                 with torch.no_grad():
                     fwd()
@@ -184,13 +205,14 @@ def ratios(rows: list[dict], scenario: str) -> dict:
     base = ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded")
     out = {}
     for (impl, mode, ev), r in by.items():
-        if impl != "ours_varlen":
+        if impl not in ("ours_varlen", "ours_varlen_compact"):
             continue
-        for b in base:
+        pre = "" if impl == "ours_varlen" else "compact:"
+        for b in base + (("ours_varlen",) if pre else ()):
             other = by.get((b, mode, ev if b.startswith("ours") else "native"))
             for d in ("fwd", "bwd"):
                 if other and other.get(f"{d}_ms") and r.get(f"{d}_ms"):
-                    out[f"{b}/{mode}/{ev}/{d}"] = other[f"{d}_ms"] / r[f"{d}_ms"]
+                    out[f"{pre}{b}/{mode}/{ev}/{d}"] = other[f"{d}_ms"] / r[f"{d}_ms"]
     return out
 
 

@@ -44,7 +44,8 @@ from . import compile_cache, mask as mask_mod, scores
 from .barriers import FwdBarrier
 from .config import FwdConfig, check_fwd
 from .scores import common as sc
-from .tile_scheduler import SectionLptScheduler, persistent_tile, section_heads
+from .tile_scheduler import (COMPACT_MAX_SEQS, COMPACT_SEQ_BITS, SectionLptScheduler, persistent_tile,
+                             section_heads)
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
@@ -255,8 +256,15 @@ class AttnFwdSm90:
                      mQ, mK, mV, mO, mLSE):
         """_tile of the varlen build: (m_block, head, batch 0, the tensors offset to the tile's
         sequence (_sequence), its lengths, n_max, n_cnt, live); live is 1 for a query tile inside
-        its sequence, 0 past its end (the roles skip it)."""
-        m_block, head, b = sched.tile_at(t, num_m_blocks, h_q, num_batch, group)
+        its sequence, 0 past its end (the roles skip it; the compact order has only live tiles)."""
+        if cutlass.const_expr(self.cfg.varlen_compact):   # pair t // H_q of the table, head t % H_q
+            pair = t // h_q
+            head = t - pair * h_q
+            e = varlen[3][pair + 1]
+            m_block = e >> COMPACT_SEQ_BITS
+            b = e & (COMPACT_MAX_SEQS - 1)
+        else:
+            m_block, head, b = sched.tile_at(t, num_m_blocks, h_q, num_batch, group)
         mQ, mK, mV, mO, mLSE, b, sq, sk = self._sequence(varlen, b, mQ, mK, mV, mO, mLSE)
         n_max, n_cnt = self._key_range(blocks, m_block, sq, sk, window)
         live = cutlass.min(cutlass.max(sq - m_block * self.tile_m, 0), 1)
@@ -306,6 +314,8 @@ class AttnFwdSm90:
             rows = varlen[2]
         group = self._section_group(mQ, mK, h_q * num_batch, rows)
         tiles = num_m_blocks * h_q * num_batch
+        if cutlass.const_expr(self.cfg.varlen_compact):
+            tiles = varlen[3][0] * h_q        # the live pairs' tiles
         cta = cute.arch.block_idx()[0]
         num_ctas = cute.arch.grid_dim()[0]
         rounds = cute.ceil_div(tiles, num_ctas)
@@ -708,6 +718,19 @@ class AttnFwdSm90Varlen(AttnFwdSm90):
                      (mCuSeqlensQ, mCuSeqlensK, max_seqlen_q))
 
 
+class AttnFwdSm90VarlenCompact(AttnFwdSm90):
+    """The varlen build in the compact order (FwdConfig.varlen_compact): the entry also takes the
+    order's table (kernels/tile_scheduler.compact_varlen_table) after max_seqlen_q."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                 mLSE: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_q: Int32,
+                 mTiles: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64, win_left: Int32,
+                 win_right: Int32, stream):
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, None, stream,
+                     (mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, mTiles))
+
+
 # ---------------------------------------------------------------------- compile + torch entry
 def _fake_args(cfg: FwdConfig):
     """Fake tensors with symbolic B/S/H and strides (D static): the signature the tvm-ffi
@@ -728,6 +751,8 @@ def _fake_args(cfg: FwdConfig):
     if cfg.varlen:   # cu_seqlens_q, cu_seqlens_k, max_seqlen_q
         cu = lambda: make_fake_tensor(Int32, (shp(),), (1,), assumed_align=4)
         args += (cu(), cu(), Int32(0))
+        if cfg.varlen_compact:   # the compact order's table
+            args += (cu(),)
     args += (Float64(1.0), Float64(1.0), Float64(0.0),   # scale, softcap, bias
              Int32(0), Int32(0))   # window (left, right) sizes
     if cfg.score.aux:
@@ -767,5 +792,5 @@ def _compiled(cfg: FwdConfig):
 
 def kernel_for(cfg: FwdConfig) -> AttnFwdSm90:
     if cfg.varlen:
-        return AttnFwdSm90Varlen(cfg)
+        return AttnFwdSm90VarlenCompact(cfg) if cfg.varlen_compact else AttnFwdSm90Varlen(cfg)
     return (AttnFwdSm90Aux if cfg.score.aux else AttnFwdSm90)(cfg)

@@ -41,6 +41,8 @@ class FwdConfig:
     fixed_max: bool           # softcap: a constant row max c - 20 (no max, no O rescale)
     exp2_fma: int             # fixed_max: column groups of 8 whose P = 2^a runs on the FMA pipe
     varlen: bool              # packed sequences (cu_seqlens offsets; kernels/attn_fwd_sm90.py AttnFwdSm90Varlen)
+    varlen_compact: bool      # varlen: walk only the live (query tile, sequence) pairs, longest first,
+                              # from a device-built table (kernels/tile_scheduler.py); pending its GPU run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +100,8 @@ def check_fwd(c: FwdConfig) -> None:
     if c.varlen and s.kind == "user":
         raise ValueError("varlen: no user score function (its batch index would be the packed tensor's), "
                          f"got score {s.kind!r}")
+    if c.varlen_compact and not c.varlen:
+        raise ValueError("varlen_compact: the compact order is the varlen forward's (varlen = True)")
     if c.varlen and c.persistent <= 0:
         raise ValueError("varlen: the varlen forward is a persistent grid (persistent = the CTA count), "
                          f"got persistent {c.persistent}")

@@ -66,7 +66,11 @@ def forward_varlen(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     out = torch.empty_like(q) if out is None else out[None]
     lse = torch.empty(1, h_q, total_q, dtype=torch.float32, device=q.device) if lse is None else lse[None]
     fn = compile_cache.compiled("attn_fwd", plan.fwd, functools.partial(_fwd_build, plan.fwd))
-    fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, *_numbers(plan), *plan.window)
+    order = ()
+    if plan.fwd.varlen_compact:   # the live (query tile, sequence) pairs, built on the device
+        from .tile_scheduler import compact_varlen_table
+        order = (compact_varlen_table(cu_seqlens_q, max_seqlen_q, plan.fwd.tile_m),)
+    fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, *order, *_numbers(plan), *plan.window)
     return out[0], (None if plan.call.mode == "sigmoid" else lse[0])
 
 

@@ -107,3 +107,43 @@ def persistent_tile(round_: int, cta: int, num_ctas: int) -> int:
     mirror and device code (plain integer arithmetic works on Int32 too)."""
     odd = round_ % 2
     return round_ * num_ctas + cta + odd * (num_ctas - 1 - 2 * cta)
+
+
+# ---- the compact varlen order (FwdConfig.varlen_compact) ----------------------------------------
+# The varlen forward's persistent grid walked (query tile, sequence, head) slots sized by the
+# longest sequence and skipped the slots past a sequence's end: on a ragged batch 70-80% of
+# them, and the live ones landed on the CTAs unevenly (a host simulation of that order gives the
+# busiest CTA 1.09-1.12x the mean work on bench/varlen.py's ragged batches; an order of live
+# tiles only, longest first, 1.003-1.007x).  The compact order walks a table of the live
+# (query tile, sequence) pairs, query tile descending (a causal tile's cost), sequence
+# ascending, built on the device from the offsets (no host sync); linear tile t is pair
+# t // H_q, head t % H_q, so the heads of one KV head stay adjacent (K and V reused from L2).
+COMPACT_SEQ_BITS = 18          # an entry is (query tile << 18) | sequence
+COMPACT_MAX_SEQS = 1 << COMPACT_SEQ_BITS
+COMPACT_MAX_TILES = 1 << (31 - COMPACT_SEQ_BITS)
+
+
+def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
+    """The compact order's table (int32, on cu_seqlens_q's device): [count, entries...], count
+    live pairs, entry j = (m << COMPACT_SEQ_BITS) | b for the j-th pair (m query tile of
+    sequence b) in the order above; 1 + levels x sequences long (the tail past count unread)."""
+    import torch
+    b = cu_seqlens_q.shape[0] - 1
+    levels = -(-max_seqlen_q // tile_m)
+    if b > COMPACT_MAX_SEQS or levels > COMPACT_MAX_TILES:
+        raise ValueError(f"varlen_compact: at most {COMPACT_MAX_SEQS} sequences and {COMPACT_MAX_TILES} query "
+                         f"tiles per sequence, got {b} and {levels} (max_seqlen_q {max_seqlen_q}, tile_m {tile_m})")
+    dev = cu_seqlens_q.device
+    lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int32)
+    m = torch.arange(levels - 1, -1, -1, dtype=torch.int32, device=dev)           # descending
+    live = (lens[None, :] > m[:, None] * tile_m).flatten()                       # (levels x b)
+    order = torch.sort((~live).to(torch.uint8), stable=True).indices              # live first, in order
+    ent = (m.repeat_interleave(b) << COMPACT_SEQ_BITS) | torch.arange(b, dtype=torch.int32, device=dev).repeat(levels)
+    return torch.cat([live.sum(dtype=torch.int32).view(1), ent[order]])
+
+
+def compact_tile(t: int, table, num_heads: int) -> tuple[int, int, int]:
+    """Host mirror of the device decode: (query tile, head, sequence) of linear tile t."""
+    pair, head = divmod(t, num_heads)
+    e = int(table[1 + pair])
+    return e >> COMPACT_SEQ_BITS, head, e & (COMPACT_MAX_SEQS - 1)

@@ -42,6 +42,20 @@ def test_varlen_forward_builds_without_spills(variant):
 
 
 @pytest.mark.compile
+def test_varlen_compact_order_builds_without_spills():
+    """The compact order (fwd.varlen_compact: the live (query tile, sequence) pairs from a table,
+    kernels/tile_scheduler.py): its own entry (the table after max_seqlen_q), HGMMA, no spills,
+    the registers of the plan's varlen build."""
+    p = B.varlen_plan(*VARIANTS[0], overrides={"fwd.varlen": True, "fwd.varlen_compact": True})
+    assert p.fwd.varlen_compact
+    comp, slots = B.fwd(p.fwd), B.fwd(dataclasses.replace(p.fwd, varlen_compact=False))
+    n = comp.counts()
+    assert n["HGMMA"] == slots.counts()["HGMMA"] > 0
+    assert n["STL"] == 0 and n["LDL"] == 0, f"register spills: {n}"
+    assert comp.sass != slots.sass
+
+
+@pytest.mark.compile
 def test_varlen_is_its_own_build():
     var = varlen_plan(*VARIANTS[0]).fwd
     dense = dataclasses.replace(var, varlen=False)

@@ -73,9 +73,10 @@ def varlen_call_of(c, max_q: int, max_k: int):
                          sigmoid_bias=c.sigmoid_bias)
 
 
-def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kernel_bwd=False):
+def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kernel_bwd=False, compact=False):
     """{tensor name: judge record} of one packed batch.  kernel: the forward only, through the
-    varlen forward kernel (plan override fwd.varlen; sigmoid with KERNEL_SIGMOID_BIAS).
+    varlen forward kernel (plan override fwd.varlen, and fwd.varlen_compact with compact; sigmoid
+    with KERNEL_SIGMOID_BIAS).
     kernel_bwd: the per-sequence forward (the reference on the CPU), then the backward through
     the varlen backward kernels (plan override bwd.varlen; sigmoid with KERNEL_SIGMOID_BIAS)."""
     mode, evaluator, dtype, d, causal, window, cap = var
@@ -104,7 +105,8 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kern
             lse = None
     elif kernel:
         with torch.no_grad():
-            out, lse = fv._forward(q, k, v, cu_q, cu_k, call, True, backend, overrides={"fwd.varlen": True})
+            over = {"fwd.varlen": True} | ({"fwd.varlen_compact": True} if compact else {})
+            out, lse = fv._forward(q, k, v, cu_q, cu_k, call, True, backend, overrides=over)
         grads = None
     else:
         res = fap.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), mode, evaluator=evaluator,
@@ -167,9 +169,11 @@ def test_varlen_rule_fuzz(var, lens_q, lens_k, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
-def test_varlen_kernel_forward_rule_fuzz(var, lens_q, lens_k, seed):
-    """The varlen forward kernel (one persistent launch for the batch) by the same rule: O and LSE."""
-    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel=True))
+@pytest.mark.parametrize("compact", [False, True], ids=["slots", "compact"])
+def test_varlen_kernel_forward_rule_fuzz(var, lens_q, lens_k, seed, compact):
+    """The varlen forward kernel (one persistent launch for the batch) by the same rule: O and LSE;
+    the plan's order and the compact order (override fwd.varlen_compact: live tiles only)."""
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel=True, compact=compact))
 
 
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
