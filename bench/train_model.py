@@ -461,6 +461,8 @@ def row(arm: Arm, model: str, seqlen: int, skip: int, target: int) -> dict:
                  tokens_per_s=batch * seqlen / (med / 1e3), timed_steps=len(step),
                  loss_last=float(arm.losses[-1]))
     r["peak_mem_gb"] = arm.peak / 1e9 if arm.peak else None
+    if getattr(arm, "clocks", None):   # mean SM clock / power over its timed segments (nvidia-smi)
+        r.update(sm_mhz=arm.clocks["sm_mhz"], power_w=arm.clocks["power_w"], clock_reasons=arm.clocks["reasons"])
     if getattr(arm, "profile", None):
         r["profile_ms_per_step"] = arm.profile
         r["profile_top_kernels"] = arm.profile_kernels
@@ -514,6 +516,38 @@ def run_model(name: str, seqlen: int, batch: int, layers: int, arms: list[str], 
         f"params, batch {batch} x {seqlen}, arms {[x.name for x in arm_objs]}")
     rnd = 0
     seg_time: dict[str, float] = {}
+    sys.path.insert(0, os.path.join(HERE, "tools"))
+    import clocks     # SM clock / power per arm (nvidia-smi samples; none without nvidia-smi)
+    sampler, segments = clocks.Sampler(period_ms=50), []
+    sampler.__enter__()
+    try:
+        stopped = _alternate(name, arm_objs, model, mlps, opt, batches, device, amp, a, deadline, log, seg_time,
+                             rnd, segments)
+    finally:
+        sampler.__exit__(None, None, None)
+    for arm_name, stat in clocks.per_name(sampler.samples(), segments).items():
+        next(x for x in arm_objs if x.name == arm_name).clocks = stat
+    if stopped:     # the budget stopped the alternation: no profiles
+        return rows + [row(x, name, seqlen, a.skip, a.steps) for x in arm_objs]
+    for arm in arm_objs:
+        if a.profile_steps and arm.error is None and time.time() < deadline:
+            try:
+                arm.profile, arm.profile_kernels = profile_arm(model, mlps, opt, arm, batches(arm.batch),
+                                                               a.profile_steps, device, amp)
+            except Exception as e:  # noqa: BLE001 - the profile is extra; the timings stand
+                log(f"  profile of {arm.name} failed: {type(e).__name__}: {e}")
+    rows += [row(x, name, seqlen, a.skip, a.steps) for x in arm_objs]
+    del model, opt, tokens
+    torch._dynamo.reset()          # the next model (another length) compiles its own graphs
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _alternate(name, arm_objs, model, mlps, opt, batches, device, amp, a, deadline, log, seg_time, rnd,
+               segments) -> bool:
+    """The arms alternating in segments until done (False) or the budget stops them (True);
+    segments gets (arm, host start, host end) of every segment after an arm's first (compiling) one."""
     while True:
         live = [x for x in arm_objs if x.error is None and x.steps < a.steps]
         if not live:
@@ -525,12 +559,13 @@ def run_model(name: str, seqlen: int, batch: int, layers: int, arms: list[str], 
             est = seg_time.get(arm.name, FIRST_SEGMENT_S if a.compile != "none" else 0.0)
             if time.time() + est > deadline:
                 log(f"  budget: stopping before {arm.name} (segment ~{est:.0f} s)")
-                rows += [row(x, name, seqlen, a.skip, a.steps) for x in arm_objs]
-                return rows
+                return True
             n = min(a.segment, a.steps - arm.steps)
-            t0 = time.time()
+            t0, warm = time.time(), arm.steps > 0
             try:
                 run_segment(model, mlps, opt, arm, batches(arm.batch), n, device, amp)
+                if warm:
+                    segments.append((arm.name, t0, time.time()))
             except torch.OutOfMemoryError as e:
                 arm.out_of_memory(e)
                 opt.zero_grad(set_to_none=True)
@@ -552,19 +587,7 @@ def run_model(name: str, seqlen: int, batch: int, layers: int, arms: list[str], 
             last = f"{arm.fwd[-1] + arm.bwd[-1] + arm.opt[-1]:.1f} ms" if arm.fwd else "-"
             log(f"  {name} {arm.name:12s} steps {arm.steps:3d} last step {last} "
                 f"({time.time() - t0:.1f} s){' ' + arm.error if arm.error else ''}")
-    for arm in arm_objs:
-        if a.profile_steps and arm.error is None and time.time() < deadline:
-            try:
-                arm.profile, arm.profile_kernels = profile_arm(model, mlps, opt, arm, batches(arm.batch),
-                                                               a.profile_steps, device, amp)
-            except Exception as e:  # noqa: BLE001 - the profile is extra; the timings stand
-                log(f"  profile of {arm.name} failed: {type(e).__name__}: {e}")
-    rows += [row(x, name, seqlen, a.skip, a.steps) for x in arm_objs]
-    del model, opt, tokens
-    torch._dynamo.reset()          # the next model (another length) compiles its own graphs
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return rows
+    return False
 
 
 # ---- output -----------------------------------------------------------------------------------
@@ -582,7 +605,8 @@ def markdown(out: dict) -> str:
                      f"{p['params_b']:.2f} B params, planned peak {p['total_gib']:.1f} GiB "
                      f"(limit {p['limit_gib']:.1f})")
     rows = [r for r in out["rows"] if "tokens_per_s" in r]
-    lines += ["", protocol.markdown_table(rows, COLS), ""]
+    clk = ["sm_mhz", "power_w"] if any("sm_mhz" in r for r in rows) else []   # nvidia-smi, timed segments
+    lines += ["", protocol.markdown_table(rows, COLS + clk), ""]
     prof = [r for r in out["rows"] if r.get("profile_ms_per_step")]
     if prof:
         cats = sorted({c for r in prof for c in r["profile_ms_per_step"]})
