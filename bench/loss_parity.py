@@ -102,10 +102,6 @@ RUNS = {
 # runs whose step count is their own, not --steps (the schedule follows it)
 RUN_STEPS = {"B3_native_4k": 4000, "B3_poly_4k": 4000, "noise_sigmoid_seed1_4k": 4000}
 
-
-def run_steps(name: str, a) -> int:
-    """Steps of run `name`: its RUN_STEPS entry, else --steps (a dry run keeps its own)."""
-    return a.steps if a.dry_run else RUN_STEPS.get(name, a.steps)
 DEFAULT_RUNS = ("B1_native", "B1_poly", "B2_native", "B2_poly", "B3_native", "B3_poly", "noise_seed1")
 PAIRS = {"B1": ("B1_native", "B1_poly"), "B2": ("B2_native", "B2_poly"),
          "B3": ("B3_native", "B3_poly"), "B3_seed1": ("noise_sigmoid_seed1", "B3_poly_seed1"),
@@ -121,6 +117,11 @@ OWN_NOISE_MORE = {("llama", "sigmoid"): [("B3_native_4k", "noise_sigmoid_seed1_4
 # Same seed, same evaluator, run twice: the gap that the backward's non-deterministic dQ
 # accumulation alone leaves after 2,000 steps (optional).
 RERUNS = {"B3": ("B3_native", "rerun_B3_native")}
+
+
+def run_steps(name: str, a) -> int:
+    """Steps of run `name`: its RUN_STEPS entry, else --steps (a dry run keeps its own)."""
+    return a.steps if a.dry_run else RUN_STEPS.get(name, a.steps)
 
 
 # ---- data -------------------------------------------------------------------------------------

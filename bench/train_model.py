@@ -516,7 +516,8 @@ def run_model(name: str, seqlen: int, batch: int, layers: int, arms: list[str], 
         f"params, batch {batch} x {seqlen}, arms {[x.name for x in arm_objs]}")
     rnd = 0
     seg_time: dict[str, float] = {}
-    sys.path.insert(0, os.path.join(HERE, "tools"))
+    if os.path.join(HERE, "tools") not in sys.path:
+        sys.path.insert(0, os.path.join(HERE, "tools"))
     import clocks     # SM clock / power per arm (nvidia-smi samples; none without nvidia-smi)
     sampler, segments = clocks.Sampler(period_ms=50), []
     sampler.__enter__()

@@ -42,7 +42,7 @@ class FwdConfig:
     exp2_fma: int             # fixed_max: column groups of 8 whose P = 2^a runs on the FMA pipe
     varlen: bool              # packed sequences (cu_seqlens offsets; kernels/attn_fwd_sm90.py AttnFwdSm90Varlen)
     varlen_compact: bool      # varlen: walk only the live (query tile, sequence) pairs, longest first,
-                              # from a device-built table (kernels/tile_scheduler.py); pending its GPU run
+                              # from a device-built table (kernels/tile_scheduler.py); a plan override
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -110,11 +110,10 @@ def persistent_tile(round_: int, cta: int, num_ctas: int) -> int:
 
 
 # ---- the compact varlen order (FwdConfig.varlen_compact) ----------------------------------------
-# The varlen forward's persistent grid walked (query tile, sequence, head) slots sized by the
-# longest sequence and skipped the slots past a sequence's end: on a ragged batch 70-80% of
-# them, and the live ones landed on the CTAs unevenly (a host simulation of that order gives the
-# busiest CTA 1.09-1.12x the mean work on bench/varlen.py's ragged batches; an order of live
-# tiles only, longest first, 1.003-1.007x).  The compact order walks a table of the live
+# The plan's varlen order walks (query tile, sequence, head) slots sized by the longest sequence
+# and skips the slots past a sequence's end: on a ragged batch most of them, and the live ones
+# land on the CTAs unevenly (bench/tools/varlen_balance.py models the busiest CTA's work against
+# the mean for both orders; docs/NOTES_varlen.md).  The compact order walks a table of the live
 # (query tile, sequence) pairs, query tile descending (a causal tile's cost), sequence
 # ascending, built on the device from the offsets (no host sync); linear tile t is pair
 # t // H_q, head t % H_q, so the heads of one KV head stay adjacent (K and V reused from L2).

@@ -121,7 +121,7 @@ def test_compact_varlen_table_refuses_what_its_entries_cannot_hold():
 def test_varlen_balance_model_of_the_two_orders():
     """bench/tools/varlen_balance.py's host model, on bench/varlen.py's ragged batch (seed 0): the
     plan's slot order leaves the busiest CTA >= 5% above the mean work, the compact order within 2%
-    (the reason for FwdConfig.varlen_compact; kernels/tile_scheduler.py cites 1.09-1.12 / 1.003-1.007)."""
+    (the reason for FwdConfig.varlen_compact; docs/NOTES_varlen.md cites 1.097-1.115 / 1.003-1.007)."""
     import os
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

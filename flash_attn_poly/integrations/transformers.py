@@ -204,7 +204,10 @@ def _op_opts(causal, softcap, evaluator, softmax_scale, window, backend) -> dict
 
 
 def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """t with ref's strides (the op's fake tensors are empty_like of its inputs)."""
+    """t with ref's strides (the op's fake tensors are empty_like of its inputs); no allocation
+    when they already match (the dense call's O is empty_like(q))."""
+    if t.stride() == ref.stride():
+        return t
     want = torch.empty_like(ref)
     return t if t.stride() == want.stride() else want.copy_(t)
 
