@@ -12,10 +12,13 @@ to bench/out/varlen.json and the Markdown beside it; `--json bench/results/varle
 Rows "ours_varlen" run attention_varlen as the plan picks: the varlen kernels (a persistent forward
 over (sequence, head) units, and a backward with a CTA per key tile, head and sequence) for softmax and softcap;
 one dense launch per sequence for sigmoid at its default bias (-ln S_k differs per sequence).
+Rows "ours_varlen_nocheck": the same call with check_inputs=False (no device-to-host copy of the
+offsets, as flash-attn's varlen and our transformers integration call it): the kernels' own cost,
+the row to hold against the dense call and FA4.
 Rows "ours_varlen_compact" (forward only; softmax and softcap): the varlen forward in the compact
 order (plan override fwd.varlen_compact: only the live (query tile, sequence) pairs, longest first,
 from a table built on the device), the candidate for the plan's varlen row; its ratios are keyed
-"compact:<baseline>/...", one of them against ours_varlen.
+"compact:<baseline>/...", one of them against ours_varlen_nocheck (it skips the check too).
 
 Scenarios.  "equal": B sequences of one length L (default 8 x 4096); rows: ours varlen, ours
 dense on (B, L, H, D) (the same tokens: varlen's overhead, goal <= 3%).  "ragged": lengths
@@ -74,7 +77,7 @@ def _mode_kw(mode):
 
 def rows_for(scenario: str, modes, evaluators) -> list[tuple[str, str, str]]:
     """(impl, mode, evaluator) of every row."""
-    impls = ("ours_varlen", "ours_varlen_compact") + (
+    impls = ("ours_varlen", "ours_varlen_nocheck", "ours_varlen_compact") + (
         ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded"))
     out = []
     for mode in modes:
@@ -82,8 +85,8 @@ def rows_for(scenario: str, modes, evaluators) -> list[tuple[str, str, str]]:
             evs = evaluators if impl.startswith("ours") else ("native",)
             if impl == "fa4_varlen" and mode == "sigmoid":
                 continue   # FA4 has no sigmoid attention
-            if impl == "ours_varlen_compact" and mode == "sigmoid":
-                continue   # sigmoid's default bias runs per-sequence dense launches
+            if impl in ("ours_varlen_compact", "ours_varlen_nocheck") and mode == "sigmoid":
+                continue   # sigmoid's default bias runs per-sequence dense launches (they read the offsets)
             out += [(impl, mode, ev) for ev in evs]
     return out
 
@@ -102,10 +105,13 @@ def make_row(impl, mode, evaluator, lens, args) -> Optional[Callable[[bool], tup
         mk = lambda h: torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(rg)
         return mk(hq), mk(hkv), mk(hkv)
 
-    if impl == "ours_varlen":
+    if impl in ("ours_varlen", "ours_varlen_nocheck"):
+        check = impl == "ours_varlen"
+
         def build(rg):
             q, k, v = packed(rg)
-            return (lambda: fap.attention_varlen(q, k, v, cu, cu, mx, mx, mode, evaluator=evaluator, **kw)), (q, k, v)
+            return (lambda: fap.attention_varlen(q, k, v, cu, cu, mx, mx, mode, evaluator=evaluator,
+                                                 check_inputs=check, **kw)), (q, k, v)
         return build
     if impl == "ours_varlen_compact":   # the compact-order varlen forward (plan override), forward only
         from flash_attn_poly import varlen as fv
@@ -205,10 +211,11 @@ def ratios(rows: list[dict], scenario: str) -> dict:
     base = ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded")
     out = {}
     for (impl, mode, ev), r in by.items():
-        if impl not in ("ours_varlen", "ours_varlen_compact"):
+        pre = {"ours_varlen": "", "ours_varlen_nocheck": "nocheck:", "ours_varlen_compact": "compact:"}.get(impl)
+        if pre is None:
             continue
-        pre = "" if impl == "ours_varlen" else "compact:"
-        for b in base + (("ours_varlen",) if pre else ()):
+        extra = {"": (), "nocheck:": ("ours_varlen",), "compact:": ("ours_varlen_nocheck",)}[pre]
+        for b in base + extra:
             other = by.get((b, mode, ev if b.startswith("ours") else "native"))
             for d in ("fwd", "bwd"):
                 if other and other.get(f"{d}_ms") and r.get(f"{d}_ms"):

@@ -20,17 +20,21 @@ def test_rows_and_ratios():
     rows = bv.rows_for("ragged", ["softmax", "sigmoid"], ["poly", "native"])
     assert ("fa4_varlen", "softmax", "native") in rows and not any(r[0] == "fa4_varlen" and r[1] == "sigmoid" for r in rows)
     assert ("ours_varlen", "sigmoid", "poly") in rows and ("ours_padded", "softmax", "native") in rows
-    assert {r[0] for r in bv.rows_for("equal", ["softmax"], ["poly"])} == {"ours_varlen", "ours_varlen_compact",
-                                                                           "ours_dense"}
-    assert not any(r[0] == "ours_varlen_compact" and r[1] == "sigmoid" for r in rows)
+    assert {r[0] for r in bv.rows_for("equal", ["softmax"], ["poly"])} == {"ours_varlen", "ours_varlen_nocheck",
+                                                                           "ours_varlen_compact", "ours_dense"}
+    assert not any(r[0] in ("ours_varlen_compact", "ours_varlen_nocheck") and r[1] == "sigmoid" for r in rows)
     res = [{"impl": "ours_varlen", "mode": "softmax", "evaluator": "poly", "fwd_ms": 1.0, "bwd_ms": 2.0},
            {"impl": "fa4_varlen", "mode": "softmax", "evaluator": "native", "fwd_ms": 1.5, "bwd_ms": 3.0},
            {"impl": "ours_padded", "mode": "softmax", "evaluator": "poly", "fwd_ms": 4.0, "bwd_ms": None},
+           {"impl": "ours_varlen_nocheck", "mode": "softmax", "evaluator": "poly", "fwd_ms": 0.9, "bwd_ms": 2.0},
            {"impl": "ours_varlen_compact", "mode": "softmax", "evaluator": "poly", "fwd_ms": 0.8, "bwd_ms": None}]
     r = bv.ratios(res, "ragged")
     assert r == {"fa4_varlen/softmax/poly/fwd": 1.5, "fa4_varlen/softmax/poly/bwd": 1.5,
                  "ours_padded/softmax/poly/fwd": 4.0, "compact:fa4_varlen/softmax/poly/fwd": 1.5 / 0.8,
-                 "compact:ours_padded/softmax/poly/fwd": 4.0 / 0.8, "compact:ours_varlen/softmax/poly/fwd": 1.0 / 0.8}
+                 "compact:ours_padded/softmax/poly/fwd": 4.0 / 0.8, "compact:ours_varlen_nocheck/softmax/poly/fwd": 0.9 / 0.8,
+                 "nocheck:fa4_varlen/softmax/poly/fwd": 1.5 / 0.9, "nocheck:fa4_varlen/softmax/poly/bwd": 1.5,
+                 "nocheck:ours_padded/softmax/poly/fwd": 4.0 / 0.9, "nocheck:ours_varlen/softmax/poly/fwd": 1.0 / 0.9,
+                 "nocheck:ours_varlen/softmax/poly/bwd": 1.0}
     assert bv.causal_flops([2, 4], 1, 1, False) == 4 * (4 + 16) / 2
 
 
