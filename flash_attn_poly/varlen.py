@@ -54,6 +54,8 @@ class VarlenCall:
     program: object = None
     deterministic: bool = False
     sigmoid_grad: Optional[str] = None
+    ragged: bool = False      # the query lengths differ (total_q < batch x max_seqlen_q): read off the
+                              # shapes, no device sync (an overstated max_seqlen_q also counts as ragged)
 
 
 # ------------------------------------------------------------------------------ validation
@@ -138,7 +140,7 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mo
                       batch=batch, max_seqlen_q=max_q, max_seqlen_k=max_k, heads_q=q.shape[1],
                       heads_kv=k.shape[1], causal=causal, window=window, softmax_scale=scale, softcap=cap,
                       sigmoid_bias=bias, program=program, deterministic=deterministic,
-                      sigmoid_grad=sigmoid_grad)
+                      sigmoid_grad=sigmoid_grad, ragged=q.shape[0] < batch * max_q)
 
 
 def _pick_backend(backend: str, call: VarlenCall, q) -> str:
@@ -246,7 +248,7 @@ def _attn_call(call: VarlenCall) -> _fi.AttnCall:
                         heads_q=call.heads_q, heads_kv=call.heads_kv, causal=call.causal, window=call.window,
                         softmax_scale=call.softmax_scale, softcap=call.softcap, sigmoid_bias=call.sigmoid_bias,
                         program=call.program, deterministic=call.deterministic, sigmoid_grad=call.sigmoid_grad,
-                        varlen=True)
+                        varlen=True, varlen_ragged=call.ragged)
 
 
 def _varlen_plan(call: VarlenCall, device, overrides=None):
@@ -345,7 +347,8 @@ def _call_from_op(q, k, cu_q, max_q, max_k, mode, evaluator, causal, softcap, si
                       heads_kv=k.shape[1], causal=causal, window=tuple(window), softmax_scale=softmax_scale,
                       softcap=softcap if mode == "softcap" else None,
                       sigmoid_bias=None if math.isnan(sigmoid_bias) else sigmoid_bias,
-                      program=program or None, deterministic=deterministic, sigmoid_grad=sigmoid_grad or None)
+                      program=program or None, deterministic=deterministic, sigmoid_grad=sigmoid_grad or None,
+                      ragged=q.shape[0] < (cu_q.shape[0] - 1) * max_q)
 
 
 @torch.library.custom_op("flash_attn_poly::attn_varlen_fwd", mutates_args=())

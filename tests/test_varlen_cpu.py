@@ -2,6 +2,7 @@
 oracle (one masked computation over all tokens, block-diagonal by sequence), input checks,
 autograd, the custom op under torch.compile, and the CUDA path's per-sequence routing (the
 kernels stood in by the reference)."""
+import dataclasses
 import math
 
 import pytest
@@ -313,7 +314,31 @@ def test_cuda_path_runs_one_varlen_launch_per_batch(monkeypatch):
         assert [c[0] for c in launches] == ["fwd_varlen", "bwd_varlen"], mode
         fwd, bwd = launches[0], launches[1]
         assert fwd[1].varlen and fwd[2].varlen and fwd[2].persistent > 0
+        assert fwd[1].varlen_ragged and fwd[2].varlen_compact, mode   # ragged: the compact order
         assert bwd[2].varlen and not bwd[2].head_loop and not bwd[2].lpt
+
+
+def test_plan_takes_the_compact_order_for_ragged_batches_only(monkeypatch):
+    """The varlen forward walks the live tiles only (fwd.varlen_compact) when the query lengths
+    differ (total_q < batch x max_seqlen_q, read off the shapes); equal lengths keep the slot
+    order (docs/MEASURED.md varlen-compact); a table its int32 entries cannot encode keeps it too;
+    sigmoid's default bias (per-sequence dense launches) has no varlen forward at all."""
+    from flash_attn_poly import plan as plan_mod
+    from flash_attn_poly.kernels.tile_scheduler import COMPACT_MAX_SEQS
+    launches = _route(monkeypatch)
+    for lens, ragged in (([4, 4, 4], False), ([4, 3, 4], True), ([4, 4, 0], True)):
+        launches.clear()
+        _cuda_and_reference("softmax", {}, lens, lens)
+        fwd = launches[0]
+        assert fwd[0] == "fwd_varlen" and fwd[1].varlen_ragged == ragged and fwd[2].varlen_compact == ragged, lens
+    q, k, v, cu_q, cu_k = _packed([4, 3], [4, 3], d=64, dtype=torch.bfloat16)
+    call = fv.validate(q, k, v, cu_q, cu_k, 8, 8, "softmax", "poly", True, None, None)   # overstated max: ragged
+    assert call.ragged
+    big = dataclasses.replace(fv._attn_call(call), batch=COMPACT_MAX_SEQS + 1)
+    assert plan_mod.resolve(fv._attn_call(call), 132).fwd.varlen_compact
+    assert not plan_mod.resolve(big, 132).fwd.varlen_compact
+    sig = dataclasses.replace(fv._attn_call(call), mode="sigmoid")
+    assert not plan_mod.resolve(sig, 132).fwd.varlen_compact
 
 
 def test_cuda_path_routes_each_sequence_through_the_dense_kernels(monkeypatch):

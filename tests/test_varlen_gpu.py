@@ -75,8 +75,9 @@ def varlen_call_of(c, max_q: int, max_k: int):
 
 def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kernel_bwd=False, compact=False):
     """{tensor name: judge record} of one packed batch.  kernel: the forward only, through the
-    varlen forward kernel (plan override fwd.varlen, and fwd.varlen_compact with compact; sigmoid
-    with KERNEL_SIGMOID_BIAS).
+    varlen forward kernel (plan overrides fwd.varlen and fwd.varlen_compact = compact: the slot
+    order or the compact one, whichever the plan would pick for these lengths; sigmoid with
+    KERNEL_SIGMOID_BIAS).
     kernel_bwd: the per-sequence forward (the reference on the CPU), then the backward through
     the varlen backward kernels (plan override bwd.varlen; sigmoid with KERNEL_SIGMOID_BIAS)."""
     mode, evaluator, dtype, d, causal, window, cap = var
@@ -105,7 +106,7 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kern
             lse = None
     elif kernel:
         with torch.no_grad():
-            over = {"fwd.varlen": True} | ({"fwd.varlen_compact": True} if compact else {})
+            over = {"fwd.varlen": True, "fwd.varlen_compact": compact}   # both orders, whatever the plan picks
             out, lse = fv._forward(q, k, v, cu_q, cu_k, call, True, backend, overrides=over)
         grads = None
     else:
@@ -172,7 +173,8 @@ def test_varlen_rule_fuzz(var, lens_q, lens_k, seed):
 @pytest.mark.parametrize("compact", [False, True], ids=["slots", "compact"])
 def test_varlen_kernel_forward_rule_fuzz(var, lens_q, lens_k, seed, compact):
     """The varlen forward kernel (one persistent launch for the batch) by the same rule: O and LSE;
-    the plan's order and the compact order (override fwd.varlen_compact: live tiles only)."""
+    the slot order and the compact order (override fwd.varlen_compact: live tiles only; the plan
+    takes it for ragged batches)."""
     _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel=True, compact=compact))
 
 
