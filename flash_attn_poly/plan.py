@@ -181,6 +181,9 @@ BWD_ROWS = (
         "packed sequences: one pre, main and post launch, a CTA per key block, query head and sequence", ""),
     Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False),
         "the varlen kernels take one sigmoid bias; the default -ln S_k differs per sequence", ""),
+    Row({"varlen": True, "varlen_tables_fit": False}, dict(varlen=False),
+        "the CTA table's int32 entries hold up to 2^18 sequences of up to 2^20 keys: beyond, each "
+        "sequence runs as its own dense launch", ""),
     Row({"varlen": True, "deterministic": True}, dict(varlen=False),
         "ordered dQ adds need the dense launch order: each sequence runs as its own dense launch", ""),
 )
@@ -221,11 +224,12 @@ def _program_spec(program):
     return programs.spec(program)
 
 
-def _compact_table_fits(call: AttnCall) -> bool:
-    """The compact varlen order's table encodes (query tile, sequence) in one int32 entry
-    (kernels/tile_scheduler.py): sequences and query tiles (of 128 rows or more) within its bits."""
+def _varlen_tables_fit(call: AttnCall) -> bool:
+    """The varlen kernels' tile tables (the forward's compact order, the backward's CTAs) encode
+    (block, sequence) in one int32 word (kernels/tile_scheduler.py): sequences and blocks (of 128
+    rows or more) within its bits."""
     from .kernels.tile_scheduler import COMPACT_MAX_SEQS, COMPACT_MAX_TILES
-    return call.batch <= COMPACT_MAX_SEQS and -(-call.seqlen_q // 128) <= COMPACT_MAX_TILES
+    return call.batch <= COMPACT_MAX_SEQS and -(-max(call.seqlen_q, call.seqlen_k) // 128) <= COMPACT_MAX_TILES
 
 
 def _facts(call: AttnCall, program) -> dict:
@@ -233,7 +237,8 @@ def _facts(call: AttnCall, program) -> dict:
     return {
         "mode": call.mode, "evaluator": call.evaluator, "dtype": call.dtype, "head_dim": call.head_dim,
         "causal": call.causal, "deterministic": call.deterministic, "varlen": call.varlen,
-        "varlen_ragged": call.varlen and call.varlen_ragged and _compact_table_fits(call),
+        "varlen_tables_fit": call.varlen and _varlen_tables_fit(call),
+        "varlen_ragged": call.varlen and call.varlen_ragged and _varlen_tables_fit(call),
         "sigmoid_default_bias": call.mode == "sigmoid" and call.sigmoid_bias is None,
         "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,
         "program_dtype": None if program is None else program.dtype,

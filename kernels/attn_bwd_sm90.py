@@ -71,7 +71,7 @@ from .bwd_reduce import DQ_ROW_PAD, BwdReductions, acc_mn_view, dq_rank  # noqa:
 from .config import BwdConfig, check_bwd
 from .prepost_launch import VARLEN_PAD
 from .scores import common as sc
-from .tile_scheduler import SectionLptScheduler, section_heads
+from .tile_scheduler import BWD_TABLE_WORDS, COMPACT_MAX_SEQS, COMPACT_SEQ_BITS, SectionLptScheduler, section_heads
 
 NUM_THREADS = 384          # 1 producer warpgroup + 2 MMA warpgroups
 PRODUCER_REGS = 24         # producer only issues TMA
@@ -123,7 +123,7 @@ class AttnBwdSm90(BwdReductions):
         if cfg.score.kind == "sigmoid":
             self.stage.check_dtype(self.dtype is cutlass.BFloat16)
         self._aux = None   # a user score function's aux tensors (set while the kernel is traced)
-        self._varlen = None   # a varlen build's (cu_seqlens_q, cu_seqlens_k, max_seqlen_k) (set while traced)
+        self._varlen = None   # a varlen build's (cu_seqlens_q, cu_seqlens_k, CTA table, grid) (set while traced)
         self.tile_m, self.tile_n, self.stages = cfg.tile_m, cfg.tile_n, cfg.stages
         # D = 256: each CTA accumulates one 128-wide column chunk of dQ/dK/dV (grid z =
         # batch x chunk) and recomputes S and dP over the full D ("Head dim 256" in the
@@ -209,7 +209,7 @@ class AttnBwdSm90(BwdReductions):
         """Host-side body of __call__ (traced inside it); extra: kernel args after the window.
         scalars: the call's (softmax scale, softcap, sigmoid bias) in FP64; the score function
         encodes its three FP32 kernel arguments from them here (scores/*.bwd_scalars).
-        varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_k) of a packed batch (AttnBwdSm90Varlen)."""
+        varlen: (cu_seqlens_q, cu_seqlens_k, CTA table, CTAs) of a packed batch (AttnBwdSm90Varlen)."""
         scalars = tuple(Float32(a) for a in self.stage.bwd_scalars(*scalars))
         # (B, S, H, D) -> (S, D, H, B); stats (B, H, S_pad) -> (S_pad, H, B)
         mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc = [
@@ -233,8 +233,8 @@ class AttnBwdSm90(BwdReductions):
         n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
         grid_heads = cute.size((mK if const_expr(self.head_loop) else mQ).shape[2])
         grid = (n_blocks, grid_heads, cute.size(mQ.shape[3]) * self.n_chunks)
-        if const_expr(varlen is not None):   # key blocks of the longest sequence x heads x sequences
-            grid = (cute.ceil_div(varlen[2], self.tile_n), grid_heads, (varlen[0].shape[0] - 1) * self.n_chunks)
+        if const_expr(varlen is not None):   # a CTA per entry of the live (key block, head, sequence) table
+            grid = (varlen[3], 1, self.n_chunks)
         if const_expr(self.lpt):
             grid = SectionLptScheduler.grid(n_blocks, grid_heads, cute.size(mQ.shape[3]) * self.n_chunks)
         self.kernel(tQ, tK, tV, tdO, tLSE, tDsum, mdQacc, mdKacc, mdVacc,
@@ -264,7 +264,7 @@ class AttnBwdSm90(BwdReductions):
                mma_sdp: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
                args, Storage: cutlass.Constexpr, aux, varlen):
         self._aux = aux
-        self._varlen = varlen   # (cu_seqlens_q, cu_seqlens_k, max_seqlen_k) or None
+        self._varlen = varlen   # (cu_seqlens_q, cu_seqlens_k, CTA table, CTAs) or None
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if const_expr(self.lpt and self.head_loop):
@@ -285,6 +285,8 @@ class AttnBwdSm90(BwdReductions):
         if const_expr(self.n_chunks > 1):
             chunk = cute.arch.make_warp_uniform(batch % self.n_chunks)
             batch = batch // self.n_chunks
+        if const_expr(varlen is not None):   # blockIdx.x is an entry of the CTA table; batch: the sequence
+            n_block, head, batch = self.varlen_tile(varlen[2], n_block)
         if const_expr(self.deterministic):
             # key blocks launch from the last one down: every turn wait targets an earlier CTA
             n_block = cute.ceil_div(mK.shape[0], self.tile_n) - 1 - n_block
@@ -377,10 +379,25 @@ class AttnBwdSm90(BwdReductions):
         return mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, seqlen_q, seqlen_k
 
     @cute.jit
+    def varlen_tile(self, table, j):
+        """(key block, query head, sequence) of CTA table entry j (kernels/tile_scheduler.py,
+        varlen_bwd_table); an entry past the table's count (the grid is a host bound) gets a key
+        block past every sequence's end (1 << 20 blocks: m_block_range then finds no query block)
+        of sequence 0, so the CTA runs no block."""
+        n_block, head, seq = Int32(1 << 20), Int32(0), Int32(0)
+        if j < table[0]:
+            w0 = table[1 + BWD_TABLE_WORDS * j]
+            n_block = w0 >> COMPACT_SEQ_BITS
+            seq = w0 & (COMPACT_MAX_SEQS - 1)
+            head = table[2 + BWD_TABLE_WORDS * j]
+        return (cute.arch.make_warp_uniform(n_block), cute.arch.make_warp_uniform(head),
+                cute.arch.make_warp_uniform(seq))
+
+    @cute.jit
     def varlen_dkv(self, mdKacc, mdVacc):
         """The dK / dV accumulators from this CTA's sequence's first key row (varlen builds, at
         the epilogue: the sequence index and its offset are read again, not kept in registers)."""
-        seq = cute.arch.block_idx()[2] // self.n_chunks
+        seq = self._varlen[2][1 + BWD_TABLE_WORDS * cute.arch.block_idx()[0]] & (COMPACT_MAX_SEQS - 1)
         off_k = self._varlen[1][seq]
         return tuple(cute.domain_offset((off_k, 0, 0, 0), t) for t in (mdKacc, mdVacc))
 
@@ -819,16 +836,18 @@ class AttnBwdSm90Varlen(AttnBwdSm90):
     """The varlen build (BwdConfig.varlen): packed sequences.  The host entry takes q, k, v, dO
     and the FP32 dQ/dK/dV accumulators as (1, total, H, D), lse2 and dsum as (1, H_q, padded
     rows) (kernels/prepost_launch.preprocess_varlen), then cu_seqlens_q, cu_seqlens_k (int32,
-    B + 1) and max_seqlen_k (the grid's key blocks per sequence).  Grid (key blocks of the
-    longest sequence, H_q, sequences x column chunks), launch order."""
+    B + 1), the CTA table of the live (key block, query head, sequence) triples and its grid
+    size (kernels/tile_scheduler.py varlen_bwd_table / varlen_bwd_ctas).  Grid (CTAs, 1, column
+    chunks); the CTAs past the table's count run no block."""
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
                  mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdKacc: cute.Tensor,
-                 mdVacc: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_k: Int32,
-                 scale: Float64, softcap: Float64, bias: Float64, win_left: Int32, win_right: Int32, stream):
+                 mdVacc: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, mTable: cute.Tensor,
+                 n_ctas: Int32, scale: Float64, softcap: Float64, bias: Float64, win_left: Int32,
+                 win_right: Int32, stream):
         self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, (scale, softcap, bias),
-                     win_left, win_right, (), stream, None, (mCuSeqlensQ, mCuSeqlensK, max_seqlen_k))
+                     win_left, win_right, (), stream, None, (mCuSeqlensQ, mCuSeqlensK, mTable, n_ctas))
 
 
 class AttnBwdSm90HeadLoopAux(AttnBwdSm90HeadLoop):
@@ -861,9 +880,9 @@ def fake_args(cfg: BwdConfig):
     if cfg.head_loop:   # dK, dV: the dtype gradients (st.global.b32 pairs: 4-byte aligned rows)
         dk, dv = mk(dt, 4, 2), mk(dt, 4, 2)
     args = (q, k, v, do, lse, dsum, dq, dk, dv)
-    if cfg.varlen:   # cu_seqlens_q, cu_seqlens_k, max_seqlen_k
+    if cfg.varlen:   # cu_seqlens_q, cu_seqlens_k, the CTA table, its grid
         cu = lambda: make_fake_tensor(Int32, (cute.sym_int(32),), (1,), assumed_align=4)
-        args += (cu(), cu(), Int32(1))
+        args += (cu(), cu(), cu(), Int32(1))
     args += (Float64(1.0), Float64(1.0), Float64(0.0),   # scale, cap, bias
              Int32(0), Int32(0))   # window (left, right) sizes
     if cfg.head_loop:

@@ -69,7 +69,8 @@ def forward_varlen(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     order = ()
     if plan.fwd.varlen_compact:   # the live (query tile, sequence) pairs, built on the device
         from .tile_scheduler import compact_varlen_table
-        order = (compact_varlen_table(cu_seqlens_q, max_seqlen_q, plan.fwd.tile_m),)
+        kv_bytes = 2 * k.shape[2] * k.shape[3] * k.element_size()   # K and V of every KV head, per key token
+        order = (compact_varlen_table(cu_seqlens_q, max_seqlen_q, plan.fwd.tile_m, cu_seqlens_k, kv_bytes),)
     fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, *order, *_numbers(plan), *plan.window)
     return out[0], (None if plan.call.mode == "sigmoid" else lse[0])
 
@@ -79,8 +80,9 @@ def backward_varlen(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     """The varlen backward build (plan.bwd.varlen) on packed dout, q, out (total_q, H_q, D), k, v
     (total_k, H_kv, D), lse (H_q, total_q) (sigmoid: ignored) and int32 offsets: (dq, dk, dv)
     like q, k, v.  The pre kernel writes the padded packed lse2 / dsum (prepost_launch,
-    "Packed sequences"), the main kernel sees (1, total, H, D) views and max_seqlen_k sizes its
-    grid (> 0), the post kernel is the dense one (row-wise)."""
+    "Packed sequences"), the main kernel sees (1, total, H, D) views and runs a CTA per live (key
+    block, query head, sequence) of a table built here on the device (max_seqlen_k > 0 sizes it),
+    the post kernel is the dense one (row-wise)."""
     from . import attn_bwd_prepost, prepost_launch as prepost
     cfg = plan.bwd
     dout, q, k, v = (t.contiguous() for t in (dout, q, k, v))
@@ -88,8 +90,12 @@ def backward_varlen(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     lse2, dsum = prepost.preprocess_varlen(dout, out, lse, cu_seqlens_q, max_seqlen_q, needs, needs, "e")
     q4, k4, v4, do4 = (t[None] for t in (q, k, v, dout))
     dq_acc, dk_acc, dv_acc = attn_bwd_prepost.accumulators(q4, k4)
+    from .tile_scheduler import varlen_bwd_ctas, varlen_bwd_table
+    # the live CTAs, a table built on the device, and their host bound (the grid)
+    table = varlen_bwd_table(cu_seqlens_k, max_seqlen_k, cfg.tile_n, q.shape[1], k.shape[0])
+    ctas = varlen_bwd_ctas(k.shape[0], cu_seqlens_k.shape[0] - 1, max_seqlen_k, cfg.tile_n, q.shape[1])
     fn = compile_cache.compiled("attn_bwd", cfg, functools.partial(_bwd_build, cfg))
-    fn(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_acc, dv_acc, cu_seqlens_q, cu_seqlens_k, max_seqlen_k,
+    fn(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_acc, dv_acc, cu_seqlens_q, cu_seqlens_k, table, ctas,
        *_numbers(plan), *plan.window)
     dq, dk, dv = prepost.postprocess(dq_acc, dk_acc, dv_acc, plan.softmax_scale, q.dtype)
     return dq[0], dk[0], dv[0]

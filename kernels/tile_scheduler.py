@@ -114,18 +114,23 @@ def persistent_tile(round_: int, cta: int, num_ctas: int) -> int:
 # and skips the slots past a sequence's end: on a ragged batch most of them, and the live ones
 # land on the CTAs unevenly (bench/tools/varlen_balance.py models the busiest CTA's work against
 # the mean for both orders; docs/NOTES_varlen.md).  The compact order walks a table of the live
-# (query tile, sequence) pairs, query tile descending (a causal tile's cost), sequence
-# ascending, built on the device from the offsets (no host sync); linear tile t is pair
-# t // H_q, head t % H_q, so the heads of one KV head stay adjacent (K and V reused from L2).
+# (query tile, sequence) pairs, built on the device from the offsets (no host sync): sequences
+# cut into L2 sections by their keys' offset (a section's K and V of every KV head within
+# L2_SECTION_BYTES, as the dense order's head sections), inside a section query tile descending
+# (a causal tile's cost), sequence ascending.  Linear tile t is pair t // H_q, head t % H_q, so
+# the heads of one KV head stay adjacent (K and V reused from L2).
 COMPACT_SEQ_BITS = 18          # an entry is (query tile << 18) | sequence
 COMPACT_MAX_SEQS = 1 << COMPACT_SEQ_BITS
 COMPACT_MAX_TILES = 1 << (31 - COMPACT_SEQ_BITS)
 
 
-def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
+def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int, cu_seqlens_k=None,
+                         kv_bytes_per_token: int = 0):
     """The compact order's table (int32, on cu_seqlens_q's device): [count, entries...], count
     live pairs, entry j = (m << COMPACT_SEQ_BITS) | b for the j-th pair (m query tile of
-    sequence b) in the order above; 1 + levels x sequences long (the tail past count unread)."""
+    sequence b) in the order above; 1 + levels x sequences long (the tail past count unread).
+    cu_seqlens_k and kv_bytes_per_token (K and V of every KV head, per key token) cut the
+    sequences into L2 sections; without them the whole batch is one section."""
     import torch
     b = cu_seqlens_q.shape[0] - 1
     levels = -(-max_seqlen_q // tile_m)
@@ -135,10 +140,71 @@ def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
     dev = cu_seqlens_q.device
     lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int32)
     m = torch.arange(levels - 1, -1, -1, dtype=torch.int32, device=dev)           # descending
-    live = (lens[None, :] > m[:, None] * tile_m).flatten()                       # (levels x b)
-    order = torch.sort((~live).to(torch.uint8), stable=True).indices              # live first, in order
+    live = (lens[None, :] > m[:, None] * tile_m).flatten()                       # (levels x b), level-major
+    seq = torch.arange(b, dtype=torch.int64, device=dev)
+    if cu_seqlens_k is not None and kv_bytes_per_token > 0:
+        section = cu_seqlens_k[:-1].to(torch.int64) * kv_bytes_per_token // L2_SECTION_BYTES
+    else:
+        section = torch.zeros(b, dtype=torch.int64, device=dev)
+    rank = torch.arange(levels, dtype=torch.int64, device=dev)                    # 0 = the longest tile
+    key = ((~live).to(torch.int64) << 62) | (section.repeat(levels) << 32) | (rank.repeat_interleave(b) << 18) \
+        | seq.repeat(levels)
+    order = torch.sort(key).indices
     ent = (m.repeat_interleave(b) << COMPACT_SEQ_BITS) | torch.arange(b, dtype=torch.int32, device=dev).repeat(levels)
     return torch.cat([live.sum(dtype=torch.int32).view(1), ent[order]])
+
+
+# ---- the varlen backward's CTA table (AttnBwdSm90Varlen) -----------------------------------------
+# A grid sized by the longest sequence (key blocks x heads x sequences) launches a CTA for every
+# key block past a shorter sequence's end: on a ragged batch most of the grid, each paying its
+# launch, pipeline setup and offset loads for nothing.  The table lists the live (key block,
+# query head, sequence) triples instead, built on the device from the offsets (no host sync),
+# for a grid of at most (total_k // tile_n + sequences) x H_q CTAs (a host bound on the live key
+# blocks); CTAs past the table's count exit.  Order: sequences longest first (the short ones
+# fill the tail), then head, then key block ascending, so the key blocks of one (sequence,
+# head) run together (they read the same Q, dO from L2, as the dense launch order's key blocks
+# do) and the query heads of a KV head follow one another (its K, V stay in L2).
+BWD_TABLE_WORDS = 2            # an entry is ((key block << 18) | sequence, query head)
+
+
+def varlen_bwd_ctas(total_k: int, batch: int, max_seqlen_k: int, tile_n: int, heads_q: int) -> int:
+    """Host bound on the varlen backward's live CTAs (its grid): sum over sequences of
+    ceil(S_k(b) / tile_n) <= total_k // tile_n + batch key blocks, each for every query head."""
+    levels = -(-max_seqlen_k // tile_n)
+    return min(levels * batch, total_k // tile_n + batch) * heads_q
+
+
+def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads_q: int, total_k: int):
+    """The varlen backward's CTA table (int32, on the offsets' device): [count, entries...], entry
+    j (BWD_TABLE_WORDS words) = ((n << COMPACT_SEQ_BITS) | b, h) for the j-th live triple (key
+    block n of sequence b, query head h) in the order above, varlen_bwd_ctas(...) entries (the
+    grid; those past count are unread).  O(grid + sequences x heads) work, no host sync: CTA j
+    finds its (sequence, head) unit by a search over the units' cumulative key blocks."""
+    import torch
+    b = cu_seqlens_k.shape[0] - 1
+    levels = -(-max_seqlen_k // tile_n)
+    if b > COMPACT_MAX_SEQS or levels > COMPACT_MAX_TILES:
+        raise ValueError(f"varlen backward: at most {COMPACT_MAX_SEQS} sequences and {COMPACT_MAX_TILES} key "
+                         f"blocks per sequence, got {b} and {levels} (max_seqlen_k {max_seqlen_k}, tile_n {tile_n})")
+    dev = cu_seqlens_k.device
+    ctas = varlen_bwd_ctas(total_k, b, max_seqlen_k, tile_n, heads_q)
+    lens = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
+    order = torch.sort(lens, descending=True, stable=True).indices                # sequences, longest first
+    blocks = (-(-lens // tile_n))[order].repeat_interleave(heads_q)                # per unit (sequence, head)
+    unit_seq = order.repeat_interleave(heads_q)
+    unit_head = torch.arange(heads_q, dtype=torch.int64, device=dev).repeat(b)
+    ends = torch.cumsum(blocks, 0)
+    j = torch.arange(ctas, dtype=torch.int64, device=dev)
+    u = torch.searchsorted(ends, j, right=True).clamp_(max=max(b * heads_q - 1, 0))   # past the count: unread
+    n = j - (ends[u] - blocks[u])
+    ent = torch.stack([(n << COMPACT_SEQ_BITS) | unit_seq[u], unit_head[u]], dim=1).flatten().to(torch.int32)
+    return torch.cat([ends[-1:].to(torch.int32), ent])
+
+
+def varlen_bwd_tile(j: int, table) -> tuple[int, int, int]:
+    """Host mirror of the device decode: (key block, query head, sequence) of CTA j."""
+    w0 = int(table[1 + BWD_TABLE_WORDS * j])
+    return w0 >> COMPACT_SEQ_BITS, int(table[2 + BWD_TABLE_WORDS * j]), w0 & (COMPACT_MAX_SEQS - 1)
 
 
 def compact_tile(t: int, table, num_heads: int) -> tuple[int, int, int]:

@@ -116,7 +116,7 @@ def test_backward_varlen_launch_contract(monkeypatch):
     recorders: the pre kernel gets packed (1, total, H, D) / (1, H, total) views, the offsets and
     max_seqlen_q, and its oracle's rows reach the main kernel; the main kernel gets exactly the
     arguments of AttnBwdSm90Varlen.__call__ (count and order: the padded buffers, the (1, total,
-    H, D) accumulators, the offsets, max_seqlen_k, the numbers, the window); the post kernel's
+    H, D) accumulators, the offsets, the CTA table and its grid, the numbers, the window); the post kernel's
     outputs come back as packed (total, H, D) gradients."""
     import inspect
 
@@ -171,7 +171,11 @@ def test_backward_varlen_launch_contract(monkeypatch):
     torch.testing.assert_close(named["mDsum"][:, :, owned], rd[:, :, owned])
     assert named["mdQacc"].shape == (1,) + tuple(q.shape) and named["mdQacc"].dtype == torch.float32
     assert named["mdKacc"].shape == named["mdVacc"].shape == (1,) + tuple(k.shape)
-    assert named["mCuSeqlensQ"] is cu_q and named["mCuSeqlensK"] is cu_k and named["max_seqlen_k"] == 129
+    assert named["mCuSeqlensQ"] is cu_q and named["mCuSeqlensK"] is cu_k
+    # the CTA table of the live (key block, head, sequence) triples and the grid's host bound
+    from flash_attn_poly.kernels import tile_scheduler as T
+    assert torch.equal(named["mTable"], T.varlen_bwd_table(cu_k, 129, vp.bwd.tile_n, h_q, cu_k_l[-1]))
+    assert int(named["mTable"][0]) == (1 + 1 + 2 + 0) * h_q <= named["n_ctas"] == (138 // 128 + 4) * h_q
     assert (named["scale"], named["softcap"], named["bias"]) == (0.125, 0.0, 0.0)
     assert (named["win_left"], named["win_right"]) == vp.window
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape and dq.dtype == torch.bfloat16

@@ -336,7 +336,9 @@ def test_plan_takes_the_compact_order_for_ragged_batches_only(monkeypatch):
     assert call.ragged
     big = dataclasses.replace(fv._attn_call(call), batch=COMPACT_MAX_SEQS + 1)
     assert plan_mod.resolve(fv._attn_call(call), 132).fwd.varlen_compact
+    assert plan_mod.resolve(fv._attn_call(call), 132).bwd.varlen
     assert not plan_mod.resolve(big, 132).fwd.varlen_compact
+    assert not plan_mod.resolve(big, 132).bwd.varlen   # the backward's CTA table cannot hold it either
     sig = dataclasses.replace(fv._attn_call(call), mode="sigmoid")
     assert not plan_mod.resolve(sig, 132).fwd.varlen_compact
 
