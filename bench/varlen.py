@@ -19,9 +19,6 @@ Rows "ours_varlen_compact" (forward only; softmax and softcap): the varlen forwa
 order (plan override fwd.varlen_compact: only the live (query tile, sequence) pairs, longest first,
 from a table built on the device), the candidate for the plan's varlen row; its ratios are keyed
 "compact:<baseline>/...", one of them against ours_varlen_nocheck (it skips the check too).
-Rows "ours_varlen_compact_flat" (forward only; an experiment of the bench, not a plan option): the
-compact order with the whole batch as one L2 section (the table's first form), ratios
-"compact_flat:<baseline>/...", against ours_varlen_compact among them.
 
 Scenarios.  "equal": B sequences of one length L (default 8 x 4096); rows: ours varlen, ours
 dense on (B, L, H, D) (the same tokens: varlen's overhead, goal <= 3%).  "ragged": lengths
@@ -80,7 +77,7 @@ def _mode_kw(mode):
 
 def rows_for(scenario: str, modes, evaluators) -> list[tuple[str, str, str]]:
     """(impl, mode, evaluator) of every row."""
-    impls = ("ours_varlen", "ours_varlen_nocheck", "ours_varlen_compact", "ours_varlen_compact_flat") + (
+    impls = ("ours_varlen", "ours_varlen_nocheck", "ours_varlen_compact") + (
         ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded"))
     out = []
     for mode in modes:
@@ -116,13 +113,8 @@ def make_row(impl, mode, evaluator, lens, args) -> Optional[Callable[[bool], tup
             return (lambda: fap.attention_varlen(q, k, v, cu, cu, mx, mx, mode, evaluator=evaluator,
                                                  check_inputs=check, **kw)), (q, k, v)
         return build
-    if impl in ("ours_varlen_compact", "ours_varlen_compact_flat"):   # the compact-order forward (plan override)
+    if impl == "ours_varlen_compact":   # the compact-order varlen forward (plan override), forward only
         from flash_attn_poly import varlen as fv
-        from flash_attn_poly.kernels import tile_scheduler as ts
-        sections = impl == "ours_varlen_compact"
-
-        def table(cu_q, max_q, tile_m, cu_k=None, kv_bytes=0, _orig=ts.compact_varlen_table):
-            return _orig(cu_q, max_q, tile_m, cu_k, kv_bytes if sections else 0)
 
         def build(rg):
             if rg:
@@ -131,14 +123,7 @@ def make_row(impl, mode, evaluator, lens, args) -> Optional[Callable[[bool], tup
             call = fv.validate(q, k, v, cu, cu, mx, mx, mode, evaluator, True, kw.get("softcap"), None, None,
                                (-1, -1))
             over = {"fwd.varlen": True, "fwd.varlen_compact": True}
-
-            def run():
-                orig, ts.compact_varlen_table = ts.compact_varlen_table, table
-                try:
-                    return fv._forward(q, k, v, cu, cu, call, False, "cuda", overrides=over)
-                finally:
-                    ts.compact_varlen_table = orig
-            return run, (q, k, v)
+            return (lambda: fv._forward(q, k, v, cu, cu, call, False, "cuda", overrides=over)), (q, k, v)
         return build
     if impl == "fa4_varlen":
         try:
@@ -226,12 +211,10 @@ def ratios(rows: list[dict], scenario: str) -> dict:
     base = ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded")
     out = {}
     for (impl, mode, ev), r in by.items():
-        pre = {"ours_varlen": "", "ours_varlen_nocheck": "nocheck:", "ours_varlen_compact": "compact:",
-               "ours_varlen_compact_flat": "compact_flat:"}.get(impl)
+        pre = {"ours_varlen": "", "ours_varlen_nocheck": "nocheck:", "ours_varlen_compact": "compact:"}.get(impl)
         if pre is None:
             continue
-        extra = {"": (), "nocheck:": ("ours_varlen",), "compact:": ("ours_varlen_nocheck",),
-                 "compact_flat:": ("ours_varlen_nocheck", "ours_varlen_compact")}[pre]
+        extra = {"": (), "nocheck:": ("ours_varlen",), "compact:": ("ours_varlen_nocheck",)}[pre]
         for b in base + extra:
             other = by.get((b, mode, ev if b.startswith("ours") else "native"))
             for d in ("fwd", "bwd"):

@@ -69,8 +69,7 @@ def forward_varlen(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     order = ()
     if plan.fwd.varlen_compact:   # the live (query tile, sequence) pairs, built on the device
         from .tile_scheduler import compact_varlen_table
-        kv_bytes = 2 * k.shape[2] * k.shape[3] * k.element_size()   # K and V of every KV head, per key token
-        order = (compact_varlen_table(cu_seqlens_q, max_seqlen_q, plan.fwd.tile_m, cu_seqlens_k, kv_bytes),)
+        order = (compact_varlen_table(cu_seqlens_q, max_seqlen_q, plan.fwd.tile_m),)
     fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, *order, *_numbers(plan), *plan.window)
     return out[0], (None if plan.call.mode == "sigmoid" else lse[0])
 

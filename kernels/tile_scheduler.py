@@ -114,23 +114,20 @@ def persistent_tile(round_: int, cta: int, num_ctas: int) -> int:
 # and skips the slots past a sequence's end: on a ragged batch most of them, and the live ones
 # land on the CTAs unevenly (bench/tools/varlen_balance.py models the busiest CTA's work against
 # the mean for both orders; docs/NOTES_varlen.md).  The compact order walks a table of the live
-# (query tile, sequence) pairs, built on the device from the offsets (no host sync): sequences
-# cut into L2 sections by their keys' offset (a section's K and V of every KV head within
-# L2_SECTION_BYTES, as the dense order's head sections), inside a section query tile descending
-# (a causal tile's cost), sequence ascending.  Linear tile t is pair t // H_q, head t % H_q, so
-# the heads of one KV head stay adjacent (K and V reused from L2).
+# (query tile, sequence) pairs, query tile descending (a causal tile's cost), sequence
+# ascending, built on the device from the offsets (no host sync); linear tile t is pair
+# t // H_q, head t % H_q, so the heads of one KV head stay adjacent (K and V reused from L2).
+# (Cutting the sequences into L2 sections as the dense order's heads are cost 3-5% on the
+# ragged batch: docs/MEASURED.md varlen-compact.)
 COMPACT_SEQ_BITS = 18          # an entry is (query tile << 18) | sequence
 COMPACT_MAX_SEQS = 1 << COMPACT_SEQ_BITS
 COMPACT_MAX_TILES = 1 << (31 - COMPACT_SEQ_BITS)
 
 
-def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int, cu_seqlens_k=None,
-                         kv_bytes_per_token: int = 0):
+def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
     """The compact order's table (int32, on cu_seqlens_q's device): [count, entries...], count
     live pairs, entry j = (m << COMPACT_SEQ_BITS) | b for the j-th pair (m query tile of
-    sequence b) in the order above; 1 + levels x sequences long (the tail past count unread).
-    cu_seqlens_k and kv_bytes_per_token (K and V of every KV head, per key token) cut the
-    sequences into L2 sections; without them the whole batch is one section."""
+    sequence b) in the order above; 1 + levels x sequences long (the tail past count unread)."""
     import torch
     b = cu_seqlens_q.shape[0] - 1
     levels = -(-max_seqlen_q // tile_m)
@@ -140,16 +137,8 @@ def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int, cu_seqlen
     dev = cu_seqlens_q.device
     lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int32)
     m = torch.arange(levels - 1, -1, -1, dtype=torch.int32, device=dev)           # descending
-    live = (lens[None, :] > m[:, None] * tile_m).flatten()                       # (levels x b), level-major
-    seq = torch.arange(b, dtype=torch.int64, device=dev)
-    if cu_seqlens_k is not None and kv_bytes_per_token > 0:
-        section = cu_seqlens_k[:-1].to(torch.int64) * kv_bytes_per_token // L2_SECTION_BYTES
-    else:
-        section = torch.zeros(b, dtype=torch.int64, device=dev)
-    rank = torch.arange(levels, dtype=torch.int64, device=dev)                    # 0 = the longest tile
-    key = ((~live).to(torch.int64) << 62) | (section.repeat(levels) << 32) | (rank.repeat_interleave(b) << 18) \
-        | seq.repeat(levels)
-    order = torch.sort(key).indices
+    live = (lens[None, :] > m[:, None] * tile_m).flatten()                       # (levels x b)
+    order = torch.sort((~live).to(torch.uint8), stable=True).indices              # live first, in order
     ent = (m.repeat_interleave(b) << COMPACT_SEQ_BITS) | torch.arange(b, dtype=torch.int32, device=dev).repeat(levels)
     return torch.cat([live.sum(dtype=torch.int32).view(1), ent[order]])
 

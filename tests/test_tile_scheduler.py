@@ -94,30 +94,21 @@ def test_persistent_order_balances_batched_causal_shapes(batch, seqlen):
 
 @pytest.mark.parametrize("lens,tile_m", [([1000, 0, 1, 128, 129, 4096, 300], 128), ([5, 0, 7], 192), ([0, 0], 128),
                                          ([4096] * 3, 128), ([1] * 40, 64)])
-@pytest.mark.parametrize("section_tokens", [0, 1024])
-def test_compact_varlen_order_walks_every_live_tile_once_longest_first(lens, tile_m, section_tokens):
+def test_compact_varlen_order_walks_every_live_tile_once_longest_first(lens, tile_m):
     """The compact varlen order (FwdConfig.varlen_compact): the table built from the offsets on
     the device side's torch ops, decoded by the host mirror of the kernel's decode, holds every
-    (query tile, head, sequence) inside a sequence exactly once, none past its end, a sequence's
-    heads adjacent; the sequences in L2 sections by their keys' offset (section_tokens keys of K
-    and V per section; 0: one section), sections in order, query tiles descending inside each (a
-    causal tile's cost)."""
+    (query tile, head, sequence) inside a sequence exactly once, none past its end, query tiles
+    descending (a causal tile's cost), a sequence's heads adjacent."""
     import itertools
     import torch
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
-    kv = T.L2_SECTION_BYTES // section_tokens if section_tokens else 0
-    table = T.compact_varlen_table(cu, max(lens), tile_m, cu, kv)
+    table = T.compact_varlen_table(cu, max(lens), tile_m)
     assert table.dtype == torch.int32 and table.shape == (1 + -(-max(lens) // tile_m) * len(lens),)
     heads = 3
     tiles = [T.compact_tile(t, table, heads) for t in range(int(table[0]) * heads)]
     want = {(m, h, b) for b, n in enumerate(lens) for m in range(-(-n // tile_m)) for h in range(heads)}
     assert len(tiles) == len(want) and set(tiles) == want
-    sec = [int(cu[b]) // section_tokens if section_tokens else 0 for _, _, b in tiles]
-    assert sec == sorted(sec)
-    key = [(s, -m) for s, (m, _, _) in zip(sec, tiles)]
-    assert key == sorted(key)
-    if section_tokens and lens[0] == 1000:   # 1000 0 1 128 | 129 4096 | 300: three sections
-        assert len(set(sec)) == 3
+    assert [m for m, _, _ in tiles] == sorted((m for m, _, _ in tiles), reverse=True)
     assert all(tiles[i][2] == tiles[i + 1][2] for i in range(0, len(tiles), heads) for i in range(i, i + heads - 1))
 
 
@@ -142,7 +133,6 @@ def test_varlen_balance_model_of_the_two_orders():
         del sys.path[:2]
     r = vb.balance(ragged_lengths(32768, 0))
     assert r["slots"] > 1.05 and r["compact"] < 1.02 and r["greedy"] <= r["compact"] + 1e-9, r
-    assert r["compact_l2"] < 1.05, r   # the L2 sections cost some balance (1.022-1.032 on seeds 0-2)
 
 
 @pytest.mark.parametrize("lens,tile_n,heads", [([300, 0, 1, 128, 129, 700], 128, 2), ([4096] * 3, 128, 4),

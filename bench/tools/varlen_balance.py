@@ -7,7 +7,7 @@ order, kernels/tile_scheduler.persistent_tile): a causal query tile costs its ke
 fixed cost (--fixed, in key blocks), a skipped slot --dead.  For the plan's order (slots of the
 longest sequence's query tiles over (sequence, head) units in L2 sections, the dead ones skipped:
 SectionLptScheduler.tile_at) and the compact order (live pairs only, longest first:
-compact_varlen_table; as one section and in L2 sections) it prints the busiest CTA's work over the mean (1.0 = perfect balance), and
+compact_varlen_table) it prints the busiest CTA's work over the mean (1.0 = perfect balance), and
 a greedy list schedule (each tile to the CTA free first) as the bound a dynamic scheduler reaches.
 """
 from __future__ import annotations
@@ -37,13 +37,12 @@ def balance(lens, heads=32, head_dim=128, sms=132, tile_m=128, tile_n=128, fixed
     slots = nb * heads * b
     ctas = min(slots, sms)
     out = {}
-    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
-    for name in ("slots", "compact", "compact_l2"):
+    for name in ("slots", "compact"):
         if name == "slots":
             order, n = None, slots
-        else:   # compact_l2: the sequences in L2 sections (K and V of the H_kv = heads / 4 KV heads)
-            kv = (heads // 4) * head_dim * 4 if name == "compact_l2" else 0
-            order = compact_varlen_table(cu, mx, tile_m, cu, kv)
+        else:
+            cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+            order = compact_varlen_table(cu, mx, tile_m)
             n = int(order[0]) * heads
         work, costs = np.zeros(ctas), []
         for c in range(ctas):
@@ -83,7 +82,7 @@ def main(argv=None) -> int:
     for name, lens in cases:
         r = balance(lens, tile_m=a.tile_m, fixed=a.fixed, dead=a.dead)
         print(f"{name:18s} live slots {r['live_fraction']:4.0%}  plan's order {r['slots']:.3f}  "
-              f"compact {r['compact']:.3f}  in L2 sections {r['compact_l2']:.3f}  greedy bound {r['greedy']:.3f}")
+              f"compact {r['compact']:.3f}  greedy bound {r['greedy']:.3f}")
     return 0
 
 
