@@ -399,12 +399,14 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     for k_, v in overrides.items():
         if k_.startswith("bwd."):
             bwd[k_[4:]] = v
-    if bwd["varlen"]:   # structural: a CTA per (key block, query head, sequence) in launch order
+    if bwd["varlen"]:   # structural: a CTA per entry of the (key block, head, sequence) table
         if not call.varlen or facts["sigmoid_default_bias"] or call.deterministic:
             raise ValueError("bwd.varlen: the varlen backward runs packed calls (flash_attn_poly.varlen) with "
                              "one sigmoid bias (the default -ln S_k differs per sequence: pass sigmoid_bias), "
                              "not deterministic")
-        bwd.update(head_loop=False, lpt=False)
+        # the per-KV-head loop only through the override bwd.head_loop until it has run on a GPU
+        # (docs/NOTES_varlen.md); dQ's accumulator is zeroed by backward_varlen's own memset
+        bwd.update(head_loop=bool(overrides.get("bwd.head_loop", False)), lpt=False, zero_dq_in_pre=False)
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,

@@ -570,8 +570,13 @@ class AttnBwdSm90(BwdReductions):
         if const_expr(self.head_loop):
             # head_loop builds store dK and dV themselves (no zeroed accumulator behind them): a
             # key block that no query sees (a window, S_q < S_k) stores its zeros too
-            self.store_dkv(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
-                           chunk, seqlen_k, args[5])
+            if const_expr(self.cfg.varlen):
+                mdK_seq, mdV_seq = self.varlen_dkv(mdKacc, mdVacc)
+                self.store_dkv(mma_dkv_epi, acc_dK, acc_dV, mdK_seq, mdV_seq, tidx, n_block, head_kv, batch,
+                               chunk, seqlen_k, args[5])
+            else:
+                self.store_dkv(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
+                               chunk, seqlen_k, args[5])
 
     @cute.jit
     def d_chunk(self, s: cute.Tensor, chunk) -> cute.Tensor:
@@ -850,6 +855,21 @@ class AttnBwdSm90Varlen(AttnBwdSm90):
                      win_left, win_right, (), stream, None, (mCuSeqlensQ, mCuSeqlensK, mTable, n_ctas))
 
 
+class AttnBwdSm90VarlenHeadLoop(AttnBwdSm90):
+    """The varlen build with the per-KV-head loop (BwdConfig.varlen and head_loop): the entry
+    of AttnBwdSm90Varlen with mdK / mdV the dtype gradients (total_k, H_kv, D) themselves and
+    dK's scale after the window, as AttnBwdSm90HeadLoop's; its CTA table runs over KV heads."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                 mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor,
+                 mdV: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, mTable: cute.Tensor,
+                 n_ctas: Int32, scale: Float64, softcap: Float64, bias: Float64, win_left: Int32,
+                 win_right: Int32, dk_scale: Float32, stream):
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, (scale, softcap, bias),
+                     win_left, win_right, (dk_scale,), stream, None, (mCuSeqlensQ, mCuSeqlensK, mTable, n_ctas))
+
+
 class AttnBwdSm90HeadLoopAux(AttnBwdSm90HeadLoop):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
@@ -896,8 +916,8 @@ def fake_args(cfg: BwdConfig):
 
 
 def kernel_for(cfg: BwdConfig) -> AttnBwdSm90:
-    if cfg.varlen:   # check_bwd: not deterministic, head_loop or a user score
-        return AttnBwdSm90Varlen(cfg)
+    if cfg.varlen:   # check_bwd: not deterministic, lpt or a user score
+        return AttnBwdSm90VarlenHeadLoop(cfg) if cfg.head_loop else AttnBwdSm90Varlen(cfg)
     if cfg.score.aux:
         cls = AttnBwdSm90DetAux if cfg.deterministic else AttnBwdSm90HeadLoopAux if cfg.head_loop else AttnBwdSm90Aux
     else:

@@ -132,11 +132,11 @@ def check_bwd(c: BwdConfig) -> None:
         # 64 key rows per MMA warpgroup; dQ's warpgroups split its columns
         raise ValueError(f"backward tile must be 64 query rows x 128 keys, got tile_m={c.tile_m}, "
                          f"tile_n={c.tile_n}")
-    if c.varlen and (c.deterministic or c.head_loop or c.lpt or c.score.kind == "user"):
-        raise ValueError("varlen backward: a CTA per (key block, query head, sequence) in launch order, "
-                         "without deterministic turns, head_loop, lpt or a user score function (its batch "
-                         f"index would be the packed tensor's), got deterministic={c.deterministic}, "
-                         f"head_loop={c.head_loop}, lpt={c.lpt}, score {c.score.kind!r}")
+    if c.varlen and (c.deterministic or c.lpt or c.score.kind == "user"):
+        raise ValueError("varlen backward: a CTA per entry of its (key block, head, sequence) table, without "
+                         "deterministic turns, lpt or a user score function (its batch index would be the "
+                         f"packed tensor's), got deterministic={c.deterministic}, lpt={c.lpt}, "
+                         f"score {c.score.kind!r}")
 
 
 def window_sizes(window, causal: bool, seqlen_q: int, seqlen_k: int) -> tuple:

@@ -80,20 +80,30 @@ def backward_varlen(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     (total_k, H_kv, D), lse (H_q, total_q) (sigmoid: ignored) and int32 offsets: (dq, dk, dv)
     like q, k, v.  The pre kernel writes the padded packed lse2 / dsum (prepost_launch,
     "Packed sequences"), the main kernel sees (1, total, H, D) views and runs a CTA per live (key
-    block, query head, sequence) of a table built here on the device (max_seqlen_k > 0 sizes it),
-    the post kernel is the dense one (row-wise)."""
+    block, query head, sequence) of a table built here on the device (max_seqlen_k > 0 sizes it;
+    head_loop builds: per KV head, dK and dV stored in dtype by the main kernel), the post kernel
+    is the dense one (row-wise; dQ alone after a head_loop build)."""
+    import torch
     from . import attn_bwd_prepost, prepost_launch as prepost
     cfg = plan.bwd
     dout, q, k, v = (t.contiguous() for t in (dout, q, k, v))
     needs = plan.call.mode != "sigmoid"   # the LSE and dsum of softmax-like scores
     lse2, dsum = prepost.preprocess_varlen(dout, out, lse, cu_seqlens_q, max_seqlen_q, needs, needs, "e")
     q4, k4, v4, do4 = (t[None] for t in (q, k, v, dout))
-    dq_acc, dk_acc, dv_acc = attn_bwd_prepost.accumulators(q4, k4)
     from .tile_scheduler import varlen_bwd_ctas, varlen_bwd_table
-    # the live CTAs, a table built on the device, and their host bound (the grid)
-    table = varlen_bwd_table(cu_seqlens_k, max_seqlen_k, cfg.tile_n, q.shape[1], k.shape[0])
-    ctas = varlen_bwd_ctas(k.shape[0], cu_seqlens_k.shape[0] - 1, max_seqlen_k, cfg.tile_n, q.shape[1])
+    # the live CTAs, a table built on the device, and their host bound (the grid); head_loop
+    # builds run a CTA per KV head over its query heads
+    heads = k.shape[1] if cfg.head_loop else q.shape[1]
+    table = varlen_bwd_table(cu_seqlens_k, max_seqlen_k, cfg.tile_n, heads, k.shape[0])
+    ctas = varlen_bwd_ctas(k.shape[0], cu_seqlens_k.shape[0] - 1, max_seqlen_k, cfg.tile_n, heads)
     fn = compile_cache.compiled("attn_bwd", cfg, functools.partial(_bwd_build, cfg))
+    if cfg.head_loop:   # dK, dV leave the kernel in dtype (every live key block stores its rows)
+        dq_acc = torch.zeros(q4.shape, dtype=torch.float32, device=q.device)
+        dk4, dv4 = torch.empty_like(k4), torch.empty_like(v4)
+        fn(q4, k4, v4, do4, lse2, dsum, dq_acc, dk4, dv4, cu_seqlens_q, cu_seqlens_k, table, ctas,
+           *_numbers(plan), *plan.window, plan.softmax_scale)
+        return prepost.postprocess_dq(dq_acc, plan.softmax_scale, q.dtype)[0], dk4[0], dv4[0]
+    dq_acc, dk_acc, dv_acc = attn_bwd_prepost.accumulators(q4, k4)
     fn(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_acc, dv_acc, cu_seqlens_q, cu_seqlens_k, table, ctas,
        *_numbers(plan), *plan.window)
     dq, dk, dv = prepost.postprocess(dq_acc, dk_acc, dv_acc, plan.softmax_scale, q.dtype)

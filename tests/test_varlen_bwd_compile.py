@@ -63,6 +63,32 @@ def test_varlen_backward_builds_without_extra_spills(variant):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[1], VARIANTS[4]], ids=["d128", "d256-softcap", "d64"])
+def test_varlen_head_loop_backward_builds_without_extra_spills(variant):
+    """The per-KV-head varlen build (override bwd.head_loop: AttnBwdSm90VarlenHeadLoop) compiles with
+    HGMMA, dK and dV stored in dtype (no RED of them), and no more main-loop spills than the dense
+    head_loop build of the same knobs; none at all at D = 64 and 128."""
+    from flash_attn_poly.kernels import attn_bwd_sm90
+    p = B.varlen_plan(*variant, overrides={"bwd.varlen": True, "bwd.head_loop": True})
+    assert p.bwd.varlen and p.bwd.head_loop and not p.bwd.lpt
+    assert isinstance(attn_bwd_sm90.kernel_for(p.bwd), attn_bwd_sm90.AttnBwdSm90VarlenHeadLoop)
+    vb = B.bwd(p.bwd)
+    n = vb.counts()
+    assert n["HGMMA"] > 0
+    db = B.bwd(dataclasses.replace(p.bwd, varlen=False))
+    dense = db.counts()
+    assert _loop_spills(vb.sass) <= _loop_spills(db.sass), \
+        f"varlen spills {n['STL']}/{n['LDL']}, dense {dense['STL']}/{dense['LDL']}"
+    assert _spilled(n) <= _spilled(dense) + 1, f"varlen spills {n['STL']}/{n['LDL']}, dense {dense['STL']}/{dense['LDL']}"
+    if variant[2] in (64, 128):
+        assert _spilled(n) == 0, n
+    from flash_attn_poly.kernels import sass
+    reds = lambda text: sum(op.startswith("RED") for op in sass.opcodes(text))
+    per_head = reds(B.bwd(varlen_plan(*variant).bwd).sass)
+    assert reds(vb.sass) < per_head, (reds(vb.sass), per_head)   # dK, dV stored, not added
+
+
+@pytest.mark.compile
 def test_varlen_backward_is_its_own_build():
     var = varlen_plan(*VARIANTS[0]).bwd
     dense = dataclasses.replace(var, varlen=False)

@@ -99,6 +99,9 @@ def test_plan_varlen_backward_rows():
         plan.resolve(_call("sigmoid", sigmoid_bias=None), 132, {"bwd.varlen": True})
     with pytest.raises(ValueError, match="not deterministic"):
         plan.resolve(_call(deterministic=True), 132, {"bwd.varlen": True})
+    # the per-KV-head loop only through its override (not yet run on a GPU), never the pre kernel's dQ zeroing
+    hl = plan.resolve(_call(), 132, {"bwd.head_loop": True})
+    assert hl.bwd.varlen and hl.bwd.head_loop and not hl.bwd.lpt and not hl.zero_dq_in_pre
 
 
 def test_check_bwd_refuses_what_the_varlen_build_lacks():
@@ -106,9 +109,10 @@ def test_check_bwd_refuses_what_the_varlen_build_lacks():
     from flash_attn_poly.kernels.config import check_bwd
     cfg = plan.resolve(_call(), 132).bwd
     check_bwd(cfg)
-    for field in ("head_loop", "lpt", "deterministic"):
+    for field in ("lpt", "deterministic"):
         with pytest.raises(ValueError, match=f"varlen backward: .*{field}=True"):
             check_bwd(dataclasses.replace(cfg, **{field: True}, **({"dq_async": False} if field == "deterministic" else {})))
+    check_bwd(dataclasses.replace(cfg, head_loop=True))   # the per-KV-head loop builds for packed calls too
 
 
 def test_backward_varlen_launch_contract(monkeypatch):

@@ -73,13 +73,15 @@ def varlen_call_of(c, max_q: int, max_k: int):
                          sigmoid_bias=c.sigmoid_bias)
 
 
-def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kernel_bwd=False, compact=False):
+def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kernel_bwd=False, compact=False,
+                  head_loop=False):
     """{tensor name: judge record} of one packed batch.  kernel: the forward only, through the
     varlen forward kernel (plan overrides fwd.varlen and fwd.varlen_compact = compact: the slot
     order or the compact one, whichever the plan would pick for these lengths; sigmoid with
     KERNEL_SIGMOID_BIAS).
     kernel_bwd: the per-sequence forward (the reference on the CPU), then the backward through
-    the varlen backward kernels (plan override bwd.varlen; sigmoid with KERNEL_SIGMOID_BIAS)."""
+    the varlen backward kernels (plan override bwd.varlen, and bwd.head_loop = head_loop: the
+    per-KV-head loop; sigmoid with KERNEL_SIGMOID_BIAS)."""
     mode, evaluator, dtype, d, causal, window, cap = var
     dt = H.DTYPES[dtype]
     hq, hkv = 4, 2
@@ -101,7 +103,7 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kern
             qd, kd, vd = (t.detach() for t in (q, k, v))
             out, lse = fv._forward(qd, kd, vd, cu_q, cu_k, call, True, backend if device == "cuda" else "reference")
             grads = fv._backward(dout, qd, kd, vd, cu_q, cu_k, out, lse, call, backend,
-                                 overrides={"bwd.varlen": True})
+                                 overrides={"bwd.varlen": True, "bwd.head_loop": head_loop})
         if mode == "sigmoid":
             lse = None
     elif kernel:
@@ -207,15 +209,18 @@ def bwd_cases():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", bwd_cases())
-def test_varlen_kernel_backward_rule_fuzz(var, lens_q, lens_k, seed):
+@pytest.mark.parametrize("head_loop", [False, True], ids=["per_head", "head_loop"])
+def test_varlen_kernel_backward_rule_fuzz(var, lens_q, lens_k, seed, head_loop):
     """The varlen backward kernels (one pre, main and post launch for the batch) by the same rule:
-    dQ, dK, dV (and O, LSE of the per-sequence forward).  Run on the H200:
+    dQ, dK, dV (and O, LSE of the per-sequence forward); a CTA per query head (the plan's) or per
+    KV head over its query heads (override bwd.head_loop).  Run on the H200:
         python -m pytest -q -p no:cacheprovider -m gpu tests/test_varlen_gpu.py -k kernel_backward"""
-    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel_bwd=True))
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel_bwd=True, head_loop=head_loop))
 
 
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", bwd_cases())
-def test_varlen_kernel_backward_dry_run(var, lens_q, lens_k, seed, monkeypatch):
+@pytest.mark.parametrize("head_loop", [False, True], ids=["per_head", "head_loop"])
+def test_varlen_kernel_backward_dry_run(var, lens_q, lens_k, seed, head_loop, monkeypatch):
     """test_varlen_kernel_backward_rule_fuzz's body on the CPU, the launches stood in by the
     reference (kernels.dispatch.backward_varlen's contract: packed dq, dk, dv); the stand-in also
     runs the pre kernel's torch oracle on the launch's arguments (padded rows inside the buffer,
@@ -225,7 +230,7 @@ def test_varlen_kernel_backward_dry_run(var, lens_q, lens_k, seed, monkeypatch):
 
     def stand_in(vp, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k):
         c = vp.call
-        assert vp.bwd.varlen and not vp.bwd.head_loop and not vp.bwd.lpt and c.varlen
+        assert vp.bwd.varlen and vp.bwd.head_loop == head_loop and not vp.bwd.lpt and c.varlen
         assert (max_q, max_k) == (max(lens_q), max(lens_k)) and cu_q.dtype == cu_k.dtype == torch.int32
         needs = c.mode != "sigmoid"
         if needs:
@@ -237,7 +242,7 @@ def test_varlen_kernel_backward_dry_run(var, lens_q, lens_k, seed, monkeypatch):
         return fv._backward(dout, q, k, v, cu_q, cu_k, out, lse, varlen_call_of(c, max_q, max_k), "reference")
 
     monkeypatch.setattr(dispatch, "backward_varlen", stand_in)
-    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cpu", kernel_bwd=True))
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cpu", kernel_bwd=True, head_loop=head_loop))
     assert len(seen) == (1 if sum(lens_q) and sum(lens_k) else 0)
 
 
