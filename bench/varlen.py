@@ -19,6 +19,9 @@ Rows "ours_varlen_compact" (forward only; softmax and softcap): the varlen forwa
 order (plan override fwd.varlen_compact: only the live (query tile, sequence) pairs, longest first,
 from a table built on the device), the candidate for the plan's varlen row; its ratios are keyed
 "compact:<baseline>/...", one of them against ours_varlen_nocheck (it skips the check too).
+Rows "ours_varlen_hl" (backward only; softmax and softcap): the varlen backward with the per-KV-head
+loop (plan override bwd.head_loop: a CTA per KV head over its query heads, dK and dV stored
+without atomics), the backward alone on the plan's forward outputs; ratios "hl:<baseline>/...".
 
 Scenarios.  "equal": B sequences of one length L (default 8 x 4096); rows: ours varlen, ours
 dense on (B, L, H, D) (the same tokens: varlen's overhead, goal <= 3%).  "ragged": lengths
@@ -77,7 +80,7 @@ def _mode_kw(mode):
 
 def rows_for(scenario: str, modes, evaluators) -> list[tuple[str, str, str]]:
     """(impl, mode, evaluator) of every row."""
-    impls = ("ours_varlen", "ours_varlen_nocheck", "ours_varlen_compact") + (
+    impls = ("ours_varlen", "ours_varlen_nocheck", "ours_varlen_compact", "ours_varlen_hl") + (
         ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded"))
     out = []
     for mode in modes:
@@ -85,7 +88,7 @@ def rows_for(scenario: str, modes, evaluators) -> list[tuple[str, str, str]]:
             evs = evaluators if impl.startswith("ours") else ("native",)
             if impl == "fa4_varlen" and mode == "sigmoid":
                 continue   # FA4 has no sigmoid attention
-            if impl.startswith(("ours_varlen_compact", "ours_varlen_nocheck")) and mode == "sigmoid":
+            if impl.startswith(("ours_varlen_compact", "ours_varlen_nocheck", "ours_varlen_hl")) and mode == "sigmoid":
                 continue   # sigmoid's default bias runs per-sequence dense launches (they read the offsets)
             out += [(impl, mode, ev) for ev in evs]
     return out
@@ -125,6 +128,21 @@ def make_row(impl, mode, evaluator, lens, args) -> Optional[Callable[[bool], tup
             over = {"fwd.varlen": True, "fwd.varlen_compact": True}
             return (lambda: fv._forward(q, k, v, cu, cu, call, False, "cuda", overrides=over)), (q, k, v)
         return build
+    if impl == "ours_varlen_hl":   # the per-KV-head varlen backward (plan override), backward only
+        import torch
+        from flash_attn_poly import varlen as fv
+
+        def build(rg):
+            if not rg:
+                return None
+            q, k, v = (t.detach() for t in packed(False))
+            call = fv.validate(q, k, v, cu, cu, mx, mx, mode, evaluator, True, kw.get("softcap"), None, None,
+                               (-1, -1))
+            out, lse = fv._forward(q, k, v, cu, cu, call, False, "cuda")
+            dout = torch.randn_like(out)
+            over = {"bwd.varlen": True, "bwd.head_loop": True}
+            return (lambda: fv._backward(dout, q, k, v, cu, cu, out, lse, call, "cuda", overrides=over)), None
+        return build
     if impl == "fa4_varlen":
         try:
             from flash_attn.cute import flash_attn_varlen_func
@@ -160,7 +178,10 @@ def _prepare(builders: dict, backward: bool) -> dict:
             if built is None:      # a forward-only row
                 continue
             fwd, leaves = built
-            if not backward:
+            if leaves is None:     # a backward timed directly (no autograd graph)
+                fwd()
+                fns[key] = fwd
+            elif not backward:
                 with torch.no_grad():
                     fwd()
                 fns[key] = lambda fwd=fwd: torch.no_grad()(fwd)()
@@ -211,10 +232,12 @@ def ratios(rows: list[dict], scenario: str) -> dict:
     base = ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded")
     out = {}
     for (impl, mode, ev), r in by.items():
-        pre = {"ours_varlen": "", "ours_varlen_nocheck": "nocheck:", "ours_varlen_compact": "compact:"}.get(impl)
+        pre = {"ours_varlen": "", "ours_varlen_nocheck": "nocheck:", "ours_varlen_compact": "compact:",
+               "ours_varlen_hl": "hl:"}.get(impl)
         if pre is None:
             continue
-        extra = {"": (), "nocheck:": ("ours_varlen",), "compact:": ("ours_varlen_nocheck",)}[pre]
+        extra = {"": (), "nocheck:": ("ours_varlen",), "compact:": ("ours_varlen_nocheck",),
+                 "hl:": ("ours_varlen_nocheck",)}[pre]
         for b in base + extra:
             other = by.get((b, mode, ev if b.startswith("ours") else "native"))
             for d in ("fwd", "bwd"):

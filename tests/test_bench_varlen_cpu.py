@@ -21,8 +21,9 @@ def test_rows_and_ratios():
     assert ("fa4_varlen", "softmax", "native") in rows and not any(r[0] == "fa4_varlen" and r[1] == "sigmoid" for r in rows)
     assert ("ours_varlen", "sigmoid", "poly") in rows and ("ours_padded", "softmax", "native") in rows
     assert {r[0] for r in bv.rows_for("equal", ["softmax"], ["poly"])} == {"ours_varlen", "ours_varlen_nocheck",
-                                                                           "ours_varlen_compact", "ours_dense"}
-    assert not any(r[0] in ("ours_varlen_compact", "ours_varlen_nocheck") and r[1] == "sigmoid" for r in rows)
+                                                                           "ours_varlen_compact", "ours_varlen_hl", "ours_dense"}
+    assert not any(r[0] in ("ours_varlen_compact", "ours_varlen_nocheck", "ours_varlen_hl") and r[1] == "sigmoid"
+                   for r in rows)
     res = [{"impl": "ours_varlen", "mode": "softmax", "evaluator": "poly", "fwd_ms": 1.0, "bwd_ms": 2.0},
            {"impl": "fa4_varlen", "mode": "softmax", "evaluator": "native", "fwd_ms": 1.5, "bwd_ms": 3.0},
            {"impl": "ours_padded", "mode": "softmax", "evaluator": "poly", "fwd_ms": 4.0, "bwd_ms": None},
