@@ -363,3 +363,39 @@ def test_cuda_path_routes_each_sequence_through_the_dense_kernels(monkeypatch):
     assert [c[0] for c in launches] == ["fwd_varlen", "bwd", "bwd"]
     assert [c[2] for c in launches[1:]] == [(1, 4, 3), (1, 4, 5)]
     assert all(c[1].deterministic for c in launches[1:])
+
+
+def test_kernel_path_checks_unchanged_offsets_once(monkeypatch):
+    """check_inputs=True on the varlen kernel path copies the offsets to the host once for the same
+    tensor objects: a second call skips it; an in-place write (a new version), a new tensor with
+    the same values, other maximum lengths or inference-mode offsets check again; bad offsets
+    written in place are caught."""
+    from flash_attn_poly import plan as plan_mod
+    from flash_attn_poly.kernels import dispatch
+    monkeypatch.setattr(fi, "plan_for", lambda call, device: plan_mod.resolve(call, 132))
+    monkeypatch.setattr(dispatch, "forward_varlen", lambda vp, q, k, v, cu_q, cu_k, max_q: (
+        torch.zeros_like(q), torch.zeros(q.shape[1], q.shape[0])))   # the launch: reads no offsets
+    copies = []
+    real = fv._offsets
+    monkeypatch.setattr(fv, "_offsets", lambda *a: copies.append(a[5]) or real(*a))
+    monkeypatch.setattr(fv, "_CHECKED", type(fv._CHECKED)())
+    lens = [3, 5, 2]
+    q, k, v, cu_q, cu_k = _packed(lens, lens, d=64, dtype=torch.bfloat16)
+    run = lambda cq, ck, mx=5: fv._forward(q, k, v, cq, ck, fv.validate(q, k, v, cq, ck, mx, mx, "softmax", "poly",
+                                                                        True, None, None), True, "cuda")
+    run(cu_q, cu_k)
+    run(cu_q, cu_k)
+    assert copies == [True]
+    cu_q.add_(0)                       # an in-place write: a new version
+    run(cu_q, cu_k)
+    run(cu_q.clone(), cu_k)            # another tensor object with the same values
+    run(cu_q, cu_k, mx=6)              # other maximum lengths
+    assert copies == [True] * 4
+    with torch.inference_mode():
+        cq_inf, ck_inf = cu_q.clone(), cu_k.clone()
+    run(cq_inf, ck_inf)
+    run(cq_inf, ck_inf)
+    assert copies == [True] * 6
+    cu_q[1] = 9                        # not non-decreasing any more: caught, the version moved
+    with pytest.raises(ValueError, match="non-decreasing"):
+        run(cu_q, cu_k, mx=9)
