@@ -380,8 +380,8 @@ class AttnBwdSm90(BwdReductions):
 
     @cute.jit
     def varlen_tile(self, table, j):
-        """(key block, query head, sequence) of CTA table entry j (kernels/tile_scheduler.py,
-        varlen_bwd_table); an entry past the table's count (the grid is a host bound) gets a key
+        """(key block, head, sequence) of CTA table entry j (kernels/tile_scheduler.py,
+        varlen_bwd_table; the query head, the KV head in head_loop builds); an entry past the table's count (the grid is a host bound) gets a key
         block past every sequence's end (1 << 20 blocks: m_block_range then finds no query block)
         of sequence 0, so the CTA runs no block."""
         n_block, head, seq = Int32(1 << 20), Int32(0), Int32(0)

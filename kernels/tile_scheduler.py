@@ -117,7 +117,7 @@ def persistent_tile(round_: int, cta: int, num_ctas: int) -> int:
 # (query tile, sequence) pairs, query tile descending (a causal tile's cost), sequence
 # ascending, built on the device from the offsets (no host sync); linear tile t is pair
 # t // H_q, head t % H_q, so the heads of one KV head stay adjacent (K and V reused from L2).
-# (Cutting the sequences into L2 sections as the dense order's heads are cost 3-5% on the
+# (Cutting the sequences into L2 sections, as the dense order cuts its heads, was slower on a
 # ragged batch: docs/MEASURED.md varlen-compact.)
 COMPACT_SEQ_BITS = 18          # an entry is (query tile << 18) | sequence
 COMPACT_MAX_SEQS = 1 << COMPACT_SEQ_BITS
@@ -147,26 +147,26 @@ def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
 # A grid sized by the longest sequence (key blocks x heads x sequences) launches a CTA for every
 # key block past a shorter sequence's end: on a ragged batch most of the grid, each paying its
 # launch, pipeline setup and offset loads for nothing.  The table lists the live (key block,
-# query head, sequence) triples instead, built on the device from the offsets (no host sync),
+# head, sequence) triples instead (the query head; the KV head in head_loop builds), built on the device from the offsets (no host sync),
 # for a grid of at most (total_k // tile_n + sequences) x H_q CTAs (a host bound on the live key
 # blocks); CTAs past the table's count exit.  Order: sequences longest first (the short ones
 # fill the tail), then head, then key block ascending, so the key blocks of one (sequence,
 # head) run together (they read the same Q, dO from L2, as the dense launch order's key blocks
 # do) and the query heads of a KV head follow one another (its K, V stay in L2).
-BWD_TABLE_WORDS = 2            # an entry is ((key block << 18) | sequence, query head)
+BWD_TABLE_WORDS = 2            # an entry is ((key block << 18) | sequence, head)
 
 
-def varlen_bwd_ctas(total_k: int, batch: int, max_seqlen_k: int, tile_n: int, heads_q: int) -> int:
+def varlen_bwd_ctas(total_k: int, batch: int, max_seqlen_k: int, tile_n: int, heads: int) -> int:
     """Host bound on the varlen backward's live CTAs (its grid): sum over sequences of
-    ceil(S_k(b) / tile_n) <= total_k // tile_n + batch key blocks, each for every query head."""
+    ceil(S_k(b) / tile_n) <= total_k // tile_n + batch key blocks, each for every head."""
     levels = -(-max_seqlen_k // tile_n)
-    return min(levels * batch, total_k // tile_n + batch) * heads_q
+    return min(levels * batch, total_k // tile_n + batch) * heads
 
 
-def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads_q: int, total_k: int):
+def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int):
     """The varlen backward's CTA table (int32, on the offsets' device): [count, entries...], entry
     j (BWD_TABLE_WORDS words) = ((n << COMPACT_SEQ_BITS) | b, h) for the j-th live triple (key
-    block n of sequence b, query head h) in the order above, varlen_bwd_ctas(...) entries (the
+    block n of sequence b, head h of `heads`) in the order above, varlen_bwd_ctas(...) entries (the
     grid; those past count are unread).  O(grid + sequences x heads) work, no host sync: CTA j
     finds its (sequence, head) unit by a search over the units' cumulative key blocks."""
     import torch
@@ -176,22 +176,22 @@ def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads_q: int,
         raise ValueError(f"varlen backward: at most {COMPACT_MAX_SEQS} sequences and {COMPACT_MAX_TILES} key "
                          f"blocks per sequence, got {b} and {levels} (max_seqlen_k {max_seqlen_k}, tile_n {tile_n})")
     dev = cu_seqlens_k.device
-    ctas = varlen_bwd_ctas(total_k, b, max_seqlen_k, tile_n, heads_q)
+    ctas = varlen_bwd_ctas(total_k, b, max_seqlen_k, tile_n, heads)
     lens = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
     order = torch.sort(lens, descending=True, stable=True).indices                # sequences, longest first
-    blocks = (-(-lens // tile_n))[order].repeat_interleave(heads_q)                # per unit (sequence, head)
-    unit_seq = order.repeat_interleave(heads_q)
-    unit_head = torch.arange(heads_q, dtype=torch.int64, device=dev).repeat(b)
+    blocks = (-(-lens // tile_n))[order].repeat_interleave(heads)                  # per unit (sequence, head)
+    unit_seq = order.repeat_interleave(heads)
+    unit_head = torch.arange(heads, dtype=torch.int64, device=dev).repeat(b)
     ends = torch.cumsum(blocks, 0)
     j = torch.arange(ctas, dtype=torch.int64, device=dev)
-    u = torch.searchsorted(ends, j, right=True).clamp_(max=max(b * heads_q - 1, 0))   # past the count: unread
+    u = torch.searchsorted(ends, j, right=True).clamp_(max=max(b * heads - 1, 0))   # past the count: unread
     n = j - (ends[u] - blocks[u])
     ent = torch.stack([(n << COMPACT_SEQ_BITS) | unit_seq[u], unit_head[u]], dim=1).flatten().to(torch.int32)
-    return torch.cat([ends[-1:].to(torch.int32), ent])
+    return torch.cat([blocks.sum().to(torch.int32).view(1), ent])
 
 
 def varlen_bwd_tile(j: int, table) -> tuple[int, int, int]:
-    """Host mirror of the device decode: (key block, query head, sequence) of CTA j."""
+    """Host mirror of the device decode: (key block, head, sequence) of CTA j."""
     w0 = int(table[1 + BWD_TABLE_WORDS * j])
     return w0 >> COMPACT_SEQ_BITS, int(table[2 + BWD_TABLE_WORDS * j]), w0 & (COMPACT_MAX_SEQS - 1)
 
