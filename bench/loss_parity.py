@@ -98,14 +98,19 @@ RUNS = {
     "B3_native_4k": ("llama", "sigmoid", "native", "native", 0),
     "B3_poly_4k": ("llama", "sigmoid", "poly", "native", 0),
     "noise_sigmoid_seed1_4k": ("llama", "sigmoid", "native", "native", 1),
+    # B1 at the same length (its D3 SiLU errs one-signed below x = -0.5: docs/MEASURED.md)
+    "B1_native_4k": ("llama", "softmax", "native", "native", 0),
+    "B1_poly_4k": ("llama", "softmax", "native", "poly", 0),
+    "noise_llama_seed1_4k": ("llama", "softmax", "native", "native", 1),
 }
 # runs whose step count is their own, not --steps (the schedule follows it)
-RUN_STEPS = {"B3_native_4k": 4000, "B3_poly_4k": 4000, "noise_sigmoid_seed1_4k": 4000}
+RUN_STEPS = {name: 4000 for name in ("B3_native_4k", "B3_poly_4k", "noise_sigmoid_seed1_4k", "B1_native_4k",
+                                       "B1_poly_4k", "noise_llama_seed1_4k")}
 
 DEFAULT_RUNS = ("B1_native", "B1_poly", "B2_native", "B2_poly", "B3_native", "B3_poly", "noise_seed1")
 PAIRS = {"B1": ("B1_native", "B1_poly"), "B2": ("B2_native", "B2_poly"),
          "B3": ("B3_native", "B3_poly"), "B3_seed1": ("noise_sigmoid_seed1", "B3_poly_seed1"),
-         "B3_4k": ("B3_native_4k", "B3_poly_4k"),
+         "B3_4k": ("B3_native_4k", "B3_poly_4k"), "B1_4k": ("B1_native_4k", "B1_poly_4k"),
          "GeGLU": ("B2_native", "G_poly")}
 NOISE = ("B2_native", "noise_seed1")
 # Each pair is judged against the seed-to-seed gap of its own model and score where that run
@@ -113,7 +118,8 @@ NOISE = ("B2_native", "noise_seed1")
 OWN_NOISE = {("llama", "softmax"): ("B1_native", "noise_llama_seed1"),
              ("llama", "sigmoid"): ("B3_native", "noise_sigmoid_seed1")}
 # seed-to-seed pairs of other lengths (a pair is judged against the one of its own step count)
-OWN_NOISE_MORE = {("llama", "sigmoid"): [("B3_native_4k", "noise_sigmoid_seed1_4k")]}
+OWN_NOISE_MORE = {("llama", "sigmoid"): [("B3_native_4k", "noise_sigmoid_seed1_4k")],
+                  ("llama", "softmax"): [("B1_native_4k", "noise_llama_seed1_4k")]}
 # Same seed, same evaluator, run twice: the gap that the backward's non-deterministic dQ
 # accumulation alone leaves after 2,000 steps (optional).
 RERUNS = {"B3": ("B3_native", "rerun_B3_native")}
