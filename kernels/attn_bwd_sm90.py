@@ -99,6 +99,12 @@ class AttnBwdSm90(BwdReductions):
         # (softcap/poly 1/2 spills 2 words with it hoisted).
         self.hoist_dsum = head_dim <= 128
         self.hoist_lse = self.hoist_dsum and dq_async
+        # tile_m 128 (D = 64, softmax): dV is issued after the dS math, and packed P^T and dS^T
+        # are written pair by pair in that math (dscores_pack) from acc_S (which holds P: the
+        # softmax dS factor) and acc_dP, so the FP32 tiles die as the packed operands grow.
+        # Otherwise packed P^T (32 words) is live across the dS math and ptxas serialises every
+        # wgmma (C7512, register resources) or spills (docs/NOTES_attn_bwd.md, "D = 64 tile").
+        self.p_late = cfg.tile_m == 128 and cfg.score.kind == "softmax"
         self.dq_early = dq_async
         # ordered (bitwise reproducible) dQ/dK/dV adds; kernels/bwd_reduce.py, "Deterministic mode"
         self.deterministic = cfg.deterministic
@@ -134,7 +140,10 @@ class AttnBwdSm90(BwdReductions):
         # "dQ split").  K and V smem swizzle: dQ's B operand is K^T (MN-major), so a
         # warpgroup's Dc / 2 columns must be whole swizzle atoms: 64 16-bit columns for the
         # 128-byte swizzle, 32 (D = 64) for the 64-byte one
-        self.kv_atom = (warpgroup.SmemLayoutAtomKind.K_SW64 if self.Dc // 2 < 64
+        # tile_m 128 (D = 64): the warpgroups split dQ's rows instead, 64 query rows x Dc each,
+        # each reading only its own rows of dS (8 instead of 16 HGMMA, K in the 128-byte swizzle)
+        self.dq_split_m = cfg.tile_m == 128
+        self.kv_atom = (warpgroup.SmemLayoutAtomKind.K_SW64 if self.Dc // 2 < 64 and not self.dq_split_m
                         else warpgroup.SmemLayoutAtomKind.K_SW128)
 
     # ---------------------------------------------------------------- host side
@@ -150,7 +159,10 @@ class AttnBwdSm90(BwdReductions):
         mma_sdp = sm90_utils.make_trivial_tiled_mma(dt, dt, K, K, Float32, wgs, (64, self.tile_m))
         mma_dkv = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, wgs, (64, self.Dc),
                                                     warpgroup.OperandSource.RMEM)
-        mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 2, 1), (64, self.Dc // 2))
+        if const_expr(self.dq_split_m):
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (2, 1, 1), (64, self.Dc))
+        else:
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 2, 1), (64, self.Dc // 2))
         return mma_sdp, mma_dkv, mma_dq
 
     def _smem_layouts(self):
@@ -613,14 +625,22 @@ class AttnBwdSm90(BwdReductions):
         # an aux derivative (32 more live regs across the dP wait spilled 36-43 STL)
         rP = cute.make_rmem_tensor(shape_a, self.dtype)
         self.probs(acc_S, rP, tScS, lse, idx, n_block, m_block, seqlen_q, seqlen_k, args, head, batch)
-        warpgroup.fence()
-        self.gemm_acc(mma_dkv, acc_dV, rP, tVrdOt[None, None, None, idx], accumulate)
-        warpgroup.commit_group()
+        if const_expr(not self.p_late):
+            warpgroup.fence()
+            self.gemm_acc(mma_dkv, acc_dV, rP, tVrdOt[None, None, None, idx], accumulate)
+            warpgroup.commit_group()
         dsum = self.col_stats(sDsum, idx, tScS, self.stage.needs_dsum and self.hoist_dsum)   # while dV, dP run
-        warpgroup.wait_group(1)   # dP^T ready (the dV product may still run)
-        self.dscores(acc_S, acc_dP, tScS, dsum, idx)
+        warpgroup.wait_group(0 if const_expr(self.p_late) else 1)   # dP^T ready (the dV product may still run)
         rdS = cute.make_rmem_tensor(shape_a, self.dtype)
-        cute.make_tensor(rdS.iterator, acc_dP.layout).store(acc_dP.load().to(self.dtype))
+        if const_expr(self.p_late):
+            rP = cute.make_rmem_tensor(shape_a, self.dtype)   # probs' rP is dead: rebuilt from acc_S
+            self.dscores_pack(acc_S, acc_dP, tScS, dsum, idx, rP, rdS)
+            warpgroup.fence()
+            self.gemm_acc(mma_dkv, acc_dV, rP, tVrdOt[None, None, None, idx], accumulate)
+            warpgroup.commit_group()
+        else:
+            self.dscores(acc_S, acc_dP, tScS, dsum, idx)
+            cute.make_tensor(rdS.iterator, acc_dP.layout).store(acc_dP.load().to(self.dtype))
         cute.copy(r2s, thr_r2s.retile(cute.make_tensor(rdS.iterator, acc_dP.layout)), tRSsdS[None, None, None, buf])
         cute.arch.fence_view_async_shared()
         pds_barrier.arrive_and_wait()   # both warpgroups' halves of dS are in smem
@@ -786,6 +806,23 @@ class AttnBwdSm90(BwdReductions):
             for r in cutlass.range_constexpr(cute.size(f_mn, mode=[0])):
                 g0, g1 = self.stage.dscore2(f_mn[r, c], f_mn[r, c + 1], dp_mn[r, c], dp_mn[r, c + 1], d0, d1)
                 dp_mn[r, c], dp_mn[r, c + 1] = g0, g1
+
+    @cute.jit
+    def dscores_pack(self, acc_P, acc_dP, tScS, sDsum, idx, rP, rdS):
+        """p_late (softmax: acc_P holds P, the dS factor): dscores, writing packed P^T (rP)
+        and dS^T (rdS) pair by pair instead of dS^T back into acc_dP."""
+        f_mn, dp_mn, c_mn = acc_mn_view(acc_P), acc_mn_view(acc_dP), acc_mn_view(tScS)
+        rP32, rdS32 = cute.recast_tensor(rP, Int32), cute.recast_tensor(rdS, Int32)
+        is_bf16 = self.dtype is cutlass.BFloat16
+        for c in cutlass.range_constexpr(0, cute.size(f_mn, mode=[1]), 2):
+            m0 = c_mn[0, c][1]
+            d0 = self._stat(sDsum, c, m0, idx) if const_expr(self.stage.needs_dsum) else Float32(0.0)
+            d1 = self._stat(sDsum, c + 1, m0 + 1, idx) if const_expr(self.stage.needs_dsum) else Float32(0.0)
+            for r in cutlass.range_constexpr(cute.size(f_mn, mode=[0])):
+                g0, g1 = self.stage.dscore2(f_mn[r, c], f_mn[r, c + 1], dp_mn[r, c], dp_mn[r, c + 1], d0, d1)
+                w = cute.crd2idx((r, c), f_mn.layout) // 2   # packed word of elements (r, c), (r, c + 1)
+                rP32[w] = sc.pack_f32x2(f_mn[r, c], f_mn[r, c + 1], is_bf16)
+                rdS32[w] = sc.pack_f32x2(g0, g1, is_bf16)
 
 
 class AttnBwdSm90Det(AttnBwdSm90):

@@ -128,10 +128,12 @@ def check_bwd(c: BwdConfig) -> None:
     if c.score.kind == "sigmoid" and c.score.evaluator == "poly" and c.score.grad_rule != "surrogate":
         raise ValueError(f"backward score: sigmoid poly runs the surrogate rule's block only (the product rule "
                          f"recomputes P natively), got grad_rule {c.score.grad_rule!r}")
-    if c.tile_m != 64 or c.tile_n != 128:
-        # 64 key rows per MMA warpgroup; dQ's warpgroups split its columns
-        raise ValueError(f"backward tile must be 64 query rows x 128 keys, got tile_m={c.tile_m}, "
-                         f"tile_n={c.tile_n}")
+    if c.tile_m not in (64, 128) or c.tile_n != 128 or (c.tile_m == 128 and (c.head_dim != 64 or c.head_loop)):
+        # 64 key rows per MMA warpgroup; dQ's warpgroups split its columns (tile_m 128: D = 64
+        # only, without head_loop (its bookkeeping spills 32 words); the warpgroups split dQ's rows)
+        raise ValueError(f"backward tile must be 64 query rows x 128 keys, or 128 x 128 at D = 64 without "
+                         f"head_loop, got tile_m={c.tile_m}, tile_n={c.tile_n}, D={c.head_dim}, "
+                         f"head_loop={c.head_loop}")
     if c.varlen and (c.deterministic or c.lpt or c.score.kind == "user"):
         raise ValueError("varlen backward: a CTA per entry of its (key block, head, sequence) table, without "
                          "deterministic turns, lpt or a user score function (its batch index would be the "

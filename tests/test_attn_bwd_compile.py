@@ -156,6 +156,21 @@ def test_d64_bwd_tile_64x128_no_spills(mode, evaluator):
     assert b.depbar() <= 4, b.depbar()
 
 
+@pytest.mark.compile
+def test_d64_bwd_tile_128():
+    """D = 64, override bwd.tile_m=128 without head_loop (softmax): dQ split by rows (8
+    HGMMA.64x64x16 per warpgroup, each its own 64 dS rows), dV issued after the dS math, packed
+    P^T / dS^T written pair by pair in it (dscores_pack): no spills and pipelined wgmma
+    (CPU SASS 2026-12-02: 32 HGMMA, 4 DEPBAR, 704 loop instructions; before: 10 STL and one
+    DEPBAR per HGMMA)."""
+    p = B.plan("softmax", "native", d=64, overrides={"bwd.tile_m": 128, "bwd.head_loop": False})
+    b = B.bwd(p.bwd)
+    n = b.counts()
+    assert _hgmma_shapes(b.sass) == {"64x128x16": 8, "64x64x16": 24} and n["HGMMA"] == 32, n
+    assert n["STL"] == 0 and n["LDL"] == 0, n
+    assert b.depbar() <= 5, b.depbar()
+
+
 def test_bwd_tile_is_checked():
     for tile_m in (96, 128):
         with pytest.raises(ValueError, match=f"tile_m={tile_m}"):

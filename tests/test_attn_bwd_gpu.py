@@ -73,10 +73,19 @@ HEAD_LOOP_RUNS = [G.run(c, overrides={"bwd.head_loop": True}, fwd=False)
                             SIGMOID_NATIVE, SOFTCAP_POLY_GQA, SIGMOID_POLY,
                             pick(True, mode="softmax", dtype="fp16", head_dim=128))]
 HEAD_LOOP_RUNS.append(G.run(SOFTCAP_POLY_GQA, program=TANH_PROGRAM, overrides={"bwd.head_loop": True}, fwd=False))
+# the 128-query-row step at D = 64 (override bwd.tile_m=128 without head_loop: dQ split by rows,
+# dV after the dS math, P^T / dS^T packed pair by pair): softmax (the other causality where the
+# catalogue has a mid-size case), the plan's
+# dq_async and the red.global path; softcap through the same tile (its P^T packed before dS)
+TILE128 = {"bwd.tile_m": 128, "bwd.head_loop": False}
+TILE128_RUNS = ([G.run(c, overrides=TILE128, fwd=False)
+                 for c in (SOFTMAX_D64, pick(None, mode="softmax", dtype="bf16", head_dim=64, causal=not SOFTMAX_D64.causal),
+                           pick(None, mode="softcap", evaluator="native", dtype="bf16", head_dim=64))]
+                + [G.run(SOFTMAX_D64, overrides={**TILE128, "bwd.dq_async": False}, fwd=False)])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("r", G.params(DQ_ATOMIC_RUNS + BLOCK_ORDER_RUNS + HEAD_LOOP_RUNS))
+@pytest.mark.parametrize("r", G.params(DQ_ATOMIC_RUNS + BLOCK_ORDER_RUNS + HEAD_LOOP_RUNS + TILE128_RUNS))
 def test_attn_bwd_overrides(r):
     G.check(r)
 
