@@ -228,7 +228,7 @@ def _varlen_tables_fit(call: AttnCall) -> bool:
     """The varlen kernels' tile tables (the forward's compact order, the backward's CTAs) encode
     (block, sequence) in one int32 word (kernels/tile_scheduler.py): sequences and blocks (of 128
     rows or more) within its bits."""
-    from .kernels.tile_scheduler import COMPACT_MAX_SEQS, COMPACT_MAX_TILES
+    from .kernels.config import COMPACT_MAX_SEQS, COMPACT_MAX_TILES
     return call.batch <= COMPACT_MAX_SEQS and -(-max(call.seqlen_q, call.seqlen_k) // 128) <= COMPACT_MAX_TILES
 
 

@@ -796,13 +796,20 @@ class AttnBwdSm90(BwdReductions):
             pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DO_TAIL), num_threads=256).arrive_and_wait()
 
     @cute.jit
+    def dsum_pair(self, sDsum, c_mn, c, idx):
+        """The dS statistic (rowsum(dO o O)) of accumulator columns c, c + 1 (0 where the score
+        needs none)."""
+        if const_expr(not self.stage.needs_dsum):
+            return Float32(0.0), Float32(0.0)
+        m0 = c_mn[0, c][1]
+        return self._stat(sDsum, c, m0, idx), self._stat(sDsum, c + 1, m0 + 1, idx)
+
+    @cute.jit
     def dscores(self, acc_F, acc_dP, tScS, sDsum, idx):
         """acc_dP (dP^T) -> dS^T / scale in place, from the dS factors acc_F."""
         f_mn, dp_mn, c_mn = acc_mn_view(acc_F), acc_mn_view(acc_dP), acc_mn_view(tScS)
         for c in cutlass.range_constexpr(0, cute.size(f_mn, mode=[1]), 2):
-            m0 = c_mn[0, c][1]
-            d0 = self._stat(sDsum, c, m0, idx) if const_expr(self.stage.needs_dsum) else Float32(0.0)
-            d1 = self._stat(sDsum, c + 1, m0 + 1, idx) if const_expr(self.stage.needs_dsum) else Float32(0.0)
+            d0, d1 = self.dsum_pair(sDsum, c_mn, c, idx)
             for r in cutlass.range_constexpr(cute.size(f_mn, mode=[0])):
                 g0, g1 = self.stage.dscore2(f_mn[r, c], f_mn[r, c + 1], dp_mn[r, c], dp_mn[r, c + 1], d0, d1)
                 dp_mn[r, c], dp_mn[r, c + 1] = g0, g1
@@ -815,9 +822,7 @@ class AttnBwdSm90(BwdReductions):
         rP32, rdS32 = cute.recast_tensor(rP, Int32), cute.recast_tensor(rdS, Int32)
         is_bf16 = self.dtype is cutlass.BFloat16
         for c in cutlass.range_constexpr(0, cute.size(f_mn, mode=[1]), 2):
-            m0 = c_mn[0, c][1]
-            d0 = self._stat(sDsum, c, m0, idx) if const_expr(self.stage.needs_dsum) else Float32(0.0)
-            d1 = self._stat(sDsum, c + 1, m0 + 1, idx) if const_expr(self.stage.needs_dsum) else Float32(0.0)
+            d0, d1 = self.dsum_pair(sDsum, c_mn, c, idx)
             for r in cutlass.range_constexpr(cute.size(f_mn, mode=[0])):
                 g0, g1 = self.stage.dscore2(f_mn[r, c], f_mn[r, c + 1], dp_mn[r, c], dp_mn[r, c + 1], d0, d1)
                 w = cute.crd2idx((r, c), f_mn.layout) // 2   # packed word of elements (r, c), (r, c + 1)

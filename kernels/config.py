@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from .scores import ScoreSpec, split_fits_block
 
 DTYPES = ("bf16", "fp16")
+# The varlen kernels' tile tables (kernels/tile_scheduler.py: the forward's compact order, the
+# backward's CTAs) hold (block << COMPACT_SEQ_BITS) | sequence in one int32 word.
+COMPACT_SEQ_BITS = 18
+COMPACT_MAX_SEQS = 1 << COMPACT_SEQ_BITS
+COMPACT_MAX_TILES = 1 << (31 - COMPACT_SEQ_BITS)
 HEAD_DIMS = (64, 128, 256)
 SMEM_BYTES = 232448          # dynamic shared memory per CTA on sm_90 (227 KB)
 FWD_CONSUMER_WARPGROUPS = (2, 3)
@@ -130,7 +135,7 @@ def check_bwd(c: BwdConfig) -> None:
                          f"recomputes P natively), got grad_rule {c.score.grad_rule!r}")
     if c.tile_m not in (64, 128) or c.tile_n != 128 or (c.tile_m == 128 and (c.head_dim != 64 or c.head_loop)):
         # 64 key rows per MMA warpgroup; dQ's warpgroups split its columns (tile_m 128: D = 64
-        # only, without head_loop (its bookkeeping spills 32 words); the warpgroups split dQ's rows)
+        # only, without head_loop (its bookkeeping spills at this tile: docs/NOTES_attn_bwd.md); the warpgroups split dQ's rows)
         raise ValueError(f"backward tile must be 64 query rows x 128 keys, or 128 x 128 at D = 64 without "
                          f"head_loop, got tile_m={c.tile_m}, tile_n={c.tile_n}, D={c.head_dim}, "
                          f"head_loop={c.head_loop}")

@@ -25,6 +25,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
+from .config import COMPACT_MAX_SEQS, COMPACT_MAX_TILES, COMPACT_SEQ_BITS  # noqa: F401 (the kernels import them here)
+
 # Bytes of per-head working set a section may keep in L2 (sm_90 parts have 50 MB of L2).
 L2_SECTION_BYTES = 32 << 20
 
@@ -119,9 +121,16 @@ def persistent_tile(round_: int, cta: int, num_ctas: int) -> int:
 # t // H_q, head t % H_q, so the heads of one KV head stay adjacent (K and V reused from L2).
 # (Cutting the sequences into L2 sections, as the dense order cuts its heads, was slower on a
 # ragged batch: docs/MEASURED.md varlen-compact.)
-COMPACT_SEQ_BITS = 18          # an entry is (query tile << 18) | sequence
-COMPACT_MAX_SEQS = 1 << COMPACT_SEQ_BITS
-COMPACT_MAX_TILES = 1 << (31 - COMPACT_SEQ_BITS)
+
+
+def _table_levels(b: int, max_len: int, tile: int, what: str) -> int:
+    """Blocks per sequence of a varlen table (ceil(max_len / tile)), refused where its int32
+    entries cannot hold b sequences of that many blocks."""
+    levels = -(-max_len // tile)
+    if b > COMPACT_MAX_SEQS or levels > COMPACT_MAX_TILES:
+        raise ValueError(f"{what}: at most {COMPACT_MAX_SEQS} sequences and {COMPACT_MAX_TILES} blocks per "
+                         f"sequence, got {b} and {levels} (longest sequence {max_len}, tile {tile})")
+    return levels
 
 
 def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
@@ -130,10 +139,7 @@ def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
     sequence b) in the order above; 1 + levels x sequences long (the tail past count unread)."""
     import torch
     b = cu_seqlens_q.shape[0] - 1
-    levels = -(-max_seqlen_q // tile_m)
-    if b > COMPACT_MAX_SEQS or levels > COMPACT_MAX_TILES:
-        raise ValueError(f"varlen_compact: at most {COMPACT_MAX_SEQS} sequences and {COMPACT_MAX_TILES} query "
-                         f"tiles per sequence, got {b} and {levels} (max_seqlen_q {max_seqlen_q}, tile_m {tile_m})")
+    levels = _table_levels(b, max_seqlen_q, tile_m, "varlen_compact")
     dev = cu_seqlens_q.device
     lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int32)
     m = torch.arange(levels - 1, -1, -1, dtype=torch.int32, device=dev)           # descending
@@ -147,8 +153,8 @@ def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
 # A grid sized by the longest sequence (key blocks x heads x sequences) launches a CTA for every
 # key block past a shorter sequence's end: on a ragged batch most of the grid, each paying its
 # launch, pipeline setup and offset loads for nothing.  The table lists the live (key block,
-# head, sequence) triples instead (the query head; the KV head in head_loop builds), built on the device from the offsets (no host sync),
-# for a grid of at most (total_k // tile_n + sequences) x H_q CTAs (a host bound on the live key
+# head, sequence) triples instead (the query head; the KV head in head_loop builds), built on
+# the device from the offsets (no host sync), for a grid of at most (total_k // tile_n + sequences) x H_q CTAs (a host bound on the live key
 # blocks); CTAs past the table's count exit.  Order: sequences longest first (the short ones
 # fill the tail), then head, then key block ascending, so the key blocks of one (sequence,
 # head) run together (they read the same Q, dO from L2, as the dense launch order's key blocks
@@ -171,10 +177,7 @@ def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, t
     finds its (sequence, head) unit by a search over the units' cumulative key blocks."""
     import torch
     b = cu_seqlens_k.shape[0] - 1
-    levels = -(-max_seqlen_k // tile_n)
-    if b > COMPACT_MAX_SEQS or levels > COMPACT_MAX_TILES:
-        raise ValueError(f"varlen backward: at most {COMPACT_MAX_SEQS} sequences and {COMPACT_MAX_TILES} key "
-                         f"blocks per sequence, got {b} and {levels} (max_seqlen_k {max_seqlen_k}, tile_n {tile_n})")
+    _table_levels(b, max_seqlen_k, tile_n, "varlen backward")
     dev = cu_seqlens_k.device
     ctas = varlen_bwd_ctas(total_k, b, max_seqlen_k, tile_n, heads)
     lens = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)

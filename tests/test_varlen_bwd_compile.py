@@ -33,6 +33,21 @@ def _spilled(n: dict) -> int:
     return n["STL"] + n["LDL"]
 
 
+def _assert_no_extra_spills(varlen_build, cfg, head_dim: int) -> dict:
+    """HGMMA present; no more main-loop spill instructions than the dense build of cfg (varlen
+    off), at most one more spilled word in all; none at D = 64 and 128.  Returns the counts."""
+    n = varlen_build.counts()
+    assert n["HGMMA"] > 0
+    db = B.bwd(dataclasses.replace(cfg, varlen=False))
+    dense = db.counts()
+    assert _loop_spills(varlen_build.sass) <= _loop_spills(db.sass), \
+        f"varlen spills {n['STL']}/{n['LDL']}, dense {dense['STL']}/{dense['LDL']}"
+    assert _spilled(n) <= _spilled(dense) + 1, f"varlen spills {n['STL']}/{n['LDL']}, dense {dense['STL']}/{dense['LDL']}"
+    if head_dim in (64, 128):
+        assert _spilled(n) == 0, n
+    return n
+
+
 def _loop_spills(sass: str) -> int:
     """Local-memory instructions between the first and the last HGMMA (the main loop)."""
     lines = sass.splitlines()
@@ -50,16 +65,7 @@ def test_varlen_backward_builds_without_extra_spills(variant):
     CTA table's sequence, spilled at the start)."""
     p = varlen_plan(*variant)
     assert p.bwd.varlen and not p.bwd.head_loop and not p.bwd.lpt
-    vb = B.bwd(p.bwd)
-    n = vb.counts()
-    assert n["HGMMA"] > 0
-    db = B.bwd(dataclasses.replace(p.bwd, varlen=False))
-    dense = db.counts()
-    assert _loop_spills(vb.sass) <= _loop_spills(db.sass), \
-        f"varlen spills {n['STL']}/{n['LDL']}, dense {dense['STL']}/{dense['LDL']}"
-    assert _spilled(n) <= _spilled(dense) + 1, f"varlen spills {n['STL']}/{n['LDL']}, dense {dense['STL']}/{dense['LDL']}"
-    if variant[2] in (64, 128):
-        assert _spilled(n) == 0, n
+    _assert_no_extra_spills(B.bwd(p.bwd), p.bwd, variant[2])
 
 
 @pytest.mark.compile
@@ -73,15 +79,7 @@ def test_varlen_head_loop_backward_builds_without_extra_spills(variant):
     assert p.bwd.varlen and p.bwd.head_loop and not p.bwd.lpt
     assert isinstance(attn_bwd_sm90.kernel_for(p.bwd), attn_bwd_sm90.AttnBwdSm90VarlenHeadLoop)
     vb = B.bwd(p.bwd)
-    n = vb.counts()
-    assert n["HGMMA"] > 0
-    db = B.bwd(dataclasses.replace(p.bwd, varlen=False))
-    dense = db.counts()
-    assert _loop_spills(vb.sass) <= _loop_spills(db.sass), \
-        f"varlen spills {n['STL']}/{n['LDL']}, dense {dense['STL']}/{dense['LDL']}"
-    assert _spilled(n) <= _spilled(dense) + 1, f"varlen spills {n['STL']}/{n['LDL']}, dense {dense['STL']}/{dense['LDL']}"
-    if variant[2] in (64, 128):
-        assert _spilled(n) == 0, n
+    _assert_no_extra_spills(vb, p.bwd, variant[2])
     from flash_attn_poly.kernels import sass
     reds = lambda text: sum(op.startswith("RED") for op in sass.opcodes(text))
     per_head = reds(B.bwd(varlen_plan(*variant).bwd).sass)

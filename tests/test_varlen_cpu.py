@@ -399,3 +399,21 @@ def test_kernel_path_checks_unchanged_offsets_once(monkeypatch):
     cu_q[1] = 9                        # not non-decreasing any more: caught, the version moved
     with pytest.raises(ValueError, match="non-decreasing"):
         run(cu_q, cu_k, mx=9)
+
+
+def test_varlen_plan_resolves_without_importing_cutlass():
+    """The plan is pure Python (a warm process loads compiled kernels without cutlass): resolving a
+    ragged packed call, with its table-limit facts, imports no cutlass module (a fresh process)."""
+    import subprocess
+    import sys
+    code = ("import sys, torch\n"
+            "from flash_attn_poly import plan, varlen as fv\n"
+            "cu = torch.tensor([0, 3, 8], dtype=torch.int32)\n"
+            "q, k = torch.randn(8, 4, 64, dtype=torch.bfloat16), torch.randn(8, 2, 64, dtype=torch.bfloat16)\n"
+            "c = fv.validate(q, k, k, cu, cu, 5, 5, 'softmax', 'poly', True, None, None)\n"
+            "p = plan.resolve(fv._attn_call(c), 132)\n"
+            "assert p.fwd.varlen_compact and p.bwd.varlen\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cutlass'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
