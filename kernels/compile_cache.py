@@ -454,6 +454,7 @@ def fingerprint_parts() -> list:
     for dist in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-cu12", "nvidia-cutlass-dsl-libs-cu13",
                  "apache-tvm-ffi", "torch"):
         parts.append((dist, _version(dist)))
+        parts.append((f"{dist}@", _location(dist)))
     for rel, path in _codegen_sources():
         parts.append((rel, hashlib.sha256(path.read_bytes()).hexdigest()))
     return parts
@@ -488,6 +489,16 @@ def _version(dist: str) -> str:
         except metadata.PackageNotFoundError:
             version = "absent"
     return str(version)
+
+
+def _location(dist: str) -> str:
+    """The directory a distribution is installed in (its site-packages), "absent" if none."""
+    from importlib import metadata
+
+    try:
+        return str(Path(metadata.distribution(dist).locate_file("")).resolve())
+    except Exception:  # noqa: BLE001 - not installed, or metadata without a location
+        return "absent"
 
 
 def _codegen_sources() -> list:

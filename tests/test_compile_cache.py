@@ -121,6 +121,10 @@ def test_fingerprint_covers_sources_versions_and_arch():
     assert parts["arch"] == os.environ.get("CUTE_DSL_ARCH", parts["arch"])
     for name in ("python", "nvidia-cutlass-dsl", "apache-tvm-ffi", "torch"):
         assert parts[name] not in ("", "absent"), name
+    # where they are installed: a venv with equal versions must not load this install's
+    # runtime libraries (their absolute paths are in the entry's RUNTIME_LIBS file)
+    for name in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
+        assert os.path.isdir(parts[f"{name}@"]), parts[f"{name}@"]
     # the CUDA flavours: a cache filled with one flavour's code is not another's
     flavours = [parts[f"nvidia-cutlass-dsl-libs-cu{v}"] for v in (12, 13)]
     assert any(f != "absent" for f in flavours), flavours
