@@ -105,6 +105,12 @@ class AttnBwdSm90(BwdReductions):
         # Otherwise packed P^T (32 words) is live across the dS math and ptxas serialises every
         # wgmma (C7512, register resources) or spills (docs/NOTES_attn_bwd.md, "D = 64 tile").
         self.p_late = cfg.tile_m == 128 and cfg.score.kind == "softmax"
+        # tile_m 128, the other scores (their dS factor f is not P): probs packs f to FP16 pairs
+        # (f_packed, 32 words) instead of keeping it in acc_S (64 FP32), which is then dead
+        # before the dP wait; dscores_packed unpacks a pair, forms dS and packs it.  f lies in
+        # [0, 1] (softcap: P (1 - t^2); sigmoid: p (1 - p)), so FP16 keeps 11 bits of it, more
+        # than the BF16 / FP16 rounding of dS itself.
+        self.f_packed = cfg.tile_m == 128 and not self.p_late
         self.dq_early = dq_async
         # ordered (bitwise reproducible) dQ/dK/dV adds; kernels/bwd_reduce.py, "Deterministic mode"
         self.deterministic = cfg.deterministic
@@ -624,13 +630,15 @@ class AttnBwdSm90(BwdReductions):
         # rP: packed P^T (dV operand); acc_S keeps one FP32 dS factor per score, not P plus
         # an aux derivative (32 more live regs across the dP wait spilled 36-43 STL)
         rP = cute.make_rmem_tensor(shape_a, self.dtype)
-        self.probs(acc_S, rP, tScS, lse, idx, n_block, m_block, seqlen_q, seqlen_k, args, head, batch)
+        rF = cute.make_rmem_tensor(shape_a, self.dtype) if const_expr(self.f_packed) else None
+        self.probs(acc_S, rP, tScS, lse, idx, n_block, m_block, seqlen_q, seqlen_k, args, head, batch, rF)
         if const_expr(not self.p_late):
             warpgroup.fence()
             self.gemm_acc(mma_dkv, acc_dV, rP, tVrdOt[None, None, None, idx], accumulate)
             warpgroup.commit_group()
         dsum = self.col_stats(sDsum, idx, tScS, self.stage.needs_dsum and self.hoist_dsum)   # while dV, dP run
-        warpgroup.wait_group(0 if const_expr(self.p_late) else 1)   # dP^T ready (the dV product may still run)
+        # dP^T ready (the dV product may still run)
+        warpgroup.wait_group(0 if const_expr(self.p_late) else 1)
         rdS = cute.make_rmem_tensor(shape_a, self.dtype)
         if const_expr(self.p_late):
             rP = cute.make_rmem_tensor(shape_a, self.dtype)   # probs' rP is dead: rebuilt from acc_S
@@ -638,6 +646,8 @@ class AttnBwdSm90(BwdReductions):
             warpgroup.fence()
             self.gemm_acc(mma_dkv, acc_dV, rP, tVrdOt[None, None, None, idx], accumulate)
             warpgroup.commit_group()
+        elif const_expr(self.f_packed):
+            self.dscores_packed(rF, acc_dP, tScS, dsum, idx, rdS)
         else:
             self.dscores(acc_S, acc_dP, tScS, dsum, idx)
             cute.make_tensor(rdS.iterator, acc_dP.layout).store(acc_dP.load().to(self.dtype))
@@ -688,27 +698,30 @@ class AttnBwdSm90(BwdReductions):
         return x[c] if const_expr(cute.rank(x.layout) == 1) else x[m, idx]
 
     @cute.jit
-    def probs(self, acc_S, rP, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args, head, batch):
-        """acc_S (raw S^T) -> dS factor f in place, rP <- packed P^T; causal-masked -> 0."""
+    def probs(self, acc_S, rP, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args, head, batch,
+              rF=None):
+        """acc_S (raw S^T) -> dS factor f in place (f_packed: to rF, FP16 pairs), rP <- packed P^T;
+        causal-masked -> 0."""
         rP32 = cute.recast_tensor(rP, Int32)   # word i = 16-bit elements 2i, 2i+1 of acc_S
+        rF32 = cute.recast_tensor(rF, Int32) if const_expr(rF is not None) else None
         c_mn = acc_mn_view(tScS)
         rows = cute.size(c_mn, mode=[0])
         coords = sc.Coords(c_mn, m_block * self.tile_m, n_block * self.tile_n, batch, head,
                            sc.SeqlenInfo(seqlen_q, seqlen_k), self._aux, transposed=True)
         if const_expr(self._static_rows()):
-            self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, tuple(range(rows)), coords=coords)
+            self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, tuple(range(rows)), coords=coords, rF32=rF32)
         else:
             for r in cutlass.range_constexpr(rows):
                 # S^T rows are keys: group (key // 8) % k differs between the warps of a
                 # warpgroup for k >= 4 (a warp's 16 rows hold groups 2w, 2w+1): uniform branch
                 if self.stage.uses_block((n_block * self.tile_n + c_mn[r, 0][0]) // 8):
-                    self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), True, coords)
+                    self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), True, coords, rF32)
                 else:
-                    self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), False, coords)
+                    self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), False, coords, rF32)
         if const_expr(self.is_causal or self.has_left or self.has_right):
-            self.mask_causal(acc_S, rP32, tScS, n_block, m_block, seqlen_q, seqlen_k, args)
+            self.mask_causal(acc_S, rP32, tScS, n_block, m_block, seqlen_q, seqlen_k, args, rF32)
         if const_expr(not self.is_causal):   # causal hides every key >= S_k already
-            self.mask_key_tail(acc_S, rP32, tScS, n_block, seqlen_k)
+            self.mask_key_tail(acc_S, rP32, tScS, n_block, seqlen_k, rF32)
 
     def _static_rows(self) -> bool:
         """Is the evaluator of every row known at compile time?  Rows r of the C fragment are
@@ -721,8 +734,9 @@ class AttnBwdSm90(BwdReductions):
         return self.stage.uses_block(r % 2)   # valid when _static_rows()
 
     @cute.jit
-    def probs_rows(self, acc_S, rP32, c_mn, sLSE, idx, args, rows, block=None, coords=None):
-        """stage.prob2 on every column pair of the given rows (LSE loaded once per pair)."""
+    def probs_rows(self, acc_S, rP32, c_mn, sLSE, idx, args, rows, block=None, coords=None, rF32=None):
+        """stage.prob2 on every column pair of the given rows (LSE loaded once per pair); f goes
+        to acc_S, or packed to rF32 where given."""
         s_mn = acc_mn_view(acc_S)
         is_bf16 = self.dtype is cutlass.BFloat16
         for c in cutlass.range_constexpr(0, cute.size(s_mn, mode=[1]), 2):
@@ -734,11 +748,15 @@ class AttnBwdSm90(BwdReductions):
                 blk = self._row_block(r) if const_expr(block is None) else block
                 p, f0, f1 = self.stage.prob2(s_mn[r, c], s_mn[r, c + 1], lse0, lse1, args, blk, is_bf16,
                                              coords, (r, c))
-                rP32[cute.crd2idx((r, c), s_mn.layout) // 2] = p
-                s_mn[r, c], s_mn[r, c + 1] = f0, f1
+                w = cute.crd2idx((r, c), s_mn.layout) // 2
+                rP32[w] = p
+                if const_expr(rF32 is not None):
+                    rF32[w] = sc.pack_f32x2(f0, f1, False)
+                else:
+                    s_mn[r, c], s_mn[r, c + 1] = f0, f1
 
     @cute.jit
-    def mask_causal(self, acc_S, rP32, tScS, n_block, m_block, seqlen_q, seqlen_k, args):
+    def mask_causal(self, acc_S, rP32, tScS, n_block, m_block, seqlen_q, seqlen_k, args, rF32=None):
         """Key n visible from query m iff n <= m + S_k - S_q (and inside the sliding window,
         kernels/mask.py); only diagonal / window-edge tiles need it.
         Masked scores: f = 0 and the P half-word = 0 (lo half = element 2i)."""
@@ -750,15 +768,19 @@ class AttnBwdSm90(BwdReductions):
             for i in cutlass.range_constexpr(cute.size(acc_S) // 2):
                 keep = Int32(-1)
                 if mask_mod.key_hidden(n0 + tScS[2 * i][0], m0 + tScS[2 * i][1] + shift, *win):
-                    acc_S[2 * i] = Float32(0.0)
+                    if const_expr(rF32 is None):
+                        acc_S[2 * i] = Float32(0.0)
                     keep = keep & Int32(-65536)   # 0xFFFF0000
                 if mask_mod.key_hidden(n0 + tScS[2 * i + 1][0], m0 + tScS[2 * i + 1][1] + shift, *win):
-                    acc_S[2 * i + 1] = Float32(0.0)
+                    if const_expr(rF32 is None):
+                        acc_S[2 * i + 1] = Float32(0.0)
                     keep = keep & Int32(0xFFFF)
                 rP32[i] = rP32[i] & keep
+                if const_expr(rF32 is not None):
+                    rF32[i] = rF32[i] & keep
 
     @cute.jit
-    def mask_key_tail(self, acc_S, rP32, tScS, n_block, seqlen_k):
+    def mask_key_tail(self, acc_S, rP32, tScS, n_block, seqlen_k, rF32=None):
         """Keys at or past S_k (the last key block's zero-filled K and V rows): f = 0, P = 0.
         Unmasked, their P = exp(score(0) - LSE) is not small where a row's LSE is very negative
         (few keys, all with low logits): FP16 P overflows for LSE < -11, and inf times the zero
@@ -768,12 +790,16 @@ class AttnBwdSm90(BwdReductions):
             for i in cutlass.range_constexpr(cute.size(acc_S) // 2):
                 keep = Int32(-1)
                 if n0 + tScS[2 * i][0] >= seqlen_k:
-                    acc_S[2 * i] = Float32(0.0)
+                    if const_expr(rF32 is None):
+                        acc_S[2 * i] = Float32(0.0)
                     keep = keep & Int32(-65536)   # 0xFFFF0000
                 if n0 + tScS[2 * i + 1][0] >= seqlen_k:
-                    acc_S[2 * i + 1] = Float32(0.0)
+                    if const_expr(rF32 is None):
+                        acc_S[2 * i + 1] = Float32(0.0)
                     keep = keep & Int32(0xFFFF)
                 rP32[i] = rP32[i] & keep
+                if const_expr(rF32 is not None):
+                    rF32[i] = rF32[i] & keep
 
     @cute.jit
     def zero_do_tail(self, sdO, idx, m_block, seqlen_q, tidx):
@@ -827,6 +853,21 @@ class AttnBwdSm90(BwdReductions):
                 g0, g1 = self.stage.dscore2(f_mn[r, c], f_mn[r, c + 1], dp_mn[r, c], dp_mn[r, c + 1], d0, d1)
                 w = cute.crd2idx((r, c), f_mn.layout) // 2   # packed word of elements (r, c), (r, c + 1)
                 rP32[w] = sc.pack_f32x2(f_mn[r, c], f_mn[r, c + 1], is_bf16)
+                rdS32[w] = sc.pack_f32x2(g0, g1, is_bf16)
+
+
+    @cute.jit
+    def dscores_packed(self, rF, acc_dP, tScS, sDsum, idx, rdS):
+        """f_packed: dS^T from the FP16 pairs of f (rF) and acc_dP, packed pair by pair into rdS."""
+        dp_mn, c_mn = acc_mn_view(acc_dP), acc_mn_view(tScS)
+        rF32, rdS32 = cute.recast_tensor(rF, Int32), cute.recast_tensor(rdS, Int32)
+        is_bf16 = self.dtype is cutlass.BFloat16
+        for c in cutlass.range_constexpr(0, cute.size(dp_mn, mode=[1]), 2):
+            d0, d1 = self.dsum_pair(sDsum, c_mn, c, idx)
+            for r in cutlass.range_constexpr(cute.size(dp_mn, mode=[0])):
+                w = cute.crd2idx((r, c), dp_mn.layout) // 2
+                f0, f1 = sc.unpack_f16x2(rF32[w])
+                g0, g1 = self.stage.dscore2(f0, f1, dp_mn[r, c], dp_mn[r, c + 1], d0, d1)
                 rdS32[w] = sc.pack_f32x2(g0, g1, is_bf16)
 
 

@@ -133,6 +133,10 @@ def check_bwd(c: BwdConfig) -> None:
     if c.score.kind == "sigmoid" and c.score.evaluator == "poly" and c.score.grad_rule != "surrogate":
         raise ValueError(f"backward score: sigmoid poly runs the surrogate rule's block only (the product rule "
                          f"recomputes P natively), got grad_rule {c.score.grad_rule!r}")
+    if c.tile_m == 128 and c.score.kind == "user":
+        # the 128-row step keeps a non-softmax dS factor as FP16 pairs (attn_bwd_sm90 f_packed):
+        # right for the built-in scores' factors in [0, 1], not for a user function's derivative
+        raise ValueError("backward tile_m=128: not with a user score function (its dS factor is kept in FP16)")
     if c.tile_m not in (64, 128) or c.tile_n != 128 or (c.tile_m == 128 and (c.head_dim != 64 or c.head_loop)):
         # 64 key rows per MMA warpgroup; dQ's warpgroups split its columns (tile_m 128: D = 64
         # only, without head_loop (its bookkeeping spills at this tile: docs/NOTES_attn_bwd.md); the warpgroups split dQ's rows)

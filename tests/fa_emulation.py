@@ -58,8 +58,11 @@ def forward(q, k, v, mode, *, causal, softcap=None, window_size=(-1, -1), block=
     return out.to(dt), lse
 
 
-def backward(dout, q, k, v, out, lse, mode, *, causal, softcap=None, window_size=(-1, -1)):
-    """(dq, dk, dv) in the input dtype from the forward's O and LSE."""
+def backward(dout, q, k, v, out, lse, mode, *, causal, softcap=None, window_size=(-1, -1), f16_factor=False):
+    """(dq, dk, dv) in the input dtype from the forward's O and LSE.  f16_factor: the dS factor f
+    (softcap P (1 - t^2), sigmoid p (1 - p)) rounded to FP16 before dS = f (dP - D), as the
+    backward's 128-row step keeps it (kernels/attn_bwd_sm90.py, f_packed)."""
+    rnd = (lambda f: f.to(torch.float16).float()) if f16_factor else (lambda f: f)
     dt = q.dtype
     s_q, s_k, h_kv = q.shape[1], k.shape[1], k.shape[2]
     grp = q.shape[2] // h_kv
@@ -73,7 +76,7 @@ def backward(dout, q, k, v, out, lse, mode, *, causal, softcap=None, window_size
     if mode == "sigmoid":
         sig = torch.sigmoid(x - math.log(s_k))
         p = sig.masked_fill(~allowed, 0.0)
-        ds = (dp * sig * (1 - sig)).masked_fill(~allowed, 0.0)
+        ds = (dp * rnd(sig * (1 - sig))).masked_fill(~allowed, 0.0)
     else:
         logits, dcap = x, 1.0
         if mode == "softcap":
@@ -81,7 +84,8 @@ def backward(dout, q, k, v, out, lse, mode, *, causal, softcap=None, window_size
             logits, dcap = softcap * t, 1 - t * t
         safe = torch.where(lse == -math.inf, 0.0, lse)
         p = torch.exp(logits - safe[..., None]).masked_fill(~allowed, 0.0)
-        ds = p * (dp - torch.einsum("bqhd,bqhd->bhq", do, out.float())[..., None]) * dcap
+        f = rnd(p * dcap) if mode == "softcap" else p
+        ds = f * (dp - torch.einsum("bqhd,bqhd->bhq", do, out.float())[..., None])
     ds = ds.to(dt).float()
     fold = lambda t: t.reshape(t.shape[0], t.shape[1], h_kv, grp, t.shape[3]).sum(3)
     dq = torch.einsum("bhqk,bkhd->bqhd", ds, _expand(k, grp).float()) * scale

@@ -76,11 +76,21 @@ HEAD_LOOP_RUNS.append(G.run(SOFTCAP_POLY_GQA, program=TANH_PROGRAM, overrides={"
 # the 128-query-row step at D = 64 (override bwd.tile_m=128 without head_loop: dQ split by rows,
 # dV after the dS math, P^T / dS^T packed pair by pair): softmax (the other causality where the
 # catalogue has a mid-size case), the plan's
-# dq_async and the red.global path; softcap through the same tile (its P^T packed before dS)
+# dq_async and the red.global path; softcap and sigmoid through the same tile (their dS factor f
+# packed to FP16 pairs in the probs pass, f_packed), both causalities, native and poly
 TILE128 = {"bwd.tile_m": 128, "bwd.head_loop": False}
 TILE128_RUNS = ([G.run(c, overrides=TILE128, fwd=False)
                  for c in (SOFTMAX_D64, pick(None, mode="softmax", dtype="bf16", head_dim=64, causal=not SOFTMAX_D64.causal),
-                           pick(None, mode="softcap", evaluator="native", dtype="bf16", head_dim=64))]
+                           pick(None, mode="softcap", evaluator="native", dtype="bf16", head_dim=64),
+                           cases.retarget(pick(None, mode="softcap", evaluator="native", dtype="bf16", head_dim=64),
+                                          dtype="fp16", causal=False),
+                           pick(None, mode="softcap", evaluator="poly", dtype="bf16", head_dim=64),
+                           pick(None, mode="sigmoid", evaluator="native", dtype="bf16", head_dim=64),
+                           pick(None, mode="sigmoid", evaluator="poly", dtype="bf16", head_dim=64))]
+                + [G.run(c, overrides=TILE128, fwd=False)   # several query and key blocks, odd S_q
+                   for m in ("softcap", "sigmoid")
+                   for c in cases.pick(1, where=lambda c: c.seqlen_q >= 1000 and c.seqlen_k >= 1000, window=None,
+                                       mode=m, evaluator="native", dtype="bf16", head_dim=64)]
                 + [G.run(SOFTMAX_D64, overrides={**TILE128, "bwd.dq_async": False}, fwd=False)])
 
 
