@@ -124,6 +124,11 @@ class AttnBwdSm90(BwdReductions):
         # of the GQA group in turn, keeping dK/dV in registers throughout, and stores them
         # scaled and cast (no FP32 dK/dV accumulators, atomics or post pass): module docstring
         self.head_loop = cfg.head_loop
+        # where head_loop builds store dK / dV: in each branch of `if m_min < m_max` (the loop's
+        # and the zeros'), or once after it.  At tile_m 128 the merged store made ptxas keep the
+        # dK / dV accumulators in local memory (160 STL, every wgmma serialised; per branch: none);
+        # at tile_m 64 both build spill-free and the merged store is ~250 instructions shorter.
+        self.store_in_branch = cfg.tile_m == 128
         self.dtype = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[cfg.dtype]
         self.D = head_dim
         self.is_causal = cfg.causal
@@ -570,6 +575,9 @@ class AttnBwdSm90(BwdReductions):
                                      n_block, m_block, head + h, batch, chunk, seqlen_q, seqlen_k,
                                      args, it != 0, it % 2)
                     state.advance()
+                if const_expr(self.store_in_branch):
+                    self.head_loop_store(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv,
+                                         batch, chunk, seqlen_k, args)
             else:
                 for m_block in cutlass.range(m_min, m_max, unroll=1):
                     self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
@@ -585,9 +593,21 @@ class AttnBwdSm90(BwdReductions):
                 else:
                     self.epilogue_dkv(mma_dkv_epi, acc_dK, acc_dV, mdQacc, mdKacc, mdVacc, tidx,
                                       n_block, head, head_kv, batch, chunk, seqlen_q, seqlen_k, args)
-        if const_expr(self.head_loop):
+        else:
             # head_loop builds store dK and dV themselves (no zeroed accumulator behind them): a
             # key block that no query sees (a window, S_q < S_k) stores its zeros too
+            if const_expr(self.store_in_branch):
+                self.head_loop_store(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv,
+                                     batch, chunk, seqlen_k, args)
+        if const_expr(not self.store_in_branch):
+            self.head_loop_store(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
+                                 chunk, seqlen_k, args)
+
+    @cute.jit
+    def head_loop_store(self, mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
+                        chunk, seqlen_k, args):
+        """head_loop builds: dK and dV scaled, cast and stored (no-op in the other builds)."""
+        if const_expr(self.head_loop):
             if const_expr(self.cfg.varlen):
                 mdK_seq, mdV_seq = self.varlen_dkv(mdKacc, mdVacc)
                 self.store_dkv(mma_dkv_epi, acc_dK, acc_dV, mdK_seq, mdV_seq, tidx, n_block, head_kv, batch,

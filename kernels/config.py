@@ -137,12 +137,11 @@ def check_bwd(c: BwdConfig) -> None:
         # the 128-row step keeps a non-softmax dS factor as FP16 pairs (attn_bwd_sm90 f_packed):
         # right for the built-in scores' factors in [0, 1], not for a user function's derivative
         raise ValueError("backward tile_m=128: not with a user score function (its dS factor is kept in FP16)")
-    if c.tile_m not in (64, 128) or c.tile_n != 128 or (c.tile_m == 128 and (c.head_dim != 64 or c.head_loop)):
+    if c.tile_m not in (64, 128) or c.tile_n != 128 or (c.tile_m == 128 and c.head_dim != 64):
         # 64 key rows per MMA warpgroup; dQ's warpgroups split its columns (tile_m 128: D = 64
-        # only, without head_loop (its bookkeeping spills at this tile: docs/NOTES_attn_bwd.md); the warpgroups split dQ's rows)
-        raise ValueError(f"backward tile must be 64 query rows x 128 keys, or 128 x 128 at D = 64 without "
-                         f"head_loop, got tile_m={c.tile_m}, tile_n={c.tile_n}, D={c.head_dim}, "
-                         f"head_loop={c.head_loop}")
+        # only, the warpgroups split dQ's rows; docs/NOTES_attn_bwd.md)
+        raise ValueError(f"backward tile must be 64 query rows x 128 keys, or 128 x 128 at D = 64, "
+                         f"got tile_m={c.tile_m}, tile_n={c.tile_n}, D={c.head_dim}")
     if c.varlen and (c.deterministic or c.lpt or c.score.kind == "user"):
         raise ValueError("varlen backward: a CTA per entry of its (key block, head, sequence) table, without "
                          "deterministic turns, lpt or a user score function (its batch index would be the "

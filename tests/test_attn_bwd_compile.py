@@ -157,8 +157,9 @@ def test_d64_bwd_tile_64x128_no_spills(mode, evaluator):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("mode,stl", [("softmax", 0), ("softcap", 1), ("sigmoid", 0)])
-def test_d64_bwd_tile_128(mode, stl):
+@pytest.mark.parametrize("mode,head_loop,stl", [("softmax", False, 0), ("softcap", False, 1), ("sigmoid", False, 0),
+                                               ("softmax", True, 0), ("softcap", True, 13), ("sigmoid", True, 0)])
+def test_d64_bwd_tile_128(mode, head_loop, stl):
     """D = 64, override bwd.tile_m=128 without head_loop: dQ split by rows (8 HGMMA.64x64x16
     per warpgroup, each its own 64 dS rows) and pipelined wgmma (a handful of DEPBAR, not one
     per HGMMA).  Softmax: dV issued after the dS math, packed P^T / dS^T written pair by pair in
@@ -166,8 +167,10 @@ def test_d64_bwd_tile_128(mode, stl):
     before: 10 STL and one DEPBAR per HGMMA).  Softcap / sigmoid: the dS factor packed to FP16
     pairs in the probs pass (f_packed), so the FP32 S^T tile is dead before the dP^T wait
     (before: 12 / 16 STL, every wgmma serialised; now softcap 1 word stored once per query
-    block, sigmoid none)."""
-    p = B.plan(mode, "native", d=64, overrides={"bwd.tile_m": 128, "bwd.head_loop": False})
+    block, sigmoid none).  head_loop builds store dK / dV in each branch of the query-block
+    check (store_in_branch): with one store after it ptxas kept the dK / dV accumulators in local
+    memory (160 STL, every wgmma serialised); softcap's 13 words are its bookkeeping's."""
+    p = B.plan(mode, "native", d=64, overrides={"bwd.tile_m": 128, "bwd.head_loop": head_loop})
     b = B.bwd(p.bwd)
     n = b.counts()
     assert _hgmma_shapes(b.sass) == {"64x128x16": 8, "64x64x16": 24} and n["HGMMA"] == 32, n
@@ -176,9 +179,10 @@ def test_d64_bwd_tile_128(mode, stl):
 
 
 def test_bwd_tile_is_checked():
-    for tile_m in (96, 128):
-        with pytest.raises(ValueError, match=f"tile_m={tile_m}"):
-            B.plan("softmax", "native", d=64, overrides={"bwd.tile_m": tile_m})
+    for d, tile_m in ((64, 96), (128, 128), (256, 128)):
+        with pytest.raises(ValueError, match=f"tile_m={tile_m}, tile_n=128, D={d}"):
+            B.plan("softmax", "native", d=d, overrides={"bwd.tile_m": tile_m})
+    assert B.plan("softmax", "native", d=64, overrides={"bwd.tile_m": 128}).bwd.head_loop
     # the 128-row step keeps a non-softmax dS factor in FP16: not a user function's
     import dataclasses
     from flash_attn_poly.kernels.config import check_bwd

@@ -73,7 +73,7 @@ HEAD_LOOP_RUNS = [G.run(c, overrides={"bwd.head_loop": True}, fwd=False)
                             SIGMOID_NATIVE, SOFTCAP_POLY_GQA, SIGMOID_POLY,
                             pick(True, mode="softmax", dtype="fp16", head_dim=128))]
 HEAD_LOOP_RUNS.append(G.run(SOFTCAP_POLY_GQA, program=TANH_PROGRAM, overrides={"bwd.head_loop": True}, fwd=False))
-# the 128-query-row step at D = 64 (override bwd.tile_m=128 without head_loop: dQ split by rows,
+# the 128-query-row step at D = 64 (override bwd.tile_m=128, with and without head_loop: dQ split by rows,
 # dV after the dS math, P^T / dS^T packed pair by pair): softmax (the other causality where the
 # catalogue has a mid-size case), the plan's
 # dq_async and the red.global path; softcap and sigmoid through the same tile (their dS factor f
@@ -91,7 +91,12 @@ TILE128_RUNS = ([G.run(c, overrides=TILE128, fwd=False)
                    for m in ("softcap", "sigmoid")
                    for c in cases.pick(1, where=lambda c: c.seqlen_q >= 1000 and c.seqlen_k >= 1000, window=None,
                                        mode=m, evaluator="native", dtype="bf16", head_dim=64)]
-                + [G.run(SOFTMAX_D64, overrides={**TILE128, "bwd.dq_async": False}, fwd=False)])
+                + [G.run(SOFTMAX_D64, overrides={**TILE128, "bwd.dq_async": False}, fwd=False)]
+                # with the per-KV-head loop (dK / dV stored from registers, store_in_branch)
+                + [G.run(c, overrides={**TILE128, "bwd.head_loop": True}, fwd=False)
+                   for c in (SOFTMAX_D64, pick(True, mode="sigmoid", evaluator="native", dtype="bf16", head_dim=64),
+                             cases.pick(1, where=lambda c: c.seqlen_q >= 1000 and c.hq > c.hkv, window=None,
+                                        mode="softcap", evaluator="native", dtype="bf16", head_dim=64)[0])])
 
 
 @pytest.mark.gpu
