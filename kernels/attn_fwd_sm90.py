@@ -159,7 +159,17 @@ class AttnFwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
 
-        self.shared_storage = SharedStorage
+        @cute.struct
+        class SharedStorageO:   # o_smem: the O staging tile, Q's shape and swizzle
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+
+        self.shared_storage = SharedStorageO if cutlass.const_expr(self.cfg.o_smem) else SharedStorage
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
         num_batch = mQ.shape[3]
         if cutlass.const_expr(varlen is not None):   # (cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
@@ -200,6 +210,9 @@ class AttnFwdSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        # the epilogue's O staging tile (o_smem), set while the kernel is traced
+        self._sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner) if cutlass.const_expr(
+            self.cfg.o_smem) else None
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         blocks = mask_mod.BlockRange(self.tile_m, self.tile_n, self.causal,
@@ -687,11 +700,50 @@ class AttnFwdSm90:
                 if tOcO_mn[0, 0][1] == 0 and row < seqlen_q:
                     gLSE[row] = lse[r]
         gO = mO[None, None, head, batch]
-        for r in cutlass.range_constexpr(num_rows):
-            row = m_block * self.tile_m + tOcO_mn[r, 0][0]
-            if row < seqlen_q:
-                for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                    gO[row, tOcO_mn[0, c][1]] = o_mn[r, c].to(self.dtype)
+        if cutlass.const_expr(self.cfg.o_smem):
+            self.store_o_staged(acc_O, gO, tiled_mma_pv, tidx, m_block, seqlen_q)
+        else:
+            for r in cutlass.range_constexpr(num_rows):
+                row = m_block * self.tile_m + tOcO_mn[r, 0][0]
+                if row < seqlen_q:
+                    for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                        gO[row, tOcO_mn[0, c][1]] = o_mn[r, c].to(self.dtype)
+
+    @cute.jit
+    def store_o_staged(self, acc_O, gO, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32):
+        """o_smem: each consumer warpgroup writes its 64 rows of O (cast) into the staging tile with
+        stmatrix, then stores them as 16-byte row chunks (a warp covers whole rows: full sectors),
+        rows >= S_q skipped.  A named barrier per warpgroup before the writes (its threads have read
+        the previous tile's rows) and before the reads (the rows are complete)."""
+        sO = self._sO
+        wg = tidx // self.num_threads_per_wg
+        bar = pipeline.NamedBarrier(barrier_id=int(FwdBarrier.EPILOGUE) + wg, num_threads=self.num_threads_per_wg)
+        rO = cute.make_fragment_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        r2s = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
+            tiled_mma_pv)
+        thr_r2s = r2s.get_slice(tidx)
+        bar.arrive_and_wait()
+        cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
+        bar.arrive_and_wait()
+        # 16-byte chunks: D / 8 threads per row, 128 / (D / 8) rows per pass
+        chunks = self.head_dim // 8
+        s2g = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
+            cute.make_ordered_layout((self.num_threads_per_wg // chunks, chunks), order=(1, 0)),
+            cute.make_layout((1, 8)))
+        thr_s2g = s2g.get_slice(tidx - wg * self.num_threads_per_wg)
+        rows = (64, self.head_dim)
+        tOsO = thr_s2g.partition_S(cute.local_tile(sO, rows, (wg, 0)))
+        tOgO = thr_s2g.partition_D(cute.local_tile(gO, rows, (m_block * (self.tile_m // 64) + wg, 0)))
+        tOcO = thr_s2g.partition_S(cute.make_identity_tensor(rows))
+        tOrO = cute.make_fragment_like(tOsO, self.dtype)
+        cute.autovec_copy(tOsO, tOrO)
+        row0 = m_block * self.tile_m + wg * 64
+        for i in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+            if row0 + tOcO[0, i, 0][0] < seqlen_q:
+                cute.copy(s2g, tOrO[None, i, None], tOgO[None, i, None])
 
 
 class AttnFwdSm90Aux(AttnFwdSm90):

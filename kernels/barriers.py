@@ -14,6 +14,8 @@ class FwdBarrier(enum.IntEnum):
     # ping-pong: warpgroup w may issue its GEMMs once the other has arrived at PINGPONG + w
     # (its 128 waiting threads + the other's 128 arriving)
     PINGPONG = 1          # PINGPONG + 0: consumer warpgroup 0's turn, PINGPONG + 1: warpgroup 1's
+    # o_smem: consumer warpgroup w's 128 threads around its staged O rows (EPILOGUE + w, w < 3)
+    EPILOGUE = 4
 
 
 class BwdBarrier(enum.IntEnum):

@@ -48,6 +48,8 @@ class FwdConfig:
     varlen: bool              # packed sequences (cu_seqlens offsets; kernels/attn_fwd_sm90.py AttnFwdSm90Varlen)
     varlen_compact: bool      # varlen: walk only the live (query tile, sequence) pairs, longest first,
                               # from a device-built table (kernels/tile_scheduler.py); a plan override
+    o_smem: bool              # the epilogue stages O through shared memory (stmatrix) and stores it in
+                              # 16-byte row chunks, instead of 4-byte stores from the MMA fragment
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,11 +86,12 @@ def check_fwd(c: FwdConfig) -> None:
         raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {c.tile_n}")
     if c.num_stages < 1:
         raise ValueError(f"num_stages must be >= 1, got {c.num_stages}")
-    tiles = 2 * (c.tile_m + 2 * c.num_stages * c.tile_n) * c.head_dim   # 16-bit Q, K, V
+    tiles = 2 * (c.tile_m + 2 * c.num_stages * c.tile_n + (c.tile_m if c.o_smem else 0)) * c.head_dim
     if tiles > SMEM_BYTES - 1024:   # room for the mbarriers
         raise ValueError(f"forward config needs {tiles} bytes of shared memory for Q ({c.tile_m} x "
-                         f"{c.head_dim}) and {c.num_stages} K/V stages of {c.tile_n} rows; sm_90 has "
-                         f"{SMEM_BYTES}: lower num_stages or tile_n")
+                         f"{c.head_dim}){', its O staging tile' if c.o_smem else ''} and {c.num_stages} K/V "
+                         f"stages of {c.tile_n} rows; sm_90 has {SMEM_BYTES}: lower num_stages or tile_n"
+                         f"{' or set o_smem=False' if c.o_smem else ''}")
     if c.row_max_chains not in (1, 2, 4, 8):
         raise ValueError(f"row_max_chains must be 1, 2, 4 or 8, got {c.row_max_chains}")
     if not 0.0 <= c.rescale_threshold <= 16.0:   # p <= 2^t: keep P and row sums far from overflow

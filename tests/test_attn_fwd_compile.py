@@ -486,3 +486,25 @@ def test_check_fwd_tile_n_is_a_multiple_of_16_up_to_256():
     for bad in (72, 0, 272):
         with pytest.raises(ValueError, match="tile_n"):
             check_fwd(dataclasses.replace(p.fwd, tile_n=bad))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("d", [64, 128])
+def test_o_smem_epilogue(d):
+    """FwdConfig.o_smem: O goes registers -> stmatrix -> smem -> 16-byte row chunks, per thread
+    D / 16 STSM.x4, LDS.128 and STG.E.128 (64 rows x D of 16-bit values over 128 threads) instead
+    of D / 4 four-byte stores; the main loop is untouched (same HGMMA), no spills.  D = 256's Q, O
+    and K/V stages do not fit: check_fwd says so."""
+    import re
+    base = B.plan("softmax", "native", d=d)
+    staged = B.plan("softmax", "native", d=d, overrides={"fwd.o_smem": True})
+    assert not base.fwd.o_smem and staged.fwd.o_smem
+    a, b = B.fwd(base.fwd), B.fwd(staged.fwd)
+    na, nb = a.counts(), b.counts()
+    ops = lambda text, pat: len(re.findall(pat, text))
+    assert ops(b.sass, r"STSM\.16\.M88\.4") == d // 16 and ops(b.sass, r"LDS\.128") == d // 16, b.counts()
+    assert ops(b.sass, r"STG\.E\.128") == d // 16 and ops(a.sass, r"STG\.E\.128") == 0
+    assert ops(a.sass, r"STSM") == 0
+    assert na["HGMMA"] == nb["HGMMA"] and nb["STL"] == 0 and nb["LDL"] == 0, (na, nb)
+    with pytest.raises(ValueError, match="set o_smem=False"):
+        B.plan("softmax", "native", d=256, overrides={"fwd.o_smem": True})

@@ -62,3 +62,61 @@ def test_three_warpgroups_against_reference(case, persistent):
 
     run_case(*case, overrides=WG3 if persistent is None else {**WG3, "fwd.persistent": persistent},
              program=_program(case))
+
+
+# o_smem (the epilogue stages O through shared memory and stores 16-byte row chunks): the same
+# values cast the same way, so O and LSE must equal the register epilogue's bit for bit, written
+# into NaN-poisoned buffers (a row it skips stays NaN).  Tails (S_q not a multiple of the tile),
+# tiles that see no key (causal S_q > S_k: O = 0), GQA, D = 64's three warpgroups, FP16, one CTA
+# per tile and the varlen build.
+O_SMEM_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
+                ("softmax", "native", "bf16", 1, 517, 200, 4, 1, 128, True),
+                ("softmax", "native", "fp16", 1, 200, 517, 8, 8, 128, False),
+                ("softmax", "native", "bf16", 2, 333, 517, 8, 2, 64, True),
+                ("softcap", "poly", "bf16", 1, 300, 411, 4, 4, 64, False),
+                ("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 128, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", [None, 0], ids=["persistent", "single_tile"])
+@pytest.mark.parametrize("case", O_SMEM_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_o_smem_equals_register_epilogue(case, persistent):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from flash_attn_poly import testing
+    mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal = case
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    g = torch.Generator(device="cuda").manual_seed(s_q * 1000 + s_k)
+    q = torch.randn(b, s_q, h_q, d, device="cuda", dtype=dt, generator=g)
+    k, v = (torch.randn(b, s_k, h_kv, d, device="cuda", dtype=dt, generator=g) for _ in range(2))
+    kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None)
+    extra = {} if persistent is None else {"fwd.persistent": persistent}
+    o_ref, lse_ref, p_ref = testing.run_forward(q, k, v, mode, evaluator, extra, poison=True, **kw)
+    o, lse, p = testing.run_forward(q, k, v, mode, evaluator, {**extra, "fwd.o_smem": True}, poison=True, **kw)
+    assert p.fwd.o_smem and not p_ref.fwd.o_smem
+    assert torch.equal(o, o_ref), (o.float() - o_ref.float()).abs().nan_to_num(1e9).max()
+    assert not o.isnan().any()
+    if lse_ref is not None:
+        assert torch.equal(lse, lse_ref)
+
+
+@pytest.mark.gpu
+def test_o_smem_varlen_equals_register_epilogue():
+    """The varlen build: rows past a sequence's end belong to the next sequence and must not be
+    written (the row bound is the sequence's)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from flash_attn_poly import varlen as fv
+    lens = [300, 1, 0, 517, 129]
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    total = int(cu[-1])
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn(total, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(total, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    call = fv.validate(q, k, v, cu, cu, max(lens), max(lens), "softmax", "native", True, None, None, None, (-1, -1))
+    outs = []
+    for o_smem in (False, True):
+        with torch.no_grad():
+            outs.append(fv._forward(q, k, v, cu, cu, call, True, "cuda",
+                                    overrides={"fwd.varlen": True, "fwd.o_smem": o_smem}))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
