@@ -875,7 +875,6 @@ class AttnBwdSm90(BwdReductions):
                 rP32[w] = sc.pack_f32x2(f_mn[r, c], f_mn[r, c + 1], is_bf16)
                 rdS32[w] = sc.pack_f32x2(g0, g1, is_bf16)
 
-
     @cute.jit
     def dscores_packed(self, rF, acc_dP, tScS, sDsum, idx, rdS):
         """f_packed: dS^T from the FP16 pairs of f (rF) and acc_dP, packed pair by pair into rdS."""
