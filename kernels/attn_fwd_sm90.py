@@ -364,7 +364,8 @@ class AttnFwdSm90:
             wg = cute.arch.make_warp_uniform((cute.arch.thread_idx()[0] - self.num_threads_per_wg)
                                              // self.num_threads_per_wg)
             if cutlass.const_expr(self.pingpong):
-                if wg == 1:  # warpgroup 0 issues its first GEMM first (once: turns run on across tiles)
+                # warpgroup 0 issues its first GEMM first (once: turns run on across tiles)
+                if wg == self.num_mma_wg - 1:
                     self.pingpong_arrive(0)
             for r in cutlass.range(rounds, unroll=1):
                 t = persistent_tile(r, cta, num_ctas)
@@ -490,7 +491,7 @@ class AttnFwdSm90:
         else:
             kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         if cutlass.const_expr(self.pingpong and not persistent):
-            if wg == 1:  # warpgroup 0 issues its first GEMM first
+            if wg == self.num_mma_wg - 1:  # warpgroup 0 issues its first GEMM first
                 self.pingpong_arrive(0)
         # dynamic `for` loops of 0 or 1 trips stand in for `if` (a tile that sees no key
         # skips all work and still writes O = 0, LSE = -inf)
@@ -530,9 +531,16 @@ class AttnFwdSm90:
         if cutlass.const_expr(persistent):
             return kv, q_run
 
-    # ---- warpgroup ping-pong: the two consumer warpgroups take turns issuing GEMMs, so one
-    # runs its score stage (MUFU/FMA) while the other's wgmma keep the tensor cores busy.
-    # Named barrier FwdBarrier.PINGPONG + w gates warpgroup w; 256 = its 128 waiting + 128 arriving threads.
+    # ---- warpgroup ping-pong: the consumer warpgroups take turns issuing GEMMs (round robin:
+    # 0, 1[, 2]), so one runs its score stage (MUFU/FMA) while another's wgmma keep the tensor
+    # cores busy.  Named barrier FwdBarrier.PINGPONG + w gates warpgroup w; 256 = its 128 waiting
+    # + 128 arriving threads (its predecessor's); the last warpgroup opens the first turn.
+    def pingpong_next(self, wg):
+        """The warpgroup whose turn follows wg's."""
+        if cutlass.const_expr(self.num_mma_wg == 2):
+            return 1 - wg
+        return (wg + 1) % self.num_mma_wg
+
     def pingpong_sync(self, wg):
         cute.arch.barrier(barrier_id=int(FwdBarrier.PINGPONG) + wg, number_of_threads=2 * self.num_threads_per_wg)
 
@@ -587,7 +595,7 @@ class AttnFwdSm90:
             self.pingpong_sync(ctx.wg)
         self.wgmma(ctx.tiled_mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, kv.index], True)
         if cutlass.const_expr(self.pingpong):
-            self.pingpong_arrive(1 - ctx.wg)
+            self.pingpong_arrive(self.pingpong_next(ctx.wg))
         warpgroup.wait_group(0)
         fence_fragment(acc_S)
         ctx.pipe_k.consumer_release(kv)
@@ -617,7 +625,7 @@ class AttnFwdSm90:
         self.wgmma(ctx.tiled_mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrV[None, None, None, kv_prev.index],
                    first_pv)
         if cutlass.const_expr(self.pingpong):
-            self.pingpong_arrive(1 - ctx.wg)
+            self.pingpong_arrive(self.pingpong_next(ctx.wg))
         return kv_prev, acc_S
 
     @cute.jit

@@ -13,7 +13,7 @@ class FwdBarrier(enum.IntEnum):
     """kernels/attn_fwd_sm90.py."""
     # ping-pong: warpgroup w may issue its GEMMs once the other has arrived at PINGPONG + w
     # (its 128 waiting threads + the other's 128 arriving)
-    PINGPONG = 1          # PINGPONG + 0: consumer warpgroup 0's turn, PINGPONG + 1: warpgroup 1's
+    PINGPONG = 1          # PINGPONG + w: consumer warpgroup w's turn (w < 3: ids 1-3)
     # o_smem: consumer warpgroup w's 128 threads around its staged O rows (EPILOGUE + w, w < 3)
     EPILOGUE = 4
 

@@ -78,8 +78,6 @@ def check_fwd(c: FwdConfig) -> None:
     wgs, rem = divmod(c.tile_m, 64)
     if rem or wgs not in FWD_CONSUMER_WARPGROUPS:
         raise ValueError(f"tile_m must be 128 or 192 (2 or 3 consumer warpgroups), got {c.tile_m}")
-    if c.pingpong and wgs != 2:
-        raise ValueError("pingpong pairs two consumer warpgroups: tile_m 192 needs pingpong=False")
     if c.tile_n % 16 or not 16 <= c.tile_n <= 256:
         # keys are the K of the PV wgmma (16 per instruction for 16-bit inputs) and the N of the
         # QK wgmma and the rows of a K/V TMA box (both at most 256)

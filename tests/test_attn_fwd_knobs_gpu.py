@@ -53,14 +53,18 @@ WG3_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pingpong", [False, True], ids=["turns_free", "round_robin"])
 @pytest.mark.parametrize("persistent", [None, 0], ids=["persistent", "single_tile"])   # None: the plan's SM count
 @pytest.mark.parametrize("case", WG3_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_three_warpgroups_against_reference(case, persistent):
+def test_three_warpgroups_against_reference(case, persistent, pingpong):
+    """pingpong on three warpgroups: their GEMM issue in turns 0, 1, 2 (named barriers round
+    robin); a wrong handshake hangs or races, the reference check catches a wrong O."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from test_attn_fwd_gpu import run_case
 
-    run_case(*case, overrides=WG3 if persistent is None else {**WG3, "fwd.persistent": persistent},
+    over = {**WG3, "fwd.pingpong": pingpong}
+    run_case(*case, overrides=over if persistent is None else {**over, "fwd.persistent": persistent},
              program=_program(case))
 
 
