@@ -565,7 +565,8 @@ class AttnFwdSm90:
         if cutlass.const_expr(masked):
             mask_mod.apply_mask(sc.acc_mn_view(acc_S), ctx.tScS_mn, ctx.m_block, n_block,
                                 ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.causal,
-                                self.cfg.window_left, self.cfg.window_right, ctx.window[0], ctx.window[1])
+                                self.cfg.window_left, self.cfg.window_right, ctx.window[0], ctx.window[1],
+                                self.cfg.mask_bits)
         self.score.probs(acc_S, tOrP_dst, ctx.softmax, ctx.params, is_first, masked,
                          ctx.row_scale, self.is_bf16)
 

@@ -50,6 +50,8 @@ class FwdConfig:
                               # from a device-built table (kernels/tile_scheduler.py); a plan override
     o_smem: bool              # the epilogue stages O through shared memory (stmatrix) and stores it in
                               # 16-byte row chunks, instead of 4-byte stores from the MMA fragment
+    mask_bits: bool           # masked blocks: one keep word per row and 32 columns (kernels/mask.py
+                              # apply_mask_bits) instead of an add and a compare per score
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 
 @dataclass(frozen=True)
@@ -113,10 +115,17 @@ def apply_mask(
     has_right: cutlass.Constexpr[bool] = False,
     win_left: Int32 = 0,
     win_right: Int32 = 0,
+    bits: cutlass.Constexpr[bool] = False,
 ):
     """Set masked scores to -inf. acc_S_mn: (rows, cols) view of the S accumulator;
     tScS_mn: the same view of its (row, col) coordinates inside the tile.  Window bounds as
-    in the module docstring (has_right is ignored when causal: the causal bound is tighter)."""
+    in the module docstring (has_right is ignored when causal: the causal bound is tighter).
+    bits: per row one keep mask of the thread's columns (apply_mask_bits) instead of one
+    integer compare per score."""
+    if cutlass.const_expr(bits):
+        apply_mask_bits(acc_S_mn, tScS_mn, m_block, n_block, seqlen_q, seqlen_k, tile_m, tile_n, causal,
+                        has_left, has_right, win_left, win_right)
+        return
     col_base = n_block * tile_n
     for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
         col_end = seqlen_k
@@ -137,6 +146,58 @@ def apply_mask(
             for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
                 if tScS_mn[0, c][1] >= col_end:
                     acc_S_mn[r, c] = -Float32.inf
+
+
+@dsl_user_op
+def keep_below(k: Int32, *, loc=None, ip=None) -> Int32:
+    """A word with bits 0 .. k-1 set: 0 for k <= 0, all ones for k >= 32 (PTX shr clamps shift
+    amounts above the width, which LLVM's shift would leave undefined)."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(k).ir_value(loc=loc, ip=ip)],
+        "{ .reg .s32 t; .reg .b32 ones; sub.s32 t, 32, $1; max.s32 t, t, 0; mov.b32 ones, 0xffffffff; "
+        "shr.b32 $0, ones, t; }", "=r,r", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@cute.jit
+def elements_below(limit: Int32) -> Int32:
+    """How many of a thread's accumulator columns lie below `limit`, a column measured from the
+    thread's first column: in acc_mn_view's column order a thread holds columns
+    (c // 2) * 8 + c % 2 (pairs of adjacent columns, 8 apart), so the kept columns are a prefix
+    of its elements, of length limit // 8 * 2 + min(limit % 8, 2) (0 for limit <= 0)."""
+    lim = cutlass.max(limit, 0)
+    return (lim // 8) * 2 + cutlass.min(lim % 8, 2)
+
+
+@cute.jit
+def apply_mask_bits(acc_S_mn, tScS_mn, m_block, n_block, seqlen_q, seqlen_k, tile_m: cutlass.Constexpr[int],
+                    tile_n: cutlass.Constexpr[int], causal: cutlass.Constexpr[bool],
+                    has_left: cutlass.Constexpr[bool], has_right: cutlass.Constexpr[bool], win_left, win_right):
+    """apply_mask with one keep word per row and 32 columns: the row's visible columns, a prefix
+    (right bound) and a suffix (left bound) of the thread's elements, become a bit mask; each
+    score tests its constant bit (ptxas moves a word's bits into predicates with R2P), so the
+    per-score work is a predicated select instead of an add and a compare per column."""
+    ncols = cute.size(acc_S_mn, mode=[1])
+    assert ncols == tile_n // 4, "apply_mask_bits: a (64 x tile_n) wgmma C fragment, acc_mn_view order"
+    col0 = n_block * tile_n + tScS_mn[0, 0][1]   # this thread's first column, in keys
+    for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+        end = seqlen_k
+        if cutlass.const_expr(causal or has_right or has_left):
+            row = m_block * tile_m + tScS_mn[r, 0][0]
+        if cutlass.const_expr(causal):
+            end = cutlass.min(row + 1 + seqlen_k - seqlen_q, seqlen_k)
+        elif cutlass.const_expr(has_right):
+            end = cutlass.min(row + 1 + seqlen_k - seqlen_q + win_right, seqlen_k)
+        k_end = elements_below(end - col0)
+        if cutlass.const_expr(has_left):
+            k_start = elements_below(row + seqlen_k - seqlen_q - win_left - col0)
+        for s in cutlass.range_constexpr((ncols + 31) // 32):
+            keep = keep_below(k_end - 32 * s)
+            if cutlass.const_expr(has_left):
+                keep = keep & ~keep_below(k_start - 32 * s)
+            for i in cutlass.range_constexpr(min(32, ncols - 32 * s)):
+                if keep & Int32(1 << i if i < 31 else -(1 << 31)) == 0:
+                    acc_S_mn[r, 32 * s + i] = -Float32.inf
 
 
 # ------------------------------------------------------------------ backward (key-major tiles)

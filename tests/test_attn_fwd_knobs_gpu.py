@@ -81,27 +81,53 @@ O_SMEM_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
                 ("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 128, True)]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("persistent", [None, 0], ids=["persistent", "single_tile"])
-@pytest.mark.parametrize("case", O_SMEM_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_o_smem_equals_register_epilogue(case, persistent):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
+def _bitwise_as_default(case, knob: str, extra: dict, window=(-1, -1)):
+    """O and LSE of the plan with fwd.<knob> = True equal the plan's own bit for bit, both written
+    into NaN-poisoned buffers (a row a build skips stays NaN)."""
     from flash_attn_poly import testing
     mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal = case
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     g = torch.Generator(device="cuda").manual_seed(s_q * 1000 + s_k)
     q = torch.randn(b, s_q, h_q, d, device="cuda", dtype=dt, generator=g)
     k, v = (torch.randn(b, s_k, h_kv, d, device="cuda", dtype=dt, generator=g) for _ in range(2))
-    kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None)
-    extra = {} if persistent is None else {"fwd.persistent": persistent}
+    kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None, window_size=window)
     o_ref, lse_ref, p_ref = testing.run_forward(q, k, v, mode, evaluator, extra, poison=True, **kw)
-    o, lse, p = testing.run_forward(q, k, v, mode, evaluator, {**extra, "fwd.o_smem": True}, poison=True, **kw)
-    assert p.fwd.o_smem and not p_ref.fwd.o_smem
+    o, lse, p = testing.run_forward(q, k, v, mode, evaluator, {**extra, f"fwd.{knob}": True}, poison=True, **kw)
+    assert getattr(p.fwd, knob) and not getattr(p_ref.fwd, knob)
     assert torch.equal(o, o_ref), (o.float() - o_ref.float()).abs().nan_to_num(1e9).max()
     assert not o.isnan().any()
     if lse_ref is not None:
         assert torch.equal(lse, lse_ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("persistent", [None, 0], ids=["persistent", "single_tile"])
+@pytest.mark.parametrize("case", O_SMEM_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_o_smem_equals_register_epilogue(case, persistent):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _bitwise_as_default(case, "o_smem", {} if persistent is None else {"fwd.persistent": persistent})
+
+
+# mask_bits (a keep word per row instead of a compare per score): the same scores masked, so the
+# same O and LSE bit for bit; causal with S_q != S_k, key tails, left / right / two-sided windows,
+# D = 64 / 128 / 256, every mode
+MASK_BITS_CASES = [(("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True), (-1, -1)),
+                   (("softmax", "native", "bf16", 1, 517, 200, 4, 1, 64, True), (-1, -1)),
+                   (("softmax", "native", "fp16", 1, 200, 517, 8, 8, 128, False), (-1, -1)),
+                   (("softmax", "native", "bf16", 1, 300, 411, 4, 2, 128, False), (100, 37)),
+                   (("softmax", "native", "bf16", 1, 300, 411, 4, 2, 64, True), (200, -1)),
+                   (("softcap", "poly", "bf16", 1, 300, 411, 4, 4, 256, True), (-1, -1)),
+                   (("softcap", "native", "bf16", 1, 411, 300, 4, 2, 128, False), (-1, 0)),
+                   (("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 64, True), (-1, -1))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,window", MASK_BITS_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_mask_bits_equals_compare_mask(case, window):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _bitwise_as_default(case, "mask_bits", {}, window)
 
 
 @pytest.mark.gpu
