@@ -8,7 +8,7 @@
 # (FAP_COMMIT as a literal sha: the copied tree has no .git; bench/protocol.commit_id records it.)
 # Phases:
 #   tests        every GPU test file (the files that use pytest.mark.gpu), one process each, in parallel
-#                (TEST_FILES="tests/test_a.py ...": those files only)
+#                (TEST_FILES="tests/test_a.py ...": those files only; TEST_K="expr": pytest -k expr in each)
 #                (but the correctness and fuzz tiers: phase correctness)
 #   goals        bench/gqa_4096.py --pairs: the issues' goal pairs, each pair timed alone, 2 repeats
 #                (PAIR_NAMES="a,b": those pairs only; PAIR_REPEATS=n)
@@ -56,7 +56,7 @@ t() {   # t NAME SECONDS CMD...: run under a timeout, log to $W/NAME.log, one su
   timeout "$s" "$@" > "$W/$n.log" 2>&1
   echo "$n rc=$? t=$((SECONDS - S))s $(tail -n 1 "$W/$n.log" | cut -c1-120)" >> "$W/summary.txt"
 }
-pt() { local n=$1; shift; t "$n" 500 python3 -m pytest -q -p no:cacheprovider -m gpu "$@"; }
+pt() { local n=$1; shift; t "$n" 500 python3 -m pytest -q -p no:cacheprovider -m gpu ${TEST_K:+-k "$TEST_K"} "$@"; }
 
 # the correctness and fuzz tiers run sharded in their own phase (one process would compile all 36 variants)
 gpu_test_files() { grep -l "pytest.mark.gpu" tests/test_*.py | grep -v -e test_correctness_gpu.py -e test_fuzz_gpu.py; }
