@@ -28,7 +28,8 @@
 #   sweep        bench/sweep.py --quick: issue 27's grid against FA4, cuDNN and Flex, its quick subset
 #                (S 1k and 4k, D 128, causal, GQA, every mode; ~4 min); SWEEP_CELLS=GLOBS runs those
 #                cells of the full grid instead (bench/sweep.py --dry-run --cells GLOBS lists them),
-#                stopping before 520 s; `bench/sweep.py --merge` joins the JSONs of several calls
+#                stopping before 520 s; `bench/sweep.py --merge` joins the JSONs of several calls;
+#                SWEEP_GROUP=N times N consecutive cells per process (--cells-per-process)
 #   correctness  the catalogue and fuzz tiers (tests/test_correctness_gpu.py, tests/test_fuzz_gpu.py) in
 #                $FAP_SHARDS (default 12) parallel shards split by kernel variant, then bench/correctness.py
 #                collect: correctness.json + .md (cases per tier, max error ratio to torch per mode and
@@ -138,6 +139,7 @@ for phase in "$@"; do
                      ${TRAIN_MODEL_ARGS:---model gemma2-2b --seqlen 4096 --arms flex,native,poly} \
                      --profile-steps 3 --budget-s 470 --json "$W/train_model.json" ;;
     sweep)       sw=(--quick); [ -n "${SWEEP_CELLS:-}" ] && sw=(--cells "$SWEEP_CELLS")
+                 [ -n "${SWEEP_GROUP:-}" ] && sw+=(--cells-per-process "$SWEEP_GROUP")
                  t sweep 560 python3 bench/sweep.py "${sw[@]}" --budget-s 520 --json "$W/sweep.json"
                  png=$(find "$W" -maxdepth 1 -name "sweep_*.png")   # the quick run's 3 come back as files
                  [ -n "$png" ] && [ "$(echo "$png" | wc -l)" -le 3 ] && cp $png "$OUT/" ;;

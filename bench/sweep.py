@@ -449,6 +449,24 @@ def run_cell(cell: Cell, opts: dict, out_path: str) -> dict:
     return res
 
 
+def run_cells_here(names: list[str], paths: list[str], opts: dict) -> None:
+    """The child process: its cells in turn, each into its own JSON.  A cell that raises is
+    reported and the next one still runs (its JSON is missing or has one direction: the driver
+    marks it failed); the exit status is 1 if any did."""
+    import traceback
+    if len(names) != len(paths):
+        raise SystemExit(f"--run-cell names {len(names)} cells, --cell-json {len(paths)} paths")
+    failed = 0
+    for name, path in zip(names, paths):
+        try:
+            run_cell(Cell.parse(name), opts, path)
+        except Exception:  # noqa: BLE001 - the next cell of the process still runs
+            failed += 1
+            print(f"cell {name} failed:\n{traceback.format_exc()}", flush=True)
+    if failed:
+        raise SystemExit(1)
+
+
 def _versions(device: str) -> dict:
     import torch
     from importlib.metadata import PackageNotFoundError, version
@@ -462,8 +480,12 @@ def _versions(device: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------ the driver
-def child_command(cell: Cell, opts: dict, out_path: str) -> list[str]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--run-cell", cell.name, "--cell-json", out_path,
+def child_command(cell, opts: dict, out_path: str) -> list[str]:
+    """The child process of one cell, or of a group (a list of cells and a list of JSON paths: the
+    process times them in turn, sharing its imports and compiled kernels)."""
+    names = ",".join(c.name for c in cell) if isinstance(cell, (list, tuple)) else cell.name
+    paths = ",".join(out_path) if isinstance(out_path, (list, tuple)) else out_path
+    cmd = [sys.executable, os.path.abspath(__file__), "--run-cell", names, "--cell-json", paths,
            "--device", opts.get("device", "cuda"), "--rounds", str(opts.get("rounds", 5)),
            "--order", opts.get("order", "shuffle")]
     for name in ("warmup", "iters"):
@@ -490,7 +512,11 @@ def describe(opts: dict) -> str:
            f"back-to-back calls for ~{SEGMENT_MS:g} ms ({MIN_ITERS}-{MAX_ITERS} calls)")
     sized = "" if opts.get("warmup") and opts.get("iters") else (
         f"; loop lengths sized per cell from its FLOP count at a nominal {NOMINAL_TFLOPS:g} TFLOP/s")
-    return (f"one process per cell; inside it, per direction, bench/protocol.py's interleaved rounds: "
+    per = opts.get("per_process") or 1
+    procs = ("one process per cell" if per == 1 else
+             f"cells in processes of up to {per} (consecutive cells of the grid order share imports and "
+             f"compiled kernels)")
+    return (f"{procs}; inside it, per direction, bench/protocol.py's interleaved rounds: "
             f"{warm} per implementation, then {opts.get('rounds', 5)} rounds of one CUDA-event-timed "
             f"segment of {seg} per implementation, {order}; a row is the median over rounds of the "
             f"per-round mean time{sized}. Forward under no_grad; backward = torch.autograd.grad on a "
@@ -583,30 +609,48 @@ def run_cells(cells: list[Cell], opts: dict, out_path: str, selection: str = "")
     return payload
 
 
+def groups(cells: list[Cell], per_process: int) -> list[list[Cell]]:
+    """Consecutive cells, per_process to a child process (the last group may be shorter)."""
+    n = max(1, int(per_process or 1))
+    return [cells[i:i + n] for i in range(0, len(cells), n)]
+
+
 def _run_all(cells: list[Cell], opts: dict, out_path: str, payload: dict, tmp: str) -> None:
     t_start = time.time()
     budget = opts.get("budget_s")
-    for i, cell in enumerate(cells):
+    done = 0
+    for group in groups(cells, opts.get("per_process", 1)):
         elapsed = time.time() - t_start
-        est = estimate_cell_s(cell, opts.get("impls") or ALL_IMPLS)
+        # one process start per group: the estimate of its later cells leaves it out
+        est = (sum(estimate_cell_s(c, opts.get("impls") or ALL_IMPLS) for c in group)
+               - PLAN["process_s"] * (len(group) - 1))
         if budget and elapsed + est > budget:
-            for rest in cells[i:]:
+            for rest in cells[done:]:
                 _absorb(payload, rest, {"cell": rest.name, "status": "not run (--budget-s)"}, None)
-            protocol.progress(f"budget: {len(cells) - i} cells not started ({elapsed:.0f} s used of {budget:g})")
+            protocol.progress(f"budget: {len(cells) - done} cells not started ({elapsed:.0f} s used of {budget:g})")
             break
-        cell_json = os.path.join(tmp, cell.name + ".json")
-        timeout = opts.get("cell_timeout_s") or 600
+        jsons = [os.path.join(tmp, c.name + ".json") for c in group]
+        timeout = (opts.get("cell_timeout_s") or 600) * len(group)
         if budget:
             timeout = max(30.0, min(timeout, budget - elapsed))
         t0 = time.time()
-        rc, log = run_child(child_command(cell, opts, cell_json), timeout)
-        res = _read_json(cell_json)
-        status = {"cell": cell.name, "status": "ok" if rc == 0 and res else f"failed (rc={rc})",
-                  "seconds": round(time.time() - t0, 1)}
-        if status["status"] != "ok":
-            status["log_tail"] = log[-800:]
-        _absorb(payload, cell, status, res)
-        print(f"== [{i + 1}/{len(cells)}] {cell.name}: {status['status']}, {status['seconds']} s", flush=True)
+        if len(group) == 1:
+            rc, log = run_child(child_command(group[0], opts, jsons[0]), timeout)
+        else:
+            rc, log = run_child(child_command(group, opts, jsons), timeout)
+        seconds = round((time.time() - t0) / len(group), 1)
+        for cell, cell_json in zip(group, jsons):
+            done += 1
+            res = _read_json(cell_json)
+            complete = bool(res) and len(res.get("seconds", {})) == len(DIRECTIONS)
+            ok = bool(res) and (rc == 0 or complete)
+            status = {"cell": cell.name, "status": "ok" if ok else f"failed (rc={rc})", "seconds": seconds}
+            if len(group) > 1:
+                status["process_cells"] = len(group)   # seconds: the process's wall time over its cells
+            if not ok:
+                status["log_tail"] = log[-800:]
+            _absorb(payload, cell, status, res)
+            print(f"== [{done}/{len(cells)}] {cell.name}: {status['status']}, {status['seconds']} s", flush=True)
         if log.strip():
             print("   " + log.strip().replace("\n", "\n   "), flush=True)
         write_report(payload, out_path, plots=False)
@@ -849,7 +893,7 @@ def _ours_keys(cell: Cell, mode: str) -> set:
     return keys
 
 
-def dry_run(cells: list[Cell], impls=ALL_IMPLS) -> dict:
+def dry_run(cells: list[Cell], impls=ALL_IMPLS, per_process: int = 1) -> dict:
     """Cells, rows and the estimated compiles of a run, without CUDA: ours from the plans (each
     distinct key built once per run: the disk cache serves later cells), FA4 from its compile
     inputs (D, causal, softcap, GQA group: forward, backward, and a pre/post pair per D; its disk
@@ -866,7 +910,8 @@ def dry_run(cells: list[Cell], impls=ALL_IMPLS) -> dict:
                 flex += 2
     fa4 = 2 * len(fa4_fwd) + 2 * len(fa4_dims)
     est = (sum(estimate_cell_s(c, impls) for c in cells) + PLAN["ours_build_s"] * len(ours)
-           + PLAN["fa4_build_s"] * fa4 + PLAN["flex_compile_s"] * flex / 2)
+           + PLAN["fa4_build_s"] * fa4 + PLAN["flex_compile_s"] * flex / 2
+           - PLAN["process_s"] * (len(cells) - len(groups(cells, per_process))))
     return {"cells": len(cells), "rows": sum(2 * len(cell_rows(c, impls)) for c in cells),
             "ours_builds": len(ours), "ours_by_family": {f: sum(k[0] == f for k in ours)
                                                          for f in ("attn_fwd", "attn_bwd", "pre", "post")},
@@ -883,7 +928,11 @@ def main(argv=None):
     p.add_argument("--dry-run", action="store_true", help="print the cells and the compile estimate; no CUDA")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="write one report from these sweep JSONs (CPU)")
     p.add_argument("--budget-s", type=float, help="start no cell that would end past this many seconds")
-    p.add_argument("--cell-timeout-s", type=float, default=600.0, help="kill a cell's process after this")
+    p.add_argument("--cell-timeout-s", type=float, default=600.0,
+                   help="kill a cell's process after this (a group's: this times its cells)")
+    p.add_argument("--cells-per-process", type=int, default=1, metavar="N",
+                   help="time N consecutive cells in one process (they share its imports, CUDA context and "
+                        "compiled kernels: ~12 s of start-up per cell on the H200 at N = 1); default 1")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, help="warm-up calls (default: the per-cell policy)")
     p.add_argument("--iters", type=int, help="calls per timed segment (default: the per-cell policy)")
@@ -901,13 +950,15 @@ def main(argv=None):
     for name in ("rounds", "warmup", "iters"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.cells_per_process < 1:
+        raise SystemExit(f"--cells-per-process must be >= 1, got {args.cells_per_process}")
     opts = {"device": args.device, "impls": impls, "rounds": args.rounds, "order": args.order,
             "warmup": args.warmup, "iters": args.iters, "budget_s": args.budget_s,
-            "cell_timeout_s": args.cell_timeout_s}
+            "cell_timeout_s": args.cell_timeout_s, "per_process": args.cells_per_process}
     if args.run_cell:
         if not args.cell_json:
             raise SystemExit("--run-cell needs --cell-json")
-        run_cell(Cell.parse(args.run_cell), opts, args.cell_json)
+        run_cells_here(args.run_cell.split(","), args.cell_json.split(","), opts)
         return
     if args.merge:
         path = protocol.output_path(args.json, "sweep")
@@ -920,7 +971,7 @@ def main(argv=None):
             loops = {d: loop_sizes(c.shape, d) for d in DIRECTIONS}
             print(f"{c.name}: rows {', '.join(f'{i}/{m}' for i, m in cell_rows(c, impls or ALL_IMPLS))}; "
                   f"warm-up/iters fwd {loops['fwd'][0]}/{loops['fwd'][1]}, bwd {loops['bwd'][0]}/{loops['bwd'][1]}")
-        est = dry_run(cells, impls or ALL_IMPLS)
+        est = dry_run(cells, impls or ALL_IMPLS, args.cells_per_process)
         print(f"{est['cells']} cells ({selection}), {est['rows']} timed rows (forward and backward)")
         print(f"estimated kernel compiles: ours {est['ours_builds']} "
               f"({', '.join(f'{k} {v}' for k, v in est['ours_by_family'].items())}; each key once per run, "

@@ -271,6 +271,31 @@ def test_harness_end_to_end_on_a_tiny_cpu_cell(tmp_path):
     assert os.path.exists(tmp_path / "sweep.md")
 
 
+def test_cells_share_a_process(tmp_path, monkeypatch):
+    """--cells-per-process: consecutive cells run in one child (rows and statuses as with a process
+    per cell, plus the group size); in the child a cell that raises leaves the next one running
+    and the exit status says so."""
+    cell = S.Cell.parse("softmax-d64-causal-h2-1-s64-b1")
+    sig = S.Cell.parse("sigmoid-d64-full-h2-2-s64-b1")
+    assert [len(g) for g in S.groups([cell, sig, cell], 2)] == [2, 1]
+    p = S.run_cells([cell, sig], _opts(impls=("ours",), per_process=2), str(tmp_path / "sweep.json"))
+    assert [(c["status"], c.get("process_cells")) for c in p["cells"]] == [("ok", 2), ("ok", 2)], p["cells"]
+    assert {r["cell"] for r in p["rows"]} == {cell.name, sig.name}
+    assert "processes of up to 2" in p["protocol"]
+    calls = []
+
+    def fake_run_cell(c, opts, path):
+        calls.append(c.name)
+        if c.name == cell.name:
+            raise RuntimeError("boom")
+    monkeypatch.setattr(S, "run_cell", fake_run_cell)
+    with pytest.raises(SystemExit) as e:
+        S.run_cells_here([cell.name, sig.name], ["a.json", "b.json"], _opts())
+    assert e.value.code == 1 and calls == [cell.name, sig.name]
+    with pytest.raises(SystemExit, match="2 cells"):
+        S.run_cells_here([cell.name, sig.name], ["a.json"], _opts())
+
+
 def test_cudnn_row_falls_back_to_expanded_kv():
     """Where SDPA's cuDNN backend refuses enable_gqa (here: the CPU has no cuDNN), the row runs on
     K/V expanded to Hq heads, made outside the timed call, and says so."""
