@@ -108,8 +108,8 @@ class AttnBwdSm90(BwdReductions):
         # tile_m 128, the other scores (their dS factor f is not P): probs packs f to FP16 pairs
         # (f_packed, 32 words) instead of keeping it in acc_S (64 FP32), which is then dead
         # before the dP wait; dscores_packed unpacks a pair, forms dS and packs it.  f lies in
-        # [0, 1] (softcap: P (1 - t^2); sigmoid: p (1 - p)), so FP16 keeps 11 bits of it, more
-        # than the BF16 / FP16 rounding of dS itself.
+        # [0, 1] (softcap: P (1 - t^2); sigmoid: p (1 - p)), so FP16 keeps 11 bits of it: below
+        # the BF16 rounding of dS, equal to an FP16 one (tests/test_correctness_cpu.py emulates both).
         self.f_packed = cfg.tile_m == 128 and not self.p_late
         self.dq_early = dq_async
         # ordered (bitwise reproducible) dQ/dK/dV adds; kernels/bwd_reduce.py, "Deterministic mode"
