@@ -150,26 +150,18 @@ class AttnFwdSm90:
         self.bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
         self.bytes_kv = cute.size_in_bytes(self.dtype, sK_one)
 
-        @cute.struct
-        class SharedStorage:
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
-            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+        fields = {   # in smem order; cute.struct lays them out from the annotations
+            "mbar_q": cute.struct.MemRange[cutlass.Int64, 2],
+            "mbar_k": cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages],
+            "mbar_v": cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages],
+            "sQ": cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024],
+            "sK": cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024],
+            "sV": cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]}
+        if cutlass.const_expr(self.cfg.o_smem):   # the epilogue's O staging tile: Q's shape and swizzle
+            fields["sO"] = cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+        SharedStorage = cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
-        @cute.struct
-        class SharedStorageO:   # o_smem: the O staging tile, Q's shape and swizzle
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
-            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
-            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-
-        self.shared_storage = SharedStorageO if cutlass.const_expr(self.cfg.o_smem) else SharedStorage
+        self.shared_storage = SharedStorage
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
         num_batch = mQ.shape[3]
         if cutlass.const_expr(varlen is not None):   # (cu_seqlens_q, cu_seqlens_k, max_seqlen_q)

@@ -128,13 +128,8 @@ def apply_mask(
         return
     col_base = n_block * tile_n
     for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-        col_end = seqlen_k
-        if cutlass.const_expr(causal or has_right or has_left):
-            row = m_block * tile_m + tScS_mn[r, 0][0]
-        if cutlass.const_expr(causal):
-            col_end = cutlass.min(row + 1 + seqlen_k - seqlen_q, seqlen_k)
-        elif cutlass.const_expr(has_right):
-            col_end = cutlass.min(row + 1 + seqlen_k - seqlen_q + win_right, seqlen_k)
+        row, col_end = row_key_end(tScS_mn, r, m_block, seqlen_q, seqlen_k, tile_m, causal, has_left,
+                                   has_right, win_right)
         col_end = col_end - col_base
         if cutlass.const_expr(has_left):
             # first visible column, tile-relative; one more compare per score on masked blocks
@@ -146,6 +141,23 @@ def apply_mask(
             for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
                 if tScS_mn[0, c][1] >= col_end:
                     acc_S_mn[r, c] = -Float32.inf
+
+
+@cute.jit
+def row_key_end(tScS_mn, r: cutlass.Constexpr[int], m_block, seqlen_q, seqlen_k, tile_m: cutlass.Constexpr[int],
+                causal: cutlass.Constexpr[bool], has_left: cutlass.Constexpr[bool],
+                has_right: cutlass.Constexpr[bool], win_right):
+    """(query row of the thread's row r, or None where no bound needs it; one past the last key
+    that row sees: S_k without a right bound)."""
+    row = None
+    end = seqlen_k
+    if cutlass.const_expr(causal or has_right or has_left):
+        row = m_block * tile_m + tScS_mn[r, 0][0]
+    if cutlass.const_expr(causal):
+        end = cutlass.min(row + 1 + seqlen_k - seqlen_q, seqlen_k)
+    elif cutlass.const_expr(has_right):
+        end = cutlass.min(row + 1 + seqlen_k - seqlen_q + win_right, seqlen_k)
+    return row, end
 
 
 @dsl_user_op
@@ -181,13 +193,8 @@ def apply_mask_bits(acc_S_mn, tScS_mn, m_block, n_block, seqlen_q, seqlen_k, til
     assert ncols == tile_n // 4, "apply_mask_bits: a (64 x tile_n) wgmma C fragment, acc_mn_view order"
     col0 = n_block * tile_n + tScS_mn[0, 0][1]   # this thread's first column, in keys
     for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-        end = seqlen_k
-        if cutlass.const_expr(causal or has_right or has_left):
-            row = m_block * tile_m + tScS_mn[r, 0][0]
-        if cutlass.const_expr(causal):
-            end = cutlass.min(row + 1 + seqlen_k - seqlen_q, seqlen_k)
-        elif cutlass.const_expr(has_right):
-            end = cutlass.min(row + 1 + seqlen_k - seqlen_q + win_right, seqlen_k)
+        row, end = row_key_end(tScS_mn, r, m_block, seqlen_q, seqlen_k, tile_m, causal, has_left, has_right,
+                               win_right)
         k_end = elements_below(end - col0)
         if cutlass.const_expr(has_left):
             k_start = elements_below(row + seqlen_k - seqlen_q - win_left - col0)
