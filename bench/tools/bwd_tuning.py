@@ -17,6 +17,10 @@ head_loop (0 / 1), stages, tile_m, tile_n (int); deterministic (0 / 1: attention
 also turns off dq_async, lpt and head_loop), zero_dq_in_pre (0 / 1), sigmoid_grad,
 softcap_grad (= grad_rule), program (strings), split (the poly column split J/K); fwd.<field>
 for the forward of the row.
+
+--compile-only resolves every row's plan and compiles its forward and backward kernels into the
+disk compile cache without a GPU (as bench/tools/fwd_tuning.py's): on the device machine a
+parallel pre-build of several cells while something else holds the GPU, so the timed run loads.
 """
 from __future__ import annotations
 
@@ -32,6 +36,26 @@ import protocol  # noqa: E402
 def parse_knob(text: str):
     """'head_loop=0+lpt=1' -> the plan_knobs.Knob of the backward's fields."""
     return plan_knobs.parse(text, "bwd")
+
+
+def compile_only(args) -> int:
+    """Resolve and compile every row's forward and backward kernel (no timing, no GPU needed)."""
+    import functools
+    import time
+    from flash_attn_poly.kernels import compile_cache, dispatch
+    q, k, v = plan_knobs.inputs(args, 3, "meta")
+    knobs = {text: parse_knob(text) for text in args.knob}
+    n = 0
+    for me, name, plan in plan_knobs.each_plan(q, k, v, args.modes, knobs):
+        t0 = time.time()
+        compile_cache.compiled("attn_fwd", plan.fwd, functools.partial(dispatch._fwd_build, plan.fwd))
+        compile_cache.compiled("attn_bwd", plan.bwd, functools.partial(dispatch._bwd_build, plan.bwd))
+        n += 1
+        b = plan.bwd
+        print(f"compiled {me} {name}: backward tile {b.tile_m} x {b.tile_n}, head_loop {b.head_loop} "
+              f"({time.time() - t0:.1f} s)", flush=True)
+    print(f"{n} builds")
+    return 0
 
 
 def run(args) -> dict:
@@ -62,10 +86,14 @@ def run(args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     protocol.add_shape_args(p)
+    p.add_argument("--compile-only", action="store_true",
+                   help="resolve and compile every row's kernels into the disk cache; no timing, no GPU")
     args, path = plan_knobs.tuning_args(
         p, argv, "bwd", modes="softmax:native,softcap:poly,sigmoid:poly", example="head_loop=0",
         knob_help="plan overrides NAME=VALUE[+NAME=VALUE...] (BwdConfig fields, deterministic, zero_dq_in_pre, "
                   "split, softcap_grad, program; bench/tools/plan_knobs.py); repeat for more rows")
+    if args.compile_only:
+        return compile_only(args)
     res = run(args)
     protocol.report(path, res, protocol.markdown_table(res["rows"], ["row", "ms"]),
                     f"Backward knobs {' | '.join(res['knobs'])}",
