@@ -573,7 +573,7 @@ class AttnBwdSm90(BwdReductions):
                                      tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
                                      sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
                                      n_block, m_block, head + h, batch, chunk, seqlen_q, seqlen_k,
-                                     args, it != 0, it % 2)
+                                     args, it != 0, it % 2, sdO=sdO)
                     state.advance()
                 if const_expr(self.store_in_branch):
                     self.head_loop_store(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv,

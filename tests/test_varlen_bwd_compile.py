@@ -69,11 +69,13 @@ def test_varlen_backward_builds_without_extra_spills(variant):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[1], VARIANTS[4]], ids=["d128", "d256-softcap", "d64"])
+@pytest.mark.parametrize("variant", [VARIANTS[0], VARIANTS[1], VARIANTS[3], VARIANTS[4]],
+                         ids=["d128", "d256-softcap", "d128-sigmoid", "d64"])
 def test_varlen_head_loop_backward_builds_without_extra_spills(variant):
     """The per-KV-head varlen build (override bwd.head_loop: AttnBwdSm90VarlenHeadLoop) compiles with
     HGMMA, dK and dV stored in dtype (no RED of them), and no more main-loop spills than the dense
-    head_loop build of the same knobs; none at all at D = 64 and 128."""
+    head_loop build of the same knobs; none at all at D = 64 and 128.  Sigmoid: the score without
+    LSE zeroes the staged dO rows past a sequence's end, on the head loop's path too."""
     from flash_attn_poly.kernels import attn_bwd_sm90
     p = B.varlen_plan(*variant, overrides={"bwd.varlen": True, "bwd.head_loop": True})
     assert p.bwd.varlen and p.bwd.head_loop and not p.bwd.lpt
