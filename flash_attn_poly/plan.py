@@ -138,8 +138,16 @@ FWD_ROWS = (
     Row({"head_dim": 64}, dict(tile_m=192, tile_n=128, num_stages=3, pingpong=False),
         "three consumer warpgroups, tile 192 x 128, 3 K/V stages: 0.90-0.93x the 128 x 128 tile at D = 64",
         "fwd-d64-tile"),
-    Row({"mode": "softcap", "fixed_max_ok": False, "head_dim": 64}, dict(tile_m=128, num_stages=2),
-        "softcap under the online max (cap > 50, FP16) spills on the 192-row causal tile: 128 rows", ""),
+    Row({"head_dim": 64, "varlen": False}, dict(pingpong=True, mask_bits=True, o_smem=True),
+        "the three warpgroups issue their GEMMs in turns, masked blocks by keep words, O staged "
+        "through smem: 0.86-0.99x the time at D = 64 (S 512 to 8k, every mode)", "fwd-d64-turns"),
+    Row({"head_dim": 128, "varlen": False}, dict(o_smem=True),
+        "O staged through smem, 16-byte row stores: 0.84-0.97x the time at S = 1k, 0.98-1.00x at 4k",
+        "fwd-o-smem"),
+    Row({"mode": "softcap", "fixed_max_ok": False, "head_dim": 64},
+        dict(tile_m=128, num_stages=2, pingpong=False, mask_bits=False, o_smem=False),
+        "softcap under the online max (cap > 50, FP16) spills on the 192-row causal tile: 128 rows, "
+        "without the turns, keep words and O staging (timed on the 192-row tile only)", "fwd-d64-turns"),
     Row({"mode": "softcap", "fixed_max_ok": False, "head_dim": 64, "poly_score": True}, dict(pingpong=True),
         "with a packed program's score: ping-pong, as at the other head dims", "fwd-pingpong"),
     Row({"exp2_offload": True, "head_dim": 256}, dict(tile_n=80, pingpong=True),
@@ -175,6 +183,12 @@ BWD_ROWS = (
         "bwd-zero-dq"),
     Row({"head_dim": 256}, dict(stages=1, dq_async=False),
         "D = 256: full-D Q, dO, K, V and dS take 225 of 227 KB: one Q/dO stage, no staged dQ", ""),
+    Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False}, dict(tile_m=128),
+        "D = 64: 128 query rows per step (the dS factor packed to FP16 beside P): 0.93-0.98x the "
+        "64-row step", "bwd-d64-tile-m128"),
+    Row({"head_dim": 64, "mode": "sigmoid", "evaluator": "poly", "deterministic": False, "user_score": False,
+         "varlen": False}, dict(head_loop=False),
+        "sigmoid poly at the 128-row step: a CTA per query head, 0.97x the per-KV-head loop", "bwd-d64-tile-m128"),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
     Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
@@ -246,6 +260,7 @@ def _facts(call: AttnCall, program) -> dict:
         "exp2_offload": program is not None and program.is_exp2,
         # the score runs a packed-pair program on its poly columns (the exp2 offload does not:
         # its score is native softcap with part of the exp2s on the FMA pipe)
+        "user_score": call.score_mod is not None,
         "poly_score": call.evaluator == "poly" and call.mode != "softmax" and call.score_mod is None
                       and not (program is not None and program.is_exp2),
     }
@@ -405,9 +420,10 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
             raise ValueError("bwd.varlen: the varlen backward runs packed calls (flash_attn_poly.varlen) with "
                              "one sigmoid bias (the default -ln S_k differs per sequence: pass sigmoid_bias), "
                              "not deterministic")
-        # the per-KV-head loop only through the override bwd.head_loop until it has run on a GPU
-        # (docs/NOTES_varlen.md); dQ's accumulator is zeroed by backward_varlen's own memset
-        bwd.update(head_loop=bool(overrides.get("bwd.head_loop", False)), lpt=False, zero_dq_in_pre=False)
+        # the per-KV-head loop where the grid fills (the head_loop row's rule, measured on packed
+        # batches: docs/MEASURED.md varlen-head-loop); dQ's accumulator is zeroed by
+        # backward_varlen's own memset
+        bwd.update(head_loop=bool(bwd["head_loop"]), lpt=False, zero_dq_in_pre=False)
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,

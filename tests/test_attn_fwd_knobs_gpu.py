@@ -82,8 +82,9 @@ O_SMEM_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
 
 
 def _bitwise_as_default(case, knob: str, extra: dict, window=(-1, -1)):
-    """O and LSE of the plan with fwd.<knob> = True equal the plan's own bit for bit, both written
-    into NaN-poisoned buffers (a row a build skips stays NaN)."""
+    """O and LSE of the plan with fwd.<knob> = True equal those with fwd.<knob> = False bit for
+    bit (the plan's default may be either), both written into NaN-poisoned buffers (a row a build
+    skips stays NaN)."""
     from flash_attn_poly import testing
     mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal = case
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
@@ -91,7 +92,8 @@ def _bitwise_as_default(case, knob: str, extra: dict, window=(-1, -1)):
     q = torch.randn(b, s_q, h_q, d, device="cuda", dtype=dt, generator=g)
     k, v = (torch.randn(b, s_k, h_kv, d, device="cuda", dtype=dt, generator=g) for _ in range(2))
     kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None, window_size=window)
-    o_ref, lse_ref, p_ref = testing.run_forward(q, k, v, mode, evaluator, extra, poison=True, **kw)
+    o_ref, lse_ref, p_ref = testing.run_forward(q, k, v, mode, evaluator, {**extra, f"fwd.{knob}": False},
+                                                poison=True, **kw)
     o, lse, p = testing.run_forward(q, k, v, mode, evaluator, {**extra, f"fwd.{knob}": True}, poison=True, **kw)
     assert getattr(p.fwd, knob) and not getattr(p_ref.fwd, knob)
     assert torch.equal(o, o_ref), (o.float() - o_ref.float()).abs().nan_to_num(1e9).max()

@@ -193,23 +193,26 @@ def test_grad_rules():
 
 # ----------------------------------------------------------------------- forward rows
 FWD_FIELDS = ("tile_m", "tile_n", "num_stages", "pingpong", "persistent", "row_max_chains",
-              "row_sum_carry", "rescale_threshold", "fixed_max", "exp2_fma")
+              "row_sum_carry", "rescale_threshold", "fixed_max", "exp2_fma", "o_smem", "mask_bits")
 BASE = dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=SM, row_max_chains=1,
-            row_sum_carry=False, rescale_threshold=0.0, fixed_max=False, exp2_fma=0)
+            row_sum_carry=False, rescale_threshold=0.0, fixed_max=False, exp2_fma=0, o_smem=False, mask_bits=False)
+D64 = dict(tile_m=192, num_stages=3, pingpong=True, mask_bits=True, o_smem=True)   # three warpgroups in turns
 FWD_CASES = [
-    # softmax: the stale-max threshold everywhere; at D = 128 ping-pong, carried row sum, 4 max chains
-    (dict(mode="softmax", d=128), dict(pingpong=True, row_sum_carry=True, row_max_chains=4, rescale_threshold=8.0)),
-    (dict(mode="softmax", d=64), dict(tile_m=192, num_stages=3, rescale_threshold=8.0)),
+    # softmax: the stale-max threshold everywhere; at D = 128 ping-pong, carried row sum, 4 max chains;
+    # D = 128 stages O through smem in every mode
+    (dict(mode="softmax", d=128), dict(pingpong=True, row_sum_carry=True, row_max_chains=4, rescale_threshold=8.0,
+                                       o_smem=True)),
+    (dict(mode="softmax", d=64), dict(D64, rescale_threshold=8.0)),
     (dict(mode="softmax", d=256), dict(tile_n=64, rescale_threshold=8.0)),
     (dict(mode="softmax", d=128, dtype="fp16"), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
-                                                     rescale_threshold=8.0)),
+                                                     rescale_threshold=8.0, o_smem=True)),
     # softcap BF16 cap <= 50 at D = 128: the constant row max on three consumer warpgroups, 192 x 64, 4 stages
-    (dict(mode="softcap", d=128), dict(tile_m=192, tile_n=64, num_stages=4, fixed_max=True)),
+    (dict(mode="softcap", d=128), dict(tile_m=192, tile_n=64, num_stages=4, fixed_max=True, o_smem=True)),
     (dict(mode="softcap", evaluator="poly", d=128), dict(tile_m=192, tile_n=64, num_stages=4, fixed_max=True,
-                                                         exp2_fma=1)),
-    # D = 64: three consumer warpgroups, 192 x 128, 3 stages, no ping-pong, for every score
-    (dict(mode="softcap", evaluator="poly", d=64), dict(tile_m=192, num_stages=3, fixed_max=True, exp2_fma=1)),
-    (dict(mode="sigmoid", evaluator="poly", d=64), dict(tile_m=192, num_stages=3)),
+                                                         exp2_fma=1, o_smem=True)),
+    # D = 64: three consumer warpgroups, 192 x 128, 3 stages, in turns, keep-word masks, O through smem
+    (dict(mode="softcap", evaluator="poly", d=64), dict(D64, fixed_max=True, exp2_fma=1)),
+    (dict(mode="sigmoid", evaluator="poly", d=64), D64),
     # ... but online-max softcap (cap > 50, FP16) keeps the 128-row tile (the 192-row one spills)
     (dict(mode="softcap", d=64, softcap=60.0), {}),
     (dict(mode="softcap", d=64, dtype="fp16"), {}),
@@ -221,8 +224,8 @@ FWD_CASES = [
     (dict(mode="softcap", d=256, softcap=60.0), dict(tile_n=64, row_sum_carry=True)),
     # the persistent grid at every length (its (batch, head) order keeps short causal tiles balanced)
     (dict(mode="softmax", d=128, shape=SMALL), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
-                                                    rescale_threshold=8.0)),
-    (dict(mode="sigmoid", evaluator="poly", d=128, shape=SMALL), dict(pingpong=True)),
+                                                    rescale_threshold=8.0, o_smem=True)),
+    (dict(mode="sigmoid", evaluator="poly", d=128, shape=SMALL), dict(pingpong=True, o_smem=True)),
 ]
 
 
@@ -261,12 +264,21 @@ BWD_FIELDS = ("tile_m", "tile_n", "stages", "deterministic", "dq_async", "lpt", 
 
 @pytest.mark.parametrize("d,want", [
     (128, dict(tile_m=64, tile_n=128, stages=2, deterministic=False, dq_async=True, lpt=True, head_loop=True)),
-    (64, dict(tile_m=64, tile_n=128, stages=2, deterministic=False, dq_async=True, lpt=True, head_loop=True)),
+    (64, dict(tile_m=128, tile_n=128, stages=2, deterministic=False, dq_async=True, lpt=True, head_loop=True)),
     (256, dict(tile_m=64, tile_n=128, stages=1, deterministic=False, dq_async=False, lpt=True, head_loop=True)),
 ])
 def test_backward_rows(d, want):
+    """D = 64 takes 128 query rows per step, sigmoid poly there a CTA per query head."""
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
-        assert fields(resolve(mode, ev, d=d).bwd, BWD_FIELDS) == want, (mode, ev)
+        w = dict(want, head_loop=False) if (d, mode) == (64, "sigmoid") else want
+        assert fields(resolve(mode, ev, d=d).bwd, BWD_FIELDS) == w, (mode, ev)
+
+
+def test_d64_backward_tile_m128_stays_off_where_it_was_not_run():
+    """The 128-row step is the D = 64 default only where it was timed and GPU-tested: not in
+    deterministic builds, not for user score functions (check_bwd refuses them), not varlen."""
+    assert resolve("softmax", d=64, deterministic=True).bwd.tile_m == 64
+    assert resolve("sigmoid", "native", d=64).bwd.head_loop          # the head_loop row is poly's
 
 
 def test_deterministic_backward_is_ordered():
@@ -383,10 +395,11 @@ def test_tile_choices_are_checked():
 def test_forward_refuses_configs_over_shared_memory():
     """A config that cannot fit sm_90's 227 KB is a ValueError naming the sizes, not a launch
     failure; the defaults and the largest measured knob (3 K/V stages at D = 128) fit."""
-    for d, ov in [(128, {}), (256, {}), (64, {}), (128, {"fwd.num_stages": 3}),
+    for d, ov in [(128, {}), (256, {}), (64, {}), (128, {"fwd.num_stages": 3, "fwd.o_smem": False}),
                   (128, {"fwd.tile_n": 64, "fwd.num_stages": 4})]:
         resolve("softmax", d=d, overrides=ov)
-    for d, ov in [(256, {"fwd.tile_n": 128}), (128, {"fwd.num_stages": 4}), (256, {"fwd.num_stages": 3})]:
+    for d, ov in [(256, {"fwd.tile_n": 128}), (128, {"fwd.num_stages": 4}), (256, {"fwd.num_stages": 3}),
+                  (128, {"fwd.num_stages": 3})]:   # O's staging tile beside 3 stages
         with pytest.raises(ValueError, match="bytes of shared memory"):
             resolve("softmax", d=d, overrides=ov)
 

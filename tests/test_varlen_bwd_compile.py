@@ -24,9 +24,10 @@ VARIANTS = [   # (mode, evaluator, head_dim, causal, window, softcap, dtype): te
 
 
 def varlen_plan(*variant, kernel=True):
-    """builds.varlen_plan with the varlen backward chosen (bwd.varlen; head_loop and lpt off: the
-    plan's structural rule)."""
-    return B.varlen_plan(*variant, overrides={"bwd.varlen": True} if kernel else None)
+    """builds.varlen_plan with the varlen backward chosen (bwd.varlen), a CTA per query head
+    (head_loop off by override; the plan takes the per-KV-head loop where its grid fills, and
+    lpt is off in varlen builds)."""
+    return B.varlen_plan(*variant, overrides={"bwd.varlen": True, "bwd.head_loop": False} if kernel else None)
 
 
 def _spilled(n: dict) -> int:

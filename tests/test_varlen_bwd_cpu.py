@@ -83,12 +83,15 @@ def _call(mode="softmax", **kw):
 
 
 def test_plan_varlen_backward_rows():
-    """Packed calls run the varlen backward (no per-KV-head loop, no LPT order) except with
-    sigmoid's per-sequence default bias or a deterministic backward; dense calls never, and
-    the override refuses those three."""
+    """Packed calls run the varlen backward (the per-KV-head loop where the dense rule's grid
+    fills, no LPT order) except with sigmoid's per-sequence default bias or a deterministic
+    backward; dense calls never, and the override refuses those three."""
     from flash_attn_poly import plan
     on = plan.resolve(_call(), 132).bwd
-    assert on.varlen and not on.head_loop and not on.lpt and not on.deterministic
+    assert on.varlen and not on.lpt and not on.deterministic
+    assert on.head_loop == plan.resolve(_call(varlen=False), 132).bwd.head_loop
+    assert not plan.resolve(_call(), 132, {"bwd.head_loop": False}).bwd.head_loop
+    assert plan.resolve(_call(), 1, {}).bwd.head_loop            # one SM: the grid fills
     assert not plan.resolve(_call(varlen=False), 132).bwd.varlen
     assert not plan.resolve(_call("sigmoid", sigmoid_bias=None), 132).bwd.varlen
     det = plan.resolve(_call(deterministic=True), 132).bwd
@@ -99,7 +102,7 @@ def test_plan_varlen_backward_rows():
         plan.resolve(_call("sigmoid", sigmoid_bias=None), 132, {"bwd.varlen": True})
     with pytest.raises(ValueError, match="not deterministic"):
         plan.resolve(_call(deterministic=True), 132, {"bwd.varlen": True})
-    # the per-KV-head loop only through its override (not yet run on a GPU), never the pre kernel's dQ zeroing
+    # the per-KV-head loop by override too, never the pre kernel's dQ zeroing (backward_varlen's memset)
     hl = plan.resolve(_call(), 132, {"bwd.head_loop": True})
     assert hl.bwd.varlen and hl.bwd.head_loop and not hl.bwd.lpt and not hl.zero_dq_in_pre
 
@@ -107,7 +110,7 @@ def test_plan_varlen_backward_rows():
 def test_check_bwd_refuses_what_the_varlen_build_lacks():
     from flash_attn_poly import plan
     from flash_attn_poly.kernels.config import check_bwd
-    cfg = plan.resolve(_call(), 132).bwd
+    cfg = plan.resolve(_call(), 132, {"bwd.head_loop": False}).bwd
     check_bwd(cfg)
     for field in ("lpt", "deterministic"):
         with pytest.raises(ValueError, match=f"varlen backward: .*{field}=True"):
