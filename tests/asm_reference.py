@@ -58,8 +58,12 @@ def block_inputs(block: B.PtxBlock, dtype: str) -> list[np.ndarray]:
 
 
 def _sigmoid_chain(table, x):
-    """p, s = x*p as the bf16x2 SiLU blocks compute them."""
-    p = rt.replay(PG.entry(B.SIGMOID_D3, table), x, "fused")
+    """p, s = x*p as the bf16x2 SiLU blocks compute them: the program inside its clamp,
+    exactly 0 / 1 beyond it (|x| > L_c; NaN keeps the program's NaN)."""
+    prog = PG.entry(B.SIGMOID_D3, table)
+    x = np.asarray(x, np.float64)
+    p = rt.replay(prog, x, "fused")
+    p = np.where(np.abs(x) > prog["L_c"], (x > 0).astype(np.float64), p)
     return p, rt.mul(x, p, "bf16")
 
 

@@ -149,17 +149,28 @@ def test_reference_traces_under_torch_compile():
 
 
 def test_reference_silu_is_x_times_sigmoid_program():
-    """The block reference the GPU test compares against is x * p(x) of sigmoid_d3, and a
-    D3 sigmoid keeps SiLU within ~0.006*|x| + bf16 rounding of the exact function."""
+    """The block reference the GPU test compares against is x * p(x) of sigmoid_d3 inside the
+    program's clamp and exactly 0 / x beyond it (|x| > L_c), and its backward rule
+    p + x p (1 - p) is exactly 0 / 1 there.  Over every finite BF16 input the value and the
+    gradient are within 0.045 of the exact SiLU and SiLU' (measured 0.039 and 0.035, at
+    |x| = 5.4): an absolute bound.  The program's own value beyond the clamp (p = 2^-8 and
+    1 - 2^-8) gave errors growing as |x| / 256 (64 and 39 at |x| < 1e4), and a 4,000-step B1
+    training run with it diverged at step ~2,800 (bench/results/loss_parity_4k.md)."""
     table = programs.load_table()
     prog = programs.entry("sigmoid_d3", table)
     x = runtime.all_inputs("bf16")
-    x = x[np.isfinite(x) & (np.abs(x) < 1e30)]
+    x = x[np.isfinite(x)]
     (y,) = reference.expected_values("silu_fwd_bf16x2", table, [x])
-    assert np.array_equal(y, runtime.mul(x, runtime.replay(prog, x, "fused"), "bf16"))
-    exact = x / (1 + np.exp(-np.clip(x, -700, 700)))
-    err = np.abs(y - exact) - 2**-8 * np.abs(exact)
-    assert np.all(err <= 0.012 * np.abs(x) + 1e-30), np.max(err / np.maximum(np.abs(x), 1e-30))
+    (g,) = reference.expected_values("silu_bwd_bf16x2", table, [x])
+    inside = np.abs(x) <= prog["L_c"]
+    p = runtime.replay(prog, x[inside], "fused")
+    assert np.array_equal(y[inside], runtime.mul(x[inside], p, "bf16"))
+    assert np.array_equal(y[~inside], np.where(x[~inside] > 0, x[~inside], 0.0))
+    assert np.array_equal(g[~inside], (x[~inside] > 0).astype(np.float64))
+    with np.errstate(over="ignore"):
+        sig = 1 / (1 + np.exp(-np.clip(x, -700, 700)))
+    assert np.max(np.abs(y - x * sig)) <= 0.045
+    assert np.max(np.abs(g - sig * (1 + x * (1 - sig)))) <= 0.045
 
 
 def test_every_kernel_kind_has_a_block():
