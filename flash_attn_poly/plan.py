@@ -138,9 +138,10 @@ FWD_ROWS = (
     Row({"head_dim": 64}, dict(tile_m=192, tile_n=128, num_stages=3, pingpong=False),
         "three consumer warpgroups, tile 192 x 128, 3 K/V stages: 0.90-0.93x the 128 x 128 tile at D = 64",
         "fwd-d64-tile"),
-    Row({"head_dim": 64, "varlen": False}, dict(pingpong=True, mask_bits=True, o_smem=True),
+    Row({"head_dim": 64, "varlen": False, "causal": True}, dict(pingpong=True, mask_bits=True, o_smem=True),
         "the three warpgroups issue their GEMMs in turns, masked blocks by keep words, O staged "
-        "through smem: 0.86-0.99x the time at D = 64 (S 512 to 8k, every mode)", "fwd-d64-turns"),
+        "through smem: 0.86-0.99x the time at causal D = 64 (S 512 to 8k, every mode; non-causal "
+        "not timed, and its sigmoid poly build spills 4 words)", "fwd-d64-turns"),
     Row({"head_dim": 128, "varlen": False}, dict(o_smem=True),
         "O staged through smem, 16-byte row stores: 0.84-0.97x the time at S = 1k, 0.98-1.00x at 4k",
         "fwd-o-smem"),
@@ -186,9 +187,10 @@ BWD_ROWS = (
     Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False}, dict(tile_m=128),
         "D = 64: 128 query rows per step (the dS factor packed to FP16 beside P): 0.93-0.98x the "
         "64-row step", "bwd-d64-tile-m128"),
-    Row({"head_dim": 64, "mode": "sigmoid", "evaluator": "poly", "deterministic": False, "user_score": False,
-         "varlen": False}, dict(head_loop=False),
-        "sigmoid poly at the 128-row step: a CTA per query head, 0.97x the per-KV-head loop", "bwd-d64-tile-m128"),
+    Row({"head_dim": 64, "mode": "sigmoid", "deterministic": False, "user_score": False, "varlen": False},
+        dict(head_loop=False),
+        "sigmoid at the 128-row step: a CTA per query head, 0.97x the per-KV-head loop (poly timed; its "
+        "backward score is native, native's build)", "bwd-d64-tile-m128"),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
     Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
