@@ -210,9 +210,9 @@ def block_for(spec: ProgramSpec, role: str, name: str | None = None) -> PtxBlock
 # ----------------------------------------------------------------------------- named blocks
 def _sigmoid_p(b: g.Builder, table, x: str) -> str:
     """The SiLU blocks' sigmoid: the D3 program inside its clamp, exactly 0 / 1 beyond it
-    (ptxgen.odd_saturating: the program's own value there, 2^-8 from them, made SiLU's error
-    and its backward rule grow linearly with |x|)."""
-    return g.odd_saturating(b, entry(SIGMOID_D3, table), x, limit=1.0)
+    (ptxgen.odd's tail: the program's own value there, 2^-8 from them, made SiLU's error and
+    its backward rule grow linearly with |x|)."""
+    return g.odd(b, entry(SIGMOID_D3, table), x, limit=1.0)
 
 
 def _silu_grad(b: g.Builder, p: str, s: str) -> str:

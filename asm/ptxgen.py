@@ -108,26 +108,20 @@ def clamped_abs(b: Builder, x: str, L_c: float):
     return a, b.min(a, b.value(L_c))
 
 
-def odd(b: Builder, prog: dict, x: str) -> str:
-    """offset + sign(x) * q(min(|x|, L_c)), c0 = 0."""
-    _, a = clamped_abs(b, x, prog["L_c"])
-    q = horner(b, prog["coeffs"], a, zero_c0=True)
-    y = b.emit("lop3.b32", x, imm(SIGN2), q, f"0x{LUT_SIGN_XOR:02x}")
-    off = float(prog.get("offset", 0.0))
-    return b.add(y, b.value(off)) if off != 0.0 else y
+def odd(b: Builder, prog: dict, x: str, limit: float | None = None) -> str:
+    """offset + sign(x) * q(min(|x|, L_c)), c0 = 0.
 
-
-def odd_saturating(b: Builder, prog: dict, x: str, limit: float) -> str:
-    """odd() with an exact tail: beyond the clamp (|x| > L_c) q is limit - offset, so the value
-    is exactly limit (x > 0) or 2 * offset - limit (x < 0), the function's asymptotes (sigmoid:
-    1 and 0) instead of the polynomial's value at L_c.  The SiLU blocks need it: x * p(x) with
+    limit: an exact tail beyond the clamp (|x| > L_c): q is limit - offset there, so the value is
+    exactly limit (x > 0) or 2 * offset - limit (x < 0), the function's asymptotes (sigmoid: 1
+    and 0) instead of the polynomial's value at L_c.  The SiLU blocks need it: x * p(x) with
     p(L_c) = 1 - 2^-8 grows as x / 256 below -L_c, and the backward rule p + x p (1 - p) as
     x / 256 on both sides; with the tail they are 0 / x and 0 / 1 there."""
     a, ac = clamped_abs(b, x, prog["L_c"])
     q = horner(b, prog["coeffs"], ac, zero_c0=True)
     off = float(prog.get("offset", 0.0))
-    beyond = b.set("gt", a, b.value(prog["L_c"]))      # NaN compares false: keeps q (NaN)
-    q = b.select(beyond, imm(splat(half_bits(limit - off, b.fmt))), q)
+    if limit is not None:
+        beyond = b.set("gt", a, b.value(prog["L_c"]))      # NaN compares false: keeps q (NaN)
+        q = b.select(beyond, imm(splat(half_bits(limit - off, b.fmt))), q)
     y = b.emit("lop3.b32", x, imm(SIGN2), q, f"0x{LUT_SIGN_XOR:02x}")
     return b.add(y, b.value(off)) if off != 0.0 else y
 

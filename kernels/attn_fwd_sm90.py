@@ -159,9 +159,7 @@ class AttnFwdSm90:
             "sV": cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]}
         if cutlass.const_expr(self.cfg.o_smem):   # the epilogue's O staging tile: Q's shape and swizzle
             fields["sO"] = cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-        SharedStorage = cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
         num_batch = mQ.shape[3]
         if cutlass.const_expr(varlen is not None):   # (cu_seqlens_q, cu_seqlens_k, max_seqlen_q)

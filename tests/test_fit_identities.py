@@ -61,7 +61,7 @@ def test_fused_differs_from_separate(rule):
 def test_silu_rule_is_the_silu_bwd_block_spec():
     """Same bits as tests/asm_reference's silu_bwd_bf16x2 expectation (seed B1/B4 rule) inside
     the program's clamp; beyond it the block's sigmoid is exactly 0 / 1 (asm/ptxgen.py
-    odd_saturating), so the rule gives 0 / 1 there."""
+    odd with its tail), so the rule gives 0 / 1 there."""
     import asm_reference as R
     table = load_table()
     ref = R.expected_values("silu_bwd_bf16x2", table, [BF16])[0]
