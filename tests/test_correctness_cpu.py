@@ -309,15 +309,15 @@ def test_sanitize_verdicts():
 
 
 def test_sanitize_calls_run_catalogue_builds():
-    """Every call of the sanitizer driver (5 scores x 3 shapes) resolves to builds the correctness
+    """Every call of the sanitizer driver (5 scores x 4 shapes) resolves to builds the correctness
     catalogue compiles, so under the tools the kernels load from the disk cache."""
     S = _sanitize()
     specs = S.call_specs()
-    assert len(specs) == 15 and len({n for n, *_ in specs}) == 15
+    assert len(specs) == 20 and len({n for n, *_ in specs}) == 20
     allowed = cases.catalogue_builds()
     for name, mode, ev, p in specs:
         assert cases.builds(S.as_case(mode, ev, p)) <= allowed, name
-    assert {p["d"] for *_, p in specs} == {128, 256} and any(p["s_q"] % 64 and p["s_k"] % 64 for *_, p in specs)
+    assert {p["d"] for *_, p in specs} == {64, 128, 256} and any(p["s_q"] % 64 and p["s_k"] % 64 for *_, p in specs)
 
 
 @pytest.mark.parametrize("argv,match", [(["--tools", "memcheck,nope"], "--tools"),

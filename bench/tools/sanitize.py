@@ -1,15 +1,18 @@
 """compute-sanitizer (memcheck, racecheck, synccheck) over the attention forward and backward.
 
     python bench/tools/sanitize.py [--tools memcheck,racecheck,synccheck] [--out DIR]
-                                   [--timeout S] [--shapes tail,gqa,d256]
+                                   [--timeout S] [--shapes tail,gqa,d64,d256]
     python bench/tools/sanitize.py --calls [--shapes ...] [--scores ...]   # what the tools wrap
 
 Issue 26, item 4.  The calls: attention() forward and backward (autograd) of softmax, softcap
-and sigmoid, native and poly, at three tiny shapes (racecheck instruments every shared-memory
+and sigmoid, native and poly, at four tiny shapes (racecheck instruments every shared-memory
 access, so a call costs seconds, not microseconds):
 
     tail   B=1 S_q=113 S_k=203 H=2/2 D=128, not causal: partial query and key blocks
     gqa    B=1 S=200 H_q=8 H_kv=2 D=128, causal: a GQA group and the causal diagonal
+    d64    B=1 S=333 D=64: the D = 64 rows (the causal forward's three warpgroups in turns through
+           named barriers, keep-word masks and O through smem; the 128-row backward step), causal
+           and heads as the catalogue's D=64 variant of each score (three of the five causal)
     d256   B=1 S=77 D=256: the two-chunk backward; causal and the heads of the catalogue's
            D=256 variant of each score (tests/cases.py), so every call runs a build the
            correctness tier already compiled (the kernels load from the disk cache)
@@ -39,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TOOLS = ("memcheck", "racecheck", "synccheck")
 SCORES = ("softmax/native", "softcap/native", "softcap/poly", "sigmoid/native", "sigmoid/poly")
-SHAPES = ("tail", "gqa", "d256")
+SHAPES = ("tail", "gqa", "d64", "d256")
 ERROR_EXIT = 86          # --error-exitcode: the tool found an error
 UNAVAILABLE_EXIT = 3     # no compute-sanitizer, or it refuses the device
 _SUMMARY_RE = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+error")
@@ -69,12 +72,13 @@ def call_specs(shapes=SHAPES, scores=SCORES) -> list:
                 p = dict(b=1, s_q=113, s_k=203, hq=2, hkv=2, d=128, causal=False)
             elif shape == "gqa":
                 p = dict(b=1, s_q=200, s_k=200, hq=8, hkv=2, d=128, causal=True)
-            else:   # the catalogue's D = 256 BF16 variant of this score: its causal flag and head group
-                (i, v), = [(i, v) for i, v in enumerate(cases.VARIANTS) if (v.mode, v.evaluator, v.dtype,
-                                                                           v.head_dim, v.window) ==
-                           (mode, ev, "bf16", 256, None)]
+            else:   # the catalogue's D = 64 / 256 BF16 variant of this score: its causal flag and head group
+                d, s = (64, 333) if shape == "d64" else (256, 77)
+                i, v = next((i, v) for i, v in enumerate(cases.VARIANTS) if (v.mode, v.evaluator, v.dtype,
+                                                                             v.head_dim, v.window) ==
+                            (mode, ev, "bf16", d, None))   # the first (softmax D = 64: the causal one)
                 hq, hkv = (4, 1) if cases.head_groups(i, v) == "gqa" else (2, 2)
-                p = dict(b=1, s_q=77, s_k=77, hq=hq, hkv=hkv, d=256, causal=v.causal)
+                p = dict(b=1, s_q=s, s_k=s, hq=hq, hkv=hkv, d=d, causal=v.causal)
             out.append((f"{shape}:{score}", mode, ev, dict(p, dtype="bf16")))
     return out
 
