@@ -534,3 +534,18 @@ def test_per_call_tools_rows_on_the_cpu(monkeypatch, tmp_path):
     assert res["rows"] == [{"row": "ours softmax", "dir": d, "host_us": 5.0, "wall_us": 9.0, "kernel_us": 7.0}
                            for d in ("fwd", "bwd")]
     assert calls == [("ours softmax", False)] * 3 + [("ours softmax", True)] * 3   # the warm-up calls
+
+
+def test_tuning_tools_non_causal_rows():
+    """--non-causal resolves every row's plan for a non-causal call (the D = 64 forward's turns row
+    is causal only, so its default differs there); the report's shape line says which."""
+    import types
+    import plan_knobs
+    q, k, v = _meta_qkv(2, 8192, 32, 8, 64)
+    knobs = {"pingpong=1": plan_knobs.parse("pingpong=1", "fwd")}
+    for causal in (True, False):
+        plans = list(plan_knobs.each_plan(q, k, v, "softmax:native", knobs, [], causal=causal))
+        assert [p.call.causal for *_, p in plans] == [causal, causal]
+        assert plans[0][2].fwd.mask_bits == causal            # the turns row: causal D = 64 only
+    args = types.SimpleNamespace(batch=2, seqlen=8192, hq=32, hkv=8, headdim=64, non_causal=True)
+    assert ", non-causal, BF16" in plan_knobs.shape_text(args)

@@ -10,7 +10,8 @@ is the backward alone (pre/post-processing included, the forward excluded; O and
 row's own forward, which differs from the default's only for program / split knobs). Before
 timing, both rows' gradients on the same inputs are compared: max rel L2 over dQ / dK / dV,
 printed and stored (0 for knobs that only reorder work in a deterministic build,
-rounding-level for the FP32 order of dQ's adds otherwise). Causal, BF16, softcap 50.
+rounding-level for the FP32 order of dQ's adds otherwise). Causal (or --non-causal), BF16,
+softcap 50; a knob row no kernel builds is skipped with the reason.
 
 Knobs (NAME=VALUE joined by '+', bench/tools/plan_knobs.py): BwdConfig fields dq_async, lpt,
 head_loop (0 / 1), stages, tile_m, tile_n (int); deterministic (0 / 1: attention()'s, which
@@ -39,22 +40,14 @@ def parse_knob(text: str):
 
 
 def compile_only(args) -> int:
-    """Resolve and compile every row's forward and backward kernel (no timing, no GPU needed)."""
-    import functools
-    import time
-    from flash_attn_poly.kernels import compile_cache, dispatch
+    """Resolve and compile every row's forward and backward kernel (no timing, no GPU needed);
+    a knob row no kernel builds is skipped with the reason, as in the timed run."""
     q, k, v = plan_knobs.inputs(args, 3, "meta")
     knobs = {text: parse_knob(text) for text in args.knob}
-    n = 0
-    for me, name, plan in plan_knobs.each_plan(q, k, v, args.modes, knobs):
-        t0 = time.time()
-        compile_cache.compiled("attn_fwd", plan.fwd, functools.partial(dispatch._fwd_build, plan.fwd))
-        compile_cache.compiled("attn_bwd", plan.bwd, functools.partial(dispatch._bwd_build, plan.bwd))
-        n += 1
-        b = plan.bwd
-        print(f"compiled {me} {name}: backward tile {b.tile_m} x {b.tile_n}, head_loop {b.head_loop} "
-              f"({time.time() - t0:.1f} s)", flush=True)
-    print(f"{n} builds")
+    refused = []
+    plans = list(plan_knobs.each_plan(q, k, v, args.modes, knobs, refused, causal=not args.non_causal))
+    n = plan_knobs.compile_plans(plans, backward=True)
+    print(f"{n} builds, {len(refused)} knob rows refused")
     return 0
 
 
@@ -63,7 +56,8 @@ def run(args) -> dict:
     q, k, v, do = plan_knobs.inputs(args, 4)
     knobs = {text: parse_knob(text) for text in args.knob}
     fns, diffs = {}, {}
-    for me, name, plan in plan_knobs.each_plan(q, k, v, args.modes, knobs):
+    refused = []
+    for me, name, plan in plan_knobs.each_plan(q, k, v, args.modes, knobs, refused, causal=not args.non_causal):
         o, lse = dispatch.forward(plan, q, k, v)
         fn = lambda plan=plan, o=o, lse=lse: dispatch.backward(plan, do, q, k, v, o, lse)
         grads = [x.double() for x in fn()]
@@ -79,8 +73,9 @@ def run(args) -> dict:
     times = protocol.time_alternating(fns, timing)
     rows = [{"row": n, "ms": t} for n, t in times.items()]
     rows += plan_knobs.ratio_rows(times, args.modes.split(","), list(knobs))
-    return {**protocol.header(timing), "shape": protocol.shape_of(args), "knobs": list(knobs),
-            "max_rel_l2_vs_default": diffs, "rows": rows}
+    return {**protocol.header(timing), "shape": protocol.shape_of(args), "causal": not args.non_causal,
+            "knobs": list(knobs), "max_rel_l2_vs_default": diffs, "rows": rows,
+            "refused": [{"mode": me, "knob": n, "reason": r} for me, n, r in refused]}
 
 
 def main(argv=None) -> int:
@@ -97,7 +92,7 @@ def main(argv=None) -> int:
     res = run(args)
     protocol.report(path, res, protocol.markdown_table(res["rows"], ["row", "ms"]),
                     f"Backward knobs {' | '.join(res['knobs'])}",
-                    shape=f"Shape: {res['shape']}, causal, BF16, softcap 50. ",
+                    shape=plan_knobs.shape_text(args, ", softcap 50"),
                     notes=f"\nMax rel L2 vs the default per row: {res['max_rel_l2_vs_default']}.")
     return 0
 

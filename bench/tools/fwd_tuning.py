@@ -8,8 +8,8 @@ one row per `--knob` (the same plan with overrides, e.g. num_stages=3 or pingpon
 fields, split=J/K and program=NAME for poly scores; bench/tools/plan_knobs.py) launch the forward
 kernel side by side under bench/protocol.py. Before timing, both outputs are computed on the
 same inputs and their max abs difference printed (0 for knobs that change CTA order or
-pipelining, not arithmetic; a tile change reorders the sums: a few BF16 ulps). Causal, BF16,
-softcap 50. A knob whose plan no kernel builds for a mode (check_fwd, e.g. tile_n=80 under
+pipelining, not arithmetic; a tile change reorders the sums: a few BF16 ulps). Causal (or
+--non-causal), BF16, softcap 50. A knob whose plan no kernel builds for a mode (check_fwd, e.g. tile_n=80 under
 sigmoid/poly, whose split cannot repeat in 80 keys) is skipped for that mode with the reason.
 Each knob row also prints the plan row it would justify (the cell's call facts and the FwdConfig
 fields it changes; bench/tools/plan_knobs.plan_row). Writes bench/out/fwd_tuning.json (+ .md)
@@ -40,7 +40,7 @@ def rows(args, device: str):
     q, k, v = plan_knobs.inputs(args, 3) if device == "cuda" else plan_knobs.inputs(args, 3, device)
     knobs = {text: plan_knobs.parse(text, "fwd") for text in args.knob}
     refused = []
-    plans = list(plan_knobs.each_plan(q, k, v, args.modes, knobs, refused))
+    plans = list(plan_knobs.each_plan(q, k, v, args.modes, knobs, refused, causal=not args.non_causal))
     return (q, k, v), knobs, plans, refused
 
 
@@ -59,17 +59,10 @@ def proposed_rows(plans) -> dict:
 
 def compile_only(args) -> int:
     """Resolve and compile every row's kernel (no timing, no GPU needed)."""
-    import time
-    from flash_attn_poly.kernels import compile_cache, dispatch
     _, _, plans, refused = rows(args, "meta")
     proposed_rows(plans)
-    for me, name, plan in plans:
-        t0 = time.time()
-        compile_cache.compiled("attn_fwd", plan.fwd, lambda cfg=plan.fwd: dispatch._fwd_build(cfg))
-        f = plan.fwd
-        print(f"compiled {me} {name}: tile {f.tile_m} x {f.tile_n}, {f.num_stages} stages, pingpong "
-              f"{f.pingpong}, persistent {f.persistent} ({time.time() - t0:.1f} s)", flush=True)
-    print(f"{len(plans)} builds, {len(refused)} knob rows refused")
+    n = plan_knobs.compile_plans(plans, backward=False)
+    print(f"{n} builds, {len(refused)} knob rows refused")
     return 0
 
 
@@ -91,7 +84,8 @@ def run(args) -> dict:
     times = protocol.time_alternating(fns, timing)
     rows_ = [{"row": n, "ms": t} for n, t in times.items()]
     rows_ += plan_knobs.ratio_rows(times, [me.replace(":", "/") for me in args.modes.split(",")], list(knobs))
-    return {**protocol.header(timing), "shape": protocol.shape_of(args), "knob": " | ".join(args.knob),
+    return {**protocol.header(timing), "shape": protocol.shape_of(args), "causal": not args.non_causal,
+            "knob": " | ".join(args.knob),
             "max_abs_diff": diffs, "rows": rows_, "proposed_rows": proposed,
             "refused": [{"mode": me, "knob": n, "reason": r} for me, n, r in refused]}
 
@@ -110,7 +104,7 @@ def main(argv=None) -> int:
         return compile_only(args)
     res = run(args)
     protocol.report(path, res, protocol.markdown_table(res["rows"], ["row", "ms"]), f"Forward knobs {res['knob']}",
-                    shape=f"Shape: {res['shape']}, causal, BF16. ",
+                    shape=plan_knobs.shape_text(args),
                     notes=f"\nMax |default - knob| per row: {res['max_abs_diff']}."
                           + "".join(f"\n- {n}: would justify a FWD_ROWS row when {r['when']} sets {r['sets']}"
                                     if r["sets"] else f"\n- {n}: the default's own config (the noise floor)"

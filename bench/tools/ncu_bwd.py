@@ -8,6 +8,10 @@ Runs the forward of the plan attention() resolves once (for O and LSE), then its
 D=128, causal, BF16, softcap 50), so that `--launch-skip 2` profiles a warm launch of the main
 backward kernel. Profiling is done by ncu (`bash bench/round.sh ncu`); this file only makes
 the launches.
+
+`--impl fa4` launches flash-attn-4's backward instead (softmax, or softcap 50 with `--mode softcap`;
+its main kernel: `--kernel-name regex:BackwardSm90`), through autograd on one retained graph, for
+a profile of the anchor beside ours at the same shape.
 """
 from __future__ import annotations
 
@@ -20,8 +24,21 @@ from ncu_fwd import launcher_inputs, launcher_parser, launcher_plan  # noqa: E40
 
 
 def main(argv=None) -> int:
-    args = launcher_parser(__doc__).parse_args(argv)
+    p = launcher_parser(__doc__)
+    p.add_argument("--impl", choices=("ours", "fa4"), default="ours")
+    args = p.parse_args(argv)
     import torch
+    if args.impl == "fa4":
+        from flash_attn.cute import flash_attn_func
+        q, k, v, do = launcher_inputs(args, 4)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out = flash_attn_func(q, k, v, causal=True, softcap=50.0 if args.mode == "softcap" else 0.0)
+        out = out[0] if isinstance(out, tuple) else out
+        for _ in range(args.launches):
+            torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+        torch.cuda.synchronize()
+        print(f"fa4 bwd {args.mode} D={args.headdim} S={args.seqlen}: {args.launches} launches done")
+        return 0
     from flash_attn_poly.kernels import dispatch
     q, k, v, do = launcher_inputs(args, 4)
     plan = launcher_plan(args, q, k, v)

@@ -109,13 +109,14 @@ def parse(text: str, direction: str = "fwd") -> Knob:
 
 def tuning_args(parser, argv, direction: str, *, modes: str, knob_help: str, example: str):
     """(args, output path) of a tuning tool (fwd_tuning.py, bwd_tuning.py; `parser` holds its
-    shape options): adds --knob (repeatable), --modes, --order, --warmup / --rounds / --iters
+    shape options): adds --knob (repeatable), --modes, --non-causal, --order, --warmup / --rounds / --iters
     (10 / 5 / 20) and --json (default bench/out/<direction>_tuning.json), parses argv, and checks
     the knobs: at least one (else a parser error suggesting `--knob example`), each one parsing for
     `direction` (else a parser error naming the problem)."""
     import protocol
     parser.add_argument("--knob", action="append", default=[], help=knob_help)
     parser.add_argument("--modes", default=modes)
+    parser.add_argument("--non-causal", action="store_true", help="time non-causal calls (default: causal)")
     parser.add_argument("--order", choices=sorted(protocol.ORDERS), default="alternate")
     protocol.add_timing_args(parser, warmup=10, rounds=5, iters=20)
     protocol.add_json_arg(parser, f"{direction}_tuning")
@@ -152,15 +153,15 @@ def inputs(args, n: int, device: str = "cuda"):
     return [torch.randn(shape(h), device=device, dtype=torch.bfloat16, generator=g) for h in heads]
 
 
-def each_plan(q, k, v, modes: str, knobs: dict, refused: list = None):
-    """(mode:evaluator, row name, plan) of a tuning tool's rows, causal, softcap 50: per entry of
+def each_plan(q, k, v, modes: str, knobs: dict, refused: list = None, causal: bool = True):
+    """(mode:evaluator, row name, plan) of a tuning tool's rows, softcap 50: per entry of
     `modes` ("softmax:native,softcap:poly"), the default plan ("default"), then each applicable knob's.
     refused: a list to collect (mode:evaluator, knob, reason) of the knob rows whose plan no kernel
     builds (e.g. tile_n 80 under sigmoid/poly, whose 1/16 split cannot repeat in 80 keys), which
     are then skipped with the reason printed; None: such a knob raises its ValueError."""
     for me in modes.split(","):
         mode, ev = me.split(":")
-        kw = dict(causal=True, softcap=50.0 if mode == "softcap" else None)
+        kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None)
         for name, knob in [("default", None)] + list(applicable(knobs, ev, me).items()):
             try:
                 p = plan_for(q, k, v, mode, ev, knob, **kw)
@@ -171,6 +172,31 @@ def each_plan(q, k, v, modes: str, knobs: dict, refused: list = None):
                 print(f"{me}: row '{name}' skipped: {e}")
                 continue
             yield me, name, p
+
+
+def compile_plans(plans, backward: bool) -> int:
+    """A tuning tool's --compile-only: compile each (mode:evaluator, row name, plan)'s forward (and
+    backward) kernel into the disk compile cache, without a GPU; prints a line per row."""
+    import functools
+    import time
+    from flash_attn_poly.kernels import compile_cache, dispatch
+    for me, name, plan in plans:
+        t0 = time.time()
+        compile_cache.compiled("attn_fwd", plan.fwd, functools.partial(dispatch._fwd_build, plan.fwd))
+        f, b = plan.fwd, plan.bwd
+        what = (f"forward tile {f.tile_m} x {f.tile_n}, {f.num_stages} stages, pingpong {f.pingpong}, "
+                f"persistent {f.persistent}")
+        if backward:
+            compile_cache.compiled("attn_bwd", b, functools.partial(dispatch._bwd_build, b))
+            what = f"backward tile {b.tile_m} x {b.tile_n}, head_loop {b.head_loop}"
+        print(f"compiled {me} {name}: {what} ({time.time() - t0:.1f} s)", flush=True)
+    return len(plans)
+
+
+def shape_text(args, extra: str = "") -> str:
+    """The report's shape line of a tuning tool's run."""
+    import protocol
+    return f"Shape: {protocol.shape_of(args)}, {'non-causal' if args.non_causal else 'causal'}, BF16{extra}. "
 
 
 def plan_row(default, plan, direction: str = "fwd") -> dict:
