@@ -486,3 +486,34 @@ def test_known_defects_name_existing_cases():
     import cases
     ids = {c.id for c in cases.catalogue()} | {c.id for c in cases.fuzz_cases()}
     assert set(cases.KNOWN_DEFECTS) <= ids, sorted(set(cases.KNOWN_DEFECTS) - ids)
+
+
+@pytest.mark.xfail(strict=True, reason="the rule's bound at tiny key counts: 2x torch's max error compares two "
+                                       "single rounding realisations (open; docs/MEASURED.md, correctness at 182922b)")
+def test_the_rule_passes_a_flash_attention_order_kernel_at_tiny_key_counts():
+    """The GPU fuzz tier at 182922b failed two softcap poly D = 256 draws with 5 and 9 keys (dK / dQ 1.04-1.26x the
+    bound).  A FlashAttention-order kernel (tests/fa_emulation.py: online max, FP32 row sum, P and dS rounded, D from
+    the rounded O) misses the rule as often there: ~4% of softcap draws with S_q <= 3, S_k <= 12 (up to 3.8x the
+    bound on dQ / dK; softmax ~0.3%), and the constant-max form our softcap forward uses (rounded row sum) at the
+    same rate.  With so few terms, each gradient's max error is one rounding realisation, and 2x torch's is a coin
+    toss against another.  This passes once the rule's floor covers the D term's rounding (eps of the input dtype
+    times P |d logit / dx| rowsum(|dO| |O|), propagated to dQ / dK) - without letting a 4x error through elsewhere."""
+    import numpy as np
+    import fa_emulation as E
+    rng = np.random.default_rng(11)
+    v = cases.Variant("softcap", "poly", "bf16", 128, True, None)
+    missed = []
+    for i in range(120):
+        s_q = int(rng.integers(1, 4))
+        s_k = int(rng.integers(s_q, 13))
+        hkv = int(rng.choice([1, 2]))
+        hq = hkv * int(rng.choice([1, 2, 4]))
+        cap = float(rng.integers(10, 101)) / 2
+        case = cases.Case(v, int(rng.integers(1, 4)), s_q, s_k, hq, hkv, (-1, -1), "contiguous", cap,
+                          tier="fuzz", tag=f"tiny{i}")
+        q, k, vv, do = (t.detach() for t in H.make_inputs(case, "cpu"))
+        kw = case.kwargs()
+        out, lse = E.forward(q, k, vv, "softcap", **kw)
+        checks = H.judge_case(case, q, k, vv, do, out, lse, E.backward(do, q, k, vv, out, lse, "softcap", **kw))
+        missed += [(case.id, n, round(c["ratio"], 2)) for n, c in checks.items() if not c["ok"]]
+    assert not missed, missed
