@@ -56,7 +56,11 @@ def test_attention_error_not_worse_than_one_region(table):
     odd = score(programs.entry(NAME, table))
     one = score(programs.entry("softcap_c50_f16", table))
     assert odd <= one + 1e-9, (odd, one)
-    assert abs(odd - programs.entry(NAME, table)["errors"]["attn_rel_l2_vs_native"]) < 1e-6
+    # the table's value reproduces to FP32 matmul rounding: the scores come from torch's CPU matmul, whose
+    # kernels differ between CPUs (7e-6 relative on CI's 2-core Xeon against the machine that wrote the
+    # table); the programs compared here differ by ~5%
+    stored = programs.entry(NAME, table)["errors"]["attn_rel_l2_vs_native"]
+    assert abs(odd - stored) < 1e-4 * stored, (odd, stored)
 
 
 def test_block_has_no_alu_ops(table):
