@@ -182,13 +182,13 @@ def compile_plans(plans, backward: bool) -> int:
     from flash_attn_poly.kernels import compile_cache, dispatch
     for me, name, plan in plans:
         t0 = time.time()
-        compile_cache.compiled("attn_fwd", plan.fwd, functools.partial(dispatch._fwd_build, plan.fwd))
         f, b = plan.fwd, plan.bwd
-        what = (f"forward tile {f.tile_m} x {f.tile_n}, {f.num_stages} stages, pingpong {f.pingpong}, "
-                f"persistent {f.persistent}")
+        compile_cache.compiled("attn_fwd", f, functools.partial(dispatch._fwd_build, f))
         if backward:
             compile_cache.compiled("attn_bwd", b, functools.partial(dispatch._bwd_build, b))
-            what = f"backward tile {b.tile_m} x {b.tile_n}, head_loop {b.head_loop}"
+        what = (f"backward tile {b.tile_m} x {b.tile_n}, head_loop {b.head_loop}" if backward else
+                f"forward tile {f.tile_m} x {f.tile_n}, {f.num_stages} stages, pingpong {f.pingpong}, "
+                f"persistent {f.persistent}")
         print(f"compiled {me} {name}: {what} ({time.time() - t0:.1f} s)", flush=True)
     return len(plans)
 
