@@ -8,7 +8,8 @@ preprocess: D = rowsum(dO o O) and LSE in log2 units, both (B, H_q, S_pad) FP32 
     tail padded so that a whole tile_m block can be TMA-loaded; LSE = -inf rows (no key
     visible) and padding become +inf, so the kernel's P = exp2(s - LSE) is exactly 0 there.
 postprocess: FP32 accumulators -> dtype, times softmax_scale (the kernel accumulates
-    gradients with respect to the unscaled score, see kernels/scores).
+    gradients with respect to the unscaled score, see kernels/scores); dQ's accumulator is
+    reordered to (B, S_q, H, D) first (kernels/prepost_launch.py, "The dQ accumulator").
 """
 import math
 
@@ -55,7 +56,7 @@ def _dsum(dout, out, s_pad: int) -> torch.Tensor:
 
 def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str, pad_to: int,
                dq_acc=None):
-    """(lse2, dsum), both (B, H, S_pad) FP32; dq_acc (FP32, shaped like dout) is zeroed."""
+    """(lse2, dsum), both (B, H, S_pad) FP32; dq_acc (the FP32 dQ accumulator) is zeroed."""
     if dq_acc is not None:
         dq_acc.zero_()
     b, s_q, h_q, _ = dout.shape
@@ -98,30 +99,56 @@ def varlen_owned_rows(cu_q: list) -> list:
     return out
 
 
-def accumulators(q, k, n_counters: int = 0):
+def accumulators(q, k, n_counters: int = 0, dq_rows: int | None = None):
     """dQ, dK, dV FP32 accumulators as views of one zeroed buffer: one memset kernel
-    instead of three.  Every view starts at a multiple of D * 4 >= 256 bytes (D >= 64),
-    above the kernel's 16-byte alignment assumption.
+    instead of three.  dQ is the (B, H, S_pad, D + 8) accumulator of kernels/prepost_launch.py
+    ("The dQ accumulator"), dK / dV are shaped like k.  Every view starts at a multiple of
+    32 bytes (D >= 64 and D + 8 words per dQ row), above the kernels' 16-byte alignment
+    assumption.
     n_counters > 0 (deterministic backward): a 4th view, n_counters Int32 turn counters
-    after dV, zeroed by the same memset."""
-    nq, nk = q.numel(), k.numel()
+    after dV, zeroed by the same memset.  dq_rows: the accumulator's rows per head (varlen:
+    varlen_padded_rows; default the dense S_pad)."""
+    from .prepost_launch import dq_acc_shape
+    qs = dq_acc_shape(*q.shape)
+    if dq_rows is not None:
+        qs = qs[:2] + (dq_rows, qs[3])
+    nq, nk = math.prod(qs), k.numel()
     buf = torch.zeros(nq + 2 * nk + n_counters, dtype=torch.float32, device=q.device)
-    views = (buf[:nq].view(q.shape), buf[nq:nq + nk].view(k.shape), buf[nq + nk:nq + 2 * nk].view(k.shape))
+    views = (buf[:nq].view(qs), buf[nq:nq + nk].view(k.shape), buf[nq + nk:nq + 2 * nk].view(k.shape))
     return views + (buf[nq + 2 * nk:].view(torch.int32),) if n_counters else views
 
 
-def postprocess_dq(dq_acc, scale: float, dtype):
-    """dQ alone (head_loop backward: dK, dV leave the main kernel in dtype)."""
-    dq = torch.empty(dq_acc.shape, dtype=dtype, device=dq_acc.device)
-    torch.mul(dq_acc, scale, out=dq)
+def postprocess_dq(dq_acc, scale: float, dtype, s_q: int):
+    """dq (B, S_q, H, D) from the dense dQ accumulator: reordered, times scale, one rounding."""
+    from .prepost_launch import dq_from_acc
+    src = dq_from_acc(dq_acc, s_q)
+    dq = torch.empty(src.shape, dtype=dtype, device=dq_acc.device)
+    torch.mul(src, scale, out=dq)
     return dq
 
 
-def postprocess(dq_acc, dk_acc, dv_acc, scale: float, dtype):
+def postprocess_dq_varlen(dq_acc, scale: float, dtype, cu_q: list):
+    """dq (total_q, H, D) of packed sequences (host offsets cu_q) from the varlen accumulator."""
+    from .prepost_launch import DQ_ROW_ALIGN, dq_from_acc, varlen_padded_offset
+    from .prepost_launch import DQ_ROW_PAD
+    _, h, _, d = dq_acc.shape
+    dq = torch.empty(cu_q[-1], h, d - DQ_ROW_PAD, dtype=dtype, device=dq_acc.device)
+    for b in range(len(cu_q) - 1):
+        q0, q1 = cu_q[b], cu_q[b + 1]
+        p = varlen_padded_offset(q0, b)
+        block = dq_acc[:, :, p:p + -(-(q1 - q0) // DQ_ROW_ALIGN) * DQ_ROW_ALIGN]
+        dq[q0:q1] = postprocess_dq(block, scale, dtype, q1 - q0)[0]
+    return dq
+
+
+def postprocess_dkv(dk_acc, dv_acc, scale: float, dtype):
+    """(dk, dv): dK times scale, dV as is, one rounding each."""
+    dk = torch.empty(dk_acc.shape, dtype=dtype, device=dk_acc.device)
+    torch.mul(dk_acc, scale, out=dk)
+    return dk, dv_acc.to(dtype)
+
+
+def postprocess(dq_acc, dk_acc, dv_acc, scale: float, dtype, s_q: int):
     """Scale and cast in one kernel per gradient (was mul then .to: 5 kernels -> 3); the
     product is still formed in FP32 and rounded once to dtype, as before."""
-    dq = torch.empty(dq_acc.shape, dtype=dtype, device=dq_acc.device)
-    dk = torch.empty(dk_acc.shape, dtype=dtype, device=dk_acc.device)
-    torch.mul(dq_acc, scale, out=dq)
-    torch.mul(dk_acc, scale, out=dk)
-    return dq, dk, dv_acc.to(dtype)
+    return (postprocess_dq(dq_acc, scale, dtype, s_q),) + postprocess_dkv(dk_acc, dv_acc, scale, dtype)

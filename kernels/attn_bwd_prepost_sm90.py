@@ -23,13 +23,13 @@ pre (one launch): for every (batch, head, query row)
   also converts LSE of row t (coalesced 4-byte reads and writes).  A two-rows-per-thread
   variant was dropped: ptxas put the first row's math before the second row's loads.
 
-post (one launch for all three gradients): dq = dq_acc * scale, dk = dk_acc * scale,
-    dv = dv_acc, each product in FP32 rounded once to the output dtype (cvt.rn, as
-    torch.mul(acc, scale, out=bf16) does: the scale is rounded to FP32 first there too).
-  The accumulators and outputs are treated as flat arrays of 8-value chunks (32 bytes
-  in = 2 LDG.E.128, 16 bytes out = 1 STG.E.128).  Blocks [0, g_q) do dQ, the next g_k
-  dK, the last g_k dV: one launch instead of three, no per-chunk segment test.  256
-  threads x 4 chunks per thread per block, loads first.
+post: dq = dq_acc * scale (PostDqKernel: the accumulator's rows reordered, kernels/
+    prepost_launch.py, "The dQ accumulator"), and (PostKernel, one launch for both; head_loop
+    builds have none) dk = dk_acc * scale, dv = dv_acc, each product in FP32 rounded once to
+    the output dtype (cvt.rn, as torch.mul(acc, scale, out=bf16) does: the scale is rounded to
+    FP32 first there too).  Both move 8-value chunks (32 bytes in = 2 LDG.E.128, 16 bytes out
+    = 1 STG.E.128), 256 threads x 4 chunks per thread per step, loads first.  PostKernel treats
+    dK / dV as flat arrays: blocks [0, g_k) do dK, the next g_k dV.
 
 Compile: PreKernel(PreKey).compile() / PostKernel(PostKey).compile(); the torch entries
 preprocess() / postprocess() are in kernels/prepost_launch.py (pure Python: a process whose kernels
@@ -43,7 +43,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .prepost_launch import CHUNK32, VARLEN_PAD, PostKey, PreKey  # noqa: F401  (the keys are pure data)
+from .prepost_launch import CHUNK32, DQ_ROW_PAD, VARLEN_PAD, PostKey, PreKey  # noqa: F401  (the keys are pure data)
 
 LOG2_E = math.log2(math.e)
 CHUNK16 = 8          # 16-bit values per 16-byte load
@@ -172,13 +172,14 @@ class PreKernel:
 
 
 class PreZeroKernel(PreKernel):
-    """PreKernel that also zeroes the FP32 dQ accumulator (B, S_q, H, D) rows of its CTA, so
-    the backward needs no separate memset launch for it (PreKey.zero_dq; the head_loop
+    """PreKernel that also zeroes the FP32 dQ accumulator (B, H, S_pad, D + 8) rows of its CTA,
+    so the backward needs no separate memset launch for it (PreKey.zero_dq; the head_loop
     backward's only accumulator).  Same thread-to-row map as the dsum loads: lane l of a
-    row stores chunks c * lanes + l, 4 floats each (8 STG.E.128 per thread), rows >= S_q
-    skipped.  With neither dsum nor lse2 needed (sigmoid) the kernel writes their zeros; the
-    default (attn_bwd_sm90.zero_dq_in_pre_default) uses it only where the pre kernel runs
-    anyway."""
+    row stores chunks c * lanes + l, 4 floats each (8 STG.E.128 per thread), the row's D
+    columns (its 8 padding words are never read); the grid covers the S_pad rows (the padding
+    rows take the main kernel's zero adds).  With neither dsum nor lse2 needed (sigmoid) the
+    kernel writes their zeros; the default (attn_bwd_sm90.zero_dq_in_pre_default) uses it only
+    where the pre kernel runs anyway."""
 
     @cute.kernel
     def kernel(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
@@ -192,8 +193,8 @@ class PreZeroKernel(PreKernel):
         s_blk, h, b = cute.arch.block_idx()
         lane = tidx % self.lanes
         s = s_blk * self.rows + tidx // self.lanes
-        if s < mDQacc.shape[1]:
-            row = cute.zipped_divide(cute.make_tensor(mDQacc[b, s, h, None].iterator,
+        if s < mDQacc.shape[2]:
+            row = cute.zipped_divide(cute.make_tensor(mDQacc[b, h, s, None].iterator,
                                                       cute.make_layout(self.D)), (ZERO_CHUNK,))
             z = cute.make_rmem_tensor((ZERO_CHUNK,), Float32)
             z.fill(0.0)
@@ -208,7 +209,7 @@ class PreZeroKernel(PreKernel):
             grid=grid, block=[PRE_THREADS, 1, 1], stream=stream)
 
     def fake_args(self):
-        return super().fake_args() + [_fake(Float32, 4, div=4)]   # dQ accumulator (B, S, H, D)
+        return super().fake_args() + [_fake(Float32, 4, div=4)]   # dQ accumulator (B, H, S_pad, D + 8)
 
 
 class PreVarlenKernel(PreKernel):
@@ -248,6 +249,8 @@ class PreVarlenKernel(PreKernel):
 
 # ------------------------------------------------------------------------------ post
 class PostKernel:
+    """dK, dV (PostKey part "dkv"): flat segments of 8-value chunks (module docstring)."""
+
     def __init__(self, key: PostKey):
         self.key = key
         self.dtype = _dtype(key.dtype)
@@ -272,38 +275,37 @@ class PostKernel:
         for k in cutlass.range_constexpr(POST_UNROLL):
             c = first + k * POST_THREADS
             if c < n_chunks:
-                x = regs[k].load()
-                if cutlass.const_expr(scaled):
-                    x = x * scale                             # FP32 product, then one rounding
-                o = cute.make_rmem_tensor((CHUNK32,), self.dtype)
-                o.store(x.to(self.dtype))
-                cute.autovec_copy(o, gO[(None, c)])           # STG.E.128
-
-    @cute.kernel
-    def kernel(self, mQa: cute.Tensor, mKa: cute.Tensor, mVa: cute.Tensor, mQ: cute.Tensor,
-               mK: cute.Tensor, mV: cute.Tensor, nq: Int32, nk: Int32, gq: Int32, gk: Int32,
-               scale: Float32):
-        bidx, _, _ = cute.arch.block_idx()
-        if bidx < gq:
-            self._segment(mQa, mQ, nq, bidx, scale, True)
-        elif bidx < gq + gk:
-            self._segment(mKa, mK, nk, bidx - gq, scale, True)
-        else:
-            self._segment(mVa, mV, nk, bidx - gq - gk, scale, False)
+                self._store(regs[k], gO[(None, c)], scale, scaled)
 
     @cute.jit
-    def __call__(self, mQa: cute.Tensor, mKa: cute.Tensor, mVa: cute.Tensor, mQ: cute.Tensor,
-                 mK: cute.Tensor, mV: cute.Tensor, scale: Float32, stream):
-        nq = cute.size(mQa) // CHUNK32       # the host checks numel % 8 == 0 and < 2**31
-        nk = cute.size(mKa) // CHUNK32
-        gq = cute.ceil_div(nq, self.per_block)
+    def _store(self, t, dst, scale: Float32, scaled: cutlass.Constexpr):
+        x = t.load()
+        if cutlass.const_expr(scaled):
+            x = x * scale                             # FP32 product, then one rounding
+        o = cute.make_rmem_tensor((CHUNK32,), self.dtype)
+        o.store(x.to(self.dtype))
+        cute.autovec_copy(o, dst)                     # STG.E.128
+
+    @cute.kernel
+    def kernel(self, mKa: cute.Tensor, mVa: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
+               nk: Int32, gk: Int32, scale: Float32):
+        bidx, _, _ = cute.arch.block_idx()
+        if bidx < gk:
+            self._segment(mKa, mK, nk, bidx, scale, True)
+        else:
+            self._segment(mVa, mV, nk, bidx - gk, scale, False)
+
+    @cute.jit
+    def __call__(self, mKa: cute.Tensor, mVa: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
+                 scale: Float32, stream):
+        nk = cute.size(mKa) // CHUNK32       # the host checks numel % 8 == 0 and < 2**31
         gk = cute.ceil_div(nk, self.per_block)
-        self.kernel(mQa, mKa, mVa, mQ, mK, mV, nq, nk, gq, gk, scale).launch(
-            grid=[gq + 2 * gk, 1, 1], block=[POST_THREADS, 1, 1], stream=stream)
+        self.kernel(mKa, mVa, mK, mV, nk, gk, scale).launch(
+            grid=[2 * gk, 1, 1], block=[POST_THREADS, 1, 1], stream=stream)
 
     def fake_args(self):
-        accs = [_fake(Float32, 4, div=4) for _ in range(3)]    # (B, S, H, D) FP32
-        outs = [_fake(self.dtype, 4, div=8) for _ in range(3)]
+        accs = [_fake(Float32, 4, div=4) for _ in range(2)]    # (B, S, H, D) FP32
+        outs = [_fake(self.dtype, 4, div=8) for _ in range(2)]
         return accs + outs + [Float32(1.0)]
 
     def compile(self, options: str = ""):
@@ -312,11 +314,100 @@ class PostKernel:
         return compile_cache.compile_tvm_ffi(self, self.fake_args(), options)
 
 
+class PostDqKernel(PostKernel):
+    """dQ (PostKey part "dq"): dq[b, s, h, :] = scale * the first D words of the accumulator's
+    row s of head h (kernels/prepost_launch.py, "The dQ accumulator").  Grid (row
+    blocks, B): CTA (x, b) writes rows [x * R, (x + 1) * R) (R = rows_per_cta, set by the host so
+    a CTA has ~POST_THREADS * POST_UNROLL chunks) of sequence b, all heads; chunk j of the CTA is
+    (row j / (H * D / 8), head, chunk), so a warp's stores are consecutive 16-byte chunks of dq
+    and its loads whole 32-byte chunks of one accumulator row.  Varlen (PostKey.varlen): packed dq
+    (1, total_q, H, D) from row cu_q[b], the accumulator (1, H, rows, D) from the padded offset;
+    dense: dq (B, S_q, H, D), the accumulator (B, H, S_pad, D + 8)."""
+
+    @cute.jit
+    def _rows(self, mAcc: cute.Tensor, mOut: cute.Tensor, b_acc: Int32, p0: Int32, out0: Int32,
+              n_rows: Int32, scale: Float32):
+        """n_rows rows: accumulator rows p0 + r of batch entry b_acc -> dq rows out0 + r (flat)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        n_h = mOut.shape[2]
+        n8 = mOut.shape[3] // CHUNK32
+        n8_acc = n8 + DQ_ROW_PAD // CHUNK32        # chunks per accumulator row (its padding)
+        per_row = n_h * n8
+        rows_acc = mAcc.shape[2]
+        flat_a = cute.make_layout(cute.size(mAcc))
+        flat_o = cute.make_layout(cute.size(mOut))
+        gA = cute.zipped_divide(cute.make_tensor(mAcc.iterator, flat_a), (CHUNK32,))
+        gO = cute.zipped_divide(cute.make_tensor(mOut.iterator, flat_o), (CHUNK32,))
+        n = n_rows * per_row
+        for j0 in cutlass.range(0, n, self.per_block, unroll=1):
+            regs = []
+            for k in cutlass.range_constexpr(POST_UNROLL):
+                j = j0 + tidx + k * POST_THREADS
+                t = cute.make_rmem_tensor((CHUNK32,), Float32)
+                if j < n:
+                    r = j // per_row
+                    rem = j - r * per_row
+                    h = rem // n8
+                    c8 = rem - h * n8
+                    p = p0 + r
+                    src = ((b_acc * n_h + h) * rows_acc + p) * n8_acc + c8
+                    cute.autovec_copy(gA[(None, src)], t)      # 2 x LDG.E.128
+                regs.append(t)
+            for k in cutlass.range_constexpr(POST_UNROLL):
+                j = j0 + tidx + k * POST_THREADS
+                if j < n:
+                    self._store(regs[k], gO[(None, out0 * per_row + j)], scale, True)
+
+    @cute.kernel
+    def kernel(self, mAcc: cute.Tensor, mOut: cute.Tensor, rows_per_cta: Int32, scale: Float32):
+        x, b, _ = cute.arch.block_idx()
+        s_q = mOut.shape[1]
+        s0 = x * rows_per_cta
+        if s0 < s_q:
+            self._rows(mAcc, mOut, b, s0, b * s_q + s0, cutlass.min(rows_per_cta, s_q - s0), scale)
+
+    @cute.jit
+    def __call__(self, mAcc: cute.Tensor, mOut: cute.Tensor, rows_per_cta: Int32, scale: Float32, stream):
+        grid = (cute.ceil_div(mOut.shape[1], rows_per_cta), mOut.shape[0], 1)
+        self.kernel(mAcc, mOut, rows_per_cta, scale).launch(grid=grid, block=[POST_THREADS, 1, 1], stream=stream)
+
+    def fake_args(self):
+        return [_fake(Float32, 4, div=4), _fake(self.dtype, 4, div=8), Int32(1), Float32(1.0)]
+
+
+class PostDqVarlenKernel(PostDqKernel):
+    """PostDqKernel on packed sequences (PostKey varlen): grid (row blocks of max_seqlen_q, B)."""
+
+    @cute.kernel
+    def kernel(self, mAcc: cute.Tensor, mOut: cute.Tensor, mCuQ: cute.Tensor, rows_per_cta: Int32,
+               scale: Float32):
+        x, b, _ = cute.arch.block_idx()
+        off = mCuQ[b]
+        s_q = mCuQ[b + 1] - off
+        off_pad = (off + b * VARLEN_PAD) // VARLEN_PAD * VARLEN_PAD   # prepost_launch.varlen_padded_offset
+        s0 = x * rows_per_cta
+        if s0 < s_q:
+            self._rows(mAcc, mOut, Int32(0), off_pad + s0, off + s0, cutlass.min(rows_per_cta, s_q - s0), scale)
+
+    @cute.jit
+    def __call__(self, mAcc: cute.Tensor, mOut: cute.Tensor, mCuQ: cute.Tensor, max_seqlen_q: Int32,
+                 rows_per_cta: Int32, scale: Float32, stream):
+        grid = (cute.ceil_div(max_seqlen_q, rows_per_cta), mCuQ.shape[0] - 1, 1)
+        self.kernel(mAcc, mOut, mCuQ, rows_per_cta, scale).launch(
+            grid=grid, block=[POST_THREADS, 1, 1], stream=stream)
+
+    def fake_args(self):
+        cu = cute.runtime.make_fake_tensor(Int32, (cute.sym_int(32),), (1,), assumed_align=4)
+        return [_fake(Float32, 4, div=4), _fake(self.dtype, 4, div=8), cu, Int32(1), Int32(1), Float32(1.0)]
+
+
 def kernel_for(key):
     """The kernel object of a PreKey or PostKey."""
     if isinstance(key, PreKey):
         return (PreZeroKernel if key.zero_dq else PreVarlenKernel if key.varlen else PreKernel)(key)
-    return PostKernel(key)
+    if key.part == "dkv":
+        return PostKernel(key)
+    return (PostDqVarlenKernel if key.varlen else PostDqKernel)(key)
 
 
 def build(key):

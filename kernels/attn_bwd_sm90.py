@@ -21,7 +21,9 @@ Computing the transposed scores puts the key index on the wgmma M axis, so P^T a
 are already A operands of the dV/dK products (no smem round trip for P).  dK, dV are
 accumulated over all query blocks in registers and added with FP32 atomics into
 (B, S_k, H_kv, D) buffers, which reduces the GQA query heads of a KV head; dQ likewise
-into (B, S_q, H_q, D).  The host scales by softmax_scale and casts (attn_bwd_prepost.py).
+into (B, H_q, S_pad, D + 8), a query block's rows contiguous (kernels/prepost_launch.py,
+"The dQ accumulator").  The post kernel scales by softmax_scale,
+casts and (dQ) reorders (attn_bwd_prepost.py).
 
 Constraints: D in {64, 128, 256}; BF16/FP16; any S_q, S_k (TMA zero-fills tails; LSE padded
 with +inf so out-of-range query rows have P = 0; keys past S_k are masked: mask_key_tail);
@@ -212,7 +214,7 @@ class AttnBwdSm90(BwdReductions):
 
     def _aux_words(self) -> int:
         """FP32 words of shared memory after the base storage (0: none): the staged dQ tile
-        of dq_async (padded rows, DQ_ROW_PAD)."""
+        of dq_async (tile_m rows of Dc + DQ_ROW_PAD words, the accumulator's layout)."""
         return self.tile_m * (self.Dc + DQ_ROW_PAD) if self.dq_async else 0
 
     @staticmethod
@@ -234,9 +236,11 @@ class AttnBwdSm90(BwdReductions):
         encodes its three FP32 kernel arguments from them here (scores/*.bwd_scalars).
         varlen: (cu_seqlens_q, cu_seqlens_k, CTA table, CTAs) of a packed batch (AttnBwdSm90Varlen)."""
         scalars = tuple(Float32(a) for a in self.stage.bwd_scalars(*scalars))
-        # (B, S, H, D) -> (S, D, H, B); stats (B, H, S_pad) -> (S_pad, H, B)
-        mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc = [
-            self._seq_major(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQacc, mdKacc, mdVacc)]
+        # (B, S, H, D) -> (S, D, H, B); the dQ accumulator (B, H, S_pad, D + 8) -> (S_pad, D + 8, H, B)
+        # (kernels/prepost_launch.py, "The dQ accumulator"); stats (B, H, S_pad) -> (S_pad, H, B)
+        mQ, mK, mV, mdO, mdKacc, mdVacc = [
+            self._seq_major(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdKacc, mdVacc)]
+        mdQacc = self._seq_major(mdQacc, [2, 3, 1, 0])
         mLSE, mDsum = [self._seq_major(t, [2, 1, 0]) for t in (mLSE, mDsum)]
         mma_sdp, mma_dkv, mma_dq = self._tiled_mmas()
         Storage = self._storage()
@@ -374,7 +378,7 @@ class AttnBwdSm90(BwdReductions):
                           n_block, head, head_kv, batch, m_min, m_max)
             if const_expr(self.dq_async):
                 if warp_idx == 1:
-                    self.reduce_dq(mdQacc, aux_addr, tidx % 32, head, batch, chunk, m_min, m_max, seqlen_q, n_heads)
+                    self.reduce_dq(mdQacc, aux_addr, tidx % 32, head, batch, m_min, m_max, n_heads)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.mma(mma_sdp, mma_dkv, mma_dq, sQ, sK, sV, sdO, sdS, sLSE, sDsum,
@@ -384,19 +388,20 @@ class AttnBwdSm90(BwdReductions):
 
     @cute.jit
     def varlen_views(self, varlen, seq, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc):
-        """Sequence `seq` of a packed batch: q, dO, the dQ accumulator (and the TMA coordinates of
-        q, dO) from row cu_q[seq], k, v from row cu_k[seq], LSE / dsum from the padded offset
+        """Sequence `seq` of a packed batch: q, dO (and their TMA coordinates) from row cu_q[seq],
+        k, v from row cu_k[seq], LSE / dsum and the dQ accumulator from the padded offset
         (kernels/prepost_launch.py, "Packed sequences"), and the sequence's lengths.  The dK / dV
         accumulators are offset at the epilogue (varlen_dkv): a 64-bit pointer made here stays
         live through the main loop and spilled (D = 64: 12 -> 35 words).
         Query blocks past the sequence's end load the next sequence's Q / dO rows with the +inf
-        / 0 padding statistics (P = 0; the dQ adds stop at the row bound); the last key block's
+        / 0 padding statistics (P = 0: zero dQ adds, into the sequence's padding rows); the last key block's
         keys past S_k are masked as in the dense build (causal mask or mask_key_tail)."""
         cu_q, cu_k = varlen[0], varlen[1]
         off_q, off_k = cu_q[seq], cu_k[seq]
         seqlen_q, seqlen_k = cu_q[seq + 1] - off_q, cu_k[seq + 1] - off_k
         off_pad = (off_q + seq * VARLEN_PAD) // VARLEN_PAD * VARLEN_PAD   # prepost_launch.varlen_padded_offset
-        mQ, mdO, mdQacc = (cute.domain_offset((off_q, 0, 0, 0), t) for t in (mQ, mdO, mdQacc))
+        mQ, mdO = (cute.domain_offset((off_q, 0, 0, 0), t) for t in (mQ, mdO))
+        mdQacc = cute.domain_offset((off_pad, 0, 0, 0), mdQacc)
         mK, mV = (cute.domain_offset((off_k, 0, 0, 0), t) for t in (mK, mV))
         mLSE, mDsum = (cute.domain_offset((off_pad, 0, 0), t) for t in (mLSE, mDsum))
         return mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, seqlen_q, seqlen_k

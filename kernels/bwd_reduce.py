@@ -6,9 +6,14 @@ and cast (store_dkv), and loop the dQ reductions over the group's heads (reduce_
 The dQ tile goes one of two ways.
 - add_dq: `red.global.add.v2.f32` from the MMA threads.
 - stage_dq + reduce_dq (dq_async, the default for D <= 128):
-  - the MMA threads write the tile into a padded smem buffer;
-  - warp 1 of the producer warpgroup issues one `cp.reduce.async.bulk` add per row;
+  - the MMA threads write the tile into smem in the accumulator's own layout (rows of D + 8
+    words: kernels/prepost_launch.py, "The dQ accumulator");
+  - one lane of warp 1 adds the whole tile with one `cp.reduce.async.bulk` (a query block is one
+    contiguous range of the accumulator; one add per row was a third of the D = 64 backward's
+    stall samples, docs/NOTES_attn_bwd.md);
   - named barriers 3 (full) and 4 (empty) hand the single buffer back and forth.
+Both paths write the same accumulator (the atomics through its row stride), so the post
+kernel has one form.
 
 Deterministic mode (BwdConfig.deterministic).  FP32 atomics
 commute only up to rounding, so the order in which CTAs reach a shared tile decides the
@@ -44,8 +49,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from . import mask as mask_mod
 from .barriers import BwdBarrier
-
-DQ_ROW_PAD = 8             # dq_async: FP32 pad per staged dQ row (row stride 136 words: 2-way banks)
+from .prepost_launch import DQ_ROW_PAD
 
 
 @dsl_user_op
@@ -138,14 +142,11 @@ class BwdReductions:
     has_left, has_right, deterministic)."""
 
     # ---------------------------------------------------------------- dq_async
-    def dq_word(self, row, col):
-        """FP32 word of staged dQ element (row, col) in the padded-rows layout."""
-        return row * (self.Dc + DQ_ROW_PAD) + col
-
     @cute.jit
     def stage_dq(self, mma_dq, acc_dQ, sdQ_addr, tidx):
-        """MMA threads: wait until warp 1 has read the previous tile, write acc_dQ row-major
-        (padded rows) into smem, make it visible to the async proxy, signal warp 1."""
+        """MMA threads: wait until warp 1 has read the previous tile, write acc_dQ into smem in
+        the accumulator's layout (rows of Dc + DQ_ROW_PAD words), make it visible to the async
+        proxy, signal warp 1."""
         pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_EMPTY), num_threads=256 + 32).sync()
         thr = mma_dq.get_slice(tidx)
         ident = cute.make_identity_tensor((self.tile_m, self.Dc))
@@ -153,15 +154,16 @@ class BwdReductions:
         acc_mn = acc_mn_view(acc_dQ)
         for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
             for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
-                word = self.dq_word(c_mn[r, c][0], c_mn[r, c][1])
+                word = c_mn[r, c][0] * (self.Dc + DQ_ROW_PAD) + c_mn[r, c][1]
                 st_shared_v2_f32(sdQ_addr + word * 4, acc_mn[r, c], acc_mn[r, c + 1])
         cute.arch.fence_view_async_shared()
         pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_FULL), num_threads=256 + 32).arrive()
 
     @cute.jit
-    def reduce_dq(self, mdQacc, sdQ_addr, lane, head, batch, chunk, m_min, m_max, seqlen_q, n_heads):
-        """Warp 1: per query block, one bulk FP32 reduction per staged row (Dc * 4 bytes) into
-        the dQ accumulator; rows >= S_q are skipped.  The first EMPTY arrival frees the buffer
+    def reduce_dq(self, mdQacc, sdQ_addr, lane, head, batch, m_min, m_max, n_heads):
+        """Warp 1: per query block, one bulk FP32 reduction of the staged tile (tile_m padded
+        rows, the block's rows of the accumulator; rows >= S_q add zeros to the padding rows,
+        which the post kernel never reads).  The first EMPTY arrival frees the buffer
         for the first tile; the last tile's arrival is left out (nobody waits for it).
         head_loop builds: query heads head .. head + n_heads - 1 in turn, the MMA order."""
         mX = mdQacc[None, None, head, batch]
@@ -173,33 +175,30 @@ class BwdReductions:
                 nm = m_max - m_min   # one flat loop over (head, query block), the MMA order
                 for it in cutlass.range(nm * n_heads, unroll=1):
                     h, m_block = self.head_step(it, nm, m_min)
-                    self.reduce_dq_block(mdQacc[None, None, head + h, batch], sdQ_addr, lane, chunk,
-                                         m_block, seqlen_q, full)
+                    self.reduce_dq_block(mdQacc[None, None, head + h, batch], sdQ_addr, lane, m_block, full)
                     if it < nm * n_heads - 1:
                         empty.arrive()
             else:
-                self.reduce_dq_head(mX, sdQ_addr, lane, chunk, m_min, m_max, seqlen_q, full, empty)
+                self.reduce_dq_head(mX, sdQ_addr, lane, m_min, m_max, full, empty)
             cute.arch.cp_async_bulk_wait_group(0)
 
     @cute.jit
-    def reduce_dq_head(self, mX, sdQ_addr, lane, chunk, m_min, m_max, seqlen_q, full, empty):
+    def reduce_dq_head(self, mX, sdQ_addr, lane, m_min, m_max, full, empty):
         """reduce_dq's loop over one query head's blocks (the last block's EMPTY arrival is
         left out: nobody waits for it)."""
         for m_block in cutlass.range(m_min, m_max, unroll=1):
-            self.reduce_dq_block(mX, sdQ_addr, lane, chunk, m_block, seqlen_q, full)
+            self.reduce_dq_block(mX, sdQ_addr, lane, m_block, full)
             if m_block < m_max - 1:
                 empty.arrive()
 
     @cute.jit
-    def reduce_dq_block(self, mX, sdQ_addr, lane, chunk, m_block, seqlen_q, full):
-        """Wait for the staged tile of m_block, issue its row reductions, wait until read."""
+    def reduce_dq_block(self, mX, sdQ_addr, lane, m_block, full):
+        """Wait for the staged tile of m_block, add it (lane 0: one bulk reduction; D = Dc, so
+        the block's rows are contiguous), wait until read."""
         full.sync()
-        for i in cutlass.range_constexpr(self.tile_m // 32):
-            r = lane + 32 * i
-            row = m_block * self.tile_m + r
-            if row < seqlen_q:
-                g = mX.iterator + row * mX.stride[0] + chunk * self.Dc
-                bulk_reduce_add_f32(g.toint(), sdQ_addr + r * (self.Dc + DQ_ROW_PAD) * 4, Int32(self.Dc * 4))
+        if lane == 0:
+            g = mX.iterator + m_block * self.tile_m * mX.stride[0]
+            bulk_reduce_add_f32(g.toint(), sdQ_addr, Int32(self.tile_m * (self.Dc + DQ_ROW_PAD) * 4))
         cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 

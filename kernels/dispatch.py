@@ -82,7 +82,7 @@ def backward_varlen(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     "Packed sequences"), the main kernel sees (1, total, H, D) views and runs a CTA per live (key
     block, query head, sequence) of a table built here on the device (max_seqlen_k > 0 sizes it;
     head_loop builds: per KV head, dK and dV stored in dtype by the main kernel), the post kernel
-    is the dense one (row-wise; dQ alone after a head_loop build)."""
+    reads the dQ accumulator per sequence (its padded offset; dK / dV unless head_loop)."""
     import torch
     from . import attn_bwd_prepost, prepost_launch as prepost
     cfg = plan.bwd
@@ -97,17 +97,21 @@ def backward_varlen(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     table = varlen_bwd_table(cu_seqlens_k, max_seqlen_k, cfg.tile_n, heads, k.shape[0])
     ctas = varlen_bwd_ctas(k.shape[0], cu_seqlens_k.shape[0] - 1, max_seqlen_k, cfg.tile_n, heads)
     fn = compile_cache.compiled("attn_bwd", cfg, functools.partial(_bwd_build, cfg))
+    total_q, h_q, d = q.shape
+    rows = prepost.varlen_padded_rows(total_q, cu_seqlens_q.shape[0] - 1)   # the dQ accumulator's
     if cfg.head_loop:   # dK, dV leave the kernel in dtype (every live key block stores its rows)
-        dq_acc = torch.zeros(q4.shape, dtype=torch.float32, device=q.device)
+        dq_acc = torch.zeros(1, h_q, rows, d + prepost.DQ_ROW_PAD, dtype=torch.float32, device=q.device)
         dk4, dv4 = torch.empty_like(k4), torch.empty_like(v4)
         fn(q4, k4, v4, do4, lse2, dsum, dq_acc, dk4, dv4, cu_seqlens_q, cu_seqlens_k, table, ctas,
            *_numbers(plan), *plan.window, plan.softmax_scale)
-        return prepost.postprocess_dq(dq_acc, plan.softmax_scale, q.dtype)[0], dk4[0], dv4[0]
-    dq_acc, dk_acc, dv_acc = attn_bwd_prepost.accumulators(q4, k4)
-    fn(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_acc, dv_acc, cu_seqlens_q, cu_seqlens_k, table, ctas,
-       *_numbers(plan), *plan.window)
-    dq, dk, dv = prepost.postprocess(dq_acc, dk_acc, dv_acc, plan.softmax_scale, q.dtype)
-    return dq[0], dk[0], dv[0]
+        dk, dv = dk4[0], dv4[0]
+    else:
+        dq_acc, dk_acc, dv_acc = attn_bwd_prepost.accumulators(q4, k4, dq_rows=rows)
+        fn(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_acc, dv_acc, cu_seqlens_q, cu_seqlens_k, table, ctas,
+           *_numbers(plan), *plan.window)
+        dk, dv = (t[0] for t in prepost.postprocess_dkv(dk_acc, dv_acc, plan.softmax_scale, q.dtype))
+    dq = prepost.postprocess_dq_varlen(dq_acc, plan.softmax_scale, q.dtype, cu_seqlens_q, max_seqlen_q, total_q)
+    return dq, dk, dv
 
 
 def turn_counters(cfg, b: int, s_q: int, s_k: int, h_q: int, h_kv: int) -> int:
@@ -129,12 +133,13 @@ def backward(plan, dout, q, k, v, out, lse, aux=()):
     s_k, h_kv = k.shape[1], k.shape[2]
     needs_lse = needs_dsum = plan.call.mode != "sigmoid"
     scale = plan.softmax_scale
-    dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if plan.zero_dq_in_pre else None
+    acc_shape = prepost.dq_acc_shape(b, s_q, h_q, d)
+    dq_acc = torch.empty(acc_shape, dtype=torch.float32, device=q.device) if plan.zero_dq_in_pre else None
     lse2, dsum = prepost.preprocess(dout, out, lse, needs_lse, needs_dsum, "e", pad_to=128,
                                     **({"dq_acc": dq_acc} if plan.zero_dq_in_pre else {}))
     if cfg.head_loop:   # dK, dV come out of the kernel in dtype; only dQ needs an accumulator
         if dq_acc is None:
-            dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+            dq_acc = torch.zeros(acc_shape, dtype=torch.float32, device=q.device)
         dk_acc, dv_acc = torch.empty_like(k), torch.empty_like(v)
         extra = (scale,)
     else:
@@ -146,5 +151,5 @@ def backward(plan, dout, q, k, v, out, lse, aux=()):
     fn(q, k, v, dout, lse2, dsum, dq_acc, dk_acc, dv_acc, *_numbers(plan), *plan.window, *extra,
        *_aux_args(cfg.score, aux))
     if cfg.head_loop:
-        return prepost.postprocess_dq(dq_acc, scale, q.dtype), dk_acc, dv_acc
-    return prepost.postprocess(dq_acc, dk_acc, dv_acc, scale, q.dtype)
+        return prepost.postprocess_dq(dq_acc, scale, q.dtype, s_q), dk_acc, dv_acc
+    return prepost.postprocess(dq_acc, dk_acc, dv_acc, scale, q.dtype, s_q)

@@ -1,7 +1,7 @@
 """The torch launch of the attention backward's pre and post kernels (pure Python).
 
-preprocess(dout, out, lse, ...) -> (lse2, dsum); postprocess(dq_acc, dk_acc, dv_acc, scale, dtype)
--> (dq, dk, dv); postprocess_dq(dq_acc, scale, dtype) -> dq.  The kernels are
+preprocess(dout, out, lse, ...) -> (lse2, dsum); postprocess(dq_acc, dk_acc, dv_acc, scale, dtype, s_q)
+-> (dq, dk, dv); postprocess_dq(dq_acc, scale, dtype, s_q) -> dq; postprocess_dkv; the varlen forms.  The kernels are
 kernels/attn_bwd_prepost_sm90.py (same contract as the torch reference kernels/attn_bwd_prepost.py,
 the tests' oracle); they come from kernels/compile_cache.py, and their module is imported only
 when a build is missing.  Limits: tensors 16-byte aligned (LSE 4), contiguous, element counts
@@ -38,6 +38,12 @@ class PreKey:
 @dataclass(frozen=True)
 class PostKey:
     dtype: str           # output dtype "bf16" | "f16"
+    part: str = "dq"     # "dq": PostDqKernel (the dQ accumulator's order); "dkv": PostKernel (dK, dV)
+    varlen: bool = False  # dq: packed sequences (PostDqVarlenKernel)
+
+    def __post_init__(self):
+        if self.dtype not in ("bf16", "f16") or self.part not in ("dq", "dkv") or (self.varlen and self.part != "dq"):
+            raise ValueError(f"unsupported {self}")
 
 
 # Packed sequences (the varlen backward): the pre kernel writes lse2 and dsum of sequence b from
@@ -50,6 +56,45 @@ class PostKey:
 # kernel computes the same formula from cu_seqlens_q (kernels/attn_bwd_prepost_sm90.py,
 # kernels/attn_bwd_sm90.py); these are the host's and the tests' copies.
 VARLEN_PAD = 128
+
+
+# The dQ accumulator.  FP32 (B, H_q, S_pad, D + DQ_ROW_PAD) with S_pad = dq_acc_rows(S_q) (varlen:
+# (1, H_q, varlen_padded_rows(total_q, B), D + DQ_ROW_PAD), sequence b from row
+# varlen_padded_offset(cu_q[b], b)); columns [D, D + DQ_ROW_PAD) of a row are padding, never read.
+# Why: a query block of the backward (tile_m <= 128 rows of one head) is then one contiguous
+# range laid out exactly as the kernel's staged smem tile, whose rows are padded so that the MMA
+# threads' 8-byte stores of the fragment hit distinct banks, so warp 1 adds a tile with one bulk
+# reduction (cp.reduce.async.bulk) instead of one per row (kernels/bwd_reduce.py).  Rows past S_q
+# (up to the tile) take zero adds and are never read.  The post kernel (and dq_from_acc, the
+# torch reference) drop the padding and reorder to (B, S_q, H, D).
+DQ_ROW_ALIGN = 128    # S_pad: a multiple of every backward tile_m (and of VARLEN_PAD)
+DQ_ROW_PAD = 8        # FP32 words after a row's D (staged smem rows of D + 8 words: 2-way banks at most)
+
+
+def dq_acc_rows(s_q: int) -> int:
+    """Rows per head of the dense dQ accumulator."""
+    return -(-s_q // DQ_ROW_ALIGN) * DQ_ROW_ALIGN
+
+
+def dq_acc_shape(b: int, s_q: int, h_q: int, d: int) -> tuple:
+    return (b, h_q, dq_acc_rows(s_q), d + DQ_ROW_PAD)
+
+
+def dq_from_acc(acc, s_q: int):
+    """Torch: a dense dQ accumulator (B, H, S_pad, D + pad) as (B, S_q, H, D) (a view; no scale,
+    no cast): the layout's reference, for the post kernel's oracle and the tests."""
+    return acc[:, :, :s_q, :acc.shape[3] - DQ_ROW_PAD].transpose(1, 2)
+
+
+def dq_to_acc(dq, s_pad: int | None = None):
+    """The inverse of dq_from_acc: (B, S_q, H, D) -> a zero-padded (B, H, S_pad, D + pad)
+    accumulator (tests)."""
+    import torch
+    b, s_q, h, d = dq.shape
+    s_pad = dq_acc_rows(s_q) if s_pad is None else s_pad
+    acc = torch.zeros(b, h, s_pad, d + DQ_ROW_PAD, dtype=dq.dtype, device=dq.device)
+    acc[:, :, :s_q, :d] = dq.transpose(1, 2)
+    return acc
 
 
 def varlen_padded_offset(cu_q_b: int, b: int) -> int:
@@ -93,14 +138,15 @@ def _run(key, args, scalars=()):
 def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str, pad_to: int,
                dq_acc=None):
     """Drop-in for attn_bwd_prepost.preprocess: (lse2, dsum), both (B, H, S_pad) FP32.
-    dq_acc: an FP32 tensor shaped like dout that the same launch zeroes (PreZeroKernel)."""
+    dq_acc: the FP32 dQ accumulator dq_acc_shape(B, S_q, H, D) that the same launch zeroes
+    (PreZeroKernel)."""
     import torch
     from . import attn_bwd_prepost as reference
     b, s_q, h_q, d = dout.shape
     s_pad = -(-s_q // pad_to) * pad_to
-    if dq_acc is not None and (dq_acc.shape != dout.shape or dq_acc.dtype != torch.float32):
-        raise ValueError(f"dq_acc must be FP32 shaped like dout {tuple(dout.shape)}, got "
-                         f"{dq_acc.dtype} {tuple(dq_acc.shape)}")
+    if dq_acc is not None and (tuple(dq_acc.shape) != dq_acc_shape(b, s_q, h_q, d) or dq_acc.dtype != torch.float32):
+        raise ValueError(f"dq_acc must be FP32 {dq_acc_shape(b, s_q, h_q, d)} (the dQ accumulator of dout "
+                         f"{tuple(dout.shape)}), got {dq_acc.dtype} {tuple(dq_acc.shape)}")
     if dout.numel() == 0 or (needs_dsum and out.dtype != dout.dtype):
         # empty grid / mixed-precision O (e.g. FP32): the torch reference handles these
         return reference.preprocess(dout, out, lse, needs_lse, needs_dsum, lse_base, pad_to, dq_acc)
@@ -155,39 +201,62 @@ def preprocess_varlen(dout, out, lse, cu_seqlens_q, max_seqlen_q: int, needs_lse
     return lse2, dsum
 
 
-def postprocess(dq_acc, dk_acc, dv_acc, scale: float, dtype):
-    """Drop-in for attn_bwd_prepost.postprocess: (dq, dk, dv) in dtype, bit-identical."""
+def _rows_per_cta(h_q: int, d: int) -> int:
+    """PostDqKernel's rows per CTA: ~POST_THREADS x POST_UNROLL (1024) 8-value chunks."""
+    return max(1, 1024 // (h_q * d // CHUNK32))
+
+
+def postprocess_dq(dq_acc, scale: float, dtype, s_q: int):
+    """Drop-in for attn_bwd_prepost.postprocess_dq: dq (B, S_q, H, D) in dtype from the dense
+    accumulator (B, H, S_pad, D), bit-identical."""
     import torch
-    if dq_acc.numel() == 0 or dk_acc.numel() == 0:
-        from . import attn_bwd_prepost as reference
-        return reference.postprocess(dq_acc, dk_acc, dv_acc, scale, dtype)
-    dq = torch.empty(dq_acc.shape, dtype=dtype, device=dq_acc.device)
+    b, h_q, s_pad, dp = dq_acc.shape
+    d = dp - DQ_ROW_PAD
+    if dq_acc.dtype != torch.float32 or s_pad != dq_acc_rows(s_q):
+        raise ValueError(f"dq_acc must be FP32 {dq_acc_shape(b, s_q, h_q, d)} for S_q = {s_q}, got "
+                         f"{dq_acc.dtype} {tuple(dq_acc.shape)}")
+    dq = torch.empty(b, s_q, h_q, d, dtype=dtype, device=dq_acc.device)
+    if dq.numel() == 0:
+        return dq
+    _check(dq_acc)
+    _run(PostKey(_dtype_name(dtype), "dq"), (dq_acc, dq, _rows_per_cta(h_q, d), float(scale)))
+    return dq
+
+
+def postprocess_dq_varlen(dq_acc, scale: float, dtype, cu_seqlens_q, max_seqlen_q: int, total_q: int):
+    """dq (total_q, H, D) in dtype of packed sequences from the varlen accumulator (1, H,
+    varlen_padded_rows(total_q, B), D) (sequence b from its padded offset)."""
+    import torch
+    _, h_q, rows, dp = dq_acc.shape
+    d = dp - DQ_ROW_PAD
+    batch = cu_seqlens_q.shape[0] - 1
+    if dq_acc.dtype != torch.float32 or rows != varlen_padded_rows(total_q, batch):
+        raise ValueError(f"dq_acc must be FP32 (1, {h_q}, {varlen_padded_rows(total_q, batch)}, {dp}), got "
+                         f"{dq_acc.dtype} {tuple(dq_acc.shape)}")
+    dq = torch.empty(1, total_q, h_q, d, dtype=dtype, device=dq_acc.device)
+    if total_q == 0 or max_seqlen_q == 0:
+        return dq[0]
+    _check(dq_acc)
+    rpc = _rows_per_cta(h_q, d)
+    _run(PostKey(_dtype_name(dtype), "dq", varlen=True),
+         (dq_acc, dq, cu_seqlens_q, int(max_seqlen_q), rpc, float(scale)))
+    return dq[0]
+
+
+def postprocess_dkv(dk_acc, dv_acc, scale: float, dtype):
+    """Drop-in for attn_bwd_prepost.postprocess_dkv: (dk, dv) in dtype, bit-identical."""
+    import torch
     dk = torch.empty(dk_acc.shape, dtype=dtype, device=dk_acc.device)
     dv = torch.empty(dv_acc.shape, dtype=dtype, device=dv_acc.device)
-    _check(dq_acc, dk_acc, dv_acc)
-    if dq_acc.numel() % CHUNK32 or dk_acc.numel() % CHUNK32 or dv_acc.shape != dk_acc.shape:
-        raise ValueError("postprocess needs numel % 8 == 0 and dv_acc.shape == dk_acc.shape")
-    _run(PostKey(_dtype_name(dtype)), (dq_acc, dk_acc, dv_acc, dq, dk, dv), (float(scale),))
-    return dq, dk, dv
+    if dk_acc.numel() == 0:
+        return dk, dv
+    _check(dk_acc, dv_acc)
+    if dk_acc.numel() % CHUNK32 or dv_acc.shape != dk_acc.shape:
+        raise ValueError("postprocess_dkv needs numel % 8 == 0 and dv_acc.shape == dk_acc.shape")
+    _run(PostKey(_dtype_name(dtype), "dkv"), (dk_acc, dv_acc, dk, dv, float(scale)))
+    return dk, dv
 
 
-_DUMMY: dict = {}
-
-
-def postprocess_dq(dq_acc, scale: float, dtype):
-    """dQ alone (head_loop backward: dK, dV leave the main kernel in dtype): the post kernel
-    with one-chunk placeholder K/V segments (2 idle blocks), so there is one compiled post."""
-    import torch
-    if dq_acc.numel() == 0 or dq_acc.numel() % CHUNK32:
-        from . import attn_bwd_prepost as reference
-        return reference.postprocess_dq(dq_acc, scale, dtype)
-    key = (dq_acc.device, dtype)
-    if key not in _DUMMY:
-        _DUMMY[key] = (torch.zeros(1, 1, 1, CHUNK32, dtype=torch.float32, device=dq_acc.device),
-                       torch.empty(1, 1, 1, CHUNK32, dtype=dtype, device=dq_acc.device),
-                       torch.empty(1, 1, 1, CHUNK32, dtype=dtype, device=dq_acc.device))
-    acc, ok, ov = _DUMMY[key]
-    dq = torch.empty(dq_acc.shape, dtype=dtype, device=dq_acc.device)
-    _check(dq_acc)
-    _run(PostKey(_dtype_name(dtype)), (dq_acc, acc, acc, dq, ok, ov), (float(scale),))
-    return dq
+def postprocess(dq_acc, dk_acc, dv_acc, scale: float, dtype, s_q: int):
+    """(dq, dk, dv): postprocess_dq, then postprocess_dkv (two launches)."""
+    return (postprocess_dq(dq_acc, scale, dtype, s_q),) + postprocess_dkv(dk_acc, dv_acc, scale, dtype)

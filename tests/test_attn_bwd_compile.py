@@ -216,13 +216,13 @@ def test_lpt_bwd_changes_only_the_prologue(mode, evaluator, d):
                                               ("softcap", "poly", 128), ("sigmoid", "poly", 128)])
 def test_dq_async_bwd_builds(mode, evaluator, d):
     """dq_async: the MMA threads stage dQ with STS.64 (one per C-fragment pair) instead of
-    red.global.add.v2; warp 1 issues tile_m / 32 bulk reductions per lane and query block (the
-    same code line each, looped over the warp's lanes by ptxas); the score stage and GEMMs
-    are those of the atomic build."""
+    red.global.add.v2; one lane of warp 1 adds the staged tile with one bulk reduction per
+    query block (a block's rows are contiguous in the dQ accumulator; one per row was 4 loops of
+    UBLKRED over the lanes at D = 64); the score stage and GEMMs are those of the atomic build."""
     n, ref = _sass(mode, evaluator, d=d, dq_async=True), _sass(mode, evaluator, d=d)
     tile_m = _plan(mode, evaluator, d=d).bwd.tile_m
     pairs = tile_m * d // 256 // 2      # dQ fragment of one MMA thread, in FP32 pairs
-    assert n["UBLKRED"] == tile_m // 32 and ref["UBLKRED"] == 0, (n, ref)
+    assert n["UBLKRED"] == 1 and ref["UBLKRED"] == 0, (n, ref)
     # dK/dV keep their red.global.add.v2 epilogue; the dQ pairs become smem stores
     assert n["RED.F32"] == ref["RED.F32"] - pairs and n["STS.64"] == pairs, (n, ref)
     for op in ("HGMMA", "MUFU.EX2", "MUFU.TANH", "HFMA2"):

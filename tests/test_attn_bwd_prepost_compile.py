@@ -16,7 +16,7 @@ def _build(key):
     """(opcode family counts, registers of the one kernel) for a PreKey/PostKey."""
     if key not in _BUILT:
         import cutlass.cute as cute
-        k = P.PreKernel(key) if isinstance(key, P.PreKey) else P.PostKernel(key)
+        k = P.kernel_for(key) if isinstance(key, P.PostKey) else P.PreKernel(key)
         c = sass.compile_sm90(k, *k.fake_args(), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=False))
         regs = sass.registers(c.artifacts.CUBIN)
         assert len(regs) == 1, regs
@@ -49,13 +49,33 @@ def test_pre_stage_flags(needs_lse, needs_dsum):
 @pytest.mark.compile
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_post_sass(dtype):
-    c, regs = _build(P.PostKey(dtype))
-    # 3 gradient segments x UNROLL chunks: 2 x LDG.E.128 in (8 FP32), 1 x STG.E.128 out
-    assert c["LDG.E.128"] == 3 * 2 * P.POST_UNROLL, c
-    assert c["STG.E.128"] == 3 * P.POST_UNROLL, c
-    assert c["F2FP"] == 3 * P.POST_UNROLL * 4, c     # 4 packed cvt.rn per chunk
+    c, regs = _build(P.PostKey(dtype, "dkv"))
+    # 2 gradient segments x UNROLL chunks: 2 x LDG.E.128 in (8 FP32), 1 x STG.E.128 out
+    assert c["LDG.E.128"] == 2 * 2 * P.POST_UNROLL, c
+    assert c["STG.E.128"] == 2 * P.POST_UNROLL, c
+    assert c["F2FP"] == 2 * P.POST_UNROLL * 4, c     # 4 packed cvt.rn per chunk
     assert c["STL"] == 0 and c["LDL"] == 0, c
     assert regs <= 64, regs          # measured 48
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("varlen", [False, True])
+def test_post_dq_sass(varlen):
+    """PostDqKernel: UNROLL chunks per step, each 2 x LDG.E.128 (one 32-byte chunk of an
+    accumulator row) and 1 x STG.E.128, no spills."""
+    c, regs = _build(P.PostKey("bf16", "dq", varlen))
+    assert c["LDG.E.128"] == 2 * P.POST_UNROLL, c
+    assert c["STG.E.128"] == P.POST_UNROLL, c
+    assert c["F2FP"] == P.POST_UNROLL * 4, c
+    assert c["STL"] == 0 and c["LDL"] == 0, c
+    assert regs <= 64, regs
+
+
+def test_post_key_refuses():
+    with pytest.raises(ValueError, match="unsupported"):
+        L.PostKey("bf16", "dkv", varlen=True)
+    with pytest.raises(ValueError, match="unsupported"):
+        L.PostKey("bf16", "dk")
 
 
 @pytest.mark.compile
@@ -70,11 +90,14 @@ def test_tvm_ffi_signatures():
         pre(x, x, st, st, st)
     pre_zero = L.get_compiled(P.PreKey("bf16", 128, True, True, zero_dq=True))
     with pytest.raises(Exception, match="device_type=cuda"):
-        pre_zero(x, x, st, st, st, torch.zeros(1, 256, 4, 128))
-    post = L.get_compiled(P.PostKey("bf16"))
+        pre_zero(x, x, st, st, st, torch.zeros(1, 4, 256, 136))
+    post = L.get_compiled(P.PostKey("bf16", "dkv"))
     acc = torch.zeros(1, 256, 4, 128)
     with pytest.raises(Exception, match="device_type=cuda"):
-        post(acc, acc, acc, x, x, x, 0.125)
+        post(acc, acc, x, x, 0.125)
+    post_dq = L.get_compiled(P.PostKey("bf16"))
+    with pytest.raises(Exception, match="device_type=cuda"):
+        post_dq(torch.zeros(1, 4, 256, 136), x, 2, 0.125)
 
 
 @pytest.mark.compile
@@ -94,15 +117,49 @@ def test_pre_zero_dq_sass(d, flags):
 
 
 def test_preprocess_dq_acc_contract():
-    """The torch reference zeroes dq_acc; the CuTe entry refuses a wrong dq_acc by name
+    """The torch reference zeroes dq_acc; the CuTe entries refuse a wrong dq_acc by name
     before launching anything (CPU tensors: the check comes first)."""
     torch = pytest.importorskip("torch")
     from flash_attn_poly.kernels import attn_bwd_prepost as ref
     do = torch.randn(1, 5, 2, 64, dtype=torch.bfloat16)
-    acc = torch.full(do.shape, float("nan"))
+    assert L.dq_acc_shape(1, 5, 2, 64) == (1, 2, 128, 72)
+    acc = torch.full(L.dq_acc_shape(1, 5, 2, 64), float("nan"))
     lse2, dsum = ref.preprocess(do, do, None, False, False, "e", 128, dq_acc=acc)
     assert torch.equal(acc, torch.zeros_like(acc)) and torch.equal(lse2, torch.zeros(1, 2, 128))
-    with pytest.raises(ValueError, match="dq_acc must be FP32 shaped like dout"):
-        L.preprocess(do, do, None, False, False, "e", 128, dq_acc=torch.zeros(1, 5, 2, 32))
+    with pytest.raises(ValueError, match=r"dq_acc must be FP32 \(1, 2, 128, 72\) \(the dQ accumulator"):
+        L.preprocess(do, do, None, False, False, "e", 128, dq_acc=torch.zeros(do.shape))
     with pytest.raises(ValueError, match="dq_acc must be FP32"):
-        L.preprocess(do, do, None, False, False, "e", 128, dq_acc=torch.zeros(do.shape, dtype=torch.bfloat16))
+        L.preprocess(do, do, None, False, False, "e", 128, dq_acc=torch.zeros(acc.shape, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"dq_acc must be FP32 \(1, 2, 128, 72\) for S_q = 5"):
+        L.postprocess_dq(torch.zeros(1, 2, 256, 72), 1.0, torch.bfloat16, 5)
+    with pytest.raises(ValueError, match=r"dq_acc must be FP32 \(1, 2, 256, 72\)"):
+        L.postprocess_dq_varlen(torch.zeros(1, 2, 128, 72), 1.0, torch.bfloat16,
+                                torch.tensor([0, 3, 5], dtype=torch.int32), 3, 5)
+
+
+def test_dq_acc_layout_reference():
+    """dq_from_acc / dq_to_acc (the layout's torch reference): a query block of tile_m rows
+    of one head is one contiguous range of D + 8 words per row; the round trip is exact; the
+    reference post reads exactly dq_from_acc (padding rows and columns poisoned with NaN)."""
+    torch = pytest.importorskip("torch")
+    from flash_attn_poly.kernels import attn_bwd_prepost as ref
+    dq = torch.randn(2, 77, 3, 64)
+    acc = L.dq_to_acc(dq)
+    assert acc.shape == (2, 3, 128, 72) and acc.is_contiguous()
+    assert torch.equal(L.dq_from_acc(acc, 77), dq)
+    # element (b, s, h, c) at word ((b * H + h) * S_pad + s) * (D + 8) + c
+    assert acc.view(-1)[((1 * 3 + 2) * 128 + 40) * 72 + 17] == dq[1, 40, 2, 17]
+    acc[:, :, 77:] = float("nan")
+    acc[..., 64:] = float("nan")
+    out = ref.postprocess_dq(acc, 0.5, torch.bfloat16, 77)
+    assert out.shape == dq.shape and torch.equal(out, (dq * 0.5).to(torch.bfloat16))
+    # varlen: sequence b from its padded offset
+    cu = [0, 5, 5, 140]
+    rows = L.varlen_padded_rows(140, 3)
+    dqv = torch.randn(140, 3, 64)
+    accv = torch.full((1, 3, rows, 72), float("nan"))
+    for b in range(3):
+        p, n = L.varlen_padded_offset(cu[b], b), cu[b + 1] - cu[b]
+        accv[0, :, p:p + n, :64] = dqv[cu[b]:cu[b + 1]].transpose(0, 1)
+    got = ref.postprocess_dq_varlen(accv, 1.0, torch.float32, cu)
+    assert torch.equal(got, dqv)

@@ -111,10 +111,12 @@ def test_post_bit_identical(case, dtype, n_counters):
     for a in accs[:3]:     # wide exponent range: rounding ties, FP16 overflow, tiny values
         a.copy_(torch.randn(a.shape, device="cuda", generator=g)
                 * torch.exp2(torch.randint(-30, 20, a.shape, device="cuda", generator=g).float()))
-    accs[0].view(-1)[:4] = torch.tensor([0.0, -0.0, 1e-40, 3e38], device="cuda")
+    accs[0][0, 0, 0, :4] = torch.tensor([0.0, -0.0, 1e-40, 3e38], device="cuda")
+    accs[0][:, :, sq:] = float("nan")      # the dQ accumulator's padding rows and columns: never read
+    accs[0][..., d:] = float("nan")
     scale = d ** -0.5
-    want = ref.postprocess(*accs[:3], scale, dtype)
-    got = _cute().postprocess(*accs[:3], scale, dtype)
+    want = ref.postprocess(*accs[:3], scale, dtype, sq)
+    got = _cute().postprocess(*accs[:3], scale, dtype, sq)
     torch.cuda.synchronize()
     for w, gt in zip(want, got):
         assert gt.dtype == dtype and gt.shape == w.shape
@@ -143,7 +145,7 @@ def test_attn_bwd_cute_vs_torch_prepost(case, dtype, monkeypatch):
     plan = testing.plan_for(q, k, v, mode, "native", causal=causal, softcap=50.0 if mode == "softcap" else None)
     grads = {"cute": testing.run_backward(plan, do, q, k, v, o, lse)}
     launch = _cute()
-    for name in ("preprocess", "postprocess", "postprocess_dq"):   # what dispatch.backward calls
+    for name in ("preprocess", "postprocess", "postprocess_dq", "postprocess_dkv"):   # what dispatch.backward calls
         monkeypatch.setattr(launch, name, getattr(ref, name))
     grads["torch"] = testing.run_backward(plan, do, q, k, v, o, lse)
     torch.cuda.synchronize()
@@ -170,11 +172,13 @@ def test_pre_zero_dq(case, flags):
     needs_lse, needs_dsum = flags
     do, o, lse = _inputs(b, s, h, d, torch.bfloat16, seed=s + 1)
     lse = lse if needs_lse else None
-    dq_acc = torch.full(do.shape, float("nan"), device="cuda")
+    dq_acc = torch.full(_cute().dq_acc_shape(b, s, h, d), float("nan"), device="cuda")
     l0, d0 = _cute().preprocess(do, o, lse, needs_lse, needs_dsum, "e", 128)
     l1, d1 = _cute().preprocess(do, o, lse, needs_lse, needs_dsum, "e", 128, dq_acc=dq_acc)
     torch.cuda.synchronize()
-    assert torch.equal(dq_acc, torch.zeros_like(dq_acc))
+    # every row (the padding rows take the main kernel's zero adds), the D columns (the row
+    # padding is never read, and the staged tile's padding words land there)
+    assert torch.equal(dq_acc[..., :d], torch.zeros_like(dq_acc[..., :d]))
     if not (needs_lse or needs_dsum):   # without zeroing that is an uninitialised placeholder
         assert not l1.any() and not d1.any()
         return
@@ -215,3 +219,33 @@ def test_attn_bwd_zero_dq_in_pre(case):
     for name, a, r in zip(("dq", "dk", "dv"), got, ref):
         assert torch.isfinite(a).all(), name
         assert rel_l2_err(a, r) < 2e-3, (name, rel_l2_err(a, r))
+
+
+VARLEN_POST_CASES = [  # (sequence lengths, H, D)
+    ([5, 0, 130, 1], 4, 64), ([300, 77], 32, 128), ([1], 2, 256), ([129, 128, 127], 8, 64),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", VARLEN_POST_CASES, ids=str)
+def test_post_dq_varlen_bit_identical(case, dtype):
+    """PostDqVarlenKernel vs the torch reference: each sequence's rows from its padded offset
+    (everything else NaN: padding rows, row padding and the gaps between sequences' blocks)."""
+    lengths, h, d = case
+    cu_l = [0]
+    for n in lengths:
+        cu_l.append(cu_l[-1] + n)
+    launch = _cute()
+    rows = launch.varlen_padded_rows(cu_l[-1], len(lengths))
+    g = torch.Generator(device="cuda").manual_seed(rows + d)
+    acc = torch.full((1, h, rows, d + 8), float("nan"), device="cuda")
+    for b, n in enumerate(lengths):
+        p = launch.varlen_padded_offset(cu_l[b], b)
+        acc[:, :, p:p + n, :d] = torch.randn(1, h, n, d, device="cuda", generator=g) * 1e3
+    cu = torch.tensor(cu_l, dtype=torch.int32, device="cuda")
+    want = ref.postprocess_dq_varlen(acc, 0.125, dtype, cu_l)
+    got = launch.postprocess_dq_varlen(acc, 0.125, dtype, cu, max(lengths), cu_l[-1])
+    torch.cuda.synchronize()
+    assert got.shape == want.shape == (cu_l[-1], h, d)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))

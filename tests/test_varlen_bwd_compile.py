@@ -36,14 +36,15 @@ def _spilled(n: dict) -> int:
 
 def _assert_no_extra_spills(varlen_build, cfg, head_dim: int) -> dict:
     """HGMMA present; no more main-loop spill instructions than the dense build of cfg (varlen
-    off), at most one more spilled word in all; none at D = 64 and 128.  Returns the counts."""
+    off), at most three more spill instructions in all (outside the loop); none at D = 64 and 128.
+    Returns the counts."""
     n = varlen_build.counts()
     assert n["HGMMA"] > 0
     db = B.bwd(dataclasses.replace(cfg, varlen=False))
     dense = db.counts()
     assert _loop_spills(varlen_build.sass) <= _loop_spills(db.sass), \
         f"varlen spills {n['STL']}/{n['LDL']}, dense {dense['STL']}/{dense['LDL']}"
-    assert _spilled(n) <= _spilled(dense) + 1, f"varlen spills {n['STL']}/{n['LDL']}, dense {dense['STL']}/{dense['LDL']}"
+    assert _spilled(n) <= _spilled(dense) + 3, f"varlen spills {n['STL']}/{n['LDL']}, dense {dense['STL']}/{dense['LDL']}"
     if head_dim in (64, 128):
         assert _spilled(n) == 0, n
     return n
@@ -62,8 +63,10 @@ def test_varlen_backward_builds_without_extra_spills(variant):
     """HGMMA present; in the main loop (first to last HGMMA) no more spill instructions than the
     dense build of the same knobs (varlen off; the plan's dense default may differ: head_loop,
     lpt); none at all at D = 64 (the 64 x 128 tile) and D = 128.  Measured on the CPU: D = 256
-    2 + 2 words in the dense build, 2 + 3 in the varlen one, the third load in the epilogue (the
-    CTA table's sequence, spilled at the start)."""
+    2 + 2 spill instructions in the dense build, 3 + 4 in the varlen one (softcap poly): a load in
+    the epilogue (the CTA table's sequence, spilled at the start), and since the dQ accumulator's
+    rows start at the sequence's padded offset (not at cu_q like Q's) one word stored and
+    reloaded once in the prologue; the main loop's are the dense build's."""
     p = varlen_plan(*variant)
     assert p.bwd.varlen and not p.bwd.head_loop and not p.bwd.lpt
     _assert_no_extra_spills(B.bwd(p.bwd), p.bwd, variant[2])

@@ -123,8 +123,9 @@ def test_backward_varlen_launch_contract(monkeypatch):
     recorders: the pre kernel gets packed (1, total, H, D) / (1, H, total) views, the offsets and
     max_seqlen_q, and its oracle's rows reach the main kernel; the main kernel gets exactly the
     arguments of AttnBwdSm90Varlen.__call__ (count and order: the padded buffers, the (1, total,
-    H, D) accumulators, the offsets, the CTA table and its grid, the numbers, the window); the post kernel's
-    outputs come back as packed (total, H, D) gradients."""
+    H, D) dK / dV accumulators, the padded (1, H, rows, D + 8) dQ accumulator, the offsets, the CTA
+    table and its grid, the numbers, the window); the post kernels' outputs come back as packed
+    (total, H, D) gradients (dQ read per sequence from its padded offset)."""
     import inspect
 
     pytest.importorskip("cutlass")
@@ -147,9 +148,13 @@ def test_backward_varlen_launch_contract(monkeypatch):
     def compiled(kind, key, build):
         def fn(*args):
             calls.setdefault(kind, []).append((key, args))
-            if kind == "attn_bwd_prepost" and not hasattr(key, "needs_lse"):   # post: scale and cast
-                dq_acc, dk_acc, dv_acc, dq, dk, dv = args[:6]
-                dq.copy_(dq_acc * args[6]), dk.copy_(dk_acc * args[6]), dv.copy_(dv_acc)
+            if kind == "attn_bwd_prepost" and not hasattr(key, "needs_lse") and key.part == "dq":   # post dQ
+                dq_acc, dq4, cu, max_q, _, scale = args
+                assert key.varlen and cu is cu_q and max_q == 130
+                dq4[0].copy_(ref.postprocess_dq_varlen(dq_acc, scale, dq4.dtype, cu_q_l))
+            elif kind == "attn_bwd_prepost" and not hasattr(key, "needs_lse"):   # post dK, dV
+                dk_acc, dv_acc, dk, dv, scale = args
+                dk.copy_(dk_acc * scale), dv.copy_(dv_acc)
             elif kind == "attn_bwd_prepost":                                    # pre: the oracle
                 do4, o4, lse3, lse2, dsum, cu, max_q = args
                 assert key.varlen and do4.shape == (1,) + tuple(q.shape) and lse3.shape == (1,) + tuple(lse.shape)
@@ -158,7 +163,11 @@ def test_backward_varlen_launch_contract(monkeypatch):
                 rows = ref.varlen_owned_rows(cu_q_l)
                 lse2[:, :, rows], dsum[:, :, rows] = r2[:, :, rows], rd[:, :, rows]
             else:                                                               # main: mark the accumulators
-                args[6].fill_(1.0), args[7].fill_(2.0), args[8].fill_(3.0)
+                args[6].fill_(float("nan"))                                     # padding: never read
+                for b in range(len(cu_q_l) - 1):   # each sequence's rows of the dQ accumulator
+                    p = varlen_padded_offset(cu_q_l[b], b)
+                    args[6][:, :, p:p + cu_q_l[b + 1] - cu_q_l[b], :d] = 1.0
+                args[7].fill_(2.0), args[8].fill_(3.0)
         return fn
 
     monkeypatch.setattr(compile_cache, "compiled", compiled)
@@ -176,7 +185,7 @@ def test_backward_varlen_launch_contract(monkeypatch):
     r2, rd = ref.preprocess_varlen(dout, out, lse, cu_q_l, True, True)
     torch.testing.assert_close(named["mLSE"][:, :, owned], r2[:, :, owned])
     torch.testing.assert_close(named["mDsum"][:, :, owned], rd[:, :, owned])
-    assert named["mdQacc"].shape == (1,) + tuple(q.shape) and named["mdQacc"].dtype == torch.float32
+    assert named["mdQacc"].shape == (1, h_q, rows, d + 8) and named["mdQacc"].dtype == torch.float32
     assert named["mdKacc"].shape == named["mdVacc"].shape == (1,) + tuple(k.shape)
     assert named["mCuSeqlensQ"] is cu_q and named["mCuSeqlensK"] is cu_k
     # the CTA table of the live (key block, head, sequence) triples and the grid's host bound
