@@ -693,6 +693,10 @@ def merge(paths: list[str]) -> dict:
             _absorb(out, Cell.parse(status["cell"]), dict(status), {"rows": rows, **{
                 k: part.get(k) for k in ("device", "torch", "fa4", "cudnn")}})
     out["merged_from"] = [{"file": os.path.basename(p), "commit": c} for p, c in zip(paths, commits)]
+    # the header names the parts, not the first one: its selection and commit covered only its cells
+    out["selection"] = "merged"
+    out["commit"] = ", ".join(dict.fromkeys(c for c in commits if c))
+    out["date"] = max((_read_json(p) or {}).get("date", "") for p in paths) or out.get("date")
     return out
 
 

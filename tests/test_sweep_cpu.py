@@ -194,6 +194,7 @@ def test_merge_later_file_wins(tmp_path):
     sg = [r for r in m["rows"] if r["cell"] == SG and r["impl"] == "ours" and r["mode"] == "sigmoid"]
     assert sorted(r["ms"] for r in sg) == [0.25, 0.55]
     assert [x["commit"] for x in m["merged_from"]] == [a["commit"], "bbbbbbb"]
+    assert m["commit"] == f"{a['commit']}, bbbbbbb" and m["selection"] == "merged"
 
 
 def _opts(**kw):
