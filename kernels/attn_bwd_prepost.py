@@ -129,15 +129,13 @@ def postprocess_dq(dq_acc, scale: float, dtype, s_q: int):
 
 def postprocess_dq_varlen(dq_acc, scale: float, dtype, cu_q: list):
     """dq (total_q, H, D) of packed sequences (host offsets cu_q) from the varlen accumulator."""
-    from .prepost_launch import DQ_ROW_ALIGN, dq_from_acc, varlen_padded_offset
-    from .prepost_launch import DQ_ROW_PAD
+    from .prepost_launch import DQ_ROW_PAD, varlen_padded_offset
     _, h, _, d = dq_acc.shape
     dq = torch.empty(cu_q[-1], h, d - DQ_ROW_PAD, dtype=dtype, device=dq_acc.device)
     for b in range(len(cu_q) - 1):
         q0, q1 = cu_q[b], cu_q[b + 1]
         p = varlen_padded_offset(q0, b)
-        block = dq_acc[:, :, p:p + -(-(q1 - q0) // DQ_ROW_ALIGN) * DQ_ROW_ALIGN]
-        dq[q0:q1] = postprocess_dq(block, scale, dtype, q1 - q0)[0]
+        dq[q0:q1] = postprocess_dq(dq_acc[:, :, p:p + q1 - q0], scale, dtype, q1 - q0)[0]
     return dq
 
 

@@ -321,7 +321,7 @@ class PostDqKernel(PostKernel):
     a CTA has ~POST_THREADS * POST_UNROLL chunks) of sequence b, all heads; chunk j of the CTA is
     (row j / (H * D / 8), head, chunk), so a warp's stores are consecutive 16-byte chunks of dq
     and its loads whole 32-byte chunks of one accumulator row.  Varlen (PostKey.varlen): packed dq
-    (1, total_q, H, D) from row cu_q[b], the accumulator (1, H, rows, D) from the padded offset;
+    (1, total_q, H, D) from row cu_q[b], the accumulator (1, H, rows, D + 8) from the padded offset;
     dense: dq (B, S_q, H, D), the accumulator (B, H, S_pad, D + 8)."""
 
     @cute.jit

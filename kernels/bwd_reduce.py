@@ -9,8 +9,8 @@ The dQ tile goes one of two ways.
   - the MMA threads write the tile into smem in the accumulator's own layout (rows of D + 8
     words: kernels/prepost_launch.py, "The dQ accumulator");
   - one lane of warp 1 adds the whole tile with one `cp.reduce.async.bulk` (a query block is one
-    contiguous range of the accumulator; one add per row was a third of the D = 64 backward's
-    stall samples, docs/NOTES_attn_bwd.md);
+    contiguous range of the accumulator; one add per row kept the MMA warps waiting for the
+    staging buffer: docs/MEASURED.md, bwd-dq-async);
   - named barriers 3 (full) and 4 (empty) hand the single buffer back and forth.
 Both paths write the same accumulator (the atomics through its row stride), so the post
 kernel has one form.

@@ -67,7 +67,7 @@ VARLEN_PAD = 128
 # reduction (cp.reduce.async.bulk) instead of one per row (kernels/bwd_reduce.py).  Rows past S_q
 # (up to the tile) take zero adds and are never read.  The post kernel (and dq_from_acc, the
 # torch reference) drop the padding and reorder to (B, S_q, H, D).
-DQ_ROW_ALIGN = 128    # S_pad: a multiple of every backward tile_m (and of VARLEN_PAD)
+DQ_ROW_ALIGN = VARLEN_PAD   # S_pad: a multiple of every backward tile_m, as the varlen padding
 DQ_ROW_PAD = 8        # FP32 words after a row's D (staged smem rows of D + 8 words: 2-way banks at most)
 
 
@@ -84,17 +84,6 @@ def dq_from_acc(acc, s_q: int):
     """Torch: a dense dQ accumulator (B, H, S_pad, D + pad) as (B, S_q, H, D) (a view; no scale,
     no cast): the layout's reference, for the post kernel's oracle and the tests."""
     return acc[:, :, :s_q, :acc.shape[3] - DQ_ROW_PAD].transpose(1, 2)
-
-
-def dq_to_acc(dq, s_pad: int | None = None):
-    """The inverse of dq_from_acc: (B, S_q, H, D) -> a zero-padded (B, H, S_pad, D + pad)
-    accumulator (tests)."""
-    import torch
-    b, s_q, h, d = dq.shape
-    s_pad = dq_acc_rows(s_q) if s_pad is None else s_pad
-    acc = torch.zeros(b, h, s_pad, d + DQ_ROW_PAD, dtype=dq.dtype, device=dq.device)
-    acc[:, :, :s_q, :d] = dq.transpose(1, 2)
-    return acc
 
 
 def varlen_padded_offset(cu_q_b: int, b: int) -> int:
