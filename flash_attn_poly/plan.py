@@ -112,6 +112,10 @@ FWD_ROWS = (
                  mask_bits=False),
         "two consumer warpgroups of 64 rows, 2 K/V stages, a persistent LPT-ordered grid (0.92-0.96x)",
         "fwd-persistent"),
+    Row({}, dict(balance_ctas=True),
+        "the persistent grid's CTA count from the snake's balance model: 0.63-0.87x the time of 132 "
+        "CTAs at causal D = 256 and causal MHA D = 128 (softmax, sigmoid), 1.00x at the anchor",
+        "fwd-persistent-ctas"),
     Row({"head_dim": 256}, dict(tile_n=64),
         "Q 128 x 256 + 2 stages of 64-key K and V fill 192 of sm_90's 227 KB", ""),
     Row({"poly_score": True}, dict(pingpong=True),
@@ -132,12 +136,18 @@ FWD_ROWS = (
         dict(tile_m=192, tile_n=64, num_stages=4, pingpong=False),
         "three consumer warpgroups, tile 192 x 64, 4 stages: 0.95x (poly) / 0.98x (native)",
         "fwd-three-warpgroups"),
+    Row({"mode": "softcap", "fixed_max_ok": True, "head_dim": 128}, dict(balance_ctas=False),
+        "the 192-row tile on every SM: the balance model's count took 1.01-1.03x the time (causal MHA)",
+        "fwd-persistent-ctas"),
     Row({"exp2_offload": True, "fixed_max_ok": True}, dict(exp2_fma="from_split"),
         "the exp2 offload's columns take 2^a on the FMA pipe where the constant max bounds a",
         "softcap-exp2-offload"),
     Row({"head_dim": 64}, dict(tile_m=192, tile_n=128, num_stages=3, pingpong=False),
         "three consumer warpgroups, tile 192 x 128, 3 K/V stages: 0.90-0.93x the 128 x 128 tile at D = 64",
         "fwd-d64-tile"),
+    Row({"head_dim": 64}, dict(balance_ctas=False),
+        "every SM: the balance model is not timed on the 192-row tile at D = 64 (it missed at "
+        "softcap D = 128's)", "fwd-persistent-ctas"),
     Row({"head_dim": 64, "varlen": False, "causal": True}, dict(pingpong=True, mask_bits=True, o_smem=True),
         "the three warpgroups issue their GEMMs in turns, masked blocks by keep words, O staged "
         "through smem: 0.86-0.99x the time at causal D = 64 (S 512 to 8k, every mode; non-causal "
@@ -225,6 +235,7 @@ class AttnPlan:
     softmax_scale: float
     softcap: Optional[float]
     sigmoid_bias: Optional[float]   # sigmoid: the resolved bias (default -ln S_k)
+    fwd_ctas: int = 0          # the persistent forward's CTA count (runtime; <= fwd.persistent)
 
 
 def _apply(rows, facts, out: dict) -> dict:
@@ -350,8 +361,8 @@ def poly_outside_rule(call: AttnCall, program) -> Optional[str]:
 
 def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) -> AttnPlan:
     """The plan of a call on a GPU with sm_count SMs.  overrides: FwdConfig / BwdConfig fields as
-    "fwd.<field>" / "bwd.<field>" keys, and "poly_split", "grad_rule" for the score (timing tools
-    and tests); checked like the defaults (kernels.config.check_fwd / check_bwd)."""
+    "fwd.<field>" / "bwd.<field>" keys, "poly_split", "grad_rule" for the score, "fwd_ctas" for
+    the persistent forward's CTA count (timing tools and tests); checked like the defaults (kernels.config.check_fwd / check_bwd)."""
     from .kernels.config import BwdConfig, FwdConfig, check_bwd, check_fwd
     overrides = dict(overrides or {})
     program = None
@@ -368,10 +379,10 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     facts = _facts(call, program)
     facts["program"] = program
     unknown = sorted(k for k in overrides
-                     if not (k.startswith(("fwd.", "bwd.")) or k in ("poly_split", "grad_rule")))
+                     if not (k.startswith(("fwd.", "bwd.")) or k in ("poly_split", "grad_rule", "fwd_ctas")))
     if unknown:
         raise ValueError(f"unknown plan overrides {unknown}: use 'fwd.<FwdConfig field>', "
-                         "'bwd.<BwdConfig field>', 'poly_split' or 'grad_rule'")
+                         "'bwd.<BwdConfig field>', 'poly_split', 'grad_rule' or 'fwd_ctas'")
 
     # ---- forward
     fwd = _apply(FWD_ROWS, facts, {})
@@ -397,6 +408,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         raise ValueError(f"fixed_max (a constant row max c - 20) needs mode='softcap', BF16 inputs and "
                          f"0 < softcap <= {FIXED_MAX_CAP} (beyond, P leaves FP32's normal range), got "
                          f"mode={call.mode!r}, {call.dtype}, softcap={call.softcap}")
+    balance_ctas = fwd.pop("balance_ctas")
     wl, wr = call.window
     has_l = wl >= 0
     has_r = wr >= 0 and not call.causal
@@ -438,10 +450,40 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     bias = resolve_sigmoid_bias(call)
     from .kernels.config import window_sizes
     zero_dq = bwd_cfg.head_loop and zero_dq_rule
+    window = window_sizes(call.window, call.causal, call.seqlen_q, call.seqlen_k)
     return AttnPlan(call=call, score=score, score_bwd=score_bwd, fwd=fwd_cfg, bwd=bwd_cfg,
-                    window=window_sizes(call.window, call.causal, call.seqlen_q, call.seqlen_k),
-                    zero_dq_in_pre=zero_dq, softmax_scale=call.softmax_scale, softcap=call.softcap,
-                    sigmoid_bias=bias)
+                    window=window, zero_dq_in_pre=zero_dq, softmax_scale=call.softmax_scale,
+                    softcap=call.softcap, sigmoid_bias=bias,
+                    fwd_ctas=_fwd_ctas(call, fwd_cfg, window, balance_ctas, overrides.get("fwd_ctas")))
+
+
+def _fwd_ctas(call: AttnCall, fwd, window, balance: bool, override: Optional[int]) -> int:
+    """The persistent forward's CTA count: with `balance` (the balance_ctas row) on dense calls
+    the count (of at most fwd.persistent) whose snake over the sectioned LPT order the host model
+    balances best (kernels/tile_scheduler.persistent_ctas; docs/MEASURED.md fwd-persistent-ctas);
+    else, and on varlen calls (which walk their own order), fwd.persistent.  override: the count itself (timing tools, tests)."""
+    if override is not None:
+        if fwd.persistent <= 0 or not 0 < override <= fwd.persistent:
+            raise ValueError(f"fwd_ctas: the persistent grid's CTA count, 1 to fwd.persistent "
+                             f"({fwd.persistent}), got {override}")
+        return int(override)
+    if fwd.persistent <= 0 or call.varlen or not balance:
+        return fwd.persistent
+    from .kernels.tile_scheduler import TILE_FIXED_KEYS, heads_per_section, persistent_ctas
+    tm, tn, s_q, s_k = fwd.tile_m, fwd.tile_n, call.seqlen_q, call.seqlen_k
+    wl, wr = window
+    num_blocks, n_all = -(-s_q // tm), -(-s_k // tn)
+    cost = []
+    for m in range(num_blocks):   # key blocks per query block, as kernels/mask.BlockRange counts them
+        n_max = n_all
+        if fwd.causal or fwd.window_right:
+            col_end = (m + 1) * tm + s_k - s_q + (wr if fwd.window_right else 0)
+            n_max = min(n_max, -(-max(col_end, 0) // tn))
+        n_min = max(m * tm + s_k - s_q - wl, 0) // tn if fwd.window_left else 0
+        cost.append(max(n_max - n_min, 0) * tn + TILE_FIXED_KEYS)
+    units = call.heads_q * call.batch
+    group = heads_per_section(units, s_k, call.head_dim * 4, call.heads_q // call.heads_kv)
+    return persistent_ctas(fwd.persistent, num_blocks, units, group, cost, fwd.causal)
 
 
 # ---------------------------------------------------------------- the flash-attn-4 backend

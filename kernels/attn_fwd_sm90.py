@@ -123,16 +123,18 @@ class AttnFwdSm90:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
-                 win_left: Int32, win_right: Int32, stream):
-        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, None, stream)
+                 win_left: Int32, win_right: Int32, ctas: Int32, stream):
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, ctas, None, stream)
 
     @cute.jit
     def _launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                 mLSE: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
-                win_left: Int32, win_right: Int32, aux, stream, varlen=None):
+                win_left: Int32, win_right: Int32, ctas: Int32, aux, stream, varlen=None):
         """Host side.  The entry takes the call's own numbers (softmax scale, softcap, sigmoid
         bias; FP64, unused ones 0) and the score function encodes its four FP32 kernel arguments
-        from them here, in FP64 then rounded once, as Python would (scores/*.fwd_scalars)."""
+        from them here, in FP64 then rounded once, as Python would (scores/*.fwd_scalars).
+        ctas: the persistent grid's CTA count (the plan's AttnPlan.fwd_ctas, a runtime value so
+        that balancing the snake for a shape compiles nothing new; unused by a CTA-per-tile build)."""
         p0, p1, p2, p3 = (Float32(p) for p in self.score.fwd_scalars(scale, softcap, bias))
         # torch (B, S, H, D) -> (S, D, H, B); LSE (B, H, S) -> (S, H, B)
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
@@ -169,7 +171,7 @@ class AttnFwdSm90:
         grid = SectionLptScheduler.grid(num_m_blocks, mQ.shape[2], num_batch)
         if cutlass.const_expr(self.cfg.persistent > 0):
             tiles = num_m_blocks * mQ.shape[2] * num_batch
-            grid = (cutlass.min(tiles, self.cfg.persistent), 1, 1)
+            grid = (cutlass.min(tiles, ctas), 1, 1)
         self.kernel(mQ_tma, mK_tma, mV_tma, mO, mLSE, tma_q, tma_k, tma_v,
                     tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
                     (p0, p1, p2, p3), self._window_param(win_left, win_right), sched, aux, varlen).launch(
@@ -752,8 +754,8 @@ class AttnFwdSm90Aux(AttnFwdSm90):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
-                 win_left: Int32, win_right: Int32, aux: list, stream):
-        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, aux, stream)
+                 win_left: Int32, win_right: Int32, ctas: Int32, aux: list, stream):
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, ctas, aux, stream)
 
 
 class AttnFwdSm90Varlen(AttnFwdSm90):
@@ -764,8 +766,9 @@ class AttnFwdSm90Varlen(AttnFwdSm90):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_q: Int32,
-                 scale: Float64, softcap: Float64, bias: Float64, win_left: Int32, win_right: Int32, stream):
-        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, None, stream,
+                 scale: Float64, softcap: Float64, bias: Float64, win_left: Int32, win_right: Int32, ctas: Int32,
+                 stream):
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, ctas, None, stream,
                      (mCuSeqlensQ, mCuSeqlensK, max_seqlen_q))
 
 
@@ -777,8 +780,8 @@ class AttnFwdSm90VarlenCompact(AttnFwdSm90):
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_q: Int32,
                  mTiles: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64, win_left: Int32,
-                 win_right: Int32, stream):
-        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, None, stream,
+                 win_right: Int32, ctas: Int32, stream):
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, ctas, None, stream,
                      (mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, mTiles))
 
 
@@ -805,7 +808,8 @@ def _fake_args(cfg: FwdConfig):
         if cfg.varlen_compact:   # the compact order's table
             args += (cu(),)
     args += (Float64(1.0), Float64(1.0), Float64(0.0),   # scale, softcap, bias
-             Int32(0), Int32(0))   # window (left, right) sizes
+             Int32(0), Int32(0),   # window (left, right) sizes
+             Int32(0))             # the persistent grid's CTA count (AttnPlan.fwd_ctas)
     if cfg.score.aux:
         args += (aux_fake_tensors(cfg.score.aux),)
     return args

@@ -39,7 +39,8 @@ class FwdConfig:
     tile_n: int               # keys per block
     num_stages: int           # K/V shared-memory pipeline depth
     pingpong: bool            # the two consumer warpgroups take turns issuing their GEMMs
-    persistent: int           # > 0: a persistent grid of at most this many CTAs; 0: a CTA per tile
+    persistent: int           # > 0: a persistent grid of at most this many CTAs (the launch's count is
+                              # AttnPlan.fwd_ctas, a runtime argument); 0: a CTA per tile
     row_max_chains: int       # independent running row maxima (1, 2, 4 or 8; exact in any order)
     row_sum_carry: bool       # a block's row sum starts from the rescaled running sum
     rescale_threshold: float  # keep a stale row max until it grows by more than this (log2 units)

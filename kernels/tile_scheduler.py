@@ -19,6 +19,7 @@ hand some CTAs two of the longest tiles per period and others two of the shortes
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import cutlass
@@ -100,6 +101,54 @@ def persistent_lpt_tile(t: int, num_blocks: int, num_heads: int, num_batch: int,
     """Host mirror of SectionLptScheduler.tile_at: (block, head, batch) of linear tile t."""
     block, unit = lpt_tile(t, num_blocks, num_heads * num_batch, group, reverse)
     return block, unit % num_heads, unit // num_heads
+
+
+# The persistent forward's CTA count (persistent_ctas): the snake balances a sequence of tiles that
+# shortens monotonically, but the sectioned LPT order shortens within each section and starts
+# over at the next, and where a section holds about one to four rounds of tiles the snake hands
+# some CTAs the long tiles of two sections in a row (host model: the busiest CTA 1.2-1.7x the
+# mean at causal D = 256 and MHA shapes on 132 SMs).  A few SMs fewer, so that a round is a whole
+# share of a section, balances it again (128 CTAs: within 1.03x of the 132-SM mean there).
+PERSISTENT_MIN_SHARE = 7 / 8      # the fewest CTAs the model may choose, as a share of the SMs
+TILE_FIXED_KEYS = 192             # a tile's fixed cost (Q load, epilogue) in key columns' worth
+
+
+def snake_loads(costs, ctas: int):
+    """Per-CTA load of the snake walk (persistent_tile) over tiles of the given costs (a 1-D
+    float64 torch tensor in the linear order): a (ctas,) tensor."""
+    import torch
+    t = torch.arange(costs.numel())
+    r = t // ctas
+    p = t - r * ctas
+    cta = torch.where(r % 2 == 1, ctas - 1 - p, p)
+    return torch.zeros(ctas, dtype=costs.dtype).index_add_(0, cta, costs)
+
+
+def persistent_ctas(max_ctas: int, num_blocks: int, units: int, group: int, block_cost,
+                    reverse: bool) -> int:
+    """CTA count of the persistent forward (at most max_ctas, the SMs): the count in
+    [PERSISTENT_MIN_SHARE * max_ctas, max_ctas] whose snake over the sectioned LPT order
+    (persistent_lpt_tile) has the lightest busiest CTA; block_cost[m] is query block m's cost
+    (its key columns + TILE_FIXED_KEYS).  Equal costs (non-causal) give max_ctas."""
+    import torch
+    tiles = num_blocks * units
+    if tiles <= max_ctas or len(set(block_cost)) <= 1:
+        return max_ctas
+    t = torch.arange(tiles)
+    per_section = group * num_blocks
+    section = t // per_section
+    within = t - section * per_section
+    width = torch.clamp(units - section * group, max=group)
+    block = within // width
+    if reverse:
+        block = num_blocks - 1 - block
+    costs = torch.tensor(block_cost, dtype=torch.float64)[block]
+    best, best_load = max_ctas, None
+    for c in range(max_ctas, max(1, math.ceil(PERSISTENT_MIN_SHARE * max_ctas)) - 1, -1):
+        load = float(snake_loads(costs, c).max())
+        if best_load is None or load < best_load * (1 - 1e-9):
+            best, best_load = c, load
+    return best
 
 
 def persistent_tile(round_: int, cta: int, num_ctas: int) -> int:

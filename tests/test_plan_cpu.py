@@ -249,6 +249,26 @@ def test_forward_grid_is_the_devices_sm_count():
         resolve("softmax", overrides={"fwd.persistent": -1})
 
 
+def test_forward_cta_count_balances_the_snake():
+    """The persistent forward's runtime CTA count (AttnPlan.fwd_ctas, kernels/tile_scheduler
+    .persistent_ctas): where a section of the LPT order holds about two rounds of tiles (causal
+    D = 256 MHA, B=4 S=4k: 8 heads x 32 blocks = 256 tiles on 132 SMs) the model takes 128 CTAs
+    (two whole rounds per section); at the anchor (sections of 1024 tiles) and on non-causal calls
+    (equal tiles) it keeps every SM; varlen calls keep fwd.persistent; fwd_ctas overrides it."""
+    assert resolve("softmax", d=256, shape=(4, 4096, 16, 16)).fwd_ctas == 128
+    assert resolve("softmax", d=128, shape=(4, 4096, 32, 32)).fwd_ctas == 128
+    assert resolve("softmax").fwd_ctas == SM
+    assert resolve("softmax", d=256, shape=(4, 4096, 16, 16), causal=False).fwd_ctas == SM
+    assert resolve("softmax", overrides={"fwd.persistent": 0}).fwd_ctas == 0
+    p = resolve("softmax", d=256, shape=(4, 4096, 16, 16), overrides={"fwd_ctas": 132})
+    assert p.fwd_ctas == 132 and p.fwd.persistent == SM
+    for bad in (0, SM + 1):
+        with pytest.raises(ValueError, match="fwd_ctas"):
+            resolve("softmax", overrides={"fwd_ctas": bad})
+    with pytest.raises(ValueError, match="fwd_ctas"):
+        resolve("softmax", overrides={"fwd.persistent": 0, "fwd_ctas": 4})
+
+
 def test_interface_plans_with_the_devices_sm_count(monkeypatch):
     """attention() resolves its plan once per (call, SM count) of the tensors' device."""
     torch = pytest.importorskip("torch")

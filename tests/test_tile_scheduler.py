@@ -157,3 +157,49 @@ def test_varlen_backward_table_walks_every_live_key_block_once(lens, tile_n, hea
     rank = {b: r for r, b in enumerate(sorted(range(len(lens)), key=lambda b: -lens[b]))}
     key = [(rank[b], h, n) for n, h, b in tiles]
     assert key == sorted(key)
+
+
+def _causal_costs(seqlen, tile_m, tile_n):
+    nb = -(-seqlen // tile_m)
+    return nb, [min(-(-seqlen // tile_n), -(-(m + 1) * tile_m // tile_n)) * tile_n + T.TILE_FIXED_KEYS
+                for m in range(nb)]
+
+
+@pytest.mark.parametrize("batch,seqlen,hq,hkv,d", [(1, 16384, 16, 16, 256), (4, 4096, 16, 16, 256),
+                                                   (32, 512, 16, 16, 256), (1, 16384, 16, 8, 256),
+                                                   (4, 4096, 32, 32, 128), (2, 8192, 32, 32, 128),
+                                                   (1, 4096, 32, 8, 128), (16, 1024, 32, 8, 128),
+                                                   (2, 8192, 32, 32, 64)])
+def test_persistent_cta_count_balances_sectioned_causal_orders(batch, seqlen, hq, hkv, d):
+    """The host model behind AttnPlan.fwd_ctas: the snake over the sectioned LPT order on all 132
+    SMs leaves its busiest CTA 1.2-1.7x the mean where a section holds one to four rounds of tiles
+    (causal D = 256, MHA); the count persistent_ctas picks keeps the busiest CTA within 1.035x of
+    the 132-SM mean (the ideal) at every shape here, and is never worse than 132."""
+    tile_m, tile_n = (192, 128) if d == 64 else (128, 64 if d == 256 else 128)
+    nb, cost = _causal_costs(seqlen, tile_m, tile_n)
+    units = hq * batch
+    group = T.heads_per_section(units, seqlen, d * 4, hq // hkv)
+    order = [T.persistent_lpt_tile(i, nb, hq, batch, group, True) for i in range(nb * units)]
+    costs = [cost[b] for b, _, _ in order]
+    ideal = sum(costs) / 132
+    ctas = T.persistent_ctas(132, nb, units, group, cost, True)
+    assert 116 <= ctas <= 132
+    import torch
+    busiest = lambda c: float(T.snake_loads(torch.tensor(costs, dtype=torch.float64), c).max())
+    assert busiest(ctas) <= busiest(132) and busiest(ctas) <= 1.035 * ideal, (ctas, busiest(ctas) / ideal)
+    if (d, hq) == (256, 16) and hkv == 16 and seqlen >= 4096:
+        assert busiest(132) >= 1.4 * ideal        # the imbalance the count removes
+
+
+def test_snake_loads_matches_the_walk():
+    """snake_loads is the vectorised form of the persistent_tile walk."""
+    import torch
+    costs = [float((7 * i) % 13 + 1) for i in range(50)]
+    for ctas in (1, 6, 7, 50, 64):
+        walk = [0.0] * ctas
+        for r in range(-(-50 // ctas)):
+            for c in range(ctas):
+                t = T.persistent_tile(r, c, ctas)
+                if t < 50:
+                    walk[c] += costs[t]
+        assert T.snake_loads(torch.tensor(costs, dtype=torch.float64), ctas).tolist() == walk

@@ -93,6 +93,8 @@ def parse(text: str, direction: str = "fwd") -> Knob:
             overrides[key] = _split(name, value)
         elif key == "grad_rule":
             overrides[key] = value
+        elif key == "fwd_ctas":
+            overrides[key] = _value(name, int, value)
         elif key in CALL_KNOBS:
             call[key] = _value(name, CALL_KNOBS[key], value)
         else:
