@@ -362,7 +362,8 @@ def poly_outside_rule(call: AttnCall, program) -> Optional[str]:
 def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) -> AttnPlan:
     """The plan of a call on a GPU with sm_count SMs.  overrides: FwdConfig / BwdConfig fields as
     "fwd.<field>" / "bwd.<field>" keys, "poly_split", "grad_rule" for the score, "fwd_ctas" for
-    the persistent forward's CTA count (timing tools and tests); checked like the defaults (kernels.config.check_fwd / check_bwd)."""
+    the persistent forward's CTA count (timing tools and tests); checked like the defaults
+    (kernels.config.check_fwd / check_bwd)."""
     from .kernels.config import BwdConfig, FwdConfig, check_bwd, check_fwd
     overrides = dict(overrides or {})
     program = None
@@ -461,7 +462,8 @@ def _fwd_ctas(call: AttnCall, fwd, window, balance: bool, override: Optional[int
     """The persistent forward's CTA count: with `balance` (the balance_ctas row) on dense calls
     the count (of at most fwd.persistent) whose snake over the sectioned LPT order the host model
     balances best (kernels/tile_scheduler.persistent_ctas; docs/MEASURED.md fwd-persistent-ctas);
-    else, and on varlen calls (which walk their own order), fwd.persistent.  override: the count itself (timing tools, tests)."""
+    else, and on varlen calls (which walk their own order), fwd.persistent.  override: the count
+    itself (timing tools, tests)."""
     if override is not None:
         if fwd.persistent <= 0 or not 0 < override <= fwd.persistent:
             raise ValueError(f"fwd_ctas: the persistent grid's CTA count, 1 to fwd.persistent "
