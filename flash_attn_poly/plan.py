@@ -186,7 +186,7 @@ BWD_ROWS = (
         "dQ staged in smem and added by warp 1's bulk reductions: 0.76-0.79x the red.global path",
         "bwd-dq-async"),
     Row({}, dict(lpt=True), "LPT-ordered CTAs: 0.90-0.94x blockIdx order", "bwd-lpt"),
-    Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True),
+    Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True, kv_sections=False),
         "a CTA per KV head over its GQA group where that grid has >= 1.5 CTAs per SM; its dQ "
         "accumulator zeroed by the pre kernel", "bwd-head-loop"),
     Row({"mode": "sigmoid"}, dict(zero_dq_in_pre=False),
@@ -201,7 +201,8 @@ BWD_ROWS = (
         dict(head_loop=False),
         "sigmoid at the 128-row step: a CTA per query head, 0.97x the per-KV-head loop (poly timed; its "
         "backward score is native, native's build)", "bwd-d64-tile-m128"),
-    Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
+    Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False,
+                                      kv_sections=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
     Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
     Row({"varlen": True}, dict(varlen=True),
@@ -438,7 +439,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         # the per-KV-head loop where the grid fills (the head_loop row's rule, measured on packed
         # batches: docs/MEASURED.md varlen-head-loop); dQ's accumulator is zeroed by
         # backward_varlen's own memset
-        bwd.update(head_loop=bool(bwd["head_loop"]), lpt=False, zero_dq_in_pre=False)
+        bwd.update(head_loop=bool(bwd["head_loop"]), lpt=False, zero_dq_in_pre=False, kv_sections=False)
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,

@@ -126,6 +126,7 @@ class AttnBwdSm90(BwdReductions):
         # of the GQA group in turn, keeping dK/dV in registers throughout, and stores them
         # scaled and cast (no FP32 dK/dV accumulators, atomics or post pass): module docstring
         self.head_loop = cfg.head_loop
+        self.kv_sections = cfg.kv_sections
         # where head_loop builds store dK / dV: in each branch of `if m_min < m_max` (the loop's
         # and the zeros'), or once after it.  At tile_m 128 the merged store made ptxas keep the
         # dK / dV accumulators in local memory (160 STL, every wgmma serialised; per branch: none);
@@ -299,8 +300,13 @@ class AttnBwdSm90(BwdReductions):
             # KV heads), since L2-sized sections of 2 KV heads started long CTAs late
             # (docs/MEASURED.md)
             h_kv = mK.shape[2]
+            group = h_kv
+            if const_expr(self.kv_sections):
+                # equal-length CTAs (no staircase to order): sections of KV heads whose G query
+                # heads' Q, dO (16-bit) and FP32 dQ accumulator fit L2, key blocks fastest
+                group = section_heads(h_kv, mQ.shape[0] * (mQ.shape[2] // h_kv), self.D * 8, 1)
             n_block, head, batch = SectionLptScheduler(reverse=False).work_tile(
-                cute.ceil_div(mK.shape[0], self.tile_n), h_kv, h_kv)
+                cute.ceil_div(mK.shape[0], self.tile_n), h_kv, group)
         elif const_expr(self.lpt):
             # section working set per query head: Q, dO (16-bit) and the FP32 dQ accumulator
             h_q = mQ.shape[2]

@@ -71,6 +71,7 @@ class BwdConfig:
     dq_async: bool            # dQ staged in smem and added by warp 1's bulk reductions
     lpt: bool                 # LPT-ordered CTAs (key blocks of L2-sized head sections)
     head_loop: bool           # a CTA per (key block, KV head) runs the whole GQA group
+    kv_sections: bool         # head_loop's LPT order in L2-sized sections of KV heads (else one section)
     varlen: bool              # packed sequences (cu_seqlens; kernels/attn_bwd_sm90.py AttnBwdSm90Varlen)
 
 
@@ -132,6 +133,9 @@ def check_bwd(c: BwdConfig) -> None:
         raise ValueError("lpt: not with deterministic (the turn order needs the grid order)")
     if c.head_loop and c.deterministic:
         raise ValueError("head_loop: not with deterministic")
+    if c.kv_sections and not (c.head_loop and c.lpt):
+        raise ValueError(f"kv_sections: sections of head_loop's LPT order (head_loop and lpt), got "
+                         f"head_loop={c.head_loop}, lpt={c.lpt}")
     if c.stages < 1:
         raise ValueError(f"stages must be >= 1, got {c.stages}")
     if c.score.kind == "sigmoid" and c.score.evaluator == "poly" and c.score.grad_rule != "surrogate":

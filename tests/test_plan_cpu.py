@@ -456,5 +456,7 @@ def test_backward_overrides_are_checked():
         resolve("softmax", deterministic=True, overrides={"bwd.lpt": True})
     with pytest.raises(ValueError, match="head_loop: not with deterministic"):
         resolve("softmax", deterministic=True, overrides={"bwd.head_loop": True})
+    with pytest.raises(ValueError, match="kv_sections: sections of head_loop's LPT order"):
+        resolve("softmax", overrides={"bwd.kv_sections": True, "bwd.head_loop": False})
     with pytest.raises(ValueError, match="stages must be >= 1"):
         resolve("softmax", overrides={"bwd.stages": 0})
