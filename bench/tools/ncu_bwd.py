@@ -5,7 +5,7 @@
 
 Runs the forward of the plan attention() resolves once (for O and LSE), then its backward
 `--launches` times on the same inputs at the given shape (default: the anchor, B=1 S=4096 H 32/8
-D=128, causal, BF16, softcap 50), so that `--launch-skip 2` profiles a warm launch of the main
+D=128, causal unless --non-causal, BF16, softcap 50), so that `--launch-skip 2` profiles a warm launch of the main
 backward kernel. Profiling is done by ncu (`bash bench/round.sh ncu`); this file only makes
 the launches.
 
@@ -20,19 +20,21 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]   # bench/tools, bench/ (protocol)
+import plan_knobs  # noqa: E402
 from ncu_fwd import launcher_inputs, launcher_parser, launcher_plan  # noqa: E402
 
 
 def main(argv=None) -> int:
     p = launcher_parser(__doc__)
     p.add_argument("--impl", choices=("ours", "fa4"), default="ours")
+    p.add_argument("--knob", help="plan overrides NAME=VALUE[+NAME=VALUE...] (bench/tools/plan_knobs.py)")
     args = p.parse_args(argv)
     import torch
     if args.impl == "fa4":
         from flash_attn.cute import flash_attn_func
         q, k, v, do = launcher_inputs(args, 4)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        out = flash_attn_func(q, k, v, causal=True, softcap=50.0 if args.mode == "softcap" else 0.0)
+        out = flash_attn_func(q, k, v, causal=not args.non_causal, softcap=50.0 if args.mode == "softcap" else 0.0)
         out = out[0] if isinstance(out, tuple) else out
         for _ in range(args.launches):
             torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
@@ -41,7 +43,7 @@ def main(argv=None) -> int:
         return 0
     from flash_attn_poly.kernels import dispatch
     q, k, v, do = launcher_inputs(args, 4)
-    plan = launcher_plan(args, q, k, v)
+    plan = launcher_plan(args, q, k, v, plan_knobs.parse(args.knob, "bwd") if args.knob else None)
     o, lse = dispatch.forward(plan, q, k, v)
     for _ in range(args.launches):
         dispatch.backward(plan, do, q, k, v, o, lse)

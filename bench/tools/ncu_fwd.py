@@ -28,6 +28,7 @@ def launcher_parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--mode", default="softcap")
     p.add_argument("--evaluator", default="native")
     p.add_argument("--launches", type=int, default=4)
+    p.add_argument("--non-causal", action="store_true", help="no causal mask (default: causal)")
     return p
 
 
@@ -41,9 +42,9 @@ def launcher_inputs(args, n: int) -> list:
 
 
 def launcher_plan(args, q, k, v, knob=None):
-    """The plan attention(q, k, v, args.mode, evaluator=args.evaluator) resolves (causal,
-    softcap 50), with the knob's overrides."""
-    return plan_knobs.plan_for(q, k, v, args.mode, args.evaluator, knob, causal=True,
+    """The plan attention(q, k, v, args.mode, evaluator=args.evaluator) resolves (causal unless
+    --non-causal, softcap 50), with the knob's overrides."""
+    return plan_knobs.plan_for(q, k, v, args.mode, args.evaluator, knob, causal=not args.non_causal,
                                softcap=50.0 if args.mode == "softcap" else None)
 
 
