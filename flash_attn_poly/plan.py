@@ -186,7 +186,7 @@ BWD_ROWS = (
         "dQ staged in smem and added by warp 1's bulk reductions: 0.76-0.79x the red.global path",
         "bwd-dq-async"),
     Row({}, dict(lpt=True), "LPT-ordered CTAs: 0.90-0.94x blockIdx order", "bwd-lpt"),
-    Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True, kv_sections=False),
+    Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True, kv_sections=False, dkv_smem=False),
         "a CTA per KV head over its GQA group where that grid has >= 1.5 CTAs per SM; its dQ "
         "accumulator zeroed by the pre kernel", "bwd-head-loop"),
     Row({"mode": "sigmoid"}, dict(zero_dq_in_pre=False),
@@ -202,7 +202,7 @@ BWD_ROWS = (
         "sigmoid at the 128-row step: a CTA per query head, 0.97x the per-KV-head loop (poly timed; its "
         "backward score is native, native's build)", "bwd-d64-tile-m128"),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False,
-                                      kv_sections=False),
+                                      kv_sections=False, dkv_smem=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
     Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
     Row({"varlen": True}, dict(varlen=True),

@@ -588,7 +588,7 @@ class AttnBwdSm90(BwdReductions):
                     state.advance()
                 if const_expr(self.store_in_branch):
                     self.head_loop_store(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv,
-                                         batch, chunk, seqlen_k, args)
+                                         batch, chunk, seqlen_k, args, sK, sV)
             else:
                 for m_block in cutlass.range(m_min, m_max, unroll=1):
                     self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
@@ -609,23 +609,23 @@ class AttnBwdSm90(BwdReductions):
             # key block that no query sees (a window, S_q < S_k) stores its zeros too
             if const_expr(self.store_in_branch):
                 self.head_loop_store(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv,
-                                     batch, chunk, seqlen_k, args)
+                                     batch, chunk, seqlen_k, args, sK, sV)
         if const_expr(not self.store_in_branch):
             self.head_loop_store(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
-                                 chunk, seqlen_k, args)
+                                 chunk, seqlen_k, args, sK, sV)
 
     @cute.jit
     def head_loop_store(self, mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
-                        chunk, seqlen_k, args):
+                        chunk, seqlen_k, args, sK, sV):
         """head_loop builds: dK and dV scaled, cast and stored (no-op in the other builds)."""
         if const_expr(self.head_loop):
             if const_expr(self.cfg.varlen):
                 mdK_seq, mdV_seq = self.varlen_dkv(mdKacc, mdVacc)
                 self.store_dkv(mma_dkv_epi, acc_dK, acc_dV, mdK_seq, mdV_seq, tidx, n_block, head_kv, batch,
-                               chunk, seqlen_k, args[5])
+                               chunk, seqlen_k, args[5], sK, sV)
             else:
                 self.store_dkv(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
-                               chunk, seqlen_k, args[5])
+                               chunk, seqlen_k, args[5], sK, sV)
 
     @cute.jit
     def d_chunk(self, s: cute.Tensor, chunk) -> cute.Tensor:
@@ -1010,8 +1010,9 @@ def fake_args(cfg: BwdConfig):
     q, k, v, do = (mk(dt, 4, 8) for _ in range(4))      # TMA: strides multiple of 16 bytes
     lse, dsum = mk(Float32, 3, 4), mk(Float32, 3, 4)
     dq, dk, dv = (mk(Float32, 4, 2) for _ in range(3))  # red.v2: 8-byte aligned rows
-    if cfg.head_loop:   # dK, dV: the dtype gradients (st.global.b32 pairs: 4-byte aligned rows)
-        dk, dv = mk(dt, 4, 2), mk(dt, 4, 2)
+    if cfg.head_loop:   # dK, dV: the dtype gradients (st.global.b32 pairs: 4-byte aligned rows;
+        # dkv_smem's 16-byte row chunks: 16-byte aligned rows, as torch.empty_like allocates them)
+        dk, dv = (mk(dt, 4, 8 if cfg.dkv_smem else 2) for _ in range(2))
     args = (q, k, v, do, lse, dsum, dq, dk, dv)
     if cfg.varlen:   # cu_seqlens_q, cu_seqlens_k, the CTA table, its grid
         cu = lambda: make_fake_tensor(Int32, (cute.sym_int(32),), (1,), assumed_align=4)

@@ -25,3 +25,6 @@ class BwdBarrier(enum.IntEnum):
     DQ_FULL = 3           # dq_async: dQ tile staged in smem (256 MMA threads arrive, warp 1 waits)
     DQ_EMPTY = 4          # dq_async: warp 1 has read the staged tile (it arrives, MMA threads wait)
     DO_TAIL = 5           # varlen sigmoid: dO rows past the sequence zeroed in smem (256 MMA threads)
+    # dkv_smem: every wgmma of the loop has read K and V (256 MMA threads), then warpgroup w's
+    # 64 rows of dK / dV are staged (DKV_STAGED + 1 + w, its 128 threads)
+    DKV_STAGED = 6

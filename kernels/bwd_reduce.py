@@ -252,15 +252,65 @@ class BwdReductions:
 
     @cute.jit
     def store_dkv(self, mma_dkv, acc_dK, acc_dV, mdK, mdV, tidx, n_block, head_kv, batch, chunk, seqlen_k,
-                  dk_scale):
+                  dk_scale, sK=None, sV=None):
         """head_loop builds: this CTA holds the whole GQA group's sums, so dK (times dk_scale,
-        in FP32, then one rounding, as the post pass does) and dV are stored as dtype."""
+        in FP32, then one rounding, as the post pass does) and dV are stored as dtype: from the
+        registers as packed pairs, or (dkv_smem) staged through the K / V tiles sK, sV."""
         tile = (self.tile_n, self.Dc)
         col0 = chunk * self.Dc
-        self.store_tile(mma_dkv, acc_dK, mdK[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx, col0,
-                        dk_scale, True)
-        self.store_tile(mma_dkv, acc_dV, mdV[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx, col0,
-                        dk_scale, False)
+        if const_expr(self.cfg.dkv_smem):
+            self.store_tiles_staged(mma_dkv, acc_dK, acc_dV, mdK[None, None, head_kv, batch],
+                                    mdV[None, None, head_kv, batch], sK, sV, n_block, chunk, seqlen_k, tidx,
+                                    dk_scale)
+        else:
+            self.store_tile(mma_dkv, acc_dK, mdK[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx,
+                            col0, dk_scale, True)
+            self.store_tile(mma_dkv, acc_dV, mdV[None, None, head_kv, batch], tile, n_block, seqlen_k, tidx,
+                            col0, dk_scale, False)
+
+    @cute.jit
+    def store_tiles_staged(self, mma_dkv, acc_dK, acc_dV, gK, gV, sK, sV, n_block, chunk, seqlen_k, tidx,
+                           dk_scale):
+        """dkv_smem: dK (scaled) and dV cast, written with stmatrix over this CTA's own K and V
+        tiles (free once every wgmma of the loop has read them), then stored as 16-byte row
+        chunks: a warp covers whole rows, full sectors, rows >= S_k skipped (the forward's O
+        epilogue, o_smem).  The first barrier spans both MMA warpgroups: the other one's last
+        dQ product (dS K) reads every row of K; after it each warpgroup reads back only the 64
+        rows it wrote (a barrier of its own 128 threads).  A key block no query sees (m_min >=
+        m_max) never loaded K / V, so no copy into them is in flight."""
+        wg = tidx // 128
+        pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DKV_STAGED), num_threads=256).arrive_and_wait()
+        r2s = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
+            mma_dkv)
+        thr_r2s = r2s.get_slice(tidx)
+        rK = cute.make_fragment_like(acc_dK, self.dtype)
+        rK.store((acc_dK.load() * dk_scale).to(self.dtype))
+        rV = cute.make_fragment_like(acc_dV, self.dtype)
+        rV.store(acc_dV.load().to(self.dtype))
+        sKc, sVc = self.d_chunk(sK, chunk), self.d_chunk(sV, chunk)
+        cute.copy(r2s, thr_r2s.retile(rK), thr_r2s.partition_D(sKc))
+        cute.copy(r2s, thr_r2s.retile(rV), thr_r2s.partition_D(sVc))
+        pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DKV_STAGED) + 1 + wg, num_threads=128).arrive_and_wait()
+        # 16-byte chunks: Dc / 8 threads per row, 128 / (Dc / 8) rows per pass
+        chunks = self.Dc // 8
+        s2g = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
+            cute.make_ordered_layout((128 // chunks, chunks), order=(1, 0)),
+            cute.make_layout((1, 8)))
+        thr_s2g = s2g.get_slice(tidx - wg * 128)
+        rows = (64, self.Dc)
+        blk = n_block * (self.tile_n // 64) + wg
+        tc = thr_s2g.partition_S(cute.make_identity_tensor(rows))
+        row0 = blk * 64
+        for sX, gX in ((sKc, gK), (sVc, gV)):
+            ts = thr_s2g.partition_S(cute.local_tile(sX, rows, (wg, 0)))
+            tg = thr_s2g.partition_D(cute.local_tile(gX, rows, (blk, chunk)))
+            tr = cute.make_fragment_like(ts, self.dtype)
+            cute.autovec_copy(ts, tr)
+            for i in cutlass.range_constexpr(cute.size(tr.shape[1])):
+                if row0 + tc[0, i, 0][0] < seqlen_k:
+                    cute.copy(s2g, tr[None, i, None], tg[None, i, None])
 
     @cute.jit
     def store_tile(self, tiled_mma, acc, mX, tile, block, seqlen, tidx, col0, scale, scaled: cutlass.Constexpr):

@@ -72,6 +72,7 @@ class BwdConfig:
     lpt: bool                 # LPT-ordered CTAs (key blocks of L2-sized head sections)
     head_loop: bool           # a CTA per (key block, KV head) runs the whole GQA group
     kv_sections: bool         # head_loop's LPT order in L2-sized sections of KV heads (else one section)
+    dkv_smem: bool            # head_loop's dK / dV staged through the K / V smem tiles, 16-byte row stores
     varlen: bool              # packed sequences (cu_seqlens; kernels/attn_bwd_sm90.py AttnBwdSm90Varlen)
 
 
@@ -133,6 +134,8 @@ def check_bwd(c: BwdConfig) -> None:
         raise ValueError("lpt: not with deterministic (the turn order needs the grid order)")
     if c.head_loop and c.deterministic:
         raise ValueError("head_loop: not with deterministic")
+    if c.dkv_smem and not c.head_loop:
+        raise ValueError("dkv_smem: head_loop builds store dK / dV (the others add them to FP32 accumulators)")
     if c.kv_sections and not (c.head_loop and c.lpt):
         raise ValueError(f"kv_sections: sections of head_loop's LPT order (head_loop and lpt), got "
                          f"head_loop={c.head_loop}, lpt={c.lpt}")

@@ -510,3 +510,21 @@ def test_softcap_odd_program_bwd_compiles(d):
               head_loop=True, dq_async=d == 128, lpt=True)
     assert n["HGMMA"] > 0
     assert n["STL"] <= SOFTCAP_POLY_BWD_STL
+
+
+@pytest.mark.compile
+def test_dkv_smem_stores_dkv_as_16_byte_row_chunks():
+    """dkv_smem (head_loop's dK / dV staged through the K / V smem tiles): the 64 packed-pair
+    stores per thread become 16 STG.128 (a CTA's 2 x 128 keys x 128 columns x 2 bytes over 256
+    threads, 16 bytes each) after 16 stmatrix (8 per tile) and 16 LDS.128; the loop (HGMMA, MUFU,
+    the dQ bulk reductions) is the default's; no spills."""
+    fams = dict(sass.FAMILIES, **TURN_OPS, **{"STG.128": r"STG\.E\.128", "STSM": r"STSM(\..*)?",
+                                             "LDS.128": r"LDS\.128"})
+    base = B.bwd(B.plan("softmax", "native").bwd).counts(fams)
+    staged = B.bwd(B.plan("softmax", "native", overrides={"bwd.dkv_smem": True}).bwd).counts(fams)
+    assert base["STG.32"] == 64 and base.get("STG.128", 0) == 0, base
+    assert staged["STG.32"] == 0 and staged["STG.128"] == 16, staged
+    assert staged["STSM"] - base["STSM"] == 16 and staged["LDS.128"] - base.get("LDS.128", 0) == 16, (base, staged)
+    for fam in ("HGMMA", "MUFU.EX2", "UBLKRED"):
+        assert staged.get(fam, 0) == base.get(fam, 0) > 0, fam
+    assert staged.get("STL", 0) == 0
