@@ -473,16 +473,12 @@ def _fwd_ctas(call: AttnCall, fwd, window, balance: bool, override: Optional[int
     if fwd.persistent <= 0 or call.varlen or not balance:
         return fwd.persistent
     from .kernels.tile_scheduler import TILE_FIXED_KEYS, heads_per_section, persistent_ctas
+    from .kernels.mask import key_block_range
     tm, tn, s_q, s_k = fwd.tile_m, fwd.tile_n, call.seqlen_q, call.seqlen_k
-    wl, wr = window
-    num_blocks, n_all = -(-s_q // tm), -(-s_k // tn)
+    num_blocks = -(-s_q // tm)
     cost = []
-    for m in range(num_blocks):   # key blocks per query block, as kernels/mask.BlockRange counts them
-        n_max = n_all
-        if fwd.causal or fwd.window_right:
-            col_end = (m + 1) * tm + s_k - s_q + (wr if fwd.window_right else 0)
-            n_max = min(n_max, -(-max(col_end, 0) // tn))
-        n_min = max(m * tm + s_k - s_q - wl, 0) // tn if fwd.window_left else 0
+    for m in range(num_blocks):   # key blocks per query block, as the kernel's BlockRange counts them
+        n_min, n_max = key_block_range(m, s_q, s_k, tm, tn, fwd.causal, fwd.window_left, fwd.window_right, *window)
         cost.append(max(n_max - n_min, 0) * tn + TILE_FIXED_KEYS)
     units = call.heads_q * call.batch
     group = heads_per_section(units, s_k, call.head_dim * 4, call.heads_q // call.heads_kv)

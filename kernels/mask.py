@@ -90,6 +90,20 @@ class BlockRange:
         col = (m_block + 1) * self.tile_m - 1 + seqlen_k - seqlen_q - win_left
         return cute.ceil_div(cutlass.max(col, 0), self.tile_n)
 
+def key_block_range(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: bool,
+                    has_left: bool = False, has_right: bool = False, win_left: int = 0,
+                    win_right: int = 0) -> tuple[int, int]:
+    """Host mirror of BlockRange.n_block_min / n_block_max: (first, one past the last) key block
+    that any row of query block m_block may see (the tile scheduling models of the plan; the
+    range may be empty).  Same arithmetic on Python ints."""
+    n_max = -(-seqlen_k // tile_n)
+    if causal or has_right:
+        col_end = (m_block + 1) * tile_m + seqlen_k - seqlen_q + (win_right if has_right else 0)
+        n_max = min(n_max, -(-max(col_end, 0) // tile_n))
+    n_min = max(m_block * tile_m + seqlen_k - seqlen_q - win_left, 0) // tile_n if has_left else 0
+    return n_min, n_max
+
+
 def sub0(a, b):
     """a - b, and just a when b is the literal 0 of an unwindowed build (keeps its code as is)."""
     return a if isinstance(b, int) and b == 0 else a - b

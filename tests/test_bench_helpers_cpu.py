@@ -549,3 +549,15 @@ def test_tuning_tools_non_causal_rows():
         assert plans[0][2].fwd.mask_bits == causal            # the turns row: causal D = 64 only
     args = types.SimpleNamespace(batch=2, seqlen=8192, hq=32, hkv=8, headdim=64, non_causal=True)
     assert ", non-causal, BF16" in plan_knobs.shape_text(args)
+
+
+def test_plan_row_names_the_cta_count():
+    """A fwd_ctas knob changes no FwdConfig field, only the plan's runtime CTA count: the row it
+    would make says so (it is not the default's own config)."""
+    pytest.importorskip("cutlass")
+    import plan_knobs
+    qkv = _meta_qkv(*ANCHOR)
+    default = plan_knobs.plan_for(*qkv, "softmax", "native", None, causal=True)
+    other = plan_knobs.plan_for(*qkv, "softmax", "native", plan_knobs.parse("fwd_ctas=100", "fwd"), causal=True)
+    assert plan_knobs.plan_row(default, other)["sets"] == {"fwd_ctas": 100}
+    assert plan_knobs.plan_row(default, default)["sets"] == {}

@@ -203,3 +203,36 @@ def test_snake_loads_matches_the_walk():
                 if t < 50:
                     walk[c] += costs[t]
         assert T.snake_loads(torch.tensor(costs, dtype=torch.float64), ctas).tolist() == walk
+
+
+def _visible_blocks(m, s_q, s_k, tm, tn, causal, has_left, has_right, wl, wr):
+    """Key blocks holding a key that some row of query block m sees (every row of the tile,
+    tail rows past S_q included, as the kernel's block range counts them), by brute force."""
+    shift = s_k - s_q
+    seen = set()
+    for row in range(m * tm, (m + 1) * tm):
+        for col in range(s_k):
+            if (causal and col > row + shift) or (has_right and col > row + shift + wr) or \
+                    (has_left and col < row + shift - wl):
+                continue
+            seen.add(col // tn)
+    return seen
+
+
+@pytest.mark.parametrize("s_q,s_k", [(256, 256), (200, 333), (333, 200), (64, 640), (700, 65)])
+@pytest.mark.parametrize("causal,has_left,has_right,wl,wr", [
+    (False, False, False, 0, 0), (True, False, False, 0, 0), (True, True, False, 100, 0),
+    (False, True, True, 50, 7), (False, False, True, 0, 129), (False, True, False, 0, 0)])
+def test_key_block_range_is_the_visible_blocks(s_q, s_k, causal, has_left, has_right, wl, wr):
+    """kernels/mask.key_block_range (the host mirror of BlockRange.n_block_min / n_block_max,
+    which the plan's CTA-count model counts with) spans exactly the key blocks a query block's
+    rows see: first and one past the last, or an empty range where they see none."""
+    from flash_attn_poly.kernels.mask import key_block_range
+    tm, tn = 64, 128
+    for m in range(-(-s_q // tm)):
+        lo, hi = key_block_range(m, s_q, s_k, tm, tn, causal, has_left, has_right, wl, wr)
+        seen = _visible_blocks(m, s_q, s_k, tm, tn, causal, has_left, has_right, wl, wr)
+        if seen:
+            assert (lo, hi) == (min(seen), max(seen) + 1), (m, lo, hi, sorted(seen))
+        else:
+            assert hi <= lo, (m, lo, hi)

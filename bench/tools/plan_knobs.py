@@ -211,6 +211,8 @@ def plan_row(default, plan, direction: str = "fwd") -> dict:
             if f.name not in _CALL_FIELDS and getattr(a, f.name) != getattr(b, f.name)}
     if plan.score != default.score:
         sets["score"] = f"{plan.score.program.name if plan.score.program else plan.score.kind} {plan.score.poly_split}"
+    if direction == "fwd" and plan.fwd_ctas != default.fwd_ctas:   # a runtime plan value, no config field
+        sets["fwd_ctas"] = plan.fwd_ctas
     c = plan.call
     when = {"mode": c.mode, "evaluator": c.evaluator, "head_dim": c.head_dim,
             "cell": f"B={c.batch} S={c.seqlen_q} H={c.heads_q}/{c.heads_kv}"}
