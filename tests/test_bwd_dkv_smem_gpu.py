@@ -29,6 +29,8 @@ DENSE = [
     ("sigmoid", "bf16", 1, 600, 600, 4, 2, 128, False),
     ("softmax", "fp16", 1, 600, 600, 4, 2, 128, True),
 ]
+# the 64-row step at D = 64 (K and V in the 64-byte swizzle, stores once after the loop)
+DENSE_TILE64 = ("softmax", "bf16", 2, 777, 777, 8, 2, 64, True)
 
 
 def _grads(mode, dtype, b, sq, sk, hq, hkv, d, causal, overrides, seed=0):
@@ -56,23 +58,24 @@ def _assert_same(base, staged):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", DENSE, ids=lambda s: "-".join(map(str, s)))
-def test_dkv_smem_matches_the_register_epilogue(shape):
+@pytest.mark.parametrize("shape,extra", [(s, {}) for s in DENSE] + [(DENSE_TILE64, {"bwd.tile_m": 64})],
+                         ids=lambda x: "-".join(map(str, x)) if isinstance(x, tuple) else str(x))
+def test_dkv_smem_matches_the_register_epilogue(shape, extra):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    base = _grads(*shape, {"bwd.head_loop": True})
-    staged = _grads(*shape, {"bwd.head_loop": True, "bwd.dkv_smem": True})
+    base = _grads(*shape, {"bwd.head_loop": True, **extra})
+    staged = _grads(*shape, {"bwd.head_loop": True, "bwd.dkv_smem": True, **extra})
     _assert_same(base, staged)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["softmax", "softcap"])
-def test_dkv_smem_varlen_matches_the_register_epilogue(mode):
+@pytest.mark.parametrize("mode,d", [("softmax", 128), ("softcap", 128), ("softmax", 64)])
+def test_dkv_smem_varlen_matches_the_register_epilogue(mode, d):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     import flash_attn_poly.varlen as fv
     lens_q, lens_k = [300, 1, 517, 128, 900], [300, 129, 517, 0, 901]
-    hq, hkv, d, cap = 4, 2, 128, (30.0 if mode == "softcap" else None)
+    hq, hkv, cap = 4, 2, (30.0 if mode == "softcap" else None)
     g = torch.Generator(device="cuda").manual_seed(1)
     mk = lambda n, h: torch.randn(n, h, d, device="cuda", generator=g).to(torch.bfloat16)
     q, k, v = mk(sum(lens_q), hq), mk(sum(lens_k), hkv), mk(sum(lens_k), hkv)
