@@ -304,7 +304,7 @@ class AttnBwdSm90(BwdReductions):
             if const_expr(self.kv_sections):
                 # sections of KV heads whose G query heads' Q, dO (16-bit) and FP32 dQ
                 # accumulator fit L2 (each longest first, heads fastest): more CTAs of a wave on
-                # one query head's rows (bench/results/bwd_sass_fa4.md, the wave model)
+                # one query head's rows (bench/results/sass_fa4.md, the wave model)
                 group = section_heads(h_kv, mQ.shape[0] * (mQ.shape[2] // h_kv), self.D * 8, 1)
             n_block, head, batch = SectionLptScheduler(reverse=False).work_tile(
                 cute.ceil_div(mK.shape[0], self.tile_n), h_kv, group)

@@ -1,16 +1,17 @@
-"""Our sm_90a softmax backward beside flash-attn-4's, read from SASS on the CPU (no GPU).
+"""Our sm_90a softmax kernels beside flash-attn-4's, read from SASS on the CPU (no GPU).
 
-    python bench/tools/bwd_sass_fa4.py    # writes bench/results/bwd_sass_fa4.md and .json
+    python bench/tools/sass_fa4.py    # writes bench/results/sass_fa4.md and .json
 
-For each shape class (head dim, causal, MHA / GQA) both backward kernels are compiled for sm_90a
-without a GPU (ours: tests/builds.py, the plan attention() resolves at B 4, S 4096, H_q 32;
-FA4 4.0.0b36: flash_attn.cute.interface._flash_attn_bwd on fake tensors, in a child process, as
-tests/fa4_builds.py does for its builds), then the query-block loop is located (the innermost
-loop with the most HGMMA) and its opcodes counted, with the whole kernel's epilogue stores and
-its registers.  Per unit of work: the loop's instructions issued by the MMA warps (8: two
-warpgroups) per (query row x key row) of the tile, x 1000.  This is a static count: it says
-what each kernel issues per tile, not how the tensor pipe overlaps it (ncu on the H200 does:
-bench/tools/ncu_bwd.py).
+For each shape class (head dim, causal, MHA / GQA) both forward and both backward kernels are
+compiled for sm_90a without a GPU (ours: tests/builds.py, the plan attention() resolves at B 4,
+S 4096, H_q 32 (16 at D = 256); FA4 4.0.0b36: flash_attn_func / flash_attn.cute.interface.
+_flash_attn_bwd on fake tensors, in a child process, as tests/fa4_builds.py does for its builds),
+then the hot loop is located (the shortest loop holding HGMMA and at least 8 MUFU: the forward's
+mask-free key-block step, the backward's query-block step) and its opcodes counted, with the whole
+kernel's epilogue stores.  Per unit of work: the loop's instructions issued by the MMA warps (4 per
+consumer warpgroup) per (query row x key row) of its tile, x 1000.  This is a static count: it
+says what each kernel issues per tile, not how the tensor pipe overlaps it (ncu on the H200 does:
+bench/tools/ncu_fwd.py, ncu_bwd.py).
 
 The second table is a host model of the CTA order (wave_model): how many query heads' rows the
 first 132 CTAs (one wave, one CTA per SM) stream at once, in our order (kernels/tile_scheduler:
@@ -38,10 +39,10 @@ SHAPES = [("d128-causal-gqa", 128, True, 32, 8), ("d128-causal-mha", 128, True, 
           ("d64-causal-gqa", 64, True, 32, 8), ("d256-causal-gqa", 256, True, 16, 8)]
 B, S = 4, 4096
 COUNTED = ("HGMMA", "MUFU", "BAR", "SYNCS", "WARPGROUP", "STS", "LDS", "STSM", "FFMA", "FMUL", "FADD", "FSEL",
-           "F2FP", "ISETP", "UBLKRED")
+           "F2FP", "FMNMX", "ISETP", "UBLKRED")
 EPILOGUE = {"STG.32": r"STG\.E", "STG.128": r"STG\.E\.128", "UBLKCP (bulk copy)": r"UBLKCP.*",
             "UTMASTG (TMA store)": r"UTMASTG.*", "RED.F32": r"REDG?\.E\.ADD\.F32.*"}
-CACHE = os.path.join(os.environ.get("TMPDIR", "/tmp"), "fap_bwd_sass_fa4")
+CACHE = os.path.join(os.environ.get("TMPDIR", "/tmp"), "fap_sass_fa4")
 
 
 # ------------------------------------------------------------------ SASS loops
@@ -73,7 +74,8 @@ def opcode(t: str) -> str:
 
 
 def hot_loop(text: str) -> dict:
-    """Opcode family counts of the innermost loop with the most HGMMA (ties: the shortest)."""
+    """Opcode family counts of the shortest loop that holds HGMMA and at least 8 MUFU (the score
+    step; shorter loops are the producer's or the dQ writer's, longer ones enclose it)."""
     ins, labels = parse(text)
     best = None
     for a, t in ins:
@@ -84,10 +86,9 @@ def hot_loop(text: str) -> dict:
             lo = labels[m.group(1)]
             c = Counter(opcode(x).split(".")[0] for y, x in ins if lo <= y <= a)
             c["total"] = sum(1 for y, _ in ins if lo <= y <= a)
-            key = (c["HGMMA"], -c["total"])
-            if best is None or key > best[0]:
-                best = (key, c)
-    return {k: best[1].get(k, 0) for k in ("total",) + COUNTED}
+            if c["HGMMA"] and c["MUFU"] >= 8 and (best is None or c["total"] < best["total"]):
+                best = c
+    return {k: best.get(k, 0) for k in ("total",) + COUNTED}
 
 
 def epilogue(text: str) -> dict:
@@ -96,33 +97,41 @@ def epilogue(text: str) -> dict:
 
 
 # ------------------------------------------------------------------ builds
-def ours(d, causal, hq, hkv) -> tuple:
+def ours(direction, d, causal, hq, hkv) -> tuple:
+    """(SASS, (tile_m, tile_n), consumer warps) of our build of the plan at the shape."""
     import builds
     p = builds.plan("softmax", "native", d=d, causal=causal, shape=(B, S, hq, hkv))
-    return builds.bwd(p.bwd).sass, p.bwd
+    if direction == "fwd":
+        return builds.fwd(p.fwd).sass, (p.fwd.tile_m, p.fwd.tile_n), 4 * p.fwd.tile_m // 64
+    return builds.bwd(p.bwd).sass, (p.bwd.tile_m, p.bwd.tile_n), 8
 
 
-def fa4(d, causal, hq, hkv) -> str:
-    out = os.path.join(CACHE, f"fa4_d{d}_c{int(causal)}_h{hq}_{hkv}.sass")
+def fa4(direction, d, causal, hq, hkv) -> tuple:
+    """(SASS, (tile_m, tile_n), consumer warps) of FA4's build at the shape (cached)."""
+    out = os.path.join(CACHE, f"fa4_{direction}_d{d}_c{int(causal)}_h{hq}_{hkv}.sass")
     if not os.path.exists(out):
         os.makedirs(CACHE, exist_ok=True)
         dump = os.path.join(CACHE, "dump")
         os.makedirs(dump, exist_ok=True)
         env = dict(os.environ, FLASH_ATTENTION_ARCH="sm_90", CUTE_DSL_ARCH="sm_90a", FLASH_ATTENTION_NUM_SMS="132",
                    CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=dump)
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--fa4-child", str(d), str(int(causal)),
-                            str(hq), str(hkv), out], env=env, capture_output=True, text=True)
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--fa4-child", direction, str(d),
+                            str(int(causal)), str(hq), str(hkv), out], env=env, capture_output=True, text=True)
         if r.returncode:
-            raise RuntimeError(f"FA4 build D={d} causal={causal} failed:\n{r.stderr[-3000:]}")
+            raise RuntimeError(f"FA4 {direction} build D={d} causal={causal} failed:\n{r.stderr[-3000:]}")
     with open(out) as f:
-        return f.read()
+        text = f.read()
+    m = re.match(r"// tile (\d+) x (\d+)", text)
+    tm, tn = int(m.group(1)), int(m.group(2))
+    return text, (tm, tn), (4 * tm // 64 if direction == "fwd" else 8)
 
 
-def _fa4_child(d, causal, hq, hkv, out):
+def _fa4_child(direction, d, causal, hq, hkv, out):
     import fa4_builds
     fa4_builds.import_fa4_on_cpu()
     import torch
-    from flash_attn.cute.interface import _flash_attn_bwd, _tile_size_bwd_sm90
+    from flash_attn.cute.interface import (_flash_attn_bwd, _tile_size_bwd_sm90, _tile_size_fwd_sm90,
+                                           flash_attn_func)
     from torch._subclasses.fake_tensor import FakeTensorMode
     from flash_attn_poly.kernels import sass
     dump = os.environ["CUTE_DSL_DUMP_DIR"]
@@ -131,22 +140,23 @@ def _fa4_child(d, causal, hq, hkv, out):
     with FakeTensorMode():
         q = torch.empty(B, S, hq, d, device="cuda", dtype=torch.bfloat16)
         k = torch.empty(B, S, hkv, d, device="cuda", dtype=torch.bfloat16)
-        o, lse = torch.empty_like(q), torch.empty(B, hq, S, device="cuda", dtype=torch.float32)
-        _flash_attn_bwd(q, k, torch.empty_like(k), o, torch.empty_like(o), lse, d ** -0.5, causal, 0.0)
-    hits = glob.glob(os.path.join(dump, "*flash_bwd_sm90*.cubin"))
+        if direction == "fwd":
+            flash_attn_func(q, k, torch.empty_like(k), causal=causal)
+        else:
+            o, lse = torch.empty_like(q), torch.empty(B, hq, S, device="cuda", dtype=torch.float32)
+            _flash_attn_bwd(q, k, torch.empty_like(k), o, torch.empty_like(o), lse, d ** -0.5, causal, 0.0)
+    hits = glob.glob(os.path.join(dump, f"*flash_{direction}_sm90*.cubin"))
     if len(hits) != 1:
-        raise RuntimeError(f"expected one FA4 sm90 backward cubin, found {hits}")
+        raise RuntimeError(f"expected one FA4 sm90 {direction} cubin, found {hits}")
     with open(hits[0], "rb") as f:
         cubin = f.read()
-    cfg = _tile_size_bwd_sm90(d, d, causal, False)
-    head = f"// tile {cfg.m_block_size} x {cfg.n_block_size} registers {max(sass.registers(cubin).values())}\n"
+    if direction == "fwd":
+        cfg = _tile_size_fwd_sm90(d, d, causal, False)
+    else:
+        cfg = _tile_size_bwd_sm90(d, d, causal, False)
+    head = f"// tile {cfg.m_block_size} x {cfg.n_block_size}\n"
     with open(out, "w") as f:
         f.write(head + sass.disassemble(cubin))
-
-
-def fa4_tile(text: str) -> tuple:
-    m = re.match(r"// tile (\d+) x (\d+) registers (\d+)", text)
-    return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
 # ------------------------------------------------------------------ CTA order model
@@ -176,25 +186,21 @@ def wave_model(d, causal, hq, hkv, kv_sections=False, sms=132) -> dict:
 
 def main(md_path: str, json_path: str) -> dict:
     rows = []
-    for name, d, causal, hq, hkv in SHAPES:
-        ot, cfg = ours(d, causal, hq, hkv)
-        ft = fa4(d, causal, hq, hkv)
-        ftm, ftn, fregs = fa4_tile(ft)
-        from flash_attn_poly.kernels import sass
-        row = {"shape": name, "D": d, "causal": causal, "hq": hq, "hkv": hkv,
-               "ours": {"tile": [cfg.tile_m, cfg.tile_n], "loop": hot_loop(ot), "epilogue": epilogue(ot)},
-               "fa4": {"tile": [ftm, ftn], "registers": fregs, "loop": hot_loop(ft), "epilogue": epilogue(ft)}}
-        for who in ("ours", "fa4"):
-            r = row[who]
-            # instructions issued by the 8 MMA warps per (query row x key row) of a loop step, x 1000
-            # (D = 256: our CTA computes one 128-column chunk of dK / dV / dQ and recomputes S, dP)
-            r["per_pair_x1000"] = round(r["loop"]["total"] * 8 / (r["tile"][0] * r["tile"][1]) * 1000, 1)
-        row["model"] = wave_model(d, causal, hq, hkv)
-        row["model_kv_sections"] = wave_model(d, causal, hq, hkv, kv_sections=True)
-        rows.append(row)
-        print(name, row["ours"]["per_pair_x1000"], row["fa4"]["per_pair_x1000"], flush=True)
+    for direction in ("fwd", "bwd"):
+        for name, d, causal, hq, hkv in SHAPES:
+            row = {"direction": direction, "shape": name, "D": d, "causal": causal, "hq": hq, "hkv": hkv}
+            for who, build in (("ours", ours), ("fa4", fa4)):
+                text, tile, warps = build(direction, d, causal, hq, hkv)
+                loop = hot_loop(text)
+                row[who] = {"tile": list(tile), "loop": loop, "epilogue": epilogue(text),
+                            "per_pair_x1000": round(loop["total"] * warps / (tile[0] * tile[1]) * 1000, 1)}
+            if direction == "bwd":
+                row["model"] = wave_model(d, causal, hq, hkv)
+                row["model_kv_sections"] = wave_model(d, causal, hq, hkv, kv_sections=True)
+            rows.append(row)
+            print(direction, name, row["ours"]["per_pair_x1000"], row["fa4"]["per_pair_x1000"], flush=True)
     from importlib import metadata
-    out = {"what": "sm_90a softmax backward SASS, ours vs FA4, CPU compile (no GPU)",
+    out = {"what": "sm_90a softmax forward and backward SASS, ours vs FA4, CPU compile (no GPU)",
            "flash_attn_4": metadata.version("flash-attn-4"), "cutlass_dsl": metadata.version("nvidia-cutlass-dsl"),
            "commit": os.environ.get("FAP_COMMIT", "unknown"), "batch": B, "seqlen": S, "rows": rows}
     with open(json_path, "w") as f:
@@ -204,35 +210,46 @@ def main(md_path: str, json_path: str) -> dict:
     return out
 
 
-def render(out: dict) -> str:
-    L = ["# Backward SASS: ours vs FA4 (sm_90a, softmax, CPU compile)", "",
-         f"Commit {out['commit']}, flash-attn-4 {out['flash_attn_4']}, nvidia-cutlass-dsl {out['cutlass_dsl']}; "
-         f"B = {out['batch']}, S = {out['seqlen']}, BF16. Written by `python bench/tools/bwd_sass_fa4.py` "
-         "(its docstring: method). Static counts: what a loop step issues, not how it overlaps on the H200.", "",
-         "## The query-block loop (per thread, one step of query rows x key rows)", "",
-         "Counts are the loop's static code: a causal loop includes the diagonal tiles' mask "
-         "(ours: a branch of ~100 instructions, kernels/attn_bwd_sm90.mask_causal, skipped off the "
-         "diagonal), so the non-causal rows compare the steps like for like. Per pair x1000: loop "
-         "instructions x 8 MMA warps / (query rows x key rows) x 1000. D = 256: our CTA computes one "
-         "128-column chunk of dQ / dK / dV and recomputes S and dP over the full D; FA4's 64 x 48 "
-         "tile computes all 256 columns.", "",
-         "| shape | who | tile (q x k) | loop instr | per pair x1000 | HGMMA | MUFU | BAR | SYNCS | STS | LDS | STSM | "
-         "FFMA+FMUL+FADD+FSEL | ISETP | epilogue stores |", "|" + "---|" * 15]
-    for r in out["rows"]:
+def _loop_table(rows: list) -> list:
+    L = ["| shape | who | tile (q x k) | loop instr | per pair x1000 | HGMMA | MUFU | BAR | SYNCS | STS | LDS | "
+         "STSM | FFMA+FMUL+FADD+FSEL | FMNMX | ISETP | epilogue stores |", "|" + "---|" * 16]
+    for r in rows:
         for who in ("ours", "fa4"):
             x, lp = r[who], r[who]["loop"]
             ep = ", ".join(f"{k} {v}" for k, v in x["epilogue"].items() if v)
             fp = lp["FFMA"] + lp["FMUL"] + lp["FADD"] + lp["FSEL"]
             L.append(f"| {r['shape']} | {who} | {x['tile'][0]} x {x['tile'][1]} | {lp['total']} | "
                      f"{x['per_pair_x1000']} | {lp['HGMMA']} | {lp['MUFU']} | {lp['BAR']} | {lp['SYNCS']} | "
-                     f"{lp['STS']} | {lp['LDS']} | {lp['STSM']} | {fp} | {lp['ISETP']} | {ep} |")
-    L += ["", "## Query-side streams of one wave (host model, 132 CTAs)", "",
+                     f"{lp['STS']} | {lp['LDS']} | {lp['STSM']} | {fp} | {lp['FMNMX']} | {lp['ISETP']} | {ep} |")
+    return L
+
+
+def render(out: dict) -> str:
+    fwd = [r for r in out["rows"] if r["direction"] == "fwd"]
+    bwd = [r for r in out["rows"] if r["direction"] == "bwd"]
+    L = ["# SASS: ours vs FA4 (sm_90a, softmax, CPU compile)", "",
+         f"Commit {out['commit']}, flash-attn-4 {out['flash_attn_4']}, nvidia-cutlass-dsl {out['cutlass_dsl']}; "
+         f"B = {out['batch']}, S = {out['seqlen']} (heads as named; D = 256: 16 query heads), BF16. Written by "
+         "`python bench/tools/sass_fa4.py` (its docstring: method). Static counts: what a loop step issues, not "
+         "how it overlaps on the H200. Per pair x1000: loop instructions x consumer warps (4 per MMA warpgroup) / "
+         "(query rows x key rows of the step) x 1000.", "",
+         "## Forward: the key-block step (per thread)", "",
+         "The mask-free step of each kernel (ours: the persistent grid's; the O rescale sits in a branch that the "
+         "stale row max mostly skips, FA4's too where its counts show it).", ""]
+    L += _loop_table(fwd)
+    L += ["", "## Backward: the query-block step (per thread)", "",
+          "A causal loop includes the diagonal tiles' mask (ours: a branch of ~100 instructions, "
+          "kernels/attn_bwd_sm90.mask_causal, skipped off the diagonal), so the non-causal rows compare the steps "
+          "like for like. D = 256: our CTA computes one 128-column chunk of dQ / dK / dV and recomputes S and dP "
+          "over the full D; FA4's 64 x 48 tile computes all 256 columns.", ""]
+    L += _loop_table(bwd)
+    L += ["", "## Backward: query-side streams of one wave (host model, 132 CTAs)", "",
           "A stream: one query head's Q, dO and FP32 dQ accumulator rows, which every CTA of the wave on that "
           "head reads block by block (wave_model's docstring). CTAs per stream = the L2 sharing of those rows; "
           "GB: the whole backward's query-side bytes if each stream is fetched once per wave.", "",
           "| shape | ours streams | CTAs / stream | GB | kv_sections streams | CTAs / stream | GB | FA4 streams | "
           "CTAs / stream | GB |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in out["rows"]:
+    for r in bwd:
         m, k = r["model"], r["model_kv_sections"]
         L.append(f"| {r['shape']} | {m['ours_streams']} | {m['ours_ctas_per_stream']:.1f} | "
                  f"{m['ours_traffic_GB']:.2f} | {k['ours_streams']} | {k['ours_ctas_per_stream']:.1f} | "
@@ -243,11 +260,11 @@ def render(out: dict) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--fa4-child":
-        d, c, hq, hkv, out = sys.argv[2:7]
-        _fa4_child(int(d), c == "1", int(hq), int(hkv), out)
+        direction, d, c, hq, hkv, out = sys.argv[2:8]
+        _fa4_child(direction, int(d), c == "1", int(hq), int(hkv), out)
         raise SystemExit(0)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--md", default=os.path.join(ROOT, "bench", "results", "bwd_sass_fa4.md"))
-    ap.add_argument("--json", default=os.path.join(ROOT, "bench", "results", "bwd_sass_fa4.json"))
+    ap.add_argument("--md", default=os.path.join(ROOT, "bench", "results", "sass_fa4.md"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "bench", "results", "sass_fa4.json"))
     a = ap.parse_args()
     main(a.md, a.json)
