@@ -528,3 +528,18 @@ def test_dkv_smem_stores_dkv_as_16_byte_row_chunks():
     for fam in ("HGMMA", "MUFU.EX2", "UBLKRED"):
         assert staged.get(fam, 0) == base.get(fam, 0) > 0, fam
     assert staged.get("STL", 0) == 0
+
+
+@pytest.mark.compile
+def test_kv_sections_changes_only_the_cta_order():
+    """kv_sections (head_loop's LPT order in L2-sized sections of KV heads) builds: the CTA's
+    decode gains the section arithmetic, the loop is the default's (HGMMA, MUFU, dQ reductions,
+    stores), no spills."""
+    fams = dict(sass.FAMILIES, **TURN_OPS)
+    base = B.bwd(B.plan("softmax", "native").bwd)
+    sect = B.bwd(B.plan("softmax", "native", overrides={"bwd.kv_sections": True}).bwd)
+    assert sect.sass != base.sass
+    b, s = base.counts(fams), sect.counts(fams)
+    for fam in ("HGMMA", "MUFU.EX2", "UBLKRED", "STG.32"):
+        assert s.get(fam, 0) == b.get(fam, 0) > 0, fam
+    assert s.get("STL", 0) == 0
