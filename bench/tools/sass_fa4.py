@@ -1,6 +1,6 @@
 """Our sm_90a softmax kernels beside flash-attn-4's, read from SASS on the CPU (no GPU).
 
-    python bench/tools/sass_fa4.py    # writes bench/results/sass_fa4.md and .json
+    python bench/tools/sass_fa4.py --json bench/results/sass_fa4.json   # and sass_fa4.md beside it
 
 For each shape class (head dim, causal, MHA / GQA) both forward and both backward kernels are
 compiled for sm_90a without a GPU (ours: tests/builds.py, the plan attention() resolves at B 4,
@@ -230,7 +230,7 @@ def render(out: dict) -> str:
     L = ["# SASS: ours vs FA4 (sm_90a, softmax, CPU compile)", "",
          f"Commit {out['commit']}, flash-attn-4 {out['flash_attn_4']}, nvidia-cutlass-dsl {out['cutlass_dsl']}; "
          f"B = {out['batch']}, S = {out['seqlen']} (heads as named; D = 256: 16 query heads), BF16. Written by "
-         "`python bench/tools/sass_fa4.py` (its docstring: method). Static counts: what a loop step issues, not "
+         "`python bench/tools/sass_fa4.py --json bench/results/sass_fa4.json` (its docstring: method). Static counts: what a loop step issues, not "
          "how it overlaps on the H200. Per pair x1000: loop instructions x consumer warps (4 per MMA warpgroup) / "
          "(query rows x key rows of the step) x 1000.", "",
          "## Forward: the key-block step (per thread)", "",
@@ -263,8 +263,9 @@ if __name__ == "__main__":
         direction, d, c, hq, hkv, out = sys.argv[2:8]
         _fa4_child(direction, int(d), c == "1", int(hq), int(hkv), out)
         raise SystemExit(0)
+    sys.path.insert(0, os.path.dirname(HERE))   # bench/ (protocol)
+    import protocol
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--md", default=os.path.join(ROOT, "bench", "results", "sass_fa4.md"))
-    ap.add_argument("--json", default=os.path.join(ROOT, "bench", "results", "sass_fa4.json"))
-    a = ap.parse_args()
-    main(a.md, a.json)
+    protocol.add_json_arg(ap, "sass_fa4")
+    path = protocol.output_path(ap.parse_args().json, "sass_fa4")
+    main(os.path.splitext(path)[0] + ".md", path)
