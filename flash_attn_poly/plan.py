@@ -201,8 +201,7 @@ BWD_ROWS = (
         dict(head_loop=False),
         "sigmoid at the 128-row step: a CTA per query head, 0.97x the per-KV-head loop (poly timed; its "
         "backward score is native, native's build)", "bwd-d64-tile-m128"),
-    Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False,
-                                      kv_sections=False, dkv_smem=False),
+    Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
     Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
     Row({"varlen": True}, dict(varlen=True),
@@ -439,7 +438,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         # the per-KV-head loop where the grid fills (the head_loop row's rule, measured on packed
         # batches: docs/MEASURED.md varlen-head-loop); dQ's accumulator is zeroed by
         # backward_varlen's own memset
-        bwd.update(head_loop=bool(bwd["head_loop"]), lpt=False, zero_dq_in_pre=False, kv_sections=False)
+        bwd.update(head_loop=bool(bwd["head_loop"]), lpt=False, zero_dq_in_pre=False)
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,

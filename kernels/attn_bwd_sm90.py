@@ -303,8 +303,8 @@ class AttnBwdSm90(BwdReductions):
             group = h_kv
             if const_expr(self.kv_sections):
                 # sections of KV heads whose G query heads' Q, dO (16-bit) and FP32 dQ
-                # accumulator fit L2 (each longest first, heads fastest): more CTAs of a wave on
-                # one query head's rows (bench/results/sass_fa4.md, the wave model)
+                # accumulator fit L2 (each longest first, heads fastest): the CTAs running at
+                # once share fewer query heads' rows, so more of them read each row from L2
                 group = section_heads(h_kv, mQ.shape[0] * (mQ.shape[2] // h_kv), self.D * 8, 1)
             n_block, head, batch = SectionLptScheduler(reverse=False).work_tile(
                 cute.ceil_div(mK.shape[0], self.tile_n), h_kv, group)

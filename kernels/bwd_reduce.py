@@ -252,7 +252,7 @@ class BwdReductions:
 
     @cute.jit
     def store_dkv(self, mma_dkv, acc_dK, acc_dV, mdK, mdV, tidx, n_block, head_kv, batch, chunk, seqlen_k,
-                  dk_scale, sK=None, sV=None):
+                  dk_scale, sK, sV):
         """head_loop builds: this CTA holds the whole GQA group's sums, so dK (times dk_scale,
         in FP32, then one rounding, as the post pass does) and dV are stored as dtype: from the
         registers as packed pairs, or (dkv_smem) staged through the K / V tiles sK, sV."""
