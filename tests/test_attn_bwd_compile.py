@@ -39,13 +39,16 @@ def _stl_bound(mode, evaluator) -> int:
 
 def _plan(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split=None, window=False,
           deterministic=False, dq_async=False, lpt=False, head_loop=False, program=None, grad_rule=None,
-          tile_m=None):
+          tile_m=None, dkv_smem=None):
     """The plan of attention(mode, evaluator, ...) with the backward's knobs as given (default
-    here: the plain build, no dQ staging, no LPT order, a CTA per query head); window: left and
+    here: the plain build, no dQ staging, no LPT order, a CTA per query head; dkv_smem None: the
+    plan's rule, staged with head_loop); window: left and
     (non-causal) right bounds compiled in; poly_split None: the plan's split for d."""
     ov = {"bwd.dq_async": dq_async, "bwd.lpt": lpt, "bwd.head_loop": head_loop}
     if tile_m is not None:
         ov["bwd.tile_m"] = tile_m
+    if dkv_smem is not None:
+        ov["bwd.dkv_smem"] = dkv_smem
     if poly_split is not None:
         ov["poly_split"] = poly_split
     if grad_rule is not None:
@@ -442,7 +445,7 @@ def test_head_loop_bwd_stores_dkv_without_atomics(mode, evaluator, d, dq_async):
     """head_loop: dK and dV leave as 32 + 32 packed-pair stores per thread (a CTA's 128 keys x
     128 columns, D = 256 one 128-column chunk per CTA) instead of 64 red.global.add.v2.f32;
     the dQ path, HGMMA and MUFU counts are the per-query-head build's; no spills."""
-    c = _sass(mode, evaluator, d, dq_async=dq_async, lpt=True, head_loop=True)
+    c = _sass(mode, evaluator, d, dq_async=dq_async, lpt=True, head_loop=True, dkv_smem=False)
     base = _sass(mode, evaluator, d, dq_async=dq_async, lpt=True)
     assert c["HGMMA"] == base["HGMMA"] > 0
     assert c.get("STL", 0) <= _stl_bound(mode, evaluator), c
@@ -520,8 +523,8 @@ def test_dkv_smem_stores_dkv_as_16_byte_row_chunks():
     the dQ bulk reductions) is the default's; no spills."""
     fams = dict(sass.FAMILIES, **TURN_OPS, **{"STG.128": r"STG\.E\.128", "STSM": r"STSM(\..*)?",
                                              "LDS.128": r"LDS\.128"})
-    base = B.bwd(B.plan("softmax", "native").bwd).counts(fams)
-    staged = B.bwd(B.plan("softmax", "native", overrides={"bwd.dkv_smem": True}).bwd).counts(fams)
+    base = B.bwd(B.plan("softmax", "native", overrides={"bwd.dkv_smem": False}).bwd).counts(fams)
+    staged = B.bwd(B.plan("softmax", "native").bwd).counts(fams)
     assert base["STG.32"] == 64 and base.get("STG.128", 0) == 0, base
     assert staged["STG.32"] == 0 and staged["STG.128"] == 16, staged
     assert staged["STSM"] - base["STSM"] == 16 and staged["LDS.128"] - base.get("LDS.128", 0) == 16, (base, staged)
@@ -536,8 +539,8 @@ def test_kv_sections_changes_only_the_cta_order():
     decode gains the section arithmetic, the loop is the default's (HGMMA, MUFU, dQ reductions,
     stores), no spills."""
     fams = dict(sass.FAMILIES, **TURN_OPS)
-    base = B.bwd(B.plan("softmax", "native").bwd)
-    sect = B.bwd(B.plan("softmax", "native", overrides={"bwd.kv_sections": True}).bwd)
+    base = B.bwd(B.plan("softmax", "native", overrides={"bwd.kv_sections": False}).bwd)
+    sect = B.bwd(B.plan("softmax", "native").bwd)
     assert sect.sass != base.sass
     b, s = base.counts(fams), sect.counts(fams)
     for fam in ("HGMMA", "MUFU.EX2", "UBLKRED", "STG.32"):
