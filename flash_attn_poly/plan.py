@@ -189,10 +189,11 @@ BWD_ROWS = (
     Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True),
         "a CTA per KV head over its GQA group where that grid has >= 1.5 CTAs per SM; its dQ "
         "accumulator zeroed by the pre kernel", "bwd-head-loop"),
-    Row({}, dict(kv_sections="with_head_loop", dkv_smem="with_head_loop"),
-        "head_loop builds: LPT order in L2-sized sections of KV heads (0.78x the time at MHA "
-        "non-causal S = 32k, 0.98-1.02x elsewhere) and dK / dV staged through the K / V tiles "
-        "(0.91-0.96x at S <= 4k)", "bwd-kv-sections"),
+    Row({}, dict(kv_sections="mha_long", dkv_smem="with_head_loop"),
+        "head_loop builds stage dK / dV through the K / V tiles (0.93-0.99x the time at S <= 4k, "
+        "0.98-1.0x beyond); at MHA with long rows, LPT in L2-sized sections of KV heads (0.64x at "
+        "non-causal S = 32k, 0.81x at 16k; 1.36x at GQA causal B=1 S=4k, hence MHA only)",
+        "bwd-kv-sections"),
     Row({"mode": "sigmoid"}, dict(zero_dq_in_pre=False),
         "sigmoid has no pre kernel otherwise: a memset is cheaper than launching it to zero dQ",
         "bwd-zero-dq"),
@@ -201,10 +202,6 @@ BWD_ROWS = (
     Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False}, dict(tile_m=128),
         "D = 64: 128 query rows per step (the dS factor packed to FP16 beside P): 0.93-0.98x the "
         "64-row step", "bwd-d64-tile-m128"),
-    Row({"head_dim": 64, "mode": "sigmoid", "deterministic": False, "user_score": False, "varlen": False},
-        dict(head_loop=False),
-        "sigmoid at the 128-row step: a CTA per query head, 0.97x the per-KV-head loop (poly timed; its "
-        "backward score is native, native's build)", "bwd-d64-tile-m128"),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
     Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
@@ -221,6 +218,9 @@ BWD_ROWS = (
 
 # head_loop where its grid (key blocks x KV heads x batch x column chunks) has this many CTAs per SM
 HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
+# kv_sections ("mha_long"): MHA calls whose key length reaches this (causal, non-causal); below,
+# one LPT section balances the causal tail better than L2-sized sections save DRAM traffic
+KV_SECTIONS_MIN_SEQLEN = {True: 16384, False: 4096}
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -445,8 +445,10 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         bwd.update(head_loop=bool(bwd["head_loop"]), lpt=False, zero_dq_in_pre=False)
     # the head_loop refinements follow the resolved loop (an override of head_loop, lpt or varlen
     # takes them along); kv_sections orders the LPT grid, which packed calls do not have
-    if bwd["kv_sections"] == "with_head_loop":
-        bwd["kv_sections"] = bool(bwd["head_loop"] and bwd["lpt"] and not bwd["varlen"])
+    if bwd["kv_sections"] == "mha_long":
+        bwd["kv_sections"] = bool(bwd["head_loop"] and bwd["lpt"] and not bwd["varlen"]
+                                  and call.heads_q == call.heads_kv
+                                  and call.seqlen_k >= KV_SECTIONS_MIN_SEQLEN[call.causal])
     if bwd["dkv_smem"] == "with_head_loop":
         bwd["dkv_smem"] = bool(bwd["head_loop"])
     zero_dq_rule = bwd.pop("zero_dq_in_pre")

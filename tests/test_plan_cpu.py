@@ -281,7 +281,8 @@ def test_interface_plans_with_the_devices_sm_count(monkeypatch):
 
 
 # ---------------------------------------------------------------------- backward rows
-BWD_FIELDS = ("tile_m", "tile_n", "stages", "deterministic", "dq_async", "lpt", "head_loop")
+BWD_FIELDS = ("tile_m", "tile_n", "stages", "deterministic", "dq_async", "lpt", "head_loop", "kv_sections",
+              "dkv_smem")
 
 
 @pytest.mark.parametrize("d,want", [
@@ -290,10 +291,26 @@ BWD_FIELDS = ("tile_m", "tile_n", "stages", "deterministic", "dq_async", "lpt", 
     (256, dict(tile_m=64, tile_n=128, stages=1, deterministic=False, dq_async=False, lpt=True, head_loop=True)),
 ])
 def test_backward_rows(d, want):
-    """D = 64 takes 128 query rows per step, sigmoid poly there a CTA per query head."""
+    """D = 64 takes 128 query rows per step; every mode the per-KV-head loop with dK / dV staged
+    through smem (sigmoid too: 0.60x its per-query-head build at MHA D = 64 S = 512); GQA keeps
+    one LPT section."""
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
-        w = dict(want, head_loop=False) if (d, mode) == (64, "sigmoid") else want
+        w = dict(want, kv_sections=False, dkv_smem=True)
         assert fields(resolve(mode, ev, d=d).bwd, BWD_FIELDS) == w, (mode, ev)
+
+
+@pytest.mark.parametrize("shape,causal,want", [
+    ((1, 32768, 32, 32), False, True), ((4, 4096, 32, 32), False, True), ((16, 1024, 32, 32), False, False),
+    ((1, 16384, 32, 32), True, True), ((2, 8192, 32, 32), True, False), ((1, 32768, 32, 8), False, False),
+    ((1, 4096, 32, 8), True, False)])
+def test_kv_sections_at_mha_with_long_rows(shape, causal, want):
+    """kv_sections (L2-sized sections of KV heads in head_loop's LPT order): MHA from S_k 4k
+    non-causal and 16k causal (the measured wins), never GQA (1.36x the time at causal B=1 S=4k);
+    dkv_smem with every head_loop build; neither without head_loop or in packed calls."""
+    p = resolve("softmax", shape=shape, causal=causal)
+    assert p.bwd.head_loop and p.bwd.dkv_smem and p.bwd.kv_sections == want, p.bwd
+    flat = resolve("softmax", shape=shape, causal=causal, overrides={"bwd.head_loop": False})
+    assert not (flat.bwd.kv_sections or flat.bwd.dkv_smem), flat.bwd
 
 
 def test_d64_backward_tile_m128_stays_off_where_it_was_not_run():
@@ -307,7 +324,8 @@ def test_d64_backward_tile_m128_stays_off_where_it_was_not_run():
 def test_deterministic_backward_is_ordered():
     p = resolve("softmax", deterministic=True)
     assert fields(p.bwd, BWD_FIELDS) == dict(tile_m=64, tile_n=128, stages=2, deterministic=True,
-                                             dq_async=False, lpt=False, head_loop=False)
+                                             dq_async=False, lpt=False, head_loop=False, kv_sections=False,
+                                             dkv_smem=False)
     assert not p.zero_dq_in_pre
     assert resolve("softmax").fwd == p.fwd     # the forward does not depend on it
 
