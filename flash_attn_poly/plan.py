@@ -190,9 +190,10 @@ BWD_ROWS = (
         "a CTA per KV head over its GQA group where that grid has >= 1.5 CTAs per SM; its dQ "
         "accumulator zeroed by the pre kernel", "bwd-head-loop"),
     Row({}, dict(kv_sections="mha_long", dkv_smem="with_head_loop"),
-        "head_loop builds stage dK / dV through the K / V tiles (0.93-0.99x the time at S <= 4k, "
-        "0.98-1.0x beyond); at MHA with long rows, LPT in L2-sized sections of KV heads (0.64x at "
-        "non-causal S = 32k, 0.81x at 16k; 1.36x at GQA causal B=1 S=4k, hence MHA only)",
+        "head_loop builds stage dK / dV through the K / V tiles (0.93-1.02x the time, 0.97x softmax "
+        "at causal GQA S = 4k); at MHA with long rows, LPT in L2-sized sections of KV heads (0.64x "
+        "at non-causal S = 32k, 0.81x at 16k, 0.95x causal 16k; 1.36x at causal GQA B=1 S=4k, hence "
+        "MHA only)",
         "bwd-kv-sections"),
     Row({"mode": "sigmoid"}, dict(zero_dq_in_pre=False),
         "sigmoid has no pre kernel otherwise: a memset is cheaper than launching it to zero dQ",
