@@ -540,8 +540,8 @@ def test_kv_sections_changes_only_the_cta_order():
     decode gains the section arithmetic, the loop is the default's (HGMMA, MUFU, dQ reductions,
     stores), no spills."""
     fams = dict(sass.FAMILIES, **TURN_OPS, **{"STG.128": r"STG\.E\.128"})
-    base = B.bwd(B.plan("softmax", "native", overrides={"bwd.kv_sections": False}).bwd)
-    sect = B.bwd(B.plan("softmax", "native").bwd)
+    base = B.bwd(B.plan("softmax", "native").bwd)     # GQA: one section
+    sect = B.bwd(B.plan("softmax", "native", overrides={"bwd.kv_sections": True}).bwd)
     assert sect.sass != base.sass
     b, s = base.counts(fams), sect.counts(fams)
     for fam in ("HGMMA", "MUFU.EX2", "UBLKRED", "STG.128"):
