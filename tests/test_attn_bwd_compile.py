@@ -442,9 +442,10 @@ def test_sigmoid_f16_program_refuses_surrogate():
     ("softmax", "native", 128, True), ("softcap", "poly", 128, True), ("sigmoid", "poly", 128, True),
     ("softcap", "native", 256, False), ("softmax", "native", 128, False)])
 def test_head_loop_bwd_stores_dkv_without_atomics(mode, evaluator, d, dq_async):
-    """head_loop: dK and dV leave as 32 + 32 packed-pair stores per thread (a CTA's 128 keys x
-    128 columns, D = 256 one 128-column chunk per CTA) instead of 64 red.global.add.v2.f32;
-    the dQ path, HGMMA and MUFU counts are the per-query-head build's; no spills."""
+    """head_loop with the register epilogue (dkv_smem off): dK and dV leave as 32 + 32
+    packed-pair stores per thread (a CTA's 128 keys x 128 columns, D = 256 one 128-column chunk
+    per CTA) instead of 64 red.global.add.v2.f32; the dQ path, HGMMA and MUFU counts are the
+    per-query-head build's; no spills."""
     c = _sass(mode, evaluator, d, dq_async=dq_async, lpt=True, head_loop=True, dkv_smem=False)
     base = _sass(mode, evaluator, d, dq_async=dq_async, lpt=True)
     assert c["HGMMA"] == base["HGMMA"] > 0
