@@ -444,11 +444,10 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         # batches: docs/MEASURED.md varlen-head-loop); dQ's accumulator is zeroed by
         # backward_varlen's own memset
         bwd.update(head_loop=bool(bwd["head_loop"]), lpt=False, zero_dq_in_pre=False)
-    # the head_loop refinements follow the resolved loop (an override of head_loop, lpt or varlen
-    # takes them along); kv_sections orders the LPT grid, which packed calls do not have
+    # the head_loop refinements follow the resolved loop (an override of head_loop or lpt takes
+    # them along); kv_sections orders the LPT grid, which packed calls do not have (lpt off above)
     if bwd["kv_sections"] == "mha_long":
-        bwd["kv_sections"] = bool(bwd["head_loop"] and bwd["lpt"] and not bwd["varlen"]
-                                  and call.heads_q == call.heads_kv
+        bwd["kv_sections"] = bool(bwd["head_loop"] and bwd["lpt"] and call.heads_q == call.heads_kv
                                   and call.seqlen_k >= KV_SECTIONS_MIN_SEQLEN[call.causal])
     if bwd["dkv_smem"] == "with_head_loop":
         bwd["dkv_smem"] = bool(bwd["head_loop"])

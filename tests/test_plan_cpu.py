@@ -311,6 +311,8 @@ def test_kv_sections_at_mha_with_long_rows(shape, causal, want):
     assert p.bwd.head_loop and p.bwd.dkv_smem and p.bwd.kv_sections == want, p.bwd
     flat = resolve("softmax", shape=shape, causal=causal, overrides={"bwd.head_loop": False})
     assert not (flat.bwd.kv_sections or flat.bwd.dkv_smem), flat.bwd
+    packed = resolve("softmax", shape=shape, causal=causal, varlen=True)
+    assert packed.bwd.head_loop and packed.bwd.dkv_smem and not packed.bwd.kv_sections, packed.bwd
 
 
 def test_d64_backward_tile_m128_stays_off_where_it_was_not_run():
