@@ -678,7 +678,9 @@ def _write_atomic(path: str, payload: dict) -> None:
 
 
 def merge(paths: list[str]) -> dict:
-    """Several sweep JSONs as one: a cell in a later file replaces the same cell of an earlier one."""
+    """Several sweep JSONs as one: a cell in a later file replaces the same cell of an earlier one,
+    unless the later one has no rows (failed, or not run under --budget-s) and the earlier one does:
+    a lost cell keeps its last measurement rather than erasing it."""
     out = None
     commits = []
     for p in paths:
@@ -690,6 +692,8 @@ def merge(paths: list[str]) -> dict:
             out = dict(part, rows=[], cells=[])
         for status in part["cells"]:
             rows = [r for r in part["rows"] if r["cell"] == status["cell"]]
+            if not rows and any(r["cell"] == status["cell"] for r in out["rows"]):
+                continue
             _absorb(out, Cell.parse(status["cell"]), dict(status), {"rows": rows, **{
                 k: part.get(k) for k in ("device", "torch", "fa4", "cudnn")}})
     out["merged_from"] = [{"file": os.path.basename(p), "commit": c} for p, c in zip(paths, commits)]

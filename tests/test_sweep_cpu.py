@@ -197,6 +197,19 @@ def test_merge_later_file_wins(tmp_path):
     assert m["commit"] == f"{a['commit']}, bbbbbbb" and m["selection"] == "merged"
 
 
+def test_merge_keeps_a_measured_cell_that_a_later_file_lost(tmp_path):
+    rows = synthetic_rows()
+    a = _payload(rows)
+    b = _payload([])
+    b["cells"] = [{"cell": SG, "status": "not run (--budget-s)"}]
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    m = S.merge([str(pa), str(pb)])
+    assert sorted(r["ms"] for r in m["rows"]) == sorted(r["ms"] for r in rows)
+    assert [c["status"] for c in m["cells"] if c["cell"] == SG] == ["ok"]
+
+
 def _opts(**kw):
     return dict({"device": "cpu", "impls": ("ours",), "rounds": 2, "order": "shuffle", "warmup": 1,
                  "iters": 1}, **kw)
