@@ -189,11 +189,11 @@ BWD_ROWS = (
     Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True),
         "a CTA per KV head over its GQA group where that grid has >= 1.5 CTAs per SM; its dQ "
         "accumulator zeroed by the pre kernel", "bwd-head-loop"),
-    Row({}, dict(kv_sections="mha_long", dkv_smem="with_head_loop"),
+    Row({}, dict(kv_sections="long_rows", dkv_smem="with_head_loop"),
         "head_loop builds stage dK / dV through the K / V tiles (0.93-1.02x the time, 0.97x softmax "
-        "at causal GQA S = 4k); at MHA with long rows, LPT in L2-sized sections of KV heads (0.64x "
-        "at non-causal S = 32k, 0.81x at 16k, 0.95x causal 16k; 1.36x at causal GQA B=1 S=4k, hence "
-        "MHA only)",
+        "at causal GQA S = 4k); with long rows, LPT in L2-sized sections of KV heads (MHA 0.64x at "
+        "non-causal S = 32k, 0.81x at 16k, 0.95x causal 16k; GQA non-causal S = 32k 0.92-0.97x; "
+        "1.36x at causal GQA B=1 S=4k, hence never causal GQA)",
         "bwd-kv-sections"),
     Row({"mode": "sigmoid"}, dict(zero_dq_in_pre=False),
         "sigmoid has no pre kernel otherwise: a memset is cheaper than launching it to zero dQ",
@@ -219,9 +219,10 @@ BWD_ROWS = (
 
 # head_loop where its grid (key blocks x KV heads x batch x column chunks) has this many CTAs per SM
 HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
-# kv_sections ("mha_long"): MHA calls whose key length reaches this (causal, non-causal); below,
-# one LPT section balances the causal tail better than L2-sized sections save DRAM traffic
-KV_SECTIONS_MIN_SEQLEN = {True: 16384, False: 4096}
+# kv_sections ("long_rows"): the key length from which sections pay, per (causal, MHA); below it
+# one LPT section balances the causal tail better than L2-sized sections save DRAM traffic; at
+# causal GQA never (None): each section's longest causal blocks start behind the previous one's
+KV_SECTIONS_MIN_SEQLEN = {(False, True): 4096, (True, True): 16384, (False, False): 32768, (True, False): None}
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -446,9 +447,9 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         bwd.update(head_loop=bool(bwd["head_loop"]), lpt=False, zero_dq_in_pre=False)
     # the head_loop refinements follow the resolved loop (an override of head_loop or lpt takes
     # them along); kv_sections orders the LPT grid, which packed calls do not have (lpt off above)
-    if bwd["kv_sections"] == "mha_long":
-        bwd["kv_sections"] = bool(bwd["head_loop"] and bwd["lpt"] and call.heads_q == call.heads_kv
-                                  and call.seqlen_k >= KV_SECTIONS_MIN_SEQLEN[call.causal])
+    if bwd["kv_sections"] == "long_rows":
+        min_k = KV_SECTIONS_MIN_SEQLEN[(call.causal, call.heads_q == call.heads_kv)]
+        bwd["kv_sections"] = bool(bwd["head_loop"] and bwd["lpt"] and min_k is not None and call.seqlen_k >= min_k)
     if bwd["dkv_smem"] == "with_head_loop":
         bwd["dkv_smem"] = bool(bwd["head_loop"])
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
