@@ -32,6 +32,7 @@ import gc
 import json
 import math
 import os
+from collections import Counter
 import re
 import shutil
 import signal
@@ -694,7 +695,9 @@ def merge(paths: list[str]) -> dict:
             rows = [r for r in part["rows"] if r["cell"] == status["cell"]]
             if not rows and any(r["cell"] == status["cell"] for r in out["rows"]):
                 continue
-            _absorb(out, Cell.parse(status["cell"]), dict(status), {"rows": rows, **{
+            # the commit a cell was timed at (a part that is itself a merge gives its joined list)
+            status = dict(status, commit=status.get("commit") or part.get("commit"))
+            _absorb(out, Cell.parse(status["cell"]), status, {"rows": rows, **{
                 k: part.get(k) for k in ("device", "torch", "fa4", "cudnn")}})
     out["merged_from"] = [{"file": os.path.basename(p), "commit": c} for p, c in zip(paths, commits)]
     # the header names the parts, not the first one: its selection and commit covered only its cells
@@ -741,6 +744,10 @@ def markdown(payload: dict) -> str:
     if payload.get("merged_from"):
         lines += ["Merged from " + ", ".join(f"{m['file']} (commit {m['commit']})" for m in payload["merged_from"])
                   + ".", ""]
+        timed = Counter(c.get("commit") for c in payload["cells"] if c.get("status") == "ok")
+        if timed:
+            lines += ["Cells by the commit they were timed at: " + "; ".join(
+                f"{n} at {c or 'unknown'}" for c, n in timed.most_common()) + ".", ""]
     lines += [f"Written by `python bench/sweep.py` (this file is its output; bench/sweep.py's docstring "
               f"defines the grid).", "",
               f"Protocol: {payload['protocol']}.", "",

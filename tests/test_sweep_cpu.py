@@ -208,6 +208,8 @@ def test_merge_keeps_a_measured_cell_that_a_later_file_lost(tmp_path):
     m = S.merge([str(pa), str(pb)])
     assert sorted(r["ms"] for r in m["rows"]) == sorted(r["ms"] for r in rows)
     assert [c["status"] for c in m["cells"] if c["cell"] == SG] == ["ok"]
+    assert {c["commit"] for c in m["cells"]} == {a["commit"]}
+    assert f"Cells by the commit they were timed at: 3 at {a['commit']}." in S.markdown(m)
 
 
 def _opts(**kw):
