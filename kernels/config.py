@@ -73,6 +73,7 @@ class BwdConfig:
     head_loop: bool           # a CTA per (key block, KV head) runs the whole GQA group
     kv_sections: bool         # head_loop's LPT order in L2-sized sections of KV heads (else one section)
     dkv_smem: bool            # head_loop's dK / dV staged through the K / V smem tiles, 16-byte row stores
+    dv_late: bool             # dV issued after the dS math, P^T / dS^T packed pair by pair (softmax: acc_S holds P)
     varlen: bool              # packed sequences (cu_seqlens; kernels/attn_bwd_sm90.py AttnBwdSm90Varlen)
 
 
@@ -139,6 +140,12 @@ def check_bwd(c: BwdConfig) -> None:
     if c.kv_sections and not (c.head_loop and c.lpt):
         raise ValueError(f"kv_sections: sections of head_loop's LPT order (head_loop and lpt), got "
                          f"head_loop={c.head_loop}, lpt={c.lpt}")
+    if c.dv_late and c.score.kind != "softmax":
+        raise ValueError(f"dv_late: the late dV rebuilds P^T from the softmax dS factor (P itself), not "
+                         f"{c.score.kind!r}'s")
+    if c.tile_m == 128 and c.score.kind == "softmax" and not c.dv_late:
+        # otherwise packed P^T is live across the dS math: ptxas serialises the wgmmas or spills
+        raise ValueError("dv_late: the 128-row softmax step needs it (packed P^T would stay live across the dS math)")
     if c.stages < 1:
         raise ValueError(f"stages must be >= 1, got {c.stages}")
     if c.score.kind == "sigmoid" and c.score.evaluator == "poly" and c.score.grad_rule != "surrogate":
