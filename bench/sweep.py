@@ -631,7 +631,7 @@ def _run_all(cells: list[Cell], opts: dict, out_path: str, payload: dict, tmp: s
             protocol.progress(f"budget: {len(cells) - done} cells not started ({elapsed:.0f} s used of {budget:g})")
             break
         jsons = [os.path.join(tmp, c.name + ".json") for c in group]
-        timeout = (opts.get("cell_timeout_s") or 600) * len(group)
+        timeout = cell_timeout = (opts.get("cell_timeout_s") or 600) * len(group)
         if budget:
             timeout = max(30.0, min(timeout, budget - elapsed))
         t0 = time.time()
@@ -645,7 +645,10 @@ def _run_all(cells: list[Cell], opts: dict, out_path: str, payload: dict, tmp: s
             res = _read_json(cell_json)
             complete = bool(res) and len(res.get("seconds", {})) == len(DIRECTIONS)
             ok = bool(res) and (rc == 0 or complete)
-            status = {"cell": cell.name, "status": "ok" if ok else f"failed (rc={rc})", "seconds": seconds}
+            # a timeout the budget shortened is the budget's cut, not the cell's failure
+            failed = ("not finished (--budget-s)" if rc == "timeout" and timeout < cell_timeout
+                      else f"failed (rc={rc})")
+            status = {"cell": cell.name, "status": "ok" if ok else failed, "seconds": seconds}
             if len(group) > 1:
                 status["process_cells"] = len(group)   # seconds: the process's wall time over its cells
             if not ok:
@@ -680,8 +683,9 @@ def _write_atomic(path: str, payload: dict) -> None:
 
 def merge(paths: list[str]) -> dict:
     """Several sweep JSONs as one: a cell in a later file replaces the same cell of an earlier one,
-    unless the later one has no rows (failed, or not run under --budget-s) and the earlier one does:
-    a lost cell keeps its last measurement rather than erasing it."""
+    unless the later one did not finish (failed, cut or not run under --budget-s: no rows, or a
+    forward without its backward) and the earlier one has rows: a lost cell keeps its last
+    measurement rather than erasing it."""
     out = None
     commits = []
     for p in paths:
@@ -693,7 +697,7 @@ def merge(paths: list[str]) -> dict:
             out = dict(part, rows=[], cells=[])
         for status in part["cells"]:
             rows = [r for r in part["rows"] if r["cell"] == status["cell"]]
-            if not rows and any(r["cell"] == status["cell"] for r in out["rows"]):
+            if status.get("status") != "ok" and any(r["cell"] == status["cell"] for r in out["rows"]):
                 continue
             # the commit a cell was timed at (a part that is itself a merge gives its joined list)
             status = dict(status, commit=status.get("commit") or part.get("commit"))

@@ -200,8 +200,8 @@ def test_merge_later_file_wins(tmp_path):
 def test_merge_keeps_a_measured_cell_that_a_later_file_lost(tmp_path):
     rows = synthetic_rows()
     a = _payload(rows)
-    b = _payload([])
-    b["cells"] = [{"cell": SG, "status": "not run (--budget-s)"}]
+    b = _payload([dict(r, ms=r["ms"] / 2) for r in rows if r["cell"] == SG and r["direction"] == "fwd"])
+    b["cells"] = [{"cell": SG, "status": "not finished (--budget-s)"}]   # its forward, not its backward
     pa, pb = tmp_path / "a.json", tmp_path / "b.json"
     pa.write_text(json.dumps(a))
     pb.write_text(json.dumps(b))
