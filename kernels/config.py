@@ -140,12 +140,6 @@ def check_bwd(c: BwdConfig) -> None:
     if c.kv_sections and not (c.head_loop and c.lpt):
         raise ValueError(f"kv_sections: sections of head_loop's LPT order (head_loop and lpt), got "
                          f"head_loop={c.head_loop}, lpt={c.lpt}")
-    if c.dv_late and c.score.kind != "softmax":
-        raise ValueError(f"dv_late: the late dV rebuilds P^T from the softmax dS factor (P itself), not "
-                         f"{c.score.kind!r}'s")
-    if c.tile_m == 128 and c.score.kind == "softmax" and not c.dv_late:
-        # otherwise packed P^T is live across the dS math: ptxas serialises the wgmmas or spills
-        raise ValueError("dv_late: the 128-row softmax step needs it (packed P^T would stay live across the dS math)")
     if c.stages < 1:
         raise ValueError(f"stages must be >= 1, got {c.stages}")
     if c.score.kind == "sigmoid" and c.score.evaluator == "poly" and c.score.grad_rule != "surrogate":
@@ -160,6 +154,12 @@ def check_bwd(c: BwdConfig) -> None:
         # only, the warpgroups split dQ's rows; docs/NOTES_attn_bwd.md)
         raise ValueError(f"backward tile must be 64 query rows x 128 keys, or 128 x 128 at D = 64, "
                          f"got tile_m={c.tile_m}, tile_n={c.tile_n}, D={c.head_dim}")
+    if c.dv_late and c.score.kind != "softmax":
+        raise ValueError(f"dv_late: the late dV rebuilds P^T from the softmax dS factor (P itself), not "
+                         f"{c.score.kind!r}'s")
+    if c.tile_m == 128 and c.score.kind == "softmax" and not c.dv_late:
+        # otherwise packed P^T is live across the dS math: ptxas serialises the wgmmas or spills
+        raise ValueError("dv_late: the 128-row softmax step needs it (packed P^T would stay live across the dS math)")
     if c.varlen and (c.deterministic or c.lpt or c.score.kind == "user"):
         raise ValueError("varlen backward: a CTA per entry of its (key block, head, sequence) table, without "
                          "deterministic turns, lpt or a user score function (its batch index would be the "
