@@ -193,7 +193,7 @@ BWD_ROWS = (
     Row({}, dict(kv_sections="long_rows", dkv_smem="with_head_loop"),
         "head_loop builds stage dK / dV through the K / V tiles (0.93-1.02x the time, 0.97x softmax "
         "at causal GQA S = 4k); with long rows, LPT in L2-sized sections of KV heads (MHA 0.64x at "
-        "non-causal S = 32k, 0.81x at 16k, 0.95x causal 16k; GQA non-causal S = 32k 0.92-0.97x; "
+        "non-causal S = 32k, 0.81x at 16k, 0.95x causal 16k; GQA non-causal S = 32k 0.915-0.971x; "
         "1.36x at causal GQA B=1 S=4k, hence never causal GQA)",
         "bwd-kv-sections"),
     Row({"mode": "sigmoid"}, dict(zero_dq_in_pre=False),
