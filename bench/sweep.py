@@ -32,7 +32,6 @@ import gc
 import json
 import math
 import os
-from collections import Counter
 import re
 import shutil
 import signal
@@ -41,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -695,10 +695,11 @@ def merge(paths: list[str]) -> dict:
         commits.append(part.get("commit"))
         if out is None:
             out = dict(part, rows=[], cells=[])
+        measured = {r["cell"] for r in out["rows"]}
         for status in part["cells"]:
-            rows = [r for r in part["rows"] if r["cell"] == status["cell"]]
-            if status.get("status") != "ok" and any(r["cell"] == status["cell"] for r in out["rows"]):
+            if status.get("status") != "ok" and status["cell"] in measured:
                 continue
+            rows = [r for r in part["rows"] if r["cell"] == status["cell"]]
             # the commit a cell was timed at (a part that is itself a merge gives its joined list)
             status = dict(status, commit=status.get("commit") or part.get("commit"))
             _absorb(out, Cell.parse(status["cell"]), status, {"rows": rows, **{
