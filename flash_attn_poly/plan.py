@@ -180,9 +180,8 @@ FWD_ROWS = (
 )
 
 BWD_ROWS = (
-    Row({}, dict(tile_m=64, tile_n=128, stages=2, deterministic=False, dv_late="tile_m128_softmax"),
-        "64 query x 128 key tiles, 2 Q/dO stages: P^T and dS^T stay at 32 registers per thread; dV "
-        "issued before the dS math except where the 128-row softmax step needs it after", ""),
+    Row({}, dict(tile_m=64, tile_n=128, stages=2, deterministic=False),
+        "64 query x 128 key tiles, 2 Q/dO stages: P^T and dS^T stay at 32 registers per thread", ""),
     Row({}, dict(dq_async=True),
         "dQ staged in smem and added by warp 1's bulk reductions: 0.76-0.79x the red.global path",
         "bwd-dq-async"),
@@ -453,8 +452,6 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         bwd["kv_sections"] = bool(bwd["head_loop"] and bwd["lpt"] and min_k is not None and call.seqlen_k >= min_k)
     if bwd["dkv_smem"] == "with_head_loop":
         bwd["dkv_smem"] = bool(bwd["head_loop"])
-    if bwd["dv_late"] == "tile_m128_softmax":   # follows the resolved tile (an override of tile_m takes it along)
-        bwd["dv_late"] = bwd["tile_m"] == 128 and score_bwd.kind == "softmax"
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,

@@ -101,14 +101,13 @@ class AttnBwdSm90(BwdReductions):
         # (softcap/poly 1/2 spills 2 words with it hoisted).
         self.hoist_dsum = head_dim <= 128
         self.hoist_lse = self.hoist_dsum and dq_async
-        # dv_late (softmax; required at tile_m 128): dV is issued after the dS math, and packed
-        # P^T and dS^T are written pair by pair in that math (dscores_pack) from acc_S (which
-        # holds P: the softmax dS factor) and acc_dP, so the FP32 tiles die as the packed operands
-        # grow.  At tile_m 128 packed P^T (32 words) would otherwise be live across the dS math
-        # and ptxas serialises every wgmma (C7512, register resources) or spills
-        # (docs/NOTES_attn_bwd.md, "D = 64 tile").  At tile_m 64 it is FA4's order (S, dP, P, dS,
-        # dV): the dP wait comes before the dS math with nothing of this warpgroup in flight.
-        self.p_late = cfg.dv_late
+        # tile_m 128 (D = 64, softmax): dV is issued after the dS math, and packed P^T and dS^T
+        # are written pair by pair in that math (dscores_pack) from acc_S (which holds P: the
+        # softmax dS factor) and acc_dP, so the FP32 tiles die as the packed operands grow.
+        # Otherwise packed P^T (32 words) is live across the dS math and ptxas serialises every
+        # wgmma (C7512, register resources) or spills (docs/NOTES_attn_bwd.md, "D = 64 tile").
+        # At tile_m 64 (D = 128) this order measured no faster (docs/MEASURED.md, bwd-dv-late).
+        self.p_late = cfg.tile_m == 128 and cfg.score.kind == "softmax"
         # tile_m 128, the other scores (their dS factor f is not P): probs packs f to FP16 pairs
         # (f_packed, 32 words) instead of keeping it in acc_S (64 FP32), which is then dead
         # before the dP wait; dscores_packed unpacks a pair, forms dS and packs it.  f lies in

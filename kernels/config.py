@@ -73,7 +73,6 @@ class BwdConfig:
     head_loop: bool           # a CTA per (key block, KV head) runs the whole GQA group
     kv_sections: bool         # head_loop's LPT order in L2-sized sections of KV heads (else one section)
     dkv_smem: bool            # head_loop's dK / dV staged through the K / V smem tiles, 16-byte row stores
-    dv_late: bool             # dV issued after the dS math, P^T / dS^T packed pair by pair (softmax: acc_S holds P)
     varlen: bool              # packed sequences (cu_seqlens; kernels/attn_bwd_sm90.py AttnBwdSm90Varlen)
 
 
@@ -154,12 +153,6 @@ def check_bwd(c: BwdConfig) -> None:
         # only, the warpgroups split dQ's rows; docs/NOTES_attn_bwd.md)
         raise ValueError(f"backward tile must be 64 query rows x 128 keys, or 128 x 128 at D = 64, "
                          f"got tile_m={c.tile_m}, tile_n={c.tile_n}, D={c.head_dim}")
-    if c.dv_late and c.score.kind != "softmax":
-        raise ValueError(f"dv_late: the late dV rebuilds P^T from the softmax dS factor (P itself), not "
-                         f"{c.score.kind!r}'s")
-    if c.tile_m == 128 and c.score.kind == "softmax" and not c.dv_late:
-        # otherwise packed P^T is live across the dS math: ptxas serialises the wgmmas or spills
-        raise ValueError("dv_late: the 128-row softmax step needs it (packed P^T would stay live across the dS math)")
     if c.varlen and (c.deterministic or c.lpt or c.score.kind == "user"):
         raise ValueError("varlen backward: a CTA per entry of its (key block, head, sequence) table, without "
                          "deterministic turns, lpt or a user score function (its batch index would be the "

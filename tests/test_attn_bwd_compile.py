@@ -536,21 +536,6 @@ def test_dkv_smem_stores_dkv_as_16_byte_row_chunks():
 
 
 @pytest.mark.compile
-def test_dv_late_at_64_query_rows_keeps_the_gemms_without_spills():
-    """dv_late at D = 128 (the 128-row softmax step's order: dV issued after the dS math, P^T and
-    dS^T packed pair by pair) builds: the same GEMMs, exponentials and dQ reductions as the
-    default step, no spills."""
-    fams = dict(sass.FAMILIES, **TURN_OPS)
-    base = B.bwd(B.plan("softmax", "native").bwd)
-    late = B.bwd(B.plan("softmax", "native", overrides={"bwd.dv_late": True}).bwd)
-    assert late.sass != base.sass
-    b, l_ = base.counts(fams), late.counts(fams)
-    for fam in ("HGMMA", "MUFU.EX2", "UBLKRED"):
-        assert l_.get(fam, 0) == b.get(fam, 0) > 0, fam
-    assert l_.get("STL", 0) == 0
-
-
-@pytest.mark.compile
 def test_kv_sections_changes_only_the_cta_order():
     """kv_sections (head_loop's LPT order in L2-sized sections of KV heads) builds: the CTA's
     decode gains the section arithmetic, the loop is the default's (HGMMA, MUFU, dQ reductions,

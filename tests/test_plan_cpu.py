@@ -282,7 +282,7 @@ def test_interface_plans_with_the_devices_sm_count(monkeypatch):
 
 # ---------------------------------------------------------------------- backward rows
 BWD_FIELDS = ("tile_m", "tile_n", "stages", "deterministic", "dq_async", "lpt", "head_loop", "kv_sections",
-              "dkv_smem", "dv_late")
+              "dkv_smem")
 
 
 @pytest.mark.parametrize("d,want", [
@@ -293,9 +293,9 @@ BWD_FIELDS = ("tile_m", "tile_n", "stages", "deterministic", "dq_async", "lpt", 
 def test_backward_rows(d, want):
     """D = 64 takes 128 query rows per step; every mode the per-KV-head loop with dK / dV staged
     through smem (sigmoid too: 0.60x its per-query-head build at MHA D = 64 S = 512); GQA keeps
-    one LPT section; dV after the dS math only in the 128-row softmax step (its registers)."""
+    one LPT section."""
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
-        w = dict(want, kv_sections=False, dkv_smem=True, dv_late=mode == "softmax" and want["tile_m"] == 128)
+        w = dict(want, kv_sections=False, dkv_smem=True)
         assert fields(resolve(mode, ev, d=d).bwd, BWD_FIELDS) == w, (mode, ev)
 
 
@@ -316,17 +316,6 @@ def test_kv_sections_with_long_rows(shape, causal, want):
     assert packed.bwd.head_loop and packed.bwd.dkv_smem and not packed.bwd.kv_sections, packed.bwd
 
 
-def test_dv_late_follows_the_tile_and_is_checked():
-    """dv_late resolves after overrides (a tile_m override takes it along); the builds it cannot
-    make are refused by name."""
-    assert not resolve("softmax", d=64, overrides={"bwd.tile_m": 64}).bwd.dv_late
-    assert resolve("softmax", d=128, overrides={"bwd.dv_late": True}).bwd.dv_late
-    with pytest.raises(ValueError, match="dv_late"):
-        resolve("softcap", "native", d=128, overrides={"bwd.dv_late": True})
-    with pytest.raises(ValueError, match="dv_late"):
-        resolve("softmax", d=64, overrides={"bwd.dv_late": False})
-
-
 def test_d64_backward_tile_m128_stays_off_where_it_was_not_run():
     """The 128-row step is the D = 64 default only where it was timed and GPU-tested: not in
     deterministic builds, not for user score functions (check_bwd refuses them), not varlen."""
@@ -339,7 +328,7 @@ def test_deterministic_backward_is_ordered():
     p = resolve("softmax", deterministic=True)
     assert fields(p.bwd, BWD_FIELDS) == dict(tile_m=64, tile_n=128, stages=2, deterministic=True,
                                              dq_async=False, lpt=False, head_loop=False, kv_sections=False,
-                                             dkv_smem=False, dv_late=False)
+                                             dkv_smem=False)
     assert not p.zero_dq_in_pre
     assert resolve("softmax").fwd == p.fwd     # the forward does not depend on it
 
