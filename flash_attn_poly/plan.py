@@ -152,6 +152,12 @@ FWD_ROWS = (
         "the three warpgroups issue their GEMMs in turns, masked blocks by keep words, O staged "
         "through smem: 0.86-0.99x the time at causal D = 64 (S 512 to 8k, every mode; non-causal "
         "not timed, and its sigmoid poly build spills 4 words)", "fwd-d64-turns"),
+    Row({"head_dim": 64, "varlen": False, "causal": False}, dict(pingpong=True, o_smem=True),
+        "non-causal D = 64 (no masked blocks, so no keep words): turns and O staging, 0.93x (softmax) / "
+        "0.89x (softcap poly) the time at S = 8k", "fwd-d64-turns"),
+    Row({"head_dim": 64, "varlen": False, "causal": False, "mode": "sigmoid", "poly_score": True},
+        dict(o_smem=False),
+        "sigmoid's packed program spills 3 words non-causal with O staging (CPU SASS): turns only", "fwd-d64-turns"),
     Row({"head_dim": 128, "varlen": False}, dict(o_smem=True),
         "O staged through smem, 16-byte row stores: 0.84-0.97x the time at S = 1k, 0.98-1.00x at 4k",
         "fwd-o-smem"),
