@@ -547,10 +547,10 @@ def _absorb(payload: dict, cell: Cell, status: dict, res: Optional[dict]) -> Non
 
 
 def estimate_cell_s(cell: Cell, impls=ALL_IMPLS) -> float:
-    """A cell's planning estimate without compiles: process start, then every row's loops at the
-    nominal rate (bwd rows also run a forward first)."""
+    """A cell's planning estimate without compiles: process start, then every row's set-up and
+    loops at the nominal rate (bwd rows also run a forward first)."""
     n = len(cell_rows(cell, impls))
-    total = PLAN["process_s"]
+    total = PLAN["process_s"] + PLAN["row_s"] * n * len(DIRECTIONS)
     for d in DIRECTIONS:
         warmup, iters = loop_sizes(cell.shape, d)
         est_ms = flops(cell.shape, d) / (NOMINAL_TFLOPS * 1e9)
@@ -890,10 +890,15 @@ def write_report(payload: dict, json_path: str, plots: bool = True) -> None:
 
 
 # ------------------------------------------------------------------------------- the dry run
-# Planning costs for --dry-run's time estimate (assumptions, not measurements: see
-# bench/results/first_call.md for our builds; FA4's are CuTe DSL builds of similar size; a
-# compiled Flex forward + backward is a dynamo + inductor + Triton compile per shape)
-PLAN = {"process_s": 6.0, "ours_build_s": 2.5, "fa4_build_s": 4.0, "flex_compile_s": 40.0}
+# Planning costs for --dry-run's time estimate and --budget-s's stop.  The loops at the nominal
+# rate matched the timed segments of three H200 runs (127 / 62 / 38 s estimated for 128 / 62 / 32
+# s measured); process_s and row_s (a timed row's set-up: inputs, kernel loads, the first calls)
+# are fitted to the rest of two of them (84 D = 256 and 42 D = 64 cells, 32 rows per process:
+# 483 and 250 s wall, the estimate had been 35-45% short); builds are assumptions (a cold
+# compile cache; first_call.md for ours, FA4's CuTe DSL builds of similar size, a compiled Flex
+# forward + backward one dynamo + inductor + Triton compile per shape).  Warm caches make it
+# an overestimate (7 cached cells: 124 s estimated, 64 s wall).
+PLAN = {"process_s": 8.0, "row_s": 0.3, "ours_build_s": 2.5, "fa4_build_s": 4.0, "flex_compile_s": 40.0}
 
 
 def _ours_keys(cell: Cell, mode: str) -> set:
