@@ -51,6 +51,7 @@ def builds() -> dict:
     for mode, ev in (("softmax", "native"), ("softcap", "poly")):
         out.append(_call(mode, ev, deterministic=True))
         out.append(_call(mode, ev, shape=SMALL))
+        out.append(_call(mode, ev, d=64, causal=False))   # the D = 64 non-causal forward's own row
     return dict(out)
 
 
