@@ -188,9 +188,9 @@ FWD_ROWS = (
 BWD_ROWS = (
     Row({}, dict(tile_m=64, tile_n=128, stages=2, deterministic=False),
         "64 query x 128 key tiles, 2 Q/dO stages: P^T and dS^T stay at 32 registers per thread", ""),
-    Row({}, dict(dq_async=True),
-        "dQ staged in smem and added by warp 1's bulk reductions: 0.76-0.79x the red.global path",
-        "bwd-dq-async"),
+    Row({}, dict(dq_async=True, dq_halves=False),
+        "dQ staged in smem and added by warp 1's bulk reductions: 0.76-0.79x the red.global path "
+        "(one buffer for both warpgroups; per-warpgroup halves untimed)", "bwd-dq-async"),
     Row({}, dict(lpt=True), "LPT-ordered CTAs: 0.90-0.94x blockIdx order", "bwd-lpt"),
     Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True),
         "a CTA per KV head over its GQA group where that grid has >= 1.5 CTAs per SM; its dQ "

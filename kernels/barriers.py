@@ -28,3 +28,7 @@ class BwdBarrier(enum.IntEnum):
     # dkv_smem: every wgmma of the loop has read K and V (256 MMA threads), then warpgroup w's
     # 64 rows of dK / dV are staged (DKV_STAGED + 1 + w, its 128 threads)
     DKV_STAGED = 6
+    # dq_halves: warpgroup w's half of the staged dQ tile (its 128 threads + warp 1): written
+    # (DQ_FULL_HALF + w), read by warp 1's bulk add (DQ_EMPTY_HALF + w); ids 9-12
+    DQ_FULL_HALF = 9
+    DQ_EMPTY_HALF = 11

@@ -11,7 +11,11 @@ The dQ tile goes one of two ways.
   - one lane of warp 1 adds the whole tile with one `cp.reduce.async.bulk` (a query block is one
     contiguous range of the accumulator; one add per row kept the MMA warps waiting for the
     staging buffer: docs/MEASURED.md, bwd-dq-async);
-  - named barriers 3 (full) and 4 (empty) hand the single buffer back and forth.
+  - named barriers 3 (full) and 4 (empty) hand the single buffer back and forth;
+  - dq_halves (the 128-row step, whose warpgroups own 64 rows each): each warpgroup's half of
+    the buffer has its own pair (DQ_FULL_HALF + w, DQ_EMPTY_HALF + w, 128 + 32 threads) and
+    bulk add, so a warpgroup waits only until warp 1 has read its own rows (FA4's per-warpgroup
+    dQ, here inside one buffer).
 Both paths write the same accumulator (the atomics through its row stride), so the post
 kernel has one form.
 
@@ -146,8 +150,9 @@ class BwdReductions:
     def stage_dq(self, mma_dq, acc_dQ, sdQ_addr, tidx):
         """MMA threads: wait until warp 1 has read the previous tile, write acc_dQ into smem in
         the accumulator's layout (rows of Dc + DQ_ROW_PAD words), make it visible to the async
-        proxy, signal warp 1."""
-        pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_EMPTY), num_threads=256 + 32).sync()
+        proxy, signal warp 1.  dq_halves: each warpgroup waits for and signals its own rows."""
+        full, empty = self.dq_barriers(tidx // 128)
+        empty.sync()
         thr = mma_dq.get_slice(tidx)
         ident = cute.make_identity_tensor((self.tile_m, self.Dc))
         c_mn = acc_mn_view(thr.partition_C(ident))
@@ -157,7 +162,16 @@ class BwdReductions:
                 word = c_mn[r, c][0] * (self.Dc + DQ_ROW_PAD) + c_mn[r, c][1]
                 st_shared_v2_f32(sdQ_addr + word * 4, acc_mn[r, c], acc_mn[r, c + 1])
         cute.arch.fence_view_async_shared()
-        pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_FULL), num_threads=256 + 32).arrive()
+        full.arrive()
+
+    def dq_barriers(self, wg):
+        """(full, empty) named barriers of the staged dQ tile: the whole tile's (256 MMA threads +
+        warp 1), or with dq_halves warpgroup wg's half (its 128 threads + warp 1)."""
+        if const_expr(self.cfg.dq_halves):
+            return (pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_FULL_HALF) + wg, num_threads=128 + 32),
+                    pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_EMPTY_HALF) + wg, num_threads=128 + 32))
+        return (pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_FULL), num_threads=256 + 32),
+                pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_EMPTY), num_threads=256 + 32))
 
     @cute.jit
     def reduce_dq(self, mdQacc, sdQ_addr, lane, head, batch, m_min, m_max, n_heads):
@@ -165,13 +179,25 @@ class BwdReductions:
         rows, the block's rows of the accumulator; rows >= S_q add zeros to the padding rows,
         which the post kernel never reads).  The first EMPTY arrival frees the buffer
         for the first tile; the last tile's arrival is left out (nobody waits for it).
-        head_loop builds: query heads head .. head + n_heads - 1 in turn, the MMA order."""
+        head_loop builds: query heads head .. head + n_heads - 1 in turn, the MMA order.
+        dq_halves: the same per warpgroup half (reduce_dq_halves)."""
         mX = mdQacc[None, None, head, batch]
-        full = pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_FULL), num_threads=256 + 32)
-        empty = pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DQ_EMPTY), num_threads=256 + 32)
+        full, empty = self.dq_barriers(0)
         if m_min < m_max:
-            empty.arrive()
-            if const_expr(self.head_loop):
+            if const_expr(self.cfg.dq_halves):
+                for w in cutlass.range_constexpr(2):
+                    self.dq_barriers(w)[1].arrive()
+                nm = m_max - m_min
+                n = nm
+                if const_expr(self.head_loop):
+                    n = nm * n_heads
+                for it in cutlass.range(n, unroll=1):
+                    h, m_block = Int32(0), m_min + it
+                    if const_expr(self.head_loop):
+                        h, m_block = self.head_step(it, nm, m_min)
+                    self.reduce_dq_halves(mdQacc[None, None, head + h, batch], sdQ_addr, lane, m_block, it < n - 1)
+            elif const_expr(self.head_loop):
+                empty.arrive()
                 nm = m_max - m_min   # one flat loop over (head, query block), the MMA order
                 for it in cutlass.range(nm * n_heads, unroll=1):
                     h, m_block = self.head_step(it, nm, m_min)
@@ -179,6 +205,7 @@ class BwdReductions:
                     if it < nm * n_heads - 1:
                         empty.arrive()
             else:
+                empty.arrive()
                 self.reduce_dq_head(mX, sdQ_addr, lane, m_min, m_max, full, empty)
             cute.arch.cp_async_bulk_wait_group(0)
 
@@ -201,6 +228,24 @@ class BwdReductions:
             bulk_reduce_add_f32(g.toint(), sdQ_addr, Int32(self.tile_m * (self.Dc + DQ_ROW_PAD) * 4))
         cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def reduce_dq_halves(self, mX, sdQ_addr, lane, m_block, more):
+        """dq_halves, one query block: for warpgroup 0's rows, then warpgroup 1's, wait until the
+        half is staged, add it (lane 0: one bulk reduction of tile_m / 2 contiguous rows), wait
+        until read and, if another block follows (more), hand the half back to its warpgroup."""
+        rows = self.tile_m // 2
+        for w in cutlass.range_constexpr(2):
+            full, empty = self.dq_barriers(w)
+            full.sync()
+            if lane == 0:
+                g = mX.iterator + (m_block * self.tile_m + w * rows) * mX.stride[0]
+                bulk_reduce_add_f32(g.toint(), sdQ_addr + Int32(w * rows * (self.Dc + DQ_ROW_PAD) * 4),
+                                    Int32(rows * (self.Dc + DQ_ROW_PAD) * 4))
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if more:
+                empty.arrive()
 
     @cute.jit
     def add_dq(self, mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k,

@@ -73,6 +73,7 @@ class BwdConfig:
     head_loop: bool           # a CTA per (key block, KV head) runs the whole GQA group
     kv_sections: bool         # head_loop's LPT order in L2-sized sections of KV heads (else one section)
     dkv_smem: bool            # head_loop's dK / dV staged through the K / V smem tiles, 16-byte row stores
+    dq_halves: bool           # dq_async's staged tile as two warpgroup halves, each with its own barriers and bulk add
     varlen: bool              # packed sequences (cu_seqlens; kernels/attn_bwd_sm90.py AttnBwdSm90Varlen)
 
 
@@ -139,6 +140,11 @@ def check_bwd(c: BwdConfig) -> None:
     if c.kv_sections and not (c.head_loop and c.lpt):
         raise ValueError(f"kv_sections: sections of head_loop's LPT order (head_loop and lpt), got "
                          f"head_loop={c.head_loop}, lpt={c.lpt}")
+    if c.dq_halves and not (c.dq_async and c.tile_m == 128):
+        # at tile_m 64 the warpgroups split dQ's columns: a half is not one contiguous range
+        raise ValueError(f"dq_halves: halves of the staged dQ tile by warpgroup need dq_async and the 128-row "
+                         f"step (its warpgroups own 64 query rows each), got dq_async={c.dq_async}, "
+                         f"tile_m={c.tile_m}")
     if c.stages < 1:
         raise ValueError(f"stages must be >= 1, got {c.stages}")
     if c.score.kind == "sigmoid" and c.score.evaluator == "poly" and c.score.grad_rule != "surrogate":

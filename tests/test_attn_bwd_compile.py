@@ -536,6 +536,33 @@ def test_dkv_smem_stores_dkv_as_16_byte_row_chunks():
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator", [("softmax", "native"), ("sigmoid", "poly")])
+def test_dq_halves_hands_each_warpgroup_its_own_rows(mode, evaluator):
+    """dq_halves (the 128-row D = 64 step: the staged dQ tile as two warpgroup halves): warp 1
+    adds each half with its own bulk reduction (2 UBLKRED per block instead of 1) behind its own
+    barrier pair of 160 threads (ids 9 / 10 full, 11 / 12 empty; the MMA threads' ids are
+    computed from the warpgroup), the whole tile's 288-thread pair (3 / 4) is gone; the GEMMs and
+    exponentials are the default's and nothing new spills."""
+    import re
+    fams = dict(sass.FAMILIES, **TURN_OPS)
+    base_b = B.bwd(B.plan(mode, evaluator, d=64).bwd)
+    halves_b = B.bwd(B.plan(mode, evaluator, d=64, overrides={"bwd.dq_halves": True}).bwd)
+    base, halves = base_b.counts(fams), halves_b.counts(fams)
+    assert base["UBLKRED"] == 1 and halves["UBLKRED"] == 2, (base, halves)
+    assert halves["HGMMA"] == base["HGMMA"] > 0
+    for fam in (f for f in base if f.startswith("MUFU")):
+        assert halves.get(fam, 0) == base[fam], fam
+    assert halves.get("STL", 0) <= base.get("STL", 0)
+    bars = lambda b: re.findall(r"BAR\.(?:SYNC\.DEFER_BLOCKING|ARV) (\w+), (0x\w+)", b.sass)
+    assert ("0x3", "0x120") in bars(base_b) and ("0x4", "0x120") in bars(base_b)
+    hb = bars(halves_b)
+    assert not [b for b in hb if b[1] == "0x120"], hb
+    for ident in ("0x9", "0xa", "0xb", "0xc"):          # warp 1: each half's full (sync) and empty (arrive)
+        assert (ident, "0xa0") in hb, (ident, hb)
+    assert sum(1 for b in hb if b[1] == "0xa0" and b[0].startswith("R")) == 2, hb   # the MMA side's pair
+
+
+@pytest.mark.compile
 def test_kv_sections_changes_only_the_cta_order():
     """kv_sections (head_loop's LPT order in L2-sized sections of KV heads) builds: the CTA's
     decode gains the section arithmetic, the loop is the default's (HGMMA, MUFU, dQ reductions,

@@ -322,6 +322,18 @@ def test_kv_sections_with_long_rows(shape, causal, want):
     assert packed.bwd.head_loop and packed.bwd.dkv_smem and not packed.bwd.kv_sections, packed.bwd
 
 
+def test_dq_halves_is_off_and_needs_the_128_row_step():
+    """dq_halves (per-warpgroup halves of the staged dQ tile) is untimed: off in every row; an
+    override builds it only where the warpgroups own whole query rows (tile_m 128) of a staged
+    tile (dq_async)."""
+    assert not resolve("softmax", d=64).bwd.dq_halves
+    assert resolve("softmax", d=64, overrides={"bwd.dq_halves": True}).bwd.dq_halves
+    with pytest.raises(ValueError, match="dq_halves"):
+        resolve("softmax", d=128, overrides={"bwd.dq_halves": True})
+    with pytest.raises(ValueError, match="dq_halves"):
+        resolve("softmax", d=64, deterministic=True, overrides={"bwd.dq_halves": True})
+
+
 def test_d64_backward_tile_m128_stays_off_where_it_was_not_run():
     """The 128-row step is the D = 64 default only where it was timed and GPU-tested: not in
     deterministic builds, not for user score functions (check_bwd refuses them), not varlen."""

@@ -14,7 +14,7 @@ rounding-level for the FP32 order of dQ's adds otherwise). Causal (or --non-caus
 softcap 50; a knob row no kernel builds is skipped with the reason.
 
 Knobs (NAME=VALUE joined by '+', bench/tools/plan_knobs.py): BwdConfig fields dq_async, lpt,
-head_loop, kv_sections, dkv_smem (0 / 1), stages, tile_m, tile_n (int); deterministic (0 / 1: attention()'s, which
+head_loop, kv_sections, dkv_smem, dq_halves (0 / 1), stages, tile_m, tile_n (int); deterministic (0 / 1: attention()'s, which
 also turns off dq_async, lpt and head_loop), zero_dq_in_pre (0 / 1), sigmoid_grad,
 softcap_grad (= grad_rule), program (strings), split (the poly column split J/K); fwd.<field>
 for the forward of the row.
