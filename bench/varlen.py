@@ -19,6 +19,9 @@ Rows "ours_varlen_compact" (forward only; softmax and softcap): the varlen forwa
 order (plan override fwd.varlen_compact: only the live (query tile, sequence) pairs, longest first,
 from a table built on the device), the candidate for the plan's varlen row; its ratios are keyed
 "compact:<baseline>/...", one of them against ours_varlen_nocheck (it skips the check too).
+Rows "ours_varlen_knob" (forward only; softmax and softcap; only with --fwd-knob NAME=VALUE[+...]): the
+varlen forward with those FwdConfig overrides (e.g. `--fwd-knob o_smem=1`), input check skipped; ratios
+keyed "knob:<baseline>/...", one of them against ours_varlen_nocheck: the candidate for a varlen plan row.
 Rows "ours_varlen_hl" (backward only; softmax and softcap): the varlen backward with the per-KV-head
 loop (plan override bwd.head_loop: a CTA per KV head over its query heads, dK and dV stored
 without atomics), the backward alone on the plan's forward outputs; ratios "hl:<baseline>/...".
@@ -78,9 +81,10 @@ def _mode_kw(mode):
     return {"softcap": SOFTCAP} if mode == "softcap" else {}
 
 
-def rows_for(scenario: str, modes, evaluators) -> list[tuple[str, str, str]]:
-    """(impl, mode, evaluator) of every row."""
+def rows_for(scenario: str, modes, evaluators, knob: bool = False) -> list[tuple[str, str, str]]:
+    """(impl, mode, evaluator) of every row (knob: the --fwd-knob row too)."""
     impls = ("ours_varlen", "ours_varlen_nocheck", "ours_varlen_compact", "ours_varlen_hl") + (
+        ("ours_varlen_knob",) if knob else ()) + (
         ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded"))
     out = []
     for mode in modes:
@@ -88,7 +92,8 @@ def rows_for(scenario: str, modes, evaluators) -> list[tuple[str, str, str]]:
             evs = evaluators if impl.startswith("ours") else ("native",)
             if impl == "fa4_varlen" and mode == "sigmoid":
                 continue   # FA4 has no sigmoid attention
-            if impl.startswith(("ours_varlen_compact", "ours_varlen_nocheck", "ours_varlen_hl")) and mode == "sigmoid":
+            if impl.startswith(("ours_varlen_compact", "ours_varlen_nocheck", "ours_varlen_hl", "ours_varlen_knob")) \
+                    and mode == "sigmoid":
                 continue   # sigmoid's default bias runs per-sequence dense launches (they read the offsets)
             out += [(impl, mode, ev) for ev in evs]
     return out
@@ -116,8 +121,10 @@ def make_row(impl, mode, evaluator, lens, args) -> Optional[Callable[[bool], tup
             return (lambda: fap.attention_varlen(q, k, v, cu, cu, mx, mx, mode, evaluator=evaluator,
                                                  check_inputs=check, **kw)), (q, k, v)
         return build
-    if impl == "ours_varlen_compact":   # the compact-order varlen forward (plan override), forward only
+    if impl in ("ours_varlen_compact", "ours_varlen_knob"):   # the varlen forward with plan overrides, forward only
         from flash_attn_poly import varlen as fv
+        over = {"fwd.varlen": True, "fwd.varlen_compact": True} if impl == "ours_varlen_compact" else dict(
+            {"fwd.varlen": True}, **parse_fwd_knob(args.fwd_knob))
 
         def build(rg):
             if rg:
@@ -125,7 +132,6 @@ def make_row(impl, mode, evaluator, lens, args) -> Optional[Callable[[bool], tup
             q, k, v = packed(rg)
             call = fv.validate(q, k, v, cu, cu, mx, mx, mode, evaluator, True, kw.get("softcap"), None, None,
                                (-1, -1))
-            over = {"fwd.varlen": True, "fwd.varlen_compact": True}
             return (lambda: fv._forward(q, k, v, cu, cu, call, False, "cuda", overrides=over)), (q, k, v)
         return build
     if impl == "ours_varlen_hl":   # the per-KV-head varlen backward (plan override), backward only
@@ -196,6 +202,14 @@ def _prepare(builders: dict, backward: bool) -> dict:
     return fns
 
 
+def parse_fwd_knob(text: str) -> dict:
+    """'o_smem=1+num_stages=3' -> the plan overrides {"fwd.o_smem": True, "fwd.num_stages": 3}
+    (bench/tools/plan_knobs.py: FwdConfig fields typed, unknown names refused by name)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
+    import plan_knobs
+    return dict(plan_knobs.parse(text, "fwd").overrides) if text else {}
+
+
 def lengths_for(args) -> list[int]:
     if args.scenario == "equal":
         return [args.seqlen] * args.batch
@@ -204,7 +218,7 @@ def lengths_for(args) -> list[int]:
 
 def run(args) -> dict:
     lens = lengths_for(args)
-    rows = rows_for(args.scenario, args.modes.split(","), args.evaluators.split(","))
+    rows = rows_for(args.scenario, args.modes.split(","), args.evaluators.split(","), bool(args.fwd_knob))
     timing = protocol.Timing(args.warmup, args.rounds, args.iters, args.order, args.settle_ms)
     builders = {}
     for impl, mode, ev in rows:
@@ -233,11 +247,11 @@ def ratios(rows: list[dict], scenario: str) -> dict:
     out = {}
     for (impl, mode, ev), r in by.items():
         pre = {"ours_varlen": "", "ours_varlen_nocheck": "nocheck:", "ours_varlen_compact": "compact:",
-               "ours_varlen_hl": "hl:"}.get(impl)
+               "ours_varlen_hl": "hl:", "ours_varlen_knob": "knob:"}.get(impl)
         if pre is None:
             continue
         extra = {"": (), "nocheck:": ("ours_varlen",), "compact:": ("ours_varlen_nocheck",),
-                 "hl:": ("ours_varlen_nocheck",)}[pre]
+                 "hl:": ("ours_varlen_nocheck",), "knob:": ("ours_varlen_nocheck",)}[pre]
         for b in base + extra:
             other = by.get((b, mode, ev if b.startswith("ours") else "native"))
             for d in ("fwd", "bwd"):
@@ -274,6 +288,8 @@ def main(argv=None):
     p.add_argument("--order", choices=sorted(protocol.ORDERS), default="alternate")
     p.add_argument("--settle-ms", type=float, default=0.0)
     p.add_argument("--fwd-only", action="store_true")
+    p.add_argument("--fwd-knob", default="", help="NAME=VALUE[+...]: an ours_varlen_knob row, the varlen forward "
+                                                  "with these FwdConfig overrides (e.g. o_smem=1)")
     p.add_argument("--list", action="store_true", help="print the lengths and rows; time nothing (CPU)")
     protocol.add_json_arg(p, "varlen")
     args = p.parse_args(argv)
@@ -283,7 +299,7 @@ def main(argv=None):
             args.scenario = s
             lens = lengths_for(args)
             print(f"{s}: {len(lens)} sequences, {sum(lens)} tokens, max {max(lens)}: {lens}")
-            for r in rows_for(s, args.modes.split(","), args.evaluators.split(",")):
+            for r in rows_for(s, args.modes.split(","), args.evaluators.split(","), bool(args.fwd_knob)):
                 print("  " + "/".join(r))
         return None
     results = {}

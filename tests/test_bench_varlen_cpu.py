@@ -2,6 +2,8 @@
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
@@ -24,6 +26,11 @@ def test_rows_and_ratios():
                                                                            "ours_varlen_compact", "ours_varlen_hl", "ours_dense"}
     assert not any(r[0] in ("ours_varlen_compact", "ours_varlen_nocheck", "ours_varlen_hl") and r[1] == "sigmoid"
                    for r in rows)
+    knob_rows = bv.rows_for("ragged", ["softmax", "sigmoid"], ["poly"], knob=True)
+    assert ("ours_varlen_knob", "softmax", "poly") in knob_rows and ("ours_varlen_knob", "sigmoid", "poly") not in knob_rows
+    assert bv.parse_fwd_knob("o_smem=1+num_stages=3") == {"fwd.o_smem": True, "fwd.num_stages": 3}
+    with pytest.raises(ValueError, match="o_smem"):
+        bv.parse_fwd_knob("o_smem")
     res = [{"impl": "ours_varlen", "mode": "softmax", "evaluator": "poly", "fwd_ms": 1.0, "bwd_ms": 2.0},
            {"impl": "fa4_varlen", "mode": "softmax", "evaluator": "native", "fwd_ms": 1.5, "bwd_ms": 3.0},
            {"impl": "ours_padded", "mode": "softmax", "evaluator": "poly", "fwd_ms": 4.0, "bwd_ms": None},
