@@ -102,6 +102,10 @@ class AttnFwdSm90:
         self.num_mma_wg = self.tile_m // 64
         self.num_mma_regs = self.MMA_REGS[self.num_mma_wg]
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
+        # o_smem's staging tile: tile_m rows x o_cols columns, O written through it in
+        # head_dim / o_cols passes (D = 256: two 128-column passes through a 32 KB tile, as a
+        # whole 64 KB one does not fit beside Q and two K / V stages)
+        self.o_cols = min(self.head_dim, 128)
 
     # ------------------------------------------------------------------ host side
     def _smem_layout(self, rows: int, stages_: Optional[int]):
@@ -110,6 +114,15 @@ class AttnFwdSm90:
             self.dtype)
         shape = (rows, self.head_dim) if stages_ is None else (rows, self.head_dim, stages_)
         return cute.tile_to_shape(atom, shape, (0, 1) if stages_ is None else (0, 1, 2))
+
+    def _o_layout(self):
+        """o_smem's staging tile: Q's layout where it is Q's shape, else tile_m x o_cols with the
+        swizzle atom of o_cols columns."""
+        if self.o_cols == self.head_dim:
+            return self._smem_layout(self.tile_m, None)
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.o_cols), self.dtype)
+        return cute.tile_to_shape(atom, (self.tile_m, self.o_cols), (0, 1))
 
     def _tiled_mmas(self):
         qk = sm90_utils.make_trivial_tiled_mma(
@@ -159,8 +172,8 @@ class AttnFwdSm90:
             "sQ": cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024],
             "sK": cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024],
             "sV": cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]}
-        if cutlass.const_expr(self.cfg.o_smem):   # the epilogue's O staging tile: Q's shape and swizzle
-            fields["sO"] = cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+        if cutlass.const_expr(self.cfg.o_smem):   # the epilogue's O staging tile (_o_layout)
+            fields["sO"] = cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self._o_layout())], 1024]
         self.shared_storage = cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
         num_batch = mQ.shape[3]
@@ -203,8 +216,10 @@ class AttnFwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         # the epilogue's O staging tile (o_smem), set while the kernel is traced
-        self._sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner) if cutlass.const_expr(
-            self.cfg.o_smem) else None
+        self._sO = None
+        if cutlass.const_expr(self.cfg.o_smem):
+            sO_layout = sQ_layout if cutlass.const_expr(self.o_cols == self.head_dim) else self._o_layout()
+            self._sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         blocks = mask_mod.BlockRange(self.tile_m, self.tile_n, self.causal,
@@ -715,29 +730,40 @@ class AttnFwdSm90:
         """o_smem: each consumer warpgroup writes its 64 rows of O (cast) into the staging tile with
         stmatrix, then stores them as 16-byte row chunks (a warp covers whole rows: full sectors),
         rows >= S_q skipped.  A named barrier per warpgroup before the writes (its threads have read
-        the previous tile's rows) and before the reads (the rows are complete)."""
-        sO = self._sO
-        wg = tidx // self.num_threads_per_wg
-        bar = pipeline.NamedBarrier(barrier_id=int(FwdBarrier.EPILOGUE) + wg, num_threads=self.num_threads_per_wg)
-        rO = cute.make_fragment_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
-        r2s = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
-            tiled_mma_pv)
-        thr_r2s = r2s.get_slice(tidx)
-        bar.arrive_and_wait()
-        cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
-        bar.arrive_and_wait()
-        # 16-byte chunks: D / 8 threads per row, 128 / (D / 8) rows per pass
-        chunks = self.head_dim // 8
+        the previous tile's rows) and before the reads (the rows are complete).  D = 256 goes
+        through a 128-column tile in two passes (store_o_staged_passes)."""
+        if cutlass.const_expr(self.o_cols != self.head_dim):
+            self.store_o_staged_passes(acc_O, gO, tidx, m_block, seqlen_q)
+        else:
+            sO = self._sO
+            wg = tidx // self.num_threads_per_wg
+            bar = pipeline.NamedBarrier(barrier_id=int(FwdBarrier.EPILOGUE) + wg,
+                                        num_threads=self.num_threads_per_wg)
+            rO = cute.make_fragment_like(acc_O, self.dtype)
+            rO.store(acc_O.load().to(self.dtype))
+            r2s = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                    self.dtype),
+                tiled_mma_pv)
+            thr_r2s = r2s.get_slice(tidx)
+            bar.arrive_and_wait()
+            cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
+            bar.arrive_and_wait()
+            self.store_o_rows(gO, sO, wg, tidx, m_block, seqlen_q, 0)
+
+    @cute.jit
+    def store_o_rows(self, gO, sO, wg, tidx: Int32, m_block: Int32, seqlen_q: Int32, col_block: cutlass.Constexpr):
+        """Warpgroup wg's 64 staged rows (o_cols columns) to O's column block col_block, as
+        16-byte chunks: o_cols / 8 threads per row, 128 / (o_cols / 8) rows per pass."""
+        chunks = self.o_cols // 8
         s2g = cute.make_tiled_copy_tv(
             cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
             cute.make_ordered_layout((self.num_threads_per_wg // chunks, chunks), order=(1, 0)),
             cute.make_layout((1, 8)))
         thr_s2g = s2g.get_slice(tidx - wg * self.num_threads_per_wg)
-        rows = (64, self.head_dim)
+        rows = (64, self.o_cols)
         tOsO = thr_s2g.partition_S(cute.local_tile(sO, rows, (wg, 0)))
-        tOgO = thr_s2g.partition_D(cute.local_tile(gO, rows, (m_block * (self.tile_m // 64) + wg, 0)))
+        tOgO = thr_s2g.partition_D(cute.local_tile(gO, rows, (m_block * (self.tile_m // 64) + wg, col_block)))
         tOcO = thr_s2g.partition_S(cute.make_identity_tensor(rows))
         tOrO = cute.make_fragment_like(tOsO, self.dtype)
         cute.autovec_copy(tOsO, tOrO)
@@ -745,6 +771,36 @@ class AttnFwdSm90:
         for i in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
             if row0 + tOcO[0, i, 0][0] < seqlen_q:
                 cute.copy(s2g, tOrO[None, i, None], tOgO[None, i, None])
+
+    @cute.jit
+    def store_o_staged_passes(self, acc_O, gO, tidx: Int32, m_block: Int32, seqlen_q: Int32):
+        """o_smem at D = 256: the staging tile holds o_cols = 128 columns (a whole 64 KB tile does
+        not fit beside Q and two K / V stages), so O goes through it in two passes.  The registers
+        of pass p are the PV fragment's values 64p .. 64p + 63: the wgmma C layout is the same for
+        every N (value group k holds columns 8k .. 8k + 7), so they are columns 128p .. 128p + 127
+        in the order of an N = 128 fragment, which the pass's stmatrix copy is built from."""
+        sO = self._sO
+        wg = tidx // self.num_threads_per_wg
+        bar = pipeline.NamedBarrier(barrier_id=int(FwdBarrier.EPILOGUE) + wg, num_threads=self.num_threads_per_wg)
+        rO = cute.make_fragment_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        tiled_mma_o = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
+            Float32, (self.num_mma_wg, 1, 1), (64, self.o_cols), warpgroup.OperandSource.RMEM)
+        r2s = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype),
+            tiled_mma_o)
+        thr_r2s = r2s.get_slice(tidx)
+        for p in cutlass.range_constexpr(self.head_dim // self.o_cols):
+            rO_p = cute.make_rmem_tensor(
+                tiled_mma_o.get_slice(tidx).partition_shape_C((self.tile_m, self.o_cols)), self.dtype)
+            n = cute.size(rO_p)
+            for i in cutlass.range_constexpr(n):
+                rO_p[i] = rO[p * n + i]
+            bar.arrive_and_wait()   # the previous pass's (or tile's) rows have been read
+            cute.copy(r2s, thr_r2s.retile(rO_p), thr_r2s.partition_D(sO))
+            bar.arrive_and_wait()
+            self.store_o_rows(gO, sO, wg, tidx, m_block, seqlen_q, p)
 
 
 class AttnFwdSm90Aux(AttnFwdSm90):

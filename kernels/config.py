@@ -90,7 +90,9 @@ def check_fwd(c: FwdConfig) -> None:
         raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {c.tile_n}")
     if c.num_stages < 1:
         raise ValueError(f"num_stages must be >= 1, got {c.num_stages}")
-    tiles = 2 * (c.tile_m + 2 * c.num_stages * c.tile_n + (c.tile_m if c.o_smem else 0)) * c.head_dim
+    # o_smem's staging tile: tile_m rows x min(D, 128) columns (D = 256 writes O in two passes)
+    tiles = 2 * ((c.tile_m + 2 * c.num_stages * c.tile_n) * c.head_dim
+                 + (c.tile_m * min(c.head_dim, 128) if c.o_smem else 0))
     if tiles > SMEM_BYTES - 1024:   # room for the mbarriers
         raise ValueError(f"forward config needs {tiles} bytes of shared memory for Q ({c.tile_m} x "
                          f"{c.head_dim}){', its O staging tile' if c.o_smem else ''} and {c.num_stages} K/V "

@@ -492,12 +492,13 @@ def test_check_fwd_tile_n_is_a_multiple_of_16_up_to_256():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_o_smem_epilogue(d):
     """FwdConfig.o_smem: O goes registers -> stmatrix -> smem -> 16-byte row chunks, per thread
     D / 16 STSM.x4, LDS.128 and STG.E.128 (64 rows x D of 16-bit values over 128 threads) instead
-    of D / 4 four-byte stores; the main loop is untouched (same HGMMA), no spills.  D = 256's Q, O
-    and K/V stages do not fit: check_fwd says so."""
+    of D / 4 four-byte stores (D = 256: in two passes through a 128-column tile, so four
+    warpgroup barriers); the main loop is untouched (same HGMMA), no spills.  D = 256's 80-key
+    exp2 offload has no room for the staging tile: check_fwd says so."""
     import re
     base = B.plan("softmax", "native", d=d, overrides={"fwd.o_smem": False})   # the default at D = 64 / 128
     staged = B.plan("softmax", "native", d=d, overrides={"fwd.o_smem": True})
@@ -509,8 +510,10 @@ def test_o_smem_epilogue(d):
     assert ops(b.sass, r"STG\.E\.128") == d // 16 and ops(a.sass, r"STG\.E\.128") == 0
     assert ops(a.sass, r"STSM") == 0
     assert na["HGMMA"] == nb["HGMMA"] and nb["STL"] == 0 and nb["LDL"] == 0, (na, nb)
+    bars = r"BAR\.SYNC\.DEFER_BLOCKING R\w+, 0x80"   # a warpgroup's 128 threads, its id from the warpgroup
+    assert ops(b.sass, bars) == 2 * (d // min(d, 128)) and ops(a.sass, bars) == 0
     with pytest.raises(ValueError, match="set o_smem=False"):
-        B.plan("softmax", "native", d=256, overrides={"fwd.o_smem": True})
+        B.plan("softcap", "poly", d=256, overrides={"fwd.o_smem": True})
 
 
 @pytest.mark.compile

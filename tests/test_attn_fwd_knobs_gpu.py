@@ -72,13 +72,17 @@ def test_three_warpgroups_against_reference(case, persistent, pingpong):
 # values cast the same way, so O and LSE must equal the register epilogue's bit for bit, written
 # into NaN-poisoned buffers (a row it skips stays NaN).  Tails (S_q not a multiple of the tile),
 # tiles that see no key (causal S_q > S_k: O = 0), GQA, D = 64's three warpgroups, FP16, one CTA
-# per tile and the varlen build.
+# per tile and the varlen build; D = 256 (two passes through a 128-column tile).
 O_SMEM_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
                 ("softmax", "native", "bf16", 1, 517, 200, 4, 1, 128, True),
                 ("softmax", "native", "fp16", 1, 200, 517, 8, 8, 128, False),
                 ("softmax", "native", "bf16", 2, 333, 517, 8, 2, 64, True),
                 ("softcap", "poly", "bf16", 1, 300, 411, 4, 4, 64, False),
-                ("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 128, True)]
+                ("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 128, True),
+                ("softmax", "native", "bf16", 2, 333, 517, 8, 2, 256, True),
+                ("softmax", "native", "fp16", 1, 200, 517, 4, 4, 256, False),
+                ("softcap", "native", "bf16", 1, 517, 200, 4, 2, 256, True),
+                ("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 256, False)]
 
 
 def _bitwise_as_default(case, knob: str, extra: dict, window=(-1, -1)):

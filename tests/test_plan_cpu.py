@@ -458,10 +458,11 @@ def test_forward_refuses_configs_over_shared_memory():
     """A config that cannot fit sm_90's 227 KB is a ValueError naming the sizes, not a launch
     failure; the defaults and the largest measured knob (3 K/V stages at D = 128) fit."""
     for d, ov in [(128, {}), (256, {}), (64, {}), (128, {"fwd.num_stages": 3, "fwd.o_smem": False}),
-                  (128, {"fwd.tile_n": 64, "fwd.num_stages": 4})]:
+                  (128, {"fwd.tile_n": 64, "fwd.num_stages": 4}), (256, {"fwd.o_smem": True})]:
         resolve("softmax", d=d, overrides=ov)
     for d, ov in [(256, {"fwd.tile_n": 128}), (128, {"fwd.num_stages": 4}), (256, {"fwd.num_stages": 3}),
-                  (128, {"fwd.num_stages": 3})]:   # O's staging tile beside 3 stages
+                  (128, {"fwd.num_stages": 3}),   # O's staging tile beside 3 stages
+                  (256, {"fwd.tile_n": 80, "fwd.o_smem": True})]:   # its 128-column tile beside 80-key stages
         with pytest.raises(ValueError, match="bytes of shared memory"):
             resolve("softmax", d=d, overrides=ov)
 
