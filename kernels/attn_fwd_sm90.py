@@ -778,12 +778,12 @@ class AttnFwdSm90:
         not fit beside Q and two K / V stages), so O goes through it in two passes.  The registers
         of pass p are the PV fragment's values 64p .. 64p + 63: the wgmma C layout is the same for
         every N (value group k holds columns 8k .. 8k + 7), so they are columns 128p .. 128p + 127
-        in the order of an N = 128 fragment, which the pass's stmatrix copy is built from."""
+        in the order of an N = 128 fragment, which the pass's stmatrix copy is built from.  Each
+        pass casts its own values (one cast of the whole fragment up front made ptxas spill 62
+        words in the sigmoid builds)."""
         sO = self._sO
         wg = tidx // self.num_threads_per_wg
         bar = pipeline.NamedBarrier(barrier_id=int(FwdBarrier.EPILOGUE) + wg, num_threads=self.num_threads_per_wg)
-        rO = cute.make_fragment_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
         tiled_mma_o = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
             Float32, (self.num_mma_wg, 1, 1), (64, self.o_cols), warpgroup.OperandSource.RMEM)
@@ -796,7 +796,7 @@ class AttnFwdSm90:
                 tiled_mma_o.get_slice(tidx).partition_shape_C((self.tile_m, self.o_cols)), self.dtype)
             n = cute.size(rO_p)
             for i in cutlass.range_constexpr(n):
-                rO_p[i] = rO[p * n + i]
+                rO_p[i] = acc_O[p * n + i].to(self.dtype)
             bar.arrive_and_wait()   # the previous pass's (or tile's) rows have been read
             cute.copy(r2s, thr_r2s.retile(rO_p), thr_r2s.partition_D(sO))
             bar.arrive_and_wait()
