@@ -44,7 +44,8 @@ import os
 import sys
 from typing import Callable, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.join(_HERE, "tools")]   # protocol; plan_knobs (--fwd-knob)
 import protocol  # noqa: E402
 
 SOFTCAP = 50.0
@@ -124,7 +125,7 @@ def make_row(impl, mode, evaluator, lens, args) -> Optional[Callable[[bool], tup
     if impl in ("ours_varlen_compact", "ours_varlen_knob"):   # the varlen forward with plan overrides, forward only
         from flash_attn_poly import varlen as fv
         over = {"fwd.varlen": True, "fwd.varlen_compact": True} if impl == "ours_varlen_compact" else dict(
-            {"fwd.varlen": True}, **parse_fwd_knob(args.fwd_knob))
+            {"fwd.varlen": True}, **args.fwd_overrides)
 
         def build(rg):
             if rg:
@@ -205,8 +206,7 @@ def _prepare(builders: dict, backward: bool) -> dict:
 def parse_fwd_knob(text: str) -> dict:
     """'o_smem=1+num_stages=3' -> the plan overrides {"fwd.o_smem": True, "fwd.num_stages": 3}
     (bench/tools/plan_knobs.py: FwdConfig fields typed, unknown names refused by name)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
-    import plan_knobs
+    import plan_knobs   # bench/tools, on the path below
     return dict(plan_knobs.parse(text, "fwd").overrides) if text else {}
 
 
@@ -293,6 +293,7 @@ def main(argv=None):
     p.add_argument("--list", action="store_true", help="print the lengths and rows; time nothing (CPU)")
     protocol.add_json_arg(p, "varlen")
     args = p.parse_args(argv)
+    args.fwd_overrides = parse_fwd_knob(args.fwd_knob)   # a bad name fails here, before any timing
     scenarios = ("equal", "ragged") if args.scenario == "both" else (args.scenario,)
     if args.list:
         for s in scenarios:

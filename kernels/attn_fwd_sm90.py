@@ -108,21 +108,15 @@ class AttnFwdSm90:
         self.o_cols = min(self.head_dim, 128)
 
     # ------------------------------------------------------------------ host side
-    def _smem_layout(self, rows: int, stages_: Optional[int]):
+    def _smem_layout(self, rows: int, stages_: Optional[int], cols: Optional[int] = None):
+        """A K-major tile of rows x cols (default head_dim), staged or not, with the swizzle atom
+        of its column count; o_smem's staging tile is (tile_m, o_cols): Q's layout up to D = 128."""
+        cols = cols or self.head_dim
         atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim),
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, cols),
             self.dtype)
-        shape = (rows, self.head_dim) if stages_ is None else (rows, self.head_dim, stages_)
+        shape = (rows, cols) if stages_ is None else (rows, cols, stages_)
         return cute.tile_to_shape(atom, shape, (0, 1) if stages_ is None else (0, 1, 2))
-
-    def _o_layout(self):
-        """o_smem's staging tile: Q's layout where it is Q's shape, else tile_m x o_cols with the
-        swizzle atom of o_cols columns."""
-        if self.o_cols == self.head_dim:
-            return self._smem_layout(self.tile_m, None)
-        atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.o_cols), self.dtype)
-        return cute.tile_to_shape(atom, (self.tile_m, self.o_cols), (0, 1))
 
     def _tiled_mmas(self):
         qk = sm90_utils.make_trivial_tiled_mma(
@@ -172,8 +166,9 @@ class AttnFwdSm90:
             "sQ": cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024],
             "sK": cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024],
             "sV": cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]}
-        if cutlass.const_expr(self.cfg.o_smem):   # the epilogue's O staging tile (_o_layout)
-            fields["sO"] = cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self._o_layout())], 1024]
+        if cutlass.const_expr(self.cfg.o_smem):   # the epilogue's O staging tile (tile_m x o_cols)
+            fields["sO"] = cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(self._smem_layout(self.tile_m, None, self.o_cols))], 1024]
         self.shared_storage = cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
         num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
         num_batch = mQ.shape[3]
@@ -218,7 +213,7 @@ class AttnFwdSm90:
         # the epilogue's O staging tile (o_smem), set while the kernel is traced
         self._sO = None
         if cutlass.const_expr(self.cfg.o_smem):
-            sO_layout = sQ_layout if cutlass.const_expr(self.o_cols == self.head_dim) else self._o_layout()
+            sO_layout = self._smem_layout(self.tile_m, None, self.o_cols)
             self._sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 

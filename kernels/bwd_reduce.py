@@ -219,31 +219,30 @@ class BwdReductions:
                 empty.arrive()
 
     @cute.jit
-    def reduce_dq_block(self, mX, sdQ_addr, lane, m_block, full):
-        """Wait for the staged tile of m_block, add it (lane 0: one bulk reduction; D = Dc, so
-        the block's rows are contiguous), wait until read."""
+    def reduce_dq_block(self, mX, sdQ_addr, lane, m_block, full, half: cutlass.Constexpr = None):
+        """Wait for the staged tile of m_block (or with dq_halves warpgroup `half`'s 64 rows of
+        it), add it (lane 0: one bulk reduction; D = Dc, so the block's rows are contiguous),
+        wait until read."""
+        rows, row0 = self.tile_m, 0
+        if const_expr(half is not None):
+            rows = self.tile_m // 2
+            row0 = half * rows
         full.sync()
         if lane == 0:
-            g = mX.iterator + m_block * self.tile_m * mX.stride[0]
-            bulk_reduce_add_f32(g.toint(), sdQ_addr, Int32(self.tile_m * (self.Dc + DQ_ROW_PAD) * 4))
+            g = mX.iterator + (m_block * self.tile_m + row0) * mX.stride[0]
+            bulk_reduce_add_f32(g.toint(), sdQ_addr + Int32(row0 * (self.Dc + DQ_ROW_PAD) * 4),
+                                Int32(rows * (self.Dc + DQ_ROW_PAD) * 4))
         cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def reduce_dq_halves(self, mX, sdQ_addr, lane, m_block, more):
-        """dq_halves, one query block: for warpgroup 0's rows, then warpgroup 1's, wait until the
-        half is staged, add it (lane 0: one bulk reduction of tile_m / 2 contiguous rows), wait
-        until read and, if another block follows (more), hand the half back to its warpgroup."""
-        rows = self.tile_m // 2
+        """dq_halves, one query block: warpgroup 0's rows, then warpgroup 1's (reduce_dq_block of
+        each half behind its own barriers), each half handed back to its warpgroup once read if
+        another block follows (more)."""
         for w in cutlass.range_constexpr(2):
             full, empty = self.dq_barriers(w)
-            full.sync()
-            if lane == 0:
-                g = mX.iterator + (m_block * self.tile_m + w * rows) * mX.stride[0]
-                bulk_reduce_add_f32(g.toint(), sdQ_addr + Int32(w * rows * (self.Dc + DQ_ROW_PAD) * 4),
-                                    Int32(rows * (self.Dc + DQ_ROW_PAD) * 4))
-            cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            self.reduce_dq_block(mX, sdQ_addr, lane, m_block, full, w)
             if more:
                 empty.arrive()
 
