@@ -158,18 +158,24 @@ FWD_ROWS = (
     Row({"head_dim": 64, "varlen": False, "causal": False, "mode": "sigmoid"}, dict(pingpong=False, o_smem=False),
         "... but not sigmoid: its packed program spills 3 words with O staging (CPU SASS) and the turns "
         "alone took 0.98-1.04x the time (the native sigmoid is not timed)", "fwd-d64-turns"),
-    Row({"head_dim": 128, "varlen": False}, dict(o_smem=True),
-        "O staged through smem, 16-byte row stores: 0.84-0.97x the time at S = 1k, 0.98-1.00x at 4k",
-        "fwd-o-smem"),
+    Row({"head_dim": 128}, dict(o_smem=True),
+        "O staged through smem, 16-byte row stores: 0.84-0.97x the time at S = 1k, 0.98-1.00x at 4k; "
+        "0.95-0.96x on a ragged varlen batch", "fwd-o-smem"),
+    Row({"head_dim": 256, "varlen": False}, dict(o_smem=True),
+        "O staged through a 128-column smem tile in two passes: 0.74-0.97x the time at D = 256 "
+        "(S 512 to 4k, causal or not; varlen not timed)", "fwd-o-smem"),
     Row({"mode": "softcap", "fixed_max_ok": False, "head_dim": 64},
         dict(tile_m=128, num_stages=2, pingpong=False, mask_bits=False, o_smem=False),
         "softcap under the online max (cap > 50, FP16) spills on the 192-row causal tile: 128 rows, "
         "without the turns, keep words and O staging (timed on the 192-row tile only)", "fwd-d64-turns"),
     Row({"mode": "softcap", "fixed_max_ok": False, "head_dim": 64, "poly_score": True}, dict(pingpong=True),
         "with a packed program's score: ping-pong, as at the other head dims", "fwd-pingpong"),
-    Row({"exp2_offload": True, "head_dim": 256}, dict(tile_n=80, pingpong=True),
-        "the exp2 offload at D = 256: 80-key blocks with ping-pong, 0.915x (native softcap keeps 64: "
-        "80 took 1.016x)", "fwd-d256-tile-n80"),
+    Row({"exp2_offload": True, "head_dim": 256}, dict(pingpong=True),
+        "the exp2 offload at D = 256 with ping-pong", "fwd-d256-tile-n80"),
+    Row({"exp2_offload": True, "head_dim": 256, "causal": False}, dict(tile_n=80, o_smem=False),
+        "... non-causal in 80-key blocks, 0.915x the 64-key tile (native softcap keeps 64: 80 took "
+        "1.016x), which has no room for O staging (64 keys with staging took 1.023x); causal keeps 64 "
+        "keys and stages O: 0.72-0.92x the 80-key tile", "fwd-d256-tile-n80"),
     Row({"varlen": True}, dict(varlen=True, persistent=True),
         "packed sequences: one persistent launch over (sequence, head) units, tiles past a "
         "sequence's end skipped: 1.04-1.22x a CTA per tile on a ragged batch", "varlen-grid"),
@@ -190,7 +196,7 @@ BWD_ROWS = (
         "64 query x 128 key tiles, 2 Q/dO stages: P^T and dS^T stay at 32 registers per thread", ""),
     Row({}, dict(dq_async=True, dq_halves=False),
         "dQ staged in smem and added by warp 1's bulk reductions: 0.76-0.79x the red.global path "
-        "(one buffer for both warpgroups; per-warpgroup halves untimed)", "bwd-dq-async"),
+        "(one buffer for both warpgroups)", "bwd-dq-async"),
     Row({}, dict(lpt=True), "LPT-ordered CTAs: 0.90-0.94x blockIdx order", "bwd-lpt"),
     Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True),
         "a CTA per KV head over its GQA group where that grid has >= 1.5 CTAs per SM; its dQ "
@@ -209,6 +215,10 @@ BWD_ROWS = (
     Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False}, dict(tile_m=128),
         "D = 64: 128 query rows per step (the dS factor packed to FP16 beside P): 0.93-0.98x the "
         "64-row step", "bwd-d64-tile-m128"),
+    Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False}, dict(dq_halves="with_128_rows"),
+        "... its staged dQ tile as two warpgroup halves, each behind its own barriers and bulk add: "
+        "0.94-0.99x the one buffer (every mode, GQA and MHA, causal or not); it follows the resolved "
+        "step (an override of tile_m or dq_async takes it along)", "bwd-dq-halves"),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
     Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
@@ -458,6 +468,8 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         bwd["kv_sections"] = bool(bwd["head_loop"] and bwd["lpt"] and min_k is not None and call.seqlen_k >= min_k)
     if bwd["dkv_smem"] == "with_head_loop":
         bwd["dkv_smem"] = bool(bwd["head_loop"])
+    if bwd["dq_halves"] == "with_128_rows":
+        bwd["dq_halves"] = bool(bwd["dq_async"] and bwd["tile_m"] == 128)
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,

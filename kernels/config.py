@@ -142,11 +142,6 @@ def check_bwd(c: BwdConfig) -> None:
     if c.kv_sections and not (c.head_loop and c.lpt):
         raise ValueError(f"kv_sections: sections of head_loop's LPT order (head_loop and lpt), got "
                          f"head_loop={c.head_loop}, lpt={c.lpt}")
-    if c.dq_halves and not (c.dq_async and c.tile_m == 128):
-        # at tile_m 64 the warpgroups split dQ's columns: a half is not one contiguous range
-        raise ValueError(f"dq_halves: halves of the staged dQ tile by warpgroup need dq_async and the 128-row "
-                         f"step (its warpgroups own 64 query rows each), got dq_async={c.dq_async}, "
-                         f"tile_m={c.tile_m}")
     if c.stages < 1:
         raise ValueError(f"stages must be >= 1, got {c.stages}")
     if c.score.kind == "sigmoid" and c.score.evaluator == "poly" and c.score.grad_rule != "surrogate":
@@ -161,6 +156,11 @@ def check_bwd(c: BwdConfig) -> None:
         # only, the warpgroups split dQ's rows; docs/NOTES_attn_bwd.md)
         raise ValueError(f"backward tile must be 64 query rows x 128 keys, or 128 x 128 at D = 64, "
                          f"got tile_m={c.tile_m}, tile_n={c.tile_n}, D={c.head_dim}")
+    if c.dq_halves and not (c.dq_async and c.tile_m == 128):
+        # at tile_m 64 the warpgroups split dQ's columns: a half is not one contiguous range
+        raise ValueError(f"dq_halves: halves of the staged dQ tile by warpgroup need dq_async and the 128-row "
+                         f"step (its warpgroups own 64 query rows each), got dq_async={c.dq_async}, "
+                         f"tile_m={c.tile_m}; set dq_halves=False with them")
     if c.varlen and (c.deterministic or c.lpt or c.score.kind == "user"):
         raise ValueError("varlen backward: a CTA per entry of its (key block, head, sequence) table, without "
                          "deterministic turns, lpt or a user score function (its batch index would be the "

@@ -1,8 +1,15 @@
 """Test tiers: CPU unit (default), compile-only (sm_90a on the CPU), GPU (skipped without CUDA)."""
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# `python -m pytest` puts the repository root first on sys.path, where the top-level kernels/
+# (installed as flash_attn_poly.kernels) shadows the `kernels` package that transformers >= 5.25
+# imports at start-up; the tests use the installed package, so the root leaves sys.path.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _ROOT]
 
 
 def _has_cuda() -> bool:

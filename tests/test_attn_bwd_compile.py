@@ -538,15 +538,16 @@ def test_dkv_smem_stores_dkv_as_16_byte_row_chunks():
 @pytest.mark.compile
 @pytest.mark.parametrize("mode,evaluator", [("softmax", "native"), ("sigmoid", "poly")])
 def test_dq_halves_hands_each_warpgroup_its_own_rows(mode, evaluator):
-    """dq_halves (the 128-row D = 64 step: the staged dQ tile as two warpgroup halves): warp 1
+    """dq_halves (the D = 64 default, the 128-row step: the staged dQ tile as two warpgroup halves): warp 1
     adds each half with its own bulk reduction (2 UBLKRED per block instead of 1) behind its own
     barrier pair of 160 threads (ids 9 / 10 full, 11 / 12 empty; the MMA threads' ids are
     computed from the warpgroup), the whole tile's 288-thread pair (3 / 4) is gone; the GEMMs and
     exponentials are the default's and nothing new spills."""
     import re
     fams = dict(sass.FAMILIES, **TURN_OPS)
-    base_b = B.bwd(B.plan(mode, evaluator, d=64).bwd)
-    halves_b = B.bwd(B.plan(mode, evaluator, d=64, overrides={"bwd.dq_halves": True}).bwd)
+    base_b = B.bwd(B.plan(mode, evaluator, d=64, overrides={"bwd.dq_halves": False}).bwd)
+    halves_b = B.bwd(B.plan(mode, evaluator, d=64).bwd)      # the default
+    assert B.plan(mode, evaluator, d=64).bwd.dq_halves
     base, halves = base_b.counts(fams), halves_b.counts(fams)
     assert base["UBLKRED"] == 1 and halves["UBLKRED"] == 2, (base, halves)
     assert halves["HGMMA"] == base["HGMMA"] > 0

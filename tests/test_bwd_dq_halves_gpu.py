@@ -3,8 +3,10 @@
 with its own bulk reduction behind its own barrier pair.  The same FP32 values reach the same
 accumulator rows as with one buffer, in a possibly different order across CTAs, so dQ equals
 the one-buffer build's to FP32 reordering (rounded to the input dtype: rel L2 well under 1e-3;
-a half lost or added twice is ~0.5-0.7) and dK / dV are bitwise equal (their path is
-untouched).  Shapes: query tails (S_q not a multiple of 128: the padding rows of the last
+a half lost or added twice is ~0.5-0.7).  dK / dV's path is untouched: bitwise equal where each
+CTA stores its KV head's sums (head_loop) or at most two query heads add into the FP32
+accumulator (two adds onto zero commute); a CTA per query head of a larger group adds in
+arrival order, so there they equal to FP32 reordering.  Shapes: query tails (S_q not a multiple of 128: the padding rows of the last
 block), key tails, S_q < S_k causal (key blocks no query sees), non-causal, GQA (the per-KV-head
 loop: the halves alternate through the group's heads) and MHA, FP16, every score.
 
@@ -44,7 +46,11 @@ def _grads(mode, evaluator, dtype, b, sq, sk, hq, hkv, causal, halves, seed=0):
                             softcap=30.0 if mode == "softcap" else None)
     assert p.bwd.tile_m == 128 and p.bwd.dq_async and p.bwd.dq_halves == halves, p.bwd
     o, lse = dispatch.forward(p, q, k, v)
-    return dispatch.backward(p, do, q, k, v, o, lse)
+    return dispatch.backward(p, do, q, k, v, o, lse), p.bwd.head_loop or hq // hkv <= 2
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / a.float().norm().clamp_min(1e-30)).item()
 
 
 @pytest.mark.gpu
@@ -52,8 +58,11 @@ def _grads(mode, evaluator, dtype, b, sq, sk, hq, hkv, causal, halves, seed=0):
 def test_dq_halves_matches_one_buffer(shape):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    (dq0, dk0, dv0), (dq1, dk1, dv1) = _grads(*shape, False), _grads(*shape, True)
-    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), "dK / dV differ"
+    ((dq0, dk0, dv0), ordered), ((dq1, dk1, dv1), _) = _grads(*shape, False), _grads(*shape, True)
+    if ordered:
+        assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), "dK / dV differ"
+    else:
+        assert max(_rel(dk0, dk1), _rel(dv0, dv1)) < 1e-3, "dK / dV differ beyond FP32 reordering"
     assert torch.isfinite(dq1).all()
-    err = ((dq0.float() - dq1.float()).norm() / dq0.float().norm().clamp_min(1e-30)).item()
+    err = _rel(dq0, dq1)
     assert err < 1e-3, f"dQ rel L2 {err}"

@@ -203,7 +203,8 @@ FWD_CASES = [
     (dict(mode="softmax", d=128), dict(pingpong=True, row_sum_carry=True, row_max_chains=4, rescale_threshold=8.0,
                                        o_smem=True)),
     (dict(mode="softmax", d=64), dict(D64, rescale_threshold=8.0)),
-    (dict(mode="softmax", d=256), dict(tile_n=64, rescale_threshold=8.0)),
+    (dict(mode="softmax", d=256), dict(tile_n=64, rescale_threshold=8.0, o_smem=True)),
+    (dict(mode="softmax", d=256, varlen=True), dict(tile_n=64, rescale_threshold=8.0)),   # D = 256 varlen: not timed
     (dict(mode="softmax", d=128, dtype="fp16"), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
                                                      rescale_threshold=8.0, o_smem=True)),
     # softcap BF16 cap <= 50 at D = 128: the constant row max on three consumer warpgroups, 192 x 64, 4 stages
@@ -225,11 +226,15 @@ FWD_CASES = [
                                                                       o_smem=True, fixed_max=True, exp2_fma=1)),
     (dict(mode="sigmoid", evaluator="poly", d=64, causal=False), dict(tile_m=192, num_stages=3)),
     (dict(mode="sigmoid", d=64, causal=False), dict(tile_m=192, num_stages=3)),
-    # the exp2 offload at D = 256: 80-key blocks with ping-pong (native softcap keeps 64)
-    (dict(mode="softcap", evaluator="poly", d=256), dict(tile_n=80, pingpong=True, row_sum_carry=True,
-                                                         fixed_max=True, exp2_fma=1)),
-    (dict(mode="softcap", d=256), dict(tile_n=64, row_sum_carry=True, fixed_max=True)),
-    (dict(mode="softcap", d=256, softcap=60.0), dict(tile_n=64, row_sum_carry=True)),
+    # D = 256 stages O through a 128-column tile; the exp2 offload with ping-pong: causal 64-key blocks
+    # with O staging, non-causal 80-key blocks (no room for the staging tile); native softcap keeps 64
+    (dict(mode="softcap", evaluator="poly", d=256), dict(tile_n=64, pingpong=True, row_sum_carry=True,
+                                                         fixed_max=True, exp2_fma=1, o_smem=True)),
+    (dict(mode="softcap", evaluator="poly", d=256, causal=False), dict(tile_n=80, pingpong=True, row_sum_carry=True,
+                                                                       fixed_max=True, exp2_fma=1)),
+    (dict(mode="softcap", d=256), dict(tile_n=64, row_sum_carry=True, fixed_max=True, o_smem=True)),
+    (dict(mode="softcap", d=256, softcap=60.0), dict(tile_n=64, row_sum_carry=True, o_smem=True)),
+    (dict(mode="sigmoid", evaluator="poly", d=256), dict(tile_n=64, pingpong=True, o_smem=True)),
     # the persistent grid at every length (its (batch, head) order keeps short causal tiles balanced)
     (dict(mode="softmax", d=128, shape=SMALL), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
                                                     rescale_threshold=8.0, o_smem=True)),
@@ -322,12 +327,17 @@ def test_kv_sections_with_long_rows(shape, causal, want):
     assert packed.bwd.head_loop and packed.bwd.dkv_smem and not packed.bwd.kv_sections, packed.bwd
 
 
-def test_dq_halves_is_off_and_needs_the_128_row_step():
-    """dq_halves (per-warpgroup halves of the staged dQ tile) is untimed: off in every row; an
-    override builds it only where the warpgroups own whole query rows (tile_m 128) of a staged
-    tile (dq_async)."""
-    assert not resolve("softmax", d=64).bwd.dq_halves
-    assert resolve("softmax", d=64, overrides={"bwd.dq_halves": True}).bwd.dq_halves
+def test_dq_halves_rides_the_128_row_step():
+    """dq_halves (per-warpgroup halves of the staged dQ tile) is on wherever the D = 64 step runs
+    128 query rows with a staged tile, off elsewhere; an override builds it only where the
+    warpgroups own whole query rows (tile_m 128) of a staged tile (dq_async)."""
+    for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
+        for causal in (True, False):
+            b = resolve(mode, ev, d=64, causal=causal).bwd
+            assert b.tile_m == 128 and b.dq_async and b.dq_halves, b
+    for kw in (dict(d=128), dict(d=256), dict(d=64, deterministic=True), dict(d=64, varlen=True)):
+        assert not resolve("softmax", **kw).bwd.dq_halves, kw
+    assert not resolve("softmax", d=64, overrides={"bwd.dq_halves": False}).bwd.dq_halves
     with pytest.raises(ValueError, match="dq_halves"):
         resolve("softmax", d=128, overrides={"bwd.dq_halves": True})
     with pytest.raises(ValueError, match="dq_halves"):
