@@ -84,7 +84,9 @@ def loop_samples(folder: str, name: str) -> dict:
                "MUFU" if op.startswith("MUFU") else "rest of the stage")
         cats[cat] = cats.get(cat, 0.0) + num(r, SAMPLES)
     in_loop = sum(cats.values())
-    out = {"loop_share_of_samples": in_loop / total}
+    out = {"loop_share_of_samples": in_loop / total if total else 0.0}
+    if not in_loop:   # no samples on the hottest instructions (a source page without sampling data)
+        return out
     out.update({k: v / in_loop for k, v in sorted(cats.items(), key=lambda kv: -kv[1])})
     return out
 
