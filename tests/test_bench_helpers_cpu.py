@@ -561,3 +561,27 @@ def test_plan_row_names_the_cta_count():
     other = plan_knobs.plan_for(*qkv, "softmax", "native", plan_knobs.parse("fwd_ctas=100", "fwd"), causal=True)
     assert plan_knobs.plan_row(default, other)["sets"] == {"fwd_ctas": 100}
     assert plan_knobs.plan_row(default, default)["sets"] == {}
+
+
+def test_tuning_cells_builds_every_cell_then_times_each_and_tables_their_ratios(tmp_path):
+    """bench/tools/tuning_cells.py: one --compile-only command per cell (the common options and the
+    cell's), one timed command per cell writing cell_<i>.json; the table lists each cell's
+    "<row> / default" ratios and marks a cell without output by its status."""
+    import tuning_cells as TC
+    build, timed = TC.commands("fwd", "--headdim 64 --knob pingpong=0", ["--batch 32 --seqlen 512", "--batch 4"],
+                               str(tmp_path))
+    assert [c[1] for c in build] == [TC.TOOLS["fwd"]] * 2
+    assert build[0][2:] == ["--headdim", "64", "--knob", "pingpong=0", "--batch", "32", "--seqlen", "512",
+                            "--compile-only"]
+    assert timed[1][-4:] == ["--batch", "4", "--json", str(tmp_path / "cell_1.json")]
+    (tmp_path / "cell_0.json").write_text(json.dumps({"rows": [
+        {"row": "softmax/native default", "ms": 0.2}, {"row": "softmax/native pingpong=0", "ms": 0.18},
+        {"row": "softmax/native pingpong=0 / default", "ms": 0.9}]}))
+    md = TC.markdown("fwd", "--headdim 64", ["--batch 32 --seqlen 512", "--batch 4"], ["ok", "not started (budget)"],
+                     str(tmp_path))
+    assert "| --batch 32 --seqlen 512 | ok | softmax/native pingpong=0 | 0.900 |" in md
+    assert "| --batch 4 | not started (budget) | — | — |" in md
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "tools", "tuning_cells.py"), "--tool", "bwd",
+                          "--args", "--headdim 64", "--cell", "--batch 2", "--dry-run"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(out) == 2 and out[0].endswith("--headdim 64 --batch 2 --compile-only") and "bwd_tuning.py" in out[1]
