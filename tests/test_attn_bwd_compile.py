@@ -39,12 +39,13 @@ def _stl_bound(mode, evaluator) -> int:
 
 def _plan(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split=None, window=False,
           deterministic=False, dq_async=False, lpt=False, head_loop=False, program=None, grad_rule=None,
-          tile_m=None, dkv_smem=None):
+          tile_m=None, dkv_smem=None, dq_halves=False):
     """The plan of attention(mode, evaluator, ...) with the backward's knobs as given (default
-    here: the plain build, no dQ staging, no LPT order, a CTA per query head; dkv_smem None: the
-    plan's rule, staged with head_loop); window: left and
+    here: the plain build, no dQ staging (one staged tile with dq_async, not the D = 64 default's
+    halves), no LPT order, a CTA per query head; dkv_smem None: the plan's rule, staged with
+    head_loop); window: left and
     (non-causal) right bounds compiled in; poly_split None: the plan's split for d."""
-    ov = {"bwd.dq_async": dq_async, "bwd.lpt": lpt, "bwd.head_loop": head_loop}
+    ov = {"bwd.dq_async": dq_async, "bwd.lpt": lpt, "bwd.head_loop": head_loop, "bwd.dq_halves": dq_halves}
     if tile_m is not None:
         ov["bwd.tile_m"] = tile_m
     if dkv_smem is not None:

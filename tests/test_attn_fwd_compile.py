@@ -409,7 +409,7 @@ def test_softcap_exp2_offload_build(head_dim, causal):
     assert p.score.evaluator == "native" and p.score.program.name == "exp2_f32_d3"
     assert p.fwd.fixed_max and p.fwd.exp2_fma == 1
     n = _counts("softcap", "poly", head_dim, causal, softcap=FIXED)
-    # native on the offload's tile (at D = 256 the offload runs 80-key blocks with ping-pong)
+    # native on the offload's tile (at D = 256 with ping-pong, and 80-key blocks when non-causal)
     tile = dict(tile_n=p.fwd.tile_n, pingpong=p.fwd.pingpong) if head_dim == 256 else {}
     nat = _counts("softcap", "native", head_dim, causal, softcap=FIXED, **tile)
     assert n["MUFU.TANH"] == nat["MUFU.TANH"] > 0
@@ -455,20 +455,25 @@ def test_d64_three_warpgroups_tile_192x128(mode, evaluator):
 @pytest.mark.compile
 @pytest.mark.parametrize("mode,evaluator", CAND_MODES[:2])
 def test_d256_tile_n80(mode, evaluator):
-    """D = 256 with 80-key blocks (FA4's D = 256 tile; the exp2 offload's default, with ping-pong):
-    Q 64 KB + 2 stages of 80-key K and V (160 KB) fill 224 of sm_90's 227 KB.  Per block the QK
-    GEMM is 16 k-steps of m64n80 as before and PV gains a fifth k-step of 16 keys: HGMMA = the
-    64-key build's + 5 (one per loop copy and the last PV)."""
+    """D = 256 with 80-key blocks (FA4's D = 256 tile; the non-causal exp2 offload's default, with
+    ping-pong): Q 64 KB + 2 stages of 80-key K and V (160 KB) fill 224 of sm_90's 227 KB, so the
+    register epilogue (no room for O staging).  Per block the QK GEMM is 16 k-steps of m64n80 as
+    before and PV gains a fifth k-step of 16 keys: HGMMA = the 64-key build's + 5 (one per loop
+    copy and the last PV).  The causal exp2 offload's default is the 64-key tile with O staging."""
     kw = dict(softcap=FIXED) if mode == "softcap" else {}
-    p = _plan(mode, evaluator, 256, tile_n=80, pingpong=False, **kw)
-    d = _plan(mode, evaluator, 256, tile_n=64, pingpong=False, **kw)
+    p = _plan(mode, evaluator, 256, tile_n=80, pingpong=False, o_smem=False, **kw)
+    d = _plan(mode, evaluator, 256, tile_n=64, pingpong=False, o_smem=False, **kw)
     assert (p.fwd.tile_n, d.fwd.tile_n, p.fwd.num_stages) == (80, 64, 2)
     n, depbar = _clean(p)
     nd, _ = _clean(d)
     assert n["HGMMA"] == nd["HGMMA"] + 5 and depbar == 9, (n["HGMMA"], nd["HGMMA"], depbar)
-    if mode == "softcap":   # the default is that tile (with ping-pong)
-        assert (_plan(mode, evaluator, 256, **kw).fwd.tile_n, _plan(mode, evaluator, 256, **kw).fwd.pingpong) == (80, True)
-        _clean(_plan(mode, evaluator, 256, **kw))
+    if mode == "softcap":   # the non-causal default is that tile (with ping-pong); causal: 64 keys, O staged
+        nc = _plan(mode, evaluator, 256, False, **kw)
+        assert (nc.fwd.tile_n, nc.fwd.pingpong, nc.fwd.o_smem) == (80, True, False)
+        _clean(nc)
+        c = _plan(mode, evaluator, 256, **kw)
+        assert (c.fwd.tile_n, c.fwd.pingpong, c.fwd.o_smem) == (64, True, True)
+        _clean(c)
 
 
 def test_d256_tile_n80_refuses_splits_that_cannot_repeat():
