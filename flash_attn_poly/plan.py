@@ -161,6 +161,9 @@ FWD_ROWS = (
     Row({"head_dim": 128}, dict(o_smem=True),
         "O staged through smem, 16-byte row stores: 0.84-0.97x the time at S = 1k, 0.98-1.00x at 4k; "
         "0.95-0.96x on a ragged varlen batch", "fwd-o-smem"),
+    Row({"head_dim": 128, "varlen": True, "mode": "softcap", "window": True}, dict(o_smem=False),
+        "... but not the windowed varlen softcap build (192 x 64): it spills 13 words with O staging "
+        "(CPU SASS), none without", "fwd-o-smem"),
     Row({"head_dim": 256, "varlen": False}, dict(o_smem=True),
         "O staged through a 128-column smem tile in two passes: 0.74-0.97x the time at D = 256 "
         "(S 512 to 4k, causal or not; varlen not timed)", "fwd-o-smem"),
@@ -287,6 +290,7 @@ def _facts(call: AttnCall, program) -> dict:
     return {
         "mode": call.mode, "evaluator": call.evaluator, "dtype": call.dtype, "head_dim": call.head_dim,
         "causal": call.causal, "deterministic": call.deterministic, "varlen": call.varlen,
+        "window": call.window[0] >= 0 or (call.window[1] >= 0 and not call.causal),
         "varlen_tables_fit": call.varlen and _varlen_tables_fit(call),
         "varlen_ragged": call.varlen and call.varlen_ragged and _varlen_tables_fit(call),
         "sigmoid_default_bias": call.mode == "sigmoid" and call.sigmoid_bias is None,

@@ -207,6 +207,10 @@ FWD_CASES = [
     (dict(mode="softmax", d=256, varlen=True), dict(tile_n=64, rescale_threshold=8.0)),   # D = 256 varlen: not timed
     (dict(mode="softmax", d=128, varlen=True), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
                                                     rescale_threshold=8.0, o_smem=True)),
+    (dict(mode="softcap", d=128, varlen=True), dict(tile_m=192, tile_n=64, num_stages=4, fixed_max=True, o_smem=True)),
+    # ... but the windowed varlen softcap build spills with O staging
+    (dict(mode="softcap", d=128, varlen=True, window=(63, -1)), dict(tile_m=192, tile_n=64, num_stages=4,
+                                                                     fixed_max=True)),
     (dict(mode="softmax", d=128, dtype="fp16"), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
                                                      rescale_threshold=8.0, o_smem=True)),
     # softcap BF16 cap <= 50 at D = 128: the constant row max on three consumer warpgroups, 192 x 64, 4 stages
