@@ -101,10 +101,9 @@ def varlen_owned_rows(cu_q: list) -> list:
 
 def accumulators(q, k, n_counters: int = 0, dq_rows: int | None = None):
     """dQ, dK, dV FP32 accumulators as views of one zeroed buffer: one memset kernel
-    instead of three.  dQ is the (B, H, S_pad, D + 8) accumulator of kernels/prepost_launch.py
+    instead of three.  dQ is the (B, H, S_pad, D) accumulator of kernels/prepost_launch.py
     ("The dQ accumulator"), dK / dV are shaped like k.  Every view starts at a multiple of
-    32 bytes (D >= 64 and D + 8 words per dQ row), above the kernels' 16-byte alignment
-    assumption.
+    32 bytes (D >= 64 words per dQ row), above the kernels' 16-byte alignment assumption.
     n_counters > 0 (deterministic backward): a 4th view, n_counters Int32 turn counters
     after dV, zeroed by the same memset.  dq_rows: the accumulator's rows per head (varlen:
     varlen_padded_rows; default the dense S_pad)."""
@@ -129,13 +128,14 @@ def postprocess_dq(dq_acc, scale: float, dtype, s_q: int):
 
 def postprocess_dq_varlen(dq_acc, scale: float, dtype, cu_q: list):
     """dq (total_q, H, D) of packed sequences (host offsets cu_q) from the varlen accumulator."""
-    from .prepost_launch import DQ_ROW_PAD, varlen_padded_offset
+    from .prepost_launch import DQ_BAND, varlen_padded_offset
     _, h, _, d = dq_acc.shape
-    dq = torch.empty(cu_q[-1], h, d - DQ_ROW_PAD, dtype=dtype, device=dq_acc.device)
+    dq = torch.empty(cu_q[-1], h, d, dtype=dtype, device=dq_acc.device)
     for b in range(len(cu_q) - 1):
         q0, q1 = cu_q[b], cu_q[b + 1]
         p = varlen_padded_offset(q0, b)
-        dq[q0:q1] = postprocess_dq(dq_acc[:, :, p:p + q1 - q0], scale, dtype, q1 - q0)[0]
+        bands = -(-(q1 - q0) // DQ_BAND) * DQ_BAND      # the sequence's rows, whole bands (its padding)
+        dq[q0:q1] = postprocess_dq(dq_acc[:, :, p:p + bands], scale, dtype, q1 - q0)[0]
     return dq
 
 

@@ -43,7 +43,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .prepost_launch import CHUNK32, DQ_ROW_PAD, VARLEN_PAD, PostKey, PreKey  # noqa: F401  (the keys are pure data)
+from .prepost_launch import CHUNK32, VARLEN_PAD, PostKey, PreKey, dq_acc_word  # noqa: F401  (the keys are pure data)
 
 LOG2_E = math.log2(math.e)
 CHUNK16 = 8          # 16-bit values per 16-byte load
@@ -172,11 +172,11 @@ class PreKernel:
 
 
 class PreZeroKernel(PreKernel):
-    """PreKernel that also zeroes the FP32 dQ accumulator (B, H, S_pad, D + 8) rows of its CTA,
+    """PreKernel that also zeroes the FP32 dQ accumulator (B, H, S_pad, D) rows of its CTA,
     so the backward needs no separate memset launch for it (PreKey.zero_dq; the head_loop
     backward's only accumulator).  Same thread-to-row map as the dsum loads: lane l of a
     row stores chunks c * lanes + l, 4 floats each (8 STG.E.128 per thread), the row's D
-    columns (its 8 padding words are never read); the grid covers the S_pad rows (the padding
+    words; the grid covers the S_pad rows (the padding
     rows take the main kernel's zero adds).  With neither dsum nor lse2 needed (sigmoid) the
     kernel writes their zeros; the default (attn_bwd_sm90.zero_dq_in_pre_default) uses it only
     where the pre kernel runs anyway."""
@@ -209,7 +209,7 @@ class PreZeroKernel(PreKernel):
             grid=grid, block=[PRE_THREADS, 1, 1], stream=stream)
 
     def fake_args(self):
-        return super().fake_args() + [_fake(Float32, 4, div=4)]   # dQ accumulator (B, H, S_pad, D + 8)
+        return super().fake_args() + [_fake(Float32, 4, div=4)]   # dQ accumulator (B, H, S_pad, D)
 
 
 class PreVarlenKernel(PreKernel):
@@ -315,14 +315,16 @@ class PostKernel:
 
 
 class PostDqKernel(PostKernel):
-    """dQ (PostKey part "dq"): dq[b, s, h, :] = scale * the first D words of the accumulator's
-    row s of head h (kernels/prepost_launch.py, "The dQ accumulator").  Grid (row
-    blocks, B): CTA (x, b) writes rows [x * R, (x + 1) * R) (R = rows_per_cta, set by the host so
-    a CTA has ~POST_THREADS * POST_UNROLL chunks) of sequence b, all heads; chunk j of the CTA is
-    (row j / (H * D / 8), head, chunk), so a warp's stores are consecutive 16-byte chunks of dq
-    and its loads whole 32-byte chunks of one accumulator row.  Varlen (PostKey.varlen): packed dq
-    (1, total_q, H, D) from row cu_q[b], the accumulator (1, H, rows, D + 8) from the padded offset;
-    dense: dq (B, S_q, H, D), the accumulator (B, H, S_pad, D + 8)."""
+    """dQ (PostKey part "dq"): dq[b, s, h, :] = scale * the accumulator's row s of head h, read in
+    dq_acc_word's order (kernels/prepost_launch.py, "The dQ accumulator").  Grid (row blocks, B):
+    CTA (x, b) writes rows [x * R, (x + 1) * R) (R = rows_per_cta, set by the host so a CTA has
+    ~POST_THREADS * POST_UNROLL chunks) of sequence b, all heads; chunk j of the CTA is (row
+    j / (H * D / 8), head, 8-column chunk k), so a warp's stores are consecutive 16-byte chunks of
+    dq.  Its 8 values are four 8-byte pairs 16 bytes apart in the accumulator (lanes 4 (s & 7) +
+    t of step k: 4 LDG.E.64; the other 8 bytes of each 16 are row s ^ 8's, read by that row's
+    chunk).  Varlen (PostKey.varlen): packed dq (1, total_q, H, D) from row cu_q[b], the
+    accumulator (1, H, rows, D) from the padded offset (a multiple of VARLEN_PAD: whole bands);
+    dense: dq (B, S_q, H, D), the accumulator (B, H, S_pad, D)."""
 
     @cute.jit
     def _rows(self, mAcc: cute.Tensor, mOut: cute.Tensor, b_acc: Int32, p0: Int32, out0: Int32,
@@ -330,33 +332,37 @@ class PostDqKernel(PostKernel):
         """n_rows rows: accumulator rows p0 + r of batch entry b_acc -> dq rows out0 + r (flat)."""
         tidx, _, _ = cute.arch.thread_idx()
         n_h = mOut.shape[2]
-        n8 = mOut.shape[3] // CHUNK32
-        n8_acc = n8 + DQ_ROW_PAD // CHUNK32        # chunks per accumulator row (its padding)
+        d = mOut.shape[3]
+        n8 = d // CHUNK32
         per_row = n_h * n8
-        rows_acc = mAcc.shape[2]
+        plane = mAcc.shape[2] * d                   # words per head of the accumulator
         flat_a = cute.make_layout(cute.size(mAcc))
         flat_o = cute.make_layout(cute.size(mOut))
-        gA = cute.zipped_divide(cute.make_tensor(mAcc.iterator, flat_a), (CHUNK32,))
+        gA = cute.zipped_divide(cute.make_tensor(mAcc.iterator, flat_a), (2,))         # 8-byte pairs
         gO = cute.zipped_divide(cute.make_tensor(mOut.iterator, flat_o), (CHUNK32,))
         n = n_rows * per_row
         for j0 in cutlass.range(0, n, self.per_block, unroll=1):
             regs = []
             for k in cutlass.range_constexpr(POST_UNROLL):
                 j = j0 + tidx + k * POST_THREADS
-                t = cute.make_rmem_tensor((CHUNK32,), Float32)
+                t = cute.make_rmem_tensor((2, CHUNK32 // 2), Float32)   # (pair, t): column 2t + e
                 if j < n:
                     r = j // per_row
                     rem = j - r * per_row
                     h = rem // n8
                     c8 = rem - h * n8
                     p = p0 + r
-                    src = ((b_acc * n_h + h) * rows_acc + p) * n8_acc + c8
-                    cute.autovec_copy(gA[(None, src)], t)      # 2 x LDG.E.128
+                    w = (b_acc * n_h + h) * plane + dq_acc_word(p, c8 * CHUNK32, d)
+                    for q in cutlass.range_constexpr(CHUNK32 // 2):
+                        cute.autovec_copy(gA[(None, w // 2 + 2 * q)], t[None, q])     # LDG.E.64
                 regs.append(t)
             for k in cutlass.range_constexpr(POST_UNROLL):
                 j = j0 + tidx + k * POST_THREADS
                 if j < n:
-                    self._store(regs[k], gO[(None, out0 * per_row + j)], scale, True)
+                    cols = cute.make_rmem_tensor((CHUNK32,), Float32)
+                    for c in cutlass.range_constexpr(CHUNK32):
+                        cols[c] = regs[k][c % 2, c // 2]
+                    self._store(cols, gO[(None, out0 * per_row + j)], scale, True)
 
     @cute.kernel
     def kernel(self, mAcc: cute.Tensor, mOut: cute.Tensor, rows_per_cta: Int32, scale: Float32):

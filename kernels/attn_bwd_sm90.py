@@ -21,8 +21,8 @@ Computing the transposed scores puts the key index on the wgmma M axis, so P^T a
 are already A operands of the dV/dK products (no smem round trip for P).  dK, dV are
 accumulated over all query blocks in registers and added with FP32 atomics into
 (B, S_k, H_kv, D) buffers, which reduces the GQA query heads of a KV head; dQ likewise
-into (B, H_q, S_pad, D + 8), a query block's rows contiguous (kernels/prepost_launch.py,
-"The dQ accumulator").  The post kernel scales by softmax_scale,
+into (B, H_q, S_pad, D), a query block's rows contiguous, each row's columns in the wgmma
+fragment's order (kernels/prepost_launch.py, "The dQ accumulator").  The post kernel scales by softmax_scale,
 casts and (dQ) reorders (attn_bwd_prepost.py).
 
 Constraints: D in {64, 128, 256}; BF16/FP16; any S_q, S_k (TMA zero-fills tails; LSE padded
@@ -69,7 +69,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from . import compile_cache, mask as mask_mod, scores
 from .barriers import BwdBarrier
-from .bwd_reduce import DQ_ROW_PAD, BwdReductions, acc_mn_view, dq_rank  # noqa: F401
+from .bwd_reduce import BwdReductions, acc_mn_view, dq_rank  # noqa: F401
 from .config import BwdConfig, check_bwd
 from .prepost_launch import VARLEN_PAD
 from .scores import common as sc
@@ -216,8 +216,8 @@ class AttnBwdSm90(BwdReductions):
 
     def _aux_words(self) -> int:
         """FP32 words of shared memory after the base storage (0: none): the staged dQ tile
-        of dq_async (tile_m rows of Dc + DQ_ROW_PAD words, the accumulator's layout)."""
-        return self.tile_m * (self.Dc + DQ_ROW_PAD) if self.dq_async else 0
+        of dq_async (tile_m rows of Dc words, the accumulator's layout)."""
+        return self.tile_m * self.Dc if self.dq_async else 0
 
     @staticmethod
     def _seq_major(t: cute.Tensor, order) -> cute.Tensor:
@@ -238,7 +238,7 @@ class AttnBwdSm90(BwdReductions):
         encodes its three FP32 kernel arguments from them here (scores/*.bwd_scalars).
         varlen: (cu_seqlens_q, cu_seqlens_k, CTA table, CTAs) of a packed batch (AttnBwdSm90Varlen)."""
         scalars = tuple(Float32(a) for a in self.stage.bwd_scalars(*scalars))
-        # (B, S, H, D) -> (S, D, H, B); the dQ accumulator (B, H, S_pad, D + 8) -> (S_pad, D + 8, H, B)
+        # (B, S, H, D) -> (S, D, H, B); the dQ accumulator (B, H, S_pad, D) -> (S_pad, D, H, B)
         # (kernels/prepost_launch.py, "The dQ accumulator"); stats (B, H, S_pad) -> (S_pad, H, B)
         mQ, mK, mV, mdO, mdKacc, mdVacc = [
             self._seq_major(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdKacc, mdVacc)]
@@ -471,11 +471,12 @@ class AttnBwdSm90(BwdReductions):
                 # one flat loop over (head, query block): a pipeline state advanced inside a
                 # nested loop (or a callee) is not carried across the outer loop (GPU: launch
                 # failure)
+                h, m_block = Int32(0), m_min
                 for it in cutlass.range(nm * (mQ.shape[2] // mK.shape[2]), unroll=1):
-                    h, m_block = self.head_step(it, nm, m_min)
                     self.load_block(mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
                                     pipe_q, pipe_do, state, head + h, batch, m_block)
                     state.advance()
+                    h, m_block = self.head_step(h, m_block, m_min, m_max)
             else:
                 for m_block in cutlass.range(m_min, m_max, unroll=1):
                     pipe_q.producer_acquire(state)
@@ -488,13 +489,17 @@ class AttnBwdSm90(BwdReductions):
                     cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
                     state.advance()
 
-    def head_step(self, it, nm, m_min):
-        """head_loop: flat step `it` -> (query head offset h, query block), nm query blocks per
-        head; every role (producer, MMA warpgroups, dQ writer) walks the same order: heads in
-        turn, each head's blocks ascending."""
-        h = it // nm
-        i = it - h * nm
-        return h, m_min + i
+    @cute.jit
+    def head_step(self, h, m_block, m_min, m_max):
+        """head_loop: the (query head offset, query block) after (h, m_block); every role
+        (producer, MMA warpgroups, dQ writer) walks the same order from (0, m_min): heads in
+        turn, each head's blocks ascending.  Carried through the flat loop rather than divided
+        out of its counter: a runtime division per step put ~25 integer instructions (and a
+        MUFU.RCP) on the MMA warps' path."""
+        m_next, h_next = m_block + 1, h
+        if m_next == m_max:
+            m_next, h_next = m_min, h + 1
+        return h_next, m_next
 
     @cute.jit
     def load_block(self, mQ, mdO, mLSE, mDsum, sQ, sdO, sLSE, sDsum, tma_q, tma_do, tma_lse, tma_dsum,
@@ -579,8 +584,8 @@ class AttnBwdSm90(BwdReductions):
             if const_expr(self.head_loop):
                 nm = m_max - m_min
                 # one flat loop over (head, query block), as the producer's (load)
+                h, m_block = Int32(0), m_min
                 for it in cutlass.range(nm * (mdQacc.shape[2] // mdKacc.shape[2]), unroll=1):
-                    h, m_block = self.head_step(it, nm, m_min)
                     # sdS alternates per iteration, across heads too
                     self.one_m_block(mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
                                      tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
@@ -588,6 +593,7 @@ class AttnBwdSm90(BwdReductions):
                                      n_block, m_block, head + h, batch, chunk, seqlen_q, seqlen_k,
                                      args, it != 0, it % 2, sdO=sdO)
                     state.advance()
+                    h, m_block = self.head_step(h, m_block, m_min, m_max)
                 if const_expr(self.store_in_branch):
                     self.head_loop_store(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv,
                                          batch, chunk, seqlen_k, args, sK, sV)

@@ -6,8 +6,9 @@ and cast (store_dkv), and loop the dQ reductions over the group's heads (reduce_
 The dQ tile goes one of two ways.
 - add_dq: `red.global.add.v2.f32` from the MMA threads.
 - stage_dq + reduce_dq (dq_async, the default for D <= 128):
-  - the MMA threads write the tile into smem in the accumulator's own layout (rows of D + 8
-    words: kernels/prepost_launch.py, "The dQ accumulator");
+  - the MMA threads write the tile into smem in the accumulator's own layout (the wgmma
+    fragment's order, one 16-byte store per thread and 8-column step: kernels/prepost_launch.py,
+    "The dQ accumulator");
   - one lane of warp 1 adds the whole tile with one `cp.reduce.async.bulk` (a query block is one
     contiguous range of the accumulator; one add per row kept the MMA warps waiting for the
     staging buffer: docs/MEASURED.md, bwd-dq-async);
@@ -53,7 +54,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from . import mask as mask_mod
 from .barriers import BwdBarrier
-from .prepost_launch import DQ_ROW_PAD
+from .prepost_launch import dq_acc_step, dq_acc_word
 
 
 @dsl_user_op
@@ -67,10 +68,10 @@ def red_add_v2_f32(addr: cutlass.Int64, a: Float32, b: Float32, *, loc=None, ip=
 
 
 @dsl_user_op
-def st_shared_v2_f32(addr: Int32, a: Float32, b: Float32, *, loc=None, ip=None):
-    llvm.inline_asm(None, [Int32(addr).ir_value(loc=loc, ip=ip),
-                           Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
-                    "st.shared.v2.f32 [$0], {$1, $2};", "r,f,f",
+def st_shared_v4_f32(addr: Int32, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None):
+    llvm.inline_asm(None, [Int32(addr).ir_value(loc=loc, ip=ip)]
+                    + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
+                    "st.shared.v4.f32 [$0], {$1, $2, $3, $4};", "r,f,f,f,f",
                     has_side_effects=True, is_align_stack=False,
                     asm_dialect=llvm.AsmDialect.AD_ATT)
 
@@ -149,18 +150,27 @@ class BwdReductions:
     @cute.jit
     def stage_dq(self, mma_dq, acc_dQ, sdQ_addr, tidx):
         """MMA threads: wait until warp 1 has read the previous tile, write acc_dQ into smem in
-        the accumulator's layout (rows of Dc + DQ_ROW_PAD words), make it visible to the async
-        proxy, signal warp 1.  dq_halves: each warpgroup waits for and signals its own rows."""
+        the accumulator's layout (dq_acc_word: per 8-column step, a thread's rows r and r + 8 x
+        columns 8j + 2t + {0, 1}, four consecutive accumulator registers, in one 16-byte store),
+        make it visible to the async proxy, signal warp 1.  dq_halves: each warpgroup waits for
+        and signals its own rows."""
         full, empty = self.dq_barriers(tidx // 128)
         empty.sync()
         thr = mma_dq.get_slice(tidx)
         ident = cute.make_identity_tensor((self.tile_m, self.Dc))
         c_mn = acc_mn_view(thr.partition_C(ident))
         acc_mn = acc_mn_view(acc_dQ)
-        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+        # acc_mn rows run (r / r + 8, 16-row block): rows 2i and 2i + 1 are a thread's r and r + 8.
+        # The thread's first word once, the others a constant dq_acc_step on (a word per store
+        # kept 8 address registers live at D = 64 and spilled)
+        row0, col0 = c_mn[0, 0]
+        base = sdQ_addr + dq_acc_word(row0, col0, self.Dc) * 4
+        for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0]) // 2):
             for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
-                word = c_mn[r, c][0] * (self.Dc + DQ_ROW_PAD) + c_mn[r, c][1]
-                st_shared_v2_f32(sdQ_addr + word * 4, acc_mn[r, c], acc_mn[r, c + 1])
+                row, col = c_mn[2 * i, c]
+                step = dq_acc_step(row - row0, col - col0, self.Dc)
+                st_shared_v4_f32(base + step * 4, acc_mn[2 * i, c], acc_mn[2 * i, c + 1],
+                                 acc_mn[2 * i + 1, c], acc_mn[2 * i + 1, c + 1])
         cute.arch.fence_view_async_shared()
         full.arrive()
 
@@ -191,19 +201,22 @@ class BwdReductions:
                 n = nm
                 if const_expr(self.head_loop):
                     n = nm * n_heads
+                h, m_block = Int32(0), m_min
                 for it in cutlass.range(n, unroll=1):
-                    h, m_block = Int32(0), m_min + it
-                    if const_expr(self.head_loop):
-                        h, m_block = self.head_step(it, nm, m_min)
                     self.reduce_dq_halves(mdQacc[None, None, head + h, batch], sdQ_addr, lane, m_block, it < n - 1)
+                    if const_expr(self.head_loop):
+                        h, m_block = self.head_step(h, m_block, m_min, m_max)
+                    else:
+                        m_block = m_block + 1
             elif const_expr(self.head_loop):
                 empty.arrive()
                 nm = m_max - m_min   # one flat loop over (head, query block), the MMA order
+                h, m_block = Int32(0), m_min
                 for it in cutlass.range(nm * n_heads, unroll=1):
-                    h, m_block = self.head_step(it, nm, m_min)
                     self.reduce_dq_block(mdQacc[None, None, head + h, batch], sdQ_addr, lane, m_block, full)
                     if it < nm * n_heads - 1:
                         empty.arrive()
+                    h, m_block = self.head_step(h, m_block, m_min, m_max)
             else:
                 empty.arrive()
                 self.reduce_dq_head(mX, sdQ_addr, lane, m_min, m_max, full, empty)
@@ -230,8 +243,7 @@ class BwdReductions:
         full.sync()
         if lane == 0:
             g = mX.iterator + (m_block * self.tile_m + row0) * mX.stride[0]
-            bulk_reduce_add_f32(g.toint(), sdQ_addr + Int32(row0 * (self.Dc + DQ_ROW_PAD) * 4),
-                                Int32(rows * (self.Dc + DQ_ROW_PAD) * 4))
+            bulk_reduce_add_f32(g.toint(), sdQ_addr + Int32(row0 * self.Dc * 4), Int32(rows * self.Dc * 4))
         cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -255,14 +267,15 @@ class BwdReductions:
                                      args)
             self.turn_wait(sem, rank, tidx)
         self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, self.Dc),
-                         m_block, seqlen_q, tidx, chunk * self.Dc)
+                         m_block, seqlen_q, tidx, chunk * self.Dc, dq_order=True)
         if const_expr(self.deterministic):
             self.turn_done(sem, tidx)
 
     @cute.jit
-    def atomic_tile(self, tiled_mma, acc, mX, tile, block, seqlen, tidx, col0):
+    def atomic_tile(self, tiled_mma, acc, mX, tile, block, seqlen, tidx, col0, dq_order: cutlass.Constexpr = False):
         """FP32 reduction of a C fragment into rows [block*tile[0], ...) and columns
-        [col0, col0 + tile[1]) of mX (rows < seqlen).
+        [col0, col0 + tile[1]) of mX (rows < seqlen); dq_order: mX is a head's plane of the dQ
+        accumulator, in dq_acc_word's order (a pair 2i, 2i + 1 stays adjacent).
 
         Addresses come from the fragment's identity coordinates and mX's row stride."""
         thr = tiled_mma.get_slice(tidx)
@@ -270,12 +283,19 @@ class BwdReductions:
         acc_mn = acc_mn_view(acc)
         row0 = block * tile[0]
         row_stride = mX.stride[0]
+        if const_expr(dq_order):
+            # row0 is a multiple of the 16-row band, so (row0 + lr, col) sits at row0 D + the word
+            # of (lr, col); every (lr, col) of the thread a constant dq_acc_step from its first
+            lr0, lc0 = tXcX[0, 0]
+            first = mX.iterator + row0 * self.D + dq_acc_word(lr0, col0 + lc0, self.D)
         for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
             row = row0 + tXcX[r, 0][0]
             if row < seqlen:
                 row_ptr = mX.iterator + row * row_stride + col0
                 for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
                     ptr = row_ptr + tXcX[r, c][1]
+                    if const_expr(dq_order):
+                        ptr = first + dq_acc_step(tXcX[r, c][0] - lr0, tXcX[r, c][1] - lc0, self.D)
                     red_add_v2_f32(ptr.toint(), acc_mn[r, c], acc_mn[r, c + 1])
 
     @cute.jit

@@ -101,7 +101,7 @@ def backward_varlen(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     total_q, h_q, d = q.shape
     rows = prepost.varlen_padded_rows(total_q, cu_seqlens_q.shape[0] - 1)   # the dQ accumulator's
     if cfg.head_loop:   # dK, dV leave the kernel in dtype (every live key block stores its rows)
-        dq_acc = torch.zeros(1, h_q, rows, d + prepost.DQ_ROW_PAD, dtype=torch.float32, device=q.device)
+        dq_acc = torch.zeros(1, h_q, rows, d, dtype=torch.float32, device=q.device)
         dk4, dv4 = torch.empty_like(k4), torch.empty_like(v4)
         fn(q4, k4, v4, do4, lse2, dsum, dq_acc, dk4, dv4, cu_seqlens_q, cu_seqlens_k, table, ctas,
            *_numbers(plan), *plan.window, plan.softmax_scale)

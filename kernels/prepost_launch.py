@@ -58,17 +58,37 @@ class PostKey:
 VARLEN_PAD = 128
 
 
-# The dQ accumulator.  FP32 (B, H_q, S_pad, D + DQ_ROW_PAD) with S_pad = dq_acc_rows(S_q) (varlen:
-# (1, H_q, varlen_padded_rows(total_q, B), D + DQ_ROW_PAD), sequence b from row
-# varlen_padded_offset(cu_q[b], b)); columns [D, D + DQ_ROW_PAD) of a row are padding, never read.
-# Why: a query block of the backward (tile_m <= 128 rows of one head) is then one contiguous
-# range laid out exactly as the kernel's staged smem tile, whose rows are padded so that the MMA
-# threads' 8-byte stores of the fragment hit distinct banks, so warp 1 adds a tile with one bulk
-# reduction (cp.reduce.async.bulk) instead of one per row (kernels/bwd_reduce.py).  Rows past S_q
-# (up to the tile) take zero adds and are never read.  The post kernel (and dq_from_acc, the
-# torch reference) drop the padding and reorder to (B, S_q, H, D).
+# The dQ accumulator.  FP32 (B, H_q, S_pad, D) with S_pad = dq_acc_rows(S_q) (varlen: (1, H_q,
+# varlen_padded_rows(total_q, B), D), sequence b from row varlen_padded_offset(cu_q[b], b)).  Each
+# head's rows form bands of 16 rows (16 D words, contiguous); inside a band the values are in the
+# wgmma accumulator fragment's order (dq_acc_word): the 16 bytes at (8-column step j, lane l) hold
+# a thread's four values there, (row r, r + 8) x (column 8j + 2t, + 1) with r = l / 4, t = l % 4.
+# Why: a query block of the backward (tile_m <= 128 rows of one head, bands whole) is then one
+# contiguous range laid out exactly as the kernel's staged smem tile, so warp 1 adds a tile with
+# one bulk reduction (cp.reduce.async.bulk), and the MMA threads stage it with one 16-byte store of
+# four consecutive accumulator registers per step j (a warp's 32 stores fill 512 contiguous bytes:
+# no bank conflicts, no padding words): half the stores of row-major 8-byte pairs, whose queue was
+# the MMA warps' largest stall (docs/MEASURED.md, bwd-dq-order; FA4 stages its dQ the same way).
+# Rows past S_q (up to the tile) take zero adds and are never read.  The post kernel (and
+# dq_from_acc, the torch reference) put rows and columns back in order, as (B, S_q, H, D).
 DQ_ROW_ALIGN = VARLEN_PAD   # S_pad: a multiple of every backward tile_m, as the varlen padding
-DQ_ROW_PAD = 8        # FP32 words after a row's D (staged smem rows of D + 8 words: 2-way banks at most)
+DQ_BAND = 16                # rows per band of dq_acc_word
+
+
+def dq_acc_word(row, col, d):
+    """Word of a head's accumulator plane (S_pad x d) that holds (row, col); Python ints or the
+    kernels' Int32 (shifts, bit operations and products by constants): band row >> 4, then
+    16 x (8-column step j, lane 4 (row & 7) + (col >> 1 & 3)) chunks of 4 words, the word inside
+    2 (row >> 3 & 1) + (col & 1).  A pair (col, col + 1), col even, is two adjacent words."""
+    return ((row >> 4) * (DQ_BAND * d) + ((col >> 3) << 7) + ((row & 7) << 4) + ((col & 6) << 1)
+            + (((row >> 3) & 1) << 1) + (col & 1))
+
+
+def dq_acc_step(dr, dc, d):
+    """dq_acc_word(row + dr, col + dc, d) - dq_acc_word(row, col, d) for a fragment's first (row,
+    col) (row % 16 < 8) and steps dr, dc multiples of 8: the kernels add it as a constant to the
+    thread's first word (one base register, not one per store)."""
+    return (dr >> 4) * (DQ_BAND * d) + (((dr >> 3) & 1) << 1) + ((dc >> 3) << 7)
 
 
 def dq_acc_rows(s_q: int) -> int:
@@ -77,13 +97,29 @@ def dq_acc_rows(s_q: int) -> int:
 
 
 def dq_acc_shape(b: int, s_q: int, h_q: int, d: int) -> tuple:
-    return (b, h_q, dq_acc_rows(s_q), d + DQ_ROW_PAD)
+    return (b, h_q, dq_acc_rows(s_q), d)
 
 
 def dq_from_acc(acc, s_q: int):
-    """Torch: a dense dQ accumulator (B, H, S_pad, D + pad) as (B, S_q, H, D) (a view; no scale,
-    no cast): the layout's reference, for the post kernel's oracle and the tests."""
-    return acc[:, :, :s_q, :acc.shape[3] - DQ_ROW_PAD].transpose(1, 2)
+    """Torch: a dense dQ accumulator (B, H, S_pad, D) as (B, S_q, H, D) in order (no scale, no
+    cast): the layout's reference, for the post kernel's oracle and the tests.  acc's rows start
+    at a band (a varlen slice from a padded offset, its S_pad rows a multiple of 16)."""
+    b, h, s_pad, d = acc.shape
+    if s_q > s_pad:
+        raise ValueError(f"dq_from_acc: the accumulator's {s_pad} rows do not cover S_q = {s_q}")
+    words = dq_acc_index(s_pad, d).to(acc.device)
+    return acc.reshape(b, h, s_pad * d)[..., words.view(-1)].view(b, h, s_pad, d)[:, :, :s_q].transpose(1, 2)
+
+
+def dq_acc_index(rows: int, d: int):
+    """Torch int64 (rows, D): the word of a head's accumulator plane that holds (row, col); rows a
+    multiple of DQ_BAND (a plane, or a varlen sequence's slice from its padded offset)."""
+    import torch
+    if rows % DQ_BAND:
+        raise ValueError(f"dq_acc_index: {rows} rows are not whole bands of {DQ_BAND}")
+    r = torch.arange(rows).view(-1, 1)
+    c = torch.arange(d).view(1, -1)
+    return dq_acc_word(r, c, d)
 
 
 def varlen_padded_offset(cu_q_b: int, b: int) -> int:
@@ -191,7 +227,7 @@ def preprocess_varlen(dout, out, lse, cu_seqlens_q, max_seqlen_q: int, needs_lse
 
 
 def _rows_per_cta(h_q: int, d: int) -> int:
-    """PostDqKernel's rows per CTA: ~POST_THREADS x POST_UNROLL (1024) 8-value chunks."""
+    """PostDqKernel's rows per CTA: ~8192 values (POST_THREADS x POST_UNROLL 8-value chunks' worth)."""
     return max(1, 1024 // (h_q * d // CHUNK32))
 
 
@@ -200,7 +236,7 @@ def postprocess_dq(dq_acc, scale: float, dtype, s_q: int):
     accumulator (B, H, S_pad, D), bit-identical."""
     import torch
     b, h_q, s_pad, dp = dq_acc.shape
-    d = dp - DQ_ROW_PAD
+    d = dp
     if dq_acc.dtype != torch.float32 or s_pad != dq_acc_rows(s_q):
         raise ValueError(f"dq_acc must be FP32 {dq_acc_shape(b, s_q, h_q, d)} for S_q = {s_q}, got "
                          f"{dq_acc.dtype} {tuple(dq_acc.shape)}")
@@ -217,7 +253,7 @@ def postprocess_dq_varlen(dq_acc, scale: float, dtype, cu_seqlens_q, max_seqlen_
     varlen_padded_rows(total_q, B), D) (sequence b from its padded offset)."""
     import torch
     _, h_q, rows, dp = dq_acc.shape
-    d = dp - DQ_ROW_PAD
+    d = dp
     batch = cu_seqlens_q.shape[0] - 1
     if dq_acc.dtype != torch.float32 or rows != varlen_padded_rows(total_q, batch):
         raise ValueError(f"dq_acc must be FP32 (1, {h_q}, {varlen_padded_rows(total_q, batch)}, {dp}), got "

@@ -53,6 +53,7 @@ FAMILIES = {
     "FFMA": r"FFMA(\..*)?",
     "FMNMX": r"FMNMX(\..*)?",                        # FP32 min/max (ALU pipe)
     "LDG.E.128": r"LDG\.E\.128(\..*)?",
+    "LDG.E.64": r"LDG\.E\.64(\..*)?",
     "STG.E.128": r"STG\.E\.128(\..*)?",
     "LDG.128": r"LDG(\.[A-Z0-9_]+)*\.128(\..*)?",    # any 128-bit load: .CONSTANT, .NA, ...
     "STG.128": r"STG(\.[A-Z0-9_]+)*\.128(\..*)?",    # any 128-bit store: .EF (st.global.cs), ...

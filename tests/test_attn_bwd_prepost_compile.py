@@ -61,10 +61,10 @@ def test_post_sass(dtype):
 @pytest.mark.compile
 @pytest.mark.parametrize("varlen", [False, True])
 def test_post_dq_sass(varlen):
-    """PostDqKernel: UNROLL chunks per step, each 2 x LDG.E.128 (one 32-byte chunk of an
-    accumulator row) and 1 x STG.E.128, no spills."""
+    """PostDqKernel: UNROLL chunks per step, each 4 x LDG.E.64 (a row's 8 columns: 8-byte pairs 16
+    bytes apart in the accumulator's fragment order) and 1 x STG.E.128, no spills."""
     c, regs = _build(P.PostKey("bf16", "dq", varlen))
-    assert c["LDG.E.128"] == 2 * P.POST_UNROLL, c
+    assert c["LDG.E.64"] == 4 * P.POST_UNROLL and c["LDG.E.128"] == 0, c
     assert c["STG.E.128"] == P.POST_UNROLL, c
     assert c["F2FP"] == P.POST_UNROLL * 4, c
     assert c["STL"] == 0 and c["LDL"] == 0, c
@@ -122,45 +122,63 @@ def test_preprocess_dq_acc_contract():
     torch = pytest.importorskip("torch")
     from flash_attn_poly.kernels import attn_bwd_prepost as ref
     do = torch.randn(1, 5, 2, 64, dtype=torch.bfloat16)
-    assert L.dq_acc_shape(1, 5, 2, 64) == (1, 2, 128, 72)
+    assert L.dq_acc_shape(1, 5, 2, 64) == (1, 2, 128, 64)
     acc = torch.full(L.dq_acc_shape(1, 5, 2, 64), float("nan"))
     lse2, dsum = ref.preprocess(do, do, None, False, False, "e", 128, dq_acc=acc)
     assert torch.equal(acc, torch.zeros_like(acc)) and torch.equal(lse2, torch.zeros(1, 2, 128))
-    with pytest.raises(ValueError, match=r"dq_acc must be FP32 \(1, 2, 128, 72\) \(the dQ accumulator"):
+    with pytest.raises(ValueError, match=r"dq_acc must be FP32 \(1, 2, 128, 64\) \(the dQ accumulator"):
         L.preprocess(do, do, None, False, False, "e", 128, dq_acc=torch.zeros(do.shape))
     with pytest.raises(ValueError, match="dq_acc must be FP32"):
         L.preprocess(do, do, None, False, False, "e", 128, dq_acc=torch.zeros(acc.shape, dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match=r"dq_acc must be FP32 \(1, 2, 128, 72\) for S_q = 5"):
-        L.postprocess_dq(torch.zeros(1, 2, 256, 72), 1.0, torch.bfloat16, 5)
-    with pytest.raises(ValueError, match=r"dq_acc must be FP32 \(1, 2, 256, 72\)"):
-        L.postprocess_dq_varlen(torch.zeros(1, 2, 128, 72), 1.0, torch.bfloat16,
+    with pytest.raises(ValueError, match=r"dq_acc must be FP32 \(1, 2, 128, 64\) for S_q = 5"):
+        L.postprocess_dq(torch.zeros(1, 2, 256, 64), 1.0, torch.bfloat16, 5)
+    with pytest.raises(ValueError, match=r"dq_acc must be FP32 \(1, 2, 256, 64\)"):
+        L.postprocess_dq_varlen(torch.zeros(1, 2, 128, 64), 1.0, torch.bfloat16,
                                 torch.tensor([0, 3, 5], dtype=torch.int32), 3, 5)
 
 
 def test_dq_acc_layout_reference():
-    """dq_from_acc (the layout's torch reference): a query block of tile_m rows
-    of one head is one contiguous range of D + 8 words per row; the round trip is exact; the
-    reference post reads exactly dq_from_acc (padding rows and columns poisoned with NaN)."""
+    """dq_from_acc (the layout's torch reference): bands of 16 rows of one head, each in the wgmma
+    fragment's order (a thread's (r, r + 8) x (c, c + 1) four adjacent words, a warp's 32 lanes of
+    one 8-column step 128 adjacent words), so a query block of tile_m rows is one contiguous range;
+    the round trip is exact; the reference post reads exactly dq_from_acc (padding rows and, for
+    varlen, the gaps between sequences poisoned with NaN)."""
     torch = pytest.importorskip("torch")
     from flash_attn_poly.kernels import attn_bwd_prepost as ref
-    dq = torch.randn(2, 77, 3, 64)
-    acc = torch.zeros(L.dq_acc_shape(2, 77, 3, 64))
-    acc[:, :, :77, :64] = dq.transpose(1, 2)
-    assert acc.shape == (2, 3, 128, 72) and acc.is_contiguous()
+    d = 64
+    w = L.dq_acc_word
+    for r, c in ((0, 0), (5, 18), (16 + 3, 40), (32 + 7, 62)):     # rows r < 8 of a band, c even
+        assert [w(r, c, d), w(r, c + 1, d), w(r + 8, c, d), w(r + 8, c + 1, d)] == [w(r, c, d) + i for i in range(4)]
+    step = sorted(w(lane // 4 + 8 * h, 8 * 3 + 2 * (lane % 4) + e, d)
+                  for lane in range(32) for h in (0, 1) for e in (0, 1))   # step j = 3 of band 0
+    assert step == list(range(3 * 128, 4 * 128))
+    assert w(40, 17, d) == 2 * 16 * 64 + 2 * 128 + 0 * 16 + 0 + 2 + 1   # band 2, step 2, lane 0, row + 8, col + 1
+    assert torch.equal(L.dq_acc_index(128, d).view(-1).sort().values, torch.arange(128 * d))
+    for dd in (64, 128, 256):   # the kernels' constant steps from a thread's first (row, col)
+        for r0, c0 in ((0, 0), (7, 6), (16 + 5, 8 + 2), (64 + 3, 128 + 4)):
+            for dr in (0, 8, 16, 24, 48, 56):
+                for dc in (0, 8, 16, 56, 120):
+                    if c0 + dc < dd:
+                        assert w(r0 + dr, c0 + dc, dd) == w(r0, c0, dd) + L.dq_acc_step(dr, dc, dd), (dd, r0, c0, dr, dc)
+    dq = torch.randn(2, 77, 3, d)
+    acc = torch.zeros(L.dq_acc_shape(2, 77, 3, d))
+    assert acc.shape == (2, 3, 128, d) and acc.is_contiguous()
+    idx = L.dq_acc_index(128, d)
+    acc.view(2, 3, -1)[..., idx[:77].reshape(-1)] = dq.transpose(1, 2).reshape(2, 3, -1)
     assert torch.equal(L.dq_from_acc(acc, 77), dq)
-    # element (b, s, h, c) at word ((b * H + h) * S_pad + s) * (D + 8) + c
-    assert acc.view(-1)[((1 * 3 + 2) * 128 + 40) * 72 + 17] == dq[1, 40, 2, 17]
-    acc[:, :, 77:] = float("nan")
-    acc[..., 64:] = float("nan")
+    # element (b, s, h, c) at word (b * H + h) * S_pad * D + dq_acc_word(s, c, D)
+    assert acc.view(-1)[(1 * 3 + 2) * 128 * d + w(40, 17, d)] == dq[1, 40, 2, 17]
+    acc.view(2, 3, -1)[..., idx[77:].reshape(-1)] = float("nan")
     out = ref.postprocess_dq(acc, 0.5, torch.bfloat16, 77)
     assert out.shape == dq.shape and torch.equal(out, (dq * 0.5).to(torch.bfloat16))
-    # varlen: sequence b from its padded offset
+    # varlen: sequence b from its padded offset (a multiple of the band: p * D + the plane's words)
     cu = [0, 5, 5, 140]
     rows = L.varlen_padded_rows(140, 3)
-    dqv = torch.randn(140, 3, 64)
-    accv = torch.full((1, 3, rows, 72), float("nan"))
+    dqv = torch.randn(140, 3, d)
+    accv = torch.full((1, 3, rows, d), float("nan"))
+    idx = L.dq_acc_index(144, d)
     for b in range(3):
         p, n = L.varlen_padded_offset(cu[b], b), cu[b + 1] - cu[b]
-        accv[0, :, p:p + n, :64] = dqv[cu[b]:cu[b + 1]].transpose(0, 1)
+        accv.view(3, -1)[:, p * d + idx[:n].reshape(-1)] = dqv[cu[b]:cu[b + 1]].transpose(0, 1).reshape(3, -1)
     got = ref.postprocess_dq_varlen(accv, 1.0, torch.float32, cu)
     assert torch.equal(got, dqv)

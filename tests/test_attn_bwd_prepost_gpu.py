@@ -112,8 +112,9 @@ def test_post_bit_identical(case, dtype, n_counters):
         a.copy_(torch.randn(a.shape, device="cuda", generator=g)
                 * torch.exp2(torch.randint(-30, 20, a.shape, device="cuda", generator=g).float()))
     accs[0][0, 0, 0, :4] = torch.tensor([0.0, -0.0, 1e-40, 3e38], device="cuda")
-    accs[0][:, :, sq:] = float("nan")      # the dQ accumulator's padding rows and columns: never read
-    accs[0][..., d:] = float("nan")
+    s_pad = accs[0].shape[2]               # the dQ accumulator's padding rows: never read
+    pad = _cute().dq_acc_index(s_pad, d).to("cuda")[sq:].reshape(-1)
+    accs[0].view(b, hq, -1)[..., pad] = float("nan")
     scale = d ** -0.5
     want = ref.postprocess(*accs[:3], scale, dtype, sq)
     got = _cute().postprocess(*accs[:3], scale, dtype, sq)
@@ -239,10 +240,12 @@ def test_post_dq_varlen_bit_identical(case, dtype):
     launch = _cute()
     rows = launch.varlen_padded_rows(cu_l[-1], len(lengths))
     g = torch.Generator(device="cuda").manual_seed(rows + d)
-    acc = torch.full((1, h, rows, d + 8), float("nan"), device="cuda")
+    acc = torch.full((1, h, rows, d), float("nan"), device="cuda")
+    idx = launch.dq_acc_index(-(-max(lengths) // 16) * 16, d).to("cuda")
     for b, n in enumerate(lengths):
-        p = launch.varlen_padded_offset(cu_l[b], b)
-        acc[:, :, p:p + n, :d] = torch.randn(1, h, n, d, device="cuda", generator=g) * 1e3
+        p = launch.varlen_padded_offset(cu_l[b], b)   # a multiple of the 16-row band
+        vals = torch.randn(h, n * d, device="cuda", generator=g) * 1e3
+        acc.view(h, -1)[:, p * d + idx[:n].reshape(-1)] = vals
     cu = torch.tensor(cu_l, dtype=torch.int32, device="cuda")
     want = ref.postprocess_dq_varlen(acc, 0.125, dtype, cu_l)
     got = launch.postprocess_dq_varlen(acc, 0.125, dtype, cu, max(lengths), cu_l[-1])

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from flash_attn_poly.kernels import attn_bwd_prepost as ref
-from flash_attn_poly.kernels.prepost_launch import (VARLEN_PAD, varlen_padded_offset, varlen_padded_rows)
+from flash_attn_poly.kernels.prepost_launch import (VARLEN_PAD, dq_acc_index, varlen_padded_offset,
+                                                   varlen_padded_rows)
 
 LENGTH_LISTS = [[0], [1], [0, 0, 5], [128, 1, 0, 129, 127, 256], [300, 0, 1, 1, 64, 65]]
 
@@ -123,7 +124,7 @@ def test_backward_varlen_launch_contract(monkeypatch):
     recorders: the pre kernel gets packed (1, total, H, D) / (1, H, total) views, the offsets and
     max_seqlen_q, and its oracle's rows reach the main kernel; the main kernel gets exactly the
     arguments of AttnBwdSm90Varlen.__call__ (count and order: the padded buffers, the (1, total,
-    H, D) dK / dV accumulators, the padded (1, H, rows, D + 8) dQ accumulator, the offsets, the CTA
+    H, D) dK / dV accumulators, the padded (1, H, rows, D) dQ accumulator, the offsets, the CTA
     table and its grid, the numbers, the window); the post kernels' outputs come back as packed
     (total, H, D) gradients (dQ read per sequence from its padded offset)."""
     import inspect
@@ -164,9 +165,10 @@ def test_backward_varlen_launch_contract(monkeypatch):
                 lse2[:, :, rows], dsum[:, :, rows] = r2[:, :, rows], rd[:, :, rows]
             else:                                                               # main: mark the accumulators
                 args[6].fill_(float("nan"))                                     # padding: never read
+                idx = dq_acc_index(args[6].shape[2], d)
                 for b in range(len(cu_q_l) - 1):   # each sequence's rows of the dQ accumulator
-                    p = varlen_padded_offset(cu_q_l[b], b)
-                    args[6][:, :, p:p + cu_q_l[b + 1] - cu_q_l[b], :d] = 1.0
+                    p = varlen_padded_offset(cu_q_l[b], b)   # a whole band: its words are p * D + ...
+                    args[6].view(1, args[6].shape[1], -1)[..., p * d + idx[:cu_q_l[b + 1] - cu_q_l[b]].reshape(-1)] = 1.0
                 args[7].fill_(2.0), args[8].fill_(3.0)
         return fn
 
@@ -185,7 +187,7 @@ def test_backward_varlen_launch_contract(monkeypatch):
     r2, rd = ref.preprocess_varlen(dout, out, lse, cu_q_l, True, True)
     torch.testing.assert_close(named["mLSE"][:, :, owned], r2[:, :, owned])
     torch.testing.assert_close(named["mDsum"][:, :, owned], rd[:, :, owned])
-    assert named["mdQacc"].shape == (1, h_q, rows, d + 8) and named["mdQacc"].dtype == torch.float32
+    assert named["mdQacc"].shape == (1, h_q, rows, d) and named["mdQacc"].dtype == torch.float32
     assert named["mdKacc"].shape == named["mdVacc"].shape == (1,) + tuple(k.shape)
     assert named["mCuSeqlensQ"] is cu_q and named["mCuSeqlensK"] is cu_k
     # the CTA table of the live (key block, head, sequence) triples and the grid's host bound
