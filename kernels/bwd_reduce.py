@@ -68,6 +68,16 @@ def red_add_v2_f32(addr: cutlass.Int64, a: Float32, b: Float32, *, loc=None, ip=
 
 
 @dsl_user_op
+def red_add_v4_f32(addr: cutlass.Int64, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None):
+    """red.global.add.v4.f32 (sm_90): one 16-byte reduction (16-byte aligned)."""
+    llvm.inline_asm(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)]
+                    + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
+                    "red.global.add.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f",
+                    has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
 def st_shared_v4_f32(addr: Int32, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None):
     llvm.inline_asm(None, [Int32(addr).ir_value(loc=loc, ip=ip)]
                     + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
@@ -275,7 +285,11 @@ class BwdReductions:
     def atomic_tile(self, tiled_mma, acc, mX, tile, block, seqlen, tidx, col0, dq_order: cutlass.Constexpr = False):
         """FP32 reduction of a C fragment into rows [block*tile[0], ...) and columns
         [col0, col0 + tile[1]) of mX (rows < seqlen); dq_order: mX is a head's plane of the dQ
-        accumulator, in dq_acc_word's order (a pair 2i, 2i + 1 stays adjacent).
+        accumulator, in dq_acc_word's order: rows r, r + 8 x a column pair are four adjacent
+        words, added with one red.global.add.v4.f32 (a warp's 32 adds cover 512 contiguous bytes,
+        the sectors of the row-major pairs with half the instructions; v2 pairs 16 bytes apart
+        would touch every sector twice); every row of the tile (rows >= S_q add the zeros their
+        Q / LSE padding gives, into the accumulator's padding rows, as the staged path does).
 
         Addresses come from the fragment's identity coordinates and mX's row stride."""
         thr = tiled_mma.get_slice(tidx)
@@ -288,15 +302,20 @@ class BwdReductions:
             # of (lr, col); every (lr, col) of the thread a constant dq_acc_step from its first
             lr0, lc0 = tXcX[0, 0]
             first = mX.iterator + row0 * self.D + dq_acc_word(lr0, col0 + lc0, self.D)
-        for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-            row = row0 + tXcX[r, 0][0]
-            if row < seqlen:
-                row_ptr = mX.iterator + row * row_stride + col0
+            # acc_mn rows run (r / r + 8, 16-row block): rows 2i and 2i + 1 are r and r + 8
+            for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0]) // 2):
                 for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
-                    ptr = row_ptr + tXcX[r, c][1]
-                    if const_expr(dq_order):
-                        ptr = first + dq_acc_step(tXcX[r, c][0] - lr0, tXcX[r, c][1] - lc0, self.D)
-                    red_add_v2_f32(ptr.toint(), acc_mn[r, c], acc_mn[r, c + 1])
+                    ptr = first + dq_acc_step(tXcX[2 * i, c][0] - lr0, tXcX[2 * i, c][1] - lc0, self.D)
+                    red_add_v4_f32(ptr.toint(), acc_mn[2 * i, c], acc_mn[2 * i, c + 1],
+                                   acc_mn[2 * i + 1, c], acc_mn[2 * i + 1, c + 1])
+        else:
+            for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+                row = row0 + tXcX[r, 0][0]
+                if row < seqlen:
+                    row_ptr = mX.iterator + row * row_stride + col0
+                    for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
+                        ptr = row_ptr + tXcX[r, c][1]
+                        red_add_v2_f32(ptr.toint(), acc_mn[r, c], acc_mn[r, c + 1])
 
     @cute.jit
     def epilogue_dkv(self, mma_dkv, acc_dK, acc_dV, mdQacc, mdKacc, mdVacc, tidx,
