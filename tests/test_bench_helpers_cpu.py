@@ -585,3 +585,40 @@ def test_tuning_cells_builds_every_cell_then_times_each_and_tables_their_ratios(
                           "--args", "--headdim 64", "--cell", "--batch 2", "--dry-run"],
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert len(out) == 2 and out[0].endswith("--headdim 64 --batch 2 --compile-only") and "bwd_tuning.py" in out[1]
+
+
+def test_ab_trees_alternates_trees_and_tables_default_rows_only(tmp_path, monkeypatch):
+    """bench/tools/ab_trees.py: per cell a compile command in each tree, then processes old, new,
+    new, old; the old tree from its own site (the package's shape) ahead of the current tree's
+    PYTHONPATH entries, with its own compile cache; the table's medians come from the default rows
+    only (a "<knob> / default" ratio row near 1.0 must not enter them), new / old per mode."""
+    import ab_trees as AB
+    assert AB.order(1) == ["old", "new"] and AB.order(3) == ["old", "new", "new", "old", "old", "new"]
+    old = tmp_path / "old"
+    for d in ("flash_attn_poly", "kernels", "asm"):
+        (old / d).mkdir(parents=True)
+    (old / "flash_attn_poly" / "__init__.py").write_text("")
+    root, site = AB.old_layout(str(old), str(tmp_path / "work"))
+    pkg = os.path.join(site, "flash_attn_poly")
+    assert root == str(old) and sorted(os.listdir(pkg)) == ["__init__.py", "asm", "kernels"]
+    assert os.path.realpath(os.path.join(pkg, "kernels")) == os.path.realpath(old / "kernels")
+    env = AB.old_env(root, site, "/c", {"PYTHONPATH": os.pathsep.join([AB.SITE_DEFAULT, AB.ROOT, "/payload"])})
+    assert env["PYTHONPATH"] == os.pathsep.join([site, root, "/payload"]) and env["FLASH_ATTN_POLY_CACHE_DIR"] == "/c"
+    build, timed = AB.commands("bwd", "--knob lpt=1", ["--batch 2"], str(tmp_path), str(old), 2)
+    assert [(t, c[-1]) for t, _, c, _ in build] == [("old", "--compile-only"), ("new", "--compile-only")]
+    assert build[0][2][1] == os.path.join(str(old), "bench", "tools", "bwd_tuning.py")
+    assert [t for t, *_ in timed] == ["old", "new", "new", "old"] and timed[3][3] == str(tmp_path / "c0_old_3.json")
+
+    def res(d, n):   # a bwd_tuning JSON: default rows, a knob row, its ratio row
+        return {"rows": [{"row": "softmax:native default", "ms": d}, {"row": "softmax:native lpt=1", "ms": n},
+                         {"row": "softmax:native lpt=1 / default", "ms": n / d}]}
+    runs = [("old", 0, res(10.0, 10.1)), ("new", 0, res(9.0, 9.1)), ("new", 0, res(9.2, 9.0)),
+            ("old", 0, res(10.4, 10.0))]
+    rows, md = AB.table(runs, ["--batch 2"])
+    assert len(rows) == 12
+    assert "| --batch 2 | softmax:native | 10.2000 | 9.1000 | 0.892 | 2 + 2 |" in md, md
+    assert "| --batch 2 | old | softmax:native lpt=1 / default | 1.010, 0.962 |" in md, md
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "tools", "ab_trees.py"), "--old", str(old), "--tool",
+                          "fwd", "--args", "--knob pingpong=0", "--cell", "--batch 4", "--dry-run"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert [ln.split()[0] for ln in out] == ["old", "new", "old", "new", "new", "old"], out
