@@ -13,8 +13,9 @@ The dQ tile goes one of two ways.
     contiguous range of the accumulator; one add per row kept the MMA warps waiting for the
     staging buffer: docs/MEASURED.md, bwd-dq-async);
   - named barriers 3 (full) and 4 (empty) hand the single buffer back and forth;
-  - dq_halves (the 128-row step, whose warpgroups own 64 rows each): each warpgroup's half of
-    the buffer has its own pair (DQ_FULL_HALF + w, DQ_EMPTY_HALF + w, 128 + 32 threads) and
+  - dq_halves (the 128-row step, whose warpgroups own 64 rows each; or tile_m 64, whose
+    warpgroups own half of dQ's columns: the same half of each 16-row band, a bulk add per band):
+    each warpgroup's half of the buffer has its own pair (DQ_FULL_HALF + w, DQ_EMPTY_HALF + w, 128 + 32 threads) and
     bulk add, so a warpgroup waits only until warp 1 has read its own rows (FA4's per-warpgroup
     dQ, here inside one buffer).
 Both paths write the same accumulator (the atomics through its row stride), so the post
@@ -54,7 +55,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from . import mask as mask_mod
 from .barriers import BwdBarrier
-from .prepost_launch import dq_acc_step, dq_acc_word
+from .prepost_launch import DQ_BAND, dq_acc_step, dq_acc_word
 
 
 @dsl_user_op
@@ -243,17 +244,25 @@ class BwdReductions:
 
     @cute.jit
     def reduce_dq_block(self, mX, sdQ_addr, lane, m_block, full, half: cutlass.Constexpr = None):
-        """Wait for the staged tile of m_block (or with dq_halves warpgroup `half`'s 64 rows of
-        it), add it (lane 0: one bulk reduction; D = Dc, so the block's rows are contiguous),
-        wait until read."""
-        rows, row0 = self.tile_m, 0
+        """Wait for the staged tile of m_block (or with dq_halves warpgroup `half`'s part of it),
+        add it (lane 0; D = Dc, so the block's words are contiguous in the accumulator), wait until
+        read.  The whole tile or a 128-row step's half (64 rows: its bands) is one bulk reduction;
+        at tile_m 64 a warpgroup's half is its columns, the same half of each 16-row band
+        (dq_acc_word: a band is 8-column steps in order), one bulk reduction per band."""
+        words, off, pieces, stride = self.tile_m * self.Dc, 0, 1, 0
         if const_expr(half is not None):
-            rows = self.tile_m // 2
-            row0 = half * rows
+            words = self.tile_m * self.Dc // 2
+            off = half * words
+            if const_expr(not self.dq_split_m):
+                pieces, stride = self.tile_m // DQ_BAND, DQ_BAND * self.Dc
+                words = stride // 2
+                off = half * words
         full.sync()
         if lane == 0:
-            g = mX.iterator + (m_block * self.tile_m + row0) * mX.stride[0]
-            bulk_reduce_add_f32(g.toint(), sdQ_addr + Int32(row0 * self.Dc * 4), Int32(rows * self.Dc * 4))
+            g = mX.iterator + m_block * self.tile_m * mX.stride[0] + off
+            for b in cutlass.range_constexpr(pieces):
+                bulk_reduce_add_f32((g + b * stride).toint(), sdQ_addr + Int32((off + b * stride) * 4),
+                                    Int32(words * 4))
         cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 

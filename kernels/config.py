@@ -156,11 +156,10 @@ def check_bwd(c: BwdConfig) -> None:
         # only, the warpgroups split dQ's rows; docs/NOTES_attn_bwd.md)
         raise ValueError(f"backward tile must be 64 query rows x 128 keys, or 128 x 128 at D = 64, "
                          f"got tile_m={c.tile_m}, tile_n={c.tile_n}, D={c.head_dim}")
-    if c.dq_halves and not (c.dq_async and c.tile_m == 128):
-        # at tile_m 64 the warpgroups split dQ's columns: a half is not one contiguous range
-        raise ValueError(f"dq_halves: halves of the staged dQ tile by warpgroup need dq_async and the 128-row "
-                         f"step (its warpgroups own 64 query rows each), got dq_async={c.dq_async}, "
-                         f"tile_m={c.tile_m}; set dq_halves=False with them")
+    if c.dq_halves and not c.dq_async:
+        # the halves are the staged tile's (its warpgroups' rows at tile_m 128, columns at 64)
+        raise ValueError(f"dq_halves: halves of the staged dQ tile by warpgroup need dq_async, got "
+                         f"dq_async={c.dq_async}; set dq_halves=False with it")
     if c.varlen and (c.deterministic or c.lpt or c.score.kind == "user"):
         raise ValueError("varlen backward: a CTA per entry of its (key block, head, sequence) table, without "
                          "deterministic turns, lpt or a user score function (its batch index would be the "

@@ -31,20 +31,27 @@ SHAPES = [
     ("softcap", "poly", "bf16", 1, 600, 600, 4, 2, True),
     ("sigmoid", "poly", "bf16", 1, 600, 700, 4, 2, False),
 ]
+# tile_m 64 (D = 128, a plan override): the halves are the warpgroups' columns, a bulk add per band
+SHAPES_D128 = [
+    ("softmax", "native", "bf16", 2, 777, 777, 8, 2, True),
+    ("softmax", "native", "bf16", 1, 517, 900, 4, 4, True),
+    ("softcap", "poly", "bf16", 1, 600, 600, 4, 2, False),
+    ("sigmoid", "poly", "bf16", 1, 600, 700, 4, 2, True),
+]
 
 
-def _grads(mode, evaluator, dtype, b, sq, sk, hq, hkv, causal, halves, seed=0):
+def _grads(mode, evaluator, dtype, b, sq, sk, hq, hkv, causal, halves, seed=0, d=64):
     import plan_knobs
     from flash_attn_poly.kernels import dispatch
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     g = torch.Generator(device="cuda").manual_seed(seed)
-    mk = lambda s, h, a=1.0: (torch.randn(b, s, h, 64, device="cuda", generator=g) * a).to(dt)
+    mk = lambda s, h, a=1.0: (torch.randn(b, s, h, d, device="cuda", generator=g) * a).to(dt)
     q, k, v = mk(sq, hq, 4.0 if mode == "softcap" else 1.0), mk(sk, hkv), mk(sk, hkv)
     do = mk(sq, hq)
     knob = plan_knobs.Knob("test", overrides={"bwd.dq_halves": halves})
     p = plan_knobs.plan_for(q, k, v, mode, evaluator, knob, causal=causal,
                             softcap=30.0 if mode == "softcap" else None)
-    assert p.bwd.tile_m == 128 and p.bwd.dq_async and p.bwd.dq_halves == halves, p.bwd
+    assert p.bwd.tile_m == (128 if d == 64 else 64) and p.bwd.dq_async and p.bwd.dq_halves == halves, p.bwd
     o, lse = dispatch.forward(p, q, k, v)
     return dispatch.backward(p, do, q, k, v, o, lse), p.bwd.head_loop or hq // hkv <= 2
 
@@ -54,11 +61,13 @@ def _rel(a, b):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda x: "-".join(map(str, x)))
+@pytest.mark.parametrize("shape", [s + (64,) for s in SHAPES] + [s + (128,) for s in SHAPES_D128],
+                         ids=lambda x: "-".join(map(str, x)))
 def test_dq_halves_matches_one_buffer(shape):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    ((dq0, dk0, dv0), ordered), ((dq1, dk1, dv1), _) = _grads(*shape, False), _grads(*shape, True)
+    *shape, d = shape
+    ((dq0, dk0, dv0), ordered), ((dq1, dk1, dv1), _) = _grads(*shape, False, d=d), _grads(*shape, True, d=d)
     if ordered:
         assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), "dK / dV differ"
     else:

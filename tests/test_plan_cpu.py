@@ -335,8 +335,8 @@ def test_kv_sections_with_long_rows(shape, causal, want):
 
 def test_dq_halves_rides_the_128_row_step():
     """dq_halves (per-warpgroup halves of the staged dQ tile) is on wherever the D = 64 step runs
-    128 query rows with a staged tile, off elsewhere; an override builds it only where the
-    warpgroups own whole query rows (tile_m 128) of a staged tile (dq_async)."""
+    128 query rows with a staged tile, off elsewhere; an override builds it with any staged tile
+    (dq_async: at tile_m 64 the halves are the warpgroups' columns, untimed), not without one."""
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
         for causal in (True, False):
             b = resolve(mode, ev, d=64, causal=causal).bwd
@@ -344,10 +344,12 @@ def test_dq_halves_rides_the_128_row_step():
     for kw in (dict(d=128), dict(d=256), dict(d=64, deterministic=True), dict(d=64, varlen=True)):
         assert not resolve("softmax", **kw).bwd.dq_halves, kw
     assert not resolve("softmax", d=64, overrides={"bwd.dq_halves": False}).bwd.dq_halves
-    with pytest.raises(ValueError, match="dq_halves"):
-        resolve("softmax", d=128, overrides={"bwd.dq_halves": True})
+    cols = resolve("softmax", d=128, overrides={"bwd.dq_halves": True}).bwd
+    assert cols.tile_m == 64 and cols.dq_async and cols.dq_halves, cols
     with pytest.raises(ValueError, match="dq_halves"):
         resolve("softmax", d=64, deterministic=True, overrides={"bwd.dq_halves": True})
+    with pytest.raises(ValueError, match="dq_halves"):
+        resolve("softmax", d=256, overrides={"bwd.dq_halves": True})
 
 
 def test_d64_backward_tile_m128_stays_off_where_it_was_not_run():
