@@ -249,20 +249,22 @@ class BwdReductions:
         read.  The whole tile or a 128-row step's half (64 rows: its bands) is one bulk reduction;
         at tile_m 64 a warpgroup's half is its columns, the same half of each 16-row band
         (dq_acc_word: a band is 8-column steps in order), one bulk reduction per band."""
-        words, off, pieces, stride = self.tile_m * self.Dc, 0, 1, 0
-        if const_expr(half is not None):
-            words = self.tile_m * self.Dc // 2
-            off = half * words
-            if const_expr(not self.dq_split_m):
-                pieces, stride = self.tile_m // DQ_BAND, DQ_BAND * self.Dc
-                words = stride // 2
-                off = half * words
         full.sync()
-        if lane == 0:
-            g = mX.iterator + m_block * self.tile_m * mX.stride[0] + off
-            for b in cutlass.range_constexpr(pieces):
-                bulk_reduce_add_f32((g + b * stride).toint(), sdQ_addr + Int32((off + b * stride) * 4),
-                                    Int32(words * 4))
+        if const_expr(half is not None and not self.dq_split_m):
+            band = DQ_BAND * self.Dc            # words per band; the half's are its first or second half
+            if lane == 0:
+                g = mX.iterator + m_block * self.tile_m * mX.stride[0] + half * (band // 2)
+                for b in cutlass.range_constexpr(self.tile_m // DQ_BAND):
+                    bulk_reduce_add_f32((g + b * band).toint(), sdQ_addr + Int32((half * (band // 2) + b * band) * 4),
+                                        Int32(band // 2 * 4))
+        else:
+            rows, row0 = self.tile_m, 0
+            if const_expr(half is not None):
+                rows = self.tile_m // 2
+                row0 = half * rows
+            if lane == 0:
+                g = mX.iterator + (m_block * self.tile_m + row0) * mX.stride[0]
+                bulk_reduce_add_f32(g.toint(), sdQ_addr + Int32(row0 * self.Dc * 4), Int32(rows * self.Dc * 4))
         cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
