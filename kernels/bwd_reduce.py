@@ -164,7 +164,7 @@ class BwdReductions:
         the accumulator's layout (dq_acc_word: per 8-column step, a thread's rows r and r + 8 x
         columns 8j + 2t + {0, 1}, four consecutive accumulator registers, in one 16-byte store),
         make it visible to the async proxy, signal warp 1.  dq_halves: each warpgroup waits for
-        and signals its own rows."""
+        and signals its own half (its rows at tile_m 128, its columns at 64)."""
         full, empty = self.dq_barriers(tidx // 128)
         empty.sync()
         thr = mma_dq.get_slice(tidx)
