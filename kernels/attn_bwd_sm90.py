@@ -21,7 +21,7 @@ Computing the transposed scores puts the key index on the wgmma M axis, so P^T a
 are already A operands of the dV/dK products (no smem round trip for P).  dK, dV are
 accumulated over all query blocks in registers and added with FP32 atomics into
 (B, S_k, H_kv, D) buffers, which reduces the GQA query heads of a KV head; dQ likewise
-into (B, H_q, S_pad, D), a query block's rows contiguous, each row's columns in the wgmma
+into (B, H_q, S_pad, D), a query block's rows contiguous, each 16-row band in the wgmma
 fragment's order (kernels/prepost_launch.py, "The dQ accumulator").  The post kernel scales by softmax_scale,
 casts and (dQ) reorders (attn_bwd_prepost.py).
 
