@@ -43,7 +43,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .prepost_launch import CHUNK32, VARLEN_PAD, PostKey, PreKey, dq_acc_word  # noqa: F401  (the keys are pure data)
+from .prepost_launch import CHUNK32, DQ_BAND, VARLEN_PAD, PostKey, PreKey, dq_acc_word  # noqa: F401  (the keys are pure data)
 
 LOG2_E = math.log2(math.e)
 CHUNK16 = 8          # 16-bit values per 16-byte load
@@ -54,6 +54,7 @@ ZERO_CHUNK = 4       # FP32 values per 16-byte store (PreZeroKernel)
 
 POST_THREADS = 256
 POST_UNROLL = 4      # chunks per thread per block (4 x 32 bytes in flight)
+DQ_UNIT = 16         # PostDqKernel: accumulator words per unit (rows r, r + 8 x 8 columns)
 
 
 def _dtype(name: str):
@@ -317,52 +318,66 @@ class PostKernel:
 class PostDqKernel(PostKernel):
     """dQ (PostKey part "dq"): dq[b, s, h, :] = scale * the accumulator's row s of head h, read in
     dq_acc_word's order (kernels/prepost_launch.py, "The dQ accumulator").  Grid (row blocks, B):
-    CTA (x, b) writes rows [x * R, (x + 1) * R) (R = rows_per_cta, set by the host so a CTA has
-    ~POST_THREADS * POST_UNROLL chunks) of sequence b, all heads; chunk j of the CTA is (row
-    j / (H * D / 8), head, 8-column chunk k), so a warp's stores are consecutive 16-byte chunks of
-    dq.  Its 8 values are four 8-byte pairs 16 bytes apart in the accumulator (lanes 4 (s & 7) +
-    t of step k: 4 LDG.E.64; the other 8 bytes of each 16 are row s ^ 8's, read by that row's
-    chunk).  Varlen (PostKey.varlen): packed dq (1, total_q, H, D) from row cu_q[b], the
-    accumulator (1, H, rows, D) from the padded offset (a multiple of VARLEN_PAD: whole bands);
-    dense: dq (B, S_q, H, D), the accumulator (B, H, S_pad, D)."""
+    CTA (x, b) writes rows [x * R, (x + 1) * R) (R = rows_per_cta, a multiple of the 16-row band
+    set by the host) of sequence b, all heads.  Unit j of the CTA is (band, row r < 8 of it, head,
+    8-column step k): the 64 contiguous bytes of the accumulator that hold rows r and r + 8 x the
+    step's 8 columns (4 LDG.E.128), stored as two 16-byte chunks of dq (rows below n_rows), so a
+    warp's loads are whole 64-byte runs and its stores consecutive 16-byte chunks of one row.
+    Varlen (PostKey.varlen): packed dq (1, total_q, H, D) from row cu_q[b], the accumulator (1, H,
+    rows, D) from the padded offset (a multiple of VARLEN_PAD: whole bands); dense: dq (B, S_q, H,
+    D), the accumulator (B, H, S_pad, D)."""
+
+    def __init__(self, key: PostKey):
+        super().__init__(key)
+        self.unroll = POST_UNROLL * CHUNK32 // DQ_UNIT          # the same words per step as PostKernel
+        self.per_block = POST_THREADS * self.unroll
 
     @cute.jit
     def _rows(self, mAcc: cute.Tensor, mOut: cute.Tensor, b_acc: Int32, p0: Int32, out0: Int32,
               n_rows: Int32, scale: Float32):
-        """n_rows rows: accumulator rows p0 + r of batch entry b_acc -> dq rows out0 + r (flat)."""
+        """n_rows rows: accumulator rows p0 + r of batch entry b_acc -> dq rows out0 + r (flat);
+        p0 starts a band."""
         tidx, _, _ = cute.arch.thread_idx()
         n_h = mOut.shape[2]
         d = mOut.shape[3]
         n8 = d // CHUNK32
-        per_row = n_h * n8
+        per_row = n_h * n8                          # dq chunks per row, units per band row
+        per_band = 8 * per_row
         plane = mAcc.shape[2] * d                   # words per head of the accumulator
         flat_a = cute.make_layout(cute.size(mAcc))
         flat_o = cute.make_layout(cute.size(mOut))
-        gA = cute.zipped_divide(cute.make_tensor(mAcc.iterator, flat_a), (2,))         # 8-byte pairs
+        gA = cute.zipped_divide(cute.make_tensor(mAcc.iterator, flat_a), (DQ_UNIT,))   # 64-byte runs
         gO = cute.zipped_divide(cute.make_tensor(mOut.iterator, flat_o), (CHUNK32,))
-        n = n_rows * per_row
+        n = cute.ceil_div(n_rows, DQ_BAND) * per_band
         for j0 in cutlass.range(0, n, self.per_block, unroll=1):
             regs = []
-            for k in cutlass.range_constexpr(POST_UNROLL):
+            for k in cutlass.range_constexpr(self.unroll):
                 j = j0 + tidx + k * POST_THREADS
-                t = cute.make_rmem_tensor((2, CHUNK32 // 2), Float32)   # (pair, t): column 2t + e
+                t = cute.make_rmem_tensor((DQ_UNIT,), Float32)   # word 4t + 2 (row r + 8) + e: column 2t + e
                 if j < n:
-                    r = j // per_row
-                    rem = j - r * per_row
+                    band = j // per_band
+                    rem = j - band * per_band
+                    r = rem // per_row
+                    rem = rem - r * per_row
                     h = rem // n8
                     c8 = rem - h * n8
-                    p = p0 + r
-                    w = (b_acc * n_h + h) * plane + dq_acc_word(p, c8 * CHUNK32, d)
-                    for q in cutlass.range_constexpr(CHUNK32 // 2):
-                        cute.autovec_copy(gA[(None, w // 2 + 2 * q)], t[None, q])     # LDG.E.64
+                    w = (b_acc * n_h + h) * plane + dq_acc_word(p0 + band * DQ_BAND + r, c8 * CHUNK32, d)
+                    cute.autovec_copy(gA[(None, w // DQ_UNIT)], t)      # 4 x LDG.E.128
                 regs.append(t)
-            for k in cutlass.range_constexpr(POST_UNROLL):
+            for k in cutlass.range_constexpr(self.unroll):
                 j = j0 + tidx + k * POST_THREADS
                 if j < n:
-                    cols = cute.make_rmem_tensor((CHUNK32,), Float32)
-                    for c in cutlass.range_constexpr(CHUNK32):
-                        cols[c] = regs[k][c % 2, c // 2]
-                    self._store(cols, gO[(None, out0 * per_row + j)], scale, True)
+                    band = j // per_band
+                    rem = j - band * per_band
+                    r = rem // per_row
+                    rest = rem - r * per_row                # head x step: the chunk inside the row
+                    for hi in cutlass.range_constexpr(2):   # rows r, r + 8 of the band
+                        row = band * DQ_BAND + r + 8 * hi
+                        if row < n_rows:
+                            cols = cute.make_rmem_tensor((CHUNK32,), Float32)
+                            for c in cutlass.range_constexpr(CHUNK32):
+                                cols[c] = regs[k][4 * (c // 2) + 2 * hi + c % 2]
+                            self._store(cols, gO[(None, (out0 + row) * per_row + rest)], scale, True)
 
     @cute.kernel
     def kernel(self, mAcc: cute.Tensor, mOut: cute.Tensor, rows_per_cta: Int32, scale: Float32):

@@ -227,8 +227,9 @@ def preprocess_varlen(dout, out, lse, cu_seqlens_q, max_seqlen_q: int, needs_lse
 
 
 def _rows_per_cta(h_q: int, d: int) -> int:
-    """PostDqKernel's rows per CTA: ~8192 values (POST_THREADS x POST_UNROLL 8-value chunks' worth)."""
-    return max(1, 1024 // (h_q * d // CHUNK32))
+    """PostDqKernel's rows per CTA: whole 16-row bands, at least ~8192 values (POST_THREADS x
+    POST_UNROLL 8-value chunks' worth)."""
+    return -(-max(1, 1024 // (h_q * d // CHUNK32)) // DQ_BAND) * DQ_BAND
 
 
 def postprocess_dq(dq_acc, scale: float, dtype, s_q: int):

@@ -61,12 +61,13 @@ def test_post_sass(dtype):
 @pytest.mark.compile
 @pytest.mark.parametrize("varlen", [False, True])
 def test_post_dq_sass(varlen):
-    """PostDqKernel: UNROLL chunks per step, each 4 x LDG.E.64 (a row's 8 columns: 8-byte pairs 16
-    bytes apart in the accumulator's fragment order) and 1 x STG.E.128, no spills."""
+    """PostDqKernel: UNROLL / 2 units per step, each the 64 contiguous bytes of rows r, r + 8 x 8
+    columns (4 x LDG.E.128) and 2 x STG.E.128 (one chunk per row), no spills."""
     c, regs = _build(P.PostKey("bf16", "dq", varlen))
-    assert c["LDG.E.64"] == 4 * P.POST_UNROLL and c["LDG.E.128"] == 0, c
-    assert c["STG.E.128"] == P.POST_UNROLL, c
-    assert c["F2FP"] == P.POST_UNROLL * 4, c
+    units = P.POST_UNROLL * P.CHUNK32 // P.DQ_UNIT
+    assert c["LDG.E.128"] == 4 * units and c["LDG.E.64"] == 0, c
+    assert c["STG.E.128"] == 2 * units, c
+    assert c["F2FP"] == 2 * units * 4, c
     assert c["STL"] == 0 and c["LDL"] == 0, c
     assert regs <= 64, regs
 
