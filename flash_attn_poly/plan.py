@@ -158,6 +158,11 @@ FWD_ROWS = (
     Row({"head_dim": 64, "varlen": False, "causal": False, "mode": "sigmoid"}, dict(pingpong=False, o_smem=False),
         "... but not sigmoid: its packed program spills 3 words with O staging (CPU SASS) and the turns "
         "alone took 0.98-1.04x the time (the native sigmoid is not timed)", "fwd-d64-turns"),
+    Row({"head_dim": 64, "varlen": False, "causal": True, "short_seq": True},
+        dict(tile_m=128, num_stages=2, pingpong=False, mask_bits=False),
+        "short causal D = 64 sequences (S_q, S_k <= SHORT_SEQLEN) on two 64-row warpgroups, 2 stages, "
+        "no turns or keep words (O staged): 0.84-0.97x the 192-row tile (32 heads, GQA 4 and MHA, S "
+        "512 and 1k, every mode); at S = 2k 0.99-1.11x, non-causal 0.99-1.09x", "fwd-d64-short"),
     Row({"head_dim": 128}, dict(o_smem=True),
         "O staged through smem, 16-byte row stores: 0.84-0.97x the time at S = 1k, 0.98-1.00x at 4k; "
         "0.95-0.96x on a ragged varlen batch", "fwd-o-smem"),
@@ -218,10 +223,14 @@ BWD_ROWS = (
     Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False}, dict(tile_m=128),
         "D = 64: 128 query rows per step (the dS factor packed to FP16 beside P): 0.93-0.98x the "
         "64-row step", "bwd-d64-tile-m128"),
-    Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False}, dict(dq_halves="with_128_rows"),
+    Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False}, dict(dq_halves="with_dq_async"),
         "... its staged dQ tile as two warpgroup halves, each behind its own barriers and bulk add: "
         "0.94-0.99x the one buffer (every mode, GQA and MHA, causal or not); it follows the resolved "
-        "step (an override of tile_m or dq_async takes it along)", "bwd-dq-halves"),
+        "step (an override of dq_async takes it along)", "bwd-dq-halves"),
+    Row({"head_dim": 128, "varlen": False}, dict(dq_halves="with_dq_async"),
+        "D = 128 (64-row step): the warpgroups' column halves of the staged dQ tile, a bulk add per "
+        "16-row band each: 0.930-0.996x the one buffer (every mode, GQA 4 and MHA, causal or not, "
+        "S 512 to 16k; varlen not timed)", "bwd-dq-halves"),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
     Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
@@ -236,6 +245,8 @@ BWD_ROWS = (
         "ordered dQ adds need the dense launch order: each sequence runs as its own dense launch", ""),
 )
 
+# the longest sequence (query or key) the short-sequence forward rows take
+SHORT_SEQLEN = 1024
 # head_loop where its grid (key blocks x KV heads x batch x column chunks) has this many CTAs per SM
 HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
 # kv_sections ("long_rows"): the key length from which sections pay, per (causal, MHA); below it
@@ -294,6 +305,7 @@ def _facts(call: AttnCall, program) -> dict:
         "varlen_tables_fit": call.varlen and _varlen_tables_fit(call),
         "varlen_ragged": call.varlen and call.varlen_ragged and _varlen_tables_fit(call),
         "sigmoid_default_bias": call.mode == "sigmoid" and call.sigmoid_bias is None,
+        "short_seq": max(call.seqlen_q, call.seqlen_k) <= SHORT_SEQLEN,
         "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,
         "program_dtype": None if program is None else program.dtype,
         "exp2_offload": program is not None and program.is_exp2,
@@ -472,8 +484,8 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         bwd["kv_sections"] = bool(bwd["head_loop"] and bwd["lpt"] and min_k is not None and call.seqlen_k >= min_k)
     if bwd["dkv_smem"] == "with_head_loop":
         bwd["dkv_smem"] = bool(bwd["head_loop"])
-    if bwd["dq_halves"] == "with_128_rows":
-        bwd["dq_halves"] = bool(bwd["dq_async"] and bwd["tile_m"] == 128)
+    if bwd["dq_halves"] == "with_dq_async":
+        bwd["dq_halves"] = bool(bwd["dq_async"])
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,

@@ -245,6 +245,17 @@ FWD_CASES = [
     (dict(mode="softmax", d=128, shape=SMALL), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
                                                     rescale_threshold=8.0, o_smem=True)),
     (dict(mode="sigmoid", evaluator="poly", d=128, shape=SMALL), dict(pingpong=True, o_smem=True)),
+    # short causal D = 64 (S_q, S_k <= SHORT_SEQLEN): two 64-row warpgroups, 2 stages, no turns or
+    # keep words, O still staged; not at 2k, not non-causal, not with a longer key side
+    (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, o_smem=True, rescale_threshold=8.0)),
+    (dict(mode="softcap", evaluator="poly", d=64, shape=(32, 512, 32, 32)), dict(tile_m=128, o_smem=True,
+                                                                                 fixed_max=True, exp2_fma=1)),
+    (dict(mode="sigmoid", evaluator="poly", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, o_smem=True)),
+    (dict(mode="softmax", d=64, shape=(8, 2048, 32, 8)), dict(D64, rescale_threshold=8.0)),
+    (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8), seqlen_k=2048), dict(D64, rescale_threshold=8.0)),
+    (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8), causal=False),
+     dict(tile_m=192, num_stages=3, pingpong=True, o_smem=True, rescale_threshold=8.0)),
+    (dict(mode="softcap", d=64, softcap=60.0, shape=(16, 1024, 32, 8)), {}),
 ]
 
 
@@ -333,18 +344,23 @@ def test_kv_sections_with_long_rows(shape, causal, want):
     assert packed.bwd.head_loop and packed.bwd.dkv_smem and not packed.bwd.kv_sections, packed.bwd
 
 
-def test_dq_halves_rides_the_128_row_step():
-    """dq_halves (per-warpgroup halves of the staged dQ tile) is on wherever the D = 64 step runs
-    128 query rows with a staged tile, off elsewhere; an override builds it with any staged tile
-    (dq_async: at tile_m 64 the halves are the warpgroups' columns, untimed), not without one."""
+def test_dq_halves_rides_the_staged_tile_at_d64_and_d128():
+    """dq_halves (per-warpgroup halves of the staged dQ tile) is on wherever the staged tile runs
+    at D = 64 (the 128-row step: the warpgroups' rows) and D = 128 (tile_m 64: their columns),
+    dense calls, every mode, causal or not; off at D = 256 (no staged tile), in the deterministic
+    build and on packed calls (not timed there); an override builds it with any staged tile, not
+    without one."""
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
         for causal in (True, False):
-            b = resolve(mode, ev, d=64, causal=causal).bwd
-            assert b.tile_m == 128 and b.dq_async and b.dq_halves, b
-    for kw in (dict(d=128), dict(d=256), dict(d=64, deterministic=True), dict(d=64, varlen=True)):
+            for d, tile_m in ((64, 128), (128, 64)):
+                b = resolve(mode, ev, d=d, causal=causal).bwd
+                assert b.tile_m == tile_m and b.dq_async and b.dq_halves, (d, b)
+    for kw in (dict(d=256), dict(d=64, deterministic=True), dict(d=128, deterministic=True),
+               dict(d=64, varlen=True), dict(d=128, varlen=True)):
         assert not resolve("softmax", **kw).bwd.dq_halves, kw
     assert not resolve("softmax", d=64, overrides={"bwd.dq_halves": False}).bwd.dq_halves
-    cols = resolve("softmax", d=128, overrides={"bwd.dq_halves": True}).bwd
+    assert not resolve("softmax", d=128, overrides={"bwd.dq_async": False}).bwd.dq_halves
+    cols = resolve("softmax", d=128, shape=SMALL).bwd
     assert cols.tile_m == 64 and cols.dq_async and cols.dq_halves, cols
     with pytest.raises(ValueError, match="dq_halves"):
         resolve("softmax", d=64, deterministic=True, overrides={"bwd.dq_halves": True})

@@ -337,6 +337,7 @@ def test_dry_run_prints_cells_and_compiles_without_cuda():
     est = S.dry_run(S.grid())
     assert est["cells"] == 252 and est["rows"] == 84 * 2 * (3 + 4 + 2)
     # mode x D x mask, plus sigmoid's native build at S = 32k (outside the program's fitted bias
-    # span at the default bias: plan.poly_outside_rule)
-    assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2 + 3 * 2
+    # span at the default bias: plan.poly_outside_rule), plus the short causal D = 64 tile per mode
+    # (S <= plan.SHORT_SEQLEN: the S = 512 and 1k cells)
+    assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2 + 3 * 2 + 3
     assert est["flex_compiles"] == 2 * 84
