@@ -574,14 +574,14 @@ def test_dq_halves_hands_each_warpgroup_its_own_rows(mode, evaluator):
 
 @pytest.mark.compile
 def test_dq_halves_at_64_rows_adds_each_warpgroups_columns_per_band():
-    """dq_halves at tile_m 64 (D = 128; a plan override, untimed): the warpgroups split dQ's columns,
-    so a half is the same half of each 16-row band of the staged tile (the accumulator's fragment
-    order): 4 bulk reductions per half (8 UBLKRED instead of 1), the 160-thread pairs instead of
-    the 288-thread one, the GEMMs, exponentials and dQ stores of the default, no spills."""
+    """dq_halves at tile_m 64 (the D = 128 default): the warpgroups split dQ's columns, so a half is
+    the same half of each 16-row band of the staged tile (the accumulator's fragment order): 4 bulk
+    reductions per half (8 UBLKRED instead of the one buffer's 1), the 160-thread pairs instead of
+    the 288-thread one, the GEMMs, exponentials and dQ stores of the one-buffer build, no spills."""
     import re
     fams = dict(sass.FAMILIES, **TURN_OPS)
-    base_b = B.bwd(B.plan("softmax", d=128).bwd)
-    p = B.plan("softmax", d=128, overrides={"bwd.dq_halves": True})
+    base_b = B.bwd(B.plan("softmax", d=128, overrides={"bwd.dq_halves": False}).bwd)
+    p = B.plan("softmax", d=128)
     assert p.bwd.tile_m == 64 and p.bwd.dq_halves
     halves_b = B.bwd(p.bwd)
     base, halves = base_b.counts(fams), halves_b.counts(fams)
