@@ -99,18 +99,16 @@ def varlen_owned_rows(cu_q: list) -> list:
     return out
 
 
-def accumulators(q, k, n_counters: int = 0, dq_rows: int | None = None):
+def accumulators(q, k, n_counters: int = 0, dq_shape: tuple | None = None):
     """dQ, dK, dV FP32 accumulators as views of one zeroed buffer: one memset kernel
     instead of three.  dQ is the (B, H, S_pad, D) accumulator of kernels/prepost_launch.py
     ("The dQ accumulator"), dK / dV are shaped like k.  Every view starts at a multiple of
     32 bytes (D >= 64 words per dQ row), above the kernels' 16-byte alignment assumption.
     n_counters > 0 (deterministic backward): a 4th view, n_counters Int32 turn counters
-    after dV, zeroed by the same memset.  dq_rows: the accumulator's rows per head (varlen:
-    varlen_padded_rows; default the dense S_pad)."""
+    after dV, zeroed by the same memset.  dq_shape: the dQ accumulator's shape (varlen:
+    dq_acc_shape_varlen; default the dense dq_acc_shape of q)."""
     from .prepost_launch import dq_acc_shape
-    qs = dq_acc_shape(*q.shape)
-    if dq_rows is not None:
-        qs = qs[:2] + (dq_rows, qs[3])
+    qs = dq_acc_shape(*q.shape) if dq_shape is None else tuple(dq_shape)
     nq, nk = math.prod(qs), k.numel()
     buf = torch.zeros(nq + 2 * nk + n_counters, dtype=torch.float32, device=q.device)
     views = (buf[:nq].view(qs), buf[nq:nq + nk].view(k.shape), buf[nq + nk:nq + 2 * nk].view(k.shape))

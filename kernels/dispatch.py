@@ -99,15 +99,15 @@ def backward_varlen(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     ctas = varlen_bwd_ctas(k.shape[0], cu_seqlens_k.shape[0] - 1, max_seqlen_k, cfg.tile_n, heads)
     fn = compile_cache.compiled("attn_bwd", cfg, functools.partial(_bwd_build, cfg))
     total_q, h_q, d = q.shape
-    rows = prepost.varlen_padded_rows(total_q, cu_seqlens_q.shape[0] - 1)   # the dQ accumulator's
+    acc_shape = prepost.dq_acc_shape_varlen(total_q, cu_seqlens_q.shape[0] - 1, h_q, d)
     if cfg.head_loop:   # dK, dV leave the kernel in dtype (every live key block stores its rows)
-        dq_acc = torch.zeros(1, h_q, rows, d, dtype=torch.float32, device=q.device)
+        dq_acc = torch.zeros(acc_shape, dtype=torch.float32, device=q.device)
         dk4, dv4 = torch.empty_like(k4), torch.empty_like(v4)
         fn(q4, k4, v4, do4, lse2, dsum, dq_acc, dk4, dv4, cu_seqlens_q, cu_seqlens_k, table, ctas,
            *_numbers(plan), *plan.window, plan.softmax_scale)
         dk, dv = dk4[0], dv4[0]
     else:
-        dq_acc, dk_acc, dv_acc = attn_bwd_prepost.accumulators(q4, k4, dq_rows=rows)
+        dq_acc, dk_acc, dv_acc = attn_bwd_prepost.accumulators(q4, k4, dq_shape=acc_shape)
         fn(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_acc, dv_acc, cu_seqlens_q, cu_seqlens_k, table, ctas,
            *_numbers(plan), *plan.window)
         dk, dv = (t[0] for t in prepost.postprocess_dkv(dk_acc, dv_acc, plan.softmax_scale, q.dtype))

@@ -97,7 +97,14 @@ def dq_acc_rows(s_q: int) -> int:
 
 
 def dq_acc_shape(b: int, s_q: int, h_q: int, d: int) -> tuple:
+    """The dense dQ accumulator's shape: (B, H_q, S_pad, D)."""
     return (b, h_q, dq_acc_rows(s_q), d)
+
+
+def dq_acc_shape_varlen(total_q: int, n_seqs: int, h_q: int, d: int) -> tuple:
+    """The packed dQ accumulator's shape: (1, H_q, rows, D), rows covering every sequence's
+    padded offset and blocks (varlen_padded_rows)."""
+    return (1, h_q, varlen_padded_rows(total_q, n_seqs), d)
 
 
 def dq_from_acc(acc, s_q: int):

@@ -175,8 +175,9 @@ def test_dq_acc_layout_reference():
     # varlen: sequence b from its padded offset (a multiple of the band: p * D + the plane's words)
     cu = [0, 5, 5, 140]
     rows = L.varlen_padded_rows(140, 3)
+    assert L.dq_acc_shape_varlen(140, 3, 3, d) == (1, 3, rows, d)
     dqv = torch.randn(140, 3, d)
-    accv = torch.full((1, 3, rows, d), float("nan"))
+    accv = torch.full(L.dq_acc_shape_varlen(140, 3, 3, d), float("nan"))
     idx = L.dq_acc_index(144, d)
     for b in range(3):
         p, n = L.varlen_padded_offset(cu[b], b), cu[b + 1] - cu[b]
