@@ -15,16 +15,14 @@ one dense launch per sequence for sigmoid at its default bias (-ln S_k differs p
 Rows "ours_varlen_nocheck": the same call with check_inputs=False (no device-to-host copy of the
 offsets, as flash-attn's varlen and our transformers integration call it): the kernels' own cost,
 the row to hold against the dense call and FA4.
-Rows "ours_varlen_compact" (forward only; softmax and softcap): the varlen forward in the compact
-order (plan override fwd.varlen_compact: only the live (query tile, sequence) pairs, longest first,
-from a table built on the device), the candidate for the plan's varlen row; its ratios are keyed
-"compact:<baseline>/...", one of them against ours_varlen_nocheck (it skips the check too).
 Rows "ours_varlen_knob" (forward only; softmax and softcap; only with --fwd-knob NAME=VALUE[+...]): the
 varlen forward with those FwdConfig overrides (e.g. `--fwd-knob o_smem=1`), input check skipped; ratios
 keyed "knob:<baseline>/...", one of them against ours_varlen_nocheck: the candidate for a varlen plan row.
-Rows "ours_varlen_hl" (backward only; softmax and softcap): the varlen backward with the per-KV-head
-loop (plan override bwd.head_loop: a CTA per KV head over its query heads, dK and dV stored
-without atomics), the backward alone on the plan's forward outputs; ratios "hl:<baseline>/...".
+Rows "ours_varlen_bknob" (backward only; softmax and softcap; only with --bwd-knob NAME=VALUE[+...]): the
+varlen backward with those BwdConfig overrides (e.g. `--bwd-knob dq_halves=1`), the backward alone on
+the plan's forward outputs; ratios "bknob:<baseline>/...", one against ours_varlen_nocheck.
+(The compact forward order and the per-KV-head backward, once rows here, are plan defaults now:
+`--fwd-knob varlen_compact=0` / `--bwd-knob head_loop=0` time their alternatives.)
 
 Scenarios.  "equal": B sequences of one length L (default 8 x 4096); rows: ours varlen, ours
 dense on (B, L, H, D) (the same tokens: varlen's overhead, goal <= 3%).  "ragged": lengths
@@ -45,7 +43,7 @@ import sys
 from typing import Callable, Optional
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [_HERE, os.path.join(_HERE, "tools")]   # protocol; plan_knobs (--fwd-knob)
+sys.path[:0] = [_HERE, os.path.join(_HERE, "tools")]   # protocol; plan_knobs (--fwd-knob, --bwd-knob)
 import protocol  # noqa: E402
 
 SOFTCAP = 50.0
@@ -82,10 +80,10 @@ def _mode_kw(mode):
     return {"softcap": SOFTCAP} if mode == "softcap" else {}
 
 
-def rows_for(scenario: str, modes, evaluators, knob: bool = False) -> list[tuple[str, str, str]]:
-    """(impl, mode, evaluator) of every row (knob: the --fwd-knob row too)."""
-    impls = ("ours_varlen", "ours_varlen_nocheck", "ours_varlen_compact", "ours_varlen_hl") + (
-        ("ours_varlen_knob",) if knob else ()) + (
+def rows_for(scenario: str, modes, evaluators, knob: bool = False, bknob: bool = False) -> list[tuple[str, str, str]]:
+    """(impl, mode, evaluator) of every row (knob / bknob: the --fwd-knob / --bwd-knob rows too)."""
+    impls = ("ours_varlen", "ours_varlen_nocheck") + (("ours_varlen_knob",) if knob else ()) + (
+        ("ours_varlen_bknob",) if bknob else ()) + (
         ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded"))
     out = []
     for mode in modes:
@@ -93,8 +91,7 @@ def rows_for(scenario: str, modes, evaluators, knob: bool = False) -> list[tuple
             evs = evaluators if impl.startswith("ours") else ("native",)
             if impl == "fa4_varlen" and mode == "sigmoid":
                 continue   # FA4 has no sigmoid attention
-            if impl.startswith(("ours_varlen_compact", "ours_varlen_nocheck", "ours_varlen_hl", "ours_varlen_knob")) \
-                    and mode == "sigmoid":
+            if impl.startswith(("ours_varlen_nocheck", "ours_varlen_knob", "ours_varlen_bknob")) and mode == "sigmoid":
                 continue   # sigmoid's default bias runs per-sequence dense launches (they read the offsets)
             out += [(impl, mode, ev) for ev in evs]
     return out
@@ -122,10 +119,9 @@ def make_row(impl, mode, evaluator, lens, args) -> Optional[Callable[[bool], tup
             return (lambda: fap.attention_varlen(q, k, v, cu, cu, mx, mx, mode, evaluator=evaluator,
                                                  check_inputs=check, **kw)), (q, k, v)
         return build
-    if impl in ("ours_varlen_compact", "ours_varlen_knob"):   # the varlen forward with plan overrides, forward only
+    if impl == "ours_varlen_knob":   # the varlen forward with plan overrides, forward only
         from flash_attn_poly import varlen as fv
-        over = {"fwd.varlen": True, "fwd.varlen_compact": True} if impl == "ours_varlen_compact" else dict(
-            {"fwd.varlen": True}, **args.fwd_overrides)
+        over = dict({"fwd.varlen": True}, **args.fwd_overrides)
 
         def build(rg):
             if rg:
@@ -135,7 +131,7 @@ def make_row(impl, mode, evaluator, lens, args) -> Optional[Callable[[bool], tup
                                (-1, -1))
             return (lambda: fv._forward(q, k, v, cu, cu, call, False, "cuda", overrides=over)), (q, k, v)
         return build
-    if impl == "ours_varlen_hl":   # the per-KV-head varlen backward (plan override), backward only
+    if impl == "ours_varlen_bknob":   # the varlen backward with plan overrides, backward only
         import torch
         from flash_attn_poly import varlen as fv
 
@@ -147,7 +143,7 @@ def make_row(impl, mode, evaluator, lens, args) -> Optional[Callable[[bool], tup
                                (-1, -1))
             out, lse = fv._forward(q, k, v, cu, cu, call, False, "cuda")
             dout = torch.randn_like(out)
-            over = {"bwd.varlen": True, "bwd.head_loop": True}
+            over = dict({"bwd.varlen": True}, **args.bwd_overrides)
             return (lambda: fv._backward(dout, q, k, v, cu, cu, out, lse, call, "cuda", overrides=over)), None
         return build
     if impl == "fa4_varlen":
@@ -203,11 +199,12 @@ def _prepare(builders: dict, backward: bool) -> dict:
     return fns
 
 
-def parse_fwd_knob(text: str) -> dict:
+def parse_knob(text: str, direction: str = "fwd") -> dict:
     """'o_smem=1+num_stages=3' -> the plan overrides {"fwd.o_smem": True, "fwd.num_stages": 3}
-    (bench/tools/plan_knobs.py: FwdConfig fields typed, unknown names refused by name)."""
+    (bench/tools/plan_knobs.py: FwdConfig fields typed, unknown names refused by name); direction
+    "bwd": BwdConfig's ('dq_halves=1' -> {"bwd.dq_halves": True})."""
     import plan_knobs   # bench/tools, on the path below
-    return dict(plan_knobs.parse(text, "fwd").overrides) if text else {}
+    return dict(plan_knobs.parse(text, direction).overrides) if text else {}
 
 
 def lengths_for(args) -> list[int]:
@@ -218,7 +215,8 @@ def lengths_for(args) -> list[int]:
 
 def run(args) -> dict:
     lens = lengths_for(args)
-    rows = rows_for(args.scenario, args.modes.split(","), args.evaluators.split(","), bool(args.fwd_knob))
+    rows = rows_for(args.scenario, args.modes.split(","), args.evaluators.split(","), bool(args.fwd_knob),
+                    bool(args.bwd_knob) and not args.fwd_only)
     timing = protocol.Timing(args.warmup, args.rounds, args.iters, args.order, args.settle_ms)
     builders = {}
     for impl, mode, ev in rows:
@@ -246,12 +244,12 @@ def ratios(rows: list[dict], scenario: str) -> dict:
     base = ("ours_dense",) if scenario == "equal" else ("fa4_varlen", "ours_padded")
     out = {}
     for (impl, mode, ev), r in by.items():
-        pre = {"ours_varlen": "", "ours_varlen_nocheck": "nocheck:", "ours_varlen_compact": "compact:",
-               "ours_varlen_hl": "hl:", "ours_varlen_knob": "knob:"}.get(impl)
+        pre = {"ours_varlen": "", "ours_varlen_nocheck": "nocheck:", "ours_varlen_knob": "knob:",
+               "ours_varlen_bknob": "bknob:"}.get(impl)
         if pre is None:
             continue
-        extra = {"": (), "nocheck:": ("ours_varlen",), "compact:": ("ours_varlen_nocheck",),
-                 "hl:": ("ours_varlen_nocheck",), "knob:": ("ours_varlen_nocheck",)}[pre]
+        extra = {"": (), "nocheck:": ("ours_varlen",), "knob:": ("ours_varlen_nocheck",),
+                 "bknob:": ("ours_varlen_nocheck",)}[pre]
         for b in base + extra:
             other = by.get((b, mode, ev if b.startswith("ours") else "native"))
             for d in ("fwd", "bwd"):
@@ -290,17 +288,21 @@ def main(argv=None):
     p.add_argument("--fwd-only", action="store_true")
     p.add_argument("--fwd-knob", default="", help="NAME=VALUE[+...]: an ours_varlen_knob row, the varlen forward "
                                                   "with these FwdConfig overrides (e.g. o_smem=1)")
+    p.add_argument("--bwd-knob", default="", help="NAME=VALUE[+...]: an ours_varlen_bknob row, the varlen backward "
+                                                  "with these BwdConfig overrides (e.g. dq_halves=1)")
     p.add_argument("--list", action="store_true", help="print the lengths and rows; time nothing (CPU)")
     protocol.add_json_arg(p, "varlen")
     args = p.parse_args(argv)
-    args.fwd_overrides = parse_fwd_knob(args.fwd_knob)   # a bad name fails here, before any timing
+    args.fwd_overrides = parse_knob(args.fwd_knob)   # a bad name fails here, before any timing
+    args.bwd_overrides = parse_knob(args.bwd_knob, "bwd")
     scenarios = ("equal", "ragged") if args.scenario == "both" else (args.scenario,)
     if args.list:
         for s in scenarios:
             args.scenario = s
             lens = lengths_for(args)
             print(f"{s}: {len(lens)} sequences, {sum(lens)} tokens, max {max(lens)}: {lens}")
-            for r in rows_for(s, args.modes.split(","), args.evaluators.split(","), bool(args.fwd_knob)):
+            for r in rows_for(s, args.modes.split(","), args.evaluators.split(","), bool(args.fwd_knob),
+                              bool(args.bwd_knob) and not args.fwd_only):
                 print("  " + "/".join(r))
         return None
     results = {}

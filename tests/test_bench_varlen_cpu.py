@@ -23,23 +23,28 @@ def test_rows_and_ratios():
     assert ("fa4_varlen", "softmax", "native") in rows and not any(r[0] == "fa4_varlen" and r[1] == "sigmoid" for r in rows)
     assert ("ours_varlen", "sigmoid", "poly") in rows and ("ours_padded", "softmax", "native") in rows
     assert {r[0] for r in bv.rows_for("equal", ["softmax"], ["poly"])} == {"ours_varlen", "ours_varlen_nocheck",
-                                                                           "ours_varlen_compact", "ours_varlen_hl", "ours_dense"}
-    assert not any(r[0] in ("ours_varlen_compact", "ours_varlen_nocheck", "ours_varlen_hl") and r[1] == "sigmoid"
-                   for r in rows)
-    knob_rows = bv.rows_for("ragged", ["softmax", "sigmoid"], ["poly"], knob=True)
-    assert ("ours_varlen_knob", "softmax", "poly") in knob_rows and ("ours_varlen_knob", "sigmoid", "poly") not in knob_rows
-    assert bv.parse_fwd_knob("o_smem=1+num_stages=3") == {"fwd.o_smem": True, "fwd.num_stages": 3}
+                                                                           "ours_dense"}
+    assert not any(r[0] == "ours_varlen_nocheck" and r[1] == "sigmoid" for r in rows)
+    knob_rows = bv.rows_for("ragged", ["softmax", "sigmoid"], ["poly"], knob=True, bknob=True)
+    for impl in ("ours_varlen_knob", "ours_varlen_bknob"):
+        assert (impl, "softmax", "poly") in knob_rows and (impl, "sigmoid", "poly") not in knob_rows
+    assert bv.parse_knob("o_smem=1+num_stages=3") == {"fwd.o_smem": True, "fwd.num_stages": 3}
+    assert bv.parse_knob("dq_halves=1+head_loop=0", "bwd") == {"bwd.dq_halves": True, "bwd.head_loop": False}
     with pytest.raises(ValueError, match="o_smem"):
-        bv.parse_fwd_knob("o_smem")
+        bv.parse_knob("o_smem")
+    with pytest.raises(ValueError, match="unknown"):
+        bv.parse_knob("o_smem=1", "bwd")
     res = [{"impl": "ours_varlen", "mode": "softmax", "evaluator": "poly", "fwd_ms": 1.0, "bwd_ms": 2.0},
            {"impl": "fa4_varlen", "mode": "softmax", "evaluator": "native", "fwd_ms": 1.5, "bwd_ms": 3.0},
            {"impl": "ours_padded", "mode": "softmax", "evaluator": "poly", "fwd_ms": 4.0, "bwd_ms": None},
            {"impl": "ours_varlen_nocheck", "mode": "softmax", "evaluator": "poly", "fwd_ms": 0.9, "bwd_ms": 2.0},
-           {"impl": "ours_varlen_compact", "mode": "softmax", "evaluator": "poly", "fwd_ms": 0.8, "bwd_ms": None}]
+           {"impl": "ours_varlen_knob", "mode": "softmax", "evaluator": "poly", "fwd_ms": 0.8, "bwd_ms": None},
+           {"impl": "ours_varlen_bknob", "mode": "softmax", "evaluator": "poly", "fwd_ms": None, "bwd_ms": 1.6}]
     r = bv.ratios(res, "ragged")
     assert r == {"fa4_varlen/softmax/poly/fwd": 1.5, "fa4_varlen/softmax/poly/bwd": 1.5,
-                 "ours_padded/softmax/poly/fwd": 4.0, "compact:fa4_varlen/softmax/poly/fwd": 1.5 / 0.8,
-                 "compact:ours_padded/softmax/poly/fwd": 4.0 / 0.8, "compact:ours_varlen_nocheck/softmax/poly/fwd": 0.9 / 0.8,
+                 "ours_padded/softmax/poly/fwd": 4.0, "knob:fa4_varlen/softmax/poly/fwd": 1.5 / 0.8,
+                 "knob:ours_padded/softmax/poly/fwd": 4.0 / 0.8, "knob:ours_varlen_nocheck/softmax/poly/fwd": 0.9 / 0.8,
+                 "bknob:fa4_varlen/softmax/poly/bwd": 3.0 / 1.6, "bknob:ours_varlen_nocheck/softmax/poly/bwd": 2.0 / 1.6,
                  "nocheck:fa4_varlen/softmax/poly/fwd": 1.5 / 0.9, "nocheck:fa4_varlen/softmax/poly/bwd": 1.5,
                  "nocheck:ours_padded/softmax/poly/fwd": 4.0 / 0.9, "nocheck:ours_varlen/softmax/poly/fwd": 1.0 / 0.9,
                  "nocheck:ours_varlen/softmax/poly/bwd": 1.0}
@@ -50,3 +55,14 @@ def test_list_runs_without_a_gpu(capsys):
     bv.main(["--list", "--scenario", "equal", "--modes", "softcap"])
     out = capsys.readouterr().out
     assert "8 sequences, 32768 tokens" in out and "ours_dense/softcap/poly" in out
+
+
+def test_bwd_knob_lists_its_row_and_refuses_a_forward_field(capsys):
+    bv.main(["--list", "--scenario", "ragged", "--modes", "softmax,sigmoid", "--evaluators", "native",
+             "--bwd-knob", "dq_halves=1"])
+    out = capsys.readouterr().out
+    assert "ours_varlen_bknob/softmax/native" in out and "ours_varlen_bknob/sigmoid" not in out
+    bv.main(["--list", "--scenario", "ragged", "--modes", "softmax", "--fwd-only", "--bwd-knob", "dq_halves=1"])
+    assert "bknob" not in capsys.readouterr().out     # --fwd-only times no backward row
+    with pytest.raises(ValueError, match="o_smem"):
+        bv.main(["--list", "--bwd-knob", "o_smem=1"])
