@@ -74,14 +74,15 @@ def varlen_call_of(c, max_q: int, max_k: int):
 
 
 def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kernel_bwd=False, compact=False,
-                  head_loop=False):
+                  head_loop=False, dq_halves=False):
     """{tensor name: judge record} of one packed batch.  kernel: the forward only, through the
     varlen forward kernel (plan overrides fwd.varlen and fwd.varlen_compact = compact: the slot
     order or the compact one, whichever the plan would pick for these lengths; sigmoid with
     KERNEL_SIGMOID_BIAS).
     kernel_bwd: the per-sequence forward (the reference on the CPU), then the backward through
-    the varlen backward kernels (plan override bwd.varlen, and bwd.head_loop = head_loop: the
-    per-KV-head loop; sigmoid with KERNEL_SIGMOID_BIAS)."""
+    the varlen backward kernels (plan override bwd.varlen, bwd.head_loop = head_loop: the
+    per-KV-head loop, and bwd.dq_halves = dq_halves: the staged dQ tile by warpgroup halves;
+    sigmoid with KERNEL_SIGMOID_BIAS)."""
     mode, evaluator, dtype, d, causal, window, cap = var
     dt = H.DTYPES[dtype]
     hq, hkv = 4, 2
@@ -103,7 +104,8 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kern
             qd, kd, vd = (t.detach() for t in (q, k, v))
             out, lse = fv._forward(qd, kd, vd, cu_q, cu_k, call, True, backend if device == "cuda" else "reference")
             grads = fv._backward(dout, qd, kd, vd, cu_q, cu_k, out, lse, call, backend,
-                                 overrides={"bwd.varlen": True, "bwd.head_loop": head_loop})
+                                 overrides={"bwd.varlen": True, "bwd.head_loop": head_loop,
+                                            "bwd.dq_halves": dq_halves})
         if mode == "sigmoid":
             lse = None
     elif kernel:
@@ -207,20 +209,35 @@ def bwd_cases():
     return cases() + [pytest.param(VARIANTS[0], [1, 0, 200, 65, 0], [1, 3, 200, 0, 130], 7, id="softmax-fixed-0-1")]
 
 
+# (head_loop, dq_halves) of the varlen backward: a CTA per query head, per KV head, and per KV head
+# with the staged dQ tile in warpgroup halves (D = 128 only: tile_m 64's column halves, the dense
+# default there; D = 64 varlen keeps one buffer, D = 256 stages no dQ)
+BWD_BUILDS = [pytest.param(False, False, id="per_head"), pytest.param(True, False, id="head_loop"),
+              pytest.param(True, True, id="head_loop_dq_halves")]
+
+
+def _skip_halves(var, dq_halves):
+    if dq_halves and var[3] != 128:
+        pytest.skip("dq_halves: timed and tested at D = 128 only")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", bwd_cases())
-@pytest.mark.parametrize("head_loop", [False, True], ids=["per_head", "head_loop"])
-def test_varlen_kernel_backward_rule_fuzz(var, lens_q, lens_k, seed, head_loop):
+@pytest.mark.parametrize("head_loop, dq_halves", BWD_BUILDS)
+def test_varlen_kernel_backward_rule_fuzz(var, lens_q, lens_k, seed, head_loop, dq_halves):
     """The varlen backward kernels (one pre, main and post launch for the batch) by the same rule:
     dQ, dK, dV (and O, LSE of the per-sequence forward); a CTA per query head (the plan's) or per
-    KV head over its query heads (override bwd.head_loop).  Run on the H200:
+    KV head over its query heads (override bwd.head_loop), with dQ's staged tile in warpgroup
+    halves (override bwd.dq_halves).  Run on the H200:
         python -m pytest -q -p no:cacheprovider -m gpu tests/test_varlen_gpu.py -k kernel_backward"""
-    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel_bwd=True, head_loop=head_loop))
+    _skip_halves(var, dq_halves)
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel_bwd=True, head_loop=head_loop,
+                             dq_halves=dq_halves))
 
 
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", bwd_cases())
-@pytest.mark.parametrize("head_loop", [False, True], ids=["per_head", "head_loop"])
-def test_varlen_kernel_backward_dry_run(var, lens_q, lens_k, seed, head_loop, monkeypatch):
+@pytest.mark.parametrize("head_loop, dq_halves", BWD_BUILDS)
+def test_varlen_kernel_backward_dry_run(var, lens_q, lens_k, seed, head_loop, dq_halves, monkeypatch):
     """test_varlen_kernel_backward_rule_fuzz's body on the CPU, the launches stood in by the
     reference (kernels.dispatch.backward_varlen's contract: packed dq, dk, dv); the stand-in also
     runs the pre kernel's torch oracle on the launch's arguments (padded rows inside the buffer,
@@ -230,7 +247,8 @@ def test_varlen_kernel_backward_dry_run(var, lens_q, lens_k, seed, head_loop, mo
 
     def stand_in(vp, dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k):
         c = vp.call
-        assert vp.bwd.varlen and vp.bwd.head_loop == head_loop and not vp.bwd.lpt and c.varlen
+        assert vp.bwd.varlen and vp.bwd.head_loop == head_loop and vp.bwd.dq_halves == dq_halves
+        assert not vp.bwd.lpt and c.varlen
         assert (max_q, max_k) == (max(lens_q), max(lens_k)) and cu_q.dtype == cu_k.dtype == torch.int32
         needs = c.mode != "sigmoid"
         if needs:
@@ -242,7 +260,9 @@ def test_varlen_kernel_backward_dry_run(var, lens_q, lens_k, seed, head_loop, mo
         return fv._backward(dout, q, k, v, cu_q, cu_k, out, lse, varlen_call_of(c, max_q, max_k), "reference")
 
     monkeypatch.setattr(dispatch, "backward_varlen", stand_in)
-    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cpu", kernel_bwd=True, head_loop=head_loop))
+    _skip_halves(var, dq_halves)
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cpu", kernel_bwd=True, head_loop=head_loop,
+                             dq_halves=dq_halves))
     assert len(seen) == (1 if sum(lens_q) and sum(lens_k) else 0)
 
 
