@@ -153,6 +153,22 @@ def acc_mn_view(t: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(t.iterator, lay)
 
 
+def dq_quads(coords, acc_mn, d: int):
+    """The 16-byte pieces of a C fragment in the dQ accumulator's order (dq_acc_word), the one walk
+    of stage_dq and atomic_tile(dq_order): acc_mn (acc_mn_view) rows run (r / r + 8, 16-row
+    block), so rows 2i and 2i + 1 are a thread's r and r + 8, and (r, r + 8) x a column pair are
+    four adjacent words.  Yields (word step from the thread's first piece: dq_acc_step, a
+    function returning the four values) per piece; coords are the fragment's (row, col) (the
+    identity tensor partitioned like acc_mn).  The values are read when the caller asks, after it
+    has formed the address (the order the stores were written in)."""
+    r0, c0 = coords[0, 0]
+    for i in range(cute.size(acc_mn, mode=[0]) // 2):
+        for c in range(0, cute.size(acc_mn, mode=[1]), 2):
+            row, col = coords[2 * i, c]
+            yield (dq_acc_step(row - r0, col - c0, d),
+                   lambda i=i, c=c: (acc_mn[2 * i, c], acc_mn[2 * i, c + 1], acc_mn[2 * i + 1, c], acc_mn[2 * i + 1, c + 1]))
+
+
 class BwdReductions:
     """Reduction steps of AttnBwdSm90 (uses its tile_m, tile_n, Dc, n_chunks, is_causal,
     has_left, has_right, deterministic)."""
@@ -168,20 +184,13 @@ class BwdReductions:
         full, empty = self.dq_barriers(tidx // 128)
         empty.sync()
         thr = mma_dq.get_slice(tidx)
-        ident = cute.make_identity_tensor((self.tile_m, self.Dc))
-        c_mn = acc_mn_view(thr.partition_C(ident))
-        acc_mn = acc_mn_view(acc_dQ)
-        # acc_mn rows run (r / r + 8, 16-row block): rows 2i and 2i + 1 are a thread's r and r + 8.
-        # The thread's first word once, the others a constant dq_acc_step on (a word per store
-        # kept 8 address registers live at D = 64 and spilled)
+        c_mn = acc_mn_view(thr.partition_C(cute.make_identity_tensor((self.tile_m, self.Dc))))
+        # the thread's first word once, the others a constant step on (a word per store kept 8
+        # address registers live at D = 64 and spilled)
         row0, col0 = c_mn[0, 0]
         base = sdQ_addr + dq_acc_word(row0, col0, self.Dc) * 4
-        for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0]) // 2):
-            for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
-                row, col = c_mn[2 * i, c]
-                step = dq_acc_step(row - row0, col - col0, self.Dc)
-                st_shared_v4_f32(base + step * 4, acc_mn[2 * i, c], acc_mn[2 * i, c + 1],
-                                 acc_mn[2 * i + 1, c], acc_mn[2 * i + 1, c + 1])
+        for step, vals in dq_quads(c_mn, acc_mn_view(acc_dQ), self.Dc):
+            st_shared_v4_f32(base + step * 4, *vals())
         cute.arch.fence_view_async_shared()
         full.arrive()
 
@@ -310,15 +319,11 @@ class BwdReductions:
         row_stride = mX.stride[0]
         if const_expr(dq_order):
             # row0 is a multiple of the 16-row band, so (row0 + lr, col) sits at row0 D + the word
-            # of (lr, col); every (lr, col) of the thread a constant dq_acc_step from its first
+            # of (lr, col); every (lr, col) of the thread a constant step from its first
             lr0, lc0 = tXcX[0, 0]
             first = mX.iterator + row0 * self.D + dq_acc_word(lr0, col0 + lc0, self.D)
-            # acc_mn rows run (r / r + 8, 16-row block): rows 2i and 2i + 1 are r and r + 8
-            for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0]) // 2):
-                for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
-                    ptr = first + dq_acc_step(tXcX[2 * i, c][0] - lr0, tXcX[2 * i, c][1] - lc0, self.D)
-                    red_add_v4_f32(ptr.toint(), acc_mn[2 * i, c], acc_mn[2 * i, c + 1],
-                                   acc_mn[2 * i + 1, c], acc_mn[2 * i + 1, c + 1])
+            for step, vals in dq_quads(tXcX, acc_mn, self.D):
+                red_add_v4_f32((first + step).toint(), *vals())
         else:
             for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
                 row = row0 + tXcX[r, 0][0]
