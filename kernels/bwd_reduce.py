@@ -4,7 +4,8 @@ FP32 atomics: dK and dV are added once per CTA (epilogue_dkv), dQ once per query
 head_loop builds (a CTA owns a KV head's whole GQA group) store dK and dV instead, scaled
 and cast (store_dkv), and loop the dQ reductions over the group's heads (reduce_dq).
 The dQ tile goes one of two ways.
-- add_dq: `red.global.add.v2.f32` from the MMA threads.
+- add_dq: `red.global.add.v4.f32` from the MMA threads (four adjacent words of the accumulator's
+  order per add: atomic_tile(dq_order)); D = 256 and the deterministic build.
 - stage_dq + reduce_dq (dq_async, the default for D <= 128):
   - the MMA threads write the tile into smem in the accumulator's own layout (the wgmma
     fragment's order, one 16-byte store per thread and 8-column step: kernels/prepost_launch.py,
