@@ -208,49 +208,25 @@ class BwdReductions:
     def reduce_dq(self, mdQacc, sdQ_addr, lane, head, batch, m_min, m_max, n_heads):
         """Warp 1: per query block, one bulk FP32 reduction of the staged tile (tile_m padded
         rows, the block's rows of the accumulator; rows >= S_q add zeros to the padding rows,
-        which the post kernel never reads).  The first EMPTY arrival frees the buffer
-        for the first tile; the last tile's arrival is left out (nobody waits for it).
-        head_loop builds: query heads head .. head + n_heads - 1 in turn, the MMA order.
-        dq_halves: the same per warpgroup half (reduce_dq_halves)."""
-        mX = mdQacc[None, None, head, batch]
-        full, empty = self.dq_barriers(0)
+        which the post kernel never reads).  The first EMPTY arrival frees the buffer for the
+        first tile; the last tile's arrival is left out (nobody waits for it).  head_loop
+        builds: query heads head .. head + n_heads - 1 in turn, the MMA order.  dq_halves: each
+        warpgroup's half behind its own barriers (reduce_dq_step)."""
         if m_min < m_max:
-            if const_expr(self.cfg.dq_halves):
-                for w in cutlass.range_constexpr(2):
-                    self.dq_barriers(w)[1].arrive()
-                nm = m_max - m_min
-                n = nm
+            for w in cutlass.range_constexpr(2 if const_expr(self.cfg.dq_halves) else 1):
+                self.dq_barriers(w)[1].arrive()      # the (first) tile's buffer is free
+            nm = m_max - m_min
+            n = nm
+            if const_expr(self.head_loop):
+                n = nm * n_heads
+            h, m_block = Int32(0), m_min
+            for it in cutlass.range(n, unroll=1):
+                self.reduce_dq_step(mdQacc[None, None, head + h, batch], sdQ_addr, lane, m_block, it < n - 1)
                 if const_expr(self.head_loop):
-                    n = nm * n_heads
-                h, m_block = Int32(0), m_min
-                for it in cutlass.range(n, unroll=1):
-                    self.reduce_dq_halves(mdQacc[None, None, head + h, batch], sdQ_addr, lane, m_block, it < n - 1)
-                    if const_expr(self.head_loop):
-                        h, m_block = self.head_step(h, m_block, m_min, m_max)
-                    else:
-                        m_block = m_block + 1
-            elif const_expr(self.head_loop):
-                empty.arrive()
-                nm = m_max - m_min   # one flat loop over (head, query block), the MMA order
-                h, m_block = Int32(0), m_min
-                for it in cutlass.range(nm * n_heads, unroll=1):
-                    self.reduce_dq_block(mdQacc[None, None, head + h, batch], sdQ_addr, lane, m_block, full)
-                    if it < nm * n_heads - 1:
-                        empty.arrive()
                     h, m_block = self.head_step(h, m_block, m_min, m_max)
-            else:
-                empty.arrive()
-                self.reduce_dq_head(mX, sdQ_addr, lane, m_min, m_max, full, empty)
+                else:
+                    m_block = m_block + 1
             cute.arch.cp_async_bulk_wait_group(0)
-
-    @cute.jit
-    def reduce_dq_head(self, mX, sdQ_addr, lane, m_min, m_max, full, empty):
-        """reduce_dq's loop over one query head's blocks (the last block's EMPTY arrival is
-        left out: nobody waits for it)."""
-        for m_block in cutlass.range(m_min, m_max, unroll=1):
-            self.reduce_dq_block(mX, sdQ_addr, lane, m_block, full)
-            if m_block < m_max - 1:
-                empty.arrive()
 
     @cute.jit
     def reduce_dq_block(self, mX, sdQ_addr, lane, m_block, full, half: cutlass.Constexpr = None):
@@ -279,13 +255,14 @@ class BwdReductions:
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def reduce_dq_halves(self, mX, sdQ_addr, lane, m_block, more):
-        """dq_halves, one query block: warpgroup 0's rows, then warpgroup 1's (reduce_dq_block of
-        each half behind its own barriers), each half handed back to its warpgroup once read if
-        another block follows (more)."""
-        for w in cutlass.range_constexpr(2):
+    def reduce_dq_step(self, mX, sdQ_addr, lane, m_block, more):
+        """One query block: the staged tile (reduce_dq_block), or with dq_halves warpgroup 0's
+        half, then warpgroup 1's, each behind its own barriers; each handed back to the MMA
+        threads once read if another block follows (more)."""
+        halves = const_expr(self.cfg.dq_halves)
+        for w in cutlass.range_constexpr(2 if halves else 1):
             full, empty = self.dq_barriers(w)
-            self.reduce_dq_block(mX, sdQ_addr, lane, m_block, full, w)
+            self.reduce_dq_block(mX, sdQ_addr, lane, m_block, full, w if halves else None)
             if more:
                 empty.arrive()
 
