@@ -347,17 +347,24 @@ def test_kv_sections_with_long_rows(shape, causal, want):
 def test_dq_halves_rides_the_staged_tile_at_d64_and_d128():
     """dq_halves (per-warpgroup halves of the staged dQ tile) is on wherever the staged tile runs
     at D = 64 (the 128-row step: the warpgroups' rows) and D = 128 (tile_m 64: their columns),
-    dense calls, every mode, causal or not; off at D = 256 (no staged tile), in the deterministic
-    build and on packed calls (not timed there); an override builds it with any staged tile, not
-    without one."""
+    dense calls, every mode, causal or not, and packed calls at D = 128 on the per-KV-head loop
+    (timed on a ragged batch);
+    off at D = 256 (no staged tile), in the deterministic build and on packed D = 64 calls (the
+    128-row step is dense-only); an override builds it with any staged tile, not without one."""
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
         for causal in (True, False):
             for d, tile_m in ((64, 128), (128, 64)):
                 b = resolve(mode, ev, d=d, causal=causal).bwd
                 assert b.tile_m == tile_m and b.dq_async and b.dq_halves, (d, b)
     for kw in (dict(d=256), dict(d=64, deterministic=True), dict(d=128, deterministic=True),
-               dict(d=64, varlen=True), dict(d=128, varlen=True)):
+               dict(d=64, varlen=True)):
         assert not resolve("softmax", **kw).bwd.dq_halves, kw
+    for mode, ev in (("softmax", "native"), ("softcap", "poly")):
+        b = resolve(mode, ev, d=128, varlen=True).bwd
+        assert b.varlen and b.head_loop and b.tile_m == 64 and b.dq_async and b.dq_halves, b
+        # a packed call whose grid takes a CTA per query head keeps the one buffer (not timed there)
+        b = resolve(mode, ev, d=128, varlen=True, overrides={"bwd.head_loop": False}).bwd
+        assert b.varlen and not b.head_loop and not b.dq_halves, b
     assert not resolve("softmax", d=64, overrides={"bwd.dq_halves": False}).bwd.dq_halves
     assert not resolve("softmax", d=128, overrides={"bwd.dq_async": False}).bwd.dq_halves
     cols = resolve("softmax", d=128, shape=SMALL).bwd

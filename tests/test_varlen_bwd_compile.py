@@ -94,9 +94,8 @@ def test_varlen_head_loop_backward_builds_without_extra_spills(variant):
 
 @pytest.mark.compile
 def test_varlen_dq_halves_backward_builds_without_spills():
-    """dq_halves on the per-KV-head varlen build at D = 128 (override; the dense D = 128 default,
-    not yet the varlen one): the column halves' bulk adds per 16-row band (8 UBLKRED, the dense
-    build's), no spills."""
+    """dq_halves on the per-KV-head varlen build at D = 128 (the plan's default there, as for dense
+    calls): the column halves' bulk adds per 16-row band (8 UBLKRED, the dense build's), no spills."""
     from flash_attn_poly.kernels import sass
     p = B.varlen_plan(*VARIANTS[0], overrides={"bwd.varlen": True, "bwd.head_loop": True, "bwd.dq_halves": True})
     assert p.bwd.varlen and p.bwd.head_loop and p.bwd.dq_halves and p.bwd.tile_m == 64
