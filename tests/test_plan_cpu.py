@@ -348,9 +348,9 @@ def test_dq_halves_rides_the_staged_tile_at_d64_and_d128():
     """dq_halves (per-warpgroup halves of the staged dQ tile) is on wherever the staged tile runs
     at D = 64 (the 128-row step: the warpgroups' rows) and D = 128 (tile_m 64: their columns),
     dense calls, every mode, causal or not, and packed calls at D = 128 on the per-KV-head loop
-    (timed on a ragged batch);
-    off at D = 256 (no staged tile), in the deterministic build and on packed D = 64 calls (the
-    128-row step is dense-only); an override builds it with any staged tile, not without one."""
+    (timed on a ragged batch); off at D = 256 (no staged tile), in the deterministic build and on
+    packed D = 64 calls (the 128-row step is dense-only); an override builds it with any staged
+    tile, not without one."""
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
         for causal in (True, False):
             for d, tile_m in ((64, 128), (128, 64)):
