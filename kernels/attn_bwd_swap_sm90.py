@@ -279,18 +279,20 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         cute.arch.fence_view_async_shared()
         barrier.arrive_and_wait()   # both warpgroups' keys of P and dS are in smem
         warpgroup.fence()
+        # dQ first: its atomics run while dV^T and dK^T do
+        acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, self.D)), Float32)
+        self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt, True)
+        warpgroup.commit_group()
         self.gemm_acc(mma_dkv, acc_dVt, tVrdOt[None, None, None, idx], tVrP[None, None, None, buf], accumulate)
         warpgroup.commit_group()
         self.gemm_acc(mma_dkv, acc_dKt, tKrQt[None, None, None, idx], tKrdS[None, None, None, buf], accumulate)
         warpgroup.commit_group()
-        acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, self.D)), Float32)
-        self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt, True)
-        warpgroup.commit_group()
+        warpgroup.wait_group(2)
+        self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, self.D), m_block,
+                         seqlen_q, tidx, 0, dq_order=True)
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
         pipe_do.consumer_release(state)
-        self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, self.D), m_block,
-                         seqlen_q, tidx, 0, dq_order=True)
 
     @cute.jit
     def probs_s(self, acc_S, rP, tScS, sLSE, idx, n_block, m_block, seqlen_q, seqlen_k, args, head, batch):
