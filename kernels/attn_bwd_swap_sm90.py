@@ -42,7 +42,7 @@ from .bwd_reduce import acc_mn_view
 from .scores import common as sc
 from .tile_scheduler import SectionLptScheduler, section_heads
 
-SWAP_TILE_N = 48
+SWAP_TILE_NS = (48, 64)   # keys per CTA; 64 runs dQ in two passes of 128 columns (registers)
 
 
 class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
@@ -52,11 +52,14 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         super().__init__(cfg)
         c = cfg
         if c.head_dim != 256 or not c.head_loop or c.deterministic or c.varlen or c.dq_async \
-                or c.score.kind == "user" or c.window_left or c.window_right or c.tile_n != SWAP_TILE_N:
+                or c.score.kind == "user" or c.window_left or c.window_right or c.tile_n not in SWAP_TILE_NS:
             raise ValueError("swap: D = 256 head_loop builds, 48-key tiles, no deterministic / varlen / dq_async / "
                              "window / user score")
         self.Dc, self.n_chunks = self.D, 1     # one CTA owns all 256 columns
         self.half = self.D // 2                # columns per MMA warpgroup of dK^T, dV^T, dQ
+        # dQ passes: at 64 keys dV^T + dK^T take 128 accumulator registers, so dQ's 64 would not fit
+        # beside them; two passes of 128 columns (32 registers each) do
+        self.dq_passes = 1 if self.tile_n == 48 else 2
 
     # ---------------------------------------------------------------- host side
     def _layout(self, kind, rows, cols, stages=None):
@@ -80,7 +83,8 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         # dV^T, dK^T: the warpgroups stacked along the head dim (M); each repeats its 64-row atom twice
         mma_dkv = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, MN, Float32, (2, 1, 1), (64, self.tile_n))
         # dQ: the warpgroups side by side along the head dim (N)
-        mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 2, 1), (64, self.half))
+        mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, K, MN, Float32, (1, 2, 1),
+                                                   (64, self.half // self.dq_passes))
         return mma_s, mma_dkv, mma_dq
 
     def _storage(self):
@@ -216,7 +220,9 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         tKrdS = mma_dkv.make_fragment_B(wg_dkv.partition_B(transpose_view(sdS)))
         # dQ = dS K: A = dS (K-major), B = K^T (MN-major view)
         tQrdS = mma_dq.make_fragment_A(wg_dq.partition_A(sdS))
-        tQrKt = mma_dq.make_fragment_B(wg_dq.partition_B(transpose_view(sK)))
+        cols = self.D // self.dq_passes   # dQ columns per pass
+        tQrKt = tuple(mma_dq.make_fragment_B(wg_dq.partition_B(
+            cute.local_tile(transpose_view(sK), (cols, self.tile_n), (p, 0)))) for p in range(self.dq_passes))
 
         thr_s = mma_s.get_slice(tidx)
         tScS = thr_s.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
@@ -280,16 +286,24 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         barrier.arrive_and_wait()   # both warpgroups' keys of P and dS are in smem
         warpgroup.fence()
         # dQ first: its atomics run while dV^T and dK^T do
-        acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, self.D)), Float32)
-        self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt, True)
+        cols = self.D // self.dq_passes
+        acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, cols)), Float32)
+        self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt[0], True)
         warpgroup.commit_group()
         self.gemm_acc(mma_dkv, acc_dVt, tVrdOt[None, None, None, idx], tVrP[None, None, None, buf], accumulate)
         warpgroup.commit_group()
         self.gemm_acc(mma_dkv, acc_dKt, tKrQt[None, None, None, idx], tKrdS[None, None, None, buf], accumulate)
         warpgroup.commit_group()
         warpgroup.wait_group(2)
-        self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, self.D), m_block,
+        self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, cols), m_block,
                          seqlen_q, tidx, 0, dq_order=True)
+        for p in cutlass.range_constexpr(1, self.dq_passes):
+            warpgroup.fence()
+            self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt[p], True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, cols), m_block,
+                             seqlen_q, tidx, p * cols, dq_order=True)
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
         pipe_do.consumer_release(state)

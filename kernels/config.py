@@ -153,9 +153,9 @@ def check_bwd(c: BwdConfig) -> None:
         # right for the built-in scores' factors in [0, 1], not for a user function's derivative
         raise ValueError("backward tile_m=128: not with a user score function (its dS factor is kept in FP16)")
     if c.swap:
-        if c.head_dim != 256 or c.tile_m != 64 or c.tile_n != 48 or not c.head_loop or c.deterministic \
+        if c.head_dim != 256 or c.tile_m != 64 or c.tile_n not in (48, 64) or not c.head_loop or c.deterministic \
                 or c.varlen or c.dq_async or c.window_left or c.window_right or c.score.kind == "user":
-            raise ValueError(f"swap: D = 256, 64 x 48 tiles, head_loop, not deterministic / varlen / dq_async / "
+            raise ValueError(f"swap: D = 256, 64 x 48 or 64 x 64 tiles, head_loop, not deterministic / varlen / dq_async / "
                              f"windowed / a user score, got {c}")
     elif c.tile_m not in (64, 128) or c.tile_n != 128 or (c.tile_m == 128 and c.head_dim != 64):
         # 64 key rows per MMA warpgroup; dQ's warpgroups split its columns (tile_m 128: D = 64

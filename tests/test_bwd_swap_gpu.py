@@ -1,5 +1,5 @@
 """GPU tier of the swapped D = 256 backward (BwdConfig.swap, kernels/attn_bwd_swap_sm90.py): a CTA
-owns 48 keys and all 256 columns, dK^T / dV^T with the head dim on the wgmma M axis, P and dS
+owns 48 or 64 keys (dQ then in two column passes) and all 256 columns, dK^T / dV^T with the head dim on the wgmma M axis, P and dS
 through shared memory, no recompute.
 
 Each case runs the swap build and the chunked build (the same plan without the override) on the
@@ -55,8 +55,9 @@ def _rel(a, b):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tile_n", [48, 64])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda x: "-".join(map(str, x)))
-def test_swap_matches_rule_and_chunked(shape):
+def test_swap_matches_rule_and_chunked(shape, tile_n):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     import rule_harness
@@ -64,8 +65,8 @@ def test_swap_matches_rule_and_chunked(shape):
     q, k, v, dout = (t.detach() for t in rule_harness.make_inputs(case))
     base = {"bwd.head_loop": True}
     p0, o, lse, g0 = _run(case, q, k, v, dout, base)
-    p1, _, _, g1 = _run(case, q, k, v, dout, dict(base, **{"bwd.swap": True, "bwd.tile_n": 48, "bwd.stages": 2}))
-    assert p1.bwd.swap and not p0.bwd.swap and p1.bwd.tile_n == 48, p1.bwd
+    p1, _, _, g1 = _run(case, q, k, v, dout, dict(base, **{"bwd.swap": True, "bwd.tile_n": tile_n, "bwd.stages": 2}))
+    assert p1.bwd.swap and not p0.bwd.swap and p1.bwd.tile_n == tile_n, p1.bwd
     for name, a, b in zip(("dq", "dk", "dv"), g0, g1):
         assert torch.isfinite(b).all(), f"{name}: non-finite"
         assert _rel(a, b) < 1e-2, f"{name}: swap vs chunked rel L2 {_rel(a, b)}"
