@@ -51,10 +51,12 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
     def __init__(self, cfg):
         super().__init__(cfg)
         c = cfg
-        if c.head_dim != 256 or not c.head_loop or c.deterministic or c.varlen or c.dq_async \
-                or c.score.kind == "user" or c.window_left or c.window_right or c.tile_n not in SWAP_TILE_NS:
-            raise ValueError("swap: D = 256 head_loop builds, 48-key tiles, no deterministic / varlen / dq_async / "
-                             "window / user score")
+        if c.head_dim != 256 or not c.head_loop or c.deterministic or c.varlen \
+                or c.score.kind == "user" or c.window_left or c.window_right or c.tile_n not in SWAP_TILE_NS \
+                or (c.dq_async and (c.tile_n != 48 or c.stages != 1 or not c.dq_halves)):
+            raise ValueError("swap: D = 256 head_loop builds, 48- or 64-key tiles, no deterministic / varlen / "
+                             "window / user score; a staged dQ tile (dq_async, in warpgroup halves) at 48 keys and "
+                             "one Q / dO stage")
         self.Dc, self.n_chunks = self.D, 1     # one CTA owns all 256 columns
         self.half = self.D // 2                # columns per MMA warpgroup of dK^T, dV^T, dQ
         # dQ passes: at 64 keys dV^T + dK^T take 128 accumulator registers, so dQ's 64 would not fit
@@ -105,9 +107,14 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
             sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(lx)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(lx)], 1024]
 
-        if Storage.size_in_bytes() > SMEM_CAPACITY:
-            raise ValueError(f"swap build needs {Storage.size_in_bytes()} bytes of shared memory")
-        return Storage
+        @cute.struct
+        class StorageAux:
+            base: Storage
+            aux: cute.struct.Align[cute.struct.MemRange[Float32, max(1, self._aux_words())], 128]
+        out = StorageAux if self._aux_words() else Storage
+        if out.size_in_bytes() > SMEM_CAPACITY:
+            raise ValueError(f"swap build needs {out.size_in_bytes()} bytes of shared memory")
+        return out
 
     def _launch(self, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, scalars,
                 win_left, win_right, extra, stream, aux=None, varlen=None):
@@ -164,6 +171,10 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
             for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum):
                 cpasync.prefetch_descriptor(atom)
         st = SmemAllocator().allocate(Storage)
+        aux_addr = Int32(0)   # dq_async: the staged dQ tile (tile_m x 256 FP32 in the accumulator's order)
+        if const_expr(self._aux_words() > 0):
+            aux_addr = st.aux.data_ptr().toint()
+            st = st.base
         prod = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         cons = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)
         pipe_q = pipeline.PipelineTmaAsync.create(
@@ -195,11 +206,14 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
                 self.load(mQ, mK, mV, mdO, mLSE, mDsum, sQ, sK, sV, sdO, sLSE, sDsum,
                           tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum, pipe_q, pipe_do, pipe_kv,
                           n_block, head, head_kv, batch, m_min, m_max)
+            if const_expr(self.dq_async):
+                if warp_idx == 1:
+                    self.reduce_dq(mdQacc, aux_addr, tidx % 32, head, batch, m_min, m_max, n_heads)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.mma_swap(mma_s, mma_dkv, mma_dq, sQ, sK, sV, sdO, sP, sdS, sLSE, sDsum, pipe_q, pipe_do, pipe_kv,
                           mdQacc, mdK, mdV, tidx - 128, n_block, head, head_kv, batch, m_min, m_max,
-                          seqlen_q, seqlen_k, n_heads, args)
+                          seqlen_q, seqlen_k, n_heads, args + (aux_addr,))
 
     @cute.jit
     def mma_swap(self, mma_s, mma_dkv, mma_dq, sQ, sK, sV, sdO, sP, sdS, sLSE, sDsum, pipe_q, pipe_do, pipe_kv,
@@ -295,8 +309,11 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         self.gemm_acc(mma_dkv, acc_dKt, tKrQt[None, None, None, idx], tKrdS[None, None, None, buf], accumulate)
         warpgroup.commit_group()
         warpgroup.wait_group(2)
-        self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, cols), m_block,
-                         seqlen_q, tidx, 0, dq_order=True)
+        if const_expr(self.dq_async):   # warp 1 adds the staged tile (bulk reductions per band and half)
+            self.stage_dq(mma_dq, acc_dQ, args[-1], tidx)
+        else:
+            self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, cols), m_block,
+                             seqlen_q, tidx, 0, dq_order=True)
         for p in cutlass.range_constexpr(1, self.dq_passes):
             warpgroup.fence()
             self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt[p], True)

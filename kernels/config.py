@@ -132,7 +132,7 @@ def check_bwd(c: BwdConfig) -> None:
         raise ValueError(f"backward: dtype {c.dtype!r} / head_dim {c.head_dim} not in {DTYPES} / {HEAD_DIMS}")
     if c.dq_async and c.deterministic:
         raise ValueError("dq_async: not with deterministic (the ordered adds run in the MMA threads)")
-    if c.dq_async and c.head_dim > 128:
+    if c.dq_async and c.head_dim > 128 and not c.swap:
         raise ValueError("dq_async: the staged dQ tile does not fit D = 256's shared memory")
     if c.lpt and c.deterministic:
         raise ValueError("lpt: not with deterministic (the turn order needs the grid order)")
@@ -154,7 +154,8 @@ def check_bwd(c: BwdConfig) -> None:
         raise ValueError("backward tile_m=128: not with a user score function (its dS factor is kept in FP16)")
     if c.swap:
         if c.head_dim != 256 or c.tile_m != 64 or c.tile_n not in (48, 64) or not c.head_loop or c.deterministic \
-                or c.varlen or c.dq_async or c.window_left or c.window_right or c.score.kind == "user":
+                or c.varlen or c.window_left or c.window_right or c.score.kind == "user" \
+                or (c.dq_async and (c.tile_n != 48 or c.stages != 1)):
             raise ValueError(f"swap: D = 256, 64 x 48 or 64 x 64 tiles, head_loop, not deterministic / varlen / dq_async / "
                              f"windowed / a user score, got {c}")
     elif c.tile_m not in (64, 128) or c.tile_n != 128 or (c.tile_m == 128 and c.head_dim != 64):

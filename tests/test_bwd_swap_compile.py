@@ -31,3 +31,15 @@ def test_swap_backward_builds(mode, evaluator, causal, tile_n):
     assert n["MUFU.EX2"] == (0 if mode == "sigmoid" else tile_n // 4), n
     assert b.depbar() <= 5, b.depbar()
     assert "spill stores" not in b.ptxas_log() or "0 bytes spill stores" in b.ptxas_log()
+
+
+@pytest.mark.compile
+def test_swap_staged_dq_builds():
+    """dq_async on the swap build (48 keys, one Q / dO stage): the dQ tile staged by 16 STS.128 per
+    thread, warp 1's 8 bulk adds per block (4 bands x 2 warpgroup halves), no spills."""
+    from flash_attn_poly.kernels import sass
+    ov = dict(swap(48), **{"bwd.stages": 1, "bwd.dq_async": True, "bwd.dq_halves": True})
+    p = B.plan("softmax", "native", d=256, causal=True, shape=(2, 4096, 16, 8), overrides=ov)
+    b = B.bwd(p.bwd)
+    n = b.counts(sass.families("HGMMA", "STL", "LDL", "UBLKRED", "STS"))
+    assert n["HGMMA"] == 51 and n["STL"] + n["LDL"] == 0 and n["UBLKRED"] == 8, n

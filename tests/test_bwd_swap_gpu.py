@@ -54,10 +54,17 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / a.float().norm().clamp_min(1e-30)).item()
 
 
+# the swap builds: 48 keys (dQ atomics), 64 keys (dQ in two passes), 48 keys with the staged dQ tile
+# (one Q / dO stage; warp 1's bulk adds per warpgroup half)
+BUILDS = {"t48": {"bwd.tile_n": 48, "bwd.stages": 2},
+          "t64": {"bwd.tile_n": 64, "bwd.stages": 2},
+          "t48_staged": {"bwd.tile_n": 48, "bwd.stages": 1, "bwd.dq_async": True, "bwd.dq_halves": True}}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile_n", [48, 64])
+@pytest.mark.parametrize("build", sorted(BUILDS))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda x: "-".join(map(str, x)))
-def test_swap_matches_rule_and_chunked(shape, tile_n):
+def test_swap_matches_rule_and_chunked(shape, build):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     import rule_harness
@@ -65,8 +72,8 @@ def test_swap_matches_rule_and_chunked(shape, tile_n):
     q, k, v, dout = (t.detach() for t in rule_harness.make_inputs(case))
     base = {"bwd.head_loop": True}
     p0, o, lse, g0 = _run(case, q, k, v, dout, base)
-    p1, _, _, g1 = _run(case, q, k, v, dout, dict(base, **{"bwd.swap": True, "bwd.tile_n": tile_n, "bwd.stages": 2}))
-    assert p1.bwd.swap and not p0.bwd.swap and p1.bwd.tile_n == tile_n, p1.bwd
+    p1, _, _, g1 = _run(case, q, k, v, dout, dict(base, **{"bwd.swap": True}, **BUILDS[build]))
+    assert p1.bwd.swap and not p0.bwd.swap and p1.bwd.tile_n == BUILDS[build]["bwd.tile_n"], p1.bwd
     for name, a, b in zip(("dq", "dk", "dv"), g0, g1):
         assert torch.isfinite(b).all(), f"{name}: non-finite"
         assert _rel(a, b) < 1e-2, f"{name}: swap vs chunked rel L2 {_rel(a, b)}"
