@@ -22,8 +22,7 @@ so dK and dV leave the CTA once, scaled and cast, through the K and V tiles (stm
 fragments are transposed) and 16-byte row stores; dQ goes to the FP32 accumulator with
 red.global.add.v4 (BwdReductions.atomic_tile in the accumulator's fragment order).
 
-Not in this build: deterministic turns, varlen, user score functions, windows (causal masks only),
-the staged dQ tile.
+Not in this build: deterministic turns, varlen, user score functions.
 """
 
 import cutlass
@@ -52,10 +51,10 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         super().__init__(cfg)
         c = cfg
         if c.head_dim != 256 or not c.head_loop or c.deterministic or c.varlen \
-                or c.score.kind == "user" or c.window_left or c.window_right or c.tile_n not in SWAP_TILE_NS \
+                or c.score.kind == "user" or c.tile_n not in SWAP_TILE_NS \
                 or (c.dq_async and (c.tile_n != 48 or c.stages != 1 or not c.dq_halves)):
             raise ValueError("swap: D = 256 head_loop builds, 48- or 64-key tiles, no deterministic / varlen / "
-                             "window / user score; a staged dQ tile (dq_async, in warpgroup halves) at 48 keys and "
+                             "user score; a staged dQ tile (dq_async, in warpgroup halves) at 48 keys and "
                              "one Q / dO stage")
         self.Dc, self.n_chunks = self.D, 1     # one CTA owns all 256 columns
         self.half = self.D // 2                # columns per MMA warpgroup of dK^T, dV^T, dQ
@@ -358,9 +357,10 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
                         rP32[w] = p
                         s_mn[r, c], s_mn[r, c + 1] = f0, f1
         shift = seqlen_k - seqlen_q
-        win = (self.is_causal, False, False, Int32(0), Int32(0))
+        win = (self.is_causal, self.has_left, self.has_right, args[3], args[4])
+        masked = self.is_causal or self.has_left or self.has_right
         need = n0 + self.tile_n > seqlen_k
-        if const_expr(self.is_causal):
+        if const_expr(masked):
             need = need | mask_mod.tile_needs_mask(n0, m0, shift, self.tile_m, self.tile_n, *win)
         if need:
             for i in cutlass.range_constexpr(cute.size(acc_S) // 2):
@@ -368,7 +368,7 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
                 for e in cutlass.range_constexpr(2):
                     key = n0 + tScS[2 * i + e][1]
                     hidden = key >= seqlen_k
-                    if const_expr(self.is_causal):
+                    if const_expr(masked):
                         hidden = hidden | mask_mod.key_hidden(key, m0 + tScS[2 * i + e][0] + shift, *win)
                     if hidden:
                         acc_S[2 * i + e] = Float32(0.0)

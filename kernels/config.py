@@ -154,10 +154,10 @@ def check_bwd(c: BwdConfig) -> None:
         raise ValueError("backward tile_m=128: not with a user score function (its dS factor is kept in FP16)")
     if c.swap:
         if c.head_dim != 256 or c.tile_m != 64 or c.tile_n not in (48, 64) or not c.head_loop or c.deterministic \
-                or c.varlen or c.window_left or c.window_right or c.score.kind == "user" \
+                or c.varlen or c.score.kind == "user" \
                 or (c.dq_async and (c.tile_n != 48 or c.stages != 1)):
-            raise ValueError(f"swap: D = 256, 64 x 48 or 64 x 64 tiles, head_loop, not deterministic / varlen / dq_async / "
-                             f"windowed / a user score, got {c}")
+            raise ValueError(f"swap: D = 256, 64 x 48 or 64 x 64 tiles, head_loop, not deterministic / varlen / a user "
+                             f"score (dq_async at 48 keys and one stage), got {c}")
     elif c.tile_m not in (64, 128) or c.tile_n != 128 or (c.tile_m == 128 and c.head_dim != 64):
         # 64 key rows per MMA warpgroup; dQ's warpgroups split its columns (tile_m 128: D = 64
         # only, the warpgroups split dQ's rows; docs/NOTES_attn_bwd.md)

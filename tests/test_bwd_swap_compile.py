@@ -43,3 +43,13 @@ def test_swap_staged_dq_builds():
     b = B.bwd(p.bwd)
     n = b.counts(sass.families("HGMMA", "STL", "LDL", "UBLKRED", "STS"))
     assert n["HGMMA"] == 51 and n["STL"] + n["LDL"] == 0 and n["UBLKRED"] == 8, n
+
+
+@pytest.mark.compile
+def test_swap_windowed_builds():
+    """Sliding windows (Gemma-2's local layers): the window masks compile into the swap build too."""
+    from flash_attn_poly.kernels import sass
+    p = B.plan("softcap", "poly", d=256, causal=True, window=(300, -1), shape=(2, 4096, 16, 8), overrides=swap(48))
+    assert p.bwd.swap and p.bwd.window_left, p.bwd
+    n = B.bwd(p.bwd).counts(sass.families("HGMMA", "STL", "LDL"))
+    assert n["HGMMA"] == 51 and n["STL"] + n["LDL"] == 0, n

@@ -32,13 +32,17 @@ SHAPES = [
     ("softcap", "native", "bf16", 1, 500, 700, 2, 1, False),
     ("sigmoid", "poly", "bf16", 1, 600, 700, 4, 2, False),
     ("sigmoid", "native", "bf16", 1, 384, 384, 2, 2, True),
+    ("softcap", "poly", "bf16", 1, 700, 700, 4, 2, True, (300, -1)),   # Gemma-2's local layers: a left window
+    ("softmax", "native", "bf16", 1, 500, 600, 2, 1, False, (100, 50)),
 ]
 
 
-def _case(mode, evaluator, dtype, b, sq, sk, hq, hkv, causal):
+def _case(mode, evaluator, dtype, b, sq, sk, hq, hkv, causal, window=(-1, -1)):
     import cases
-    v = cases.Variant(mode, evaluator, dtype, 256, causal, None)
-    return cases.Case(v, b, sq, sk, hq, hkv, softcap=cases.SOFTCAP if mode == "softcap" else None, tier="swap")
+    side = None if window == (-1, -1) else ("both" if min(window) >= 0 else "left" if window[0] >= 0 else "right")
+    v = cases.Variant(mode, evaluator, dtype, 256, causal, side)
+    return cases.Case(v, b, sq, sk, hq, hkv, window_size=window, softcap=cases.SOFTCAP if mode == "softcap" else None,
+                      tier="swap")
 
 
 def _run(case, q, k, v, dout, overrides):
