@@ -75,6 +75,7 @@ class BwdConfig:
     dkv_smem: bool            # head_loop's dK / dV staged through the K / V smem tiles, 16-byte row stores
     dq_halves: bool           # dq_async's staged tile as two warpgroup halves, each with its own barriers and bulk add
     varlen: bool              # packed sequences (cu_seqlens; kernels/attn_bwd_sm90.py AttnBwdSm90Varlen)
+    swap: bool                # D = 256: dK^T / dV^T with the head dim on M, 48-key tiles (kernels/attn_bwd_swap_sm90.py)
 
 
 def check_fwd(c: FwdConfig) -> None:
@@ -131,7 +132,7 @@ def check_bwd(c: BwdConfig) -> None:
         raise ValueError(f"backward: dtype {c.dtype!r} / head_dim {c.head_dim} not in {DTYPES} / {HEAD_DIMS}")
     if c.dq_async and c.deterministic:
         raise ValueError("dq_async: not with deterministic (the ordered adds run in the MMA threads)")
-    if c.dq_async and c.head_dim > 128:
+    if c.dq_async and c.head_dim > 128 and not c.swap:
         raise ValueError("dq_async: the staged dQ tile does not fit D = 256's shared memory")
     if c.lpt and c.deterministic:
         raise ValueError("lpt: not with deterministic (the turn order needs the grid order)")
@@ -151,7 +152,13 @@ def check_bwd(c: BwdConfig) -> None:
         # the 128-row step keeps a non-softmax dS factor as FP16 pairs (attn_bwd_sm90 f_packed):
         # right for the built-in scores' factors in [0, 1], not for a user function's derivative
         raise ValueError("backward tile_m=128: not with a user score function (its dS factor is kept in FP16)")
-    if c.tile_m not in (64, 128) or c.tile_n != 128 or (c.tile_m == 128 and c.head_dim != 64):
+    if c.swap:
+        if c.head_dim != 256 or c.tile_m != 64 or c.tile_n not in (48, 64) or not c.head_loop or c.deterministic \
+                or c.varlen or c.score.kind == "user" \
+                or (c.dq_async and (c.tile_n != 48 or c.stages != 1)):
+            raise ValueError(f"swap: D = 256, 64 x 48 or 64 x 64 tiles, head_loop, not deterministic / varlen / a user "
+                             f"score (dq_async at 48 keys and one stage), got {c}")
+    elif c.tile_m not in (64, 128) or c.tile_n != 128 or (c.tile_m == 128 and c.head_dim != 64):
         # 64 key rows per MMA warpgroup; dQ's warpgroups split its columns (tile_m 128: D = 64
         # only, the warpgroups split dQ's rows; docs/NOTES_attn_bwd.md)
         raise ValueError(f"backward tile must be 64 query rows x 128 keys, or 128 x 128 at D = 64, "
