@@ -200,7 +200,7 @@ FWD_ROWS = (
 )
 
 BWD_ROWS = (
-    Row({}, dict(tile_m=64, tile_n=128, stages=2, deterministic=False, swap=False),
+    Row({}, dict(tile_m=64, tile_n=128, stages=2, deterministic=False, swap=False, dp_first=False),
         "64 query x 128 key tiles, 2 Q/dO stages: P^T and dS^T stay at 32 registers per thread", ""),
     Row({}, dict(dq_async=True, dq_halves=False),
         "dQ staged in smem and added by warp 1's bulk reductions: 0.76-0.79x the red.global path "

@@ -479,14 +479,20 @@ class AttnBwdSm90(BwdReductions):
                     h, m_block = self.head_step(h, m_block, m_min, m_max)
             else:
                 for m_block in cutlass.range(m_min, m_max, unroll=1):
+                    if const_expr(self.cfg.dp_first):   # the consumer frees dO first (one_m_block)
+                        pipe_do.producer_acquire(state)
+                        bar = pipe_do.producer_get_barrier(state)
+                        cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
+                        cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
                     pipe_q.producer_acquire(state)
                     bar = pipe_q.producer_get_barrier(state)
                     cute.copy(tma_q, tQg[None, m_block], tQs[None, state.index], tma_bar_ptr=bar)
                     cute.copy(tma_lse, tLg[None, m_block], tLs[None, state.index], tma_bar_ptr=bar)
-                    pipe_do.producer_acquire(state)
-                    bar = pipe_do.producer_get_barrier(state)
-                    cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
-                    cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
+                    if const_expr(not self.cfg.dp_first):
+                        pipe_do.producer_acquire(state)
+                        bar = pipe_do.producer_get_barrier(state)
+                        cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
+                        cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
                     state.advance()
 
     @cute.jit
@@ -511,14 +517,20 @@ class AttnBwdSm90(BwdReductions):
         tOs, tOg = self._tma_tiles(tma_do, mdO[None, None, head, batch], sdO, qd, (None, 0))
         tLs, tLg = self._tma_tiles(tma_lse, mLSE[None, head, batch], sLSE, (self.tile_m,), (None,))
         tDs, tDg = self._tma_tiles(tma_dsum, mDsum[None, head, batch], sDsum, (self.tile_m,), (None,))
+        if const_expr(self.cfg.dp_first):   # the consumer frees dO first (one_m_block)
+            pipe_do.producer_acquire(state)
+            bar = pipe_do.producer_get_barrier(state)
+            cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
+            cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
         pipe_q.producer_acquire(state)
         bar = pipe_q.producer_get_barrier(state)
         cute.copy(tma_q, tQg[None, m_block], tQs[None, state.index], tma_bar_ptr=bar)
         cute.copy(tma_lse, tLg[None, m_block], tLs[None, state.index], tma_bar_ptr=bar)
-        pipe_do.producer_acquire(state)
-        bar = pipe_do.producer_get_barrier(state)
-        cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
-        cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
+        if const_expr(not self.cfg.dp_first):
+            pipe_do.producer_acquire(state)
+            bar = pipe_do.producer_get_barrier(state)
+            cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
+            cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
 
     @cute.jit
     def gemm(self, tiled_mma, acc, tA, tB, zero_init):
@@ -655,17 +667,32 @@ class AttnBwdSm90(BwdReductions):
             buf = m_block % 2
         acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
         acc_dP = cute.make_rmem_tensor(tScS.shape, Float32)
-        pipe_q.consumer_wait(state)
-        warpgroup.fence()
-        self.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, idx], True)
-        warpgroup.commit_group()
-        lse = self.col_stats(sLSE, idx, tScS, self.stage.needs_lse and self.hoist_lse)   # while S runs
-        pipe_do.consumer_wait(state)
-        if const_expr(self.cfg.varlen and not self.stage.needs_lse):
-            self.zero_do_tail(sdO, idx, m_block, seqlen_q, tidx)
-        self.gemm(mma_sdp, acc_dP, tSrV, tSrdO[None, None, None, idx], True)
-        warpgroup.commit_group()
-        warpgroup.wait_group(1)
+        if const_expr(self.cfg.dp_first):
+            # dP^T first: dO is released after dV (below), so the producer has the next block's
+            # dO in place by now and Q's load runs under this GEMM
+            pipe_do.consumer_wait(state)
+            if const_expr(self.cfg.varlen and not self.stage.needs_lse):
+                self.zero_do_tail(sdO, idx, m_block, seqlen_q, tidx)
+            warpgroup.fence()
+            self.gemm(mma_sdp, acc_dP, tSrV, tSrdO[None, None, None, idx], True)
+            warpgroup.commit_group()
+            pipe_q.consumer_wait(state)
+            self.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, idx], True)
+            warpgroup.commit_group()
+            lse = self.col_stats(sLSE, idx, tScS, self.stage.needs_lse and self.hoist_lse)   # while S runs
+            warpgroup.wait_group(0)
+        else:
+            pipe_q.consumer_wait(state)
+            warpgroup.fence()
+            self.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, idx], True)
+            warpgroup.commit_group()
+            lse = self.col_stats(sLSE, idx, tScS, self.stage.needs_lse and self.hoist_lse)   # while S runs
+            pipe_do.consumer_wait(state)
+            if const_expr(self.cfg.varlen and not self.stage.needs_lse):
+                self.zero_do_tail(sdO, idx, m_block, seqlen_q, tidx)
+            self.gemm(mma_sdp, acc_dP, tSrV, tSrdO[None, None, None, idx], True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)
         # rP: packed P^T (dV operand); acc_S keeps one FP32 dS factor per score, not P plus
         # an aux derivative (32 more live regs across the dP wait spilled 36-43 STL)
         rP = cute.make_rmem_tensor(shape_a, self.dtype)
@@ -711,9 +738,15 @@ class AttnBwdSm90(BwdReductions):
             warpgroup.commit_group()
             self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt, True)
             warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            pipe_q.consumer_release(state)
-            pipe_do.consumer_release(state)
+            if const_expr(self.cfg.dp_first):
+                warpgroup.wait_group(2)   # dV has read dO: the next block's dO loads under dK and dQ
+                pipe_do.consumer_release(state)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(state)
+            else:
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(state)
+                pipe_do.consumer_release(state)
             self.add_dq(mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q,
                         seqlen_k, args)
 

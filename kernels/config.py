@@ -75,7 +75,8 @@ class BwdConfig:
     dkv_smem: bool            # head_loop's dK / dV staged through the K / V smem tiles, 16-byte row stores
     dq_halves: bool           # dq_async's staged tile as two warpgroup halves, each with its own barriers and bulk add
     varlen: bool              # packed sequences (cu_seqlens; kernels/attn_bwd_sm90.py AttnBwdSm90Varlen)
-    swap: bool                # D = 256: dK^T / dV^T with the head dim on M, 48-key tiles (kernels/attn_bwd_swap_sm90.py)
+    swap: bool                # D = 256: dK^T / dV^T with the head dim on M, 64-key tiles (kernels/attn_bwd_swap_sm90.py)
+    dp_first: bool            # the red.global dQ path: dP^T before S^T, dO released after dV
 
 
 def check_fwd(c: FwdConfig) -> None:
@@ -167,6 +168,8 @@ def check_bwd(c: BwdConfig) -> None:
         # the halves are the staged tile's (its warpgroups' rows at tile_m 128, columns at 64)
         raise ValueError(f"dq_halves: halves of the staged dQ tile by warpgroup need dq_async, got "
                          f"dq_async={c.dq_async}; set dq_halves=False with it")
+    if c.dp_first and c.dq_async:
+        raise ValueError("dp_first: the red.global dQ path's order (dq_async off), got dq_async=True")
     if c.varlen and (c.deterministic or c.lpt or c.score.kind == "user"):
         raise ValueError("varlen backward: a CTA per entry of its (key block, head, sequence) table, without "
                          "deterministic turns, lpt or a user score function (its batch index would be the "
