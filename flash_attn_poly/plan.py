@@ -200,9 +200,9 @@ FWD_ROWS = (
 )
 
 BWD_ROWS = (
-    Row({}, dict(tile_m=64, tile_n=128, stages=2, deterministic=False, swap=False, dp_first=False),
+    Row({}, dict(tile_m=64, tile_n=128, stages=2, deterministic=False, swap=False),
         "64 query x 128 key tiles, 2 Q/dO stages: P^T and dS^T stay at 32 registers per thread", ""),
-    Row({}, dict(dq_async=True, dq_halves=False),
+    Row({}, dict(dq_async=True, dq_halves=False, dp_first=False),
         "dQ staged in smem and added by warp 1's bulk reductions: 0.76-0.79x the red.global path "
         "(one buffer for both warpgroups)", "bwd-dq-async"),
     Row({}, dict(lpt=True), "LPT-ordered CTAs: 0.90-0.94x blockIdx order", "bwd-lpt"),
@@ -218,8 +218,17 @@ BWD_ROWS = (
     Row({"mode": "sigmoid"}, dict(zero_dq_in_pre=False),
         "sigmoid has no pre kernel otherwise: a memset is cheaper than launching it to zero dQ",
         "bwd-zero-dq"),
-    Row({"head_dim": 256}, dict(stages=1, dq_async=False),
-        "D = 256: full-D Q, dO, K, V and dS take 225 of 227 KB: one Q/dO stage, no staged dQ", ""),
+    Row({"head_dim": 256}, dict(stages=1, dq_async=False, dp_first=True),
+        "D = 256 in column chunks: full-D Q, dO, K, V and dS take 225 of 227 KB: one Q/dO stage, no staged "
+        "dQ; dP^T first and dO released after dV, so the next dO loads under dK / dQ and Q under dP^T: "
+        "0.91-0.95x the S^T-first order (dense, softmax and softcap poly, GQA / MHA, causal or not, S 1k-16k)",
+        "bwd-d256-dp-first"),
+    Row({"head_dim": 256, "varlen": False, "deterministic": False, "user_score": False},
+        dict(swap=True, tile_n=64, stages=2, head_loop=True, dp_first=False),
+        "dense D = 256 with a built-in score: the swapped build (a CTA per 64 keys of a KV head owns all "
+        "256 columns, dK^T / dV^T with the head dim on M, no recompute): 0.79-0.86x the chunked build's "
+        "time (softmax, softcap poly; GQA / MHA, causal or not, S 1k-16k, the Gemma-2 2B shape)",
+        "bwd-d256-swap"),
     Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False}, dict(tile_m=128),
         "D = 64: 128 query rows per step (the dS factor packed to FP16 beside P): 0.93-0.98x the "
         "64-row step", "bwd-d64-tile-m128"),

@@ -1,21 +1,24 @@
 """Attention backward at D = 256 without recompute: dK^T and dV^T with the head dim on the wgmma
 M axis (BwdConfig.swap; FA4's sm90 dKV_swapAB design, docs/NOTES_attn_bwd.md "D = 256 backward:
-FA4's sm90 design beside ours").  WORK IN PROGRESS (branch wip/bwd-swap-d256): CPU-built only.
+FA4's sm90 design beside ours"): the plan's D = 256 row for dense calls of the built-in scores.
 
 The chunked build (kernels/attn_bwd_sm90.py, "Head dim 256") cannot keep dK and dV of a
 warpgroup's 64 keys over all 256 columns in registers, so it splits the columns over two CTAs
-and recomputes S and dP in both (1.4x the tensor work).  Here a CTA owns tile_n = 48 keys and
+and recomputes S and dP in both (1.4x the tensor work).  Here a CTA owns tile_n = 64 keys and
 all 256 columns; the two MMA warpgroups split the work so that every accumulator fits:
 
-    S  = Q K^T, dP = dO V^T   (64 queries x 48 keys, K = 256): warpgroup w the keys [24 w, 24 w + 24)
+    S  = Q K^T, dP = dO V^T   (64 queries x 64 keys, K = 256): warpgroup w the keys [32 w, 32 w + 32)
     P, f = stage.prob(S); dS = stage.dscore(f, dP)   in registers, then P and dS to smem (stmatrix)
-    dV^T += dO^T P            (256 x 48, K = 64 queries): warpgroup w the columns [128 w, 128 w + 128)
+    dV^T += dO^T P            (256 x 64, K = 64 queries): warpgroup w the columns [128 w, 128 w + 128)
     dK^T += Q^T dS            (the same split)
-    dQ    = dS K              (64 x 256, K = 48 keys): warpgroup w the columns [128 w, 128 w + 128)
+    dQ    = dS K              (64 x 256, K = 64 keys): warpgroup w the columns [128 w, 128 w + 128),
+                              in two passes of 64 columns
 
-Registers per MMA thread: dV^T and dK^T 48 + 48, dQ 64, S and dP 12 + 12.  Shared memory: Q and
-dO 32 KB per stage (2 stages), K and V 24 KB each, P and dS 6 KB each (double buffered: the other
-warpgroup may still read the previous block's tiles), about 188 KB.
+Registers per MMA thread: dV^T and dK^T 64 + 64, dQ 32 per pass, S and dP 16 + 16.  Shared memory:
+Q and dO 32 KB per stage (2 stages), K and V 32 KB each, P and dS 8 KB each (double buffered: the
+other warpgroup may still read the previous block's tiles), about 208 KB.  (48-key tiles, dQ in
+one pass, took 1.19-1.27x this build's time, and with the staged dQ tile 1.31-1.39x:
+docs/MEASURED.md bwd-d256-swap.)
 
 The grid is head_loop's (a CTA per (key block, KV head, batch) over the GQA group's query heads),
 so dK and dV leave the CTA once, scaled and cast, through the K and V tiles (stmatrix.trans: the
@@ -41,7 +44,8 @@ from .bwd_reduce import acc_mn_view
 from .scores import common as sc
 from .tile_scheduler import SectionLptScheduler, section_heads
 
-SWAP_TILE_NS = (48, 64)   # keys per CTA; 64 runs dQ in two passes of 128 columns (registers)
+SWAP_TILE_N = 64   # keys per CTA
+DQ_PASSES = 2      # dV^T + dK^T take 128 accumulator registers: dQ's 64 run as two passes of 32
 
 
 class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
@@ -51,16 +55,12 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         super().__init__(cfg)
         c = cfg
         if c.head_dim != 256 or not c.head_loop or c.deterministic or c.varlen \
-                or c.score.kind == "user" or c.tile_n not in SWAP_TILE_NS \
-                or (c.dq_async and (c.tile_n != 48 or c.stages != 1 or not c.dq_halves)):
-            raise ValueError("swap: D = 256 head_loop builds, 48- or 64-key tiles, no deterministic / varlen / "
-                             "user score; a staged dQ tile (dq_async, in warpgroup halves) at 48 keys and "
-                             "one Q / dO stage")
+                or c.score.kind == "user" or c.tile_n != SWAP_TILE_N or c.dq_async:
+            raise ValueError("swap: D = 256 head_loop builds, 64-key tiles, dQ by red.global; no deterministic / "
+                             "varlen / user score")
         self.Dc, self.n_chunks = self.D, 1     # one CTA owns all 256 columns
         self.half = self.D // 2                # columns per MMA warpgroup of dK^T, dV^T, dQ
-        # dQ passes: at 64 keys dV^T + dK^T take 128 accumulator registers, so dQ's 64 would not fit
-        # beside them; two passes of 128 columns (32 registers each) do
-        self.dq_passes = 1 if self.tile_n == 48 else 2
+        self.dq_passes = DQ_PASSES
 
     # ---------------------------------------------------------------- host side
     def _layout(self, kind, rows, cols, stages=None):
@@ -70,7 +70,7 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
 
     def _swap_layouts(self):
         """(Q / dO staged, K / V, P / dS double buffer): K-major; P and dS (queries x keys, keys
-        contiguous) in the 32-byte swizzle, whose 16-element atoms divide 48 keys, so the same
+        contiguous) in the interleaved atom (8 x 16-byte rows, conflict-free for stmatrix), so the same
         tile is dQ's K-major A and (transposed) dV^T's / dK^T's MN-major B."""
         K128 = warpgroup.SmemLayoutAtomKind.K_SW128
         return (self._layout(K128, self.tile_m, self.D, self.stages), self._layout(K128, self.tile_n, self.D),
@@ -106,14 +106,9 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
             sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(lx)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(lx)], 1024]
 
-        @cute.struct
-        class StorageAux:
-            base: Storage
-            aux: cute.struct.Align[cute.struct.MemRange[Float32, max(1, self._aux_words())], 128]
-        out = StorageAux if self._aux_words() else Storage
-        if out.size_in_bytes() > SMEM_CAPACITY:
-            raise ValueError(f"swap build needs {out.size_in_bytes()} bytes of shared memory")
-        return out
+        if Storage.size_in_bytes() > SMEM_CAPACITY:
+            raise ValueError(f"swap build needs {Storage.size_in_bytes()} bytes of shared memory")
+        return Storage
 
     def _launch(self, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, scalars,
                 win_left, win_right, extra, stream, aux=None, varlen=None):
@@ -170,10 +165,6 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
             for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum):
                 cpasync.prefetch_descriptor(atom)
         st = SmemAllocator().allocate(Storage)
-        aux_addr = Int32(0)   # dq_async: the staged dQ tile (tile_m x 256 FP32 in the accumulator's order)
-        if const_expr(self._aux_words() > 0):
-            aux_addr = st.aux.data_ptr().toint()
-            st = st.base
         prod = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         cons = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)
         pipe_q = pipeline.PipelineTmaAsync.create(
@@ -205,14 +196,11 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
                 self.load(mQ, mK, mV, mdO, mLSE, mDsum, sQ, sK, sV, sdO, sLSE, sDsum,
                           tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum, pipe_q, pipe_do, pipe_kv,
                           n_block, head, head_kv, batch, m_min, m_max)
-            if const_expr(self.dq_async):
-                if warp_idx == 1:
-                    self.reduce_dq(mdQacc, aux_addr, tidx % 32, head, batch, m_min, m_max, n_heads)
         else:
             cute.arch.setmaxregister_increase(MMA_REGS)
             self.mma_swap(mma_s, mma_dkv, mma_dq, sQ, sK, sV, sdO, sP, sdS, sLSE, sDsum, pipe_q, pipe_do, pipe_kv,
                           mdQacc, mdK, mdV, tidx - 128, n_block, head, head_kv, batch, m_min, m_max,
-                          seqlen_q, seqlen_k, n_heads, args + (aux_addr,))
+                          seqlen_q, seqlen_k, n_heads, args)
 
     @cute.jit
     def mma_swap(self, mma_s, mma_dkv, mma_dq, sQ, sK, sV, sdO, sP, sdS, sLSE, sDsum, pipe_q, pipe_do, pipe_kv,
@@ -308,11 +296,8 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         self.gemm_acc(mma_dkv, acc_dKt, tKrQt[None, None, None, idx], tKrdS[None, None, None, buf], accumulate)
         warpgroup.commit_group()
         warpgroup.wait_group(2)
-        if const_expr(self.dq_async):   # warp 1 adds the staged tile (bulk reductions per band and half)
-            self.stage_dq(mma_dq, acc_dQ, args[-1], tidx)
-        else:
-            self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, cols), m_block,
-                             seqlen_q, tidx, 0, dq_order=True)
+        self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, cols), m_block,
+                         seqlen_q, tidx, 0, dq_order=True)
         for p in cutlass.range_constexpr(1, self.dq_passes):
             warpgroup.fence()
             self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt[p], True)

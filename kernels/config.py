@@ -131,9 +131,22 @@ def check_bwd(c: BwdConfig) -> None:
     """ValueError naming the field when the backward kernel cannot build c."""
     if c.dtype not in DTYPES or c.head_dim not in HEAD_DIMS:
         raise ValueError(f"backward: dtype {c.dtype!r} / head_dim {c.head_dim} not in {DTYPES} / {HEAD_DIMS}")
+    if c.swap:
+        # the swapped build (kernels/attn_bwd_swap_sm90.py): a CTA per 64 keys of a KV head, all 256
+        # columns, dQ by red.global; no ordered adds, packed tables or user score stage
+        bad = [f"{k}={v!r}" for k, v, ok in (
+            ("head_dim", c.head_dim, c.head_dim == 256), ("tile_m", c.tile_m, c.tile_m == 64),
+            ("tile_n", c.tile_n, c.tile_n == 64), ("head_loop", c.head_loop, c.head_loop),
+            ("deterministic", c.deterministic, not c.deterministic), ("varlen", c.varlen, not c.varlen),
+            ("score", c.score.kind, c.score.kind != "user"), ("dq_async", c.dq_async, not c.dq_async),
+            ("dp_first", c.dp_first, not c.dp_first)) if not ok]
+        if bad:
+            raise ValueError(f"swap (the D = 256 backward with all columns per CTA) needs head_dim=256, "
+                             f"64 x 64 tiles, head_loop, a built-in score and red.global dQ, without "
+                             f"deterministic, varlen or dp_first; got {', '.join(bad)}")
     if c.dq_async and c.deterministic:
         raise ValueError("dq_async: not with deterministic (the ordered adds run in the MMA threads)")
-    if c.dq_async and c.head_dim > 128 and not c.swap:
+    if c.dq_async and c.head_dim > 128:
         raise ValueError("dq_async: the staged dQ tile does not fit D = 256's shared memory")
     if c.lpt and c.deterministic:
         raise ValueError("lpt: not with deterministic (the turn order needs the grid order)")
@@ -153,13 +166,7 @@ def check_bwd(c: BwdConfig) -> None:
         # the 128-row step keeps a non-softmax dS factor as FP16 pairs (attn_bwd_sm90 f_packed):
         # right for the built-in scores' factors in [0, 1], not for a user function's derivative
         raise ValueError("backward tile_m=128: not with a user score function (its dS factor is kept in FP16)")
-    if c.swap:
-        if c.head_dim != 256 or c.tile_m != 64 or c.tile_n not in (48, 64) or not c.head_loop or c.deterministic \
-                or c.varlen or c.score.kind == "user" \
-                or (c.dq_async and (c.tile_n != 48 or c.stages != 1)):
-            raise ValueError(f"swap: D = 256, 64 x 48 or 64 x 64 tiles, head_loop, not deterministic / varlen / a user "
-                             f"score (dq_async at 48 keys and one stage), got {c}")
-    elif c.tile_m not in (64, 128) or c.tile_n != 128 or (c.tile_m == 128 and c.head_dim != 64):
+    if not c.swap and (c.tile_m not in (64, 128) or c.tile_n != 128 or (c.tile_m == 128 and c.head_dim != 64)):
         # 64 key rows per MMA warpgroup; dQ's warpgroups split its columns (tile_m 128: D = 64
         # only, the warpgroups split dQ's rows; docs/NOTES_attn_bwd.md)
         raise ValueError(f"backward tile must be 64 query rows x 128 keys, or 128 x 128 at D = 64, "

@@ -27,6 +27,11 @@ import sass_catalogue as cat
 
 ANCHOR = cat.ANCHOR
 
+# the chunked D = 256 backward (two 128-column CTAs per key block, kernels/attn_bwd_sm90.py) on a
+# dense call: the plan builds it for packed, deterministic and user-score calls and the swapped
+# build for the rest; tests of the chunked build's code on dense calls name it by these overrides
+CHUNKED_D256 = {"bwd.swap": False, "bwd.tile_n": 128, "bwd.stages": 1, "bwd.dp_first": True}
+
 
 def plan(mode="softmax", evaluator="native", *, d=128, dtype="bf16", causal=True, window=(-1, -1),
          deterministic=False, shape=ANCHOR, program=None, softcap=None, sigmoid_grad=None, overrides=None):

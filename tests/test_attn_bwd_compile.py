@@ -46,6 +46,8 @@ def _plan(mode, evaluator="native", d=128, causal=True, dtype="bf16", poly_split
     head_loop); window: left and
     (non-causal) right bounds compiled in; poly_split None: the plan's split for d."""
     ov = {"bwd.dq_async": dq_async, "bwd.lpt": lpt, "bwd.head_loop": head_loop, "bwd.dq_halves": dq_halves}
+    if d == 256:   # the chunked build (the swapped one has tests/test_bwd_swap_compile.py)
+        ov.update(B.CHUNKED_D256)
     if tile_m is not None:
         ov["bwd.tile_m"] = tile_m
     if dkv_smem is not None:
@@ -190,7 +192,7 @@ def test_d64_bwd_tile_128(mode, head_loop, stl):
 def test_bwd_tile_is_checked():
     for d, tile_m in ((64, 96), (128, 128), (256, 128)):
         with pytest.raises(ValueError, match=f"tile_m={tile_m}, tile_n=128, D={d}"):
-            B.plan("softmax", "native", d=d, overrides={"bwd.tile_m": tile_m})
+            B.plan("softmax", "native", d=d, overrides=dict(B.CHUNKED_D256 if d == 256 else {}, **{"bwd.tile_m": tile_m}))
     assert B.plan("softmax", "native", d=64, overrides={"bwd.tile_m": 128}).bwd.head_loop
     # the 128-row step keeps a non-softmax dS factor in FP16: not a user function's
     import dataclasses

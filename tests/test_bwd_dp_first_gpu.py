@@ -1,6 +1,6 @@
-"""GPU tier of the red.global backward's dp_first order (BwdConfig.dp_first, an experiment on
-branch wip/bwd-d256-dp-first): dP^T before S^T, dO released once dV has read it and loaded
-before Q.  The products and their per-thread order are the default's, so dK / dV are bitwise
+"""GPU tier of the red.global backward's dp_first order (BwdConfig.dp_first, the chunked D = 256
+build's default: packed, deterministic and user-score calls): dP^T before S^T, dO released once dV
+has read it and loaded before Q.  The products and their per-thread order are the default's, so dK / dV are bitwise
 equal where each CTA stores its KV head's sums (head_loop) and equal to FP32 reordering where
 query heads add into the accumulator; dQ (FP32 atomics across key blocks) to FP32 reordering.
 
@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # (mode, evaluator, dtype, B, S_q, S_k, H_q, H_kv, causal, head_loop)
 SHAPES = [
@@ -26,13 +27,14 @@ SHAPES = [
 
 def _grads(mode, evaluator, dtype, b, sq, sk, hq, hkv, causal, head_loop, dp_first, d=256):
     import plan_knobs
+    from builds import CHUNKED_D256
     from flash_attn_poly.kernels import dispatch
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     g = torch.Generator(device="cuda").manual_seed(0)
     mk = lambda s, h, a=1.0: (torch.randn(b, s, h, d, device="cuda", generator=g) * a).to(dt)
     q, k, v = mk(sq, hq, 4.0 if mode == "softcap" else 1.0), mk(sk, hkv), mk(sk, hkv)
     do = mk(sq, hq)
-    knob = plan_knobs.Knob("test", overrides={"bwd.dp_first": dp_first, "bwd.head_loop": head_loop})
+    knob = plan_knobs.Knob("test", overrides=dict(CHUNKED_D256, **{"bwd.dp_first": dp_first, "bwd.head_loop": head_loop}))
     p = plan_knobs.plan_for(q, k, v, mode, evaluator, knob, causal=causal,
                             softcap=30.0 if mode == "softcap" else None)
     assert p.bwd.dp_first == dp_first and p.bwd.head_loop == head_loop and not p.bwd.dq_async, p.bwd

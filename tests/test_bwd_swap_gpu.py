@@ -1,12 +1,13 @@
-"""GPU tier of the swapped D = 256 backward (BwdConfig.swap, kernels/attn_bwd_swap_sm90.py): a CTA
-owns 48 or 64 keys (dQ then in two column passes) and all 256 columns, dK^T / dV^T with the head dim on the wgmma M axis, P and dS
-through shared memory, no recompute.
+"""GPU tier of the swapped D = 256 backward (BwdConfig.swap, kernels/attn_bwd_swap_sm90.py; the plan's
+build for dense D = 256 calls of the built-in scores): a CTA owns 64 keys and all 256 columns, dK^T /
+dV^T with the head dim on the wgmma M axis, P and dS through shared memory, dQ in two column
+passes, no recompute.
 
-Each case runs the swap build and the chunked build (the same plan without the override) on the
-same inputs; both are judged by the FlashAttention rule (tests/rule_harness.judge_case: dQ, dK,
+Each case runs the plan's (swap) build and the chunked build (tests/builds.CHUNKED_D256 over the
+same plan) on the same inputs; both are judged by the FlashAttention rule (tests/rule_harness.judge_case: dQ, dK,
 dV against the FP64 reference, within 2x torch's own low-precision error plus the floor), and
 the two must agree to FP32 reordering and a few BF16 roundings (rel L2 < 1e-2; a lost tile or a
-transposed store is O(1)).  Shapes: query and key tails (keys past S_k inside the 48-key tile),
+transposed store is O(1)).  Shapes: query and key tails (keys past S_k inside the 64-key tile),
 S_q < S_k causal (key blocks no query sees: zeros stored), S_q > S_k, non-causal, MHA and GQA
 (the per-KV-head loop over the group's heads), FP16, every score.
 
@@ -58,26 +59,18 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / a.float().norm().clamp_min(1e-30)).item()
 
 
-# the swap builds: 48 keys (dQ atomics), 64 keys (dQ in two passes), 48 keys with the staged dQ tile
-# (one Q / dO stage; warp 1's bulk adds per warpgroup half)
-BUILDS = {"t48": {"bwd.tile_n": 48, "bwd.stages": 2},
-          "t64": {"bwd.tile_n": 64, "bwd.stages": 2},
-          "t48_staged": {"bwd.tile_n": 48, "bwd.stages": 1, "bwd.dq_async": True, "bwd.dq_halves": True}}
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("build", sorted(BUILDS))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda x: "-".join(map(str, x)))
-def test_swap_matches_rule_and_chunked(shape, build):
+def test_swap_matches_rule_and_chunked(shape):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     import rule_harness
+    from builds import CHUNKED_D256
     case = _case(*shape)
     q, k, v, dout = (t.detach() for t in rule_harness.make_inputs(case))
-    base = {"bwd.head_loop": True}
-    p0, o, lse, g0 = _run(case, q, k, v, dout, base)
-    p1, _, _, g1 = _run(case, q, k, v, dout, dict(base, **{"bwd.swap": True}, **BUILDS[build]))
-    assert p1.bwd.swap and not p0.bwd.swap and p1.bwd.tile_n == BUILDS[build]["bwd.tile_n"], p1.bwd
+    p0, o, lse, g0 = _run(case, q, k, v, dout, dict(CHUNKED_D256, **{"bwd.head_loop": True}))
+    p1, _, _, g1 = _run(case, q, k, v, dout, {})
+    assert p1.bwd.swap and not p0.bwd.swap and p1.bwd.tile_n == 64, p1.bwd
     for name, a, b in zip(("dq", "dk", "dv"), g0, g1):
         assert torch.isfinite(b).all(), f"{name}: non-finite"
         assert _rel(a, b) < 1e-2, f"{name}: swap vs chunked rel L2 {_rel(a, b)}"

@@ -7,6 +7,7 @@ kernels.config.check_fwd / check_bwd (or the score spec), before anything is com
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -310,21 +311,45 @@ def test_interface_plans_with_the_devices_sm_count(monkeypatch):
 
 # ---------------------------------------------------------------------- backward rows
 BWD_FIELDS = ("tile_m", "tile_n", "stages", "deterministic", "dq_async", "lpt", "head_loop", "kv_sections",
-              "dkv_smem")
+              "dkv_smem", "swap", "dp_first")
 
 
 @pytest.mark.parametrize("d,want", [
     (128, dict(tile_m=64, tile_n=128, stages=2, deterministic=False, dq_async=True, lpt=True, head_loop=True)),
     (64, dict(tile_m=128, tile_n=128, stages=2, deterministic=False, dq_async=True, lpt=True, head_loop=True)),
-    (256, dict(tile_m=64, tile_n=128, stages=1, deterministic=False, dq_async=False, lpt=True, head_loop=True)),
+    (256, dict(tile_m=64, tile_n=64, stages=2, deterministic=False, dq_async=False, lpt=True, head_loop=True,
+               swap=True)),
 ])
 def test_backward_rows(d, want):
     """D = 64 takes 128 query rows per step; every mode the per-KV-head loop with dK / dV staged
     through smem (sigmoid too: 0.60x its per-query-head build at MHA D = 64 S = 512); GQA keeps
-    one LPT section."""
+    one LPT section.  D = 256: the swapped build (a CTA per 64 keys and KV head, all columns)."""
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
-        w = dict(want, kv_sections=False, dkv_smem=True)
+        w = dict(dict(swap=False, dp_first=False), **want, kv_sections=False, dkv_smem=True)
         assert fields(resolve(mode, ev, d=d).bwd, BWD_FIELDS) == w, (mode, ev)
+
+
+def test_d256_backward_swap_or_chunks():
+    """D = 256: dense calls of the built-in scores (causal or not, windows, GQA or MHA, every mode
+    and evaluator) take the swapped build on the per-KV-head loop; packed, deterministic and
+    user-score calls the chunked build (two 128-column CTAs per key block, one Q / dO stage) with
+    dP^T first.  The swapped build is refused with each of those, naming the field."""
+    from flash_attn_poly.kernels.config import check_bwd
+    for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("softcap", "native"), ("sigmoid", "poly")):
+        for kw in (dict(), dict(causal=False), dict(window=(300, -1)), dict(shape=(1, 1024, 8, 8))):
+            b = resolve(mode, ev, d=256, **kw).bwd
+            assert (b.swap, b.tile_n, b.stages, b.head_loop, b.dp_first) == (True, 64, 2, True, False), (mode, kw, b)
+    chunked = (False, 128, 1, False, True)
+    for kw in (dict(varlen=True), dict(deterministic=True)):
+        b = resolve("softmax", d=256, **kw).bwd
+        assert (b.swap, b.tile_n, b.stages, b.dq_async, b.dp_first) == chunked, (kw, b)
+    b = resolve("softmax", d=256, score_mod=lambda s, *a: s).bwd
+    assert (b.swap, b.tile_n, b.stages, b.dq_async, b.dp_first) == chunked, b
+    swap = resolve("softmax", d=256).bwd
+    for field, value in (("deterministic", True), ("varlen", True), ("dp_first", True), ("tile_n", 128),
+                         ("head_loop", False), ("dq_async", True)):
+        with pytest.raises(ValueError, match=f"swap .*{field}={value!r}"):
+            check_bwd(dataclasses.replace(swap, **{field: value}))
 
 
 @pytest.mark.parametrize("shape,causal,want", [
@@ -387,7 +412,7 @@ def test_deterministic_backward_is_ordered():
     p = resolve("softmax", deterministic=True)
     assert fields(p.bwd, BWD_FIELDS) == dict(tile_m=64, tile_n=128, stages=2, deterministic=True,
                                              dq_async=False, lpt=False, head_loop=False, kv_sections=False,
-                                             dkv_smem=False)
+                                             dkv_smem=False, swap=False, dp_first=False)
     assert not p.zero_dq_in_pre
     assert resolve("softmax").fwd == p.fwd     # the forward does not depend on it
 
@@ -532,7 +557,7 @@ def test_backward_overrides_are_checked():
     with pytest.raises(ValueError, match="dq_async: not with deterministic"):
         resolve("softmax", deterministic=True, overrides={"bwd.dq_async": True})
     with pytest.raises(ValueError, match="dq_async: the staged dQ tile does not fit"):
-        resolve("softmax", d=256, overrides={"bwd.dq_async": True})
+        resolve("softmax", d=256, varlen=True, overrides={"bwd.dq_async": True, "bwd.dp_first": False})
     with pytest.raises(ValueError, match="lpt: not with deterministic"):
         resolve("softmax", deterministic=True, overrides={"bwd.lpt": True})
     with pytest.raises(ValueError, match="head_loop: not with deterministic"):
