@@ -221,7 +221,8 @@ BWD_ROWS = (
     Row({"head_dim": 256}, dict(stages=1, dq_async=False, dp_first=True),
         "D = 256 in column chunks: full-D Q, dO, K, V and dS take 225 of 227 KB: one Q/dO stage, no staged "
         "dQ; dP^T first and dO released after dV, so the next dO loads under dK / dQ and Q under dP^T: "
-        "0.91-0.95x the S^T-first order (dense, softmax and softcap poly, GQA / MHA, causal or not, S 1k-16k)",
+        "0.91-0.95x the S^T-first order (dense, softmax and softcap poly, GQA / MHA, causal or not, S 1k-16k; "
+        "a ragged packed batch 0.943-0.951x)",
         "bwd-d256-dp-first"),
     Row({"head_dim": 256, "varlen": False, "deterministic": False, "user_score": False},
         dict(swap=True, tile_n=64, stages=2, head_loop=True, dp_first=False),
@@ -242,6 +243,9 @@ BWD_ROWS = (
         "S 512 to 16k; packed ragged batches on the per-KV-head loop 0.956-0.967x)", "bwd-dq-halves"),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
+    Row({"deterministic": True, "head_dim": 256}, dict(dp_first=False),
+        "... in S^T-first order: dp_first took 1.001-1.033x the time in the deterministic D = 256 build "
+        "(its turns, not the loads, bound the block)", "bwd-d256-dp-first"),
     Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
     Row({"varlen": True}, dict(varlen=True),
         "packed sequences: one pre, main and post launch, a CTA per key block, query head and sequence", ""),
