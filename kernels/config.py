@@ -139,11 +139,12 @@ def check_bwd(c: BwdConfig) -> None:
             ("tile_n", c.tile_n, c.tile_n == 64), ("head_loop", c.head_loop, c.head_loop),
             ("deterministic", c.deterministic, not c.deterministic), ("varlen", c.varlen, not c.varlen),
             ("score", c.score.kind, c.score.kind != "user"), ("dq_async", c.dq_async, not c.dq_async),
-            ("dp_first", c.dp_first, not c.dp_first)) if not ok]
+            ("dp_first", c.dp_first, not c.dp_first), ("dkv_smem", c.dkv_smem, c.dkv_smem)) if not ok]
         if bad:
             raise ValueError(f"swap (the D = 256 backward with all columns per CTA) needs head_dim=256, "
-                             f"64 x 64 tiles, head_loop, a built-in score and red.global dQ, without "
-                             f"deterministic, varlen or dp_first; got {', '.join(bad)}")
+                             f"64 x 64 tiles, head_loop, a built-in score, red.global dQ and dK / dV stored "
+                             f"through the K / V tiles (dkv_smem), without deterministic, varlen or dp_first; "
+                             f"got {', '.join(bad)}")
     if c.dq_async and c.deterministic:
         raise ValueError("dq_async: not with deterministic (the ordered adds run in the MMA threads)")
     if c.dq_async and c.head_dim > 128:

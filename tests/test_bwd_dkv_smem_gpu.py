@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # (mode, dtype, B, S_q, S_k, H_q, H_kv, D, causal)
 DENSE = [
@@ -41,7 +42,9 @@ def _grads(mode, dtype, b, sq, sk, hq, hkv, d, causal, overrides, seed=0):
     mk = lambda s, h, a=1.0: (torch.randn(b, s, h, d, device="cuda", generator=g) * a).to(dt)
     q, k, v = mk(sq, hq, 4.0 if mode == "softcap" else 1.0), mk(sk, hkv), mk(sk, hkv)
     do = mk(sq, hq)
-    knob = plan_knobs.Knob("test", overrides=dict(overrides))
+    from builds import CHUNKED_D256
+    # D = 256: the chunked build (the swapped one always stores through the K / V tiles)
+    knob = plan_knobs.Knob("test", overrides=dict(CHUNKED_D256 if d == 256 else {}, **overrides))
     p = plan_knobs.plan_for(q, k, v, mode, "native", knob, causal=causal,
                             softcap=30.0 if mode == "softcap" else None)
     assert p.bwd.head_loop and p.bwd.dkv_smem == overrides["bwd.dkv_smem"]

@@ -348,7 +348,7 @@ def test_d256_backward_swap_or_chunks():
     assert (b.swap, b.tile_n, b.stages, b.dq_async, b.dp_first) == chunked, b
     swap = resolve("softmax", d=256).bwd
     for field, value in (("deterministic", True), ("varlen", True), ("dp_first", True), ("tile_n", 128),
-                         ("head_loop", False), ("dq_async", True)):
+                         ("head_loop", False), ("dq_async", True), ("dkv_smem", False)):
         with pytest.raises(ValueError, match=f"swap .*{field}={value!r}"):
             check_bwd(dataclasses.replace(swap, **{field: value}))
 
