@@ -1,8 +1,8 @@
-"""Re-run one correctness case (by its id's fields) under several evaluators and input draws,
-and print each tensor's error / bound ratio (tests/rule_harness.py: the FlashAttention rule;
-> 1 fails): whether a failing case is its evaluator's or the shape's.
+"""Re-run one correctness case under several evaluators / plan overrides on the same inputs, over
+several input draws, and print each tensor's error / bound ratio (tests/rule_harness.py: the
+FlashAttention rule; > 1 fails): whether a failing case is its build's or the shape's.
 
-    python bench/tools/rule_probe.py --fuzz 20261201:208 --evaluators poly,native --draws 40   # H200
+    python bench/tools/rule_probe.py --fuzz 20261201:208 --variants poly,native,native+fwd.fixed_max=0 --draws 40
 
 --fuzz SEED:INDEX picks the fuzz tier's draw (tests/cases.fuzz_cases); --draws N adds N input
 draws of the same case (the tag, hence the seed, changes; the shape and build stay).
@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fuzz", required=True, help="SEED:INDEX of the fuzz tier's draw")
-    ap.add_argument("--evaluators", default="poly,native")
+    ap.add_argument("--variants", default="poly,native",
+                    help="comma-separated EVALUATOR[+fwd.FIELD=V...]: each runs on the same inputs per draw")
     ap.add_argument("--draws", type=int, default=20)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -30,20 +31,34 @@ def main():
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     case = cases.fuzz_cases(seed, count=index + 1, sm_count=sm)[index]
     print("case", case.id)
+    from flash_attn_poly import testing
+    from flash_attn_poly.kernels import dispatch
+    variants = [v.split("+") for v in a.variants.split(",")]
     out = {"case": case.id, "rows": []}
-    for ev in a.evaluators.split(","):
-        ratios, fails = {}, 0
-        for d in range(a.draws + 1):
-            c = cases.retarget(case, evaluator=ev, tag=case.tag if d == 0 else f"{case.tag}probe{d}")
-            rec = H.run_case(c, "cuda")
-            for n, ch in rec["checks"].items():
-                ratios.setdefault(n, []).append(ch["ratio"])
-            fails += rec["status"] != "passed"
+    ratios = {v[0] + "".join("+" + o for o in v[1:]): {} for v in variants}
+    fails = dict.fromkeys(ratios, 0)
+    for d in range(a.draws + 1):
+        c = case if d == 0 else cases.retarget(case, tag=f"{case.tag}probe{d}")
+        q, k, v_, dout = (t.detach() for t in H.make_inputs(c))
+        for var in variants:
+            name = var[0] + "".join("+" + o for o in var[1:])
+            ov = {}
+            for o in var[1:]:
+                key, val = o.split("=")
+                ov[key] = {"0": False, "1": True}.get(val, val)
+            p = testing.plan_for(q, k, v_, c.mode, var[0], overrides=ov, **c.kwargs())
+            o_, lse = dispatch.forward(p, q, k, v_)
+            grads = dispatch.backward(p, dout, q, k, v_, o_, lse)
+            checks = H.judge_case(c, q, k, v_, dout, o_, lse if c.mode != "sigmoid" else None, grads)
+            for n, ch in checks.items():
+                ratios[name].setdefault(n, []).append(ch["ratio"])
+            fails[name] += not all(ch["ok"] for ch in checks.values())
             if d == 0:
-                print(f"{ev} drawn inputs:", {n: round(ch["ratio"], 3) for n, ch in rec["checks"].items()})
-        row = {"evaluator": ev, "draws": a.draws + 1, "failed": fails,
-               "max_ratio": {n: round(max(r), 3) for n, r in ratios.items()},
-               "median_ratio": {n: round(sorted(r)[len(r) // 2], 3) for n, r in ratios.items()}}
+                print(f"{name} drawn inputs:", {n: round(ch["ratio"], 3) for n, ch in checks.items()})
+    for name, r in ratios.items():
+        row = {"variant": name, "draws": a.draws + 1, "failed": fails[name],
+               "max_ratio": {n: round(max(x), 3) for n, x in r.items()},
+               "median_ratio": {n: round(sorted(x)[len(x) // 2], 3) for n, x in r.items()}}
         print(json.dumps(row))
         out["rows"].append(row)
     if a.json:
