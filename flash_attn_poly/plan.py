@@ -224,12 +224,13 @@ BWD_ROWS = (
         "0.91-0.95x the S^T-first order (dense, softmax and softcap poly, GQA / MHA, causal or not, S 1k-16k; "
         "a ragged packed batch 0.943-0.951x)",
         "bwd-d256-dp-first"),
-    Row({"head_dim": 256, "varlen": False, "deterministic": False, "user_score": False},
+    Row({"head_dim": 256, "varlen": False, "deterministic": False, "user_score": False, "swap_grid_small": False},
         dict(swap=True, tile_n=64, stages=2, head_loop=True, dp_first=False),
         "dense D = 256 with a built-in score: the swapped build (a CTA per 64 keys of a KV head owns all "
         "256 columns, dK^T / dV^T with the head dim on M, no recompute): 0.79-0.86x the chunked build's "
-        "time (softmax, softcap poly; GQA / MHA, causal or not, S 1k-16k, the Gemma-2 2B shape)",
-        "bwd-d256-swap"),
+        "time (softmax, softcap poly; GQA / MHA, causal or not, S 1k-16k, the Gemma-2 2B shape); but where "
+        "its grid is under one wave and the chunked per-query-head grid over one (swap_grid_small), the "
+        "chunked build: 0.73-0.80x the swapped one there (B=1, 8/4 heads, S 1280-2048)", "bwd-d256-swap"),
     Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False}, dict(tile_m=128),
         "D = 64: 128 query rows per step (the dS factor packed to FP16 beside P): 0.93-0.98x the "
         "64-row step", "bwd-d64-tile-m128"),
@@ -328,6 +329,19 @@ def _facts(call: AttnCall, program) -> dict:
         "poly_score": call.evaluator == "poly" and call.mode != "softmax" and call.score_mod is None
                       and not (program is not None and program.is_exp2),
     }
+
+
+def _swap_grid_small(call: AttnCall, sm_count: int) -> bool:
+    """D = 256: the swapped backward's grid (a CTA per 64 keys, KV head and sequence) is under one
+    CTA per SM while the chunked build's per-query-head grid (a CTA per 128 keys, query head,
+    sequence and 128-column chunk) is over one: there the chunked build's parallelism wins
+    (docs/MEASURED.md bwd-d256-swap: 0.73-0.80x at B=1 8/4 heads S 1280-2048; at 128 chunked CTAs
+    it took 1.66-1.93x, at 1k 16/8 1.00x)."""
+    if call.head_dim != 256:
+        return False
+    swap_ctas = -(-call.seqlen_k // 64) * call.heads_kv * call.batch
+    chunked_ctas = -(-call.seqlen_k // 128) * call.heads_q * call.batch * 2
+    return swap_ctas < sm_count < chunked_ctas
 
 
 def _coarsen(split: tuple, key_block: int) -> tuple:
@@ -430,6 +444,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
             warnings.warn(f"{call.mode} program {program.name!r}: {why}", stacklevel=3)
     facts = _facts(call, program)
     facts["program"] = program
+    facts["swap_grid_small"] = _swap_grid_small(call, sm_count)
     unknown = sorted(k for k in overrides
                      if not (k.startswith(("fwd.", "bwd.")) or k in ("poly_split", "grad_rule", "fwd_ctas")))
     if unknown:

@@ -340,6 +340,13 @@ def test_d256_backward_swap_or_chunks():
             b = resolve(mode, ev, d=256, **kw).bwd
             assert (b.swap, b.tile_n, b.stages, b.head_loop, b.dp_first) == (True, 64, 2, True, False), (mode, kw, b)
     chunked = (False, 128, 1, False, True)
+    # the swapped grid under one wave and the chunked per-query-head grid over one: chunked, a CTA
+    # per query head (B=1 8/4 heads S 1280-2048 measured); not where the chunked grid is one wave too
+    for shape, small in (((1, 1280, 8, 4), True), ((1, 2048, 8, 4), True), ((1, 1024, 8, 4), False),
+                         ((1, 3072, 8, 4), False), ((1, 2048, 8, 8), False), ((1, 512, 16, 16), False)):
+        b = resolve("softcap", "poly", d=256, shape=shape).bwd
+        want = (False, 128, 1, False, True) if small else (True, 64, 2, True, False)
+        assert (b.swap, b.tile_n, b.stages, b.head_loop, b.dp_first) == want, (shape, b)
     b = resolve("softmax", d=256, varlen=True).bwd
     assert (b.swap, b.tile_n, b.stages, b.dq_async, b.dp_first) == chunked, b
     b = resolve("softmax", d=256, deterministic=True).bwd   # the turns bound it: S^T first
