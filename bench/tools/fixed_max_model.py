@@ -1,0 +1,66 @@
+"""CPU model of the softcap kernel pipeline on one fuzz draw's shape, judged by the FlashAttention rule
+(tests/rule_harness.judge_case) over N CPU input draws: the forward under the constant max c - 20 (O divided
+by the sum of the BF16-rounded P, LSE from the FP32 sum: "fixed"), the same with D scaled by sum(rounded P) /
+sum(P) ("corr"), or under the row max ("online"); the backward in FP32 with P and dS rounded to BF16 and D
+from the BF16 O.  `approx` rounds tanh to 11 mantissa bits (a stand-in for tanh.approx.f32's error).
+
+    python bench/tools/fixed_max_model.py 100 [approx]      # CPU, ~2 min per 100 draws
+
+(docs/MEASURED.md fwd-fixed-max-fuzz-miss: the model does not reproduce the GPU miss.)"""
+import sys, torch
+import os
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests"))
+import cases, rule_harness as H
+from flash_attn_poly import reference as R
+
+def fwd(q, k, v, cap, kw, causal, variant):
+    s_q, s_k = q.shape[1], k.shape[1]
+    x = R.scores(q, k, q.shape[-1] ** -0.5, torch.float32)
+    allowed = R.window_mask(s_q, s_k, *kw["window_size"])
+    if causal: allowed &= R.causal_mask(s_q, s_k)
+    t = torch.tanh(x / cap)
+    if APPROX:   # tanh.approx.f32: ~2^-11 relative error; modelled by rounding to 11 mantissa bits
+        mant, ex = torch.frexp(t); t = torch.ldexp(torch.round(mant * 2048) / 2048, ex)
+    x = (cap * t).masked_fill(~allowed, float("-inf"))
+    g = q.shape[2] // v.shape[2]
+    v_up = v.float().repeat_interleave(g, dim=2)
+    m = torch.full_like(x[..., :1], cap - 20.0) if variant != "online" else x.amax(-1, keepdim=True)
+    p = torch.exp(x - m); fsum = p.sum(-1); pr = p.to(q.dtype).float(); rsum = pr.sum(-1)
+    norm = rsum if variant != "online" else fsum
+    o = torch.einsum("bhqk,bkhd->bqhd", pr / norm[..., None], v_up).to(q.dtype)
+    lse = (m[..., 0] + torch.log(fsum))
+    f = rsum / fsum if variant == "corr" else torch.ones_like(fsum)
+    return o, lse, f, x, allowed
+
+def bwd(do, q, k, v, o, lse, f, x, cap, dt):
+    g = q.shape[2] // v.shape[2]
+    k_up = k.float().repeat_interleave(g, dim=2); v_up = v.float().repeat_interleave(g, dim=2)
+    p = torch.exp(x - lse[..., None])                      # FP32, masked -> 0
+    dp = torch.einsum("bqhd,bkhd->bhqk", do.float(), v_up)
+    d = torch.einsum("bqhd,bqhd->bhq", do.float(), o.float()) * f
+    xs = x.clone(); xs[torch.isinf(xs)] = 0
+    dcap = 1 - (xs / cap) ** 2                            # d logit / dx from the capped logit
+    ds = (p * (dp - d[..., None]) * dcap).to(dt).float()
+    scale = q.shape[-1] ** -0.5
+    dq = torch.einsum("bhqk,bkhd->bqhd", ds, k_up) * scale
+    dk = torch.einsum("bhqk,bqhd->bkhd", ds, q.float()) * scale
+    dv = torch.einsum("bhqk,bqhd->bkhd", p.to(dt).float(), do.float())
+    fold = lambda t: t.reshape(t.shape[0], t.shape[1], v.shape[2], g, t.shape[3]).sum(3)
+    return dq.to(dt), fold(dk).to(dt), fold(dv).to(dt)
+
+APPROX = len(sys.argv) > 2
+c0 = cases.fuzz_cases(20261201, count=209, sm_count=132)[208]
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 60
+stats = {v: {"fail": 0, "dk": [], "dq": []} for v in ("fixed", "corr", "online")}
+for d in range(N):
+    c = cases.retarget(c0, tag=f"{c0.tag}cpu{d}")
+    q, k, v, do = (t.detach() for t in H.make_inputs(c, "cpu"))
+    for var in stats:
+        o, lse, f, x, allowed = fwd(q, k, v, c.softcap, c.kwargs(), c.causal, var)
+        grads = bwd(do, q, k, v, o, lse, f, x, c.softcap, q.dtype)
+        ch = H.judge_case(c, q, k, v, do, o, lse.permute(0, 1, 2), grads, directions=("bwd",))
+        stats[var]["fail"] += not all(z["ok"] for z in ch.values())
+        stats[var]["dk"].append(ch["dk"]["ratio"]); stats[var]["dq"].append(ch["dq"]["ratio"])
+for var, s in stats.items():
+    dk = sorted(s["dk"]); dq = sorted(s["dq"])
+    print(f"{var:7s} fail {s['fail']}/{N}  dk median {dk[N//2]:.3f} p90 {dk[int(N*.9)]:.3f} max {dk[-1]:.3f}  dq median {dq[N//2]:.3f} max {dq[-1]:.3f}")
