@@ -11,14 +11,13 @@ all 256 columns; the two MMA warpgroups split the work so that every accumulator
     P, f = stage.prob(S); dS = stage.dscore(f, dP)   in registers, then P and dS to smem (stmatrix)
     dV^T += dO^T P            (256 x 64, K = 64 queries): warpgroup w the columns [128 w, 128 w + 128)
     dK^T += Q^T dS            (the same split)
-    dQ    = dS K              (64 x 256, K = 64 keys): warpgroup w the columns [128 w, 128 w + 128),
-                              in two passes of 64 columns
+    dQ    = dS K              (64 x 256, K = 64 keys): two passes of 128 columns, warpgroup w 64 of
+                              each pass's columns
 
 Registers per MMA thread: dV^T and dK^T 64 + 64, dQ 32 per pass, S and dP 16 + 16.  Shared memory:
 Q and dO 32 KB per stage (2 stages), K and V 32 KB each, P and dS 8 KB each (double buffered: the
-other warpgroup may still read the previous block's tiles), about 208 KB.  (48-key tiles, dQ in
-one pass, took 1.19-1.27x this build's time, and with the staged dQ tile 1.31-1.39x:
-docs/MEASURED.md bwd-d256-swap.)
+other warpgroup may still read the previous block's tiles), about 208 KB.  (FA4's 48-key tile, dQ
+in one pass, and a staged dQ tile at one Q / dO stage were slower: docs/MEASURED.md bwd-d256-swap.)
 
 The grid is head_loop's (a CTA per (key block, KV head, batch) over the GQA group's query heads),
 so dK and dV leave the CTA once, scaled and cast, through the K and V tiles (stmatrix.trans: the
