@@ -14,6 +14,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import protocol  # noqa: E402
 
 
 def main():
@@ -22,7 +24,7 @@ def main():
     ap.add_argument("--variants", default="poly,native",
                     help="comma-separated EVALUATOR[+fwd.FIELD=V...]: each runs on the same inputs per draw")
     ap.add_argument("--draws", type=int, default=20)
-    ap.add_argument("--json", default=None)
+    protocol.add_json_arg(ap, "rule_probe")
     a = ap.parse_args()
     import torch
     import cases
@@ -61,9 +63,8 @@ def main():
                "median_ratio": {n: round(sorted(x)[len(x) // 2], 3) for n, x in r.items()}}
         print(json.dumps(row))
         out["rows"].append(row)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+    with open(protocol.output_path(a.json, "rule_probe"), "w") as f:
+        json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":
