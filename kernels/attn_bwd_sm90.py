@@ -334,17 +334,7 @@ class AttnBwdSm90(BwdReductions):
         if const_expr(self._aux_words() > 0):
             aux_addr = st.aux.data_ptr().toint()
             st = st.base
-        prod = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        cons = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)   # 8 MMA warps arrive
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.mbar_q.data_ptr(), num_stages=self.stages, producer_group=prod,
-            consumer_group=cons, tx_count=self.bytes_q + self.bytes_stat, defer_sync=True)
-        pipe_do = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.mbar_do.data_ptr(), num_stages=self.stages, producer_group=prod,
-            consumer_group=cons, tx_count=self.bytes_q + self.bytes_stat, defer_sync=True)
-        pipe_kv = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.mbar_kv.data_ptr(), num_stages=1, producer_group=prod,
-            consumer_group=cons, tx_count=self.bytes_kv, defer_sync=False)
+        pipe_q, pipe_do, pipe_kv = self._make_pipelines(st)
         # layouts are rebuilt here: values made on the host side cannot enter the kernel region
         sQ_l, sK_l, sdS_l = self._smem_layouts()
         sQ = st.sQ.get_tensor(sQ_l.outer, swizzle=sQ_l.inner)
@@ -393,6 +383,22 @@ class AttnBwdSm90(BwdReductions):
                      pipe_q, pipe_do, pipe_kv, mdQacc, mdKacc, mdVacc, tidx - 128,
                      n_block, head, head_kv, batch, chunk, m_min, m_max, seqlen_q, seqlen_k,
                      args + (aux_addr,))
+
+    def _make_pipelines(self, st):
+        """(Q, dO, K / V) TMA pipelines on st's mbarriers (traced inside the kernel): Q + LSE and dO
+        + D in self.stages stages, K and V once; the producer thread fills, the 8 MMA warps arrive."""
+        prod = pipeline.CooperativeGroup(pipeline.Agent.Thread)
+        cons = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.mbar_q.data_ptr(), num_stages=self.stages, producer_group=prod,
+            consumer_group=cons, tx_count=self.bytes_q + self.bytes_stat, defer_sync=True)
+        pipe_do = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.mbar_do.data_ptr(), num_stages=self.stages, producer_group=prod,
+            consumer_group=cons, tx_count=self.bytes_q + self.bytes_stat, defer_sync=True)
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.mbar_kv.data_ptr(), num_stages=1, producer_group=prod,
+            consumer_group=cons, tx_count=self.bytes_kv, defer_sync=False)
+        return pipe_q, pipe_do, pipe_kv
 
     @cute.jit
     def varlen_views(self, varlen, seq, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc):
@@ -479,20 +485,8 @@ class AttnBwdSm90(BwdReductions):
                     h, m_block = self.head_step(h, m_block, m_min, m_max)
             else:
                 for m_block in cutlass.range(m_min, m_max, unroll=1):
-                    if const_expr(self.cfg.dp_first):   # the consumer frees dO first (one_m_block)
-                        pipe_do.producer_acquire(state)
-                        bar = pipe_do.producer_get_barrier(state)
-                        cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
-                        cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
-                    pipe_q.producer_acquire(state)
-                    bar = pipe_q.producer_get_barrier(state)
-                    cute.copy(tma_q, tQg[None, m_block], tQs[None, state.index], tma_bar_ptr=bar)
-                    cute.copy(tma_lse, tLg[None, m_block], tLs[None, state.index], tma_bar_ptr=bar)
-                    if const_expr(not self.cfg.dp_first):
-                        pipe_do.producer_acquire(state)
-                        bar = pipe_do.producer_get_barrier(state)
-                        cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
-                        cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
+                    self.load_q_do(pipe_q, pipe_do, state, m_block, (tma_q, tQg, tQs, tma_lse, tLg, tLs),
+                                   (tma_do, tOg, tOs, tma_dsum, tDg, tDs))
                     state.advance()
 
     @cute.jit
@@ -517,20 +511,22 @@ class AttnBwdSm90(BwdReductions):
         tOs, tOg = self._tma_tiles(tma_do, mdO[None, None, head, batch], sdO, qd, (None, 0))
         tLs, tLg = self._tma_tiles(tma_lse, mLSE[None, head, batch], sLSE, (self.tile_m,), (None,))
         tDs, tDg = self._tma_tiles(tma_dsum, mDsum[None, head, batch], sDsum, (self.tile_m,), (None,))
-        if const_expr(self.cfg.dp_first):   # the consumer frees dO first (one_m_block)
-            pipe_do.producer_acquire(state)
-            bar = pipe_do.producer_get_barrier(state)
-            cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
-            cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
-        pipe_q.producer_acquire(state)
-        bar = pipe_q.producer_get_barrier(state)
-        cute.copy(tma_q, tQg[None, m_block], tQs[None, state.index], tma_bar_ptr=bar)
-        cute.copy(tma_lse, tLg[None, m_block], tLs[None, state.index], tma_bar_ptr=bar)
+        self.load_q_do(pipe_q, pipe_do, state, m_block, (tma_q, tQg, tQs, tma_lse, tLg, tLs),
+                       (tma_do, tOg, tOs, tma_dsum, tDg, tDs))
+
+    @cute.jit
+    def load_q_do(self, pipe_q, pipe_do, state, m_block, q, do):
+        """Query block m_block's two loads into stage state.index: q = (tma_q, Q tiles (global,
+        smem), tma_lse, LSE tiles), do the same for dO and D.  dO first under dp_first: its
+        consumer frees dO before Q (one_m_block)."""
+        first, second = (pipe_do, do), (pipe_q, q)
         if const_expr(not self.cfg.dp_first):
-            pipe_do.producer_acquire(state)
-            bar = pipe_do.producer_get_barrier(state)
-            cute.copy(tma_do, tOg[None, m_block], tOs[None, state.index], tma_bar_ptr=bar)
-            cute.copy(tma_dsum, tDg[None, m_block], tDs[None, state.index], tma_bar_ptr=bar)
+            first, second = second, first
+        for pipe, (tma_x, tXg, tXs, tma_s, tSg, tSs) in (first, second):
+            pipe.producer_acquire(state)
+            bar = pipe.producer_get_barrier(state)
+            cute.copy(tma_x, tXg[None, m_block], tXs[None, state.index], tma_bar_ptr=bar)
+            cute.copy(tma_s, tSg[None, m_block], tSs[None, state.index], tma_bar_ptr=bar)
 
     @cute.jit
     def gemm(self, tiled_mma, acc, tA, tB, zero_init):

@@ -45,7 +45,6 @@ from .bwd_reduce import acc_mn_view
 from .scores import common as sc
 from .tile_scheduler import SectionLptScheduler, section_heads
 
-SWAP_TILE_N = 64   # keys per CTA
 DQ_PASSES = 2      # dV^T + dK^T take 128 accumulator registers: dQ's 64 run as two passes of 32
 
 
@@ -53,12 +52,7 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
     """The swapped D = 256 build (module docstring); the host entry is head_loop's."""
 
     def __init__(self, cfg):
-        super().__init__(cfg)
-        c = cfg
-        if c.head_dim != 256 or not c.head_loop or c.deterministic \
-                or c.score.kind == "user" or c.tile_n != SWAP_TILE_N or c.dq_async:
-            raise ValueError("swap: D = 256 head_loop builds, 64-key tiles, dQ by red.global; no deterministic / "
-                             "user score")
+        super().__init__(cfg)   # config.check_bwd has refused what this build cannot take
         self.Dc, self.n_chunks = self.D, 1     # one CTA owns all 256 columns
         self.half = self.D // 2                # columns per MMA warpgroup of dK^T, dV^T, dQ
         self.dq_passes = DQ_PASSES
@@ -170,17 +164,7 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
             for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum):
                 cpasync.prefetch_descriptor(atom)
         st = SmemAllocator().allocate(Storage)
-        prod = pipeline.CooperativeGroup(pipeline.Agent.Thread)
-        cons = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.mbar_q.data_ptr(), num_stages=self.stages, producer_group=prod,
-            consumer_group=cons, tx_count=self.bytes_q + self.bytes_stat, defer_sync=True)
-        pipe_do = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.mbar_do.data_ptr(), num_stages=self.stages, producer_group=prod,
-            consumer_group=cons, tx_count=self.bytes_q + self.bytes_stat, defer_sync=True)
-        pipe_kv = pipeline.PipelineTmaAsync.create(
-            barrier_storage=st.mbar_kv.data_ptr(), num_stages=1, producer_group=prod,
-            consumer_group=cons, tx_count=self.bytes_kv, defer_sync=False)
+        pipe_q, pipe_do, pipe_kv = self._make_pipelines(st)
         lq, lk, lx = self._swap_layouts()
         sQ = st.sQ.get_tensor(lq.outer, swizzle=lq.inner)
         sdO = st.sdO.get_tensor(lq.outer, swizzle=lq.inner)
@@ -406,23 +390,8 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         cute.copy(r2s, thr.retile(rK), thr.partition_D(transpose_view(sK)))
         cute.copy(r2s, thr.retile(rV), thr.partition_D(transpose_view(sV)))
         pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DKV_STAGED), num_threads=256).arrive_and_wait()
-        chunks = self.D // 8          # 16-byte chunks per row
-        s2g = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
-            cute.make_ordered_layout((256 // chunks, chunks), order=(1, 0)),
-            cute.make_layout((1, 8)))
-        thr_s2g = s2g.get_slice(tidx)
-        rows = (self.tile_n, self.D)
-        tc = thr_s2g.partition_S(cute.make_identity_tensor(rows))
-        row0 = n_block * self.tile_n
-        for sX, mX in ((sK, mdK), (sV, mdV)):
-            ts = thr_s2g.partition_S(sX)
-            tg = thr_s2g.partition_D(cute.local_tile(mX[None, None, head_kv, batch], rows, (n_block, 0)))
-            tr = cute.make_fragment_like(ts, self.dtype)
-            cute.autovec_copy(ts, tr)
-            for i in cutlass.range_constexpr(cute.size(tr.shape[1])):
-                if row0 + tc[0, i, 0][0] < seqlen_k:
-                    cute.copy(s2g, tr[None, i, None], tg[None, i, None])
+        self.store_rows(((sK, mdK[None, None, head_kv, batch]), (sV, mdV[None, None, head_kv, batch])),
+                        (self.tile_n, self.D), (0, 0), (n_block, 0), tidx, 256, seqlen_k)
 
 
 class AttnBwdSm90SwapVarlen(AttnBwdSm90Swap):

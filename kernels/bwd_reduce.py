@@ -369,24 +369,31 @@ class BwdReductions:
         cute.copy(r2s, thr_r2s.retile(rK), thr_r2s.partition_D(sKc))
         cute.copy(r2s, thr_r2s.retile(rV), thr_r2s.partition_D(sVc))
         pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DKV_STAGED) + 1 + wg, num_threads=128).arrive_and_wait()
-        # 16-byte chunks: Dc / 8 threads per row, 128 / (Dc / 8) rows per pass
-        chunks = self.Dc // 8
-        s2g = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
-            cute.make_ordered_layout((128 // chunks, chunks), order=(1, 0)),
-            cute.make_layout((1, 8)))
-        thr_s2g = s2g.get_slice(tidx - wg * 128)
         rows = (64, self.Dc)
         blk = n_block * (self.tile_n // 64) + wg
+        self.store_rows(((sKc, gK), (sVc, gV)), rows, (wg, 0), (blk, chunk), tidx - wg * 128, 128, seqlen_k)
+
+    @cute.jit
+    def store_rows(self, tiles, rows: cutlass.Constexpr, s_coord, g_coord, tidx, threads: cutlass.Constexpr,
+                   seqlen):
+        """The rows[0] x rows[1] tiles at s_coord / g_coord of each (smem, global) pair of `tiles`
+        (16-bit) stored as 16-byte row chunks by `threads` threads (tidx their index): rows[1] / 8
+        threads per row, a warp covers whole rows (full sectors); global rows >= seqlen skipped."""
+        chunks = rows[1] // 8
+        s2g = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
+            cute.make_ordered_layout((threads // chunks, chunks), order=(1, 0)),
+            cute.make_layout((1, 8)))
+        thr_s2g = s2g.get_slice(tidx)
         tc = thr_s2g.partition_S(cute.make_identity_tensor(rows))
-        row0 = blk * 64
-        for sX, gX in ((sKc, gK), (sVc, gV)):
-            ts = thr_s2g.partition_S(cute.local_tile(sX, rows, (wg, 0)))
-            tg = thr_s2g.partition_D(cute.local_tile(gX, rows, (blk, chunk)))
+        row0 = g_coord[0] * rows[0]
+        for sX, gX in tiles:
+            ts = thr_s2g.partition_S(cute.local_tile(sX, rows, s_coord))
+            tg = thr_s2g.partition_D(cute.local_tile(gX, rows, g_coord))
             tr = cute.make_fragment_like(ts, self.dtype)
             cute.autovec_copy(ts, tr)
             for i in cutlass.range_constexpr(cute.size(tr.shape[1])):
-                if row0 + tc[0, i, 0][0] < seqlen_k:
+                if row0 + tc[0, i, 0][0] < seqlen:
                     cute.copy(s2g, tr[None, i, None], tg[None, i, None])
 
     @cute.jit
