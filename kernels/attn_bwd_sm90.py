@@ -1067,9 +1067,9 @@ def fake_args(cfg: BwdConfig):
 
 
 def kernel_for(cfg: BwdConfig) -> AttnBwdSm90:
-    if cfg.swap:   # check_bwd: dense head_loop builds at D = 256
-        from .attn_bwd_swap_sm90 import AttnBwdSm90Swap
-        return AttnBwdSm90Swap(cfg)
+    if cfg.swap:   # check_bwd: head_loop builds at D = 256
+        from .attn_bwd_swap_sm90 import AttnBwdSm90Swap, AttnBwdSm90SwapVarlen
+        return (AttnBwdSm90SwapVarlen if cfg.varlen else AttnBwdSm90Swap)(cfg)
     if cfg.varlen:   # check_bwd: not deterministic, lpt or a user score
         return AttnBwdSm90VarlenHeadLoop(cfg) if cfg.head_loop else AttnBwdSm90Varlen(cfg)
     if cfg.score.aux:

@@ -24,14 +24,16 @@ so dK and dV leave the CTA once, scaled and cast, through the K and V tiles (stm
 fragments are transposed) and 16-byte row stores; dQ goes to the FP32 accumulator with
 red.global.add.v4 (BwdReductions.atomic_tile in the accumulator's fragment order).
 
-Not in this build: deterministic turns, varlen, user score functions.
+Packed sequences (BwdConfig.varlen, AttnBwdSm90SwapVarlen): a CTA per entry of the (64-key block, KV
+head, sequence) table, the sequence's rows of the packed tensors (AttnBwdSm90.varlen_views), as the
+chunked varlen build.  Not in this build: deterministic turns, user score functions.
 """
 
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Float64, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 
@@ -130,6 +132,8 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         grid = (n_blocks, cute.size(mK.shape[2]), cute.size(mQ.shape[3]))
         if const_expr(self.lpt):
             grid = SectionLptScheduler.grid(n_blocks, cute.size(mK.shape[2]), cute.size(mQ.shape[3]))
+        if const_expr(varlen is not None):   # a CTA per entry of the (key block, KV head, sequence) table
+            grid = (varlen[3], 1, 1)
         self.kernel(tQ, tK, tV, tdO, tLSE, tDsum, mdQacc, mdK, mdV,
                     tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
                     mma_s, mma_dkv, mma_dq, scalars + self._window_param(win_left, win_right) + extra,
@@ -142,7 +146,7 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
                tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum,
                mma_s: cute.TiledMma, mma_dkv: cute.TiledMma, mma_dq: cute.TiledMma,
                args, Storage: cutlass.Constexpr, aux, varlen):
-        self._aux, self._varlen = None, None
+        self._aux, self._varlen = None, varlen   # varlen: (cu_seqlens_q, cu_seqlens_k, CTA table, CTAs)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         h_kv = mK.shape[2]
@@ -154,6 +158,8 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
                 cute.ceil_div(mK.shape[0], self.tile_n), h_kv, group)
         else:
             n_block, head_kv, batch = cute.arch.block_idx()
+        if const_expr(varlen is not None):   # blockIdx.x is an entry of the CTA table; batch: the sequence
+            n_block, head_kv, batch = self.varlen_tile(varlen[2], n_block)
         if warp_idx == 0:
             for atom in (tma_q, tma_k, tma_v, tma_do, tma_lse, tma_dsum):
                 cpasync.prefetch_descriptor(atom)
@@ -170,9 +176,16 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         sLSE = st.sLSE.get_tensor(stat_l)
         sDsum = st.sDsum.get_tensor(stat_l)
         seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        if const_expr(varlen is not None):   # the sequence's rows of the packed tensors (dK / dV: at the store)
+            mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, seqlen_q, seqlen_k = self.varlen_views(
+                varlen, batch, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV)
+            batch = Int32(0)
         n_heads = mQ.shape[2] // h_kv
         head = head_kv * n_heads
         m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, args)
+        if const_expr(varlen is not None):
+            if n_block * self.tile_n >= seqlen_k:   # past the sequence's keys (the grid is the longest's)
+                m_max = m_min
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp_idx == 0:
@@ -231,7 +244,7 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
             for it in cutlass.range((m_max - m_min) * n_heads, unroll=1):
                 self.swap_block(mma_s, mma_dkv, mma_dq, tSrQ, tSrdO, tSrK, tSrV, tVrdOt, tKrQt, tVrP, tKrdS,
                                 tQrdS, tQrKt, tScS, acc_dVt, acc_dKt, thr_r2s, r2s, tRsP, tRsdS, barrier,
-                                sLSE, sDsum, pipe_q, pipe_do, state, mdQacc, tidx, n_block, m_block, head + h,
+                                sLSE, sDsum, sdO, pipe_q, pipe_do, state, mdQacc, tidx, n_block, m_block, head + h,
                                 batch, seqlen_q, seqlen_k, args, it != 0, it % 2)
                 state.advance()
                 h, m_block = self.head_step(h, m_block, m_min, m_max)
@@ -246,7 +259,7 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
     @cute.jit
     def swap_block(self, mma_s, mma_dkv, mma_dq, tSrQ, tSrdO, tSrK, tSrV, tVrdOt, tKrQt, tVrP, tKrdS,
                    tQrdS, tQrKt, tScS, acc_dVt, acc_dKt, thr_r2s, r2s, tRsP, tRsdS, barrier,
-                   sLSE, sDsum, pipe_q, pipe_do, state, mdQacc, tidx, n_block, m_block, head, batch,
+                   sLSE, sDsum, sdO, pipe_q, pipe_do, state, mdQacc, tidx, n_block, m_block, head, batch,
                    seqlen_q, seqlen_k, args, accumulate, buf):
         idx = state.index
         acc_S = cute.make_rmem_tensor(tScS.shape, Float32)
@@ -256,6 +269,8 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         self.gemm(mma_s, acc_S, tSrQ[None, None, None, idx], tSrK, True)
         warpgroup.commit_group()
         pipe_do.consumer_wait(state)
+        if const_expr(self.cfg.varlen and not self.stage.needs_lse):
+            self.zero_do_tail(sdO, idx, m_block, seqlen_q, tidx)   # sigmoid: the next sequence's dO rows
         self.gemm(mma_s, acc_dP, tSrdO[None, None, None, idx], tSrV, True)
         warpgroup.commit_group()
         warpgroup.wait_group(1)
@@ -361,6 +376,8 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         """dK (times dk_scale) and dV cast, from the transposed fragments (rows: the head dim) into
         the K / V tiles by stmatrix.trans (free once every wgmma of the loop has read them), then
         16-byte row chunks to global memory (rows >= S_k skipped)."""
+        if const_expr(self.cfg.varlen):   # the sequence's first key row (read again here, not kept live)
+            mdK, mdV = self.varlen_dkv(mdK, mdV)
         pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DKV_STAGED), num_threads=256).arrive_and_wait()
         r2s = cute.make_tiled_copy_C(
             cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype),
@@ -375,3 +392,17 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         pipeline.NamedBarrier(barrier_id=int(BwdBarrier.DKV_STAGED), num_threads=256).arrive_and_wait()
         self.store_rows(((sK, mdK[None, None, head_kv, batch]), (sV, mdV[None, None, head_kv, batch])),
                         (self.tile_n, self.D), (0, 0), (n_block, 0), tidx, 256, seqlen_k)
+
+
+class AttnBwdSm90SwapVarlen(AttnBwdSm90Swap):
+    """The swapped build over packed sequences: AttnBwdSm90VarlenHeadLoop's host entry (q, k, v, dO
+    as (1, total, H, D), dK / dV the dtype gradients, cu_seqlens, the CTA table and its grid)."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                 mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor,
+                 mdV: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, mTable: cute.Tensor,
+                 n_ctas: Int32, scale: Float64, softcap: Float64, bias: Float64, win_left: Int32,
+                 win_right: Int32, dk_scale: Float32, stream):
+        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, (scale, softcap, bias),
+                     win_left, win_right, (dk_scale,), stream, None, (mCuSeqlensQ, mCuSeqlensK, mTable, n_ctas))

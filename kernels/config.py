@@ -137,13 +137,13 @@ def check_bwd(c: BwdConfig) -> None:
         bad = [f"{k}={v!r}" for k, v, ok in (
             ("head_dim", c.head_dim, c.head_dim == 256), ("tile_m", c.tile_m, c.tile_m == 64),
             ("tile_n", c.tile_n, c.tile_n == 64), ("head_loop", c.head_loop, c.head_loop),
-            ("deterministic", c.deterministic, not c.deterministic), ("varlen", c.varlen, not c.varlen),
+            ("deterministic", c.deterministic, not c.deterministic),
             ("score", c.score.kind, c.score.kind != "user"), ("dq_async", c.dq_async, not c.dq_async),
             ("dp_first", c.dp_first, not c.dp_first), ("dkv_smem", c.dkv_smem, c.dkv_smem)) if not ok]
         if bad:
             raise ValueError(f"swap (the D = 256 backward with all columns per CTA) needs head_dim=256, "
                              f"64 x 64 tiles, head_loop, a built-in score, red.global dQ and dK / dV stored "
-                             f"through the K / V tiles (dkv_smem), without deterministic, varlen or dp_first; "
+                             f"through the K / V tiles (dkv_smem), without deterministic or dp_first; "
                              f"got {', '.join(bad)}")
     if c.dq_async and c.deterministic:
         raise ValueError("dq_async: not with deterministic (the ordered adds run in the MMA threads)")

@@ -333,7 +333,8 @@ def test_d256_backward_swap_or_chunks():
     """D = 256: dense calls of the built-in scores (causal or not, windows, GQA or MHA, every mode
     and evaluator) take the swapped build on the per-KV-head loop; packed, deterministic and
     user-score calls the chunked build (two 128-column CTAs per key block, one Q / dO stage) with
-    dP^T first.  The swapped build is refused with each of those, naming the field."""
+    dP^T first.  The swapped build is refused with deterministic and the fields it cannot take,
+    naming the field; over packed sequences it builds by override (not timed: no row)."""
     from flash_attn_poly.kernels.config import check_bwd
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("softcap", "native"), ("sigmoid", "poly")):
         for kw in (dict(), dict(causal=False), dict(window=(300, -1)), dict(shape=(1, 1024, 8, 8))):
@@ -349,12 +350,15 @@ def test_d256_backward_swap_or_chunks():
         assert (b.swap, b.tile_n, b.stages, b.head_loop, b.dp_first) == want, (shape, b)
     b = resolve("softmax", d=256, varlen=True).bwd
     assert (b.swap, b.tile_n, b.stages, b.dq_async, b.dp_first) == chunked, b
+    ov = {"bwd.swap": True, "bwd.tile_n": 64, "bwd.stages": 2, "bwd.head_loop": True, "bwd.dp_first": False}
+    b = resolve("softmax", d=256, varlen=True, overrides=ov).bwd
+    assert b.swap and b.varlen and b.head_loop and not b.lpt, b
     b = resolve("softmax", d=256, deterministic=True).bwd   # the turns bound it: S^T first
     assert (b.swap, b.tile_n, b.stages, b.dq_async, b.dp_first) == (False, 128, 1, False, False), b
     b = resolve("softmax", d=256, score_mod=lambda s, *a: s).bwd
     assert (b.swap, b.tile_n, b.stages, b.dq_async, b.dp_first) == chunked, b
     swap = resolve("softmax", d=256).bwd
-    for field, value in (("deterministic", True), ("varlen", True), ("dp_first", True), ("tile_n", 128),
+    for field, value in (("deterministic", True), ("dp_first", True), ("tile_n", 128),
                          ("head_loop", False), ("dq_async", True), ("dkv_smem", False)):
         with pytest.raises(ValueError, match=f"swap .*{field}={value!r}"):
             check_bwd(dataclasses.replace(swap, **{field: value}))

@@ -74,7 +74,7 @@ def varlen_call_of(c, max_q: int, max_k: int):
 
 
 def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kernel_bwd=False, compact=False,
-                  head_loop=False, dq_halves=False):
+                  head_loop=False, dq_halves=False, bwd_extra=None):
     """{tensor name: judge record} of one packed batch.  kernel: the forward only, through the
     varlen forward kernel (plan overrides fwd.varlen and fwd.varlen_compact = compact: the slot
     order or the compact one, whichever the plan would pick for these lengths; sigmoid with
@@ -82,7 +82,7 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kern
     kernel_bwd: the per-sequence forward (the reference on the CPU), then the backward through
     the varlen backward kernels (plan override bwd.varlen, bwd.head_loop = head_loop: the
     per-KV-head loop, and bwd.dq_halves = dq_halves: the staged dQ tile by warpgroup halves;
-    sigmoid with KERNEL_SIGMOID_BIAS)."""
+    sigmoid with KERNEL_SIGMOID_BIAS); bwd_extra: more backward overrides (the swapped D = 256 build)."""
     mode, evaluator, dtype, d, causal, window, cap = var
     dt = H.DTYPES[dtype]
     hq, hkv = 4, 2
@@ -105,7 +105,7 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kern
             out, lse = fv._forward(qd, kd, vd, cu_q, cu_k, call, True, backend if device == "cuda" else "reference")
             grads = fv._backward(dout, qd, kd, vd, cu_q, cu_k, out, lse, call, backend,
                                  overrides={"bwd.varlen": True, "bwd.head_loop": head_loop,
-                                            "bwd.dq_halves": dq_halves})
+                                            "bwd.dq_halves": dq_halves, **(bwd_extra or {})})
         if mode == "sigmoid":
             lse = None
     elif kernel:
@@ -233,6 +233,38 @@ def test_varlen_kernel_backward_rule_fuzz(var, lens_q, lens_k, seed, head_loop, 
     _skip_halves(var, dq_halves)
     _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel_bwd=True, head_loop=head_loop,
                              dq_halves=dq_halves))
+
+
+# the swapped D = 256 backward over packed sequences (a plan override, kernels/attn_bwd_swap_sm90.py
+# AttnBwdSm90SwapVarlen): every score, a window, the sigmoid dO tail zeroing, empty and one-token
+# sequences, key tails inside the 64-key tile
+SWAP_OVERRIDES = {"bwd.swap": True, "bwd.tile_n": 64, "bwd.stages": 2, "bwd.dp_first": False}
+SWAP_VARIANTS = [
+    ("softmax", "native", "bf16", 256, True, (-1, -1), None),
+    ("softcap", "poly", "bf16", 256, True, (-1, -1), 30.0),
+    ("sigmoid", "poly", "bf16", 256, True, (-1, -1), None),
+    ("softmax", "native", "bf16", 256, False, (48, 16), None),
+]
+
+
+def swap_cases():
+    rng = np.random.default_rng(FUZZ_SEED + 256)
+    out = [pytest.param(SWAP_VARIANTS[0], [1, 0, 200, 65, 0], [1, 3, 200, 0, 130], 7, id="swap-softmax-fixed-0-1")]
+    for var in SWAP_VARIANTS:
+        for _ in range(2):
+            lens_q, lens_k = draw_lengths(rng, int(rng.integers(1, 7)), var[4])
+            out.append(pytest.param(var, lens_q, lens_k, int(rng.integers(1 << 30)),
+                                    id=f"swap-{var[0]}-{var[1]}-c{int(var[4])}-w{var[5][0]}_{var[5][1]}-"
+                                       f"q{'_'.join(map(str, lens_q))}-k{'_'.join(map(str, lens_k))}"))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", swap_cases())
+def test_varlen_swap_backward_rule_fuzz(var, lens_q, lens_k, seed):
+    """The swapped D = 256 backward over packed sequences (per-KV-head loop) by the rule."""
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel_bwd=True, head_loop=True,
+                             bwd_extra=SWAP_OVERRIDES))
 
 
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", bwd_cases())
