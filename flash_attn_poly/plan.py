@@ -224,13 +224,14 @@ BWD_ROWS = (
         "0.91-0.95x the S^T-first order (dense, softmax and softcap poly, GQA / MHA, causal or not, S 1k-16k; "
         "a ragged packed batch 0.943-0.951x)",
         "bwd-d256-dp-first"),
-    Row({"head_dim": 256, "varlen": False, "deterministic": False, "user_score": False, "swap_grid_small": False},
+    Row({"head_dim": 256, "deterministic": False, "user_score": False, "swap_grid_small": False},
         dict(swap=True, tile_n=64, stages=2, head_loop=True, dp_first=False),
-        "dense D = 256 with a built-in score: the swapped build (a CTA per 64 keys of a KV head owns all "
+        "D = 256 with a built-in score: the swapped build (a CTA per 64 keys of a KV head owns all "
         "256 columns, dK^T / dV^T with the head dim on M, no recompute): 0.79-0.86x the chunked build's "
-        "time (softmax, softcap poly; GQA / MHA, causal or not, S 1k-16k, the Gemma-2 2B shape); but where "
-        "its grid is under one wave and the chunked per-query-head grid over one (swap_grid_small), the "
-        "chunked build: 0.73-0.80x the swapped one there (B=1, 8/4 heads, S 1280-2048)", "bwd-d256-swap"),
+        "time (softmax, softcap poly; GQA / MHA, causal or not, S 1k-16k, the Gemma-2 2B shape), packed "
+        "sequences 0.85-0.88x (a ragged batch, 16/8); but where its grid is under one wave and the chunked "
+        "per-query-head grid over one (swap_grid_small), the chunked build: 0.73-0.80x the swapped one "
+        "there (B=1, 8/4 heads, S 1280-2048)", "bwd-d256-swap"),
     Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False}, dict(tile_m=128),
         "D = 64: 128 query rows per step (the dS factor packed to FP16 beside P): 0.93-0.98x the "
         "64-row step", "bwd-d64-tile-m128"),
@@ -253,7 +254,7 @@ BWD_ROWS = (
     Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False),
         "the varlen kernels take one sigmoid bias; the default -ln S_k differs per sequence", ""),
     Row({"varlen": True, "varlen_tables_fit": False}, dict(varlen=False),
-        "the CTA table's int32 entries hold up to 2^18 sequences of up to 2^20 keys: beyond, each "
+        "the CTA table's int32 entries hold up to 2^18 sequences of up to 2^19 keys: beyond, each "
         "sequence runs as its own dense launch", ""),
     Row({"varlen": True, "deterministic": True}, dict(varlen=False),
         "ordered dQ adds need the dense launch order: each sequence runs as its own dense launch", ""),
@@ -304,10 +305,11 @@ def _program_spec(program):
 
 def _varlen_tables_fit(call: AttnCall) -> bool:
     """The varlen kernels' tile tables (the forward's compact order, the backward's CTAs) encode
-    (block, sequence) in one int32 word (kernels/tile_scheduler.py): sequences and blocks (of 128
-    rows or more) within its bits."""
+    (block, sequence) in one int32 word (kernels/tile_scheduler.py): sequences and blocks within its
+    bits, counted in the smallest block a varlen kernel takes (the swapped D = 256 backward's 64
+    keys), so that every varlen build fits whatever the backward rows pick."""
     from .kernels.config import COMPACT_MAX_SEQS, COMPACT_MAX_TILES
-    return call.batch <= COMPACT_MAX_SEQS and -(-max(call.seqlen_q, call.seqlen_k) // 128) <= COMPACT_MAX_TILES
+    return call.batch <= COMPACT_MAX_SEQS and -(-max(call.seqlen_q, call.seqlen_k) // 64) <= COMPACT_MAX_TILES
 
 
 def _facts(call: AttnCall, program) -> dict:
@@ -335,6 +337,7 @@ def _swap_grid_small(call: AttnCall, sm_count: int) -> bool:
     """D = 256: the swapped backward's grid (a CTA per 64 keys, KV head and sequence) is under one
     CTA per SM while the chunked build's per-query-head grid (a CTA per 128 keys, query head,
     sequence and 128-column chunk) is over one: there the chunked build's parallelism wins
+    (packed sequences: both grids counted as if every sequence had the longest one's keys)
     (docs/MEASURED.md bwd-d256-swap: 0.73-0.80x at B=1 8/4 heads S 1280-2048; at 128 chunked CTAs
     it took 1.66-1.93x, at 1k 16/8 1.00x)."""
     if call.head_dim != 256:

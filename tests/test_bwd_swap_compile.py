@@ -31,11 +31,6 @@ def test_swap_backward_builds(mode, evaluator, causal, window):
     assert "spill stores" not in b.ptxas_log() or "0 bytes spill stores" in b.ptxas_log()
 
 
-# the swapped build over packed sequences (a plan override: not a default until timed)
-SWAP_VARLEN = {"bwd.varlen": True, "bwd.swap": True, "bwd.tile_n": 64, "bwd.stages": 2, "bwd.head_loop": True,
-               "bwd.dp_first": False}
-
-
 @pytest.mark.compile
 @pytest.mark.parametrize("mode, evaluator, softcap", [("softmax", "native", None), ("softcap", "poly", 30.0),
                                                       ("sigmoid", "poly", None)])
@@ -43,7 +38,7 @@ def test_swap_varlen_builds(mode, evaluator, softcap):
     """AttnBwdSm90SwapVarlen: the dense swapped loop (56 HGMMA, no spills) with the CTA table, the
     sequence views and (sigmoid) the dO tail zeroing; at most a few loop-invariant words more."""
     from flash_attn_poly.kernels import sass
-    p = B.varlen_plan(mode, evaluator, 256, True, (-1, -1), softcap, overrides=SWAP_VARLEN)
+    p = B.varlen_plan(mode, evaluator, 256, True, (-1, -1), softcap)   # the plan's packed D = 256 build
     assert p.bwd.swap and p.bwd.varlen and p.bwd.head_loop and p.bwd.tile_n == 64, p.bwd
     b = B.bwd(p.bwd)
     n = b.counts(sass.families("HGMMA", "STL", "LDL"))

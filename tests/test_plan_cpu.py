@@ -330,11 +330,11 @@ def test_backward_rows(d, want):
 
 
 def test_d256_backward_swap_or_chunks():
-    """D = 256: dense calls of the built-in scores (causal or not, windows, GQA or MHA, every mode
-    and evaluator) take the swapped build on the per-KV-head loop; packed, deterministic and
+    """D = 256: dense and packed calls of the built-in scores (causal or not, windows, GQA or MHA,
+    every mode and evaluator) take the swapped build on the per-KV-head loop; deterministic and
     user-score calls the chunked build (two 128-column CTAs per key block, one Q / dO stage) with
     dP^T first.  The swapped build is refused with deterministic and the fields it cannot take,
-    naming the field; over packed sequences it builds by override (not timed: no row)."""
+    naming the field."""
     from flash_attn_poly.kernels.config import check_bwd
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("softcap", "native"), ("sigmoid", "poly")):
         for kw in (dict(), dict(causal=False), dict(window=(300, -1)), dict(shape=(1, 1024, 8, 8))):
@@ -348,11 +348,13 @@ def test_d256_backward_swap_or_chunks():
         b = resolve("softcap", "poly", d=256, shape=shape).bwd
         want = (False, 128, 1, False, True) if small else (True, 64, 2, True, False)
         assert (b.swap, b.tile_n, b.stages, b.head_loop, b.dp_first) == want, (shape, b)
-    b = resolve("softmax", d=256, varlen=True).bwd
-    assert (b.swap, b.tile_n, b.stages, b.dq_async, b.dp_first) == chunked, b
-    ov = {"bwd.swap": True, "bwd.tile_n": 64, "bwd.stages": 2, "bwd.head_loop": True, "bwd.dp_first": False}
-    b = resolve("softmax", d=256, varlen=True, overrides=ov).bwd
-    assert b.swap and b.varlen and b.head_loop and not b.lpt, b
+    for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
+        b = resolve(mode, ev, d=256, varlen=True).bwd   # sigmoid's default bias: dense launches
+        assert (b.swap, b.tile_n, b.stages, b.head_loop, b.dp_first) == (True, 64, 2, True, False), (mode, b)
+        assert b.varlen == (mode != "sigmoid") and b.lpt == (mode == "sigmoid"), (mode, b)   # packed: table order
+    ov = {"bwd.swap": False, "bwd.tile_n": 128, "bwd.stages": 1, "bwd.head_loop": False, "bwd.dp_first": True}
+    b = resolve("softmax", d=256, varlen=True, overrides=ov).bwd   # the chunked packed build by override
+    assert (b.swap, b.tile_n, b.stages, b.dq_async, b.dp_first) == chunked and b.varlen, b
     b = resolve("softmax", d=256, deterministic=True).bwd   # the turns bound it: S^T first
     assert (b.swap, b.tile_n, b.stages, b.dq_async, b.dp_first) == (False, 128, 1, False, False), b
     b = resolve("softmax", d=256, score_mod=lambda s, *a: s).bwd
@@ -569,7 +571,9 @@ def test_backward_overrides_are_checked():
     with pytest.raises(ValueError, match="dq_async: not with deterministic"):
         resolve("softmax", deterministic=True, overrides={"bwd.dq_async": True})
     with pytest.raises(ValueError, match="dq_async: the staged dQ tile does not fit"):
-        resolve("softmax", d=256, varlen=True, overrides={"bwd.dq_async": True, "bwd.dp_first": False})
+        resolve("softmax", d=256, varlen=True, overrides={"bwd.swap": False, "bwd.tile_n": 128, "bwd.stages": 1,
+                                                         "bwd.head_loop": False, "bwd.dq_async": True,
+                                                         "bwd.dp_first": False})
     with pytest.raises(ValueError, match="lpt: not with deterministic"):
         resolve("softmax", deterministic=True, overrides={"bwd.lpt": True})
     with pytest.raises(ValueError, match="head_loop: not with deterministic"):

@@ -26,8 +26,15 @@ VARIANTS = [   # (mode, evaluator, head_dim, causal, window, softcap, dtype): te
 def varlen_plan(*variant, kernel=True):
     """builds.varlen_plan with the varlen backward chosen (bwd.varlen), a CTA per query head
     (head_loop off by override; the plan takes the per-KV-head loop where its grid fills, and
-    lpt is off in varlen builds)."""
-    return B.varlen_plan(*variant, overrides={"bwd.varlen": True, "bwd.head_loop": False} if kernel else None)
+    lpt is off in varlen builds); at D = 256 the chunked build (the packed builds of user scores)."""
+    return B.varlen_plan(*variant, overrides=_chunked(variant, {"bwd.varlen": True, "bwd.head_loop": False})
+                         if kernel else None)
+
+
+def _chunked(variant, overrides: dict) -> dict:
+    """D = 256 packed calls of built-in scores take the swapped build (tests/test_bwd_swap_compile.py);
+    these tests name the chunked one, which packed user-score calls take."""
+    return dict(B.CHUNKED_D256, **overrides) if variant[2] == 256 else overrides
 
 
 def _spilled(n: dict) -> int:
@@ -81,7 +88,7 @@ def test_varlen_head_loop_backward_builds_without_extra_spills(variant):
     head_loop build of the same knobs; none at all at D = 64 and 128.  Sigmoid: the score without
     LSE zeroes the staged dO rows past a sequence's end, on the head loop's path too."""
     from flash_attn_poly.kernels import attn_bwd_sm90
-    p = B.varlen_plan(*variant, overrides={"bwd.varlen": True, "bwd.head_loop": True})
+    p = B.varlen_plan(*variant, overrides=_chunked(variant, {"bwd.varlen": True, "bwd.head_loop": True}))
     assert p.bwd.varlen and p.bwd.head_loop and not p.bwd.lpt
     assert isinstance(attn_bwd_sm90.kernel_for(p.bwd), attn_bwd_sm90.AttnBwdSm90VarlenHeadLoop)
     vb = B.bwd(p.bwd)

@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import builds as B  # noqa: E402
 import rule_harness as H  # noqa: E402
 
 import flash_attn_poly as fap  # noqa: E402
@@ -82,7 +83,9 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kern
     kernel_bwd: the per-sequence forward (the reference on the CPU), then the backward through
     the varlen backward kernels (plan override bwd.varlen, bwd.head_loop = head_loop: the
     per-KV-head loop, and bwd.dq_halves = dq_halves: the staged dQ tile by warpgroup halves;
-    sigmoid with KERNEL_SIGMOID_BIAS); bwd_extra: more backward overrides (the swapped D = 256 build)."""
+    sigmoid with KERNEL_SIGMOID_BIAS); bwd_extra: more backward overrides; None at D = 256: the
+    chunked build (tests/builds.CHUNKED_D256, which packed user-score calls take; the plan's packed
+    D = 256 build for the built-in scores is the swapped one: SWAP_OVERRIDES)."""
     mode, evaluator, dtype, d, causal, window, cap = var
     dt = H.DTYPES[dtype]
     hq, hkv = 4, 2
@@ -105,7 +108,8 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kern
             out, lse = fv._forward(qd, kd, vd, cu_q, cu_k, call, True, backend if device == "cuda" else "reference")
             grads = fv._backward(dout, qd, kd, vd, cu_q, cu_k, out, lse, call, backend,
                                  overrides={"bwd.varlen": True, "bwd.head_loop": head_loop,
-                                            "bwd.dq_halves": dq_halves, **(bwd_extra or {})})
+                                            "bwd.dq_halves": dq_halves,
+                                            **(B.CHUNKED_D256 if bwd_extra is None and d == 256 else bwd_extra or {})})
         if mode == "sigmoid":
             lse = None
     elif kernel:
@@ -235,9 +239,10 @@ def test_varlen_kernel_backward_rule_fuzz(var, lens_q, lens_k, seed, head_loop, 
                              dq_halves=dq_halves))
 
 
-# the swapped D = 256 backward over packed sequences (a plan override, kernels/attn_bwd_swap_sm90.py
-# AttnBwdSm90SwapVarlen): every score, a window, the sigmoid dO tail zeroing, empty and one-token
-# sequences, key tails inside the 64-key tile
+# the swapped D = 256 backward over packed sequences (the plan's packed D = 256 build of the built-in
+# scores, kernels/attn_bwd_swap_sm90.py AttnBwdSm90SwapVarlen; named here so the cases test it whatever
+# the rows pick): every score, a window, the sigmoid dO tail zeroing, empty and one-token sequences,
+# key tails inside the 64-key tile
 SWAP_OVERRIDES = {"bwd.swap": True, "bwd.tile_n": 64, "bwd.stages": 2, "bwd.dp_first": False}
 SWAP_VARIANTS = [
     ("softmax", "native", "bf16", 256, True, (-1, -1), None),
