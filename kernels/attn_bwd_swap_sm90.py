@@ -284,24 +284,20 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         cute.arch.fence_view_async_shared()
         barrier.arrive_and_wait()   # both warpgroups' keys of P and dS are in smem
         warpgroup.fence()
-        # dQ first: its atomics run while dV^T and dK^T do
+        # dQ's passes first, then dV^T and dK^T: each pass's atomics run while the later GEMMs do
         cols = self.D // self.dq_passes
-        acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, cols)), Float32)
-        self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt[0], True)
-        warpgroup.commit_group()
+        acc_dQ = [cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, cols)), Float32)
+                  for _ in range(self.dq_passes)]
+        for p in cutlass.range_constexpr(self.dq_passes):
+            self.gemm(mma_dq, acc_dQ[p], tQrdS[None, None, None, buf], tQrKt[p], True)
+            warpgroup.commit_group()
         self.gemm_acc(mma_dkv, acc_dVt, tVrdOt[None, None, None, idx], tVrP[None, None, None, buf], accumulate)
         warpgroup.commit_group()
         self.gemm_acc(mma_dkv, acc_dKt, tKrQt[None, None, None, idx], tKrdS[None, None, None, buf], accumulate)
         warpgroup.commit_group()
-        warpgroup.wait_group(2)
-        self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, cols), m_block,
-                         seqlen_q, tidx, 0, dq_order=True)
-        for p in cutlass.range_constexpr(1, self.dq_passes):
-            warpgroup.fence()
-            self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt[p], True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            self.atomic_tile(mma_dq, acc_dQ, mdQacc[None, None, head, batch], (self.tile_m, cols), m_block,
+        for p in cutlass.range_constexpr(self.dq_passes):
+            warpgroup.wait_group(self.dq_passes - 1 - p + 2)
+            self.atomic_tile(mma_dq, acc_dQ[p], mdQacc[None, None, head, batch], (self.tile_m, cols), m_block,
                              seqlen_q, tidx, p * cols, dq_order=True)
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
