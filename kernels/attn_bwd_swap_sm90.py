@@ -12,9 +12,11 @@ all 256 columns; the two MMA warpgroups split the work so that every accumulator
     dV^T += dO^T P            (256 x 64, K = 64 queries): warpgroup w the columns [128 w, 128 w + 128)
     dK^T += Q^T dS            (the same split)
     dQ    = dS K              (64 x 256, K = 64 keys): two passes of 128 columns, warpgroup w 64 of
-                              each pass's columns
+                              each pass's columns; both passes' GEMMs are issued before dV^T and
+                              dK^T, so every dQ atomic is issued while those run
 
-Registers per MMA thread: dV^T and dK^T 64 + 64, dQ 32 per pass, S and dP 16 + 16.  Shared memory:
+Registers per MMA thread: dV^T and dK^T 64 + 64, dQ 32 per pass (both live while their atomics are
+issued; S and dP are dead by then), S and dP 16 + 16.  Shared memory:
 Q and dO 32 KB per stage (2 stages), K and V 32 KB each, P and dS 8 KB each (double buffered: the
 other warpgroup may still read the previous block's tiles), about 208 KB.  (FA4's 48-key tile, dQ
 in one pass, and a staged dQ tile at one Q / dO stage were slower: docs/MEASURED.md bwd-d256-swap.)
