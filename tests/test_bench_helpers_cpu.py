@@ -622,3 +622,25 @@ def test_ab_trees_alternates_trees_and_tables_default_rows_only(tmp_path, monkey
                           "fwd", "--args", "--knob pingpong=0", "--cell", "--batch 4", "--dry-run"],
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert [ln.split()[0] for ln in out] == ["old", "new", "old", "new", "new", "old"], out
+
+
+def test_softcap_bound_pairs_each_shape_with_its_softmax_rows():
+    """softcap_bound: per shape, FA4 softcap / ours softcap (the goal's ratio) and FA4 softcap /
+    ours softmax (the bound), grouped by direction and head dim; a shape without its softmax rows
+    is left out, not paired with another shape's."""
+    import softcap_bound as SB
+
+    def row(impl, mode, ms, s=1024, d=256, direction="bwd"):
+        return dict(impl=impl, mode=mode, direction=direction, batch=16384 // s, seqlen=s, hq=16, hkv=8, headdim=d,
+                    causal=True, ms=ms, cell=f"{mode}-d{d}-causal-h16-8-s{s}-b{16384 // s}")
+    rows = [row("fa4", "softcap", 3.0), row("ours", "softcap", 2.5), row("ours", "softmax", 2.0),
+            row("fa4", "softmax", 2.8),
+            row("fa4", "softcap", 9.0, s=2048), row("ours", "softcap", 4.0, s=2048)]   # no softmax rows
+    cells = [dict(cell=r["cell"], commit="abc") for r in rows]
+    res = SB.analyse({"rows": rows, "cells": cells, "date": "x"})
+    (g,) = res["groups"]
+    assert (g["direction"], g["headdim"], g["cells"]) == ("bwd", 256, 1), g
+    assert g["vs_fa4_softcap"] == [1.2, 1.2] and g["pass"] == 0, g
+    assert g["bound"] == [1.5, 1.5] and g["reachable"] == 0, g
+    assert g["fa4_softcap_over_softmax"] == [round(3.0 / 2.8, 3)] * 2 and g["commits"] == ["abc"], g
+    assert "| bwd | 256 | 1 | 1.20-1.20 | 0 | 1.50-1.50 | 0 |" in SB.markdown(res)
