@@ -5,6 +5,9 @@ sum(P) ("corr"), or under the row max ("online"); the backward in FP32 with P an
 from the BF16 O.  `approx` rounds tanh to 11 mantissa bits (a stand-in for tanh.approx.f32's error).
 
     python bench/tools/fixed_max_model.py 100 [approx]      # CPU, ~2 min per 100 draws
+    python bench/tools/fixed_max_model.py --inputs probe.pt [approx]
+        # the draws bench/tools/rule_probe.py --save wrote on the GPU: the model on exactly those inputs,
+        # its rule ratios beside the kernel's, and how far the kernel's O / LSE / gradients are from the model's
 
 (docs/MEASURED.md fwd-fixed-max-fuzz-miss: the model does not reproduce the GPU miss.)"""
 import sys, torch
@@ -47,6 +50,42 @@ def bwd(do, q, k, v, o, lse, f, x, cap, dt):
     dv = torch.einsum("bhqk,bqhd->bkhd", p.to(dt).float(), do.float())
     fold = lambda t: t.reshape(t.shape[0], t.shape[1], v.shape[2], g, t.shape[3]).sum(3)
     return dq.to(dt), fold(dk).to(dt), fold(dv).to(dt)
+
+def replay(path):
+    """The model on the inputs rule_probe.py --save kept (each saved draw, each model variant), beside
+    the kernel's ratios; max |kernel - model| / max |model| of O, LSE and the gradients per variant pair
+    (fixed max with the kernel's fixed-max variant: the one without fwd.fixed_max=0)."""
+    blob = torch.load(path)
+    fz_seed, fz_index = (int(x) for x in blob["fuzz"].split(":"))
+    c0 = cases.fuzz_cases(fz_seed, count=fz_index + 1, sm_count=132)[fz_index]
+    for rec in blob["draws"]:
+        c = c0 if rec["draw"] == 0 else cases.retarget(c0, tag=rec["tag"])
+        dt = H.DTYPES[rec["dtype"]]
+        q, k, v, do = (t.to(dt) for t in rec["inputs"])
+        print(f"draw {rec['draw']} ({rec['tag']})")
+        for name, kv in rec["variants"].items():
+            print(f"  kernel {name:28s}", {n: round(r, 3) for n, r in kv["ratio"].items()})
+        for var in ("fixed", "corr", "online"):
+            o, lse, f, x, allowed = fwd(q, k, v, c.softcap, c.kwargs(), c.causal, var)
+            grads = bwd(do, q, k, v, o, lse, f, x, c.softcap, q.dtype)
+            ch = H.judge_case(c, q, k, v, do, o, lse, grads)
+            print(f"  model  {var:28s}", {n: round(z["ratio"], 3) for n, z in ch.items()})
+            kname = next((n for n in rec["variants"] if ("fixed_max=0" in n) == (var == "online")), None)
+            if kname is None or var == "corr":
+                continue
+            kv = rec["variants"][kname]
+            rel = lambda a, b: float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+            fin = torch.isfinite(lse)
+            diffs = {"o": rel(kv["o"], o), "lse": rel(kv["lse"][fin], lse[fin]) if fin.any() else 0.0}
+            diffs.update({n: rel(a, b) for n, a, b in zip(("dq", "dk", "dv"), kv["grads"], grads)})
+            print(f"    kernel {kname} vs model {var}: max |diff| / max |model|",
+                  {n: f"{d_:.2e}" for n, d_ in diffs.items()})
+
+
+if len(sys.argv) > 2 and sys.argv[1] == "--inputs":
+    APPROX = len(sys.argv) > 3
+    replay(sys.argv[2])
+    sys.exit(0)
 
 APPROX = len(sys.argv) > 2
 c0 = cases.fuzz_cases(20261201, count=209, sm_count=132)[208]

@@ -5,7 +5,10 @@ FlashAttention rule; > 1 fails): whether a failing case is its build's or the sh
     python bench/tools/rule_probe.py --fuzz 20261201:208 --variants poly,native,native+fwd.fixed_max=0 --draws 40
 
 --fuzz SEED:INDEX picks the fuzz tier's draw (tests/cases.fuzz_cases); --draws N adds N input
-draws of the same case (the tag, hence the seed, changes; the shape and build stay).
+draws of the same case (the tag, hence the seed, changes; the shape and build stay).  --save PATH
+writes (torch.save) the inputs of the case's own draw and of every failing draw, with each variant's
+O, LSE and gradients, on the CPU: bench/tools/fixed_max_model.py --inputs PATH replays the model on
+exactly those inputs (the GPU's generator draws other numbers than the CPU's).
 """
 import argparse
 import json
@@ -24,6 +27,7 @@ def main():
     ap.add_argument("--variants", default="poly,native",
                     help="comma-separated EVALUATOR[+fwd.FIELD=V...]: each runs on the same inputs per draw")
     ap.add_argument("--draws", type=int, default=20)
+    ap.add_argument("--save", default="", help="torch.save the drawn and the failing draws' inputs and outputs here")
     protocol.add_json_arg(ap, "rule_probe")
     a = ap.parse_args()
     import torch
@@ -39,9 +43,13 @@ def main():
     out = {"case": case.id, "rows": []}
     ratios = {v[0] + "".join("+" + o for o in v[1:]): {} for v in variants}
     fails = dict.fromkeys(ratios, 0)
+    saved = []
+    cpu = lambda t: None if t is None else t.detach().float().cpu()
     for d in range(a.draws + 1):
         c = case if d == 0 else cases.retarget(case, tag=f"{case.tag}probe{d}")
         q, k, v_, dout = (t.detach() for t in H.make_inputs(c))
+        record = {"draw": d, "tag": c.tag, "inputs": [cpu(t) for t in (q, k, v_, dout)], "dtype": c.dtype,
+                  "variants": {}}
         for var in variants:
             name = var[0] + "".join("+" + o for o in var[1:])
             ov = {}
@@ -55,8 +63,16 @@ def main():
             for n, ch in checks.items():
                 ratios[name].setdefault(n, []).append(ch["ratio"])
             fails[name] += not all(ch["ok"] for ch in checks.values())
+            record["variants"][name] = {"o": cpu(o_), "lse": cpu(lse), "grads": [cpu(g) for g in grads],
+                                        "ratio": {n: ch["ratio"] for n, ch in checks.items()},
+                                        "ok": all(ch["ok"] for ch in checks.values())}
             if d == 0:
                 print(f"{name} drawn inputs:", {n: round(ch["ratio"], 3) for n, ch in checks.items()})
+        if a.save and (d == 0 or not all(x["ok"] for x in record["variants"].values())):
+            saved.append(record)
+    if a.save:
+        torch.save({"case": case.id, "fuzz": a.fuzz, "draws": saved}, a.save)
+        print(f"saved {len(saved)} draws to {a.save}")
     for name, r in ratios.items():
         row = {"variant": name, "draws": a.draws + 1, "failed": fails[name],
                "max_ratio": {n: round(max(x), 3) for n, x in r.items()},
