@@ -186,7 +186,7 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
         head = head_kv * n_heads
         m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, args)
         if const_expr(varlen is not None):
-            if n_block * self.tile_n >= seqlen_k:   # past the sequence's keys (the grid is the longest's)
+            if n_block * self.tile_n >= seqlen_k:   # varlen_tile's sentinel (an entry past the table's count)
                 m_max = m_min
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
