@@ -344,6 +344,17 @@ def test_sanitize_calls_run_catalogue_builds():
     assert {p["d"] for *_, p in specs} == {64, 128, 256} and any(p["s_q"] % 64 and p["s_k"] % 64 for *_, p in specs)
 
 
+def test_sanitize_packed_calls_run_on_the_reference(capsys):
+    """The opt-in packed shape: attention_varlen at D = 256 over sequences with an empty and a
+    one-token one, each score (sigmoid with one bias for all sequences, so the packed kernels run);
+    the driver's dry run on the CPU reference gives finite outputs and gradients."""
+    S = _sanitize()
+    specs = S.call_specs(shapes=("packed",))
+    assert len(specs) == 5 and all(p["d"] == 256 and 0 in p["lens"] and 1 in p["lens"] for *_, p in specs)
+    assert S.run_calls(specs, backend="reference") == 0
+    assert capsys.readouterr().out.count(" ok ") == 5
+
+
 @pytest.mark.parametrize("argv,match", [(["--tools", "memcheck,nope"], "--tools"),
                                         (["--shapes", "tail,huge"], "--shapes"),
                                         (["--scores", "softmax/poly"], "--scores")])

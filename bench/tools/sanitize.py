@@ -13,9 +13,14 @@ access, so a call costs seconds, not microseconds):
     d64    B=1 S=333 D=64: the D = 64 rows (the causal forward's three warpgroups in turns through
            named barriers, keep-word masks and O through smem; the 128-row backward step), causal
            and heads as the catalogue's D=64 variant of each score (three of the five causal)
-    d256   B=1 S=77 D=256: the two-chunk backward; causal and the heads of the catalogue's
-           D=256 variant of each score (tests/cases.py), so every call runs a build the
+    d256   B=1 S=77 D=256: the swapped backward (a CTA per 64 keys); causal and the heads of the
+           catalogue's D=256 variant of each score (tests/cases.py), so every call runs a build the
            correctness tier already compiled (the kernels load from the disk cache)
+    packed (not in the default set: its builds are not the catalogue's, the warm-up compiles them)
+           attention_varlen at D = 256, sequences of 77, 0, 130 and 1 tokens, heads and causal flag
+           as d256: the varlen forward and the swapped varlen backward (its CTA table, the sentinel
+           entries past the table's count); sigmoid with an explicit bias (one for all sequences:
+           the default -ln S_k runs each sequence as a dense launch)
 
 First the calls run once without a sanitizer (compiles into the disk cache, checks the
 outputs are finite), then under each tool, the three at the same time (`compute-sanitizer --tool T
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import os
 import re
 import shutil
@@ -43,6 +49,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 TOOLS = ("memcheck", "racecheck", "synccheck")
 SCORES = ("softmax/native", "softcap/native", "softcap/poly", "sigmoid/native", "sigmoid/poly")
 SHAPES = ("tail", "gqa", "d64", "d256")
+PACKED = "packed"                     # opt-in (--shapes packed): attention_varlen at D = 256
+PACKED_LENS = (77, 0, 130, 1)
+PACKED_SIGMOID_BIAS = -4.0
 ERROR_EXIT = 86          # --error-exitcode: the tool found an error
 UNAVAILABLE_EXIT = 3     # no compute-sanitizer, or it refuses the device
 _SUMMARY_RE = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+error")
@@ -62,8 +71,8 @@ def call_specs(shapes=SHAPES, scores=SCORES) -> list:
     cases = _cases_module()
     out = []
     for shape in shapes:
-        if shape not in SHAPES:
-            raise ValueError(f"--shapes: unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+        if shape not in SHAPES + (PACKED,):
+            raise ValueError(f"--shapes: unknown shape {shape!r}; known: {', '.join(SHAPES + (PACKED,))}")
         for score in scores:
             if score not in SCORES:
                 raise ValueError(f"--scores: unknown score {score!r}; known: {', '.join(SCORES)}")
@@ -73,12 +82,14 @@ def call_specs(shapes=SHAPES, scores=SCORES) -> list:
             elif shape == "gqa":
                 p = dict(b=1, s_q=200, s_k=200, hq=8, hkv=2, d=128, causal=True)
             else:   # the catalogue's D = 64 / 256 BF16 variant of this score: its causal flag and head group
-                d, s = (64, 333) if shape == "d64" else (256, 77)
+                d, s = (64, 333) if shape == "d64" else (256, max(PACKED_LENS) if shape == PACKED else 77)
                 i, v = next((i, v) for i, v in enumerate(cases.VARIANTS) if (v.mode, v.evaluator, v.dtype,
                                                                              v.head_dim, v.window) ==
                             (mode, ev, "bf16", d, None))   # the first (softmax D = 64: the causal one)
                 hq, hkv = (4, 1) if cases.head_groups(i, v) == "gqa" else (2, 2)
                 p = dict(b=1, s_q=s, s_k=s, hq=hq, hkv=hkv, d=d, causal=v.causal)
+                if shape == PACKED:
+                    p["lens"] = PACKED_LENS
             out.append((f"{shape}:{score}", mode, ev, dict(p, dtype="bf16")))
     return out
 
@@ -103,11 +114,20 @@ def run_calls(specs, backend: str = "cuda") -> int:
         g = torch.Generator(device=dev).manual_seed(c.seed)
         mk = lambda s, h, a=1.0: (torch.randn(p["b"], s, h, p["d"], device=dev, generator=g) * a
                                   ).to(torch.bfloat16).requires_grad_()
-        q = mk(p["s_q"], p["hq"], c.softcap / 4 if c.softcap else 1.0)
-        k, v = mk(p["s_k"], p["hkv"]), mk(p["s_k"], p["hkv"])
         t0 = time.perf_counter()
-        out = flash_attn_poly.attention(q, k, v, mode, evaluator=ev, causal=p["causal"], softcap=c.softcap,
-                                        backend=backend)
+        if "lens" in p:   # packed: (total, H, D) rows of every sequence, int32 offsets on the device
+            total = sum(p["lens"])
+            q = mk(total, p["hq"], c.softcap / 4 if c.softcap else 1.0)[0].detach().requires_grad_()
+            k, v = (mk(total, p["hkv"])[0].detach().requires_grad_() for _ in range(2))
+            cu = torch.tensor([0] + list(itertools.accumulate(p["lens"])), dtype=torch.int32, device=dev)
+            out = flash_attn_poly.attention_varlen(
+                q, k, v, cu, cu, max(p["lens"]), max(p["lens"]), mode, evaluator=ev, causal=p["causal"],
+                softcap=c.softcap, sigmoid_bias=PACKED_SIGMOID_BIAS if mode == "sigmoid" else None, backend=backend)
+        else:
+            q = mk(p["s_q"], p["hq"], c.softcap / 4 if c.softcap else 1.0)
+            k, v = mk(p["s_k"], p["hkv"]), mk(p["s_k"], p["hkv"])
+            out = flash_attn_poly.attention(q, k, v, mode, evaluator=ev, causal=p["causal"], softcap=c.softcap,
+                                            backend=backend)
         grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
         if dev == "cuda":
             torch.cuda.synchronize()
