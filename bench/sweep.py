@@ -18,7 +18,10 @@ issue asks for ratios measured side by side in one run.
 Each cell runs in its own process (the driver spawns `sweep.py --run-cell NAME`), so a crash,
 hang or OOM in one cell loses only that cell; inside a cell every implementation is timed side by
 side with bench/protocol.py's interleaved rounds (shuffled order; forward, then backward as
-`torch.autograd.grad` on a retained graph).  The driver rewrites the JSON and Markdown after
+`torch.autograd.grad` on a retained graph); nvidia-smi is sampled beside the rounds and each row
+records the mean SM clock, board power and clock-event reasons of its own segments (sm_mhz,
+power_w, clock_reasons: under the power cap a row's clock depends on its neighbours' draw).  The
+driver rewrites the JSON and Markdown after
 every cell, stops starting cells when `--budget-s` would be exceeded, and draws the PNGs at the
 end.  FLOPs: 4 B Hq S^2 D forward, halved when causal, backward 2.5x the forward (the standard
 attention convention; sigmoid counted the same).  Peak: 989 TFLOP/s (H200 dense BF16).
@@ -408,6 +411,22 @@ def _wall_timer(fns: dict, timing: protocol.Timing) -> dict:
     return {n: statistics.median(v) for n, v in per.items()}
 
 
+def _timed_with_clocks(timer, fns, timing, device) -> tuple[dict, dict]:
+    """(times, {name: mean SM clock / power / event reasons}) of one direction's rounds: nvidia-smi
+    sampled beside the timing (bench/tools/clocks.py), averaged over each row's segments; the clock
+    a row ran at depends on the power its neighbours drew (docs/MEASURED.md fwd-peak-power).  No
+    clocks on the CPU harness or without nvidia-smi."""
+    if device != "cuda":
+        return timer(fns, timing), {}
+    tools = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import clocks
+    with clocks.Sampler(period_ms=20) as sampler:
+        times = timer(fns, timing)
+    return times, clocks.per_name(sampler.samples(), protocol.last_segments())
+
+
 def run_cell(cell: Cell, opts: dict, out_path: str) -> dict:
     """Time every row of a cell, forward then backward; writes out_path after each direction (a
     crash in the backward keeps the forward)."""
@@ -428,7 +447,7 @@ def run_cell(cell: Cell, opts: dict, out_path: str) -> dict:
         skipped, notes = {}, {}
         fns = _prepare(cell, rows, device, direction == "bwd", skipped, notes)
         t1 = time.time()
-        times = timer(fns, timing) if fns else {}
+        times, clock = _timed_with_clocks(timer, fns, timing, device) if fns else ({}, {})
         res["seconds"][direction] = {"prepare": round(t1 - t0, 2), "timing": round(time.time() - t1, 2)}
         res["skipped"][direction] = skipped
         res["notes"].update(notes)
@@ -441,6 +460,9 @@ def run_cell(cell: Cell, opts: dict, out_path: str) -> dict:
                    "reference": mode != cell.mode}
             if f"{impl}/{mode}" in notes:
                 row["note"] = notes[f"{impl}/{mode}"]
+            if f"{impl}/{mode}" in clock:   # mean SM clock / board power over the row's timed segments
+                c = clock[f"{impl}/{mode}"]
+                row.update(sm_mhz=round(c["sm_mhz"]), power_w=round(c["power_w"], 1), clock_reasons=c["reasons"])
             res["rows"].append(row)
         del fns
         gc.collect()

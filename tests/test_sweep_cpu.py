@@ -341,3 +341,34 @@ def test_dry_run_prints_cells_and_compiles_without_cuda():
     # (S <= plan.SHORT_SEQLEN: the S = 512 and 1k cells)
     assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2 + 3 * 2 + 3
     assert est["flex_compiles"] == 2 * 84
+
+
+def test_rows_carry_the_clock_their_segments_ran_at(monkeypatch):
+    """On the GPU each direction's rounds run beside an nvidia-smi sampler (bench/tools/clocks.py)
+    and each row gets the mean SM clock / power / event reasons of its own segments; on the CPU
+    harness no clocks (a fake sampler and segments stand in for the GPU here)."""
+    import types
+    times, clock = S._timed_with_clocks(lambda fns, t: {"a": 1.0}, {"a": None}, None, "cpu")
+    assert times == {"a": 1.0} and clock == {}
+    seen = {}
+
+    class FakeSampler:
+        def __init__(self, period_ms=20, gpu=0):
+            seen["period"] = period_ms
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def samples(self):
+            return ["s"]
+
+    fake = types.SimpleNamespace(Sampler=FakeSampler,
+                                 per_name=lambda samples, segs: {n: {"sm_mhz": 1700.4, "power_w": 650.04,
+                                                                     "reasons": "0x4"} for n, *_ in segs})
+    monkeypatch.setitem(sys.modules, "clocks", fake)
+    monkeypatch.setattr(S.protocol, "last_segments", lambda: [("ours/softmax", 0.0, 1.0)])
+    times, clock = S._timed_with_clocks(lambda fns, t: {"ours/softmax": 2.0}, {"ours/softmax": None}, None, "cuda")
+    assert times == {"ours/softmax": 2.0} and clock["ours/softmax"]["reasons"] == "0x4" and seen["period"] == 20
