@@ -21,9 +21,13 @@ import argparse
 import collections
 import json
 import os
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+import protocol  # noqa: E402
+
 GOAL = 1.8
 
 
@@ -81,15 +85,15 @@ def markdown(res: dict) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sweep", default=os.path.join(ROOT, "bench", "results", "sweep.json"))
-    p.add_argument("--json", default=os.path.join(ROOT, "bench", "out", "softcap_bound.json"))
+    protocol.add_json_arg(p, "softcap_bound")
     args = p.parse_args(argv)
     with open(args.sweep) as f:
         res = analyse(json.load(f))
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
+    path = protocol.output_path(args.json, "softcap_bound")
+    with open(path, "w") as f:
         json.dump(res, f, indent=1)
     md = markdown(res)
-    with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
+    with open(os.path.splitext(path)[0] + ".md", "w") as f:
         f.write(md)
     print(md)
 
