@@ -35,13 +35,13 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Float64, Int32, const_expr
+from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.memory import SmemAllocator
 
 from . import mask as mask_mod
-from .attn_bwd_sm90 import (AttnBwdSm90HeadLoop, MMA_REGS, NUM_THREADS, PRODUCER_REGS, SMEM_CAPACITY,
-                            transpose_view)
+from .attn_bwd_sm90 import (AttnBwdSm90HeadLoop, AttnBwdSm90VarlenHeadLoop, MMA_REGS, NUM_THREADS,
+                            PRODUCER_REGS, SMEM_CAPACITY, transpose_view)
 from .barriers import BwdBarrier
 from .bwd_reduce import acc_mn_view
 from .scores import common as sc
@@ -393,14 +393,7 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
 
 
 class AttnBwdSm90SwapVarlen(AttnBwdSm90Swap):
-    """The swapped build over packed sequences: AttnBwdSm90VarlenHeadLoop's host entry (q, k, v, dO
+    """The swapped build over packed sequences, entered as AttnBwdSm90VarlenHeadLoop is (q, k, v, dO
     as (1, total, H, D), dK / dV the dtype gradients, cu_seqlens, the CTA table and its grid)."""
 
-    @cute.jit
-    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
-                 mLSE: cute.Tensor, mDsum: cute.Tensor, mdQacc: cute.Tensor, mdK: cute.Tensor,
-                 mdV: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, mTable: cute.Tensor,
-                 n_ctas: Int32, scale: Float64, softcap: Float64, bias: Float64, win_left: Int32,
-                 win_right: Int32, dk_scale: Float32, stream):
-        self._launch(mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, (scale, softcap, bias),
-                     win_left, win_right, (dk_scale,), stream, None, (mCuSeqlensQ, mCuSeqlensK, mTable, n_ctas))
+    __call__ = AttnBwdSm90VarlenHeadLoop.__call__
