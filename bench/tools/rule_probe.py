@@ -48,8 +48,8 @@ def main():
     for d in range(a.draws + 1):
         c = case if d == 0 else cases.retarget(case, tag=f"{case.tag}probe{d}")
         q, k, v_, dout = (t.detach() for t in H.make_inputs(c))
-        record = {"draw": d, "tag": c.tag, "inputs": [cpu(t) for t in (q, k, v_, dout)], "dtype": c.dtype,
-                  "variants": {}}
+        record = {"draw": d, "tag": c.tag, "dtype": c.dtype, "variants": {},
+                  "inputs": [cpu(t) for t in (q, k, v_, dout)] if a.save else None}
         for var in variants:
             name = var[0] + "".join("+" + o for o in var[1:])
             ov = {}
@@ -63,9 +63,10 @@ def main():
             for n, ch in checks.items():
                 ratios[name].setdefault(n, []).append(ch["ratio"])
             fails[name] += not all(ch["ok"] for ch in checks.values())
-            record["variants"][name] = {"o": cpu(o_), "lse": cpu(lse), "grads": [cpu(g) for g in grads],
-                                        "ratio": {n: ch["ratio"] for n, ch in checks.items()},
-                                        "ok": all(ch["ok"] for ch in checks.values())}
+            if a.save:   # host copies only when they are kept
+                record["variants"][name] = {"o": cpu(o_), "lse": cpu(lse), "grads": [cpu(g) for g in grads],
+                                            "ratio": {n: ch["ratio"] for n, ch in checks.items()},
+                                            "ok": all(ch["ok"] for ch in checks.values())}
             if d == 0:
                 print(f"{name} drawn inputs:", {n: round(ch["ratio"], 3) for n, ch in checks.items()})
         if a.save and (d == 0 or not all(x["ok"] for x in record["variants"].values())):
