@@ -137,9 +137,10 @@ def test_mask_bits_equals_compare_mask(case, window):
 
 
 @pytest.mark.gpu
-def test_o_smem_varlen_equals_register_epilogue():
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_o_smem_varlen_equals_register_epilogue(head_dim):
     """The varlen build: rows past a sequence's end belong to the next sequence and must not be
-    written (the row bound is the sequence's)."""
+    written (the row bound is the sequence's); at D = 256 O leaves in two 128-column passes."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from flash_attn_poly import varlen as fv
@@ -147,8 +148,8 @@ def test_o_smem_varlen_equals_register_epilogue():
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
     total = int(cu[-1])
     g = torch.Generator(device="cuda").manual_seed(7)
-    q = torch.randn(total, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-    k, v = (torch.randn(total, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    q = torch.randn(total, 8, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(total, 2, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     call = fv.validate(q, k, v, cu, cu, max(lens), max(lens), "softmax", "native", True, None, None, None, (-1, -1))
     outs = []
     for o_smem in (False, True):

@@ -205,7 +205,13 @@ FWD_CASES = [
                                        o_smem=True)),
     (dict(mode="softmax", d=64), dict(D64, rescale_threshold=8.0)),
     (dict(mode="softmax", d=256), dict(tile_n=64, rescale_threshold=8.0, o_smem=True)),
-    (dict(mode="softmax", d=256, varlen=True), dict(tile_n=64, rescale_threshold=8.0)),   # D = 256 varlen: not timed
+    (dict(mode="softmax", d=256, varlen=True), dict(tile_n=64, rescale_threshold=8.0, o_smem=True)),
+    # packed D = 256 stages O as the dense build does (non-causal exp2 offload: 80-key blocks, no staging)
+    (dict(mode="softcap", evaluator="poly", d=256, varlen=True), dict(tile_n=64, pingpong=True, row_sum_carry=True,
+                                                                      fixed_max=True, exp2_fma=1, o_smem=True)),
+    (dict(mode="softcap", evaluator="poly", d=256, varlen=True, causal=False),
+     dict(tile_n=80, pingpong=True, row_sum_carry=True, fixed_max=True, exp2_fma=1)),
+    (dict(mode="softcap", d=256, varlen=True), dict(tile_n=64, row_sum_carry=True, fixed_max=True, o_smem=True)),
     (dict(mode="softmax", d=128, varlen=True), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
                                                     rescale_threshold=8.0, o_smem=True)),
     (dict(mode="softcap", d=128, varlen=True), dict(tile_m=192, tile_n=64, num_stages=4, fixed_max=True, o_smem=True)),

@@ -20,6 +20,7 @@ VARIANTS = [   # (mode, evaluator, head_dim, causal, window, softcap, dtype): te
     ("softcap", "native", 128, True, (63, -1), 50.0, "bf16"),
     ("sigmoid", "poly", 128, False, (-1, -1), None, "bf16"),
     ("softmax", "native", 64, True, (-1, -1), None, "bf16"),    # the 192 x 128 forward tile
+    ("softmax", "native", 256, True, (-1, -1), None, "bf16"),   # O staged through a 128-column tile
 ]
 
 
