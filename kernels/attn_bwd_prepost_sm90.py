@@ -14,22 +14,25 @@ pre (one launch): for every (batch, head, query row)
   PreZeroKernel (PreKey.zero_dq): the same, plus zeroing the head_loop backward's FP32 dQ
     accumulator in the same launch (attn_bwd(zero_dq_in_pre=True); the default for the
     softmax modes, attn_bwd_sm90.zero_dq_in_pre_default).
-  Grid (S_pad / rows, H, B), 128 threads.  A row of D 16-bit values is split over
-  D / 32 adjacent lanes (4 for D=128, 2 for D=64), each loading 4 chunks of 16 bytes of
-  dO and of O (8 LDG.E.128; chunk c of lane l is c * lanes + l, so the lanes of a row read
-  adjacent 16 bytes per instruction); each lane sums its 32 products in order, then a
-  shuffle butterfly (2 or 1 steps) adds the lanes.  One CTA = 32 rows (D=128) or 64 rows
-  (D=64) of one head, so the dsum writes of a warp are consecutive floats; thread t < rows
-  also converts LSE of row t (coalesced 4-byte reads and writes).  A two-rows-per-thread
-  variant was dropped: ptxas put the first row's math before the second row's loads.
+  Grid (S_pad / rows, H, B), 128 threads.  A row of D 16-bit values is split over D / 8
+  adjacent lanes (8 for D=64, 16 for D=128, 32 for D=256), one 16-byte chunk of dO and of O
+  each, so every load instruction of a warp reads whole rows (whole 128-byte lines: 4, 2 or 1
+  rows); the CTA's 128 threads cover 128 / lanes rows per pass and PRE_CHUNKS passes (8
+  LDG.E.128 per thread, all issued before the math).  Each lane sums its 8 products per row
+  in order, then a shuffle butterfly (3-5 steps) adds the row's lanes.  One CTA = 64 rows
+  (D=64), 32 (D=128) or 16 (D=256) of one head; thread t < rows also converts LSE of row t
+  (coalesced 4-byte reads and writes).  (Two lanes per row at D = 64, each reading 4
+  chunks, had a warp's load touch 16 lines per instruction: the L1 request rate, not DRAM,
+  bounded the kernel; docs/MEASURED.md bwd-prepost-lines.)
 
 post: dq = dq_acc * scale (PostDqKernel: the accumulator's rows reordered, kernels/
     prepost_launch.py, "The dQ accumulator"), and (PostKernel, one launch for both; head_loop
     builds have none) dk = dk_acc * scale, dv = dv_acc, each product in FP32 rounded once to
     the output dtype (cvt.rn, as torch.mul(acc, scale, out=bf16) does: the scale is rounded to
-    FP32 first there too).  Both move 8-value chunks (32 bytes in = 2 LDG.E.128, 16 bytes out
-    = 1 STG.E.128), 256 threads x 4 chunks per thread per step, loads first.  PostKernel treats
-    dK / dV as flat arrays: blocks [0, g_k) do dK, the next g_k dV.
+    FP32 first there too).  PostKernel moves 8-value chunks (32 bytes in = 2 LDG.E.128, 16 bytes
+    out = 1 STG.E.128), 256 threads x 4 chunks per thread per step, loads first, treating dK / dV
+    as flat arrays: blocks [0, g_k) do dK, the next g_k dV.  PostDqKernel reorders the
+    accumulator's warp-wide 512-byte runs through a per-warp smem slot (its docstring).
 
 Compile: PreKernel(PreKey).compile() / PostKernel(PostKey).compile(); the torch entries
 preprocess() / postprocess() are in kernels/prepost_launch.py (pure Python: a process whose kernels
@@ -42,6 +45,7 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
+from cutlass.memory import SmemAllocator
 
 from .prepost_launch import CHUNK32, DQ_BAND, VARLEN_PAD, PostKey, PreKey, dq_acc_word  # noqa: F401  (the keys are pure data)
 
@@ -54,7 +58,8 @@ ZERO_CHUNK = 4       # FP32 values per 16-byte store (PreZeroKernel)
 
 POST_THREADS = 256
 POST_UNROLL = 4      # chunks per thread per block (4 x 32 bytes in flight)
-DQ_UNIT = 16         # PostDqKernel: accumulator words per unit (rows r, r + 8 x 8 columns)
+DQ_STEPS = 4         # PostDqKernel: 8-column steps per warp item (4 x 512 contiguous bytes)
+POST_DQ_ITEMS = 2    # PostDqKernel: warp items per warp (both items' 8 loads in flight)
 
 
 def _dtype(name: str):
@@ -76,8 +81,9 @@ class PreKernel:
         self.key = key
         self.dtype = _dtype(key.dtype)
         self.D = key.head_dim
-        self.lanes = self.D // (CHUNK16 * PRE_CHUNKS)          # threads per row: 8, 4 or 2
-        self.rows = PRE_THREADS // self.lanes                  # rows per CTA: 32 or 64
+        self.lanes = self.D // CHUNK16                         # threads per row: 8, 16 or 32
+        self.pass_rows = PRE_THREADS // self.lanes             # rows per pass: 16, 8 or 4
+        self.rows = self.pass_rows * PRE_CHUNKS                # rows per CTA: 64, 32 or 16
 
     @cute.kernel
     def kernel(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
@@ -101,39 +107,39 @@ class PreKernel:
 
         # ---- dsum: the lanes of one row sit next to each other in the warp
         lane = tidx % self.lanes
-        s = s0 + tidx // self.lanes
+        r0 = s0 + tidx // self.lanes        # this thread's row of pass 0; pass p: r0 + p * pass_rows
         if cutlass.const_expr(self.key.needs_dsum):
             # Rows past S_q load row S_q - 1 (in bounds) and are zeroed after the sum: no
-            # branch around the loads.  (ptxas issues 4, then the other 4 during the first
-            # FFMAs, at 34 registers; 12 CTAs per SM keep ~100 KB in flight per SM.)
-            s_in = cutlass.min(s, s_q - 1)
-            rows = [cute.zipped_divide(cute.make_tensor(m[b, s_in, h, None].iterator,
-                                                        cute.make_layout(self.D)), (CHUNK16,))
-                    for m in (mdO, mO)]
+            # branch around the loads, all 8 issued before the first product.
             regs = []
-            for c in cutlass.range_constexpr(PRE_CHUNKS):
-                idx = c * self.lanes + lane       # the lanes of a row read adjacent 16 bytes
-                for g in rows:
+            for p in cutlass.range_constexpr(PRE_CHUNKS):
+                s_in = cutlass.min(r0 + p * self.pass_rows, s_q - 1)
+                for m in (mdO, mO):
+                    g = cute.zipped_divide(cute.make_tensor(m[b, s_in, h, None].iterator,
+                                                            cute.make_layout(self.D)), (CHUNK16,))
                     t = cute.make_rmem_tensor((CHUNK16,), self.dtype)
-                    cute.autovec_copy(g[(None, idx)], t)          # LDG.E.128
+                    cute.autovec_copy(g[(None, lane)], t)         # LDG.E.128
                     regs.append(t)
-            acc = Float32(0.0)
-            for c in cutlass.range_constexpr(PRE_CHUNKS):       # in order, one lane's 32 values
+            for p in cutlass.range_constexpr(PRE_CHUNKS):
                 prod = cute.make_rmem_tensor((CHUNK16,), Float32)
                 # exact in FP32 (8- or 11-bit significands): only the summation order differs
-                prod.store(regs[2 * c].load().to(Float32) * regs[2 * c + 1].load().to(Float32))
-                for i in cutlass.range_constexpr(CHUNK16):
-                    acc = acc + prod[i]
-            for i in cutlass.range_constexpr(int(math.log2(self.lanes))):
-                # butterfly over the row's lanes: every lane ends with the row sum
-                acc = acc + cute.arch.shuffle_sync_bfly(acc, self.lanes >> (i + 1))
-            if s >= s_q:
+                prod.store(regs[2 * p].load().to(Float32) * regs[2 * p + 1].load().to(Float32))
                 acc = Float32(0.0)
-            if lane == 0 and s < s_pad:
-                mDsum[b, h, s] = acc
+                for i in cutlass.range_constexpr(CHUNK16):      # in order, one lane's 8 values
+                    acc = acc + prod[i]
+                for i in cutlass.range_constexpr(int(math.log2(self.lanes))):
+                    # butterfly over the row's lanes: every lane ends with the row sum
+                    acc = acc + cute.arch.shuffle_sync_bfly(acc, self.lanes >> (i + 1))
+                s = r0 + p * self.pass_rows
+                if s >= s_q:
+                    acc = Float32(0.0)
+                if lane == 0 and s < s_pad:
+                    mDsum[b, h, s] = acc
         else:
-            if lane == 0 and s < s_pad:
-                mDsum[b, h, s] = Float32(0.0)
+            for p in cutlass.range_constexpr(PRE_CHUNKS):
+                s = r0 + p * self.pass_rows
+                if lane == 0 and s < s_pad:
+                    mDsum[b, h, s] = Float32(0.0)
 
         # ---- lse2: thread t converts row s0 + t
         if tidx < self.rows:
@@ -175,10 +181,10 @@ class PreKernel:
 class PreZeroKernel(PreKernel):
     """PreKernel that also zeroes the FP32 dQ accumulator (B, H, S_pad, D) rows of its CTA,
     so the backward needs no separate memset launch for it (PreKey.zero_dq; the head_loop
-    backward's only accumulator).  Same thread-to-row map as the dsum loads: lane l of a
-    row stores chunks c * lanes + l, 4 floats each (8 STG.E.128 per thread), the row's D
-    words; the grid covers the S_pad rows (the padding
-    rows take the main kernel's zero adds).  With neither dsum nor lse2 needed (sigmoid) the
+    backward's only accumulator).  The CTA's rows of one head are one contiguous block
+    (rows x D words, 16 KB at every D): 8 STG.E.128 of zeros per thread, warp-contiguous
+    (_zero_dq); the grid covers the S_pad rows (the padding rows take the main kernel's zero
+    adds).  With neither dsum nor lse2 needed (sigmoid) the
     kernel writes their zeros; the default (attn_bwd_sm90.zero_dq_in_pre_default) uses it only
     where the pre kernel runs anyway."""
 
@@ -190,17 +196,20 @@ class PreZeroKernel(PreKernel):
 
     @cute.jit
     def _zero_dq(self, mDQacc: cute.Tensor):
+        """The CTA's rows of one head are rows x D contiguous words: thread t stores chunks
+        t + 128 k (ZERO_CHUNK words each), so a warp's store fills 512 contiguous bytes."""
         tidx, _, _ = cute.arch.thread_idx()
         s_blk, h, b = cute.arch.block_idx()
-        lane = tidx % self.lanes
-        s = s_blk * self.rows + tidx // self.lanes
-        if s < mDQacc.shape[2]:
-            row = cute.zipped_divide(cute.make_tensor(mDQacc[b, h, s, None].iterator,
-                                                      cute.make_layout(self.D)), (ZERO_CHUNK,))
-            z = cute.make_rmem_tensor((ZERO_CHUNK,), Float32)
-            z.fill(0.0)
-            for c in cutlass.range_constexpr(self.D // ZERO_CHUNK // self.lanes):
-                cute.autovec_copy(z, row[(None, c * self.lanes + lane)])     # STG.E.128
+        s0 = s_blk * self.rows
+        n_chunks = self.rows * self.D // ZERO_CHUNK
+        blk = cute.zipped_divide(cute.make_tensor(mDQacc[b, h, s0, None].iterator,
+                                                  cute.make_layout(self.rows * self.D)), (ZERO_CHUNK,))
+        z = cute.make_rmem_tensor((ZERO_CHUNK,), Float32)
+        z.fill(0.0)
+        for k in cutlass.range_constexpr(n_chunks // PRE_THREADS):
+            c = tidx + k * PRE_THREADS
+            if s0 + c * ZERO_CHUNK // self.D < mDQacc.shape[2]:
+                cute.autovec_copy(z, blk[(None, c)])                  # STG.E.128
 
     @cute.jit
     def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
@@ -317,109 +326,137 @@ class PostKernel:
 
 class PostDqKernel(PostKernel):
     """dQ (PostKey part "dq"): dq[b, s, h, :] = scale * the accumulator's row s of head h, read in
-    dq_acc_word's order (kernels/prepost_launch.py, "The dQ accumulator").  Grid (row blocks, B):
-    CTA (x, b) writes rows [x * R, (x + 1) * R) (R = rows_per_cta, a multiple of the 16-row band
-    set by the host) of sequence b, all heads.  Unit j of the CTA is (band, row r < 8 of it, head,
-    8-column step k): the 64 contiguous bytes of the accumulator that hold rows r and r + 8 x the
-    step's 8 columns (4 LDG.E.128), stored as two 16-byte chunks of dq (rows below n_rows), so a
-    warp's loads are whole 64-byte runs and its stores consecutive 16-byte chunks of one row.
-    Varlen (PostKey.varlen): packed dq (1, total_q, H, D) from row cu_q[b], the accumulator (1, H,
-    rows, D) from the padded offset (a multiple of VARLEN_PAD: whole bands); dense: dq (B, S_q, H,
-    D), the accumulator (B, H, S_pad, D)."""
+    dq_acc_word's order (kernels/prepost_launch.py, "The dQ accumulator").
+
+    Work is split in warp items: (16-row band, head, group of DQ_STEPS 8-column steps), the 2 KB of
+    the accumulator that hold the band's 32 columns of that group, contiguous.  A warp loads an
+    item as DQ_STEPS warp-wide 16-byte loads (each 512 contiguous bytes: lane l gets the wgmma
+    fragment chunk of lane l, rows l / 4 and l / 4 + 8 x columns 2 (l % 4), + 1 of the step),
+    stores the chunks to its own smem slot with chunk c of step k at position c ^ k, and reads back
+    per lane (r, q) = (l / 4, l % 4) the 4 chunks 4 r + i of step q (position (4 r + i) ^ q): rows r,
+    r + 8 x the step's 8 columns in register order, so each lane writes two 16-byte chunks of dq
+    (a warp's store: 8 rows x 64 contiguous bytes).  The XOR spreads both the stores (a warp's 32
+    chunks of a step are a permutation of one 512-byte run) and the loads (the 8 lanes of a
+    quarter-warp phase read 8 distinct 16-byte bank groups) over the banks.  (Loading each lane's
+    64 contiguous bytes straight from global memory, as an earlier version did, had a warp
+    instruction touch 32 lines: the L1 request rate bounded the kernel, not DRAM.)
+
+    A CTA runs POST_DQ_ITEMS items per warp: grid (items of the longest sequence / items per CTA,
+    B); items order (band, head, group), group fastest.  Varlen (PostKey.varlen): packed dq (1,
+    total_q, H, D) from row cu_q[b], the accumulator (1, H, rows, D) from the padded offset (a
+    multiple of VARLEN_PAD: whole bands); dense: dq (B, S_q, H, D), the accumulator (B, H, S_pad,
+    D).  D a multiple of 32."""
 
     def __init__(self, key: PostKey):
         super().__init__(key)
-        self.unroll = POST_UNROLL * CHUNK32 // DQ_UNIT          # the same words per step as PostKernel
-        self.per_block = POST_THREADS * self.unroll
+        self.warps = POST_THREADS // 32
+        self.per_block = self.warps * POST_DQ_ITEMS              # warp items per CTA
 
     @cute.jit
-    def _rows(self, mAcc: cute.Tensor, mOut: cute.Tensor, b_acc: Int32, p0: Int32, out0: Int32,
-              n_rows: Int32, scale: Float32):
-        """n_rows rows: accumulator rows p0 + r of batch entry b_acc -> dq rows out0 + r (flat);
-        p0 starts a band."""
+    def _items(self, mAcc: cute.Tensor, mOut: cute.Tensor, b_acc: Int32, p0: Int32, out0: Int32,
+               n_rows: Int32, first: Int32, scale: Float32):
+        """Warp items first + warp + warps * u (u < POST_DQ_ITEMS) of n_rows rows: accumulator
+        rows p0 + r of batch entry b_acc (p0 starts a band) -> dq rows out0 + r (flat)."""
         tidx, _, _ = cute.arch.thread_idx()
+        warp = tidx // 32
+        lane = tidx % 32
         n_h = mOut.shape[2]
         d = mOut.shape[3]
-        n8 = d // CHUNK32
-        per_row = n_h * n8                          # dq chunks per row, units per band row
-        per_band = 8 * per_row
+        groups = d // (CHUNK32 * DQ_STEPS)          # 32-column groups per row
+        per_band = n_h * groups
+        n_items = cute.ceil_div(n_rows, DQ_BAND) * per_band
         plane = mAcc.shape[2] * d                   # words per head of the accumulator
-        flat_a = cute.make_layout(cute.size(mAcc))
-        flat_o = cute.make_layout(cute.size(mOut))
-        gA = cute.zipped_divide(cute.make_tensor(mAcc.iterator, flat_a), (DQ_UNIT,))   # 64-byte runs
-        gO = cute.zipped_divide(cute.make_tensor(mOut.iterator, flat_o), (CHUNK32,))
-        n = cute.ceil_div(n_rows, DQ_BAND) * per_band
-        for j0 in cutlass.range(0, n, self.per_block, unroll=1):
-            regs = []
-            for k in cutlass.range_constexpr(self.unroll):
-                j = j0 + tidx + k * POST_THREADS
-                t = cute.make_rmem_tensor((DQ_UNIT,), Float32)   # word 4t + 2 (row r + 8) + e: column 2t + e
-                if j < n:
-                    band = j // per_band
-                    rem = j - band * per_band
-                    r = rem // per_row
-                    rem = rem - r * per_row
-                    h = rem // n8
-                    c8 = rem - h * n8
-                    w = (b_acc * n_h + h) * plane + dq_acc_word(p0 + band * DQ_BAND + r, c8 * CHUNK32, d)
-                    cute.autovec_copy(gA[(None, w // DQ_UNIT)], t)      # 4 x LDG.E.128
+        per_row = n_h * (d // CHUNK32)              # dq chunks per row
+        gA = cute.zipped_divide(cute.make_tensor(mAcc.iterator, cute.make_layout(cute.size(mAcc))),
+                                (ZERO_CHUNK,))      # 16-byte chunks of the accumulator
+        gO = cute.zipped_divide(cute.make_tensor(mOut.iterator, cute.make_layout(cute.size(mOut))),
+                                (CHUNK32,))         # 16-byte chunks of dq
+        slot = DQ_STEPS * 32                        # chunks of one warp item
+        sBuf = SmemAllocator().allocate_tensor(
+            Float32, cute.make_layout(self.per_block * slot * ZERO_CHUNK), byte_alignment=16)
+        sC = cute.zipped_divide(sBuf, (ZERO_CHUNK,))
+        regs = []
+        for u in cutlass.range_constexpr(POST_DQ_ITEMS):
+            it = first + warp + self.warps * u
+            band = it // per_band
+            rem = it - band * per_band
+            h = rem // groups
+            g = rem - h * groups
+            base = ((b_acc * n_h + h) * plane + (p0 + band * DQ_BAND) * d + g * (DQ_STEPS * CHUNK32 * DQ_BAND)) // ZERO_CHUNK
+            for k in cutlass.range_constexpr(DQ_STEPS):
+                t = cute.make_rmem_tensor((ZERO_CHUNK,), Float32)
+                if it < n_items:
+                    cute.autovec_copy(gA[(None, base + k * 32 + lane)], t)      # LDG.E.128, 512 B per warp
                 regs.append(t)
-            for k in cutlass.range_constexpr(self.unroll):
-                j = j0 + tidx + k * POST_THREADS
-                if j < n:
-                    band = j // per_band
-                    rem = j - band * per_band
-                    r = rem // per_row
-                    rest = rem - r * per_row                # head x step: the chunk inside the row
-                    for hi in cutlass.range_constexpr(2):   # rows r, r + 8 of the band
-                        row = band * DQ_BAND + r + 8 * hi
-                        if row < n_rows:
-                            cols = cute.make_rmem_tensor((CHUNK32,), Float32)
-                            for c in cutlass.range_constexpr(CHUNK32):
-                                cols[c] = regs[k][4 * (c // 2) + 2 * hi + c % 2]
-                            self._store(cols, gO[(None, (out0 + row) * per_row + rest)], scale, True)
-
-    @cute.kernel
-    def kernel(self, mAcc: cute.Tensor, mOut: cute.Tensor, rows_per_cta: Int32, scale: Float32):
-        x, b, _ = cute.arch.block_idx()
-        s_q = mOut.shape[1]
-        s0 = x * rows_per_cta
-        if s0 < s_q:
-            self._rows(mAcc, mOut, b, s0, b * s_q + s0, cutlass.min(rows_per_cta, s_q - s0), scale)
+        own = warp * POST_DQ_ITEMS * slot
+        for u in cutlass.range_constexpr(POST_DQ_ITEMS):
+            for k in cutlass.range_constexpr(DQ_STEPS):
+                cute.autovec_copy(regs[u * DQ_STEPS + k], sC[(None, own + u * slot + k * 32 + (lane ^ k))])
+        cute.arch.sync_warp()
+        r = lane // 4
+        q = lane % 4
+        for u in cutlass.range_constexpr(POST_DQ_ITEMS):
+            it = first + warp + self.warps * u
+            band = it // per_band
+            rem = it - band * per_band
+            h = rem // groups
+            g = rem - h * groups
+            v = []
+            for i in cutlass.range_constexpr(4):     # chunk 4 r + i of step q: rows r, r + 8 x columns 2 i, + 1
+                t = cute.make_rmem_tensor((ZERO_CHUNK,), Float32)
+                cute.autovec_copy(sC[(None, own + u * slot + q * 32 + ((4 * r + i) ^ q))], t)
+                v.append(t)
+            for hi in cutlass.range_constexpr(2):   # rows r, r + 8 of the band
+                row = band * DQ_BAND + r + 8 * hi
+                if it < n_items and row < n_rows:
+                    cols = cute.make_rmem_tensor((CHUNK32,), Float32)
+                    for c in cutlass.range_constexpr(CHUNK32):
+                        cols[c] = v[c // 2][2 * hi + c % 2]
+                    self._store(cols, gO[(None, (out0 + row) * per_row + h * (d // CHUNK32) + g * DQ_STEPS + q)],
+                                scale, True)
 
     @cute.jit
-    def __call__(self, mAcc: cute.Tensor, mOut: cute.Tensor, rows_per_cta: Int32, scale: Float32, stream):
-        grid = (cute.ceil_div(mOut.shape[1], rows_per_cta), mOut.shape[0], 1)
-        self.kernel(mAcc, mOut, rows_per_cta, scale).launch(grid=grid, block=[POST_THREADS, 1, 1], stream=stream)
+    def _grid_x(self, rows: Int32, mOut: cute.Tensor):
+        """CTAs of one sequence of `rows` rows."""
+        per_band = mOut.shape[2] * (mOut.shape[3] // (CHUNK32 * DQ_STEPS))
+        return cute.ceil_div(cute.ceil_div(rows, DQ_BAND) * per_band, self.per_block)
+
+    @cute.kernel
+    def kernel(self, mAcc: cute.Tensor, mOut: cute.Tensor, scale: Float32):
+        x, b, _ = cute.arch.block_idx()
+        s_q = mOut.shape[1]
+        self._items(mAcc, mOut, b, Int32(0), b * s_q, s_q, x * self.per_block, scale)
+
+    @cute.jit
+    def __call__(self, mAcc: cute.Tensor, mOut: cute.Tensor, scale: Float32, stream):
+        grid = (self._grid_x(mOut.shape[1], mOut), mOut.shape[0], 1)
+        self.kernel(mAcc, mOut, scale).launch(grid=grid, block=[POST_THREADS, 1, 1], stream=stream)
 
     def fake_args(self):
-        return [_fake(Float32, 4, div=4), _fake(self.dtype, 4, div=8), Int32(1), Float32(1.0)]
+        return [_fake(Float32, 4, div=4), _fake(self.dtype, 4, div=8), Float32(1.0)]
 
 
 class PostDqVarlenKernel(PostDqKernel):
-    """PostDqKernel on packed sequences (PostKey varlen): grid (row blocks of max_seqlen_q, B)."""
+    """PostDqKernel on packed sequences (PostKey varlen): grid (CTAs of max_seqlen_q, B); a CTA past
+    its sequence's items exits."""
 
     @cute.kernel
-    def kernel(self, mAcc: cute.Tensor, mOut: cute.Tensor, mCuQ: cute.Tensor, rows_per_cta: Int32,
-               scale: Float32):
+    def kernel(self, mAcc: cute.Tensor, mOut: cute.Tensor, mCuQ: cute.Tensor, scale: Float32):
         x, b, _ = cute.arch.block_idx()
         off = mCuQ[b]
         s_q = mCuQ[b + 1] - off
         off_pad = (off + b * VARLEN_PAD) // VARLEN_PAD * VARLEN_PAD   # prepost_launch.varlen_padded_offset
-        s0 = x * rows_per_cta
-        if s0 < s_q:
-            self._rows(mAcc, mOut, Int32(0), off_pad + s0, off + s0, cutlass.min(rows_per_cta, s_q - s0), scale)
+        self._items(mAcc, mOut, Int32(0), off_pad, off, s_q, x * self.per_block, scale)
 
     @cute.jit
     def __call__(self, mAcc: cute.Tensor, mOut: cute.Tensor, mCuQ: cute.Tensor, max_seqlen_q: Int32,
-                 rows_per_cta: Int32, scale: Float32, stream):
-        grid = (cute.ceil_div(max_seqlen_q, rows_per_cta), mCuQ.shape[0] - 1, 1)
-        self.kernel(mAcc, mOut, mCuQ, rows_per_cta, scale).launch(
-            grid=grid, block=[POST_THREADS, 1, 1], stream=stream)
+                 scale: Float32, stream):
+        grid = (self._grid_x(max_seqlen_q, mOut), mCuQ.shape[0] - 1, 1)
+        self.kernel(mAcc, mOut, mCuQ, scale).launch(grid=grid, block=[POST_THREADS, 1, 1], stream=stream)
 
     def fake_args(self):
         cu = cute.runtime.make_fake_tensor(Int32, (cute.sym_int(32),), (1,), assumed_align=4)
-        return [_fake(Float32, 4, div=4), _fake(self.dtype, 4, div=8), cu, Int32(1), Int32(1), Float32(1.0)]
+        return [_fake(Float32, 4, div=4), _fake(self.dtype, 4, div=8), cu, Int32(1), Float32(1.0)]
 
 
 def kernel_for(key):

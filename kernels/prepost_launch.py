@@ -233,12 +233,6 @@ def preprocess_varlen(dout, out, lse, cu_seqlens_q, max_seqlen_q: int, needs_lse
     return lse2, dsum
 
 
-def _rows_per_cta(h_q: int, d: int) -> int:
-    """PostDqKernel's rows per CTA: whole 16-row bands, at least ~8192 values (POST_THREADS x
-    POST_UNROLL 8-value chunks' worth)."""
-    return -(-max(1, 1024 // (h_q * d // CHUNK32)) // DQ_BAND) * DQ_BAND
-
-
 def postprocess_dq(dq_acc, scale: float, dtype, s_q: int):
     """Drop-in for attn_bwd_prepost.postprocess_dq: dq (B, S_q, H, D) in dtype from the dense
     accumulator (B, H, S_pad, D), bit-identical."""
@@ -252,7 +246,7 @@ def postprocess_dq(dq_acc, scale: float, dtype, s_q: int):
     if dq.numel() == 0:
         return dq
     _check(dq_acc)
-    _run(PostKey(_dtype_name(dtype), "dq"), (dq_acc, dq, _rows_per_cta(h_q, d), float(scale)))
+    _run(PostKey(_dtype_name(dtype), "dq"), (dq_acc, dq, float(scale)))
     return dq
 
 
@@ -270,9 +264,8 @@ def postprocess_dq_varlen(dq_acc, scale: float, dtype, cu_seqlens_q, max_seqlen_
     if total_q == 0 or max_seqlen_q == 0:
         return dq[0]
     _check(dq_acc)
-    rpc = _rows_per_cta(h_q, d)
     _run(PostKey(_dtype_name(dtype), "dq", varlen=True),
-         (dq_acc, dq, cu_seqlens_q, int(max_seqlen_q), rpc, float(scale)))
+         (dq_acc, dq, cu_seqlens_q, int(max_seqlen_q), float(scale)))
     return dq[0]
 
 

@@ -1,6 +1,8 @@
 """Compile tier: the backward's CuTe pre/post kernels (kernels/attn_bwd_prepost_sm90.py)
 build for sm_90a on the CPU; SASS: 128-bit global loads where expected, no spills.
 CPU tier: the entries' input checks against the torch reference (kernels/attn_bwd_prepost.py)."""
+import re
+
 import pytest
 
 pytest.importorskip("cutlass")
@@ -20,7 +22,9 @@ def _build(key):
         c = sass.compile_sm90(k, *k.fake_args(), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=False))
         regs = sass.registers(c.artifacts.CUBIN)
         assert len(regs) == 1, regs
-        _BUILT[key] = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN)), next(iter(regs.values()))
+        text = sass.disassemble(c.artifacts.CUBIN)
+        counts = dict(sass.count_opcodes(text), **{op: len(re.findall(rf"\b{op}\b", text)) for op in ("STS.128", "LDS.128")})
+        _BUILT[key] = counts, next(iter(regs.values()))
     return _BUILT[key]
 
 
@@ -30,7 +34,7 @@ def _build(key):
 @pytest.mark.parametrize("base", ["e", "2"])
 def test_pre_sass(dtype, d, base):
     c, regs = _build(P.PreKey(dtype, d, True, True, base))
-    # one row per D/32 lanes, 4 chunks of dO and 4 of O per lane: 8 x 16-byte loads
+    # one row per D/8 lanes, one chunk of dO and of O per lane and pass, 4 passes: 8 x 16-byte loads
     assert c["LDG.E.128"] == 2 * P.PRE_CHUNKS, c
     assert c["STL"] == 0 and c["LDL"] == 0, c
     assert c["MUFU"] == 0, c
@@ -61,13 +65,14 @@ def test_post_sass(dtype):
 @pytest.mark.compile
 @pytest.mark.parametrize("varlen", [False, True])
 def test_post_dq_sass(varlen):
-    """PostDqKernel: UNROLL / 2 units per step, each the 64 contiguous bytes of rows r, r + 8 x 8
-    columns (4 x LDG.E.128) and 2 x STG.E.128 (one chunk per row), no spills."""
+    """PostDqKernel: per warp item DQ_STEPS warp-wide 16-byte loads, as many 16-byte smem stores
+    and loads (the XOR-placed chunks), 2 x STG.E.128 (one chunk per row r, r + 8), no spills."""
     c, regs = _build(P.PostKey("bf16", "dq", varlen))
-    units = P.POST_UNROLL * P.CHUNK32 // P.DQ_UNIT
-    assert c["LDG.E.128"] == 4 * units and c["LDG.E.64"] == 0, c
-    assert c["STG.E.128"] == 2 * units, c
-    assert c["F2FP"] == 2 * units * 4, c
+    n = P.POST_DQ_ITEMS * P.DQ_STEPS
+    assert c["LDG.E.128"] == n and c["LDG.E.64"] == 0, c
+    assert c["STS.128"] == n and c["LDS.128"] == n, c
+    assert c["STG.E.128"] == 2 * P.POST_DQ_ITEMS, c
+    assert c["F2FP"] == 2 * P.POST_DQ_ITEMS * 4, c
     assert c["STL"] == 0 and c["LDL"] == 0, c
     assert regs <= 64, regs
 
@@ -98,21 +103,21 @@ def test_tvm_ffi_signatures():
         post(acc, acc, x, x, 0.125)
     post_dq = L.get_compiled(P.PostKey("bf16"))
     with pytest.raises(Exception, match="device_type=cuda"):
-        post_dq(torch.zeros(1, 4, 256, 136), x, 2, 0.125)
+        post_dq(torch.zeros(1, 4, 256, 136), x, 0.125)
 
 
 @pytest.mark.compile
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("flags", [(True, True), (False, False)], ids=str)
 def test_pre_zero_dq_sass(d, flags):
-    """PreZeroKernel: the pre kernel's loads plus 8 x 16-byte zero stores per thread
-    (D / 4 chunks per row over D / 32 lanes), no spills."""
+    """PreZeroKernel: the pre kernel's loads plus 8 x 16-byte zero stores per thread (the
+    CTA's rows x D words, 1024 chunks over 128 threads), no spills."""
     import cutlass.cute as cute
     key = P.PreKey("bf16", d, *flags, zero_dq=True)
     k = P.PreZeroKernel(key)
     c = sass.compile_sm90(k, *k.fake_args(), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=False))
     n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN))
-    assert n["STG.E.128"] == d // P.ZERO_CHUNK // k.lanes == 8, n
+    assert n["STG.E.128"] == k.rows * d // P.ZERO_CHUNK // P.PRE_THREADS == 8, n
     assert n["LDG.E.128"] == (2 * P.PRE_CHUNKS if flags[1] else 0), n
     assert n["STL"] == 0 and n["LDL"] == 0, n
 

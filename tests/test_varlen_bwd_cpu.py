@@ -152,7 +152,7 @@ def test_backward_varlen_launch_contract(monkeypatch):
         def fn(*args):
             calls.setdefault(kind, []).append((key, args))
             if kind == "attn_bwd_prepost" and not hasattr(key, "needs_lse") and key.part == "dq":   # post dQ
-                dq_acc, dq4, cu, max_q, _, scale = args
+                dq_acc, dq4, cu, max_q, scale = args
                 assert key.varlen and cu is cu_q and max_q == 130
                 dq4[0].copy_(ref.postprocess_dq_varlen(dq_acc, scale, dq4.dtype, cu_q_l))
             elif kind == "attn_bwd_prepost" and not hasattr(key, "needs_lse"):   # post dK, dV
