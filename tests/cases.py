@@ -362,7 +362,12 @@ def select_shard(cases: list, spec: Optional[str] = None) -> list:
 # Cases that fail on the H200 for a reason found and documented but not yet fixed, run as strict
 # xfails (an unexpected pass fails too, so a fix must remove its entry).  Found 2026-12-01 at
 # 15eb355 and again at 7c848a4 (bench/results/correctness.md, docs/MEASURED.md poly-rule-domain).
-KNOWN_DEFECTS: dict = {}
+KNOWN_DEFECTS: dict = {
+    "fuzz20261201_208-softcap-poly-bf16-d128-causal-b1-sq1-sk4-h4x4-padded3-cap21":
+        "the constant row max's own rounding (O over the rounded P's sum) misses the rule on dK by 1.05x on "
+        "this 1 x 4 draw; the kernel equals the CPU model of that arithmetic to 3e-6 on these inputs, the "
+        "online max passes (0.70x); 1 of 101 GPU draws of the shape (docs/MEASURED.md fwd-fixed-max-fuzz-miss)",
+}
 
 
 def params(case_list: list) -> list:
