@@ -23,7 +23,7 @@ records the mean SM clock, board power and clock-event reasons of its own segmen
 power_w, clock_reasons: under the power cap a row's clock depends on its neighbours' draw).  The
 driver rewrites the JSON and Markdown after
 every cell, stops starting cells when `--budget-s` would be exceeded, and draws the PNGs at the
-end.  FLOPs: 4 B Hq S^2 D forward, halved when causal, backward 2.5x the forward (the standard
+end (into figures/ beside the JSON).  FLOPs: 4 B Hq S^2 D forward, halved when causal, backward 2.5x the forward (the standard
 attention convention; sigmoid counted the same).  Peak: 989 TFLOP/s (H200 dense BF16).
 """
 from __future__ import annotations
@@ -905,7 +905,11 @@ def write_report(payload: dict, json_path: str, plots: bool = True) -> None:
         f.write(markdown(payload))
     if plots and payload["rows"]:
         try:
-            made = plot(payload, os.path.splitext(json_path)[0])
+            # the PNGs go to figures/ beside the JSON (bench/results/figures/sweep_*.png, the README's links)
+            stem = os.path.splitext(os.path.basename(json_path))[0]
+            fig_dir = os.path.join(os.path.dirname(os.path.abspath(json_path)), "figures")
+            os.makedirs(fig_dir, exist_ok=True)
+            made = plot(payload, os.path.join(fig_dir, stem))
             protocol.progress(f"wrote {json_path}, {md} and {len(made)} PNGs")
         except ImportError as e:
             protocol.progress(f"wrote {json_path} and {md}; no PNGs ({e})")

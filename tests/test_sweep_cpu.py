@@ -176,9 +176,10 @@ def test_report_writer_json_markdown_and_pngs(tmp_path):
     assert "softmax-d64-full-h32-32-s512-b32 | failed (rc=-9)" in md
     assert "4 B Hq S^2 D" in md and "989" in md
     pytest.importorskip("matplotlib")
-    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert not list(tmp_path.glob("*.png"))     # figures/ beside the JSON, as bench/results/figures
+    pngs = sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
     assert pngs == ["sweep_sigmoid_full.png", "sweep_softcap_causal.png", "sweep_softmax_causal.png"]
-    assert all((tmp_path / p).stat().st_size < 150_000 for p in pngs)
+    assert all((tmp_path / "figures" / p).stat().st_size < 150_000 for p in pngs)
 
 
 def test_merge_later_file_wins(tmp_path):
