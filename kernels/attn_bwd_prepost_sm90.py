@@ -21,9 +21,9 @@ pre (one launch): for every (batch, head, query row)
   LDG.E.128 per thread, all issued before the math).  Each lane sums its 8 products per row
   in order, then a shuffle butterfly (3-5 steps) adds the row's lanes.  One CTA = 64 rows
   (D=64), 32 (D=128) or 16 (D=256) of one head; thread t < rows also converts LSE of row t
-  (coalesced 4-byte reads and writes).  (Two lanes per row at D = 64, each reading 4
-  chunks, had a warp's load touch 16 lines per instruction: the L1 request rate, not DRAM,
-  bounded the kernel; docs/MEASURED.md bwd-prepost-lines.)
+  (coalesced 4-byte reads and writes).  (Fewer lanes per row, each reading several chunks,
+  would have a warp's load touch up to 16 lines, part of each: the L1's request rate, not
+  DRAM, would bound the kernel; docs/MEASURED.md bwd-prepost-lines.)
 
 post: dq = dq_acc * scale (PostDqKernel: the accumulator's rows reordered, kernels/
     prepost_launch.py, "The dQ accumulator"), and (PostKernel, one launch for both; head_loop
@@ -337,9 +337,9 @@ class PostDqKernel(PostKernel):
     r + 8 x the step's 8 columns in register order, so each lane writes two 16-byte chunks of dq
     (a warp's store: 8 rows x 64 contiguous bytes).  The XOR spreads both the stores (a warp's 32
     chunks of a step are a permutation of one 512-byte run) and the loads (the 8 lanes of a
-    quarter-warp phase read 8 distinct 16-byte bank groups) over the banks.  (Loading each lane's
-    64 contiguous bytes straight from global memory, as an earlier version did, had a warp
-    instruction touch 32 lines: the L1 request rate bounded the kernel, not DRAM.)
+    quarter-warp phase read 8 distinct 16-byte bank groups) over the banks.  (A lane loading its
+    own 64 contiguous bytes from global memory would have each warp load touch 32 lines, 16
+    bytes of each: the L1's request rate, not DRAM, would bound the kernel.)
 
     A CTA runs POST_DQ_ITEMS items per warp: grid (items of the longest sequence / items per CTA,
     B); items order (band, head, group), group fastest.  Varlen (PostKey.varlen): packed dq (1,
@@ -351,6 +351,14 @@ class PostDqKernel(PostKernel):
         super().__init__(key)
         self.warps = POST_THREADS // 32
         self.per_block = self.warps * POST_DQ_ITEMS              # warp items per CTA
+
+    @staticmethod
+    def _item(it, per_band, groups):
+        """Warp item it -> (it, band, head, group): items in (band, head, group) order, group fastest."""
+        band = it // per_band
+        rem = it - band * per_band
+        h = rem // groups
+        return it, band, h, rem - h * groups
 
     @cute.jit
     def _items(self, mAcc: cute.Tensor, mOut: cute.Tensor, b_acc: Int32, p0: Int32, out0: Int32,
@@ -377,11 +385,7 @@ class PostDqKernel(PostKernel):
         sC = cute.zipped_divide(sBuf, (ZERO_CHUNK,))
         regs = []
         for u in cutlass.range_constexpr(POST_DQ_ITEMS):
-            it = first + warp + self.warps * u
-            band = it // per_band
-            rem = it - band * per_band
-            h = rem // groups
-            g = rem - h * groups
+            it, band, h, g = self._item(first + warp + self.warps * u, per_band, groups)
             base = ((b_acc * n_h + h) * plane + (p0 + band * DQ_BAND) * d + g * (DQ_STEPS * CHUNK32 * DQ_BAND)) // ZERO_CHUNK
             for k in cutlass.range_constexpr(DQ_STEPS):
                 t = cute.make_rmem_tensor((ZERO_CHUNK,), Float32)
@@ -395,12 +399,8 @@ class PostDqKernel(PostKernel):
         cute.arch.sync_warp()
         r = lane // 4
         q = lane % 4
-        for u in cutlass.range_constexpr(POST_DQ_ITEMS):
-            it = first + warp + self.warps * u
-            band = it // per_band
-            rem = it - band * per_band
-            h = rem // groups
-            g = rem - h * groups
+        for u in cutlass.range_constexpr(POST_DQ_ITEMS):   # the decode again: cheaper than keeping it live
+            it, band, h, g = self._item(first + warp + self.warps * u, per_band, groups)
             v = []
             for i in cutlass.range_constexpr(4):     # chunk 4 r + i of step q: rows r, r + 8 x columns 2 i, + 1
                 t = cute.make_rmem_tensor((ZERO_CHUNK,), Float32)
