@@ -8,6 +8,11 @@ D=128, causal, BF16, softcap 50) `--launches` times with the given plan override
 (bench/tools/plan_knobs.py, e.g. pingpong=0),
 so that `--launch-skip 2` profiles a warm launch. Profiling itself is done by ncu (see
 `bash bench/round.sh ncu`); this file only makes the launches.
+
+`--impl fa4` launches flash-attn-4's forward instead (`--kernel-name regex:ForwardSm90`), `--impl
+cudnn` cuDNN's through torch SDPA (softmax; MHA, or GQA where this torch passes enable_gqa through;
+its kernel name differs between cuDNN versions: `ncu --kernel-name regex:cudnn|sm90` and read the
+report's names), for a profile beside ours at the same shape.
 """
 from __future__ import annotations
 
@@ -48,10 +53,40 @@ def launcher_plan(args, q, k, v, knob=None):
                                softcap=50.0 if args.mode == "softcap" else None)
 
 
+def launch_baseline(args) -> int:
+    """FA4's or cuDNN's forward at the launcher's shape, args.launches times."""
+    import torch
+    q, k, v = launcher_inputs(args, 3)
+    causal = not args.non_causal
+    if args.impl == "fa4":
+        from flash_attn.cute import flash_attn_func
+        fn = lambda: flash_attn_func(q, k, v, causal=causal, softcap=50.0 if args.mode == "softcap" else 0.0)
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+        def fn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=causal, enable_gqa=args.hq != args.hkv)
+    for _ in range(args.launches):
+        fn()
+    torch.cuda.synchronize()
+    print(f"{args.impl} fwd {args.mode} D={args.headdim} S={args.seqlen}: {args.launches} launches done")
+    return 0
+
+
 def main(argv=None) -> int:
     p = launcher_parser(__doc__)
+    p.add_argument("--impl", choices=("ours", "fa4", "cudnn"), default="ours")
     p.add_argument("--knob", help="plan overrides NAME=VALUE[+NAME=VALUE...] (bench/tools/plan_knobs.py)")
     args = p.parse_args(argv)
+    if args.impl != "ours":
+        if args.knob:
+            p.error("--knob: plan overrides apply to --impl ours only")
+        if args.impl == "cudnn" and args.mode != "softmax":
+            p.error(f"--impl cudnn: softmax only (got --mode {args.mode})")
+        return launch_baseline(args)
     knob = None
     if args.knob:
         try:
