@@ -8,7 +8,9 @@ and shard; bench/round.sh correctness runs them).  A case recorded twice (a reru
 its last record.  Writes: device, date, commit (bench/protocol.commit_id), cases run / passed /
 failed / raised per tier, and per mode x evaluator x direction (fwd O, LSE, dQ, dK, dV) the
 largest error ratio to torch, ratio = err / (2 x torch_err + floor) (<= 1 passes, see
-tests/rule_harness.py), with the case that has it; the worst case overall; every failure.
+tests/rule_harness.py), with the case that has it; the worst case overall; every failure, those of
+tests/cases.py KNOWN_DEFECTS (strict xfails) marked as known.  Exit status 1 when a failure is new or a
+known defect passed, else 0.
 
 Nothing runs on import; collect() and summarize() are the CPU-tested parts.
 """
@@ -76,13 +78,17 @@ def summarize(records: list) -> dict:
                 overall = {"ratio": ratio, "direction": d, "id": r.get("id"), "tier": r.get("tier")}
     fails = [{"tier": r.get("tier"), "id": r.get("id"), "status": r.get("status"),
               "why": r.get("message") or "; ".join(f"{d}: {c.get('why')}" for d, c in (r.get("checks") or {}).items()
-                                                  if not c.get("ok"))}
+                                                  if not c.get("ok")),
+              "known": "known_defect" in r}
              for r in records if r.get("status") != "passed"]
+    # a KNOWN_DEFECTS case that passed: its strict xfail fails the shard; the entry is to go
+    known_passed = sorted(str(r.get("id")) for r in records if r.get("status") == "passed" and "known_defect" in r)
     devices = sorted({r.get("device") for r in records if r.get("device")})
     seeds = sorted({int(m.group(1)) for r in records if r.get("tier") == "fuzz"
                     for m in [re.match(r"fuzz(\d+)_", str(r.get("id")))] if m})
     return {"devices": devices, "fuzz_seeds": seeds, "tiers": tiers, "max_ratio": worst, "worst": overall,
-            "failures": sorted(fails, key=lambda f: (f["tier"] or "", f["id"] or ""))}
+            "failures": sorted(fails, key=lambda f: (f["tier"] or "", f["id"] or "")),
+            "known_passed": known_passed}
 
 
 def _fmt(x) -> str:
@@ -121,10 +127,16 @@ def markdown(payload: dict) -> str:
         lines += ["", f"Worst case: `{w['id']}` ({w['tier']}), {DIRECTION_NAMES.get(w['direction'], w['direction'])} "
                       f"ratio {_fmt(w['ratio'])}."]
     if payload["failures"]:
-        lines += ["", f"Failures ({len(payload['failures'])}):", ""]
-        lines += [f"- {f['tier']} `{f['id']}` {f['status']}: {f['why']}" for f in payload["failures"][:60]]
+        known = sum(1 for f in payload["failures"] if f.get("known"))
+        lines += ["", f"Failures ({len(payload['failures'])}; {known} of them known defects, strict xfails in "
+                      "tests/cases.py KNOWN_DEFECTS):", ""]
+        lines += [f"- {f['tier']} `{f['id']}` {f['status']}{' (known defect)' if f.get('known') else ''}: {f['why']}"
+                  for f in payload["failures"][:60]]
         if len(payload["failures"]) > 60:
             lines.append(f"- ... and {len(payload['failures']) - 60} more (correctness.json)")
+    if payload.get("known_passed"):
+        lines += ["", "Known defects that passed (their strict xfails fail; delete the KNOWN_DEFECTS entries): "
+                  + ", ".join(f"`{i}`" for i in payload["known_passed"])]
     return "\n".join(lines) + "\n"
 
 
@@ -179,7 +191,11 @@ def main(argv=None) -> int:
     if w:
         print(f"worst: {w['id']} {w['direction']} ratio {_fmt(w['ratio'])}")
     print(f"wrote {args.json} and {os.path.splitext(args.json)[0]}.md")
-    return 0 if not payload["failures"] else 1
+    new = [f for f in payload["failures"] if not f.get("known")]
+    if payload.get("known_passed"):
+        print("known defects that passed (delete their KNOWN_DEFECTS entries): " + ", ".join(payload["known_passed"]))
+    # exit 0 when every failure is a known defect (the tier's verdict: nothing new)
+    return 0 if not new and not payload.get("known_passed") else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ the cases by variant, the draws are reproducible, and the whole harness path (la
 windows, autograd, the rule, the records) runs with backend="reference" on small cases."""
 import json
 import math
+import re
 
 import pytest
 
@@ -282,6 +283,37 @@ def test_collector_merges_shards_and_names_the_worst_case(tmp_path):
     assert "| catalogue | 4 | 2 | 1 | 1 |" in md and "| sigmoid/poly | 0.300 | — | 1.400 |" in md
     assert "Worst case: `c` (catalogue), dQ ratio 1.400" in md and "Fuzz seed: 42" in md
     assert C.main(["collect", str(tmp_path), "--json", str(out)]) == 1   # failures: non-zero exit
+
+
+def test_collector_tells_known_defects_from_new_failures(tmp_path):
+    """A failure recorded with known_defect (a KNOWN_DEFECTS case: tests/rule_harness.case_fields) is
+    marked known and alone does not fail the collection; a known defect that passed does."""
+    C = _bench_correctness()
+    known = dict(_rec("fuzz", "fuzz7_1-k", "softcap", "poly", dk=1.05), known_defect="why")
+    (tmp_path / "fuzz-shard0of1.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in [known, _rec("fuzz", "fuzz7_2-ok", "softmax", "native", dq=0.5)]) + "\n")
+    out = tmp_path / "correctness.json"
+    payload = C.collect(str(tmp_path), str(out))
+    assert [(f["id"], f["known"]) for f in payload["failures"]] == [("fuzz7_1-k", True)]
+    assert "(known defect)" in (tmp_path / "correctness.md").read_text()
+    assert C.main(["collect", str(tmp_path), "--json", str(out)]) == 0
+    (tmp_path / "catalogue-shard0of1.jsonl").write_text(json.dumps(_rec("catalogue", "n", "softmax", "native", o=1.5)) + "\n")
+    assert C.main(["collect", str(tmp_path), "--json", str(out)]) == 1          # a new failure
+    (tmp_path / "catalogue-shard0of1.jsonl").unlink()
+    fixed = dict(_rec("fuzz", "fuzz7_1-k", "softcap", "poly", dk=0.9), known_defect="why")
+    (tmp_path / "fuzz-shard0of1.jsonl").write_text(json.dumps(fixed) + "\n")
+    assert C.collect(str(tmp_path), str(out))["known_passed"] == ["fuzz7_1-k"]
+    assert C.main(["collect", str(tmp_path), "--json", str(out)]) == 1          # its entry is to go
+
+
+def test_harness_marks_known_defects():
+    kid = next(i for i in cases.KNOWN_DEFECTS if i.startswith("fuzz"))
+    seed = int(re.match(r"fuzz(\d+)_", kid).group(1))
+    draws = cases.fuzz_cases(seed=seed)
+    case = next(c for c in draws if c.id == kid)
+    assert H.case_fields(case, "reference")["known_defect"] == cases.KNOWN_DEFECTS[kid]
+    other = next(c for c in draws if c.id not in cases.KNOWN_DEFECTS)
+    assert "known_defect" not in H.case_fields(other, "reference")
 
 
 def test_collector_refuses_empty_dirs_and_bad_lines(tmp_path):
