@@ -36,6 +36,7 @@ import math
 import time
 
 import torch
+from cases import KNOWN_DEFECTS
 
 # the rule itself: one implementation, in the package, re-exported here
 from flash_attn_poly.testing import (DTERM_SIGMAS, FACTOR, FLOOR_EPS_FRACTION, FP32_NOISE,  # noqa: F401
@@ -209,7 +210,6 @@ def _device_name(backend: str) -> str:
 
 
 def case_fields(case, backend: str) -> dict:
-    from cases import KNOWN_DEFECTS
     rec = {"tier": case.tier, "backend": backend, "device": _device_name(backend), "id": case.id, "variant": case.variant.name, "mode": case.mode,
            "evaluator": case.evaluator, "dtype": case.dtype, "head_dim": case.head_dim,
            "causal": case.causal, "window": list(case.window_size), "layout": case.layout,

@@ -10,9 +10,10 @@ so that `--launch-skip 2` profiles a warm launch. Profiling itself is done by nc
 `bash bench/round.sh ncu`); this file only makes the launches.
 
 `--impl fa4` launches flash-attn-4's forward instead (`--kernel-name regex:ForwardSm90`), `--impl
-cudnn` cuDNN's through torch SDPA (softmax; MHA, or GQA where this torch passes enable_gqa through;
-its kernel name differs between cuDNN versions: `ncu --kernel-name regex:cudnn|sm90` and read the
-report's names), for a profile beside ours at the same shape.
+cudnn` cuDNN's through torch SDPA (softmax; GQA as the sweep calls it: enable_gqa, or K / V
+expanded where this torch does not pass it through; its kernel name differs between cuDNN
+versions: `ncu --kernel-name regex:cudnn|sm90`, then read the report's names), for a profile
+beside ours at the same shape.
 """
 from __future__ import annotations
 
@@ -54,25 +55,18 @@ def launcher_plan(args, q, k, v, knob=None):
 
 
 def launch_baseline(args) -> int:
-    """FA4's or cuDNN's forward at the launcher's shape, args.launches times."""
+    """FA4's or cuDNN's forward at the launcher's shape, args.launches times: the calls the sweep
+    times (bench/sweep.py _make, softcap 50 as here)."""
     import torch
+    import sweep
     q, k, v = launcher_inputs(args, 3)
-    causal = not args.non_causal
-    if args.impl == "fa4":
-        from flash_attn.cute import flash_attn_func
-        fn = lambda: flash_attn_func(q, k, v, causal=causal, softcap=50.0 if args.mode == "softcap" else 0.0)
-    else:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-
-        def fn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return torch.nn.functional.scaled_dot_product_attention(
-                    qt, kt, vt, is_causal=causal, enable_gqa=args.hq != args.hkv)
+    cell = sweep.Cell(args.mode, args.headdim, not args.non_causal, args.hq, args.hkv, args.seqlen, args.batch)
+    made = sweep._make(args.impl, args.mode, cell, q, k, v)
     for _ in range(args.launches):
-        fn()
+        made.fn()
     torch.cuda.synchronize()
-    print(f"{args.impl} fwd {args.mode} D={args.headdim} S={args.seqlen}: {args.launches} launches done")
+    print(f"{args.impl} fwd {args.mode} D={args.headdim} S={args.seqlen}: {args.launches} launches done"
+          + (f" ({made.note})" if made.note else ""))
     return 0
 
 
