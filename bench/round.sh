@@ -17,7 +17,11 @@
 #   accuracy     bench/accuracy.py: output and gradient error vs FP64, every mode and evaluator
 #   elementwise  bench/elementwise.py, CUDA-graph device time, then eager
 #   ncu          Nsight Compute of one warm launch per default build (forward and backward, anchor
-#                and Gemma-2 D = 256), summarised by bench/tools/ncu_summary.py
+#                and Gemma-2 D = 256), summarised by bench/tools/ncu_summary.py (samples before / in /
+#                after the main loop included); NCU_BUILDS="name@kernel regex@launcher args;..." profiles
+#                those instead (ours, FA4's or cuDNN's kernels, e.g. "bwd_d64_fa4@BackwardSm90@bench/tools/
+#                ncu_bwd.py --impl fa4 --hq 32 --hkv 32 --headdim 64 --batch 2 --seqlen 8192"; a name starting
+#                with bwd_ is a backward build)
 #   first_call   bench/tools/first_call.py: import + first call per mode, cold and warm compile cache
 #   train_model  bench/train_model.py (issue 29): Gemma-2-2B at S = 4096 through transformers, arms flex, ours
 #                native, ours poly, 100 compiled training steps each, alternating in one process (~7-8 min, stops
@@ -98,7 +102,15 @@ phase_ncu() {   # one warm launch per build under ncu --set full; raw and SASS p
     ncu -i "$d/$n.ncu-rep" --page source --csv --print-source sass > "$d/${n}_sass.csv" 2>&1
     rm -f "$d/$n.ncu-rep"; gzip -f "$d/${n}_raw.csv" "$d/${n}_sass.csv"
   }
-  local G="--headdim 256 --seqlen 8192 --hq 8 --hkv 4" b e
+  local G="--headdim 256 --seqlen 8192 --hq 8 --hkv 4" b e n k a
+  if [ -n "${NCU_BUILDS:-}" ]; then
+    while IFS='@' read -r n k a; do
+      [ -n "$n" ] && ncu_k "$k" "$n" ${a}   # word splitting of the launcher and its arguments intended
+    done < <(printf '%s\n' "$NCU_BUILDS" | tr ';' '\n')
+    t ncu_summary 60 python3 bench/tools/ncu_summary.py "$d" --json "$W/attn_ncu.json" --note "NCU_BUILDS: $NCU_BUILDS"
+    cp "$W/attn_ncu.md" "$OUT/" 2>/dev/null
+    return
+  fi
   for b in softmax:native softcap:native softcap:poly sigmoid:native sigmoid:poly; do
     ncu_k AttnFwdSm90 "${b%%:*}_${b##*:}" bench/tools/ncu_fwd.py --mode "${b%%:*}" --evaluator "${b##*:}"
   done

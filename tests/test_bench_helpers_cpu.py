@@ -335,7 +335,33 @@ def test_ncu_summary_on_a_synthetic_round(tmp_path):
     assert not any(k.startswith("loop: ") for k in rows["bwd_softmax_native"])
     assert rows["bwd_softmax_native"]["stall: math_pipe_throttle"] == pytest.approx(0.75)
     assert "stall: wait_not_issued" not in rows["bwd_softmax_native"]
-    assert (tmp_path / "ncu.md").read_text().count("| softcap_poly |") == 3
+    assert (tmp_path / "ncu.md").read_text().count("| softcap_poly |") == 4   # pipes, loop, stalls, phases
+
+
+def test_ncu_summary_splits_samples_by_phase(tmp_path):
+    """ncu_summary.phases: the main loop is the range of the most executed HGMMA lines widened to
+    its closing backward branch (a mbarrier retry loop before it, a peeled first HGMMA and the
+    conditional lines inside it stay where they lie); samples before / in / after sum to all."""
+    import ncu_summary as N
+    _ncu_round(tmp_path, ["k"])
+    page = [("MOV R1, c[0x0][0x28]", 384, 5), ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2", 500, 300),
+            ("@!P0 BRA 0x7f10", 500, 100), ("HGMMA.64x128x16.F32 R0, gdesc[UR4], RZ", 128, 2),
+            ("HGMMA.64x128x16.F32 R0, gdesc[UR4], RZ", 1024, 40), ("MUFU.EX2 R1, R2", 1024, 60),
+            ("@P1 BRA 0x7f80", 1024, 1), ("FSEL R1, R2, RZ, P0", 64, 7),
+            ("HGMMA.64x128x16.F32 R8, gdesc[UR8], R8", 1024, 30), ("ISETP.GE.AND P2, PT, R3, R4, PT", 1024, 3),
+            ("@P2 BRA 0x7f40", 1024, 4), ("STG.E.128 [R2], R4", 128, 50), ("EXIT", 128, 1)]
+    rows = [["# source page"], ["# Address", "Source", N.SAMPLES, "Instructions Executed"]]
+    rows += [[f"0x{0x7f00 + 16 * i:x}", src, str(s), f"{e:,}"] for i, (src, e, s) in enumerate(page)]
+    (tmp_path / "k_sass.csv").write_text("\n".join(",".join(f'"{x}"' for x in r) for r in rows) + "\n")
+    ph = N.phases(str(tmp_path), "k")
+    assert (ph["before_samples"], ph["loop_samples"], ph["after_samples"]) == (407, 145, 51)
+    assert ph["loop_lines"] == 7 and ph["loop_executions"] == 1024
+    assert ph["before_share"] + ph["loop_share"] + ph["after_share"] == pytest.approx(1.0)
+    assert ph["before_top"][0] == ["+0x10", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2", 300]
+    assert ph["after_top"][0][1] == "STG.E.128 [R2], R4"
+    out = tmp_path / "ncu.json"
+    assert N.main([str(tmp_path), "--json", str(out)]) == 0
+    assert "| k | 0.675 | 0.240 | 0.085 |" in (tmp_path / "ncu.md").read_text()
 
 
 def test_commit_is_recorded_outside_a_checkout(tmp_path, monkeypatch):

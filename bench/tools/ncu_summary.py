@@ -12,6 +12,14 @@ the most executed one): MUFU instructions, the two wgmma waits (DEPBAR gsb0 0x1 
 0x0 = PV landed), HGMMA issue, mbarrier waits, the rest of the stage (forward builds only:
 a backward's most executed lines are not one loop), and every warp's stall samples by ncu's
 reason.
+
+Every build, ours or a vendor's (a name of any form), also gets its samples split by phase: the
+main loop is the address range of the HGMMA lines executed at least 3/4 as often as the most
+executed HGMMA (widened to the loop's closing backward branch where ncu prints its target), so
+a persistent kernel's per-tile set-up and a backward's first K / V / Q waits fall "before" and
+the epilogue "after"; each phase's share of all samples and its hottest lines (address offset,
+instruction, samples) tell where a gap between two builds lies (bench/results/
+bwd_mha_short_ncu.md did this split by hand).
 """
 from __future__ import annotations
 
@@ -35,6 +43,8 @@ METRICS = {
     "issue_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
 }
 SAMPLES = "Warp Stall Sampling (All Samples)"
+PHASE_COLS = ("before_share", "loop_share", "after_share", "before_samples", "loop_samples", "after_samples",
+              "loop_lines", "loop_executions")
 
 
 def _rows(path: str) -> list[list[str]]:
@@ -66,11 +76,20 @@ def stall_shares(folder: str, name: str) -> dict:
     return {k: v / total for k, v in got.items()}
 
 
+def _header_row(rows: list[list[str]]) -> int:
+    """The SASS page's column header (ncu prints a title line or more above it)."""
+    for i, r in enumerate(rows):
+        if "Source" in r and "Instructions Executed" in r and SAMPLES in r:
+            return i
+    raise ValueError(f"no SASS column header (Source, Instructions Executed, {SAMPLES}) on the page")
+
+
 def loop_samples(folder: str, name: str) -> dict:
     rows = _rows(_find(folder, f"{name}_sass"))
-    hdr, data = rows[1], rows[2:]
+    hdr_i = _header_row(rows)
+    hdr, data = rows[hdr_i], rows[hdr_i + 1:]
     ix = {h: i for i, h in enumerate(hdr)}
-    num = lambda r, h: float(r[ix[h]].replace(",", "") or 0)
+    num = lambda r, h: float(r[ix[h]].replace(",", "") or 0) if ix[h] < len(r) else 0.0
     total = sum(num(r, SAMPLES) for r in data)
     top = max(num(r, "Instructions Executed") for r in data)
     loop = [r for r in data if num(r, "Instructions Executed") >= 0.9 * top]
@@ -91,6 +110,57 @@ def loop_samples(folder: str, name: str) -> dict:
     return out
 
 
+_HEX = re.compile(r"0x([0-9a-fA-F]+)")
+
+
+def _sass_lines(folder: str, name: str) -> list[tuple]:
+    """[(address, instruction, executed, samples)] of a build's SASS page, in address order."""
+    rows = _rows(_find(folder, f"{name}_sass"))
+    hdr_i = _header_row(rows)
+    hdr, data = rows[hdr_i], rows[hdr_i + 1:]
+    ix = {h: i for i, h in enumerate(hdr)}
+    num = lambda r, h: float(r[ix[h]].replace(",", "") or 0) if h in ix and ix[h] < len(r) else 0.0
+    addr_i = next((i for i, h in enumerate(hdr) if "Address" in h), None)
+    out = []
+    for r in data:
+        if len(r) <= ix["Source"] or not r[ix["Source"]].strip():
+            continue
+        m = _HEX.search(r[addr_i]) if addr_i is not None else None
+        addr = int(m.group(1), 16) if m else len(out) * 16
+        out.append((addr, r[ix["Source"]].strip(), num(r, "Instructions Executed"), num(r, SAMPLES)))
+    return sorted(out)
+
+
+def _op(src: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", src).split()[0] if src else "?"
+
+
+def phases(folder: str, name: str, top: int = 5) -> dict:
+    """Samples before / in / after the main loop (module docstring) with each phase's hottest lines."""
+    lines = _sass_lines(folder, name)
+    total = sum(s for *_, s in lines) or 1.0
+    mma = [(a, e) for a, src, e, _ in lines if _op(src).startswith("HGMMA")]
+    if not mma:
+        return {"error": "no HGMMA line on the SASS page"}
+    emax = max(e for _, e in mma)
+    core = [a for a, e in mma if e >= 0.75 * emax]
+    lo, hi = min(core), max(core)
+    for a, src, e, _ in lines:   # the loop's closing branch: the first later BRA back to or before lo
+        if a > hi and _op(src) == "BRA":
+            m = _HEX.search(src.split("BRA", 1)[1])
+            if m and int(m.group(1), 16) <= lo:
+                lo, hi = int(m.group(1), 16), a
+                break
+    base = lines[0][0]
+    out = {"loop_executions": emax, "loop_lines": sum(1 for a, *_ in lines if lo <= a <= hi)}
+    for ph, keep in (("before", lambda a: a < lo), ("loop", lambda a: lo <= a <= hi), ("after", lambda a: a > hi)):
+        sel = [(a, src, s) for a, src, _, s in lines if keep(a)]
+        out[f"{ph}_samples"] = sum(s for *_, s in sel)
+        out[f"{ph}_share"] = out[f"{ph}_samples"] / total
+        out[f"{ph}_top"] = [[f"+{a - base:#x}", src, s] for a, src, s in sorted(sel, key=lambda t: -t[2])[:top] if s]
+    return out
+
+
 def discover(folder: str) -> list[str]:
     """The builds profiled in folder (names of its <name>_raw.csv[.gz]), forward builds first."""
     names = {re.sub(r"_raw\.csv(\.gz)?$", "", f) for f in os.listdir(folder) if re.search(r"_raw\.csv(\.gz)?$", f)}
@@ -104,6 +174,7 @@ def summarise(folder: str, builds: list[str]) -> list[dict]:
         if not name.startswith("bwd_"):   # a backward's most executed lines are not one loop: no loop split
             row.update({f"loop: {k}": v for k, v in loop_samples(folder, name).items()})
         row.update({f"stall: {k}": v for k, v in stall_shares(folder, name).items()})
+        row["phases"] = phases(folder, name)
         rows.append(row)
     return rows
 
@@ -115,13 +186,20 @@ def markdown(folder: str, rows: list[dict], note: str) -> str:
     table2 = protocol.markdown_table(fwd, ["build"] + cats) if fwd else ""
     stalls = sorted({k for r in rows for k, v in r.items() if k.startswith("stall: ") and v >= 0.04})
     table3 = protocol.markdown_table(rows, ["build"] + stalls) if stalls else ""
+    ph = [{"build": r["build"], **{k: r["phases"].get(k) for k in PHASE_COLS}} for r in rows if "phases" in r]
+    table4 = protocol.markdown_table(ph, ["build"] + list(PHASE_COLS)) if ph else ""
+    hot = [f"- {r['build']} {p}: " + "; ".join(f"{a} `{src}` {s:,.0f}" for a, src, s in r["phases"].get(f"{p}_top", []))
+           for r in rows if "phases" in r for p in ("before", "after") if r["phases"].get(f"{p}_top")]
     return (f"# Nsight Compute: one warm launch per build (H200, ncu --set full)\n\n"
             f"{protocol.doc_body(__doc__)}\n\nSource: `{folder}`. {note}\n\n{table}\n"
             + (f"\nConsumer-warp stall samples in the mask-free key-block loop (shares of the loop's "
                f"samples; `loop_share_of_samples` is the loop's share of all samples, producer warp "
                f"included; forward builds only):\n\n{table2}\n" if table2 else "")
             + (f"\nAll warps' stall samples by ncu's reason (shares; reasons with >= 4% in some build):"
-               f"\n\n{table3}\n" if table3 else ""))
+               f"\n\n{table3}\n" if table3 else "")
+            + (f"\nAll warps' samples by phase (before the main loop, in it, after it; the loop: module "
+               f"docstring):\n\n{table4}\n\nHottest lines outside the loop (offset from the kernel's first "
+               f"line, instruction, samples):\n\n" + "\n".join(hot) + "\n" if table4 else ""))
 
 
 def main(argv=None) -> int:
