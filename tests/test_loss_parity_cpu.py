@@ -39,6 +39,38 @@ def test_ewm_in_token_space_and_gaps():
         lp.gap(nat, {**pol, "tokens_per_step": 4}, 4.0)
 
 
+def test_seed_spread_judges_a_pair_against_every_native_seed():
+    """With >= 3 native seeds of a model, collect() takes the largest pairwise gaps among them as the
+    pair's noise (not B2_native vs noise_seed1 alone) and says whether the poly run ends inside
+    the seeds' range; with two it keeps the one pair's gap."""
+    def run(name, level, bump=0.0):
+        fam, score = lp.RUNS[name][:2]
+        losses = [level + 2.0 * 0.9 ** i for i in range(200)]
+        losses[120] += bump
+        return {"run": name, "family": fam, "score": score, "tokens_per_step": 8, "losses": losses,
+                "heldout": level, "corpus": {"sha256": "x"}}
+    runs = {n: run(n, lv) for n, lv in (("B2_native", 1.000), ("noise_seed1", 1.001), ("noise_seed2", 0.996),
+                                          ("noise_seed3", 1.003))}
+    runs["B2_poly"] = run("B2_poly", 1.002)
+    out = lp.collect(runs, 16.0)
+    sp = out["seed_spread"]["gemma2/softcap"]
+    assert sp["runs"] == ["B2_native", "noise_seed1", "noise_seed2", "noise_seed3"]
+    assert sp["final_gap"] == pytest.approx(0.007) and sp["final_ewm"] == pytest.approx([0.996, 1.003], abs=1e-6)
+    arm = out["arms"]["B2"]
+    assert arm["noise_from"] == "gemma2/softcap, 4 seeds"
+    # +0.002 is outside the one pair's 0.001 but inside the seeds' 0.007 spread
+    assert arm["within_noise"] is True and arm["inside_seed_range"] is True
+    runs["B2_poly"] = run("B2_poly", 1.010)
+    arm = lp.collect(runs, 16.0)["arms"]["B2"]
+    assert arm["within_noise"] is False and arm["inside_seed_range"] is False
+    for n in ("noise_seed2", "noise_seed3"):
+        del runs[n]
+    out = lp.collect(runs, 16.0)
+    assert out["seed_spread"] == {} and out["arms"]["B2"]["noise_from"] == "gemma2/softcap"
+    assert "inside_seed_range" not in out["arms"]["B2"]
+    assert out["arms"]["B2"]["within_noise"] is False
+
+
 def test_dry_run_pair_and_noise_then_collect(tmp_path):
     runs, js = tmp_path / "runs", tmp_path / "lp.json"
     assert lp.main(["--dry-run", "--runs", "B2_native,B2_poly,noise_seed1", "--out-dir", str(runs),
