@@ -274,6 +274,26 @@ def goal_summary(results: list[dict]) -> list[dict]:
     return out
 
 
+def softmax_classes(results: list[dict]) -> tuple[list[dict], dict]:
+    """Softmax ours / best by class (direction, D, mask, MHA or GQA, S <= 2k or longer) and what the
+    geomean goal needs: the grid's geomean if every cell below 1.0 were at parity (the ceiling of
+    closing every gap without a lead anywhere new), and the uniform factor on every cell's ratio
+    that would reach GEOMEAN_GOAL."""
+    cls: dict = {}
+    for r in results:
+        if r["mode"] == "softmax" and "vs_best" in r["ratios"]:
+            key = (r["direction"], r["headdim"], "causal" if r["causal"] else "full",
+                   "MHA" if r["hq"] == r["hkv"] else "GQA", "S <= 2k" if r["seqlen"] <= 2048 else "S >= 4k")
+            cls.setdefault(key, []).append(r["ratios"]["vs_best"])
+    rows = [{"direction": k[0], "D": k[1], "mask": k[2], "heads": k[3], "S": k[4], "cells": len(v),
+             "geomean": geomean(v), "min": min(v), "max": max(v)} for k, v in sorted(cls.items())]
+    vals = [x for v in cls.values() for x in v]
+    gm = geomean(vals)
+    need = {"cells": len(vals), "geomean": gm, "parity_ceiling": geomean([max(1.0, x) for x in vals]),
+            "uniform_factor": GEOMEAN_GOAL / gm if gm else None}
+    return rows, need
+
+
 # --------------------------------------------------------------------------- one cell (a process)
 _FLEX = {}
 
@@ -801,6 +821,16 @@ def markdown(payload: dict) -> str:
                     gm = geomean(vals)
                     val = f"{100 * gm:.1f}%" if key == "peak" else f"{gm:.3f}"
                     lines.append(f"| {mode} | {d} | {head} | {val} | {len(vals)} |")
+    cls_rows, need = softmax_classes(results)
+    if cls_rows:
+        lines += ["", "## Softmax ours / best by class", "",
+                  f"What the geomean goal needs: over the {need['cells']} measured cells the geomean is "
+                  f"{need['geomean']:.3f}; with every cell below 1.0 raised to parity (no new lead) it would be "
+                  f"{need['parity_ceiling']:.3f}; {GEOMEAN_GOAL:g} needs every cell's ratio "
+                  f"x{need['uniform_factor']:.3f} on average.", "",
+                  "| direction | D | mask | heads | S | cells | geomean | min | max |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {c['direction']} | {c['D']} | {c['mask']} | {c['heads']} | {c['S']} | {c['cells']} | "
+                  f"{c['geomean']:.3f} | {c['min']:.3f} | {c['max']:.3f} |" for c in cls_rows]
     for mode in MODES:
         tcols, rcols = TABLE_COLUMNS[mode]
         for d in DIRECTIONS:

@@ -139,6 +139,11 @@ def test_goal_checks_on_synthetic_rows():
     gm = summary["softmax geomean>=1.05"]
     assert gm["worst"] == pytest.approx(((700 / 650) * (500 / 520)) ** 0.5) and gm["fail"] == 1
     assert summary["softcap>=0.9xsoftmax"]["checked"] == 1    # forward only, D >= 128
+    cls, need = S.softmax_classes(S.cell_results(synthetic_rows()))
+    assert [(c["direction"], c["cells"]) for c in cls] == [("bwd", 1), ("fwd", 1)]
+    assert need["geomean"] == pytest.approx(gm["worst"])
+    assert need["parity_ceiling"] == pytest.approx((700 / 650) ** 0.5)          # the 500/520 cell at 1.0
+    assert need["uniform_factor"] == pytest.approx(1.05 / gm["worst"])
 
 
 def test_sigmoid_goal_scope_is_every_cell_and_softcap_own_softmax_skips_d64():
