@@ -362,6 +362,11 @@ def test_ncu_summary_splits_samples_by_phase(tmp_path):
     out = tmp_path / "ncu.json"
     assert N.main([str(tmp_path), "--json", str(out)]) == 0
     assert "| k | 0.675 | 0.240 | 0.085 |" in (tmp_path / "ncu.md").read_text()
+    # a page without addresses: page order, no branch targets to follow (the HGMMA range alone)
+    rows = [rows[0], rows[1][1:]] + [r[1:] for r in rows[2:]]
+    (tmp_path / "k_sass.csv").write_text("\n".join(",".join(f'"{x}"' for x in r) for r in rows) + "\n")
+    ph = N.phases(str(tmp_path), "k")
+    assert ph["loop_lines"] == 5 and ph["loop_samples"] == 40 + 60 + 1 + 7 + 30
 
 
 def test_commit_is_recorded_outside_a_checkout(tmp_path, monkeypatch):

@@ -131,6 +131,12 @@ def _sass_lines(folder: str, name: str) -> list[tuple]:
     return sorted(out)
 
 
+def _addresses(folder: str, name: str) -> bool:
+    """Whether the SASS page has an address column (else lines are in page order, targets unknown)."""
+    rows = _rows(_find(folder, f"{name}_sass"))
+    return any("Address" in h for h in rows[_header_row(rows)])
+
+
 def _op(src: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", src).split()[0] if src else "?"
 
@@ -145,7 +151,8 @@ def phases(folder: str, name: str, top: int = 5) -> dict:
     emax = max(e for _, e in mma)
     core = [a for a, e in mma if e >= 0.75 * emax]
     lo, hi = min(core), max(core)
-    for a, src, e, _ in lines:   # the loop's closing branch: the first later BRA back to or before lo
+    real = any(_HEX.search(src) for _, src, _, _ in lines if _op(src) == "BRA") and _addresses(folder, name)
+    for a, src, e, _ in lines if real else ():   # the loop's closing branch: the first later BRA back to lo or before
         if a > hi and _op(src) == "BRA":
             m = _HEX.search(src.split("BRA", 1)[1])
             if m and int(m.group(1), 16) <= lo:
