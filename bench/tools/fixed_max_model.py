@@ -9,7 +9,11 @@ from the BF16 O.  `approx` rounds tanh to 11 mantissa bits (a stand-in for tanh.
         # the draws bench/tools/rule_probe.py --save wrote on the GPU: the model on exactly those inputs,
         # its rule ratios beside the kernel's, and how far the kernel's O / LSE / gradients are from the model's
 
-(docs/MEASURED.md fwd-fixed-max-fuzz-miss: the model does not reproduce the GPU miss.)"""
+The "d32" and "dexact" variants are the fixed form with the backward's D = rowsum(dO * O) taken from the
+unrounded FP32 O, or as sum_j P_j dP_j: where they pass and "fixed" misses, the miss is O's BF16 rounding
+entering D (FlashAttention's D), not the constant max's P.
+
+(docs/MEASURED.md fwd-fixed-max-fuzz-miss: the model reproduces the GPU miss on its own inputs.)"""
 import sys, torch
 import os
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests"))
@@ -30,17 +34,25 @@ def fwd(q, k, v, cap, kw, causal, variant):
     m = torch.full_like(x[..., :1], cap - 20.0) if variant != "online" else x.amax(-1, keepdim=True)
     p = torch.exp(x - m); fsum = p.sum(-1); pr = p.to(q.dtype).float(); rsum = pr.sum(-1)
     norm = rsum if variant != "online" else fsum
-    o = torch.einsum("bhqk,bkhd->bqhd", pr / norm[..., None], v_up).to(q.dtype)
+    o32 = torch.einsum("bhqk,bkhd->bqhd", pr / norm[..., None], v_up)
+    o = o32.to(q.dtype)
     lse = (m[..., 0] + torch.log(fsum))
     f = rsum / fsum if variant == "corr" else torch.ones_like(fsum)
+    FWD_O32[0] = o32
     return o, lse, f, x, allowed
 
-def bwd(do, q, k, v, o, lse, f, x, cap, dt):
+FWD_O32 = [None]   # the last fwd's unrounded O (the d32 variant's D)
+D_FROM = {"d32": "o32", "dexact": "exact"}
+
+def bwd(do, q, k, v, o, lse, f, x, cap, dt, d_from="o"):
     g = q.shape[2] // v.shape[2]
     k_up = k.float().repeat_interleave(g, dim=2); v_up = v.float().repeat_interleave(g, dim=2)
     p = torch.exp(x - lse[..., None])                      # FP32, masked -> 0
     dp = torch.einsum("bqhd,bkhd->bhqk", do.float(), v_up)
-    d = torch.einsum("bqhd,bqhd->bhq", do.float(), o.float()) * f
+    if d_from == "exact":
+        d = (p * dp).sum(-1)
+    else:
+        d = torch.einsum("bqhd,bqhd->bhq", do.float(), (FWD_O32[0] if d_from == "o32" else o).float()) * f
     xs = x.clone(); xs[torch.isinf(xs)] = 0
     dcap = 1 - (xs / cap) ** 2                            # d logit / dx from the capped logit
     ds = (p * (dp - d[..., None]) * dcap).to(dt).float()
@@ -65,13 +77,14 @@ def replay(path):
         print(f"draw {rec['draw']} ({rec['tag']})")
         for name, kv in rec["variants"].items():
             print(f"  kernel {name:28s}", {n: round(r, 3) for n, r in kv["ratio"].items()})
-        for var in ("fixed", "corr", "online"):
-            o, lse, f, x, allowed = fwd(q, k, v, c.softcap, c.kwargs(), c.causal, var)
-            grads = bwd(do, q, k, v, o, lse, f, x, c.softcap, q.dtype)
+        for var in ("fixed", "corr", "online", "d32", "dexact"):
+            o, lse, f, x, allowed = fwd(q, k, v, c.softcap, c.kwargs(), c.causal,
+                                        "fixed" if var in D_FROM else var)
+            grads = bwd(do, q, k, v, o, lse, f, x, c.softcap, q.dtype, D_FROM.get(var, "o"))
             ch = H.judge_case(c, q, k, v, do, o, lse, grads)
             print(f"  model  {var:28s}", {n: round(z["ratio"], 3) for n, z in ch.items()})
             kname = next((n for n in rec["variants"] if ("fixed_max=0" in n) == (var == "online")), None)
-            if kname is None or var == "corr":
+            if kname is None or var not in ("fixed", "online"):
                 continue
             kv = rec["variants"][kname]
             rel = lambda a, b: float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
@@ -90,13 +103,13 @@ if len(sys.argv) > 2 and sys.argv[1] == "--inputs":
 APPROX = len(sys.argv) > 2
 c0 = cases.fuzz_cases(20261201, count=209, sm_count=132)[208]
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 60
-stats = {v: {"fail": 0, "dk": [], "dq": []} for v in ("fixed", "corr", "online")}
+stats = {v: {"fail": 0, "dk": [], "dq": []} for v in ("fixed", "corr", "online", "d32")}
 for d in range(N):
     c = cases.retarget(c0, tag=f"{c0.tag}cpu{d}")
     q, k, v, do = (t.detach() for t in H.make_inputs(c, "cpu"))
     for var in stats:
-        o, lse, f, x, allowed = fwd(q, k, v, c.softcap, c.kwargs(), c.causal, var)
-        grads = bwd(do, q, k, v, o, lse, f, x, c.softcap, q.dtype)
+        o, lse, f, x, allowed = fwd(q, k, v, c.softcap, c.kwargs(), c.causal, "fixed" if var in D_FROM else var)
+        grads = bwd(do, q, k, v, o, lse, f, x, c.softcap, q.dtype, D_FROM.get(var, "o"))
         ch = H.judge_case(c, q, k, v, do, o, lse.permute(0, 1, 2), grads, directions=("bwd",))
         stats[var]["fail"] += not all(z["ok"] for z in ch.values())
         stats[var]["dk"].append(ch["dk"]["ratio"]); stats[var]["dq"].append(ch["dq"]["ratio"])
