@@ -29,6 +29,8 @@ REFERENCE_DTYPES = DTYPES + (torch.float32,)       # the reference backend also 
 HEAD_DIMS = (64, 128, 256)     # forward and backward
 SIGMOID_GRADS = ("product", "surrogate")
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+FP32_MAX = torch.finfo(torch.float32).max     # scalar arguments reach the kernels as FP32
+FP32_TINY = torch.finfo(torch.float32).tiny   # the smallest normal FP32 (softcap divides by it)
 
 
 # ------------------------------------------------------------------------------ validation
@@ -45,6 +47,11 @@ def check_qkv_common(q, k, v, ndim: int, layout: str) -> None:
                             "(and torch.float32 with backend='reference')")
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension, got strides {t.stride()}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.shape[-1] == 0:
+            raise ValueError(f"{name} has head_dim 0 (shape {tuple(t.shape)}): head_dim must be > 0")
+        if t.shape[-2] == 0:
+            raise ValueError(f"{name} has 0 heads (shape {tuple(t.shape)}): attention needs at least one head")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -80,13 +87,19 @@ def _number(name: str, value, allow_none: bool = True) -> Optional[float]:
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}")
+    if abs(value) > FP32_MAX:   # the kernels and the reference take it as an FP32 value
+        raise ValueError(f"{name} must be finite in FP32 (|x| <= {FP32_MAX:.4g}), got {value!r}")
     return value
 
 
 def _bool(name: str, value) -> bool:
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+        return bool(value)   # numpy's bool scalar (numbers are taken from numpy as well)
     if not isinstance(value, bool):
         # a truthy string or tensor here is almost surely a misplaced argument
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+        kind = type(value).__qualname__ if type(value).__module__ == "builtins" else \
+            f"{type(value).__module__}.{type(value).__qualname__}"
+        raise TypeError(f"{name} must be a bool, got {kind} {value!r}")
     return value
 
 
@@ -94,6 +107,9 @@ def _window(window_size) -> tuple:
     if window_size is None:
         raise TypeError("window_size must be a (left, right) pair of ints (-1 = unbounded), got None; "
                         "use (-1, -1) for no window")
+    if isinstance(window_size, (set, frozenset, dict)):   # no (left, right) order
+        raise TypeError(f"window_size must be a (left, right) pair of ints (-1 = unbounded), got "
+                        f"{type(window_size).__name__} {window_size!r}")
     try:
         pair = tuple(window_size)
     except TypeError:
@@ -142,8 +158,9 @@ def _check_options(mode, evaluator, softcap, sigmoid_bias, sigmoid_grad, score_m
         raise ValueError(f"evaluator must be one of {EVALUATORS}, got {evaluator!r}")
     cap = _number("softcap", softcap)
     if mode == "softcap":
-        if cap is None or cap <= 0:
-            raise ValueError(f"mode='softcap' needs a finite softcap > 0 (Gemma-2 uses 50.0), got {softcap!r}")
+        if cap is None or cap < FP32_TINY:   # scores are divided by it in FP32: 0 or subnormal gives 0/0
+            raise ValueError(f"mode='softcap' needs a finite softcap > 0, at least the smallest normal FP32 "
+                             f"{FP32_TINY:.4g} (Gemma-2 uses 50.0), got {softcap!r}")
     elif cap is not None:
         raise ValueError(f"softcap={softcap!r} is only meaningful with mode='softcap' (got mode={mode!r})")
     bias = _number("sigmoid_bias", sigmoid_bias)

@@ -381,6 +381,13 @@ def _score_specs(call: AttnCall, tile_n: int, facts: dict, overrides: Mapping):
     grad = _apply(GRAD_ROWS, dict(facts, program_dtype=program.dtype), {})
     rule = grad.get("softcap_grad") if call.mode == "softcap" else (call.sigmoid_grad or grad.get("sigmoid_grad"))
     rule = overrides.get("grad_rule", rule)
+    if call.mode == "sigmoid" and rule == "surrogate" and "fwd_bwd" not in program.roles:
+        # the surrogate backward runs the program's coupled value / derivative block
+        from .asm import programs
+        have = [n for n in programs.names(mode="sigmoid", derivative=False) if "fwd_bwd" in programs.spec(n).roles]
+        raise ValueError(f"sigmoid_grad='surrogate' needs a sigmoid program with a coupled value / derivative "
+                         f"block (a <name>_grad entry); the program {program.name!r} has none: pass "
+                         f"program= one of {have}, or sigmoid_grad='product'")
     spec = ScoreSpec(kind=call.mode, evaluator="poly", program=program, poly_split=split, grad_rule=rule)
     if call.mode == "sigmoid" and rule == "product":
         # sigma' = p (1 - p) of P recomputed on MUFU (the native build): the program's P error

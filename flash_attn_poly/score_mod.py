@@ -96,10 +96,19 @@ def check_callable(what: str, fn, params: tuple) -> None:
                         f"({', '.join(p.name for p in positional)})")
 
 
-@functools.lru_cache(maxsize=256)
 def as_score_mod(score_mod, score_mod_bwd=None) -> ScoreMod:
     """attention()'s score_mod / score_mod_bwd arguments as one ScoreMod (the same one for the
     same functions: a new ScoreMod per call would compile the kernels per call)."""
+    for what, fn in (("score_mod", score_mod), ("score_mod_bwd", score_mod_bwd)):
+        if fn is not None and not callable(fn) and not isinstance(fn, ScoreMod):
+            # before the cache, which would say "unhashable type" of a list
+            raise TypeError(f"{what} must be a callable (a @cute.jit function) or a ScoreMod, "
+                            f"got {type(fn).__name__}")
+    return _as_score_mod(score_mod, score_mod_bwd)
+
+
+@functools.lru_cache(maxsize=256)
+def _as_score_mod(score_mod, score_mod_bwd=None) -> ScoreMod:
     if isinstance(score_mod, ScoreMod):
         if score_mod_bwd is not None:
             if score_mod.bwd is not None:

@@ -47,6 +47,13 @@ BAD = {
     "mode-typo": (dict(mode="softmx"), ValueError, "mode"),
     "evaluator-typo": (dict(evaluator="polynomial"), ValueError, "evaluator"),
     "backend-typo": (dict(backend="gpu"), ValueError, "backend"),
+    # values finite in Python that FP32 is not, an unordered window, a score_mod that is no function
+    "softmax-scale-fp32-overflow": (dict(softmax_scale=1e39), ValueError, "softmax_scale"),
+    "sigmoid-bias-fp32-overflow": (dict(mode="sigmoid", sigmoid_bias=-1e39), ValueError, "sigmoid_bias"),
+    "softcap-subnormal": (dict(mode="softcap", softcap=1e-50), ValueError, "mode='softcap' needs a finite softcap"),
+    "window-set": (dict(window_size={5, 0}, causal=False), TypeError, "window_size"),
+    "window-dict": (dict(window_size={0: 5, 1: 0}, causal=False), TypeError, "window_size"),
+    "score-mod-list": (dict(score_mod=[abs]), TypeError, "score_mod"),
 }
 
 
@@ -76,6 +83,33 @@ def test_softcap_takes_any_real_number(cap):
 def test_sigmoid_bias_takes_any_real_number(bias):
     q, k, v = _qkv()
     assert fi.validate(q, k, v, "sigmoid", "poly", True, None, bias, None).sigmoid_bias == -2.0
+
+
+def test_numpy_bool_is_a_bool():
+    """numpy's bool scalar is taken as the bool it is (numbers are taken from numpy as well); a
+    refused type is named with its module, never as a bare 'bool'."""
+    q, k, v = _qkv()
+    want = fi.attention(q, k, v, causal=False, backend="reference")
+    assert torch.equal(fi.attention(q, k, v, causal=np.bool_(False), backend="reference"), want)
+    with pytest.raises(TypeError, match=r"causal must be a bool, got numpy\.float64"):
+        fi.attention(q, k, v, causal=np.float64(1.0), backend="reference")
+
+
+@pytest.mark.parametrize("which", ["q-head-dim-0", "all-head-dim-0", "q-no-heads", "kv-no-heads"])
+def test_empty_head_dims_are_refused(which):
+    """head_dim 0 (the default scale would divide by zero) and zero heads (an empty output that
+    looks like success) are errors naming the tensor."""
+    q, k, v = _qkv()
+    if which == "q-head-dim-0":
+        q = q[..., :0]
+    elif which == "all-head-dim-0":
+        q, k, v = q[..., :0], k[..., :0], v[..., :0]
+    elif which == "q-no-heads":
+        q = q[:, :, :0]
+    else:
+        k, v = k[:, :, :0], v[:, :, :0]
+    with pytest.raises(ValueError, match="head_dim must be > 0|at least one head"):
+        fi.attention(q, k, v, backend="reference")
 
 
 def test_window_takes_numpy_ints():

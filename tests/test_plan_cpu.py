@@ -85,8 +85,11 @@ def test_sigmoid_resolves_the_f16_program_on_one_sixteenth():
     # (the coupled value/derivative block) needs the program's P
     assert (p.score_bwd.kind, p.score_bwd.evaluator, p.score_bwd.program) == ("sigmoid", "native", None)
     assert p.bwd.score == p.score_bwd == resolve("sigmoid", "native").score_bwd
-    s = resolve("sigmoid", "poly", sigmoid_grad="surrogate")
+    s = resolve("sigmoid", "poly", sigmoid_grad="surrogate", program="sigmoid_attn_n4096")
     assert s.score_bwd == s.score and s.score.grad_rule == "surrogate"
+    # the FP16 default program has no coupled block: the plan says so, naming the option
+    with pytest.raises(ValueError, match="sigmoid_grad='surrogate' needs a sigmoid program with a coupled"):
+        resolve("sigmoid", "poly", sigmoid_grad="surrogate")
     # a sigmoid poly backward spec other than the surrogate's has no kernel path: check_bwd names it
     from flash_attn_poly.kernels.config import check_bwd
     import dataclasses

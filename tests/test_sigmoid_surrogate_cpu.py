@@ -7,6 +7,8 @@ sigmoid score (kernels/scores/sigmoid.py) runs that block when grad_rule is "sur
 compile tier (tests/test_attn_bwd_compile.py::test_sigmoid_poly_bwd_product_rule_is_shorter)
 counts its packed FMAs in the SASS; the GPU tier runs it through attention()
 (tests/test_api_gpu.py::test_sigmoid_surrogate_through_the_api)."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -40,16 +42,22 @@ def test_public_call_resolves_to_the_coupled_block():
 
 def test_the_surrogate_kernel_score_takes_the_coupled_block():
     """The backward score object built from that plan (what the kernel traces) asks for the
-    "fwd_bwd" role; the FP16 default program, which has none, is refused by name."""
+    "fwd_bwd" role; the FP16 default program, which has none, is refused by the plan, naming
+    sigmoid_grad and the programs that have the block (before, only the kernel build refused it,
+    on the GPU); the kernel's score object keeps its own check."""
     pytest.importorskip("cutlass")
     from flash_attn_poly.kernels import scores
     q, k, v = _qkv()
     p = testing.plan_for(q, k, v, "sigmoid", "poly", program=PROGRAM, sigmoid_grad="surrogate")
     dev = scores.device(p.score_bwd)
     assert dev.grad_rule == "surrogate"
-    p16 = testing.plan_for(q, k, v, "sigmoid", "poly", sigmoid_grad="surrogate")
+    with pytest.raises(ValueError, match=r"sigmoid_grad='surrogate' needs .*'sigmoid_attn_n4096_f16' has none.*"
+                                         r"sigmoid_attn_n4096'"):
+        testing.plan_for(q, k, v, "sigmoid", "poly", sigmoid_grad="surrogate")
+    p16 = testing.plan_for(q, k, v, "sigmoid", "poly")
+    spec16 = dataclasses.replace(p16.score, grad_rule="surrogate")
     with pytest.raises(ValueError, match="derivative surrogate needs a _grad entry"):
-        scores.device(p16.score_bwd)
+        scores.device(spec16)
 
 
 def test_bad_sigmoid_grad_is_refused_by_name():

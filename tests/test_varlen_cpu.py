@@ -205,6 +205,10 @@ def test_rejects_bad_tensors():
         _call(k=a["k"].double().float().half())
     with pytest.raises(ValueError, match="cu_seqlens_q is on meta"):
         _call(cu_seqlens_q=torch.empty(3, dtype=torch.int32, device="meta"))
+    with pytest.raises(ValueError, match="head_dim must be > 0"):
+        _call(q=a["q"][..., :0], k=a["k"][..., :0], v=a["v"][..., :0])
+    with pytest.raises(ValueError, match="q has 0 heads"):
+        _call(q=a["q"][:, :0])
 
 
 def test_check_inputs_false_skips_value_checks():
