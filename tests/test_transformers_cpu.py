@@ -1,5 +1,7 @@
 """transformers integration on the CPU: registration, and a tiny random Gemma-2 through the
 reference backend matching attn_implementation="eager" (both layer kinds exercised)."""
+import warnings
+
 import pytest
 import torch
 
@@ -171,3 +173,116 @@ def test_compiled_layers_read_position_ids_inside_one_op():
         torch.Tensor.nonzero = orig_nz
     assert len(nz) == 1, len(nz)   # 2 layers, forward and backward: one read
     torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------ the attention function's inputs
+class _Mod(torch.nn.Module):
+    def __init__(self, causal=True, training=False):
+        super().__init__()
+        self.is_causal = causal
+        self.train(training)
+
+
+def _bhsd(b=2, s=8, hq=4, hkv=2, d=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, hq, s, d, generator=g), torch.randn(b, hkv, s, d, generator=g),
+            torch.randn(b, hkv, s, d, generator=g))
+
+
+def _ref(q, k, v, **kw):   # (B, H, S, D) in, (B, S, H, D) out, FP64 reference
+    from flash_attn_poly import reference as R
+    out, _ = R.attention_ref(*(t.transpose(1, 2).double() for t in (q, k, v)), "softmax", **kw)
+    return out.float()
+
+
+FWD = fap_hf.make_attention_forward("poly", "reference")
+
+
+@pytest.mark.parametrize("how", ["module", "kwarg"])
+@pytest.mark.parametrize("path", ["kernels", "fallback"])
+def test_non_causal_modules_are_not_masked_causally(how, path):
+    """A module with is_causal False (or the is_causal kwarg that sdpa and flash honour) is
+    bidirectional on both paths, its sliding window |i - j| < w both ways; the fallback (a 4-D
+    all-ones mask here) used to mask it causally."""
+    q, k, v = _bhsd()
+    mod = _Mod(causal=how != "module")
+    kw = {"is_causal": False} if how == "kwarg" else {}
+    mask = torch.ones(2, 1, 8, 8, dtype=torch.bool) if path == "fallback" else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, _ = FWD(mod, q, k, v, mask, sliding_window=3, **kw)
+    want = _ref(q, k, v, causal=False, window_size=(2, 2))
+    assert (out - want).abs().max() < 1e-4, (out - want).abs().max()
+
+
+def test_dropout_fallback_keeps_packed_sequences_apart():
+    """Attention dropout in training falls back to torch; a packed row (position ids restarting)
+    still attends within its sequences (it attended across them)."""
+    q, k, v = _bhsd(b=1, s=6)
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, _ = FWD(_Mod(training=True), q, k, v, None, dropout=1e-9, position_ids=pos)
+    want = torch.cat([_ref(q[:, :, :3], k[:, :, :3], v[:, :, :3], causal=True),
+                      _ref(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], causal=True)], dim=1)
+    assert (out - want).abs().max() < 1e-4, (out - want).abs().max()
+
+
+@pytest.mark.parametrize("path", ["kernels", "fallback"])
+def test_keys_beyond_a_narrower_padding_mask_are_dropped(path):
+    """A static cache hands more key slots than the 2-D mask covers: the slots past the mask are
+    not attended (as transformers' _upad_input slices them); a float 1/0 mask is a padding mask."""
+    q, k, v = _bhsd(s=6)
+    kl, vl = torch.randn(2, 2, 10, 32), torch.randn(2, 2, 10, 32)
+    kl[:, :, :6], vl[:, :, :6] = k, v
+    mask = torch.ones(2, 6) if path == "fallback" else torch.ones(2, 6, dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, _ = FWD(_Mod(training=path == "fallback"), q, kl, vl, mask, dropout=1e-9 if path == "fallback" else 0.0)
+    assert (out - _ref(q, k, v, causal=True)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("call,err,match", [
+    (dict(attention_mask=torch.ones(1, 8, dtype=torch.long)), ValueError, "attention_mask: a 2-D padding mask"),
+    (dict(attention_mask=torch.ones(3, 8, dtype=torch.long)), ValueError, "attention_mask: a 2-D padding mask"),
+    (dict(attention_mask=torch.ones(2, 8, 8, dtype=torch.bool)), ValueError, "attention_mask must be 2-D"),
+    (dict(attention_mask=torch.ones(8, dtype=torch.bool)), ValueError, "attention_mask must be 2-D"),
+    (dict(attention_mask=torch.ones(3, 1, 8, 8, dtype=torch.bool)), ValueError, "attention_mask: a 4-D mask"),
+    (dict(s_aux=torch.zeros(4)), ValueError, "s_aux"),
+    (dict(dropout="0.1"), ValueError, "dropout must be a number"),
+    (dict(dropout=1.5), ValueError, "dropout must be a number"),
+    (dict(sliding_window=2.5), TypeError, "sliding_window must be an int"),
+    (dict(sliding_window="4"), TypeError, "sliding_window must be an int"),
+    (dict(sliding_window=-5), ValueError, "sliding_window must be >= 0"),
+    (dict(cu_seq_lens_q=[0, 3, 16], cu_seq_lens_k=[0, 3, 16], max_length_q=13, max_length_k=13), TypeError,
+     "cu_seq_lens_q must be a torch.Tensor"),
+    (dict(position_ids=torch.zeros(3, 8, dtype=torch.long)), ValueError, "position_ids must be"),
+])
+def test_bad_inputs_name_themselves(call, err, match):
+    q, k, v = _bhsd()
+    call = dict(call)
+    mask = call.pop("attention_mask", None)
+    with pytest.raises(err, match=match):
+        FWD(_Mod(), q, k, v, mask, **call)
+
+
+def test_given_offsets_are_checked_and_output_attentions_warns():
+    """cu_seq_lens handed in as kwargs are checked (cached per tensor: once per forward); asking
+    for attention weights warns that none come back."""
+    q, k, v = _bhsd(b=1, s=6)
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)   # 5 tokens of 6
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[-1\] = 5 must equal"):
+        FWD(_Mod(), q, k, v, None, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=3, max_length_k=3)
+    fap_hf._warned.discard("output_attentions: poly_attention returns no attention weights (None)")
+    with pytest.warns(UserWarning, match="returns no attention weights"):
+        out, w = FWD(_Mod(), q, k, v, None, output_attentions=True)
+    assert w is None
+
+
+def test_register_refuses_what_cannot_run():
+    with pytest.raises(ValueError, match="evaluator must be one of"):
+        fap_hf.register(evaluator="bogus")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        fap_hf.register(backend="gpu")
+    with pytest.raises(ValueError, match="name must be a non-empty str without 'flash'"):
+        fap_hf.register(name="flash_poly")

@@ -26,10 +26,14 @@ holds, each causal on its own.  A sequence starts where its position id is not t
 one plus 1, as transformers' eager masks read them (masking_utils.find_packed_sequence_indices).
 What we cannot express falls back, with a one-time warning naming the reason, to an explicit
 masked torch computation: a 4-D mask, dropout during training, and cases the CUDA kernels do
-not support (head dims other than 64/128/256).
+not support (head dims other than 64/128/256); the fallback keeps packed sequences apart and
+honours a non-causal module.  Non-causal modules (is_causal False, or the is_causal kwarg) see
+transformers' bidirectional window |i - j| < w.  What no path can compute (attention sinks,
+s_aux; attention weights, output_attentions) is an error or a one-time warning, never ignored.
 """
 from __future__ import annotations
 
+import numbers
 import warnings
 import weakref
 from typing import Optional
@@ -42,17 +46,46 @@ NAME = "poly_attention"
 _warned: set[str] = set()
 
 
-def _warn_once(reason: str) -> None:
+def _warn_once(reason: str, fallback: bool = True) -> None:
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(f"flash_attn_poly: falling back to the masked torch path: {reason}", stacklevel=3)
+        what = "falling back to the masked torch path: " if fallback else ""
+        warnings.warn(f"flash_attn_poly: {what}{reason}", stacklevel=3)
 
 
-def _window(sliding_window: Optional[int], s_k: int) -> tuple[int, int]:
-    """transformers' sliding window w lets query i see keys j with i - j < w: left = w - 1."""
-    if sliding_window is None or sliding_window <= 0 or sliding_window >= s_k:
+def _window(sliding_window: Optional[int], s_k: int, causal: bool = True) -> tuple[int, int]:
+    """transformers' sliding window w lets query i see keys j with i - j < w (left = w - 1); a
+    non-causal module's window is both ways, |i - j| < w.  None or 0: no window."""
+    if sliding_window is not None and (isinstance(sliding_window, bool)
+                                       or not isinstance(sliding_window, numbers.Integral)):
+        raise TypeError(f"sliding_window must be an int or None, got {type(sliding_window).__name__} "
+                        f"{sliding_window!r}")
+    if sliding_window is not None and sliding_window < 0:
+        raise ValueError(f"sliding_window must be >= 0 (0 or None: no window), got {sliding_window}")
+    if not sliding_window or sliding_window >= s_k:
         return (-1, -1)
-    return (int(sliding_window) - 1, 0)
+    w = int(sliding_window) - 1
+    return (w, 0) if causal else (w, w)
+
+
+def _check_mask(attention_mask, query, key) -> None:
+    """A 2-D padding mask (B, >= S_q) or a 4-D mask (B or 1, 1 or H, S_q, S_k), else an error naming it."""
+    if attention_mask is None:
+        return
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor or None, got {type(attention_mask).__name__}")
+    b, s_q = query.shape[0], query.shape[2]
+    if attention_mask.dim() == 2:
+        if attention_mask.shape[0] != b or attention_mask.shape[1] < s_q:
+            raise ValueError(f"attention_mask: a 2-D padding mask must be (batch {b}, >= S_q {s_q}) wide, got "
+                             f"shape {tuple(attention_mask.shape)}")
+    elif attention_mask.dim() == 4:
+        if attention_mask.shape[0] not in (1, b) or attention_mask.shape[2] != s_q:
+            raise ValueError(f"attention_mask: a 4-D mask must be (1 or batch {b}, heads, S_q {s_q}, S_k), got "
+                             f"shape {tuple(attention_mask.shape)}")
+    else:
+        raise ValueError(f"attention_mask must be 2-D (batch, keys: 1 = token) or 4-D, got shape "
+                         f"{tuple(attention_mask.shape)}")
 
 
 def _fallback_reason(module, query, key, value, attention_mask, dropout, window,
@@ -82,15 +115,28 @@ def _kernel_dtype(query, key, value):
     return next((t.dtype for t in (value, key, query) if t.dtype in interface.DTYPES), None)
 
 
-def _masked_torch(query, key, value, attention_mask, scaling, softcap, window, dropout, training):
-    """(B, H, S, D) inputs; explicit boolean mask; softcap; returns (B, S, H, D)."""
+def _masked_torch(query, key, value, attention_mask, scaling, softcap, window, dropout, training,
+                  causal=True, packed=None):
+    """(B, H, S, D) inputs; explicit boolean mask; softcap; returns (B, S, H, D).  packed: the
+    (cu_q, cu_k, ...) offsets of a packed batch (self-attention over B x S flattened tokens):
+    a query sees keys of its own sequence only."""
+    if attention_mask is not None and attention_mask.dim() == 2 and key.shape[2] > attention_mask.shape[1]:
+        key, value = key[:, :, :attention_mask.shape[1]], value[:, :, :attention_mask.shape[1]]   # as _padded
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     s_q, s_k = q.shape[1], k.shape[1]
-    allowed = reference.causal_mask(s_q, s_k, q.device) & reference.window_mask(s_q, s_k, *window, q.device)
+    allowed = reference.window_mask(s_q, s_k, *window, q.device)
+    if causal:
+        allowed = allowed & reference.causal_mask(s_q, s_k, q.device)
     x = reference.scores(q, k, scaling, torch.float32)
     if softcap:
         x = softcap * torch.tanh(x / softcap)
     mask = allowed[None, None]
+    if packed is not None:
+        cu = packed[0].long()
+        seg = torch.zeros(q.shape[0] * s_q, dtype=torch.long, device=q.device)
+        seg[cu[1:-1]] = 1
+        seg = seg.cumsum(0).view(q.shape[0], s_q)
+        mask = mask & (seg[:, :, None] == seg[:, None, :])[:, None]
     if attention_mask is not None:
         mask = mask & _as_bool_mask(attention_mask, s_k)
     p, _ = reference.softmax_rows(x.masked_fill(~mask, float("-inf")))   # NaN inputs stay NaN
@@ -101,30 +147,48 @@ def _masked_torch(query, key, value, attention_mask, scaling, softcap, window, d
 
 
 def _as_bool_mask(mask: torch.Tensor, s_k: int) -> torch.Tensor:
-    mask = mask[..., -s_k:]
-    if mask.dtype != torch.bool:  # additive float mask: 0 keeps, large negative drops
-        mask = mask > torch.finfo(mask.dtype).min / 2
-    return mask if mask.dim() == 4 else mask[:, None, None, :]
+    """A 2-D padding mask (1 = token, any dtype) or a 4-D one (bool, or additive float: 0 keeps,
+    large negative drops) as a boolean (B, 1 or H, S_q, S_k) mask."""
+    mask = mask[..., -s_k:] if mask.dim() == 4 else mask[:, :s_k]
+    if mask.dim() == 2:
+        return (mask != 0)[:, None, None, :]
+    if mask.dtype != torch.bool:
+        mask = mask > torch.finfo(mask.dtype).min / 2 if mask.dtype.is_floating_point else mask != 0
+    return mask
 
 
 def make_attention_forward(evaluator: str = "poly", backend: str = "auto"):
     """A function with transformers' attention-interface signature."""
     def flash_attn_poly_forward(module, query, key, value, attention_mask, dropout=0.0,
                                 scaling=None, softcap=None, sliding_window=None, **kwargs):
+        if kwargs.get("s_aux") is not None:
+            raise ValueError("s_aux (attention sinks) is not supported by poly_attention: use "
+                             "attn_implementation='eager' for this model")
+        if kwargs.get("output_attentions"):
+            _warn_once("output_attentions: poly_attention returns no attention weights (None)", fallback=False)
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
+        _check_mask(attention_mask, query, key)
+        causal = kwargs.pop("is_causal", None)
+        causal = bool(getattr(module, "is_causal", True) if causal is None else causal)
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-        window = _window(sliding_window, key.shape[2])
+        window = _window(sliding_window, key.shape[2], causal)
         reason = _fallback_reason(module, query, key, value, attention_mask, dropout, window, backend)
         if reason is not None:
             _warn_once(reason)
+            packed = None
+            if attention_mask is None:
+                q_, k_ = query.transpose(1, 2), key.transpose(1, 2)
+                packed = _packed_offsets(q_, k_, kwargs)
             return _masked_torch(query, key, value, attention_mask, scaling, softcap, window,
-                                 dropout, module.training), None
+                                 dropout, module.training, causal, packed), None
         mode = "softcap" if softcap else "softmax"
         dt = _kernel_dtype(query, key, value)
         mixed = len({query.dtype, key.dtype, value.dtype}) > 1   # autocast: FP32 q/k, 16-bit v
         if dt is not None and ((query.is_cuda and backend != "reference") or mixed):
             query, key, value = (t.to(dt) for t in (query, key, value))   # differentiable casts
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))   # (B, S, H, D) views
-        opts = dict(causal=getattr(module, "is_causal", True), softcap=softcap or None, evaluator=evaluator,
+        opts = dict(causal=causal, softcap=softcap or None, evaluator=evaluator,
                     softmax_scale=scaling, window_size=window, backend=backend)
         if attention_mask is not None:
             return _padded(q, k, v, attention_mask, mode, opts), None
@@ -137,8 +201,11 @@ def make_attention_forward(evaluator: str = "poly", backend: str = "auto"):
         packed = _packed_offsets(q, k, kwargs)
         if packed is not None:
             b, s_q = q.shape[:2]
+            # offsets handed in as kwargs are checked (once per forward: the check is cached per
+            # tensor object); those read off position_ids are ours
+            given = kwargs.get("cu_seq_lens_q") is not None
             out = varlen.attention_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), *packed, mode,
-                                          check_inputs=False, **opts)
+                                          check_inputs=given and not torch.compiler.is_compiling(), **opts)
             return out.view(b, s_q, *out.shape[1:]), None
         return interface.attention(q, k, v, mode, **opts), None
     return flash_attn_poly_forward
@@ -153,8 +220,10 @@ def _padded(q, k, v, attention_mask, mode, opts):
     padding; the last S_q columns are the queries' own, as transformers' _upad_input reads
     them): unpad, attention_varlen, pad back with zero rows."""
     b, s_q = q.shape[:2]
+    if k.shape[1] > attention_mask.shape[1]:   # a static cache's unused slots (transformers' _upad_input)
+        k, v = k[:, :attention_mask.shape[1]], v[:, :attention_mask.shape[1]]
     s_k = k.shape[1]
-    keep_k = attention_mask[:, -s_k:].bool()
+    keep_k = attention_mask[:, -s_k:] != 0
     keep_q = keep_k[:, -s_q:]
     idx_q = keep_q.flatten().nonzero().squeeze(1)
     idx_k = keep_k.flatten().nonzero().squeeze(1)
@@ -175,6 +244,9 @@ def _packed_offsets(q, k, kwargs):
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
     if all(x is not None for x in (cu_q, cu_k, max_q, max_k)):
+        for name, cu in (("cu_seq_lens_q", cu_q), ("cu_seq_lens_k", cu_k)):
+            if not isinstance(cu, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor of offsets, got {type(cu).__name__}")
         return cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k
     pos = _positions_to_read(q, k, kwargs)
     return None if pos is None else _packed_from_positions(pos, q.shape[0])
@@ -309,6 +381,8 @@ def _packed_from_positions(pos, batch):
     ref, version, b, result = _last_positions
     if ref is not None and ref() is pos and version == pos._version and b == batch:
         return result
+    if pos.dim() != 2 or pos.shape[0] not in (1, batch):
+        raise ValueError(f"position_ids must be (1 or batch {batch}, seqlen), got shape {tuple(pos.shape)}")
     rows = pos.expand(batch, -1)
     start = torch.ones_like(rows, dtype=torch.bool)
     start[:, 1:] = rows[:, 1:] != rows[:, :-1] + 1
@@ -325,6 +399,13 @@ def _packed_from_positions(pos, batch):
 def register(evaluator: str = "poly", backend: str = "auto", name: str = NAME) -> str:
     """Register with transformers' AttentionInterface (and a mask function that returns None
     for plain causal/sliding masks, so padding is the only mask we are ever handed)."""
+    if evaluator not in interface.EVALUATORS:
+        raise ValueError(f"evaluator must be one of {interface.EVALUATORS}, got {evaluator!r}")
+    if backend not in interface.BACKENDS:
+        raise ValueError(f"backend must be one of {interface.BACKENDS}, got {backend!r}")
+    if not isinstance(name, str) or not name or "flash" in name:
+        raise ValueError(f"name must be a non-empty str without 'flash' (transformers loads every implementation "
+                         f"whose name contains it from its kernel hub), got {name!r}")
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
     AttentionInterface.register(name, make_attention_forward(evaluator, backend))
