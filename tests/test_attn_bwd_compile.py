@@ -440,12 +440,16 @@ def test_softcap_program_without_blocks_is_refused():
 
 
 def test_sigmoid_f16_program_refuses_surrogate():
-    """The FP16 sigmoid program has no coupled derivative block: the surrogate rule is refused
-    by name when the kernel's score is built (the plan does not check program roles)."""
-    p = _plan("sigmoid", "poly", grad_rule="surrogate")
-    assert p.score_bwd.program.name == "sigmoid_attn_n4096_f16"
+    """The FP16 sigmoid program has no coupled derivative block: the plan refuses the surrogate
+    rule by name (the option and the program that has the block), and the kernel's score object
+    built from such a spec directly refuses it too."""
+    import dataclasses
+    with pytest.raises(ValueError, match="sigmoid_grad='surrogate' needs a sigmoid program with a coupled"):
+        _plan("sigmoid", "poly", grad_rule="surrogate")
+    p = _plan("sigmoid", "poly")
+    assert p.score.program.name == "sigmoid_attn_n4096_f16"
     with pytest.raises(ValueError, match="derivative surrogate needs a _grad entry"):
-        scores.device(p.score_bwd)
+        scores.device(dataclasses.replace(p.score, grad_rule="surrogate"))
 
 
 @pytest.mark.compile
