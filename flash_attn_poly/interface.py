@@ -47,7 +47,6 @@ def check_qkv_common(q, k, v, ndim: int, layout: str) -> None:
                             "(and torch.float32 with backend='reference')")
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension, got strides {t.stride()}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
         if t.shape[-1] == 0:
             raise ValueError(f"{name} has head_dim 0 (shape {tuple(t.shape)}): head_dim must be > 0")
         if t.shape[-2] == 0:

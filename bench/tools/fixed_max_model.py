@@ -38,13 +38,11 @@ def fwd(q, k, v, cap, kw, causal, variant):
     o = o32.to(q.dtype)
     lse = (m[..., 0] + torch.log(fsum))
     f = rsum / fsum if variant == "corr" else torch.ones_like(fsum)
-    FWD_O32[0] = o32
-    return o, lse, f, x, allowed
+    return o, lse, f, x, allowed, o32
 
-FWD_O32 = [None]   # the last fwd's unrounded O (the d32 variant's D)
-D_FROM = {"d32": "o32", "dexact": "exact"}
+D_FROM = {"d32": "o32", "dexact": "exact"}   # the variants' D: from the unrounded O, or sum P dP
 
-def bwd(do, q, k, v, o, lse, f, x, cap, dt, d_from="o"):
+def bwd(do, q, k, v, o, lse, f, x, cap, dt, d_from="o", o32=None):
     g = q.shape[2] // v.shape[2]
     k_up = k.float().repeat_interleave(g, dim=2); v_up = v.float().repeat_interleave(g, dim=2)
     p = torch.exp(x - lse[..., None])                      # FP32, masked -> 0
@@ -52,7 +50,7 @@ def bwd(do, q, k, v, o, lse, f, x, cap, dt, d_from="o"):
     if d_from == "exact":
         d = (p * dp).sum(-1)
     else:
-        d = torch.einsum("bqhd,bqhd->bhq", do.float(), (FWD_O32[0] if d_from == "o32" else o).float()) * f
+        d = torch.einsum("bqhd,bqhd->bhq", do.float(), (o32 if d_from == "o32" else o).float()) * f
     xs = x.clone(); xs[torch.isinf(xs)] = 0
     dcap = 1 - (xs / cap) ** 2                            # d logit / dx from the capped logit
     ds = (p * (dp - d[..., None]) * dcap).to(dt).float()
@@ -78,9 +76,9 @@ def replay(path):
         for name, kv in rec["variants"].items():
             print(f"  kernel {name:28s}", {n: round(r, 3) for n, r in kv["ratio"].items()})
         for var in ("fixed", "corr", "online", "d32", "dexact"):
-            o, lse, f, x, allowed = fwd(q, k, v, c.softcap, c.kwargs(), c.causal,
-                                        "fixed" if var in D_FROM else var)
-            grads = bwd(do, q, k, v, o, lse, f, x, c.softcap, q.dtype, D_FROM.get(var, "o"))
+            o, lse, f, x, allowed, o32 = fwd(q, k, v, c.softcap, c.kwargs(), c.causal,
+                                             "fixed" if var in D_FROM else var)
+            grads = bwd(do, q, k, v, o, lse, f, x, c.softcap, q.dtype, D_FROM.get(var, "o"), o32)
             ch = H.judge_case(c, q, k, v, do, o, lse, grads)
             print(f"  model  {var:28s}", {n: round(z["ratio"], 3) for n, z in ch.items()})
             kname = next((n for n in rec["variants"] if ("fixed_max=0" in n) == (var == "online")), None)
@@ -108,8 +106,8 @@ for d in range(N):
     c = cases.retarget(c0, tag=f"{c0.tag}cpu{d}")
     q, k, v, do = (t.detach() for t in H.make_inputs(c, "cpu"))
     for var in stats:
-        o, lse, f, x, allowed = fwd(q, k, v, c.softcap, c.kwargs(), c.causal, "fixed" if var in D_FROM else var)
-        grads = bwd(do, q, k, v, o, lse, f, x, c.softcap, q.dtype, D_FROM.get(var, "o"))
+        o, lse, f, x, allowed, o32 = fwd(q, k, v, c.softcap, c.kwargs(), c.causal, "fixed" if var in D_FROM else var)
+        grads = bwd(do, q, k, v, o, lse, f, x, c.softcap, q.dtype, D_FROM.get(var, "o"), o32)
         ch = H.judge_case(c, q, k, v, do, o, lse.permute(0, 1, 2), grads, directions=("bwd",))
         stats[var]["fail"] += not all(z["ok"] for z in ch.values())
         stats[var]["dk"].append(ch["dk"]["ratio"]); stats[var]["dq"].append(ch["dq"]["ratio"])

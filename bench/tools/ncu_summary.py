@@ -113,8 +113,9 @@ def loop_samples(folder: str, name: str) -> dict:
 _HEX = re.compile(r"0x([0-9a-fA-F]+)")
 
 
-def _sass_lines(folder: str, name: str) -> list[tuple]:
-    """[(address, instruction, executed, samples)] of a build's SASS page, in address order."""
+def _sass_lines(folder: str, name: str) -> tuple[list[tuple], bool]:
+    """[(address, instruction, executed, samples)] of a build's SASS page, in address order, and
+    whether the page has an address column (else the lines are in page order, branch targets unknown)."""
     rows = _rows(_find(folder, f"{name}_sass"))
     hdr_i = _header_row(rows)
     hdr, data = rows[hdr_i], rows[hdr_i + 1:]
@@ -128,13 +129,7 @@ def _sass_lines(folder: str, name: str) -> list[tuple]:
         m = _HEX.search(r[addr_i]) if addr_i is not None else None
         addr = int(m.group(1), 16) if m else len(out) * 16
         out.append((addr, r[ix["Source"]].strip(), num(r, "Instructions Executed"), num(r, SAMPLES)))
-    return sorted(out)
-
-
-def _addresses(folder: str, name: str) -> bool:
-    """Whether the SASS page has an address column (else lines are in page order, targets unknown)."""
-    rows = _rows(_find(folder, f"{name}_sass"))
-    return any("Address" in h for h in rows[_header_row(rows)])
+    return sorted(out), addr_i is not None
 
 
 def _op(src: str) -> str:
@@ -143,7 +138,7 @@ def _op(src: str) -> str:
 
 def phases(folder: str, name: str, top: int = 5) -> dict:
     """Samples before / in / after the main loop (module docstring) with each phase's hottest lines."""
-    lines = _sass_lines(folder, name)
+    lines, has_addresses = _sass_lines(folder, name)
     total = sum(s for *_, s in lines) or 1.0
     mma = [(a, e) for a, src, e, _ in lines if _op(src).startswith("HGMMA")]
     if not mma:
@@ -151,8 +146,7 @@ def phases(folder: str, name: str, top: int = 5) -> dict:
     emax = max(e for _, e in mma)
     core = [a for a, e in mma if e >= 0.75 * emax]
     lo, hi = min(core), max(core)
-    real = any(_HEX.search(src) for _, src, _, _ in lines if _op(src) == "BRA") and _addresses(folder, name)
-    for a, src, e, _ in lines if real else ():   # the loop's closing branch: the first later BRA back to lo or before
+    for a, src, e, _ in lines if has_addresses else ():   # the loop's closing branch: the first later BRA back to lo or before
         if a > hi and _op(src) == "BRA":
             m = _HEX.search(src.split("BRA", 1)[1])
             if m and int(m.group(1), 16) <= lo:

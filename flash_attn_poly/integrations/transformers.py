@@ -149,7 +149,7 @@ def _masked_torch(query, key, value, attention_mask, scaling, softcap, window, d
 def _as_bool_mask(mask: torch.Tensor, s_k: int) -> torch.Tensor:
     """A 2-D padding mask (1 = token, any dtype) or a 4-D one (bool, or additive float: 0 keeps,
     large negative drops) as a boolean (B, 1 or H, S_q, S_k) mask."""
-    mask = mask[..., -s_k:] if mask.dim() == 4 else mask[:, :s_k]
+    mask = mask[..., -s_k:]   # the keys' columns, as _padded reads them (wider keys were cut to the mask)
     if mask.dim() == 2:
         return (mask != 0)[:, None, None, :]
     if mask.dtype != torch.bool:
