@@ -675,3 +675,24 @@ def test_softcap_bound_pairs_each_shape_with_its_softmax_rows():
     assert g["bound"] == [1.5, 1.5] and g["reachable"] == 0, g
     assert g["fa4_softcap_over_softmax"] == [round(3.0 / 2.8, 3)] * 2 and g["commits"] == ["abc"], g
     assert "| bwd | 256 | 1 | 1.20-1.20 | 0 | 1.50-1.50 | 0 |" in SB.markdown(res)
+
+
+def test_ncu_lines_reads_a_sass_page(tmp_path):
+    """bench/tools/ncu_lines.py: shares by opcode (predicates skipped), the hottest line with its
+    top stall reason, the MUFU lines' reasons, and an offset range as opcode:samples."""
+    import gzip
+    import ncu_lines
+    head = ["Address", "Source", "# Samples", "Instructions Executed", "stall_wait", "stall_mio",
+            "stall_wait (Not Issued)"]
+    rows = [("0x100", "FFMA R1, R2, R3, R4", 10, 64, 1, 0, 9), ("0x110", "MUFU.EX2 R1, R1", 30, 64, 20, 10, 0),
+            ("0x120", "@!P0  BRA 0x200", 60, 64, 0, 0, 0)]
+    path = tmp_path / "k_sass.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write('"Kernel Name","k"\n' + ",".join(f'"{h}"' for h in head) + "\n")
+        for r in rows:
+            f.write(",".join(f'"{v}"' for v in r) + "\n")
+    s = ncu_lines.summary(str(path), 1)
+    assert "BRA 0.600" in s and "MUFU 0.300" in s and "FFMA 0.100" in s
+    assert "MUFU lines' stall reasons: wait 20, mio 10" in s
+    assert s.splitlines()[-1].startswith("+0x00020      60 0.600")
+    assert ncu_lines.sequence(str(path), 0x10, 0x20) == "MUFU:30 BRA:60"
