@@ -249,8 +249,10 @@ BWD_ROWS = (
         "... in S^T-first order: dp_first took 1.001-1.033x the time in the deterministic D = 256 build "
         "(its turns, not the loads, bound the block)", "bwd-d256-dp-first"),
     Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
-    Row({"varlen": True}, dict(varlen=True),
-        "packed sequences: one pre, main and post launch, a CTA per key block, query head and sequence", ""),
+    Row({"varlen": True}, dict(varlen=True, varlen_lpt=False),
+        "packed sequences: one pre, main and post launch, a CTA per key block, query head and sequence; "
+        "the table in unit order (sequence, head, key block); varlen_lpt sorts it by work as the dense "
+        "LPT grid (a host model: 0.94x the makespan at 8 equal causal sequences; not yet timed)", ""),
     Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False),
         "the varlen kernels take one sigmoid bias; the default -ln S_k differs per sequence", ""),
     Row({"varlen": True, "varlen_tables_fit": False}, dict(varlen=False),
@@ -287,6 +289,7 @@ class AttnPlan:
     softcap: Optional[float]
     sigmoid_bias: Optional[float]   # sigmoid: the resolved bias (default -ln S_k)
     fwd_ctas: int = 0          # the persistent forward's CTA count (runtime; <= fwd.persistent)
+    varlen_lpt: bool = False   # the varlen backward's CTA table sorted by work (host side; bwd.varlen)
 
 
 def _apply(rows, facts, out: dict) -> dict:
@@ -527,6 +530,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         # with the halves (tests/test_varlen_gpu.py BWD_BUILDS)
         bwd["dq_halves"] = bool(bwd["dq_async"] and (bwd["head_loop"] or not bwd["varlen"]))
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
+    varlen_lpt = bool(bwd.pop("varlen_lpt", False)) and bwd["varlen"]   # host side: the table's order
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,
                             window_left=has_l, window_right=has_r, **bwd)
@@ -541,7 +545,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     window = window_sizes(call.window, call.causal, call.seqlen_q, call.seqlen_k)
     return AttnPlan(call=call, score=score, score_bwd=score_bwd, fwd=fwd_cfg, bwd=bwd_cfg,
                     window=window, zero_dq_in_pre=zero_dq, softmax_scale=call.softmax_scale,
-                    softcap=call.softcap, sigmoid_bias=bias,
+                    softcap=call.softcap, sigmoid_bias=bias, varlen_lpt=varlen_lpt,
                     fwd_ctas=_fwd_ctas(call, fwd_cfg, window, balance_ctas, overrides.get("fwd_ctas")))
 
 
