@@ -252,7 +252,7 @@ BWD_ROWS = (
     Row({"varlen": True}, dict(varlen=True, varlen_lpt=False),
         "packed sequences: one pre, main and post launch, a CTA per key block, query head and sequence; "
         "the table in unit order (sequence, head, key block); varlen_lpt sorts it by work as the dense "
-        "LPT grid (a host model: 0.94x the makespan at 8 equal causal sequences; not yet timed)", ""),
+        "LPT grid (a host model: 0.94x the makespan at 8 equal causal sequences; not yet timed)", "varlen-bwd-lpt"),
     Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False),
         "the varlen kernels take one sigmoid bias; the default -ln S_k differs per sequence", ""),
     Row({"varlen": True, "varlen_tables_fit": False}, dict(varlen=False),
