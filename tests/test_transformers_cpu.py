@@ -228,6 +228,30 @@ def test_dropout_fallback_keeps_packed_sequences_apart():
     assert (out - want).abs().max() < 1e-4, (out - want).abs().max()
 
 
+@pytest.mark.parametrize("cu_q,cu_k,mx,match", [
+    ([0, 3, 5], [0, 3, 5], 3, r"cu_seqlens_q\[-1\] = 5 must equal"),
+    ([0, 4, 2, 6], [0, 4, 2, 6], 4, "must be non-decreasing"),
+    ([0, 3, 6], [0, 3, 6], 2, "smaller than sequence 0's length 3"),
+    ([0, 2, 6], [0, 3, 6], 4, "cu_seq_lens_q and cu_seq_lens_k differ"),
+])
+def test_dropout_fallback_checks_given_offsets(cu_q, cu_k, mx, match):
+    """The dropout fallback reads cu_seq_lens handed in as kwargs: bad values are refused by
+    name as attention_varlen refuses them (it built segment ids from them silently)."""
+    q, k, v = _bhsd(b=1, s=6)
+    kw = dict(cu_seq_lens_q=torch.tensor(cu_q, dtype=torch.int32), cu_seq_lens_k=torch.tensor(cu_k, dtype=torch.int32),
+              max_length_q=mx, max_length_k=mx)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match=match):
+            FWD(_Mod(training=True), q, k, v, None, dropout=1e-9, **kw)
+        good = dict(kw, cu_seq_lens_q=torch.tensor([0, 3, 6], dtype=torch.int32),
+                    cu_seq_lens_k=torch.tensor([0, 3, 6], dtype=torch.int32), max_length_q=3, max_length_k=3)
+        out, _ = FWD(_Mod(training=True), q, k, v, None, dropout=1e-9, **good)
+    want = torch.cat([_ref(q[:, :, :3], k[:, :, :3], v[:, :, :3], causal=True),
+                      _ref(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], causal=True)], dim=1)
+    assert (out - want).abs().max() < 1e-4
+
+
 @pytest.mark.parametrize("path", ["kernels", "fallback"])
 def test_keys_beyond_a_narrower_padding_mask_are_dropped(path):
     """A static cache hands more key slots than the 2-D mask covers: the slots past the mask are

@@ -180,6 +180,8 @@ def make_attention_forward(evaluator: str = "poly", backend: str = "auto"):
             if attention_mask is None:
                 q_, k_ = query.transpose(1, 2), key.transpose(1, 2)
                 packed = _packed_offsets(q_, k_, kwargs)
+                if packed is not None and kwargs.get("cu_seq_lens_q") is not None:
+                    _check_fallback_offsets(packed, q_, k_)
             return _masked_torch(query, key, value, attention_mask, scaling, softcap, window,
                                  dropout, module.training, causal, packed), None
         mode = "softcap" if softcap else "softmax"
@@ -209,6 +211,22 @@ def make_attention_forward(evaluator: str = "poly", backend: str = "auto"):
             return out.view(b, s_q, *out.shape[1:]), None
         return interface.attention(q, k, v, mode, **opts), None
     return flash_attn_poly_forward
+
+
+def _check_fallback_offsets(packed, q, k) -> None:
+    """The torch fallback's view of offsets handed in as kwargs: checked as attention_varlen
+    checks them (types, device, values against the flattened B x S tokens), and the same for
+    queries and keys (it masks packed self-attention by one segment id per token)."""
+    cu_q, cu_k, max_q, max_k = packed
+    qf, kf = q.flatten(0, 1), k.flatten(0, 1)
+    varlen._check_offsets(cu_q, cu_k, qf)
+    max_q, max_k = varlen._max_seqlen("max_length_q", max_q), varlen._max_seqlen("max_length_k", max_k)
+    both = torch.cat([cu_q, cu_k]).tolist()
+    n = cu_q.numel()
+    varlen.check_offsets_values(both[:n], both[n:], qf.shape[0], kf.shape[0], max_q, max_k)
+    if both[:n] != both[n:]:
+        raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ: the torch fallback (attention dropout in "
+                         "training) runs packed self-attention only, one sequence id per token")
 
 
 def _offsets(lens: torch.Tensor) -> torch.Tensor:
