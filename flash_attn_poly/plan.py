@@ -206,6 +206,8 @@ BWD_ROWS = (
         "dQ staged in smem and added by warp 1's bulk reductions: 0.76-0.79x the red.global path "
         "(one buffer for both warpgroups)", "bwd-dq-async"),
     Row({}, dict(lpt=True), "LPT-ordered CTAs: 0.90-0.94x blockIdx order", "bwd-lpt"),
+    Row({}, dict(exp2_fma=0), "P = 2^a on MUFU.EX2 in every column: the exp2 offload to the FMA pipe (exp2_fma, "
+        "softmax and native softcap) is not yet timed in the backward", "bwd-exp2-fma"),
     Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True),
         "a CTA per KV head over its GQA group where that grid has >= 1.5 CTAs per SM; its dQ "
         "accumulator zeroed by the pre kernel", "bwd-head-loop"),
@@ -531,6 +533,11 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         bwd["dq_halves"] = bool(bwd["dq_async"] and (bwd["head_loop"] or not bwd["varlen"]))
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
     varlen_lpt = bool(bwd.pop("varlen_lpt", False)) and bwd["varlen"]   # host side: the table's order
+    if bwd["exp2_fma"] and score_bwd.program is None and score_bwd.kind in ("softmax", "softcap") \
+            and score_bwd.evaluator == "native":
+        # the backward's exp2 offload runs the exp2 program the forward's offload runs (elsewhere
+        # check_bwd names what it needs)
+        score_bwd = dataclasses.replace(score_bwd, program=_program_spec(EXP2_PROGRAM))
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,
                             window_left=has_l, window_right=has_r, **bwd)

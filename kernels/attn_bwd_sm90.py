@@ -139,6 +139,7 @@ class AttnBwdSm90(BwdReductions):
         # sliding window: (has left bound, has right bound) compiled in, sizes are args[3:5]
         self.has_left, self.has_right = cfg.window_left, cfg.window_right and not cfg.causal
         self.stage = scores.device(cfg.score)
+        self.stage.exp2_fma = cfg.exp2_fma   # the backward's exp2 offload (P's column groups on the FMA pipe)
         # a sigmoid program's packed P is written to the dV operand: BF16 programs need BF16
         # inputs (its poly backward is the surrogate's coupled block: check_bwd)
         if cfg.score.kind == "sigmoid":

@@ -77,6 +77,8 @@ class BwdConfig:
     varlen: bool              # packed sequences (cu_seqlens; kernels/attn_bwd_sm90.py AttnBwdSm90Varlen)
     swap: bool                # D = 256: dK^T / dV^T with the head dim on M, 64-key tiles (kernels/attn_bwd_swap_sm90.py)
     dp_first: bool            # the red.global dQ path: dP^T before S^T, dO released after dV
+    exp2_fma: int             # P's column groups of 8 (of each 8) whose 2^a runs the score's exp2_f32 program
+                              # on the FMA pipe instead of MUFU.EX2 (score.program; softmax / softcap native)
 
 
 def check_fwd(c: FwdConfig) -> None:
@@ -178,6 +180,12 @@ def check_bwd(c: BwdConfig) -> None:
                          f"dq_async={c.dq_async}; set dq_halves=False with it")
     if c.dp_first and c.dq_async:
         raise ValueError("dp_first: the red.global dQ path's order (dq_async off), got dq_async=True")
+    if not 0 <= c.exp2_fma <= 8 or (c.exp2_fma and not (
+            c.score.kind in ("softmax", "softcap") and c.score.evaluator == "native" and not c.swap
+            and c.score.program is not None and c.score.program.is_exp2)):
+        raise ValueError(f"exp2_fma (P's column groups of 8 on the FMA pipe) needs 0..8, a native softmax or "
+                         f"softcap score with an exp2_f32 program and the unswapped build, got {c.exp2_fma} "
+                         f"({c.score.kind}/{c.score.evaluator}, program={c.score.program}, swap={c.swap})")
     if c.varlen and (c.deterministic or c.lpt or c.score.kind == "user"):
         raise ValueError("varlen backward: a CTA per entry of its (key block, head, sequence) table, without "
                          "deterministic turns, lpt or a user score function (its batch index would be the "

@@ -70,6 +70,13 @@ def exp2_approx(x: Float32, *, loc=None, ip=None) -> Float32:
                         "ex2.approx.ftz.f32 $0, $1;", "=f,f"))
 
 
+@dsl_user_op
+def max_nan(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """max.NaN.f32: the larger of a and b, NaN if either is (fmax would drop a NaN)."""
+    return Float32(_asm(T.f32(), [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b)],
+                        "max.NaN.f32 $0, $1, $2;", "=f,f,f"))
+
+
 @cute.jit
 def exp2_fma(a: Float32, program: cutlass.Constexpr) -> Float32:
     """2^a without MUFU, for finite a in [-125, 127] (normal results): the "exp2" block of an
@@ -275,6 +282,19 @@ class ScoreBase:
         self.program = spec.program
         self.poly_split = spec.poly_split
         self.grad_rule = spec.grad_rule
+
+    # the backward's exp2 offload (BwdConfig.exp2_fma, set by the backward kernel): P's column
+    # groups g of 8 with g % 8 >= 8 - exp2_fma take the spec's exp2_f32 program
+    exp2_fma = 0
+
+    def p_exp2(self, a, c: int):
+        """The backward's P = 2^a of mn column c (static): MUFU.EX2, or the exp2_f32 program on the
+        FMA pipe in the offloaded column groups.  The program needs a >= -125 (a normal result):
+        a is clamped there (P = 2^-125 for the scores that underflow, masked ones are zeroed by
+        the mask afterwards), NaN kept (max.NaN); a <= 0 but for rows the mask zeroes."""
+        if cutlass.const_expr(self.exp2_fma and (c // 2) % 8 >= 8 - self.exp2_fma):
+            return exp2_fma(max_nan(a, Float32(-125.0)), self.spec.program)
+        return exp2_approx(a)
 
     def poly_pair(self, col_group: int) -> bool:
         """Does key column group `col_group` run the program's block (scores.poly_pair)?"""
