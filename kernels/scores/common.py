@@ -71,10 +71,11 @@ def exp2_approx(x: Float32, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
-def max_nan(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
-    """max.NaN.f32: the larger of a and b, NaN if either is (fmax would drop a NaN)."""
+def nan_or(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """a where a is NaN, else b (testp.notanumber + selp): a NaN input carried past a computation that
+    would lose it (the exp2_f32 program maps NaN to FLT_MAX)."""
     return Float32(_asm(T.f32(), [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b)],
-                        "max.NaN.f32 $0, $1, $2;", "=f,f,f"))
+                        "{ .reg .pred q; testp.notanumber.f32 q, $1; selp.f32 $0, $1, $2, q; }", "=f,f,f"))
 
 
 @cute.jit
@@ -291,9 +292,10 @@ class ScoreBase:
         """The backward's P = 2^a of mn column c (static): MUFU.EX2, or the exp2_f32 program on the
         FMA pipe in the offloaded column groups.  The program needs a >= -125 (a normal result):
         a is clamped there (P = 2^-125 for the scores that underflow, masked ones are zeroed by
-        the mask afterwards), NaN kept (max.NaN); a <= 0 but for rows the mask zeroes."""
+        the mask afterwards; a <= 0 but for rows the mask zeroes), and a NaN score stays NaN
+        (the clamp drops it, the program would give FLT_MAX)."""
         if cutlass.const_expr(self.exp2_fma and (c // 2) % 8 >= 8 - self.exp2_fma):
-            return exp2_fma(max_nan(a, Float32(-125.0)), self.spec.program)
+            return nan_or(a, exp2_fma(cute.arch.fmax(a, Float32(-125.0)), self.spec.program))
         return exp2_approx(a)
 
     def poly_pair(self, col_group: int) -> bool:
