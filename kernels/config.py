@@ -182,10 +182,13 @@ def check_bwd(c: BwdConfig) -> None:
         raise ValueError("dp_first: the red.global dQ path's order (dq_async off), got dq_async=True")
     if not 0 <= c.exp2_fma <= 8 or (c.exp2_fma and not (
             c.score.kind in ("softmax", "softcap") and c.score.evaluator == "native" and not c.swap
-            and c.score.program is not None and c.score.program.is_exp2)):
+            and not c.varlen and c.score.program is not None and c.score.program.is_exp2)):
+        # not packed: the program gives 2^-125, not MUFU's exact 0, for the padding rows past S_q
+        # (LSE +inf), which only dense builds fill with zero Q / dO rows (ScoreBase.p_exp2)
         raise ValueError(f"exp2_fma (P's column groups of 8 on the FMA pipe) needs 0..8, a native softmax or "
-                         f"softcap score with an exp2_f32 program and the unswapped build, got {c.exp2_fma} "
-                         f"({c.score.kind}/{c.score.evaluator}, program={c.score.program}, swap={c.swap})")
+                         f"softcap score with an exp2_f32 program and the unswapped dense build, got {c.exp2_fma} "
+                         f"({c.score.kind}/{c.score.evaluator}, program={c.score.program}, swap={c.swap}, "
+                         f"varlen={c.varlen})")
     if c.varlen and (c.deterministic or c.lpt or c.score.kind == "user"):
         raise ValueError("varlen backward: a CTA per entry of its (key block, head, sequence) table, without "
                          "deterministic turns, lpt or a user score function (its batch index would be the "

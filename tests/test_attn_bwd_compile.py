@@ -190,6 +190,8 @@ def test_bwd_exp2_offload_moves_p_off_mufu():
     assert B.plan("softcap", "poly", overrides={"bwd.exp2_fma": 2}).bwd.exp2_fma == 2
     with pytest.raises(ValueError, match="exp2_fma"):
         B.plan("softmax", overrides={"bwd.exp2_fma": 9})
+    with pytest.raises(ValueError, match="exp2_fma"):   # packed: the padding rows hold real Q / dO
+        B.varlen_plan("softmax", "native", 128, True, (-1, -1), None, overrides={"bwd.exp2_fma": 2})
 
 
 @pytest.mark.compile

@@ -233,23 +233,28 @@ def test_dropout_fallback_keeps_packed_sequences_apart():
     ([0, 4, 2, 6], [0, 4, 2, 6], 4, "must be non-decreasing"),
     ([0, 3, 6], [0, 3, 6], 2, "smaller than sequence 0's length 3"),
     ([0, 2, 6], [0, 3, 6], 4, "cu_seq_lens_q and cu_seq_lens_k differ"),
+    ([0, 2, 8, 12], [0, 2, 8, 12], 6, "a sequence across batch rows 0 and 1"),   # b = 2 rows of 6
 ])
 def test_dropout_fallback_checks_given_offsets(cu_q, cu_k, mx, match):
     """The dropout fallback reads cu_seq_lens handed in as kwargs: bad values are refused by
     name as attention_varlen refuses them (it built segment ids from them silently)."""
-    q, k, v = _bhsd(b=1, s=6)
+    q, k, v = _bhsd(b=max(1, cu_q[-1] // 6), s=6)
     kw = dict(cu_seq_lens_q=torch.tensor(cu_q, dtype=torch.int32), cu_seq_lens_k=torch.tensor(cu_k, dtype=torch.int32),
               max_length_q=mx, max_length_k=mx)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(ValueError, match=match):
             FWD(_Mod(training=True), q, k, v, None, dropout=1e-9, **kw)
-        good = dict(kw, cu_seq_lens_q=torch.tensor([0, 3, 6], dtype=torch.int32),
-                    cu_seq_lens_k=torch.tensor([0, 3, 6], dtype=torch.int32), max_length_q=3, max_length_k=3)
-        out, _ = FWD(_Mod(training=True), q, k, v, None, dropout=1e-9, **good)
-    want = torch.cat([_ref(q[:, :, :3], k[:, :, :3], v[:, :, :3], causal=True),
-                      _ref(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], causal=True)], dim=1)
-    assert (out - want).abs().max() < 1e-4
+    q, k, v = q[:1], k[:1], v[:1]
+    for cu in ([0, 3, 6], [0, 3, 6, 6], [0, 0, 3, 6]):   # empty sequences too, first and last
+        good = dict(cu_seq_lens_q=torch.tensor(cu, dtype=torch.int32), cu_seq_lens_k=torch.tensor(cu, dtype=torch.int32),
+                    max_length_q=3, max_length_k=3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out, _ = FWD(_Mod(training=True), q, k, v, None, dropout=1e-9, **good)
+        want = torch.cat([_ref(q[:, :, :3], k[:, :, :3], v[:, :, :3], causal=True),
+                          _ref(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], causal=True)], dim=1)
+        assert (out - want).abs().max() < 1e-4, cu
 
 
 @pytest.mark.parametrize("path", ["kernels", "fallback"])

@@ -132,10 +132,11 @@ def _masked_torch(query, key, value, attention_mask, scaling, softcap, window, d
         x = softcap * torch.tanh(x / softcap)
     mask = allowed[None, None]
     if packed is not None:
+        # the sequence id of every token: how many sequence ends lie at or before it (empty
+        # sequences add repeated ends, which count the same)
         cu = packed[0].long()
-        seg = torch.zeros(q.shape[0] * s_q, dtype=torch.long, device=q.device)
-        seg[cu[1:-1]] = 1
-        seg = seg.cumsum(0).view(q.shape[0], s_q)
+        tokens = torch.arange(q.shape[0] * s_q, device=q.device)
+        seg = torch.bucketize(tokens, cu[1:], right=True).view(q.shape[0], s_q)
         mask = mask & (seg[:, :, None] == seg[:, None, :])[:, None]
     if attention_mask is not None:
         mask = mask & _as_bool_mask(attention_mask, s_k)
@@ -227,6 +228,12 @@ def _check_fallback_offsets(packed, q, k) -> None:
     if both[:n] != both[n:]:
         raise ValueError("cu_seq_lens_q and cu_seq_lens_k differ: the torch fallback (attention dropout in "
                          "training) runs packed self-attention only, one sequence id per token")
+    s = q.shape[1]
+    cross = next((b for b in range(1, q.shape[0]) if b * s not in both[:n]), None)
+    if cross is not None:
+        raise ValueError(f"cu_seq_lens_q has a sequence across batch rows {cross - 1} and {cross} (no offset at "
+                         f"{cross * s}): the torch fallback (attention dropout in training) masks each row of the "
+                         f"batch on its own")
 
 
 def _offsets(lens: torch.Tensor) -> torch.Tensor:

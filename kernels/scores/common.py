@@ -291,9 +291,12 @@ class ScoreBase:
     def p_exp2(self, a, c: int):
         """The backward's P = 2^a of mn column c (static): MUFU.EX2, or the exp2_f32 program on the
         FMA pipe in the offloaded column groups.  The program needs a >= -125 (a normal result):
-        a is clamped there (P = 2^-125 for the scores that underflow, masked ones are zeroed by
-        the mask afterwards; a <= 0 but for rows the mask zeroes), and a NaN score stays NaN
-        (the clamp drops it, the program would give FLT_MAX)."""
+        a is clamped there, so P = 2^-125 where MUFU gives 0 or a denormal: scores that
+        underflow, masked ones (zeroed by the mask afterwards; a > 127 occurs only there) and
+        the padding rows past S_q (LSE +inf), whose Q and dO rows the dense build's TMA fills
+        with zeros, so they add nothing (check_bwd: not in packed builds, where those rows hold
+        the next sequence's).  A NaN score stays NaN (the clamp drops it, the program would give
+        FLT_MAX)."""
         if cutlass.const_expr(self.exp2_fma and (c // 2) % 8 >= 8 - self.exp2_fma):
             return nan_or(a, exp2_fma(cute.arch.fmax(a, Float32(-125.0)), self.spec.program))
         return exp2_approx(a)
