@@ -495,6 +495,9 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     has_l = wl >= 0
     has_r = wr >= 0 and not call.causal
     score, score_bwd = _score_specs(call, fwd["tile_n"], facts, overrides)
+    if fwd["exp2_fma"] and score.kind == "softmax" and score.program is None:
+        # softmax's exp2 offload (an override) runs the exp2 program softcap's offload runs
+        score = dataclasses.replace(score, program=_program_spec(EXP2_PROGRAM))
     try:
         fwd_cfg = FwdConfig(score=score, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,
                             window_left=has_l, window_right=has_r, **fwd)

@@ -111,10 +111,12 @@ def check_fwd(c: FwdConfig) -> None:
     s = c.score
     if c.fixed_max and (s.kind != "softcap" or c.dtype != "bf16"):
         raise ValueError(f"fixed_max needs the softcap score and BF16, got {s.kind}/{c.dtype}")
-    if not 0 <= c.exp2_fma <= 8 or (c.exp2_fma and not (c.fixed_max and s.program is not None
-                                                          and s.program.is_exp2)):
-        raise ValueError(f"exp2_fma (column groups of 8 on the FMA pipe) needs 0..8, fixed_max and an "
-                         f"exp2_f32 program, got {c.exp2_fma} (fixed_max={c.fixed_max}, program={s.program})")
+    if not 0 <= c.exp2_fma <= 8 or (c.exp2_fma and not (
+            s.program is not None and s.program.is_exp2 and (c.fixed_max or s.kind == "softmax"))):
+        # softcap under its constant max, or softmax's online step (its mask-free blocks)
+        raise ValueError(f"exp2_fma (column groups of 8 on the FMA pipe) needs 0..8, an exp2_f32 program and "
+                         f"fixed_max or the softmax score, got {c.exp2_fma} (fixed_max={c.fixed_max}, "
+                         f"score={s.kind}, program={s.program})")
     if c.varlen and s.kind == "user":
         raise ValueError("varlen: no user score function (its batch index would be the packed tensor's), "
                          f"got score {s.kind!r}")

@@ -352,8 +352,9 @@ class OnlineSoftmax:
         # no row max, no O rescale (bounded scores only)
         self.fixed_lse = fixed_lse
         self.fixed = fixed_lse is not None
-        # exp2_fma n (fixed only): in mask-free blocks, column groups g with g % 8 >= 8 - n take
-        # the exp2_f32 program's block (FMA pipe) instead of MUFU.EX2 (FwdConfig.exp2_fma)
+        # exp2_fma n: in mask-free blocks, column groups g with g % 8 >= 8 - n take the exp2_f32
+        # program's block (FMA pipe) instead of MUFU.EX2 (FwdConfig.exp2_fma; fixed, or softmax's
+        # online step)
         self.exp2_fma = int(exp2_fma)
         self.exp2_program = exp2_program if self.exp2_fma else None
         if self.exp2_fma and (exp2_program is None or not exp2_program.is_exp2):
@@ -407,7 +408,14 @@ class OnlineSoftmax:
             if cutlass.const_expr(self.sum_carry and not is_first):
                 acc = self.row_sum[r] * row_scale[r]
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                p = exp2_approx(s_mn[r, c] * scale_log2 + neg_m)
+                a = s_mn[r, c] * scale_log2 + neg_m
+                if cutlass.const_expr(not masked and self.exp2_fma and (c // 2) % 8 >= 8 - self.exp2_fma):
+                    # softmax's exp2 offload: a <= t (the stale-max threshold) in a mask-free
+                    # block; clamped at -125 for the program (2^-125 where MUFU underflows to
+                    # ~0), a NaN kept (the program maps it to FLT_MAX)
+                    p = nan_or(a, exp2_fma(cute.arch.fmax(a, Float32(-125.0)), self.exp2_program))
+                else:
+                    p = exp2_approx(a)
                 s_mn[r, c] = p
                 acc = acc + p
             if cutlass.const_expr(is_first or self.sum_carry):
