@@ -402,6 +402,12 @@ def _score_specs(call: AttnCall, tile_n: int, facts: dict, overrides: Mapping):
     return spec, spec
 
 
+def _with_exp2_program(spec):
+    """A native softmax / softcap spec with the program softcap's forward exp2 offload runs, for an
+    exp2_fma override of a score that has none (the program in the spec keys its builds)."""
+    return spec if spec.program is not None else dataclasses.replace(spec, program=_program_spec(EXP2_PROGRAM))
+
+
 def resolve_sigmoid_bias(call: AttnCall) -> Optional[float]:
     """The sigmoid bias a call runs with: the user's, else b = -ln S_k (keeps sum_j sigma(x_ij + b)
     near 1); None for the other modes."""
@@ -495,9 +501,8 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     has_l = wl >= 0
     has_r = wr >= 0 and not call.causal
     score, score_bwd = _score_specs(call, fwd["tile_n"], facts, overrides)
-    if fwd["exp2_fma"] and score.kind == "softmax" and score.program is None:
-        # softmax's exp2 offload (an override) runs the exp2 program softcap's offload runs
-        score = dataclasses.replace(score, program=_program_spec(EXP2_PROGRAM))
+    if fwd["exp2_fma"] and score.kind == "softmax":   # softmax's exp2 offload (an override)
+        score = _with_exp2_program(score)
     try:
         fwd_cfg = FwdConfig(score=score, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,
                             window_left=has_l, window_right=has_r, **fwd)
@@ -536,11 +541,8 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         bwd["dq_halves"] = bool(bwd["dq_async"] and (bwd["head_loop"] or not bwd["varlen"]))
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
     varlen_lpt = bool(bwd.pop("varlen_lpt", False)) and bwd["varlen"]   # host side: the table's order
-    if bwd["exp2_fma"] and score_bwd.program is None and score_bwd.kind in ("softmax", "softcap") \
-            and score_bwd.evaluator == "native":
-        # the backward's exp2 offload runs the exp2 program the forward's offload runs (elsewhere
-        # check_bwd names what it needs)
-        score_bwd = dataclasses.replace(score_bwd, program=_program_spec(EXP2_PROGRAM))
+    if bwd["exp2_fma"] and score_bwd.kind in ("softmax", "softcap") and score_bwd.evaluator == "native":
+        score_bwd = _with_exp2_program(score_bwd)   # elsewhere check_bwd names what the offload needs
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,
                             window_left=has_l, window_right=has_r, **bwd)

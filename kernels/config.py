@@ -77,7 +77,7 @@ class BwdConfig:
     varlen: bool              # packed sequences (cu_seqlens; kernels/attn_bwd_sm90.py AttnBwdSm90Varlen)
     swap: bool                # D = 256: dK^T / dV^T with the head dim on M, 64-key tiles (kernels/attn_bwd_swap_sm90.py)
     dp_first: bool            # the red.global dQ path: dP^T before S^T, dO released after dV
-    exp2_fma: int             # P's column groups of 8 (of each 8) whose 2^a runs the score's exp2_f32 program
+    exp2_fma: int             # n: P's column groups g of 8 with g % 8 >= 8 - n take the score's exp2_f32 program
                               # on the FMA pipe instead of MUFU.EX2 (score.program; softmax / softcap native)
 
 

@@ -210,8 +210,8 @@ def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
 # do) and the query heads of a KV head follow one another (its K, V stay in L2).  AttnPlan.varlen_lpt
 # re-sorts the live entries by their work (the query blocks that see the key block), longest
 # first, as the dense LPT grid runs: on equal causal lengths the unit order ends on a tail of
-# light key blocks (host model, bench/tools/varlen_balance.py --bwd: makespan 1.07x the mean at
-# 8 x 4096, 1.13x at 16 x 1024; sorted 1.01x).
+# light key blocks (a host model: bench/tools/varlen_balance.py --bwd, docs/MEASURED.md
+# varlen-bwd-lpt).
 BWD_TABLE_WORDS = 2            # an entry is ((key block << 18) | sequence, head)
 
 

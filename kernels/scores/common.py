@@ -88,6 +88,14 @@ def exp2_fma(a: Float32, program: cutlass.Constexpr) -> Float32:
     return b32_as_f32(Int32(run_program(program, "exp2", a)[0]))
 
 
+@cute.jit
+def exp2_fma_clamped(a: Float32, program: cutlass.Constexpr) -> Float32:
+    """exp2_fma for an unbounded a: clamped at -125 (2^-125 where MUFU.EX2 gives 0 or a
+    denormal: the callers' masked or padding entries, which add nothing), a NaN selected back
+    (the program maps it to FLT_MAX).  A plain max and two selects more than exp2_fma."""
+    return nan_or(a, exp2_fma(cute.arch.fmax(a, Float32(-125.0)), program))
+
+
 @dsl_user_op
 def pack_f32x2(lo: Float32, hi: Float32, is_bf16: cutlass.Constexpr[bool], *, loc=None, ip=None) -> Int32:
     """cvt.rn.{bf16x2,f16x2}.f32: one F2FP packs two scores; lo lands in bits 0..15."""
@@ -290,15 +298,13 @@ class ScoreBase:
 
     def p_exp2(self, a, c: int):
         """The backward's P = 2^a of mn column c (static): MUFU.EX2, or the exp2_f32 program on the
-        FMA pipe in the offloaded column groups.  The program needs a >= -125 (a normal result):
-        a is clamped there, so P = 2^-125 where MUFU gives 0 or a denormal: scores that
-        underflow, masked ones (zeroed by the mask afterwards; a > 127 occurs only there) and
-        the padding rows past S_q (LSE +inf), whose Q and dO rows the dense build's TMA fills
-        with zeros, so they add nothing (check_bwd: not in packed builds, where those rows hold
-        the next sequence's).  A NaN score stays NaN (the clamp drops it, the program would give
-        FLT_MAX)."""
+        FMA pipe in the offloaded column groups (exp2_fma_clamped: P = 2^-125 where MUFU gives 0
+        or a denormal: scores that underflow, masked ones, zeroed by the mask afterwards, a > 127
+        occurring only there, and the padding rows past S_q (LSE +inf), whose Q and dO rows the
+        dense build's TMA fills with zeros, so they add nothing; check_bwd: not in packed builds,
+        where those rows hold the next sequence's)."""
         if cutlass.const_expr(self.exp2_fma and (c // 2) % 8 >= 8 - self.exp2_fma):
-            return nan_or(a, exp2_fma(cute.arch.fmax(a, Float32(-125.0)), self.spec.program))
+            return exp2_fma_clamped(a, self.spec.program)
         return exp2_approx(a)
 
     def poly_pair(self, col_group: int) -> bool:
@@ -411,9 +417,8 @@ class OnlineSoftmax:
                 a = s_mn[r, c] * scale_log2 + neg_m
                 if cutlass.const_expr(not masked and self.exp2_fma and (c // 2) % 8 >= 8 - self.exp2_fma):
                     # softmax's exp2 offload: a <= t (the stale-max threshold) in a mask-free
-                    # block; clamped at -125 for the program (2^-125 where MUFU underflows to
-                    # ~0), a NaN kept (the program maps it to FLT_MAX)
-                    p = nan_or(a, exp2_fma(cute.arch.fmax(a, Float32(-125.0)), self.exp2_program))
+                    # block, unbounded below
+                    p = exp2_fma_clamped(a, self.exp2_program)
                 else:
                     p = exp2_approx(a)
                 s_mn[r, c] = p
