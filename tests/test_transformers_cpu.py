@@ -285,6 +285,10 @@ def test_keys_beyond_a_narrower_padding_mask_are_dropped(path):
     (dict(sliding_window=-5), ValueError, "sliding_window must be >= 0"),
     (dict(cu_seq_lens_q=[0, 3, 16], cu_seq_lens_k=[0, 3, 16], max_length_q=13, max_length_k=13), TypeError,
      "cu_seq_lens_q must be a torch.Tensor"),
+    (dict(cu_seq_lens_q=torch.tensor([0, 3, 16]), cu_seq_lens_k=torch.tensor([0, 3, 16], dtype=torch.int32),
+          max_length_q=13, max_length_k=13), TypeError, r"cu_seq_lens_q must have dtype torch.int32.*int64"),
+    (dict(cu_seq_lens_q=torch.tensor([0, 3, 16], dtype=torch.int32), cu_seq_lens_k=torch.tensor([0., 3, 16]),
+          max_length_q=13, max_length_k=13), TypeError, r"cu_seq_lens_k must have dtype torch.int32.*float32"),
     (dict(position_ids=torch.zeros(3, 8, dtype=torch.long)), ValueError, "position_ids must be"),
 ])
 def test_bad_inputs_name_themselves(call, err, match):

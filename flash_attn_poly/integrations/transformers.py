@@ -272,7 +272,10 @@ def _packed_offsets(q, k, kwargs):
         for name, cu in (("cu_seq_lens_q", cu_q), ("cu_seq_lens_k", cu_k)):
             if not isinstance(cu, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor of offsets, got {type(cu).__name__}")
-        return cu_q.to(torch.int32), cu_k.to(torch.int32), max_q, max_k
+            if cu.dtype != torch.int32:   # as flash-attn's varlen: a cast would wrap large int64 offsets
+                raise TypeError(f"{name} must have dtype torch.int32 (transformers' and flash-attn's "
+                                f"offsets), got {cu.dtype}")
+        return cu_q, cu_k, max_q, max_k
     pos = _positions_to_read(q, k, kwargs)
     return None if pos is None else _packed_from_positions(pos, q.shape[0])
 
