@@ -696,3 +696,60 @@ def test_ncu_lines_reads_a_sass_page(tmp_path):
     assert "MUFU lines' stall reasons: wait 20, mio 10" in s
     assert s.splitlines()[-1].startswith("+0x00020      60 0.600")
     assert ncu_lines.sequence(str(path), 0x10, 0x20) == "MUFU:30 BRA:60"
+
+
+# a consumer loop in nvdisasm's layout: two GEMM groups (S, then PV), a masked copy of the loop
+# with per-score selects, and a key-tail branch inside the mask-free one
+_PIPE_SASS = """
+.L_x_1:
+        /*0010*/                   FSEL R1, R1, RZ, !P1 ;
+        /*0020*/                   FSEL R2, R2, RZ, !P1 ;
+        /*0030*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0 ;
+        /*0040*/                   MUFU.EX2 R3, R3 ;
+        /*0050*/               @P0 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0060*/                   WARPGROUP.ARRIVE ;
+        /*0070*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT ;
+        /*0080*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], R24, gsb0 ;
+        /*0090*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*00a0*/                   FFMA R3, R3, R4, -R5 ;
+        /*00b0*/                   MUFU.EX2 R3, R3 ;
+        /*00c0*/                   MUFU.EX2 R6, R6 ;
+        /*00d0*/              @!P2 BRA `(.L_x_3) ;
+        /*00e0*/                   FSEL R3, R3, RZ, !P1 ;
+        /*00f0*/                   FSEL R6, R6, RZ, !P1 ;
+.L_x_3:
+        /*0100*/                   F2FP.BF16.F32.PACK_AB R7, R6, R3 ;
+        /*0110*/                   STSM.16.MT88.4 [R8], R12 ;
+        /*0120*/                   UIADD3 UR4, UR4, 0x10, URZ ;
+        /*0130*/                   HGMMA.64x64x16.F32.BF16 R40, R7, gdesc[UR12].tnspB, R40, gsb0 ;
+        /*0140*/               @P0 BRA `(.L_x_2) ;
+"""
+
+
+def test_pipe_model_reads_the_mask_free_loop_and_its_pipes():
+    """bench/tools/pipe_model.py: the consumer loop is the mask-free copy (fewest selects), the
+    key tail's branch is taken, each instruction lands on its pipe with its weight, and the
+    lockstep replay waits for the GEMM group at the DEPBAR."""
+    import pipe_model as pm
+    body = pm.consumer_loop(_PIPE_SASS)
+    assert [b.split()[0] for b in body] == ["WARPGROUP.ARRIVE", "HGMMA.64x128x16.F32.BF16", "HGMMA.64x128x16.F32.BF16",
+                                           "WARPGROUP.DEPBAR.LE", "FFMA", "MUFU.EX2", "MUFU.EX2",
+                                           "F2FP.BF16.F32.PACK_AB", "STSM.16.MT88.4", "UIADD3",
+                                           "HGMMA.64x64x16.F32.BF16"]
+    assert pm.classify("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT") == ("tensor", 2 * 64 * 128 * 16)
+    assert pm.classify("@!P1 MUFU.TANH R3, R3") == ("mufu", 1.0)
+    assert pm.classify("IMAD.WIDE R2, R3, 0x4, R4") == ("fma", 2.0)
+    assert pm.classify("STSM.16.MT88.4 [R8], R12") == ("lsu", 512.0)
+    assert pm.classify("LDS.128 R4, [R2]") == ("lsu", 512.0)
+    assert pm.classify("UIADD3 UR4, UR4, 0x10, URZ")[0] == "uniform"
+    tp = pm.throughput(body, warps=8)   # 2 warpgroups
+    assert tp["tensor"] == (2 * 2 * 64 * 128 * 16 + 2 * 64 * 64 * 16) * 2 / 4096
+    assert tp["mufu"] == 2 * 32 * 8 / 16 and tp["fma"] == 32 * 8 / 128 and tp["issue"] == 11 * 8 / 4
+    ls = pm.lockstep(body, warps=8, iterations=4)
+    # per step: the wait takes the previous PV group (64 tensor cycles) and this S group (256)
+    # in turn, then the score work: 2 MUFU per thread x 8 warps (32 cycles) bounds the stretch
+    # (6 issue slots x 8 warps / 4 = 12); the PV group is left pending for the next wait
+    assert ls["longest_stretch_bound"] == "mufu" and ls["longest_stretch"] == 32.0
+    assert ls["cycles_per_step"] == 64 + 256 + 32, ls
+    assert ls["tensor_busy"] == round(320 / 352, 3), ls

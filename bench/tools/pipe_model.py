@@ -1,0 +1,318 @@
+"""Where a key block's cycles can go, from the SASS of its loop (CPU; no timing of its own).
+
+    python bench/tools/pipe_model.py                          # the default builds below
+    python bench/tools/pipe_model.py --only bwd_d64 --knob bwd.exp2_fma=2 --knob bwd.exp2_fma=4
+    python bench/tools/pipe_model.py --json bench/results/pipe_model.json
+
+Each build is compiled for sm_90a on the CPU (tests/builds.py, the compile tests' builds) and its
+consumer loop is read: the innermost loop that issues HGMMA and MUFU, on its mask-free path (the
+build is taken non-causal, and the body of a conditional forward branch inside the loop, the key
+tail's masking, is skipped).  Its instructions are sorted into the Hopper pipes with per-SM
+rates (thread-ops per clock; MUFU 16 and FFMA 125 and F2FP 63.5 measured by
+bench/tools/issue_rates.py, docs/MEASURED.md):
+
+    tensor  HGMMA.64xNxK: 64 N K 2 FLOPs per warpgroup, 4096 FLOP/clk (989 TFLOP/s at 1.83 GHz, 132 SMs)
+    mufu    MUFU.*, I2F/F2I, POPC: 16                fma  FFMA/FMUL/FADD/HFMA2/HMUL2/HADD2: 128; IMAD: 64
+    alu     FSEL/SEL/LOP3/ISETP/FMNMX/F2FP/PRMT/...: 64
+    lsu     shared-memory bytes (LDS/STS/LDSM/STSM, SHFL) at 128 B/clk
+    issue   one warp instruction per clock per scheduler, 4 per SM (uniform-datapath, barrier and
+            branch instructions take an issue slot and nothing else)
+
+Two readings per build (one CTA per SM, its consumer warps all running the loop):
+  * throughput: cycles per key block each pipe needs for the CTA's warps; the block cannot take
+    less than the largest (a bound, reachable only with perfect overlap).
+  * lockstep (backward; its two MMA warpgroups meet at a barrier every step): the loop replayed in
+    program order, the non-GEMM work between two waits taking its largest pipe's cycles, the
+    GEMM groups queued on the tensor pipe from their first HGMMA and waited for at
+    WARPGROUP.DEPBAR; loads taken as ready.  Steady-state cycles per step and the tensor pipe's
+    busy share: what the order of the step costs with no load, latency or scheduling loss.
+    Measured beside it (docs/MEASURED.md bwd-ncu-vs-fa4): D = 64 MHA 57.9% tensor, D = 128 MHA
+    75.9%; the model's distance from those is what it does not see.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path[:0] = [HERE, os.path.dirname(HERE), os.path.join(ROOT, "tests")]
+
+TENSOR_FLOP_PER_CLK = 4096          # dense BF16 per SM
+RATES = {"mufu": 16, "fma": 128, "alu": 64}   # thread-ops per clock per SM
+SMEM_BYTES_PER_CLK = 128
+SCHEDULERS = 4
+
+_OP = re.compile(r"^(?:@!?U?P[0-9T]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Za-z0-9_]+)*)")
+_HGMMA = re.compile(r"HGMMA\.(\d+)x(\d+)x(\d+)")
+_MUFU = ("MUFU", "I2F", "F2I", "POPC", "FLO", "BREV", "FRND")
+_FMA = ("FFMA", "FMUL", "FADD", "HFMA2", "HMUL2", "HADD2", "FFMA2", "FMUL2", "FADD2")
+_FMA_HEAVY = ("IMAD", "IMUL")
+_ALU = ("FSEL", "SEL", "LOP3", "LOP", "ISETP", "FSETP", "HSETP2", "HSET2", "FMNMX", "HMNMX2", "IMNMX",
+        "VIMNMX", "F2FP", "PRMT", "SHF", "LEA", "IADD3", "VIADD", "IABS", "R2P", "P2R", "PLOP3", "MOV",
+        "SGXT", "BMSK", "FSWZADD", "F2F")
+_LSU_BYTES = {"LDS": 4, "STS": 4, "SHFL": 4}   # bytes per thread unless a .64 / .128 suffix says more
+
+
+def classify(ins: str) -> tuple[str, float]:
+    """(pipe, weight) of one SASS instruction: the weight is in that pipe's units (FLOPs per
+    warpgroup for tensor, bytes per warp for lsu, thread-op slots otherwise)."""
+    m = _OP.match(ins)
+    if not m:
+        return "other", 0.0
+    op, mods = m.group(1), m.group(2)
+    if op == "HGMMA":
+        g = _HGMMA.match(ins[ins.index("HGMMA"):])
+        return ("tensor", 2.0 * int(g.group(1)) * int(g.group(2)) * int(g.group(3))) if g else ("other", 0.0)
+    if op.startswith("U") and op not in ("UMMA",):
+        return "uniform", 0.0
+    if op in _MUFU:
+        return "mufu", 1.0
+    if op in _FMA:
+        return "fma", 1.0
+    if op in _FMA_HEAVY:
+        return "fma", 2.0
+    if op in _ALU:
+        return "alu", 1.0
+    if op in ("LDSM", "STSM"):   # .4 / .2: that many 8 x 8 16-bit matrices, 128 B each
+        last = mods.rsplit(".", 1)[-1]
+        return "lsu", 128.0 * (int(last) if last.isdigit() else 1)
+    if op in _LSU_BYTES:
+        width = 16 if ".128" in mods else 8 if ".64" in mods else _LSU_BYTES[op]
+        return "lsu", 32.0 * width
+    return "other", 0.0
+
+
+def _lines(sass: str):
+    from flash_attn_poly.kernels import sass as S
+    return S._sass_lines(sass), S._BRA
+
+
+def _fall_through(body, bra) -> list[str]:
+    """A loop body's instructions with every conditional forward branch to a label inside it
+    taken (in a mask-free block what such a branch skips is the key tail's masking)."""
+    at = {t: j for j, (k, t) in enumerate(body) if k == "label"}
+    out, skip_to = [], None
+    for j, (k, t) in enumerate(body[:-1]):   # the loop's own backward branch last
+        if skip_to is not None:
+            if k == "label" and t == skip_to:
+                skip_to = None
+            continue
+        if k != "instr":
+            continue
+        m = bra.match(t)
+        if m and m.group(1) and at.get(m.group(2), -1) > j:
+            skip_to = m.group(2)
+            continue
+        out.append(t)
+    return out
+
+
+def consumer_loop(sass: str) -> list[str]:
+    """The consumer's mask-free loop body on its fall-through path (_fall_through): of the
+    innermost conditional backward-branch loops holding HGMMA and MUFU, the one whose path has
+    the fewest ISETP + FSEL (a masked copy selects per score), then the fewest instructions."""
+    lines, bra = _lines(sass)
+    where = {t: i for i, (k, t) in enumerate(lines) if k == "label"}
+    cands = []
+    for i, (kind, text) in enumerate(lines):
+        if kind != "instr":
+            continue
+        m = bra.match(text)
+        if not m or not m.group(1) or m.group(2) not in where or where[m.group(2)] >= i:
+            continue
+        body = lines[where[m.group(2)]:i + 1]
+        instrs = [t for k, t in body if k == "instr"]
+        if not any(t.startswith("HGMMA") for t in instrs) or not any("MUFU" in t for t in instrs):
+            continue
+        path = _fall_through(body, bra)
+        cands.append((where[m.group(2)], i, sum(t.startswith(("ISETP", "FSEL")) for t in path), len(path), path))
+    inner = [c for c in cands if not any(c[0] <= o[0] and o[1] <= c[1] and o is not c for o in cands)]
+    if not inner:
+        raise ValueError("no consumer loop (HGMMA and MUFU in one conditional backward-branch loop)")
+    return min(inner, key=lambda c: c[2:4])[4]
+
+
+def throughput(body: list[str], warps: int) -> dict:
+    """Cycles per loop iteration each pipe needs for `warps` warps running the body (the
+    tensor pipe's for their warpgroups' HGMMAs)."""
+    use = {"tensor": 0.0, "mufu": 0.0, "fma": 0.0, "alu": 0.0, "lsu": 0.0}
+    for ins in body:
+        pipe, w = classify(ins)
+        if pipe in use:
+            use[pipe] += w
+    wgs = warps / 4
+    cyc = {"tensor": use["tensor"] * wgs / TENSOR_FLOP_PER_CLK,
+           "mufu": use["mufu"] * 32 * warps / RATES["mufu"],
+           "fma": use["fma"] * 32 * warps / RATES["fma"],
+           "alu": use["alu"] * 32 * warps / RATES["alu"],
+           "lsu": use["lsu"] * warps / SMEM_BYTES_PER_CLK,
+           "issue": len(body) * warps / SCHEDULERS}
+    return {k: round(v, 1) for k, v in cyc.items()}
+
+
+def lockstep(body: list[str], warps: int, iterations: int = 8) -> dict:
+    """The body replayed `iterations` times with every consumer warp in step: returns the
+    steady-state cycles per iteration (the mean of the second half) and the tensor pipe's busy
+    share over them, plus the longest non-GEMM stretch (between two waits) and what bounds it."""
+    wgs = warps / 4
+    t = tensor_free = 0.0
+    pending = []           # end times of committed GEMM groups, oldest first
+    group_start = None
+    group_flops = 0.0
+    seg = {"mufu": 0.0, "fma": 0.0, "alu": 0.0, "lsu": 0.0, "issue": 0.0}
+    ends, busy_marks, stretches = [], [], []
+    tensor_busy = 0.0
+
+    def flush():
+        nonlocal t
+        c = {"mufu": seg["mufu"] * 32 * warps / RATES["mufu"], "fma": seg["fma"] * 32 * warps / RATES["fma"],
+             "alu": seg["alu"] * 32 * warps / RATES["alu"], "lsu": seg["lsu"] * warps / SMEM_BYTES_PER_CLK,
+             "issue": seg["issue"] * warps / SCHEDULERS}
+        top = max(c, key=c.get)
+        if c[top] > 0:
+            stretches.append((c[top], top, seg["issue"]))
+        t += c[top]
+        for k in seg:
+            seg[k] = 0.0
+
+    for _ in range(iterations):
+        for ins in body:
+            pipe, w = classify(ins)
+            if pipe == "tensor":
+                flush()
+                seg["issue"] += 1
+                if group_start is None:
+                    group_start = t
+                group_flops += w
+                if "gsb0" in ins:
+                    start = max(group_start, tensor_free)
+                    dur = group_flops * wgs / TENSOR_FLOP_PER_CLK
+                    tensor_free = start + dur
+                    tensor_busy += dur
+                    pending.append(tensor_free)
+                    group_start, group_flops = None, 0.0
+                continue
+            if ins.startswith("WARPGROUP.DEPBAR"):
+                flush()
+                n = int(ins.rsplit(",", 1)[-1].strip(), 0)
+                while len(pending) > n:
+                    t = max(t, pending.pop(0))
+                continue
+            seg["issue"] += 1
+            if pipe in ("mufu", "fma", "alu", "lsu"):
+                seg[pipe] += w
+        flush()
+        ends.append(t)
+        busy_marks.append(tensor_busy)
+    half = iterations // 2
+    step = (ends[-1] - ends[half - 1]) / (iterations - half)
+    busy = (busy_marks[-1] - busy_marks[half - 1]) / (iterations - half)
+    per_iter = len(stretches) // iterations
+    worst = max(stretches[-per_iter:]) if per_iter else (0.0, "", 0)
+    return {"cycles_per_step": round(step, 1), "tensor_busy": round(busy / step, 3),
+            "longest_stretch": round(worst[0], 1), "longest_stretch_bound": worst[1]}
+
+
+# (name, mode, evaluator, head dim, shape (B, S, H_q, H_kv), plan overrides)
+BUILDS = [
+    ("bwd_d64", "softmax", "native", 64, (2, 8192, 32, 32), {}),
+    ("bwd_d128", "softmax", "native", 128, (1, 16384, 32, 32), {}),
+    ("bwd_d128_softcap", "softcap", "poly", 128, (1, 4096, 32, 8), {}),
+    ("fwd_d64_short", "softmax", "native", 64, (32, 512, 32, 32), {}),
+    ("fwd_d64", "softmax", "native", 64, (2, 8192, 32, 8), {}),
+    ("fwd_d128", "softmax", "native", 128, (1, 4096, 32, 8), {}),
+    ("fwd_d128_softcap", "softcap", "poly", 128, (1, 4096, 32, 8), {}),
+    ("fwd_d128_softcap_native", "softcap", "native", 128, (1, 4096, 32, 8), {}),
+]
+
+
+def model(name, mode, evaluator, d, shape, overrides) -> dict:
+    import builds as B
+    p = B.plan(mode, evaluator, d=d, shape=shape, overrides=overrides or None)
+    direction = name.split("_")[0]
+    cfg = dataclasses.replace(p.fwd if direction == "fwd" else p.bwd, causal=False)
+    build = B.fwd(cfg) if direction == "fwd" else B.bwd(cfg)
+    body = consumer_loop(build.sass)
+    warps = (cfg.tile_m if direction == "fwd" else cfg.tile_n) // 16
+    row = {"build": name, "direction": direction, "mode": mode, "evaluator": evaluator, "head_dim": d,
+           "overrides": overrides, "tile": [cfg.tile_m, cfg.tile_n], "consumer_warps": warps,
+           "loop_instructions": len(body),
+           "mufu_per_thread": sum(classify(i)[0] == "mufu" for i in body),
+           "throughput": throughput(body, warps)}
+    if direction == "bwd":
+        row["lockstep"] = lockstep(body, warps)
+    return row
+
+
+def markdown(rows) -> str:
+    out = ["| build | overrides | tile | warps | loop instrs | MUFU / thread | tensor | mufu | fma | alu | lsu | issue "
+           "| lockstep cycles | lockstep tensor busy | longest stretch (bound) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        tp, ls = r["throughput"], r.get("lockstep")
+        ov = " ".join(f"{k}={v}" for k, v in r["overrides"].items()) or "default"
+        out.append(f"| {r['build']} | {ov} | {r['tile'][0]}x{r['tile'][1]} | {r['consumer_warps']} | "
+                   f"{r['loop_instructions']} | {r['mufu_per_thread']} | {tp['tensor']:.0f} | {tp['mufu']:.0f} | "
+                   f"{tp['fma']:.0f} | {tp['alu']:.0f} | {tp['lsu']:.0f} | {tp['issue']:.0f} | "
+                   + (f"{ls['cycles_per_step']:.0f} | {ls['tensor_busy']:.1%} | {ls['longest_stretch']:.0f} "
+                      f"({ls['longest_stretch_bound']}) |" if ls else "- | - | - |"))
+    return "\n".join(out)
+
+
+def parse_knob(text: str) -> dict:
+    name, _, value = text.partition("=")
+    if not name.startswith(("fwd.", "bwd.")) or not value:
+        raise SystemExit(f"--knob {text!r}: expected fwd.NAME=VALUE or bwd.NAME=VALUE")
+    v = {"true": True, "false": False}.get(value.lower(), value)
+    try:
+        v = int(value)
+    except ValueError:
+        pass
+    return {name: v}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default="", help="comma-separated build names (default: all)")
+    ap.add_argument("--knob", action="append", default=[],
+                    help="plan override NAME=VALUE: each adds a row per selected build of its direction")
+    ap.add_argument("--json", default="", help="write rows here (+ the Markdown beside it)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    only = set(filter(None, args.only.split(",")))
+    unknown = only - {b[0] for b in BUILDS}
+    if unknown:
+        raise SystemExit(f"--only: unknown builds {sorted(unknown)} (known: {[b[0] for b in BUILDS]})")
+    rows = []
+    for b in BUILDS:
+        if only and b[0] not in only:
+            continue
+        rows.append(model(*b))
+        for k in args.knob:
+            ov = parse_knob(k)
+            if next(iter(ov)).split(".")[0] == b[0].split("_")[0]:
+                try:
+                    rows.append(model(b[0], b[1], b[2], b[3], b[4], ov))
+                except ValueError as e:   # the plan refuses the override for this build
+                    print(f"{b[0]} {k}: skipped ({e})", flush=True)
+        print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+    md = markdown(rows)
+    print(md)
+    if args.json:
+        import protocol
+        payload = {"commit": protocol.commit_id(), "tool": "bench/tools/pipe_model.py", "rows": rows}
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=1)
+        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
+            f.write(f"# Pipe model of the consumer loops (CPU SASS, commit {payload['commit']})\n\n"
+                    f"{__doc__.split(chr(10) + chr(10), 1)[1]}\n{md}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
