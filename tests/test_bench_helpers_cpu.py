@@ -753,3 +753,9 @@ def test_pipe_model_reads_the_mask_free_loop_and_its_pipes():
     assert ls["longest_stretch_bound"] == "mufu" and ls["longest_stretch"] == 32.0
     assert ls["cycles_per_step"] == 64 + 256 + 32, ls
     assert ls["tensor_busy"] == round(320 / 352, 3), ls
+    trace = []
+    assert pm.lockstep(body, warps=8, iterations=4, trace=trace) == ls
+    waits = [(a, b) for a, b, what in trace if what.startswith("wait")]
+    gemms = {b - a: b for a, b, what in trace if what.startswith("GEMM")}
+    assert sorted(gemms) == [64.0, 256.0] and len(waits) == 1 and waits[0][1] == gemms[256.0], trace
+    assert not any(what.endswith("from ") for a, b, what in trace), trace

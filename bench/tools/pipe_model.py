@@ -155,10 +155,12 @@ def throughput(body: list[str], warps: int) -> dict:
     return {k: round(v, 1) for k, v in cyc.items()}
 
 
-def lockstep(body: list[str], warps: int, iterations: int = 8) -> dict:
+def lockstep(body: list[str], warps: int, iterations: int = 8, trace: list | None = None) -> dict:
     """The body replayed `iterations` times with every consumer warp in step: returns the
     steady-state cycles per iteration (the mean of the second half) and the tensor pipe's busy
-    share over them, plus the longest non-GEMM stretch (between two waits) and what bounds it."""
+    share over them, plus the longest non-GEMM stretch (between two waits) and what bounds it.
+    trace: a list to append the last iteration's events to, (start, end, what) in cycles from
+    the iteration's start (work stretches, waits, GEMM groups on the tensor pipe)."""
     wgs = warps / 4
     t = tensor_free = 0.0
     pending = []           # end times of committed GEMM groups, oldest first
@@ -167,24 +169,30 @@ def lockstep(body: list[str], warps: int, iterations: int = 8) -> dict:
     seg = {"mufu": 0.0, "fma": 0.0, "alu": 0.0, "lsu": 0.0, "issue": 0.0}
     ends, busy_marks, stretches = [], [], []
     tensor_busy = 0.0
+    last, t0, first_ins = False, 0.0, ""
 
     def flush():
-        nonlocal t
+        nonlocal t, first_ins
         c = {"mufu": seg["mufu"] * 32 * warps / RATES["mufu"], "fma": seg["fma"] * 32 * warps / RATES["fma"],
              "alu": seg["alu"] * 32 * warps / RATES["alu"], "lsu": seg["lsu"] * warps / SMEM_BYTES_PER_CLK,
              "issue": seg["issue"] * warps / SCHEDULERS}
         top = max(c, key=c.get)
         if c[top] > 0:
             stretches.append((c[top], top, seg["issue"]))
+            if last and trace is not None:
+                trace.append((t - t0, t + c[top] - t0, f"work {top}-bound, {seg['issue']:.0f} instrs from {first_ins}"))
+        first_ins = ""
         t += c[top]
         for k in seg:
             seg[k] = 0.0
 
-    for _ in range(iterations):
+    for it in range(iterations):
+        last, t0 = it == iterations - 1, t
         for ins in body:
             pipe, w = classify(ins)
             if pipe == "tensor":
                 flush()
+                first_ins = ins.split()[0]
                 seg["issue"] += 1
                 if group_start is None:
                     group_start = t
@@ -195,14 +203,21 @@ def lockstep(body: list[str], warps: int, iterations: int = 8) -> dict:
                     tensor_free = start + dur
                     tensor_busy += dur
                     pending.append(tensor_free)
+                    if last and trace is not None:
+                        trace.append((start - t0, tensor_free - t0, f"GEMM {ins.split()[0]} on the tensor pipe"))
                     group_start, group_flops = None, 0.0
                 continue
             if ins.startswith("WARPGROUP.DEPBAR"):
                 flush()
                 n = int(ins.rsplit(",", 1)[-1].strip(), 0)
+                before = t
                 while len(pending) > n:
                     t = max(t, pending.pop(0))
+                if last and trace is not None and t > before:
+                    trace.append((before - t0, t - t0, f"wait (<= {n} GEMM groups pending)"))
                 continue
+            if not first_ins:
+                first_ins = ins.split()[0]
             seg["issue"] += 1
             if pipe in ("mufu", "fma", "alu", "lsu"):
                 seg[pipe] += w
@@ -231,7 +246,7 @@ BUILDS = [
 ]
 
 
-def model(name, mode, evaluator, d, shape, overrides) -> dict:
+def model(name, mode, evaluator, d, shape, overrides, timeline: bool = False) -> dict:
     import builds as B
     p = B.plan(mode, evaluator, d=d, shape=shape, overrides=overrides or None)
     direction = name.split("_")[0]
@@ -245,7 +260,10 @@ def model(name, mode, evaluator, d, shape, overrides) -> dict:
            "mufu_per_thread": sum(classify(i)[0] == "mufu" for i in body),
            "throughput": throughput(body, warps)}
     if direction == "bwd":
-        row["lockstep"] = lockstep(body, warps)
+        trace = [] if timeline else None
+        row["lockstep"] = lockstep(body, warps, trace=trace)
+        for a, b, what in trace or ():
+            print(f"  {name} {overrides or ''} {a:7.0f} {b:7.0f} {b - a:6.0f}  {what}")
     return row
 
 
@@ -282,6 +300,8 @@ def main(argv=None) -> int:
     ap.add_argument("--knob", action="append", default=[],
                     help="plan override NAME=VALUE: each adds a row per selected build of its direction")
     ap.add_argument("--json", default="", help="write rows here (+ the Markdown beside it)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print each backward row's lockstep step: work stretches, waits and GEMM groups")
     args = ap.parse_args(argv)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     only = set(filter(None, args.only.split(",")))
@@ -292,12 +312,12 @@ def main(argv=None) -> int:
     for b in BUILDS:
         if only and b[0] not in only:
             continue
-        rows.append(model(*b))
+        rows.append(model(*b, timeline=args.timeline))
         for k in args.knob:
             ov = parse_knob(k)
             if next(iter(ov)).split(".")[0] == b[0].split("_")[0]:
                 try:
-                    rows.append(model(b[0], b[1], b[2], b[3], b[4], ov))
+                    rows.append(model(b[0], b[1], b[2], b[3], b[4], ov, timeline=args.timeline))
                 except ValueError as e:   # the plan refuses the override for this build
                     print(f"{b[0]} {k}: skipped ({e})", flush=True)
         print(markdown(rows[-1:]).splitlines()[-1], flush=True)
