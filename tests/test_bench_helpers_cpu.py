@@ -338,6 +338,21 @@ def test_ncu_summary_on_a_synthetic_round(tmp_path):
     assert (tmp_path / "ncu.md").read_text().count("| softcap_poly |") == 4   # pipes, loop, stalls, phases
 
 
+def test_ncu_summary_reads_shared_memory_metrics_where_present(tmp_path):
+    """The optional shared-memory metrics come through where the raw page has them (a value that
+    is not a number, or a missing column, leaves the key out) and get their table columns."""
+    import ncu_summary as N
+    head = list(N.METRICS.values()) + [N.OPTIONAL_METRICS["smem_bank_reads_pct"],
+                                       N.OPTIONAL_METRICS["smem_lsu_wavefronts"]]
+    vals = ["1,000", "75.0", "40.0", "12.0", "20.0", "38.0", "81.5", "n/a"]
+    with open(tmp_path / "bwd_x_raw.csv", "w") as f:
+        f.write("\n".join(",".join(f'"{x}"' for x in row) for row in (head, [""] * len(head), vals)) + "\n")
+    got = N.raw_metrics(str(tmp_path), "bwd_x")
+    assert got["smem_bank_reads_pct"] == 81.5 and "smem_lsu_wavefronts" not in got and got["cycles"] == 1000.0
+    md = N.markdown(str(tmp_path), [{"build": "bwd_x", **got}], "")
+    assert "smem_bank_reads_pct" in md and "smem_bank_writes_pct" not in md
+
+
 def test_ncu_summary_splits_samples_by_phase(tmp_path):
     """ncu_summary.phases: the main loop is the range of the most executed HGMMA lines widened to
     its closing backward branch (a mbarrier retry loop before it, a peeled first HGMMA and the

@@ -42,6 +42,14 @@ METRICS = {
     "alu_pct": "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
     "issue_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
 }
+# shared-memory traffic, where the raw page has them (names vary between ncu versions): whether the
+# backward is bound by the banks' 128 B/clk (bench/tools/pipe_model.py's smem column, a hypothesis)
+OPTIONAL_METRICS = {
+    "smem_bank_reads_pct": "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed",
+    "smem_bank_writes_pct": "l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed",
+    "smem_lsu_wavefronts": "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum",
+    "l1tex_throughput_pct": "l1tex__throughput.avg.pct_of_peak_sustained_elapsed",
+}
 SAMPLES = "Warp Stall Sampling (All Samples)"
 PHASE_COLS = ("before_share", "loop_share", "after_share", "before_samples", "loop_samples", "after_samples",
               "loop_lines", "loop_executions")
@@ -63,7 +71,10 @@ def _find(folder: str, stem: str) -> str:
 def raw_metrics(folder: str, name: str) -> dict:
     rows = _rows(_find(folder, f"{name}_raw"))
     vals = dict(zip(rows[0], rows[2]))
-    return {k: float(vals[m].replace(",", "")) for k, m in METRICS.items()}
+    out = {k: float(vals[m].replace(",", "")) for k, m in METRICS.items()}
+    out.update({k: float(vals[m].replace(",", "")) for k, m in OPTIONAL_METRICS.items()
+                if vals.get(m, "").replace(",", "").replace(".", "", 1).isdigit()})
+    return out
 
 
 def stall_shares(folder: str, name: str) -> dict:
@@ -181,7 +192,8 @@ def summarise(folder: str, builds: list[str]) -> list[dict]:
 
 
 def markdown(folder: str, rows: list[dict], note: str) -> str:
-    table = protocol.markdown_table(rows, ["build"] + list(METRICS))
+    extra = [k for k in OPTIONAL_METRICS if any(k in r for r in rows)]
+    table = protocol.markdown_table(rows, ["build"] + list(METRICS) + extra)
     cats = sorted({k for r in rows for k in r if k.startswith("loop: ")})
     fwd = [r for r in rows if not r["build"].startswith("bwd_")]
     table2 = protocol.markdown_table(fwd, ["build"] + cats) if fwd else ""

@@ -15,6 +15,13 @@ bench/tools/issue_rates.py, docs/MEASURED.md):
     mufu    MUFU.*, I2F/F2I, POPC: 16                fma  FFMA/FMUL/FADD/HFMA2/HMUL2/HADD2: 128; IMAD: 64
     alu     FSEL/SEL/LOP3/ISETP/FMNMX/F2FP/PRMT/...: 64
     lsu     shared-memory bytes (LDS/STS/LDSM/STSM, SHFL) at 128 B/clk
+    smem    every shared-memory byte of a key block at 128 B/clk: lsu's, the HGMMAs' operands read
+            from smem (A's 64 x K when a descriptor, B's N x K once per warpgroup) and what the copy
+            engine writes (K / V, or Q / dO / LSE / dsum) or the dQ bulk reduce reads: a hypothesis
+            (that tensor-core operand fetch shares the banks' bandwidth), to hold against Nsight
+            Compute's shared-memory metrics (bench/tools/ncu_summary.py reads them where present);
+            loads count 32 lanes' bytes, an upper bound where lanes share words (the backward's
+            LSE / dsum loads read 4 distinct words per warp: one wavefront, not two)
     issue   one warp instruction per clock per scheduler, 4 per SM (uniform-datapath, barrier and
             branch instructions take an issue slot and nothing else)
 
@@ -137,21 +144,39 @@ def consumer_loop(sass: str) -> list[str]:
     return min(inner, key=lambda c: c[2:4])[4]
 
 
-def throughput(body: list[str], warps: int) -> dict:
+def gmma_smem_bytes(ins: str) -> float:
+    """Shared-memory operand bytes of one warpgroup's HGMMA.64xNxK (16-bit operands): A's 64 x K
+    when it comes from smem (a descriptor, not registers), B's N x K once per warpgroup."""
+    g = _HGMMA.search(ins)
+    if not g:
+        return 0.0
+    m, n, k = (int(x) for x in g.groups())
+    operands = [o.strip() for o in ins.split(None, 1)[1].split(",")]
+    return (2.0 * m * k if operands[1].startswith("gdesc") else 0.0) + 2.0 * n * k
+
+
+def throughput(body: list[str], warps: int, tma_bytes: float = 0.0) -> dict:
     """Cycles per loop iteration each pipe needs for `warps` warps running the body (the
-    tensor pipe's for their warpgroups' HGMMAs)."""
+    tensor pipe's for their warpgroups' HGMMAs).  smem: every shared-memory byte of the
+    iteration at 128 B/clk (the threads' loads / stores, the HGMMAs' smem operands, and
+    tma_bytes: what the copy engine writes or the bulk reduce reads there per iteration), a
+    hypothesis: that operand fetch for the tensor pipe shares the banks' 128 B/clk."""
     use = {"tensor": 0.0, "mufu": 0.0, "fma": 0.0, "alu": 0.0, "lsu": 0.0}
+    gmma_bytes = 0.0
     for ins in body:
         pipe, w = classify(ins)
         if pipe in use:
             use[pipe] += w
+        if pipe == "tensor":
+            gmma_bytes += gmma_smem_bytes(ins)
     wgs = warps / 4
     cyc = {"tensor": use["tensor"] * wgs / TENSOR_FLOP_PER_CLK,
            "mufu": use["mufu"] * 32 * warps / RATES["mufu"],
            "fma": use["fma"] * 32 * warps / RATES["fma"],
            "alu": use["alu"] * 32 * warps / RATES["alu"],
            "lsu": use["lsu"] * warps / SMEM_BYTES_PER_CLK,
-           "issue": len(body) * warps / SCHEDULERS}
+           "issue": len(body) * warps / SCHEDULERS,
+           "smem": (use["lsu"] * warps + gmma_bytes * wgs + tma_bytes) / SMEM_BYTES_PER_CLK}
     return {k: round(v, 1) for k, v in cyc.items()}
 
 
@@ -254,11 +279,15 @@ def model(name, mode, evaluator, d, shape, overrides, timeline: bool = False) ->
     build = B.fwd(cfg) if direction == "fwd" else B.bwd(cfg)
     body = consumer_loop(build.sass)
     warps = (cfg.tile_m if direction == "fwd" else cfg.tile_n) // 16
+    if direction == "fwd":   # K and V tiles of a key block
+        tma = 2 * cfg.tile_n * d * 2
+    else:                    # Q, dO, LSE and dsum of a query block, the staged dQ tile read back
+        tma = 2 * cfg.tile_m * d * 2 + 8 * cfg.tile_m + (cfg.tile_m * d * 4 if cfg.dq_async else 0)
     row = {"build": name, "direction": direction, "mode": mode, "evaluator": evaluator, "head_dim": d,
            "overrides": overrides, "tile": [cfg.tile_m, cfg.tile_n], "consumer_warps": warps,
            "loop_instructions": len(body),
            "mufu_per_thread": sum(classify(i)[0] == "mufu" for i in body),
-           "throughput": throughput(body, warps)}
+           "throughput": throughput(body, warps, tma)}
     if direction == "bwd":
         trace = [] if timeline else None
         row["lockstep"] = lockstep(body, warps, trace=trace)
@@ -269,14 +298,14 @@ def model(name, mode, evaluator, d, shape, overrides, timeline: bool = False) ->
 
 def markdown(rows) -> str:
     out = ["| build | overrides | tile | warps | loop instrs | MUFU / thread | tensor | mufu | fma | alu | lsu | issue "
-           "| lockstep cycles | lockstep tensor busy | longest stretch (bound) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| smem | lockstep cycles | lockstep tensor busy | longest stretch (bound) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tp, ls = r["throughput"], r.get("lockstep")
         ov = " ".join(f"{k}={v}" for k, v in r["overrides"].items()) or "default"
         out.append(f"| {r['build']} | {ov} | {r['tile'][0]}x{r['tile'][1]} | {r['consumer_warps']} | "
                    f"{r['loop_instructions']} | {r['mufu_per_thread']} | {tp['tensor']:.0f} | {tp['mufu']:.0f} | "
-                   f"{tp['fma']:.0f} | {tp['alu']:.0f} | {tp['lsu']:.0f} | {tp['issue']:.0f} | "
+                   f"{tp['fma']:.0f} | {tp['alu']:.0f} | {tp['lsu']:.0f} | {tp['issue']:.0f} | {tp['smem']:.0f} | "
                    + (f"{ls['cycles_per_step']:.0f} | {ls['tensor_busy']:.1%} | {ls['longest_stretch']:.0f} "
                       f"({ls['longest_stretch_bound']}) |" if ls else "- | - | - |"))
     return "\n".join(out)
