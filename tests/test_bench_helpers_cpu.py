@@ -758,9 +758,16 @@ def test_pipe_model_reads_the_mask_free_loop_and_its_pipes():
     assert pm.classify("STSM.16.MT88.4 [R8], R12") == ("lsu", 512.0)
     assert pm.classify("LDS.128 R4, [R2]") == ("lsu", 512.0)
     assert pm.classify("UIADD3 UR4, UR4, 0x10, URZ")[0] == "uniform"
+    # smem operand bytes: SS reads A (64 x 16) and B (N x 16), RS only B
+    assert pm.gmma_smem_bytes("@P0 HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16].tnspB, RZ, !UPT") == 2 * (64 + 64) * 16
+    assert pm.gmma_smem_bytes("HGMMA.64x128x16.F32.BF16 R152, R56, gdesc[UR16].tnspB, R152") == 2 * 128 * 16
     tp = pm.throughput(body, warps=8)   # 2 warpgroups
     assert tp["tensor"] == (2 * 2 * 64 * 128 * 16 + 2 * 64 * 64 * 16) * 2 / 4096
     assert tp["mufu"] == 2 * 32 * 8 / 16 and tp["fma"] == 32 * 8 / 128 and tp["issue"] == 11 * 8 / 4
+    # smem: STSM.4 (512 B per warp) x 8 warps, the HGMMAs' operands x 2 warpgroups (S: 2 x (2 + 4) KB SS,
+    # PV: 2 KB RS), plus the bytes handed in, at 128 B/clk
+    smem = pm.throughput(body, warps=8, tma_bytes=4096)["smem"]
+    assert smem == (512 * 8 + 2 * (2 * 6144 + 2048) + 4096) / 128
     ls = pm.lockstep(body, warps=8, iterations=4)
     # per step: the wait takes the previous PV group (64 tensor cycles) and this S group (256)
     # in turn, then the score work: 2 MUFU per thread x 8 warps (32 cycles) bounds the stretch

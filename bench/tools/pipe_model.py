@@ -151,7 +151,7 @@ def gmma_smem_bytes(ins: str) -> float:
     if not g:
         return 0.0
     m, n, k = (int(x) for x in g.groups())
-    operands = [o.strip() for o in ins.split(None, 1)[1].split(",")]
+    operands = [o.strip() for o in ins[g.start():].split(None, 1)[1].split(",")]
     return (2.0 * m * k if operands[1].startswith("gdesc") else 0.0) + 2.0 * n * k
 
 
