@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import datetime
 import os
 import re
 import sys
@@ -48,6 +48,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [HERE, os.path.dirname(HERE), os.path.join(ROOT, "tests")]
+import protocol  # noqa: E402
 
 TENSOR_FLOP_PER_CLK = 4096          # dense BF16 per SM
 RATES = {"mufu": 16, "fma": 128, "alu": 64}   # thread-ops per clock per SM
@@ -328,7 +329,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated build names (default: all)")
     ap.add_argument("--knob", action="append", default=[],
                     help="plan override NAME=VALUE: each adds a row per selected build of its direction")
-    ap.add_argument("--json", default="", help="write rows here (+ the Markdown beside it)")
+    protocol.add_json_arg(ap, "pipe_model")
     ap.add_argument("--timeline", action="store_true",
                     help="print each backward row's lockstep step: work stretches, waits and GEMM groups")
     args = ap.parse_args(argv)
@@ -352,14 +353,11 @@ def main(argv=None) -> int:
         print(markdown(rows[-1:]).splitlines()[-1], flush=True)
     md = markdown(rows)
     print(md)
-    if args.json:
-        import protocol
-        payload = {"commit": protocol.commit_id(), "tool": "bench/tools/pipe_model.py", "rows": rows}
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=1)
-        with open(os.path.splitext(args.json)[0] + ".md", "w") as f:
-            f.write(f"# Pipe model of the consumer loops (CPU SASS, commit {payload['commit']})\n\n"
-                    f"{__doc__.split(chr(10) + chr(10), 1)[1]}\n{md}\n")
+    path = protocol.output_path(args.json, "pipe_model")
+    payload = {"date": datetime.date.today().isoformat(), "commit": protocol.commit_id(),
+               "tool": "bench/tools/pipe_model.py", "rows": rows}
+    protocol.write_results(path, payload, f"# Pipe model of the consumer loops (CPU SASS, {payload['date']}, "
+                                          f"commit {payload['commit']})\n\n{protocol.doc_body(__doc__)}\n\n{md}\n")
     return 0
 
 
