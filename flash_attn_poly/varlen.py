@@ -249,22 +249,27 @@ _CHECKED: OrderedDict = OrderedDict()
 _CHECKED_KEEP = 16
 
 
-def _check_once(cu_q, cu_k, q, k, call: VarlenCall) -> None:
-    """_offsets(..., check=True) unless these offsets passed it unchanged before (inference-mode
-    tensors keep no version: checked every time)."""
-    if cu_q.is_inference() or cu_k.is_inference():
-        _offsets(cu_q, cu_k, q, k, call, True)
+def check_once(tensors: tuple, facts: tuple, check) -> None:
+    """check() unless these tensor objects passed it before unchanged (same versions) with the same
+    facts (shapes, lengths, which check); inference-mode tensors keep no version: checked every time."""
+    if any(t.is_inference() for t in tensors):
+        check()
         return
-    key = (id(cu_q), id(cu_k), cu_q._version, cu_k._version, q.shape[0], k.shape[0], call.max_seqlen_q,
-           call.max_seqlen_k)
+    key = tuple(id(t) for t in tensors) + tuple(t._version for t in tensors) + tuple(facts)
     hit = _CHECKED.get(key)
-    if hit is not None and hit[0]() is cu_q and hit[1]() is cu_k:
+    if hit is not None and all(r() is t for r, t in zip(hit, tensors)):
         _CHECKED.move_to_end(key)
         return
-    _offsets(cu_q, cu_k, q, k, call, True)
-    _CHECKED[key] = (weakref.ref(cu_q), weakref.ref(cu_k))
+    check()
+    _CHECKED[key] = tuple(weakref.ref(t) for t in tensors)
     while len(_CHECKED) > _CHECKED_KEEP:
         _CHECKED.popitem(last=False)
+
+
+def _check_once(cu_q, cu_k, q, k, call: VarlenCall) -> None:
+    """_offsets(..., check=True) unless these offsets passed it unchanged before."""
+    check_once((cu_q, cu_k), ("kernel", q.shape[0], k.shape[0], call.max_seqlen_q, call.max_seqlen_k),
+               lambda: _offsets(cu_q, cu_k, q, k, call, True))
 
 
 def _lse_shape(call: VarlenCall, total_q: int) -> tuple:

@@ -257,6 +257,29 @@ def test_dropout_fallback_checks_given_offsets(cu_q, cu_k, mx, match):
         assert (out - want).abs().max() < 1e-4, cu
 
 
+def test_dropout_fallback_checks_the_same_offsets_once(monkeypatch):
+    """The dropout fallback's offset check (a copy to the host) runs once for the same offsets
+    tensors, as the kernel path's: a layer per call would sync every layer of a step; an in-place
+    write checks again."""
+    from flash_attn_poly.integrations import transformers as T
+    from flash_attn_poly import varlen as fv
+    monkeypatch.setattr(fv, "_CHECKED", type(fv._CHECKED)())
+    calls = []
+    real = T._check_fallback_offsets
+    monkeypatch.setattr(T, "_check_fallback_offsets", lambda *a: calls.append(1) or real(*a))
+    q, k, v = _bhsd(b=1, s=6)
+    cu = torch.tensor([0, 3, 6], dtype=torch.int32)
+    kw = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=3, max_length_k=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            FWD(_Mod(training=True), q, k, v, None, dropout=1e-9, **kw)
+        assert len(calls) == 1
+        cu.add_(0)
+        FWD(_Mod(training=True), q, k, v, None, dropout=1e-9, **kw)
+    assert len(calls) == 2
+
+
 @pytest.mark.parametrize("path", ["kernels", "fallback"])
 def test_keys_beyond_a_narrower_padding_mask_are_dropped(path):
     """A static cache hands more key slots than the 2-D mask covers: the slots past the mask are

@@ -182,7 +182,10 @@ def make_attention_forward(evaluator: str = "poly", backend: str = "auto"):
                 q_, k_ = query.transpose(1, 2), key.transpose(1, 2)
                 packed = _packed_offsets(q_, k_, kwargs)
                 if packed is not None and kwargs.get("cu_seq_lens_q") is not None:
-                    _check_fallback_offsets(packed, q_, k_)
+                    # once per offsets tensor (a host copy per layer would sync every layer of a step)
+                    facts = ("fallback", tuple(q_.shape[:2]), tuple(k_.shape[:2]),
+                             varlen._max_seqlen("max_length_q", packed[2]), varlen._max_seqlen("max_length_k", packed[3]))
+                    varlen.check_once(packed[:2], facts, lambda: _check_fallback_offsets(packed, q_, k_))
             return _masked_torch(query, key, value, attention_mask, scaling, softcap, window,
                                  dropout, module.training, causal, packed), None
         mode = "softcap" if softcap else "softmax"
