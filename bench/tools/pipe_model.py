@@ -269,6 +269,10 @@ BUILDS = [
     ("fwd_d128", "softmax", "native", 128, (1, 4096, 32, 8), {}),
     ("fwd_d128_softcap", "softcap", "poly", 128, (1, 4096, 32, 8), {}),
     ("fwd_d128_softcap_native", "softcap", "native", 128, (1, 4096, 32, 8), {}),
+    ("fwd_d64_sigmoid", "sigmoid", "poly", 64, (1, 16384, 32, 8), {}),
+    ("bwd_d64_sigmoid", "sigmoid", "poly", 64, (1, 16384, 32, 8), {}),
+    ("fwd_d64_softmax_gqa", "softmax", "native", 64, (1, 16384, 32, 8), {}),
+    ("bwd_d64_softmax_gqa", "softmax", "native", 64, (1, 16384, 32, 8), {}),
 ]
 
 
