@@ -140,6 +140,10 @@ class AttnBwdSm90(BwdReductions):
         self.has_left, self.has_right = cfg.window_left, cfg.window_right and not cfg.causal
         self.stage = scores.device(cfg.score)
         self.stage.exp2_fma = cfg.exp2_fma   # the backward's exp2 offload (P's column groups on the FMA pipe)
+        # the two MMA warpgroups' P blocks in turns: one's MUFU work runs under the other's dS math and
+        # GEMMs instead of both sharing MUFU while only dP^T is in flight (warpgroup 0 first; P_TURN + w
+        # opens warpgroup w's turn: its 128 threads wait, the other's 128 arrive)
+        self.p_turns = cfg.p_turns
         # a sigmoid program's packed P is written to the dV operand: BF16 programs need BF16
         # inputs (its poly backward is the surrogate's coupled block: check_bwd)
         if cfg.score.kind == "sigmoid":
@@ -590,6 +594,9 @@ class AttnBwdSm90(BwdReductions):
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if m_min < m_max:
             pipe_kv.consumer_wait(kv_state)
+            if const_expr(self.p_turns):
+                if wg == 1:   # warpgroup 0 takes the first turn
+                    cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.P_TURN), number_of_threads=256)
             if const_expr(self.head_loop):
                 nm = m_max - m_min
                 # one flat loop over (head, query block), as the producer's (load)
@@ -603,6 +610,7 @@ class AttnBwdSm90(BwdReductions):
                                      args, it != 0, it % 2, sdO=sdO)
                     state.advance()
                     h, m_block = self.head_step(h, m_block, m_min, m_max)
+                self.p_turns_close(wg)
                 if const_expr(self.store_in_branch):
                     self.head_loop_store(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv,
                                          batch, chunk, seqlen_k, args, sK, sV)
@@ -614,6 +622,7 @@ class AttnBwdSm90(BwdReductions):
                                      n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args,
                                      m_block != m_min, sdO=sdO)
                     state.advance()
+                self.p_turns_close(wg)
                 if const_expr(self.cfg.varlen):
                     mdK_seq, mdV_seq = self.varlen_dkv(mdKacc, mdVacc)
                     self.epilogue_dkv(mma_dkv_epi, acc_dK, acc_dV, mdQacc, mdK_seq, mdV_seq, tidx,
@@ -630,6 +639,23 @@ class AttnBwdSm90(BwdReductions):
         if const_expr(not self.store_in_branch):
             self.head_loop_store(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
                                  chunk, seqlen_k, args, sK, sV)
+
+    @cute.jit
+    def p_turn_wait(self, tidx):
+        """p_turns: wait for this warpgroup's turn at its P block.  Called before the wait for S^T:
+        ptxas does not keep register work below a named barrier, but the P block reads the S^T
+        accumulator, which the WARPGROUP.DEPBAR after this barrier releases."""
+        if const_expr(self.p_turns):
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            cute.arch.barrier(barrier_id=int(BwdBarrier.P_TURN) + wg, number_of_threads=256)
+
+    @cute.jit
+    def p_turns_close(self, wg):
+        """p_turns: warpgroup 0 takes warpgroup 1's last hand-over (no P block follows it), so every
+        phase of P_TURN completes before the epilogue."""
+        if const_expr(self.p_turns):
+            if wg == 0:
+                cute.arch.barrier(barrier_id=int(BwdBarrier.P_TURN), number_of_threads=256)
 
     @cute.jit
     def head_loop_store(self, mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
@@ -677,6 +703,7 @@ class AttnBwdSm90(BwdReductions):
             self.gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, idx], True)
             warpgroup.commit_group()
             lse = self.col_stats(sLSE, idx, tScS, self.stage.needs_lse and self.hoist_lse)   # while S runs
+            self.p_turn_wait(tidx)
             warpgroup.wait_group(0)
         else:
             pipe_q.consumer_wait(state)
@@ -689,12 +716,16 @@ class AttnBwdSm90(BwdReductions):
                 self.zero_do_tail(sdO, idx, m_block, seqlen_q, tidx)
             self.gemm(mma_sdp, acc_dP, tSrV, tSrdO[None, None, None, idx], True)
             warpgroup.commit_group()
+            self.p_turn_wait(tidx)
             warpgroup.wait_group(1)
         # rP: packed P^T (dV operand); acc_S keeps one FP32 dS factor per score, not P plus
         # an aux derivative (32 more live regs across the dP wait spilled 36-43 STL)
         rP = cute.make_rmem_tensor(shape_a, self.dtype)
         rF = cute.make_rmem_tensor(shape_a, self.dtype) if const_expr(self.f_packed) else None
         self.probs(acc_S, rP, tScS, lse, idx, n_block, m_block, seqlen_q, seqlen_k, args, head, batch, rF)
+        if const_expr(self.p_turns):   # the other warpgroup's turn
+            cute.arch.barrier_arrive(barrier_id=int(BwdBarrier.P_TURN) + 1 - cute.arch.make_warp_uniform(tidx // 128),
+                                     number_of_threads=256)
         if const_expr(not self.p_late):
             warpgroup.fence()
             self.gemm_acc(mma_dkv, acc_dV, rP, tVrdOt[None, None, None, idx], accumulate)

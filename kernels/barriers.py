@@ -32,3 +32,6 @@ class BwdBarrier(enum.IntEnum):
     # (DQ_FULL_HALF + w), read by warp 1's bulk add (DQ_EMPTY_HALF + w); ids 9-12
     DQ_FULL_HALF = 9
     DQ_EMPTY_HALF = 11
+    # p_turns: warpgroup w runs its P block once the other's is done (P_TURN + w: its 128 waiting
+    # threads + the other's 128 arriving; ids 13, 14)
+    P_TURN = 13

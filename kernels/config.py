@@ -79,6 +79,7 @@ class BwdConfig:
     dp_first: bool            # the red.global dQ path: dP^T before S^T, dO released after dV
     exp2_fma: int             # n: P's column groups g of 8 with g % 8 >= 8 - n take the score's exp2_f32 program
                               # on the FMA pipe instead of MUFU.EX2 (score.program; softmax / softcap native)
+    p_turns: bool             # the two MMA warpgroups run their P blocks in turns (named barriers P_TURN + w)
 
 
 def check_fwd(c: FwdConfig) -> None:
@@ -176,6 +177,9 @@ def check_bwd(c: BwdConfig) -> None:
         # only, the warpgroups split dQ's rows; docs/NOTES_attn_bwd.md)
         raise ValueError(f"backward tile must be 64 query rows x 128 keys, or 128 x 128 at D = 64, "
                          f"got tile_m={c.tile_m}, tile_n={c.tile_n}, D={c.head_dim}")
+    if c.p_turns and (c.swap or c.deterministic):
+        raise ValueError(f"p_turns: the unswapped, non-deterministic build's two MMA warpgroups take turns, got "
+                         f"swap={c.swap}, deterministic={c.deterministic}")
     if c.dq_halves and not c.dq_async:
         # the halves are the staged tile's (its warpgroups' rows at tile_m 128, columns at 64)
         raise ValueError(f"dq_halves: halves of the staged dQ tile by warpgroup need dq_async, got "

@@ -639,3 +639,41 @@ def test_kv_sections_changes_only_the_cta_order():
     for fam in ("HGMMA", "MUFU.EX2", "UBLKRED", "STG.128"):
         assert s.get(fam, 0) == b.get(fam, 0) > 0, fam
     assert s.get("STL", 0) == 0
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator,d", [("softmax", "native", 64), ("softcap", "poly", 128)])
+def test_bwd_p_turns_takes_the_p_blocks_in_turns(mode, evaluator, d):
+    """bwd.p_turns: in the mask-free step every MUFU of the P block lies between this warpgroup's
+    turn (BAR.SYNC on P_TURN + w, before the S^T wait that releases the accumulator the P block
+    reads) and the hand-over (BAR.ARV on P_TURN + 1 - w); ptxas does not keep register work below
+    a named barrier alone, so this is the order the knob exists for.  Two more BAR.SYNC (the turn,
+    warpgroup 0's closing wait) and BAR.ARV (the hand-over, warpgroup 1's opening one) than the
+    default, the HGMMA / MUFU counts the default's, no spills; check_bwd refuses it where the
+    warpgroups do not run the same step (swapped, deterministic builds)."""
+    import dataclasses
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tools"))
+    import pipe_model
+    base = B.plan(mode, evaluator, d=d)
+    p = B.plan(mode, evaluator, d=d, overrides={"bwd.p_turns": True})
+    assert not base.bwd.p_turns and p.bwd.p_turns
+    b0, b1 = B.bwd(base.bwd), B.bwd(p.bwd)
+    c0, c1 = b0.counts(), b1.counts()
+    assert c1["STL"] == 0 and c1["LDL"] == 0 and c1["HGMMA"] == c0["HGMMA"] and c1["MUFU"] == c0["MUFU"], c1
+    ops = lambda b, op: sum(o == op for o in sass.opcodes(b.sass))
+    assert ops(b1, "BAR.SYNC.DEFER_BLOCKING") - ops(b0, "BAR.SYNC.DEFER_BLOCKING") == 2
+    assert ops(b1, "BAR.ARV") - ops(b0, "BAR.ARV") == 2
+    body = pipe_model.consumer_loop(B.bwd(dataclasses.replace(p.bwd, causal=False)).sass)
+    turn = [i for i, x in enumerate(body) if x.startswith("BAR.SYNC") and x.split()[1].startswith("R")
+            and x.endswith("0x100")]
+    hand = [i for i, x in enumerate(body) if x.startswith("BAR.ARV") and x.endswith("0x100")]
+    mufu = [i for i, x in enumerate(body) if x.startswith("MUFU")]
+    assert len(turn) == 1 and len(hand) == 1 and mufu, (turn, hand)
+    assert turn[0] < mufu[0] and mufu[-1] < hand[0], (turn, hand, mufu[0], mufu[-1])
+    assert body[turn[0] + 1].startswith("WARPGROUP.DEPBAR"), body[turn[0] + 1]
+    with pytest.raises(ValueError, match="p_turns"):
+        B.plan(mode, evaluator, d=d, deterministic=True, overrides={"bwd.p_turns": True})
+    with pytest.raises(ValueError, match="p_turns"):
+        B.plan("softmax", d=256, overrides={"bwd.p_turns": True})   # the swapped D = 256 build

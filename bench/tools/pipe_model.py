@@ -35,6 +35,11 @@ Two readings per build (one CTA per SM, its consumer warps all running the loop)
     busy share: what the order of the step costs with no load, latency or scheduling loss.
     Measured beside it (docs/MEASURED.md bwd-ncu-vs-fa4): D = 64 MHA 57.9% tensor, D = 128 MHA
     75.9%; the model's distance from those is what it does not see.
+  * two streams (backward): the same step replayed as the two warpgroups' own streams on one SM,
+    each pipe (the tensor pipe too) shared cycle by cycle between the streams with work on it, the
+    DS_READY barrier met by both, and p_turns' turn barriers (BAR.SYNC / BAR.ARV on a register id,
+    256 threads) honoured: what the warpgroups' order in time costs (`staggered` / `with_turns`
+    reorder a step as docs/NOTES_attn_bwd.md's designs, for two_streams(..., stagger=, turns=)).
 """
 from __future__ import annotations
 
@@ -259,6 +264,169 @@ def lockstep(body: list[str], warps: int, iterations: int = 8, trace: list | Non
             "longest_stretch": round(worst[0], 1), "longest_stretch_bound": worst[1]}
 
 
+def step_events(body: list[str], wg_warps: int = 4) -> list[tuple]:
+    """One warpgroup's step as events: ("work", {pipe: cycles at the SM's full rate}), ("gemm",
+    tensor cycles) at each group's last HGMMA, ("wait", n) at WARPGROUP.DEPBAR, ("ds_barrier",) at
+    the 256-thread DS_READY barrier (BAR.SYNC 0x1, 0x100), ("turn_wait",) / ("turn_pass",) at p_turns'
+    256-thread barriers on a register id (BAR.SYNC / BAR.ARV R, 0x100)."""
+    out, seg = [], {"mufu": 0.0, "fma": 0.0, "alu": 0.0, "lsu": 0.0, "issue": 0.0}
+    flops = 0.0
+
+    def flush():
+        c = {"mufu": seg["mufu"] * 32 * wg_warps / RATES["mufu"], "fma": seg["fma"] * 32 * wg_warps / RATES["fma"],
+             "alu": seg["alu"] * 32 * wg_warps / RATES["alu"], "lsu": seg["lsu"] * wg_warps / SMEM_BYTES_PER_CLK,
+             "issue": seg["issue"] * wg_warps / SCHEDULERS}
+        if max(c.values()) > 0:
+            out.append(("work", c))
+        for k in seg:
+            seg[k] = 0.0
+
+    for ins in body:
+        pipe, w = classify(ins)
+        seg["issue"] += 1
+        if pipe == "tensor":
+            flops += w
+            if "gsb0" in ins:
+                flush()
+                out.append(("gemm", flops / TENSOR_FLOP_PER_CLK))
+                flops = 0.0
+        elif ins.startswith("WARPGROUP.DEPBAR"):
+            seg["issue"] -= 1
+            flush()
+            out.append(("wait", int(ins.rsplit(",", 1)[-1].strip(), 0)))
+        elif re.match(r"BAR\.SYNC(\.DEFER_BLOCKING)?\s+0x1,\s*0x100", ins):
+            flush()
+            out.append(("ds_barrier",))
+        elif re.match(r"BAR\.SYNC(\.DEFER_BLOCKING)?\s+R\d+,\s*0x100", ins):   # p_turns: this warpgroup's turn
+            flush()
+            out.append(("turn_wait",))
+        elif re.match(r"BAR\.ARV\s+R\d+,\s*0x100", ins):   # p_turns: the other's turn
+            flush()
+            out.append(("turn_pass",))
+        elif pipe in seg:
+            seg[pipe] += w
+    flush()
+    return out
+
+
+def staggered(events: list[tuple]) -> list[tuple]:
+    """The step reordered as docs/NOTES_attn_bwd.md's stagger: at the DS_READY barrier an arrive
+    ("ds_full",) and a wait for the dS buffer's previous readers ("ds_free",) before the work that
+    writes it; the dQ group after the barrier moves behind the dK group and waits for the other
+    warpgroup's dS of the previous step ("ds_wait_prev",), its staging after it."""
+    b = next(i for i, e in enumerate(events) if e[0] == "ds_barrier")
+    gemms = [i for i in range(b + 1, len(events)) if events[i][0] == "gemm"]
+    dq, dk = events[gemms[0]], events[gemms[1]]
+    last_work = max(i for i in range(b) if events[i][0] == "work")
+    pre = events[:last_work] + [("ds_free",), events[last_work], ("ds_full",)]
+    tail = [e for i, e in enumerate(events[b + 1:], b + 1) if i not in gemms[:2]]
+    return pre + [dk, ("ds_wait_prev",), dq] + tail + [("dq_done",)]
+
+
+def with_turns(events: list[tuple]) -> list[tuple]:
+    """events with the P block (the first work after the first wait) taken in turns: ("turn_wait",)
+    before it, ("turn_pass",) after it, the two warpgroups' P blocks alternating."""
+    i = next(j for j, e in enumerate(events) if e[0] == "wait")
+    p = next(j for j in range(i, len(events)) if events[j][0] == "work")
+    return events[:p] + [("turn_wait",), events[p], ("turn_pass",)] + events[p + 1:]
+
+
+def two_streams(events: list[tuple], stagger: bool, steps: int = 12, turns: bool = False) -> dict:
+    """Both MMA warpgroups replayed as two streams on one SM: per cycle each pipe's capacity is
+    split among the streams with work left on it, the tensor pipe likewise between the two streams'
+    oldest unfinished GEMM groups; lockstep: both start together and meet at the DS_READY barrier; stagger: `staggered`
+    order, warpgroup 1 starting half a lockstep step late.  Returns the steady-state cycles per
+    step (the mean over the second half of the steps) and the tensor pipe's busy share."""
+    prog = staggered(events) if stagger else events
+    prog = with_turns(prog) if turns else prog
+    turn = [0]
+    pipes = ("mufu", "fma", "alu", "lsu", "issue")
+    st = [dict(pc=0, step=0, rem=None, pending=[], start=0.0, done=[], full=0, dq=0, bar=0) for _ in range(2)]
+    half = lockstep_cycles(events) / 2 if stagger else 0.0
+    st[1]["start"] = half
+    queue, t, busy, busy_at = [], 0.0, 0.0, []
+    while min(s["step"] for s in st) < steps and t < 1e7:
+        # advance each stream through events that take no time
+        for w, s in enumerate(st):
+            o = st[1 - w]
+            while t >= s["start"] and s["step"] < steps and s["rem"] is None:
+                e = prog[s["pc"]]
+                kind = e[0]
+                if kind == "work":
+                    s["rem"] = dict(e[1])
+                    break
+                if kind == "gemm":
+                    item = [e[1], w]
+                    queue.append(item)
+                    s["pending"].append(item)
+                elif kind == "wait":
+                    s["pending"] = [g for g in s["pending"] if g[0] > 0]
+                    if len(s["pending"]) > e[1]:
+                        break
+                elif kind == "ds_barrier":
+                    if o["bar"] < s["bar"] and o["step"] <= s["step"]:
+                        s.setdefault("at_bar", True)
+                        if o.get("at_bar") and o["bar"] == s["bar"]:
+                            pass
+                        else:
+                            break
+                    s["bar"] += 1
+                    s.pop("at_bar", None)
+                elif kind == "ds_full":
+                    s["full"] += 1
+                elif kind == "ds_free":
+                    if s["step"] >= 2 and o["dq"] < s["step"] - 1:
+                        break
+                elif kind == "ds_wait_prev":
+                    if s["step"] >= 1 and o["full"] < s["step"]:
+                        break
+                elif kind == "dq_done":
+                    s["dq"] += 1
+                elif kind == "turn_wait":
+                    if turn[0] != w:
+                        break
+                elif kind == "turn_pass":
+                    turn[0] = 1 - w
+                s["pc"] += 1
+                if s["pc"] == len(prog):
+                    s["pc"], s["step"] = 0, s["step"] + 1
+                    s["done"].append(t)
+        # one cycle of the pipes
+        active = [s for s in st if s["rem"] is not None and t >= s["start"]]
+        for p in pipes:
+            users = [s for s in active if s["rem"][p] > 1e-9]
+            for s in users:
+                s["rem"][p] -= 1.0 / len(users)
+        for s in active:
+            if all(v <= 1e-9 for v in s["rem"].values()):
+                s["rem"] = None
+                s["pc"] += 1
+                if s["pc"] == len(prog):
+                    s["pc"], s["step"] = 0, s["step"] + 1
+                    s["done"].append(t + 1)
+        # the tensor pipe: each stream's groups in order, the two streams' heads sharing it (their
+        # HGMMA instructions interleave in issue order rather than group after group)
+        heads = [next(g for g in queue if g[1] == w) for w in (0, 1) if any(g[1] == w for g in queue)]
+        for g in heads:
+            g[0] -= 1.0 / len(heads)
+            if g[0] <= 1e-9:
+                g[0] = 0.0
+                queue.remove(g)
+        busy += 1.0 if heads else 0.0
+        t += 1.0
+        busy_at.append(busy)
+    k = steps // 2
+    d = st[0]["done"]
+    per = (d[steps - 1] - d[k - 1]) / (steps - k)
+    tb = (busy_at[int(d[steps - 1]) - 1] - busy_at[int(d[k - 1]) - 1]) / (d[steps - 1] - d[k - 1])
+    lag = sum(b - a for a, b in zip(d[k - 1:steps], st[1]["done"][k - 1:steps])) / (steps - k + 1)
+    return {"cycles_per_step": round(per, 1), "tensor_busy": round(tb, 3), "lag": round(lag / per, 2)}
+
+
+def lockstep_cycles(events: list[tuple]) -> float:
+    return two_streams(events, stagger=False)["cycles_per_step"]
+
+
 # (name, mode, evaluator, head dim, shape (B, S, H_q, H_kv), plan overrides)
 BUILDS = [
     ("bwd_d64", "softmax", "native", 64, (2, 8192, 32, 32), {}),
@@ -296,6 +464,7 @@ def model(name, mode, evaluator, d, shape, overrides, timeline: bool = False) ->
     if direction == "bwd":
         trace = [] if timeline else None
         row["lockstep"] = lockstep(body, warps, trace=trace)
+        row["two_streams"] = two_streams(step_events(body), stagger=False)
         for a, b, what in trace or ():
             print(f"  {name} {overrides or ''} {a:7.0f} {b:7.0f} {b - a:6.0f}  {what}")
     return row
@@ -303,8 +472,9 @@ def model(name, mode, evaluator, d, shape, overrides, timeline: bool = False) ->
 
 def markdown(rows) -> str:
     out = ["| build | overrides | tile | warps | loop instrs | MUFU / thread | tensor | mufu | fma | alu | lsu | issue "
-           "| smem | lockstep cycles | lockstep tensor busy | longest stretch (bound) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| smem | lockstep cycles | lockstep tensor busy | longest stretch (bound) | two streams cycles "
+           "| two streams tensor busy |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tp, ls = r["throughput"], r.get("lockstep")
         ov = " ".join(f"{k}={v}" for k, v in r["overrides"].items()) or "default"
@@ -312,7 +482,8 @@ def markdown(rows) -> str:
                    f"{r['loop_instructions']} | {r['mufu_per_thread']} | {tp['tensor']:.0f} | {tp['mufu']:.0f} | "
                    f"{tp['fma']:.0f} | {tp['alu']:.0f} | {tp['lsu']:.0f} | {tp['issue']:.0f} | {tp['smem']:.0f} | "
                    + (f"{ls['cycles_per_step']:.0f} | {ls['tensor_busy']:.1%} | {ls['longest_stretch']:.0f} "
-                      f"({ls['longest_stretch_bound']}) |" if ls else "- | - | - |"))
+                      f"({ls['longest_stretch_bound']}) | {r['two_streams']['cycles_per_step']:.0f} | "
+                      f"{r['two_streams']['tensor_busy']:.1%} |" if ls else "- | - | - | - | - |"))
     return "\n".join(out)
 
 
