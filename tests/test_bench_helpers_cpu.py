@@ -781,3 +781,21 @@ def test_pipe_model_reads_the_mask_free_loop_and_its_pipes():
     gemms = {b - a: b for a, b, what in trace if what.startswith("GEMM")}
     assert sorted(gemms) == [64.0, 256.0] and len(waits) == 1 and waits[0][1] == gemms[256.0], trace
     assert not any(what.endswith("from ") for a, b, what in trace), trace
+
+
+def test_pipe_model_two_streams_share_the_pipes_and_take_turns():
+    """two_streams: both warpgroups' GEMM groups share the tensor pipe and their MUFU work shares
+    MUFU (lockstep: 2 x 100 tensor cycles, then 2 x 100 MUFU cycles per step); P blocks in turns
+    overlap one's MUFU with the other's GEMM (the step shortens); step_events reads the turn
+    barriers (register ids, 256 threads) and the DS_READY barrier from SASS."""
+    import pipe_model as pm
+    work = {"mufu": 100.0, "fma": 0.0, "alu": 0.0, "lsu": 0.0, "issue": 1.0}
+    events = [("gemm", 100.0), ("wait", 0), ("work", work)]
+    lock = pm.two_streams(events, stagger=False, steps=8)
+    assert lock["cycles_per_step"] == pytest.approx(400, abs=2) and lock["lag"] == 0.0, lock
+    turns = pm.two_streams(events, stagger=False, steps=8, turns=True)
+    assert turns["cycles_per_step"] < 0.8 * lock["cycles_per_step"] and turns["lag"] > 0, turns
+    ev = pm.step_events(["BAR.SYNC.DEFER_BLOCKING R6, 0x100", "MUFU.EX2 R3, R3", "BAR.ARV R7, 0x100",
+                         "BAR.SYNC.DEFER_BLOCKING 0x1, 0x100", "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, gsb0"])
+    assert [e[0] for e in ev] == ["turn_wait", "work", "turn_pass", "ds_barrier", "work", "gemm"], ev   # HGMMA: a slot
+    assert ev[-1][1] == 2 * 64 * 64 * 16 / 4096

@@ -295,12 +295,15 @@ def step_events(body: list[str], wg_warps: int = 4) -> list[tuple]:
             flush()
             out.append(("wait", int(ins.rsplit(",", 1)[-1].strip(), 0)))
         elif re.match(r"BAR\.SYNC(\.DEFER_BLOCKING)?\s+0x1,\s*0x100", ins):
+            seg["issue"] -= 1
             flush()
             out.append(("ds_barrier",))
         elif re.match(r"BAR\.SYNC(\.DEFER_BLOCKING)?\s+R\d+,\s*0x100", ins):   # p_turns: this warpgroup's turn
+            seg["issue"] -= 1
             flush()
             out.append(("turn_wait",))
         elif re.match(r"BAR\.ARV\s+R\d+,\s*0x100", ins):   # p_turns: the other's turn
+            seg["issue"] -= 1
             flush()
             out.append(("turn_pass",))
         elif pipe in seg:
