@@ -212,6 +212,20 @@ def _family_counts(instrs, families):
     return counts
 
 
+def conditional_loops(lines) -> list[tuple[int, int]]:
+    """(label index, branch index) in _sass_lines(sass) of every loop closed by a conditional
+    backward branch, in program order of the branch."""
+    where = {t: i for i, (k, t) in enumerate(lines) if k == "label"}
+    out = []
+    for i, (kind, text) in enumerate(lines):
+        if kind != "instr":
+            continue
+        m = _BRA.match(text)
+        if m and m.group(1) and m.group(2) in where and where[m.group(2)] < i:
+            out.append((where[m.group(2)], i))
+    return out
+
+
 def overlap_loops(sass: str, families: dict[str, str] | None = None) -> list[dict]:
     """Per overlapped main loop of a kernel (a conditional backward branch whose body holds
     HGMMA and a ``WARPGROUP.DEPBAR.LE gsb0, 0x1``): where the score stage sits relative to
@@ -225,15 +239,10 @@ def overlap_loops(sass: str, families: dict[str, str] | None = None) -> list[dic
     with ``masked`` False."""
     fam = families or STAGE_FAMILIES
     lines = _sass_lines(sass)
-    where = {t: i for i, (k, t) in enumerate(lines) if k == "label"}
     loops = []
-    for i, (kind, text) in enumerate(lines):
-        if kind != "instr":
-            continue
-        m = _BRA.match(text)
-        if not m or not m.group(1) or m.group(2) not in where or where[m.group(2)] >= i:
-            continue
-        body = [t for k, t in lines[where[m.group(2)]:i + 1] if k == "instr"]
+    for start, i in conditional_loops(lines):
+        body = [t for k, t in lines[start:i + 1] if k == "instr"]
+        label = lines[start][1]
         dep1 = [j for j, t in enumerate(body) if t.startswith("WARPGROUP.DEPBAR") and t.endswith("0x1")]
         if not dep1 or not any(t.startswith("HGMMA") for t in body):
             continue
@@ -241,7 +250,7 @@ def overlap_loops(sass: str, families: dict[str, str] | None = None) -> list[dic
         dep0 = [j for j, t in enumerate(body[a:], a) if t.startswith("WARPGROUP.DEPBAR") and t.endswith("0x0")]
         b = dep0[0] if dep0 else len(body)
         loops.append(dict(
-            label=m.group(2), lines=(where[m.group(2)], i), masked=sum(t.startswith("ISETP") for t in body) >= 16,
+            label=label, lines=(start, i), masked=sum(t.startswith("ISETP") for t in body) >= 16,
             before=_family_counts(body[:a], fam), overlap=_family_counts(body[a + 1:b], fam),
             after=_family_counts(body[b + 1:], fam)))
     return loops

@@ -129,25 +129,27 @@ def consumer_loop(sass: str) -> list[str]:
     """The consumer's mask-free loop body on its fall-through path (_fall_through): of the
     innermost conditional backward-branch loops holding HGMMA and MUFU, the one whose path has
     the fewest ISETP + FSEL (a masked copy selects per score), then the fewest instructions."""
+    from flash_attn_poly.kernels import sass as S
     lines, bra = _lines(sass)
-    where = {t: i for i, (k, t) in enumerate(lines) if k == "label"}
     cands = []
-    for i, (kind, text) in enumerate(lines):
-        if kind != "instr":
-            continue
-        m = bra.match(text)
-        if not m or not m.group(1) or m.group(2) not in where or where[m.group(2)] >= i:
-            continue
-        body = lines[where[m.group(2)]:i + 1]
+    for start, i in S.conditional_loops(lines):
+        body = lines[start:i + 1]
         instrs = [t for k, t in body if k == "instr"]
         if not any(t.startswith("HGMMA") for t in instrs) or not any("MUFU" in t for t in instrs):
             continue
         path = _fall_through(body, bra)
-        cands.append((where[m.group(2)], i, sum(t.startswith(("ISETP", "FSEL")) for t in path), len(path), path))
+        cands.append((start, i, sum(t.startswith(("ISETP", "FSEL")) for t in path), len(path), path))
     inner = [c for c in cands if not any(c[0] <= o[0] and o[1] <= c[1] and o is not c for o in cands)]
     if not inner:
         raise ValueError("no consumer loop (HGMMA and MUFU in one conditional backward-branch loop)")
     return min(inner, key=lambda c: c[2:4])[4]
+
+
+def _cycles(use: dict, warps: float) -> dict:
+    """SM cycles of per-warp pipe work (thread-op slots; lsu in bytes per warp) for `warps` warps."""
+    return {"mufu": use["mufu"] * 32 * warps / RATES["mufu"], "fma": use["fma"] * 32 * warps / RATES["fma"],
+            "alu": use["alu"] * 32 * warps / RATES["alu"], "lsu": use["lsu"] * warps / SMEM_BYTES_PER_CLK,
+            "issue": use["issue"] * warps / SCHEDULERS}
 
 
 def gmma_smem_bytes(ins: str) -> float:
@@ -176,12 +178,7 @@ def throughput(body: list[str], warps: int, tma_bytes: float = 0.0) -> dict:
         if pipe == "tensor":
             gmma_bytes += gmma_smem_bytes(ins)
     wgs = warps / 4
-    cyc = {"tensor": use["tensor"] * wgs / TENSOR_FLOP_PER_CLK,
-           "mufu": use["mufu"] * 32 * warps / RATES["mufu"],
-           "fma": use["fma"] * 32 * warps / RATES["fma"],
-           "alu": use["alu"] * 32 * warps / RATES["alu"],
-           "lsu": use["lsu"] * warps / SMEM_BYTES_PER_CLK,
-           "issue": len(body) * warps / SCHEDULERS,
+    cyc = {"tensor": use["tensor"] * wgs / TENSOR_FLOP_PER_CLK, **_cycles({**use, "issue": len(body)}, warps),
            "smem": (use["lsu"] * warps + gmma_bytes * wgs + tma_bytes) / SMEM_BYTES_PER_CLK}
     return {k: round(v, 1) for k, v in cyc.items()}
 
@@ -204,9 +201,7 @@ def lockstep(body: list[str], warps: int, iterations: int = 8, trace: list | Non
 
     def flush():
         nonlocal t, first_ins
-        c = {"mufu": seg["mufu"] * 32 * warps / RATES["mufu"], "fma": seg["fma"] * 32 * warps / RATES["fma"],
-             "alu": seg["alu"] * 32 * warps / RATES["alu"], "lsu": seg["lsu"] * warps / SMEM_BYTES_PER_CLK,
-             "issue": seg["issue"] * warps / SCHEDULERS}
+        c = _cycles(seg, warps)
         top = max(c, key=c.get)
         if c[top] > 0:
             stretches.append((c[top], top, seg["issue"]))
@@ -273,9 +268,7 @@ def step_events(body: list[str], wg_warps: int = 4) -> list[tuple]:
     flops = 0.0
 
     def flush():
-        c = {"mufu": seg["mufu"] * 32 * wg_warps / RATES["mufu"], "fma": seg["fma"] * 32 * wg_warps / RATES["fma"],
-             "alu": seg["alu"] * 32 * wg_warps / RATES["alu"], "lsu": seg["lsu"] * wg_warps / SMEM_BYTES_PER_CLK,
-             "issue": seg["issue"] * wg_warps / SCHEDULERS}
+        c = _cycles(seg, wg_warps)
         if max(c.values()) > 0:
             out.append(("work", c))
         for k in seg:
@@ -344,7 +337,7 @@ def two_streams(events: list[tuple], stagger: bool, steps: int = 12, turns: bool
     prog = with_turns(prog) if turns else prog
     turn = [0]
     pipes = ("mufu", "fma", "alu", "lsu", "issue")
-    st = [dict(pc=0, step=0, rem=None, pending=[], start=0.0, done=[], full=0, dq=0, bar=0) for _ in range(2)]
+    st = [dict(pc=0, step=0, rem=None, pending=[], start=0.0, done=[], full=0, dq=0, bar=0, arrived=0) for _ in range(2)]
     half = lockstep_cycles(events) / 2 if stagger else 0.0
     st[1]["start"] = half
     queue, t, busy, busy_at = [], 0.0, 0.0, []
@@ -366,15 +359,11 @@ def two_streams(events: list[tuple], stagger: bool, steps: int = 12, turns: bool
                     s["pending"] = [g for g in s["pending"] if g[0] > 0]
                     if len(s["pending"]) > e[1]:
                         break
-                elif kind == "ds_barrier":
-                    if o["bar"] < s["bar"] and o["step"] <= s["step"]:
-                        s.setdefault("at_bar", True)
-                        if o.get("at_bar") and o["bar"] == s["bar"]:
-                            pass
-                        else:
-                            break
+                elif kind == "ds_barrier":   # barrier n passes once both streams arrived at it
+                    s["arrived"] = s["bar"] + 1
+                    if o["arrived"] < s["arrived"]:
+                        break
                     s["bar"] += 1
-                    s.pop("at_bar", None)
                 elif kind == "ds_full":
                     s["full"] += 1
                 elif kind == "ds_free":
