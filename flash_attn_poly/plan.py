@@ -209,6 +209,10 @@ BWD_ROWS = (
     Row({}, dict(p_turns=False), "both MMA warpgroups run their P blocks at once (sharing MUFU while only dP^T is "
         "in flight): P blocks in turns (p_turns) are not yet timed; the two-stream replay of the step's SASS "
         "(bench/tools/pipe_model.py) puts them at 0.84x the D = 64 softmax step, 0.86x D = 128 softcap's", "bwd-p-turns"),
+    Row({}, dict(dq_defer=False), "both MMA warpgroups issue a query block's dQ once the whole dS tile is in smem "
+        "(the DS_READY barrier keeps them in step): dQ deferred to the next step behind per-buffer mbarriers "
+        "(dq_defer) is not yet timed; the two-stream replay with p_turns puts it at 0.71x the D = 64 softmax step",
+        "bwd-dq-defer"),
     Row({}, dict(exp2_fma=0), "P = 2^a on MUFU.EX2 in every column: the exp2 offload to the FMA pipe (exp2_fma, "
         "softmax and native softcap) is not yet timed in the backward", "bwd-exp2-fma"),
     Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True),

@@ -144,6 +144,12 @@ class AttnBwdSm90(BwdReductions):
         # GEMMs instead of both sharing MUFU while only dP^T is in flight (warpgroup 0 first; P_TURN + w
         # opens warpgroup w's turn: its 128 threads wait, the other's 128 arrive)
         self.p_turns = cfg.p_turns
+        # dq_defer: warpgroup w's dQ of step j is issued in step j + 1, after its dK, so nothing makes
+        # the two warpgroups meet at the end of a step (the DS_READY barrier): the whole dS tile that
+        # dQ reads is behind sdS buffer b's mbarriers, DS_FULL[b] (both warpgroups' STSM done) and
+        # DS_FREE[b] (both warpgroups' dQ that read it done), 256 thread arrivals each, phase
+        # parity from the step count (step j uses buffer j % 2: phase j // 2)
+        self.dq_defer = cfg.dq_defer
         # a sigmoid program's packed P is written to the dV operand: BF16 programs need BF16
         # inputs (its poly backward is the surrogate's coupled block: check_bwd)
         if cfg.score.kind == "sigmoid":
@@ -192,7 +198,7 @@ class AttnBwdSm90(BwdReductions):
         return self._smem_layout(self.tile_m, self.stages), self._smem_layout(self.tile_n, None, self.kv_atom), sdS
 
     def _storage(self):
-        dt, st = self.dtype, self.stages
+        dt, st, dq_defer = self.dtype, self.stages, self.dq_defer
         self.sQ_layout, self.sK_layout, self.sdS_layout = self._smem_layouts()
 
         @cute.struct
@@ -200,6 +206,8 @@ class AttnBwdSm90(BwdReductions):
             mbar_q: cute.struct.MemRange[cutlass.Int64, st * 2]
             mbar_do: cute.struct.MemRange[cutlass.Int64, st * 2]
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            if dq_defer:   # DS_FULL[0], DS_FULL[1], DS_FREE[0], DS_FREE[1]
+                mbar_ds: cute.struct.MemRange[cutlass.Int64, 4]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * st], 128]
             sDsum: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * st], 128]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
@@ -339,6 +347,12 @@ class AttnBwdSm90(BwdReductions):
         if const_expr(self._aux_words() > 0):
             aux_addr = st.aux.data_ptr().toint()
             st = st.base
+        mbar_ds = None
+        if const_expr(self.dq_defer):
+            mbar_ds = st.mbar_ds.data_ptr()
+            if tidx == 0:   # made visible by pipe_kv's init fence and CTA sync (_make_pipelines)
+                for b in cutlass.range_constexpr(4):
+                    cute.arch.mbarrier_init(mbar_ds + b, 256)
         pipe_q, pipe_do, pipe_kv = self._make_pipelines(st)
         # layouts are rebuilt here: values made on the host side cannot enter the kernel region
         sQ_l, sK_l, sdS_l = self._smem_layouts()
@@ -387,7 +401,7 @@ class AttnBwdSm90(BwdReductions):
             self.mma(mma_sdp, mma_dkv, mma_dq, sQ, sK, sV, sdO, sdS, sLSE, sDsum,
                      pipe_q, pipe_do, pipe_kv, mdQacc, mdKacc, mdVacc, tidx - 128,
                      n_block, head, head_kv, batch, chunk, m_min, m_max, seqlen_q, seqlen_k,
-                     args + (aux_addr,))
+                     args + (aux_addr,), mbar_ds)
 
     def _make_pipelines(self, st):
         """(Q, dO, K / V) TMA pipelines on st's mbarriers (traced inside the kernel): Q + LSE and dO
@@ -552,7 +566,7 @@ class AttnBwdSm90(BwdReductions):
     @cute.jit
     def mma(self, mma_sdp, mma_dkv, mma_dq, sQ, sK, sV, sdO, sdS, sLSE, sDsum,
             pipe_q, pipe_do, pipe_kv, mdQacc, mdKacc, mdVacc, tidx,
-            n_block, head, head_kv, batch, chunk, m_min, m_max, seqlen_q, seqlen_k, args):
+            n_block, head, head_kv, batch, chunk, m_min, m_max, seqlen_q, seqlen_k, args, mbar_ds=None):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_layout = cute.make_layout(2, stride=128)
         wg_sdp = mma_sdp.get_slice(wg_layout(wg))
@@ -607,9 +621,11 @@ class AttnBwdSm90(BwdReductions):
                                      tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
                                      sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
                                      n_block, m_block, head + h, batch, chunk, seqlen_q, seqlen_k,
-                                     args, it != 0, it % 2, sdO=sdO)
+                                     args, it != 0, it % 2, sdO=sdO, step=it, mbar_ds=mbar_ds)
                     state.advance()
                     h, m_block = self.head_step(h, m_block, m_min, m_max)
+                self.dq_last(mma_dq, tQrdS, tQrKt, tidx, nm * (mdQacc.shape[2] // mdKacc.shape[2]), mbar_ds,
+                             args[-1])
                 self.p_turns_close(wg)
                 if const_expr(self.store_in_branch):
                     self.head_loop_store(mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv,
@@ -620,8 +636,10 @@ class AttnBwdSm90(BwdReductions):
                                      tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
                                      sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
                                      n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args,
-                                     m_block != m_min, sdO=sdO)
+                                     m_block != m_min, (m_block - m_min) % 2 if const_expr(self.dq_defer) else None,
+                                     sdO=sdO, step=m_block - m_min, mbar_ds=mbar_ds)
                     state.advance()
+                self.dq_last(mma_dq, tQrdS, tQrKt, tidx, m_max - m_min, mbar_ds, args[-1])
                 self.p_turns_close(wg)
                 if const_expr(self.cfg.varlen):
                     mdK_seq, mdV_seq = self.varlen_dkv(mdKacc, mdVacc)
@@ -658,6 +676,46 @@ class AttnBwdSm90(BwdReductions):
                 cute.arch.barrier(barrier_id=int(BwdBarrier.P_TURN), number_of_threads=256)
 
     @cute.jit
+    def deferred_step(self, mma_dkv, mma_dq, acc_dK, rdS, tKrQt, tQrdS, tQrKt, pipe_q, pipe_do, state,
+                      accumulate, buf, step, mbar_ds, tidx, sdQ_addr):
+        """dq_defer, the end of step `step` (dS in sdS[buf], DS_FULL[buf] arrived): dK of this step,
+        then the dQ of the previous one from the other buffer once both warpgroups' halves of it are
+        in (DS_FULL), staged after dK has read Q; DS_FREE of that buffer once dQ has read it."""
+        idx = state.index
+        warpgroup.fence()
+        self.gemm_acc(mma_dkv, acc_dK, rdS, tKrQt[None, None, None, idx], accumulate)
+        warpgroup.commit_group()
+        if step > 0:
+            prev = 1 - buf
+            cute.arch.mbarrier_wait(mbar_ds + prev, ((step - 1) // 2) % 2)
+            acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, self.Dc)), Float32)
+            self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, prev], tQrKt, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)   # dV and dK done: Q and dO of this step are read
+            pipe_do.consumer_release(state)
+            pipe_q.consumer_release(state)
+            warpgroup.wait_group(0)
+            cute.arch.mbarrier_arrive(mbar_ds + 2 + prev)
+            self.stage_dq(mma_dq, acc_dQ, sdQ_addr, tidx)
+        else:
+            warpgroup.wait_group(0)
+            pipe_do.consumer_release(state)
+            pipe_q.consumer_release(state)
+
+    @cute.jit
+    def dq_last(self, mma_dq, tQrdS, tQrKt, tidx, steps, mbar_ds, sdQ_addr):
+        """dq_defer: after the loop of `steps` (>= 1) steps, the last step's dQ (buffer (steps - 1) % 2)."""
+        if const_expr(self.dq_defer):
+            last = (steps - 1) % 2
+            cute.arch.mbarrier_wait(mbar_ds + last, ((steps - 1) // 2) % 2)
+            warpgroup.fence()
+            acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, self.Dc)), Float32)
+            self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, last], tQrKt, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self.stage_dq(mma_dq, acc_dQ, sdQ_addr, tidx)
+
+    @cute.jit
     def head_loop_store(self, mma_dkv_epi, acc_dK, acc_dV, mdKacc, mdVacc, tidx, n_block, head_kv, batch,
                         chunk, seqlen_k, args, sK, sV):
         """head_loop builds: dK and dV scaled, cast and stored (no-op in the other builds)."""
@@ -684,7 +742,8 @@ class AttnBwdSm90(BwdReductions):
     def one_m_block(self, mma_sdp, mma_dkv, mma_dq, tSrK, tSrV, tSrQ, tSrdO, tVrdOt, tKrQt,
                     tQrdS, tQrKt, acc_dV, acc_dK, shape_a, tScS, thr_r2s, r2s, tRSsdS,
                     sLSE, sDsum, pipe_q, pipe_do, state, pds_barrier, mdQacc, tidx,
-                    n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args, accumulate, buf=None, sdO=None):
+                    n_block, m_block, head, batch, chunk, seqlen_q, seqlen_k, args, accumulate, buf=None, sdO=None,
+                    step=None, mbar_ds=None):
         idx = state.index
         if const_expr(buf is None):   # sdS double buffer: alternates per query block
             buf = m_block % 2
@@ -745,38 +804,46 @@ class AttnBwdSm90(BwdReductions):
         else:
             self.dscores(acc_S, acc_dP, tScS, dsum, idx)
             cute.make_tensor(rdS.iterator, acc_dP.layout).store(acc_dP.load().to(self.dtype))
+        if const_expr(self.dq_defer):
+            if step >= 2:   # both warpgroups' dQ of step - 2 have read this buffer
+                cute.arch.mbarrier_wait(mbar_ds + 2 + buf, ((step - 2) // 2) % 2)
         cute.copy(r2s, thr_r2s.retile(cute.make_tensor(rdS.iterator, acc_dP.layout)), tRSsdS[None, None, None, buf])
         cute.arch.fence_view_async_shared()
-        pds_barrier.arrive_and_wait()   # both warpgroups' halves of dS are in smem
-        warpgroup.fence()
-        acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, self.Dc)), Float32)
-        if const_expr(self.dq_early):
-            # dQ first: its tile goes to smem (and to warp 1's bulk adds) while dK runs
-            self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt, True)
-            warpgroup.commit_group()
-            self.gemm_acc(mma_dkv, acc_dK, rdS, tKrQt[None, None, None, idx], accumulate)
-            warpgroup.commit_group()
-            warpgroup.wait_group(1)   # dV and dQ done, dK (reads Q) in flight
-            pipe_do.consumer_release(state)
-            self.stage_dq(mma_dq, acc_dQ, args[-1], tidx)
-            warpgroup.wait_group(0)
-            pipe_q.consumer_release(state)
+        if const_expr(self.dq_defer):
+            cute.arch.mbarrier_arrive(mbar_ds + buf)   # this warpgroup's keys of dS are in smem
+            self.deferred_step(mma_dkv, mma_dq, acc_dK, rdS, tKrQt, tQrdS, tQrKt, pipe_q, pipe_do, state,
+                               accumulate, buf, step, mbar_ds, tidx, args[-1])
         else:
-            self.gemm_acc(mma_dkv, acc_dK, rdS, tKrQt[None, None, None, idx], accumulate)
-            warpgroup.commit_group()
-            self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt, True)
-            warpgroup.commit_group()
-            if const_expr(self.cfg.dp_first):
-                warpgroup.wait_group(2)   # dV has read dO: the next block's dO loads under dK and dQ
+            pds_barrier.arrive_and_wait()   # both warpgroups' halves of dS are in smem
+            warpgroup.fence()
+            acc_dQ = cute.make_rmem_tensor(mma_dq.get_slice(tidx).partition_shape_C((self.tile_m, self.Dc)), Float32)
+            if const_expr(self.dq_early):
+                # dQ first: its tile goes to smem (and to warp 1's bulk adds) while dK runs
+                self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt, True)
+                warpgroup.commit_group()
+                self.gemm_acc(mma_dkv, acc_dK, rdS, tKrQt[None, None, None, idx], accumulate)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)   # dV and dQ done, dK (reads Q) in flight
                 pipe_do.consumer_release(state)
+                self.stage_dq(mma_dq, acc_dQ, args[-1], tidx)
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(state)
             else:
-                warpgroup.wait_group(0)
-                pipe_q.consumer_release(state)
-                pipe_do.consumer_release(state)
-            self.add_dq(mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q,
-                        seqlen_k, args)
+                self.gemm_acc(mma_dkv, acc_dK, rdS, tKrQt[None, None, None, idx], accumulate)
+                warpgroup.commit_group()
+                self.gemm(mma_dq, acc_dQ, tQrdS[None, None, None, buf], tQrKt, True)
+                warpgroup.commit_group()
+                if const_expr(self.cfg.dp_first):
+                    warpgroup.wait_group(2)   # dV has read dO: the next block's dO loads under dK and dQ
+                    pipe_do.consumer_release(state)
+                    warpgroup.wait_group(0)
+                    pipe_q.consumer_release(state)
+                else:
+                    warpgroup.wait_group(0)
+                    pipe_q.consumer_release(state)
+                    pipe_do.consumer_release(state)
+                self.add_dq(mma_dq, acc_dQ, mdQacc, tidx, n_block, m_block, head, batch, chunk, seqlen_q,
+                            seqlen_k, args)
 
     @cute.jit
     def col_stats(self, sX, idx, tScS, hoist: cutlass.Constexpr[bool]):

@@ -80,6 +80,8 @@ class BwdConfig:
     exp2_fma: int             # n: P's column groups g of 8 with g % 8 >= 8 - n take the score's exp2_f32 program
                               # on the FMA pipe instead of MUFU.EX2 (score.program; softmax / softcap native)
     p_turns: bool             # the two MMA warpgroups run their P blocks in turns (named barriers P_TURN + w)
+    dq_defer: bool            # each warpgroup's dQ of a query block issued in the next step, after its dK: no
+                              # DS_READY barrier; sdS buffers behind mbarriers (full / free), the warpgroups unlocked
 
 
 def check_fwd(c: FwdConfig) -> None:
@@ -180,6 +182,11 @@ def check_bwd(c: BwdConfig) -> None:
     if c.p_turns and (c.swap or c.deterministic):
         raise ValueError(f"p_turns: the unswapped, non-deterministic build's two MMA warpgroups take turns, got "
                          f"swap={c.swap}, deterministic={c.deterministic}")
+    if c.dq_defer and not c.dq_halves:
+        # the warpgroups meet only at the sdS buffers' mbarriers: one shared staged dQ tile (its
+        # 256-thread named barriers) would put them back in step
+        raise ValueError(f"dq_defer: each warpgroup's deferred dQ goes to its own half of the staged tile "
+                         f"(dq_halves, with dq_async), got dq_async={c.dq_async}, dq_halves={c.dq_halves}")
     if c.dq_halves and not c.dq_async:
         # the halves are the staged tile's (its warpgroups' rows at tile_m 128, columns at 64)
         raise ValueError(f"dq_halves: halves of the staged dQ tile by warpgroup need dq_async, got "

@@ -677,3 +677,45 @@ def test_bwd_p_turns_takes_the_p_blocks_in_turns(mode, evaluator, d):
         B.plan(mode, evaluator, d=d, deterministic=True, overrides={"bwd.p_turns": True})
     with pytest.raises(ValueError, match="p_turns"):
         B.plan("softmax", d=256, overrides={"bwd.p_turns": True})   # the swapped D = 256 build
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator,d", [("softmax", "native", 64), ("softcap", "poly", 128)])
+def test_bwd_dq_defer_issues_dq_a_step_late_behind_the_ds_mbarriers(mode, evaluator, d):
+    """bwd.dq_defer (with p_turns, the order the two-stream replay favours): the mask-free step has no
+    DS_READY barrier; after the P block's hand-over it waits for the dS buffer's last readers
+    (DS_FREE), writes dS (STSM), arrives at DS_FULL (every thread, unpredicated: the pipelines'
+    releases are one predicated arrival per warp), issues dK, waits for the previous step's whole dS
+    (DS_FULL of the other buffer), issues that step's dQ, waits dK then dQ, arrives at DS_FREE and
+    only then stages the dQ half (STS.128).  One dQ group more than the default in the kernel (the
+    last step's, after the loop), the default's MUFU count, no spills; check_bwd refuses it without
+    the staged halves (dq_halves: one shared staged tile would put the warpgroups back in step)."""
+    import dataclasses
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tools"))
+    import pipe_model
+    base = B.plan(mode, evaluator, d=d)
+    p = B.plan(mode, evaluator, d=d, overrides={"bwd.p_turns": True, "bwd.dq_defer": True})
+    assert not base.bwd.dq_defer and p.bwd.dq_defer and p.bwd.dq_halves
+    c0, c1 = B.bwd(base.bwd).counts(), B.bwd(p.bwd).counts()
+    assert c1["STL"] == 0 and c1["LDL"] == 0 and c1["MUFU"] == c0["MUFU"], c1
+    dq_group = p.bwd.tile_n // 16   # dQ = dS K: one HGMMA per 16 keys
+    assert c1["HGMMA"] - c0["HGMMA"] == dq_group, (c0["HGMMA"], c1["HGMMA"], dq_group)
+    body = pipe_model.consumer_loop(B.bwd(dataclasses.replace(p.bwd, causal=False)).sass)
+    base_body = pipe_model.consumer_loop(B.bwd(dataclasses.replace(base.bwd, causal=False)).sass)
+    kinds = lambda b: [e[0] for e in pipe_model.step_events(b) if e[0] not in ("work", "wait")]
+    assert "ds_barrier" in kinds(base_body)
+    k = kinds(body)
+    assert "ds_barrier" not in k and k[k.index("turn_pass"):] == [
+        "turn_pass", "gemm", "ds_free", "ds_full", "gemm", "ds_wait_prev", "gemm", "dq_done"], k
+    at = lambda pred: [i for i, x in enumerate(body) if pred(x)]
+    waits = at(lambda x: x.startswith("SYNCS.PHASECHK"))
+    arrives = at(lambda x: x.startswith("SYNCS.ARRIVE"))   # unpredicated: every thread's
+    stsm, sts = at(lambda x: x.startswith("STSM")), at(lambda x: x.startswith("STS.128"))
+    free_wait, full_wait = waits[-2], waits[-1]
+    full_arrive, free_arrive = arrives[-2], arrives[-1]
+    assert free_wait < min(stsm) and max(stsm) < full_arrive < full_wait < free_arrive < min(sts), (
+        free_wait, stsm, full_arrive, full_wait, free_arrive, sts)
+    with pytest.raises(ValueError, match="dq_defer"):
+        B.plan(mode, evaluator, d=d, overrides={"bwd.dq_defer": True, "bwd.dq_halves": False})

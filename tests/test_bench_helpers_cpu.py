@@ -799,3 +799,66 @@ def test_pipe_model_two_streams_share_the_pipes_and_take_turns():
                          "BAR.SYNC.DEFER_BLOCKING 0x1, 0x100", "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, gsb0"])
     assert [e[0] for e in ev] == ["turn_wait", "work", "turn_pass", "ds_barrier", "work", "gemm"], ev   # HGMMA: a slot
     assert ev[-1][1] == 2 * 64 * 64 * 16 / 4096
+
+
+def test_pipe_model_ds_barrier_holds_the_leader_and_knobs_join():
+    """two_streams' DS_READY barrier passes only once both warpgroups arrived: with P blocks in turns
+    the first warpgroup reaches it a P block early and waits, so both leave each step together (lag
+    ~0); without the barrier it runs ahead.  parse_knob joins overrides with '+' into one row."""
+    import pipe_model as pm
+    work = {"mufu": 100.0, "fma": 0.0, "alu": 0.0, "lsu": 0.0, "issue": 1.0}
+    step = [("gemm", 100.0), ("wait", 0), ("work", work)]
+    held = pm.two_streams(step + [("ds_barrier",)], stagger=False, steps=8, turns=True)
+    free = pm.two_streams(step, stagger=False, steps=8, turns=True)
+    assert held["lag"] < 0.02 and free["lag"] > 0.2, (held, free)
+    assert pm.parse_knob("bwd.p_turns=1+bwd.dq_defer=1") == {"bwd.p_turns": 1, "bwd.dq_defer": 1}
+    with pytest.raises(SystemExit):
+        pm.parse_knob("bwd.p_turns=1+dq_defer=1")
+
+
+# a deferred-dQ step (bwd.dq_defer): the first steps' guards around the buffer wait and the dQ GEMM
+# (conditional forward branches over an mbarrier wait / a GEMM: the steady state runs them), the
+# else part behind an unconditional branch, and the key tail's masking (skipped)
+_DEFER_SASS = """
+.L_x_1:
+        /*0010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0 ;
+        /*0020*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0030*/                   MUFU.EX2 R3, R3 ;
+        /*0040*/              @!P2 BRA `(.L_x_2) ;
+        /*0050*/                   FSEL R3, R3, RZ, !P1 ;
+.L_x_2:
+        /*0060*/              @!P3 BRA `(.L_x_3) ;
+        /*0070*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R10+UR7+0x60], R7 ;
+.L_x_3:
+        /*0080*/                   STSM.16.MT88.4 [R8], R12 ;
+        /*0090*/                   SYNCS.ARRIVE.TRANS64.A1T0 RZ, [R6+UR7+0x50], RZ ;
+        /*00a0*/                   HGMMA.64x64x16.F32.BF16 R40, R7, gdesc[UR12].tnspB, R40, gsb0 ;
+        /*00b0*/              @!P4 BRA `(.L_x_4) ;
+        /*00c0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R11+UR7+0x50], R6 ;
+        /*00d0*/                   HGMMA.64x64x16.F32.BF16 R56, gdesc[UR16], RZ, !UPT, gsb0 ;
+        /*00e0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*00f0*/              @!P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR14+0x30], RZ ;
+        /*0100*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0110*/                   SYNCS.ARRIVE.TRANS64.A1T0 RZ, [R11+UR7+0x60], RZ ;
+        /*0120*/                   BRA `(.L_x_5) ;
+.L_x_4:
+        /*0130*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0140*/              @!P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR14+0x30], RZ ;
+.L_x_5:
+        /*0150*/               @P5 BRA `(.L_x_1) ;
+"""
+
+
+def test_pipe_model_reads_the_deferred_dq_step():
+    """The steady-state path of a dq_defer step: the guarded buffer wait and dQ GEMM are run (their
+    forward branches not taken), the masking and the else part skipped; step_events names the
+    mbarriers after the first GEMM wait in order (ds_free, ds_full, ds_wait_prev, dq_done) and
+    leaves the pipelines' predicated releases out."""
+    import pipe_model as pm
+    lines, bra = pm._lines(_DEFER_SASS)
+    body = pm._fall_through(lines, bra)
+    assert not any(x.startswith("FSEL") for x in body), body
+    assert sum(x.startswith("HGMMA") for x in body) == 3 and sum(x.startswith("WARPGROUP.DEPBAR") for x in body) == 3
+    kinds = [e[0] if e[0] != "wait" else f"wait{e[1]}" for e in pm.step_events(body) if e[0] != "work"]
+    assert kinds == ["gemm", "wait0", "ds_free", "ds_full", "gemm", "ds_wait_prev", "gemm", "wait1", "wait0",
+                     "dq_done"], kinds

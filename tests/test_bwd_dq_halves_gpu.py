@@ -12,16 +12,11 @@ loop: the halves alternate through the group's heads) and MHA, FP16, every score
 
     python -m pytest -q -p no:cacheprovider -m gpu tests/test_bwd_dq_halves_gpu.py   (the H200)
 """
-import os
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tools"))
-
-# (mode, evaluator, dtype, B, S_q, S_k, H_q, H_kv, causal)
+# (mode, evaluator, dtype, B, S_q, S_k, H_q, H_kv, causal); D appended below
 SHAPES = [
     ("softmax", "native", "bf16", 2, 777, 777, 8, 2, True),     # GQA, query and key tails (a CTA per query head)
     ("softmax", "native", "bf16", 8, 1000, 1000, 16, 4, True),  # GQA on the per-KV-head loop (4 heads per CTA)
@@ -40,38 +35,14 @@ SHAPES_D128 = [
 ]
 
 
-def _grads(mode, evaluator, dtype, b, sq, sk, hq, hkv, causal, halves, seed=0, d=64):
-    import plan_knobs
-    from flash_attn_poly.kernels import dispatch
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    mk = lambda s, h, a=1.0: (torch.randn(b, s, h, d, device="cuda", generator=g) * a).to(dt)
-    q, k, v = mk(sq, hq, 4.0 if mode == "softcap" else 1.0), mk(sk, hkv), mk(sk, hkv)
-    do = mk(sq, hq)
-    knob = plan_knobs.Knob("test", overrides={"bwd.dq_halves": halves})
-    p = plan_knobs.plan_for(q, k, v, mode, evaluator, knob, causal=causal,
-                            softcap=30.0 if mode == "softcap" else None)
-    assert p.bwd.tile_m == (128 if d == 64 else 64) and p.bwd.dq_async and p.bwd.dq_halves == halves, p.bwd
-    o, lse = dispatch.forward(p, q, k, v)
-    return dispatch.backward(p, do, q, k, v, o, lse), p.bwd.head_loop or hq // hkv <= 2
-
-
-def _rel(a, b):
-    return ((a.float() - b.float()).norm() / a.float().norm().clamp_min(1e-30)).item()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [s + (64,) for s in SHAPES] + [s + (128,) for s in SHAPES_D128],
                          ids=lambda x: "-".join(map(str, x)))
 def test_dq_halves_matches_one_buffer(shape):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    *shape, d = shape
-    ((dq0, dk0, dv0), ordered), ((dq1, dk1, dv1), _) = _grads(*shape, False, d=d), _grads(*shape, True, d=d)
-    if ordered:
-        assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), "dK / dV differ"
-    else:
-        assert max(_rel(dk0, dk1), _rel(dv0, dv1)) < 1e-3, "dK / dV differ beyond FP32 reordering"
-    assert torch.isfinite(dq1).all()
-    err = _rel(dq0, dq1)
-    assert err < 1e-3, f"dQ rel L2 {err}"
+    import bwd_pairs
+    (g0, c0, ordered), (g1, c1, _) = (bwd_pairs.grads(shape, {"bwd.dq_halves": h}) for h in (False, True))
+    for c, h in ((c0, False), (c1, True)):
+        assert c.tile_m == (128 if shape[-1] == 64 else 64) and c.dq_async and c.dq_halves == h, c
+    bwd_pairs.assert_same_sums(g0, g1, ordered)

@@ -1,23 +1,22 @@
-"""GPU tier of the backward's p_turns (BwdConfig.p_turns, kernels/attn_bwd_sm90.py): the two MMA
-warpgroups run their P blocks in turns (named barriers P_TURN + w) instead of at once.  Only the
-order in time changes: every GEMM, every score and every dQ tile is the same arithmetic in the same
-order per warpgroup, so dK / dV equal the default build's bitwise where each CTA stores its own sums
-(head_loop, or at most two query heads adding onto zero), and dQ to FP32 reordering across CTAs (rel
-L2 well under 1e-3).  A barrier phase left open or a turn missed hangs the kernel (the test's timeout
-catches it): shapes with key blocks that no query sees (S_q < S_k causal: no step, no turn), query and
-key tails, GQA on the per-KV-head loop and a CTA per query head, MHA, non-causal, FP16, every score,
-D 64 (the 128-row step) and 128.
+"""GPU tier of the backward's step-order knobs (kernels/attn_bwd_sm90.py): p_turns (the two MMA
+warpgroups run their P blocks in turns, named barriers P_TURN + w) and dq_defer (each warpgroup's
+dQ of a query block issued in the next step after its dK, the dS buffers behind mbarriers
+DS_FULL / DS_FREE instead of the DS_READY barrier), alone and together.  Only the order in time
+changes: every GEMM, every score and every dQ tile is the same arithmetic in the same order per
+warpgroup, and warp 1 adds the staged dQ halves in the same order, so dK / dV equal the default
+build's bitwise where each CTA stores its own sums (head_loop, or at most two query heads adding
+onto zero), and dQ to FP32 reordering across CTAs (rel L2 well under 1e-3; tests/bwd_pairs.py).  A
+barrier phase left open, a turn missed or a wrong mbarrier parity hangs the kernel (the test's
+timeout catches it) or reads a dS buffer before or after its step (dQ off by a tile: rel L2 ~0.5):
+shapes with key blocks that no query sees (S_q < S_k causal: no step, no turn, no deferred dQ),
+one query block per CTA (only the dQ after the loop), query and key tails, GQA on the per-KV-head
+loop and a CTA per query head, MHA, non-causal, FP16, every score, D 64 (the 128-row step) and 128.
 
     python -m pytest -q -p no:cacheprovider -m gpu tests/test_bwd_p_turns_gpu.py   (the H200)
 """
-import os
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tools"))
 
 # (mode, evaluator, dtype, B, S_q, S_k, H_q, H_kv, causal, D)
 SHAPES = [
@@ -32,39 +31,22 @@ SHAPES = [
     ("softcap", "poly", "bf16", 1, 600, 600, 4, 2, False, 128),
     ("sigmoid", "poly", "bf16", 1, 600, 700, 4, 2, True, 128),
 ]
-
-
-def _grads(mode, evaluator, dtype, b, sq, sk, hq, hkv, causal, d, turns, seed=0):
-    import plan_knobs
-    from flash_attn_poly.kernels import dispatch
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    mk = lambda s, h, a=1.0: (torch.randn(b, s, h, d, device="cuda", generator=g) * a).to(dt)
-    q, k, v = mk(sq, hq, 4.0 if mode == "softcap" else 1.0), mk(sk, hkv), mk(sk, hkv)
-    do = mk(sq, hq)
-    knob = plan_knobs.Knob("test", overrides={"bwd.p_turns": turns})
-    p = plan_knobs.plan_for(q, k, v, mode, evaluator, knob, causal=causal,
-                            softcap=30.0 if mode == "softcap" else None)
-    assert p.bwd.p_turns == turns and not p.bwd.swap, p.bwd
-    o, lse = dispatch.forward(p, q, k, v)
-    grads = dispatch.backward(p, do, q, k, v, o, lse)
-    torch.cuda.synchronize()
-    return grads, p.bwd.head_loop or hq // hkv <= 2
-
-
-def _rel(a, b):
-    return ((a.float() - b.float()).norm() / a.float().norm().clamp_min(1e-30)).item()
+# dq_defer alone (the replay's worst order, built for the contrast): fewer shapes; one query block
+# per CTA (S = 100: the loop's one step, then the dQ after it)
+SHAPES_DEFER = [SHAPES[0], SHAPES[2], SHAPES[8], ("softmax", "native", "bf16", 2, 100, 100, 4, 4, True, 64)]
+KNOBS = {"p_turns": {"bwd.p_turns": True}, "dq_defer": {"bwd.dq_defer": True},
+         "p_turns+dq_defer": {"bwd.p_turns": True, "bwd.dq_defer": True}}
+CASES = ([("p_turns", s) for s in SHAPES] + [("p_turns+dq_defer", s) for s in SHAPES + SHAPES_DEFER[3:]]
+         + [("dq_defer", s) for s in SHAPES_DEFER])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda x: "-".join(map(str, x)))
-def test_p_turns_matches_the_default_build(shape):
+@pytest.mark.parametrize("knob,shape", CASES, ids=lambda x: x if isinstance(x, str) else "-".join(map(str, x)))
+def test_order_knob_matches_the_default_build(knob, shape):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    ((dq0, dk0, dv0), ordered), ((dq1, dk1, dv1), _) = _grads(*shape, False), _grads(*shape, True)
-    if ordered:
-        assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), "dK / dV differ"
-    else:
-        assert max(_rel(dk0, dk1), _rel(dv0, dv1)) < 1e-3, "dK / dV differ beyond FP32 reordering"
-    assert torch.isfinite(dq1).all()
-    assert _rel(dq0, dq1) < 1e-3, f"dQ rel L2 {_rel(dq0, dq1)}"
+    import bwd_pairs
+    (g0, c0, ordered), (g1, c1, _) = bwd_pairs.grads(shape, {}), bwd_pairs.grads(shape, KNOBS[knob])
+    assert not (c0.p_turns or c0.dq_defer) and not c1.swap, c0
+    assert (c1.p_turns, c1.dq_defer) == ("p_turns" in knob, "dq_defer" in knob), c1
+    bwd_pairs.assert_same_sums(g0, g1, ordered)

@@ -106,8 +106,10 @@ def _lines(sass: str):
 
 
 def _fall_through(body, bra) -> list[str]:
-    """A loop body's instructions with every conditional forward branch to a label inside it
-    taken (in a mask-free block what such a branch skips is the key tail's masking)."""
+    """A loop body's instructions on its steady-state path: a conditional forward branch to a label
+    inside the body is taken (in a mask-free block what it skips is the key tail's masking) unless
+    what it skips holds a GEMM or an mbarrier wait (the first steps' guard around work every later
+    step does: bwd.dq_defer's deferred dQ and its buffer wait); an unconditional one always."""
     at = {t: j for j, (k, t) in enumerate(body) if k == "label"}
     out, skip_to = [], None
     for j, (k, t) in enumerate(body[:-1]):   # the loop's own backward branch last
@@ -118,9 +120,11 @@ def _fall_through(body, bra) -> list[str]:
         if k != "instr":
             continue
         m = bra.match(t)
-        if m and m.group(1) and at.get(m.group(2), -1) > j:
-            skip_to = m.group(2)
-            continue
+        if m and at.get(m.group(2), -1) > j:
+            span = [u for kk, u in body[j + 1:at[m.group(2)]] if kk == "instr"]
+            if not m.group(1) or not any(u.startswith(("HGMMA", "SYNCS.PHASECHK")) for u in span):
+                skip_to = m.group(2)
+                continue
         out.append(t)
     return out
 
@@ -263,9 +267,14 @@ def step_events(body: list[str], wg_warps: int = 4) -> list[tuple]:
     """One warpgroup's step as events: ("work", {pipe: cycles at the SM's full rate}), ("gemm",
     tensor cycles) at each group's last HGMMA, ("wait", n) at WARPGROUP.DEPBAR, ("ds_barrier",) at
     the 256-thread DS_READY barrier (BAR.SYNC 0x1, 0x100), ("turn_wait",) / ("turn_pass",) at p_turns'
-    256-thread barriers on a register id (BAR.SYNC / BAR.ARV R, 0x100)."""
+    256-thread barriers on a register id (BAR.SYNC / BAR.ARV R, 0x100); bwd.dq_defer's mbarriers, read
+    in order after the first GEMM wait: the wait for the dS buffer's readers ("ds_free",), the arrival
+    once this warpgroup's dS is in it ("ds_full",), the wait for the last step's whole dS
+    ("ds_wait_prev",) and the arrival once the deferred dQ has read it ("dq_done",), as `staggered`
+    writes them."""
     out, seg = [], {"mufu": 0.0, "fma": 0.0, "alu": 0.0, "lsu": 0.0, "issue": 0.0}
     flops = 0.0
+    waited, ds_waits, ds_arrives = False, 0, 0   # mbarrier operations after the first GEMM wait are dq_defer's
 
     def flush():
         c = _cycles(seg, wg_warps)
@@ -287,6 +296,7 @@ def step_events(body: list[str], wg_warps: int = 4) -> list[tuple]:
             seg["issue"] -= 1
             flush()
             out.append(("wait", int(ins.rsplit(",", 1)[-1].strip(), 0)))
+            waited = True
         elif re.match(r"BAR\.SYNC(\.DEFER_BLOCKING)?\s+0x1,\s*0x100", ins):
             seg["issue"] -= 1
             flush()
@@ -299,6 +309,16 @@ def step_events(body: list[str], wg_warps: int = 4) -> list[tuple]:
             seg["issue"] -= 1
             flush()
             out.append(("turn_pass",))
+        elif ins.startswith("SYNCS.PHASECHK") and waited:   # dq_defer: DS_FREE, then DS_FULL of the last step
+            flush()
+            out.append(("ds_free",) if ds_waits == 0 else ("ds_wait_prev",))
+            ds_waits += 1
+        elif ins.startswith("SYNCS.ARRIVE") and waited and not ins.startswith("@"):
+            # dq_defer: DS_FULL by every thread after its dS stores, DS_FREE after the deferred dQ (the
+            # pipelines' releases are one predicated arrival per warp)
+            flush()
+            out.append(("ds_full",) if ds_arrives == 0 else ("dq_done",))
+            ds_arrives += 1
         elif pipe in seg:
             seg[pipe] += w
     flush()
@@ -480,15 +500,19 @@ def markdown(rows) -> str:
 
 
 def parse_knob(text: str) -> dict:
-    name, _, value = text.partition("=")
-    if not name.startswith(("fwd.", "bwd.")) or not value:
-        raise SystemExit(f"--knob {text!r}: expected fwd.NAME=VALUE or bwd.NAME=VALUE")
-    v = {"true": True, "false": False}.get(value.lower(), value)
-    try:
-        v = int(value)
-    except ValueError:
-        pass
-    return {name: v}
+    """fwd.NAME=VALUE or bwd.NAME=VALUE, several joined by '+' (one row with all of them)."""
+    out = {}
+    for part in text.split("+"):
+        name, _, value = part.partition("=")
+        if not name.startswith(("fwd.", "bwd.")) or not value:
+            raise SystemExit(f"--knob {text!r}: expected fwd.NAME=VALUE or bwd.NAME=VALUE, joined by '+'")
+        v = {"true": True, "false": False}.get(value.lower(), value)
+        try:
+            v = int(value)
+        except ValueError:
+            pass
+        out[name] = v
+    return out
 
 
 def main(argv=None) -> int:
