@@ -213,6 +213,9 @@ BWD_ROWS = (
         "(the DS_READY barrier keeps them in step): dQ deferred to the next step behind per-buffer mbarriers "
         "(dq_defer) is not yet timed; the two-stream replay with p_turns puts it at 0.71x the D = 64 softmax step",
         "bwd-dq-defer"),
+    Row({}, dict(mask_fsel=False), "hidden scores masked after the exp on the blocks that need it (a branch after "
+        "the P block, which ends a basic block: its MUFU stay above the dP^T wait); FA4's select per score before "
+        "the exp in every step (mask_fsel, softmax) is not yet timed", "bwd-mufu-sink"),
     Row({}, dict(exp2_fma=0), "P = 2^a on MUFU.EX2 in every column: the exp2 offload to the FMA pipe (exp2_fma, "
         "softmax and native softcap) is not yet timed in the backward", "bwd-exp2-fma"),
     Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True),

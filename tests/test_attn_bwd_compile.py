@@ -719,3 +719,34 @@ def test_bwd_dq_defer_issues_dq_a_step_late_behind_the_ds_mbarriers(mode, evalua
         free_wait, stsm, full_arrive, full_wait, free_arrive, sts)
     with pytest.raises(ValueError, match="dq_defer"):
         B.plan(mode, evaluator, d=d, overrides={"bwd.dq_defer": True, "bwd.dq_halves": False})
+
+
+@pytest.mark.compile
+def test_bwd_mask_fsel_lets_the_p_block_sink_under_the_ds_math():
+    """bwd.mask_fsel (softmax): hidden scores -> -inf by a select per score before the exp in every
+    step, no mask branch after the P block, so the P block and the dS math share a basic block and
+    ptxas moves part of the MUFU work below the dP^T wait (the default: all 64 above it, FA4's
+    causal D = 64 step 23 / 41, bench/results/fa4_bwd_loop.md); the causal select runs in every
+    step (ISETP + FSEL per score), no spills, HGMMA / MUFU counts the default's; refused for the
+    other scores (their masked value is not P = 0)."""
+    import dataclasses
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tools"))
+    import pipe_model
+    base = B.plan("softmax", "native", d=64)
+    p = B.plan("softmax", "native", d=64, overrides={"bwd.mask_fsel": True})
+    c0, c1 = B.bwd(base.bwd).counts(), B.bwd(p.bwd).counts()
+    assert c1["STL"] == 0 and c1["HGMMA"] == c0["HGMMA"] and c1["MUFU"] == c0["MUFU"], c1
+
+    def split(cfg):
+        body = pipe_model.consumer_loop(B.bwd(cfg).sass)
+        dp_wait = [i for i, x in enumerate(body) if x.startswith("WARPGROUP.DEPBAR")][1]
+        mufu = [i for i, x in enumerate(body) if x.startswith("MUFU.EX2")]
+        return sum(i < dp_wait for i in mufu), sum(i > dp_wait for i in mufu), sum(x.startswith("FSEL") for x in body)
+
+    assert split(base.bwd)[:2] == (64, 0)
+    above, below, fsel = split(p.bwd)   # the causal build: its mask in every step
+    assert below >= 16 and above + below == 64 and fsel >= 64, (above, below, fsel)
+    with pytest.raises(ValueError, match="mask_fsel"):
+        B.plan("softcap", "poly", d=64, overrides={"bwd.mask_fsel": True})
