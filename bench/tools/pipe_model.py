@@ -7,7 +7,8 @@
 Each build is compiled for sm_90a on the CPU (tests/builds.py, the compile tests' builds) and its
 consumer loop is read: the innermost loop that issues HGMMA and MUFU, on its mask-free path (the
 build is taken non-causal, and the body of a conditional forward branch inside the loop, the key
-tail's masking, is skipped).  Its instructions are sorted into the Hopper pipes with per-SM
+tail's masking, is skipped, unless it holds a GEMM or an mbarrier wait: bwd.dq_defer's guard of
+its first steps around work every later step does).  Its instructions are sorted into the Hopper pipes with per-SM
 rates (thread-ops per clock; MUFU 16 and FFMA 125 and F2FP 63.5 measured by
 bench/tools/issue_rates.py, docs/MEASURED.md):
 
