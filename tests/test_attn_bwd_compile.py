@@ -33,6 +33,24 @@ ONLINE = 60.0
 SOFTCAP_POLY_BWD_STL = 4
 
 
+def _pipe_model():
+    """bench/tools/pipe_model.py (the loop reader of the step-order tests)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tools"))
+    import pipe_model
+    return pipe_model
+
+
+def _loop(cfg, causal=None):
+    """The consumer loop's SASS lines (pipe_model.consumer_loop: the mask-free copy) of the backward
+    built from `cfg`, with causal overridden when given (non-causal: one step body, no mask copy)."""
+    import dataclasses
+    if causal is not None:
+        cfg = dataclasses.replace(cfg, causal=causal)
+    return _pipe_model().consumer_loop(B.bwd(cfg).sass)
+
+
 def _stl_bound(mode, evaluator) -> int:
     return SOFTCAP_POLY_BWD_STL if (mode, evaluator) == ("softcap", "poly") else 0
 
@@ -651,11 +669,6 @@ def test_bwd_p_turns_takes_the_p_blocks_in_turns(mode, evaluator, d):
     warpgroup 0's closing wait) and BAR.ARV (the hand-over, warpgroup 1's opening one) than the
     default, the HGMMA / MUFU counts the default's, no spills; check_bwd refuses it where the
     warpgroups do not run the same step (swapped, deterministic builds)."""
-    import dataclasses
-    import os
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tools"))
-    import pipe_model
     base = B.plan(mode, evaluator, d=d)
     p = B.plan(mode, evaluator, d=d, overrides={"bwd.p_turns": True})
     assert not base.bwd.p_turns and p.bwd.p_turns
@@ -665,7 +678,7 @@ def test_bwd_p_turns_takes_the_p_blocks_in_turns(mode, evaluator, d):
     ops = lambda b, op: sum(o == op for o in sass.opcodes(b.sass))
     assert ops(b1, "BAR.SYNC.DEFER_BLOCKING") - ops(b0, "BAR.SYNC.DEFER_BLOCKING") == 2
     assert ops(b1, "BAR.ARV") - ops(b0, "BAR.ARV") == 2
-    body = pipe_model.consumer_loop(B.bwd(dataclasses.replace(p.bwd, causal=False)).sass)
+    body = _loop(p.bwd, causal=False)
     turn = [i for i, x in enumerate(body) if x.startswith("BAR.SYNC") and x.split()[1].startswith("R")
             and x.endswith("0x100")]
     hand = [i for i, x in enumerate(body) if x.startswith("BAR.ARV") and x.endswith("0x100")]
@@ -690,11 +703,7 @@ def test_bwd_dq_defer_issues_dq_a_step_late_behind_the_ds_mbarriers(mode, evalua
     only then stages the dQ half (STS.128).  One dQ group more than the default in the kernel (the
     last step's, after the loop), the default's MUFU count, no spills; check_bwd refuses it without
     the staged halves (dq_halves: one shared staged tile would put the warpgroups back in step)."""
-    import dataclasses
-    import os
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tools"))
-    import pipe_model
+    pipe_model = _pipe_model()
     base = B.plan(mode, evaluator, d=d)
     p = B.plan(mode, evaluator, d=d, overrides={"bwd.p_turns": True, "bwd.dq_defer": True})
     assert not base.bwd.dq_defer and p.bwd.dq_defer and p.bwd.dq_halves
@@ -702,8 +711,8 @@ def test_bwd_dq_defer_issues_dq_a_step_late_behind_the_ds_mbarriers(mode, evalua
     assert c1["STL"] == 0 and c1["LDL"] == 0 and c1["MUFU"] == c0["MUFU"], c1
     dq_group = p.bwd.tile_n // 16   # dQ = dS K: one HGMMA per 16 keys
     assert c1["HGMMA"] - c0["HGMMA"] == dq_group, (c0["HGMMA"], c1["HGMMA"], dq_group)
-    body = pipe_model.consumer_loop(B.bwd(dataclasses.replace(p.bwd, causal=False)).sass)
-    base_body = pipe_model.consumer_loop(B.bwd(dataclasses.replace(base.bwd, causal=False)).sass)
+    body = _loop(p.bwd, causal=False)
+    base_body = _loop(base.bwd, causal=False)
     kinds = lambda b: [e[0] for e in pipe_model.step_events(b) if e[0] not in ("work", "wait")]
     assert "ds_barrier" in kinds(base_body)
     k = kinds(body)
@@ -729,18 +738,13 @@ def test_bwd_mask_fsel_lets_the_p_block_sink_under_the_ds_math():
     causal D = 64 step 23 / 41, bench/results/fa4_bwd_loop.md); the causal select runs in every
     step (ISETP + FSEL per score), no spills, HGMMA / MUFU counts the default's; refused for the
     other scores (their masked value is not P = 0)."""
-    import dataclasses
-    import os
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "tools"))
-    import pipe_model
     base = B.plan("softmax", "native", d=64)
     p = B.plan("softmax", "native", d=64, overrides={"bwd.mask_fsel": True})
     c0, c1 = B.bwd(base.bwd).counts(), B.bwd(p.bwd).counts()
     assert c1["STL"] == 0 and c1["HGMMA"] == c0["HGMMA"] and c1["MUFU"] == c0["MUFU"], c1
 
     def split(cfg):
-        body = pipe_model.consumer_loop(B.bwd(cfg).sass)
+        body = _loop(cfg)
         dp_wait = [i for i, x in enumerate(body) if x.startswith("WARPGROUP.DEPBAR")][1]
         mufu = [i for i, x in enumerate(body) if x.startswith("MUFU.EX2")]
         return sum(i < dp_wait for i in mufu), sum(i > dp_wait for i in mufu), sum(x.startswith("FSEL") for x in body)
