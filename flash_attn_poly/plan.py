@@ -194,9 +194,6 @@ FWD_ROWS = (
         "ragged packed batches walk only the live (query tile, sequence) pairs, longest first: 1.01-1.05x "
         "the slot order there; equal lengths keep the slot order (the compact one took 1.04-1.08x its time)",
         "varlen-compact"),
-    Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False, varlen_compact=False, persistent=True),
-        "the varlen kernel takes one sigmoid bias; the default -ln S_k differs per sequence, so each "
-        "sequence runs as its own dense launch (persistent, as dense calls)", "fwd-persistent"),
 )
 
 BWD_ROWS = (
@@ -265,8 +262,6 @@ BWD_ROWS = (
         "packed sequences: one pre, main and post launch, a CTA per key block, query head and sequence; "
         "the table in unit order (sequence, head, key block); varlen_lpt sorts it by work as the dense "
         "LPT grid (a host model: 0.94x the makespan at 8 equal causal sequences; not yet timed)", "varlen-bwd-lpt"),
-    Row({"varlen": True, "sigmoid_default_bias": True}, dict(varlen=False),
-        "the varlen kernels take one sigmoid bias; the default -ln S_k differs per sequence", ""),
     Row({"varlen": True, "varlen_tables_fit": False}, dict(varlen=False),
         "the CTA table's int32 entries hold up to 2^18 sequences of up to 2^19 keys: beyond, each "
         "sequence runs as its own dense launch", ""),
@@ -299,7 +294,8 @@ class AttnPlan:
     zero_dq_in_pre: bool       # the pre kernel zeroes the dQ accumulator (head_loop builds)
     softmax_scale: float
     softcap: Optional[float]
-    sigmoid_bias: Optional[float]   # sigmoid: the resolved bias (default -ln S_k)
+    sigmoid_bias: Optional[float]   # sigmoid: the resolved bias (default -ln S_k; packed calls at the
+                                    # default: 0, the kernels add each sequence's -ln S_k, score.seq_bias)
     fwd_ctas: int = 0          # the persistent forward's CTA count (runtime; <= fwd.persistent)
     varlen_lpt: bool = False   # the varlen backward's CTA table sorted by work (host side; bwd.varlen)
 
@@ -335,7 +331,6 @@ def _facts(call: AttnCall, program) -> dict:
         "window": call.window[0] >= 0 or (call.window[1] >= 0 and not call.causal),
         "varlen_tables_fit": call.varlen and _varlen_tables_fit(call),
         "varlen_ragged": call.varlen and call.varlen_ragged and _varlen_tables_fit(call),
-        "sigmoid_default_bias": call.mode == "sigmoid" and call.sigmoid_bias is None,
         "short_seq": max(call.seqlen_q, call.seqlen_k) <= SHORT_SEQLEN,
         "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,
         "program_dtype": None if program is None else program.dtype,
@@ -385,8 +380,10 @@ def _score_specs(call: AttnCall, tile_n: int, facts: dict, overrides: Mapping):
         spec = ScoreSpec(kind="softmax", evaluator="native")
         return spec, spec
     program = facts["program"]
+    # packed sigmoid calls at the default bias: b = -ln S_k of each sequence, added in the kernels
+    seq = dict(seq_bias=True) if call.mode == "sigmoid" and call.varlen and call.sigmoid_bias is None else {}
     if call.evaluator == "native":
-        spec = ScoreSpec(kind=call.mode, evaluator="native")
+        spec = ScoreSpec(kind=call.mode, evaluator="native", **seq)
         return spec, spec
     if program.is_exp2:   # the exp2 offload: every tanh on MUFU, a native softcap score
         fwd = ScoreSpec(kind="softcap", evaluator="native", program=program)
@@ -403,12 +400,12 @@ def _score_specs(call: AttnCall, tile_n: int, facts: dict, overrides: Mapping):
         raise ValueError(f"sigmoid_grad='surrogate' needs a sigmoid program with a coupled value / derivative "
                          f"block (a <name>_grad entry); the program {program.name!r} has none: pass "
                          f"program= one of {have}, or sigmoid_grad='product'")
-    spec = ScoreSpec(kind=call.mode, evaluator="poly", program=program, poly_split=split, grad_rule=rule)
+    spec = ScoreSpec(kind=call.mode, evaluator="poly", program=program, poly_split=split, grad_rule=rule, **seq)
     if call.mode == "sigmoid" and rule == "product":
         # sigma' = p (1 - p) of P recomputed on MUFU (the native build): the program's P error
         # reached dV past the rule (docs/MEASURED.md sigmoid-bwd-native-p); the surrogate's
         # coupled block recomputes P with the program (the same spec)
-        return spec, ScoreSpec(kind="sigmoid", evaluator="native")
+        return spec, ScoreSpec(kind="sigmoid", evaluator="native", **seq)
     return spec, spec
 
 
@@ -449,6 +446,12 @@ def poly_outside_rule(call: AttnCall, program) -> Optional[str]:
         if call.dtype == "fp16":
             return "on FP16 inputs its error exceeds 2x torch's FP16 attention error (up to 3.1x)"
         bias = resolve_sigmoid_bias(call)
+        if program.n and call.varlen and call.sigmoid_bias is None and not sigmoid_program_fits(program, 0.0):
+            # packed sequences at the default bias: each sequence's -ln S_k, S_k from 1 up (the
+            # lengths are on the device), and b = 0 at S_k = 1 is past the span
+            low = math.ceil(program.n * math.exp(-SIGMOID_FIT_SPAN[1]))
+            return (f"it is fitted for bias -ln {program.n}; packed sequences at the default bias -ln S_k "
+                    f"leave its span (b + ln n in {SIGMOID_FIT_SPAN}) for any sequence of fewer than {low} keys")
         if program.n and not sigmoid_program_fits(program, bias):
             return (f"it is fitted for bias -ln {program.n}; bias {bias:.3g} is outside its span "
                     f"(b + ln n in {SIGMOID_FIT_SPAN})")
@@ -499,9 +502,8 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     elif fwd["persistent"] is False:
         fwd["persistent"] = 0
     if fwd["varlen"]:
-        if not call.varlen or facts["sigmoid_default_bias"]:
-            raise ValueError("fwd.varlen: the varlen forward runs packed calls (flash_attn_poly.varlen) with "
-                             "one sigmoid bias (the default -ln S_k differs per sequence: pass sigmoid_bias)")
+        if not call.varlen:
+            raise ValueError("fwd.varlen: the varlen forward runs packed calls (flash_attn_poly.varlen)")
     if fwd["fixed_max"] and not facts["fixed_max_ok"]:
         raise ValueError(f"fixed_max (a constant row max c - 20) needs mode='softcap', BF16 inputs and "
                          f"0 < softcap <= {FIXED_MAX_CAP} (beyond, P leaves FP32's normal range), got "
@@ -530,9 +532,8 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         if k_.startswith("bwd."):
             bwd[k_[4:]] = v
     if bwd["varlen"]:   # structural: a CTA per entry of the (key block, head, sequence) table
-        if not call.varlen or facts["sigmoid_default_bias"] or call.deterministic:
-            raise ValueError("bwd.varlen: the varlen backward runs packed calls (flash_attn_poly.varlen) with "
-                             "one sigmoid bias (the default -ln S_k differs per sequence: pass sigmoid_bias), "
+        if not call.varlen or call.deterministic:
+            raise ValueError("bwd.varlen: the varlen backward runs packed calls (flash_attn_poly.varlen), "
                              "not deterministic")
         # the per-KV-head loop where the grid fills (the head_loop row's rule, measured on packed
         # batches: docs/MEASURED.md varlen-head-loop); dQ's accumulator is zeroed by
@@ -561,7 +562,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     check_bwd(bwd_cfg)
 
     # ---- runtime values
-    bias = resolve_sigmoid_bias(call)
+    bias = 0.0 if score.seq_bias else resolve_sigmoid_bias(call)   # seq_bias: the kernels add -ln S_k
     from .kernels.config import window_sizes
     zero_dq = bwd_cfg.head_loop and zero_dq_rule
     window = window_sizes(call.window, call.causal, call.seqlen_q, call.seqlen_k)

@@ -374,6 +374,7 @@ class AttnBwdSm90(BwdReductions):
             mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc, seqlen_q, seqlen_k = self.varlen_views(
                 varlen, batch, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdKacc, mdVacc)
             batch = Int32(0)   # the packed tensors' only batch entry (check_bwd: no user score reads it)
+            args = self.stage.seq_params(args, seqlen_k, backward=True)   # sigmoid's -ln S_k (spec.seq_bias)
         n_heads = 1   # query heads this CTA runs: head, head + 1, ... (head_loop: the GQA group)
         if const_expr(self.head_loop):
             n_heads = mQ.shape[2] // mK.shape[2]

@@ -182,6 +182,7 @@ class AttnBwdSm90Swap(AttnBwdSm90HeadLoop):
             mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV, seqlen_q, seqlen_k = self.varlen_views(
                 varlen, batch, mQ, mK, mV, mdO, mLSE, mDsum, mdQacc, mdK, mdV)
             batch = Int32(0)
+            args = self.stage.seq_params(args, seqlen_k, backward=True)   # sigmoid's -ln S_k (spec.seq_bias)
         n_heads = mQ.shape[2] // h_kv
         head = head_kv * n_heads
         m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, args)

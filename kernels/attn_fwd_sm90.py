@@ -384,7 +384,8 @@ class AttnFwdSm90:
                             mQ, mK, mV, mO, mLSE)
                         for _ in cutlass.range(live, unroll=1):
                             kv_cons, q_cons = self.mma(mOt, mLSEt, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv,
-                                                       pipe_q, pipe_k, pipe_v, params, blocks, m_block, head, b,
+                                                       pipe_q, pipe_k, pipe_v, self.score.seq_params(params, sk),
+                                                       blocks, m_block, head, b,
                                                        n_max, sq, sk, window, n_cnt, kv_cons, q_cons, aux)
             if cutlass.const_expr(self.pingpong):
                 if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced

@@ -95,15 +95,15 @@ def bwd(cfg, options: str = "") -> Build:
     return _compile(cat.bwd_build(cfg), options)
 
 
-def varlen_plan(mode, evaluator, d, causal, window, softcap, dtype="bf16", overrides=None):
+def varlen_plan(mode, evaluator, d, causal, window, softcap, dtype="bf16", overrides=None, sigmoid_bias=-4.0):
     """The plan of a packed call (8 sequences of at most 4096 tokens, H_q 32, H_kv 8) on an H200
     (the varlen compile tests' call), with plan overrides (e.g. {"fwd.varlen": True}); sigmoid with
-    an explicit bias (the varlen kernels take one for all sequences)."""
+    the given bias (None: the default -ln S_k of each sequence, added in the kernels)."""
     from flash_attn_poly import plan
     call = plan.AttnCall(mode=mode, evaluator=evaluator, dtype=dtype, head_dim=d, batch=8, seqlen_q=4096,
                          seqlen_k=4096, heads_q=32, heads_kv=8, causal=causal, window=tuple(window),
                          softmax_scale=d ** -0.5, softcap=softcap,
-                         sigmoid_bias=-4.0 if mode == "sigmoid" else None, varlen=True)
+                         sigmoid_bias=sigmoid_bias if mode == "sigmoid" else None, varlen=True)
     return plan.resolve(call, cat.SM_COUNT, overrides or None)
 
 

@@ -358,9 +358,10 @@ def test_d256_backward_swap_or_chunks():
         want = (False, 128, 1, False, True) if small else (True, 64, 2, True, False)
         assert (b.swap, b.tile_n, b.stages, b.head_loop, b.dp_first) == want, (shape, b)
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
-        b = resolve(mode, ev, d=256, varlen=True).bwd   # sigmoid's default bias: dense launches
+        b = resolve(mode, ev, d=256, varlen=True).bwd   # sigmoid at its default bias too (score.seq_bias)
         assert (b.swap, b.tile_n, b.stages, b.head_loop, b.dp_first) == (True, 64, 2, True, False), (mode, b)
-        assert b.varlen == (mode != "sigmoid") and b.lpt == (mode == "sigmoid"), (mode, b)   # packed: table order
+        assert b.varlen and not b.lpt, (mode, b)   # packed: table order
+        assert b.score.seq_bias == (mode == "sigmoid"), (mode, b)
     ov = {"bwd.swap": False, "bwd.tile_n": 128, "bwd.stages": 1, "bwd.head_loop": False, "bwd.dp_first": True}
     b = resolve("softmax", d=256, varlen=True, overrides=ov).bwd   # the chunked packed build by override
     assert (b.swap, b.tile_n, b.stages, b.dq_async, b.dp_first) == chunked and b.varlen, b

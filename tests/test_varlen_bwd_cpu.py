@@ -85,8 +85,8 @@ def _call(mode="softmax", **kw):
 
 def test_plan_varlen_backward_rows():
     """Packed calls run the varlen backward (the per-KV-head loop where the dense rule's grid
-    fills, no LPT order) except with sigmoid's per-sequence default bias or a deterministic
-    backward; dense calls never, and the override refuses those three."""
+    fills, no LPT order), sigmoid's per-sequence default bias too, except a deterministic
+    backward; dense calls never, and the override refuses those two."""
     from flash_attn_poly import plan
     on = plan.resolve(_call(), 132).bwd
     assert on.varlen and not on.lpt and not on.deterministic
@@ -94,13 +94,11 @@ def test_plan_varlen_backward_rows():
     assert not plan.resolve(_call(), 132, {"bwd.head_loop": False}).bwd.head_loop
     assert plan.resolve(_call(), 1, {}).bwd.head_loop            # one SM: the grid fills
     assert not plan.resolve(_call(varlen=False), 132).bwd.varlen
-    assert not plan.resolve(_call("sigmoid", sigmoid_bias=None), 132).bwd.varlen
+    assert plan.resolve(_call("sigmoid", sigmoid_bias=None), 132).bwd.varlen
     det = plan.resolve(_call(deterministic=True), 132).bwd
     assert not det.varlen and det.deterministic
     with pytest.raises(ValueError, match="runs packed calls"):
         plan.resolve(_call(varlen=False), 132, {"bwd.varlen": True})
-    with pytest.raises(ValueError, match="default -ln S_k differs per sequence"):
-        plan.resolve(_call("sigmoid", sigmoid_bias=None), 132, {"bwd.varlen": True})
     with pytest.raises(ValueError, match="not deterministic"):
         plan.resolve(_call(deterministic=True), 132, {"bwd.varlen": True})
     # the per-KV-head loop by override too, never the pre kernel's dQ zeroing (backward_varlen's memset)

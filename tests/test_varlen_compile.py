@@ -5,6 +5,8 @@ SASS is pinned by tests/test_sass_defaults_compile.py)."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import warnings
 
 import pytest
 
@@ -43,6 +45,24 @@ def test_varlen_forward_builds_without_spills(variant):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("d", [128, 256])
+def test_varlen_sigmoid_default_bias_builds(d):
+    """Packed sigmoid at the default bias: each sequence's -ln S_k from one MUFU.LG2 per tile in the
+    forward (D = 128; D = 256 is the same code) and the backward (the D = 256 one is the swapped
+    build: kernels/attn_bwd_swap_sm90.py); HGMMA, no spills; the one-bias builds have no LG2."""
+    p = B.varlen_plan("sigmoid", "poly", d, True, (-1, -1), None, sigmoid_bias=None)
+    assert p.score.seq_bias and p.fwd.varlen and p.bwd.varlen and p.bwd.swap == (d == 256)
+    builds = [B.bwd(p.bwd)] + ([B.fwd(p.fwd)] if d == 128 else [])
+    for b in builds:
+        n = b.counts()
+        assert n["HGMMA"] > 0 and n["STL"] == 0 and n["LDL"] == 0, n
+        assert b.sass.count("MUFU.LG2") == 1
+    if d == 128:
+        one = varlen_plan(*VARIANTS[5])   # sigmoid with one bias (a shared build)
+        assert B.fwd(one.fwd).sass.count("MUFU.LG2") == 0
+
+
+@pytest.mark.compile
 def test_varlen_compact_order_builds_without_spills():
     """The compact order (fwd.varlen_compact: the live (query tile, sequence) pairs from a table,
     kernels/tile_scheduler.py): its own entry (the table after max_seqlen_q), HGMMA, no spills,
@@ -78,17 +98,27 @@ def test_check_fwd_refuses_user_scores_in_varlen():
 
 
 def test_plan_runs_packed_calls_on_the_varlen_forward():
-    """The plan's varlen rows: packed calls run the varlen forward (persistent) except with
-    sigmoid's per-sequence default bias (one dense launch per sequence); the override never
-    takes a dense call or that bias."""
+    """The plan's varlen rows: packed calls run the varlen forward (persistent), sigmoid at its
+    per-sequence default bias too (ScoreSpec.seq_bias: the host's bias 0, the kernels add -ln S_k;
+    the default program resolves native there: a sequence under 124 keys leaves its span); the
+    override never takes a dense call."""
     from flash_attn_poly import plan
     p = varlen_plan(*VARIANTS[0], kernel=False)
-    assert p.fwd.varlen and p.fwd.persistent == B.cat.SM_COUNT
-    dense_seq = plan.resolve(dataclasses.replace(varlen_plan(*VARIANTS[5]).call, sigmoid_bias=None), 132)
-    assert not dense_seq.fwd.varlen and dense_seq.fwd.persistent == 132   # per-sequence launches stay persistent
+    assert p.fwd.varlen and p.fwd.persistent == B.cat.SM_COUNT and not p.score.seq_bias
     call = varlen_plan(*VARIANTS[5]).call
-    assert not plan.resolve(dataclasses.replace(call, sigmoid_bias=None), 132).fwd.varlen
-    with pytest.raises(ValueError, match="default -ln S_k differs per sequence"):
-        plan.resolve(dataclasses.replace(call, sigmoid_bias=None), 132, {"fwd.varlen": True})
+    assert not varlen_plan(*VARIANTS[5]).score.seq_bias     # one bias given: no per-sequence bias
+    d = plan.resolve(dataclasses.replace(call, sigmoid_bias=None), 132)
+    assert d.fwd.varlen and d.bwd.varlen and d.sigmoid_bias == 0.0
+    assert d.score.seq_bias and d.score_bwd.seq_bias and d.score.evaluator == "native"
+    dense = plan.resolve(dataclasses.replace(call, sigmoid_bias=None, varlen=False), 132)
+    assert not dense.score.seq_bias and dense.sigmoid_bias == pytest.approx(-math.log(4096))
+    named = dataclasses.replace(call, evaluator="poly", sigmoid_bias=None, program="sigmoid_attn_n4096")
+    assert "fewer than 124 keys" in plan.poly_outside_rule(named, plan._program_spec("sigmoid_attn_n4096"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")      # a named program runs as asked, with that reason
+        p_named = plan.resolve(named, 132)
+    assert p_named.score.evaluator == "poly" and p_named.score.seq_bias and p_named.fwd.varlen
+    with pytest.raises(ValueError, match="seq_bias"):
+        dataclasses.replace(p.score, seq_bias=True)          # sigmoid's only
     with pytest.raises(ValueError, match="runs packed calls"):
         plan.resolve(dataclasses.replace(call, varlen=False), 132, {"fwd.varlen": True})

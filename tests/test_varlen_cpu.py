@@ -312,7 +312,8 @@ def test_cuda_path_runs_one_varlen_launch_per_batch(monkeypatch):
     backend, bit for bit."""
     launches = _route(monkeypatch)
     lens_q, lens_k = [3, 0, 5, 2], [4, 2, 5, 0]
-    for mode, kw in (("softmax", {}), ("softcap", {"softcap": 20.0}), ("sigmoid", {"sigmoid_bias": -2.0})):
+    for mode, kw in (("softmax", {}), ("softcap", {"softcap": 20.0}), ("sigmoid", {"sigmoid_bias": -2.0}),
+                     ("sigmoid", {})):   # the default bias too: -ln S_k per sequence, added in the kernels
         launches.clear()
         _cuda_and_reference(mode, kw, lens_q, lens_k)
         assert [c[0] for c in launches] == ["fwd_varlen", "bwd_varlen"], mode
@@ -326,7 +327,7 @@ def test_plan_takes_the_compact_order_for_ragged_batches_only(monkeypatch):
     """The varlen forward walks the live tiles only (fwd.varlen_compact) when the query lengths
     differ (total_q < batch x max_seqlen_q, read off the shapes); equal lengths keep the slot
     order (docs/MEASURED.md varlen-compact); a table its int32 entries cannot encode keeps it too;
-    sigmoid's default bias (per-sequence dense launches) has no varlen forward at all."""
+    sigmoid at its per-sequence default bias takes the same order."""
     from flash_attn_poly import plan as plan_mod
     from flash_attn_poly.kernels.tile_scheduler import COMPACT_MAX_SEQS
     launches = _route(monkeypatch)
@@ -343,25 +344,16 @@ def test_plan_takes_the_compact_order_for_ragged_batches_only(monkeypatch):
     assert plan_mod.resolve(fv._attn_call(call), 132).bwd.varlen
     assert not plan_mod.resolve(big, 132).fwd.varlen_compact
     assert not plan_mod.resolve(big, 132).bwd.varlen   # the backward's CTA table cannot hold it either
-    sig = dataclasses.replace(fv._attn_call(call), mode="sigmoid")
-    assert not plan_mod.resolve(sig, 132).fwd.varlen_compact
+    sig = dataclasses.replace(fv._attn_call(call), mode="sigmoid")   # the default bias: the varlen kernels too
+    assert plan_mod.resolve(sig, 132).fwd.varlen_compact and plan_mod.resolve(sig, 132).score.seq_bias
 
 
 def test_cuda_path_routes_each_sequence_through_the_dense_kernels(monkeypatch):
-    """Where the varlen kernels do not apply (sigmoid's default bias -ln S_k differs per sequence;
-    a deterministic backward needs the dense launch order): one dense launch per non-empty
-    sequence, each with the plan of that sequence's dense call (batch 1, its own S_q and S_k, so
-    sigmoid's bias is its own -ln S_k), and the reference backend's result, bit for bit."""
+    """Where the varlen kernels do not apply (a deterministic backward needs the dense launch
+    order): one dense launch per non-empty sequence, each with the plan of that sequence's dense
+    call (batch 1, its own S_q and S_k), and the reference backend's result, bit for bit."""
     launches = _route(monkeypatch)
     lens_q, lens_k = [3, 0, 5, 2], [4, 2, 5, 0]
-    launches.clear()
-    _cuda_and_reference("sigmoid", {}, lens_q, lens_k)
-    fwd = [c for c in launches if c[0] == "fwd"]
-    bwd = [c for c in launches if c[0] == "bwd"]
-    assert len(fwd) + len(bwd) == len(launches)
-    assert [(c[1].batch, c[1].seqlen_q, c[1].seqlen_k) for c in fwd] == [(1, 3, 4), (1, 5, 5)]
-    assert [(c[1].seqlen_q, c[1].seqlen_k) for c in bwd] == [(3, 4), (5, 5)]
-    assert all(c[1].mode == "sigmoid" and c[1].sigmoid_bias is None for c in fwd)
     launches.clear()
     _cuda_and_reference("softcap", {"softcap": 20.0}, lens_q, lens_k, deterministic=True)
     assert [c[0] for c in launches] == ["fwd_varlen", "bwd", "bwd"]

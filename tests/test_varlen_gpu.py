@@ -170,6 +170,30 @@ def _assert_ok(checks):
     assert not bad, bad
 
 
+SIGMOID_DEFAULT_BIAS = [   # packed sigmoid at the default bias -ln S_k of each sequence (ScoreSpec.seq_bias)
+    ("sigmoid", "poly", "bf16", 128, True, (-1, -1), None),
+    ("sigmoid", "poly", "bf16", 256, False, (-1, -1), None),   # the chunked D = 256 backward at this grid
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("var", SIGMOID_DEFAULT_BIAS, ids=lambda v: f"d{v[3]}-c{int(v[4])}")
+def test_varlen_sigmoid_default_bias_rule(var):
+    """The public call at sigmoid's default bias runs the varlen kernels (one launch each way, the
+    kernels adding each sequence's -ln S_k) and meets the FlashAttention rule against per-sequence
+    references at their own -ln S_k, on lengths from 0 and 1 to a few hundred (a wrong bias, e.g.
+    one -ln S_k for all, moves O by the ratio of the lengths)."""
+    lens_q, lens_k = [37, 0, 1, 300, 5, 129], [37, 3, 1, 300, 250, 129]
+    dev = torch.device("cuda")
+    q = torch.empty(sum(lens_q), 4, var[3], device=dev, dtype=H.DTYPES[var[2]])
+    k = torch.empty(sum(lens_k), 2, var[3], device=dev, dtype=H.DTYPES[var[2]])
+    call = fv.validate(q, k, k, _cu(lens_q, dev), _cu(lens_k, dev), max(lens_q), max(lens_k), "sigmoid", "poly",
+                       var[4], None, None)
+    vp = fv._varlen_plan(call, dev)
+    assert vp.fwd.varlen and vp.bwd.varlen and vp.score.seq_bias and vp.sigmoid_bias == 0.0
+    _assert_ok(run_and_judge(var, lens_q, lens_k, 7, "cuda", "cuda"))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
 def test_varlen_rule_fuzz(var, lens_q, lens_k, seed):

@@ -57,6 +57,8 @@ class ScoreSpec:
     grad_rule: Optional[str] = None   # softcap: "value" | "block"; sigmoid: "product" | "surrogate"
     user: Any = None                  # kind "user": a flash_attn_poly.score_mod.ScoreMod
     aux: tuple = ()                   # kind "user": (dtype name, ndim) of each aux tensor it reads
+    seq_bias: bool = False            # sigmoid, packed sequences: the kernels add b = -ln S_k of each
+                                      # sequence to the params' bias slots (the host's bias is 0)
 
     def __post_init__(self):
         if self.kind not in REGISTRY:
@@ -79,6 +81,8 @@ class ScoreSpec:
             raise ValueError(f"softcap grad_rule must be one of {SOFTCAP_GRAD_RULES}, got {self.grad_rule!r}")
         if self.kind == "sigmoid" and self.grad_rule not in SIGMOID_GRAD_RULES + (None,):
             raise ValueError(f"sigmoid grad_rule must be one of {SIGMOID_GRAD_RULES}, got {self.grad_rule!r}")
+        if self.seq_bias and self.kind != "sigmoid":
+            raise ValueError(f"seq_bias (the per-sequence default bias -ln S_k) is sigmoid's only, got {self.kind!r}")
         if (self.kind == "user") != (self.user is not None):
             raise ValueError("a user score function (kind 'user') and only it carries user=")
 

@@ -284,6 +284,10 @@ class ScoreBase:
     needs_dsum = True
     HAS_PROGRAM = False
     EXP2_SCALE = 1        # which of the 4 forward params scales the transformed scores into exp2
+    # (index, weight) of the params that carry the bias b: the forward's 4 (fwd_scalars) and the
+    # backward's 3 (bwd_scalars); seq_params adds weight * b there (spec.seq_bias)
+    FWD_BIAS_SLOTS = ()
+    BWD_BIAS_SLOTS = ()
 
     def __init__(self, spec):
         self.spec = spec
@@ -306,6 +310,16 @@ class ScoreBase:
         if cutlass.const_expr(self.exp2_fma and (c // 2) % 8 >= 8 - self.exp2_fma):
             return exp2_fma_clamped(a, self.spec.program)
         return exp2_approx(a)
+
+    def seq_params(self, params, seqlen_k, backward: bool = False):
+        """params with the bias of a packed sequence of seqlen_k keys, b = -ln S_k, added to the
+        bias slots (spec.seq_bias: the host encoded b = 0); params as they are otherwise.  One
+        MUFU.LG2 per tile; S_k = 0 (no key: nothing reads P) takes ln 1."""
+        if not self.spec.seq_bias:
+            return params
+        slots = dict(self.BWD_BIAS_SLOTS if backward else self.FWD_BIAS_SLOTS)
+        b = cute.math.log2(cutlass.max(seqlen_k, Int32(1)).to(Float32), fastmath=True) * Float32(-LN2)
+        return tuple(p + b * Float32(slots[i]) if i in slots else p for i, p in enumerate(params))
 
     def poly_pair(self, col_group: int) -> bool:
         """Does key column group `col_group` run the program's block (scores.poly_pair)?"""

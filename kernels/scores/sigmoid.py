@@ -70,6 +70,9 @@ class Score(ScoreBase):
     def __init__(self, spec):
         super().__init__(spec)
         self.program_n, self.p_f16 = 0, False
+        # where fwd_scalars / bwd_scalars put the bias b (seq_params)
+        self.FWD_BIAS_SLOTS = ((1, 0.5),) if self.evaluator == "native" else ((1, 1.0), (3, 0.5))
+        self.BWD_BIAS_SLOTS = ((1, 0.5),) if self.evaluator == "native" else ((1, 1.0), (2, 0.5))
         if self.evaluator == "poly":
             prog = self.program
             roles = ("fwd", "head", "tail") + (("fwd_bwd",) if self.grad_rule == "surrogate" else ())
