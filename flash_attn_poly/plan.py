@@ -203,16 +203,10 @@ BWD_ROWS = (
         "dQ staged in smem and added by warp 1's bulk reductions: 0.76-0.79x the red.global path "
         "(one buffer for both warpgroups)", "bwd-dq-async"),
     Row({}, dict(lpt=True), "LPT-ordered CTAs: 0.90-0.94x blockIdx order", "bwd-lpt"),
-    Row({}, dict(p_turns=False), "both MMA warpgroups run their P blocks at once (sharing MUFU while only dP^T is "
-        "in flight): P blocks in turns (p_turns) are not yet timed; the two-stream replay of the step's SASS "
-        "(bench/tools/pipe_model.py) puts them at 0.84x the D = 64 softmax step, 0.86x D = 128 softcap's", "bwd-p-turns"),
-    Row({}, dict(dq_defer=False), "both MMA warpgroups issue a query block's dQ once the whole dS tile is in smem "
-        "(the DS_READY barrier keeps them in step): dQ deferred to the next step behind per-buffer mbarriers "
-        "(dq_defer) is not yet timed; the two-stream replay with p_turns puts it at 0.71x the D = 64 softmax step",
-        "bwd-dq-defer"),
-    Row({}, dict(mask_fsel=False), "hidden scores masked after the exp on the blocks that need it (a branch after "
-        "the P block, which ends a basic block: its MUFU stay above the dP^T wait); FA4's select per score before "
-        "the exp in every step (mask_fsel, softmax) is not yet timed", "bwd-mufu-sink"),
+    Row({}, dict(p_turns=False, dq_defer=False),
+        "both MMA warpgroups run their P blocks at once and issue a query block's dQ once the whole dS tile "
+        "is in smem (the DS_READY barrier keeps them in step); the stagger below pays only where the P "
+        "block's MUFU work outweighs its dP^T (D = 64, softcap)", "bwd-step-order"),
     Row({}, dict(exp2_fma=0), "P = 2^a on MUFU.EX2 in every column: the exp2 offload to the FMA pipe (exp2_fma, "
         "softmax and native softcap) is not yet timed in the backward", "bwd-exp2-fma"),
     Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True),
@@ -252,16 +246,28 @@ BWD_ROWS = (
         "D = 128 (64-row step): the warpgroups' column halves of the staged dQ tile, a bulk add per "
         "16-row band each: 0.930-0.996x the one buffer (every mode, GQA 4 and MHA, causal or not, "
         "S 512 to 16k; packed ragged batches on the per-KV-head loop 0.956-0.967x)", "bwd-dq-halves"),
+    Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False, "window": False,
+         "long_keys": True}, dict(p_turns=True, dq_defer="with_dq_halves"),
+        "D = 64 from STEP_ORDER_MIN_SEQLEN_K keys: the warpgroups staggered, P blocks in turns behind named "
+        "barriers and each one's dQ issued a step late behind per-buffer mbarriers: 0.886-0.946x the time "
+        "(softmax, softcap poly, sigmoid poly; MHA and GQA, causal or not, S 2k-16k; mask_fsel 0.93x, p_turns "
+        "alone 0.98-1.05x); 0.99x at S = 1k, 1.04x at 512", "bwd-step-order"),
+    Row({"head_dim": 128, "mode": "softcap", "deterministic": False, "user_score": False, "varlen": False,
+         "window": False}, dict(p_turns=True, dq_defer="with_dq_halves"),
+        "... and the D = 128 softcap (its tanh derivative keeps the dS math long): 0.971-0.980x in 5 of 6 "
+        "cells (1.002x once; MHA and GQA, causal or not, S 1k-16k); softmax and sigmoid at D = 128 "
+        "1.00-1.04x; windowed and packed calls keep the order in step (the stagger has not run there)",
+        "bwd-step-order"),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
     Row({"deterministic": True, "head_dim": 256}, dict(dp_first=False),
         "... in S^T-first order: dp_first took 1.001-1.033x the time in the deterministic D = 256 build "
         "(its turns, not the loads, bound the block)", "bwd-d256-dp-first"),
     Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
-    Row({"varlen": True}, dict(varlen=True, varlen_lpt=False),
+    Row({"varlen": True}, dict(varlen=True),
         "packed sequences: one pre, main and post launch, a CTA per key block, query head and sequence; "
-        "the table in unit order (sequence, head, key block); varlen_lpt sorts it by work as the dense "
-        "LPT grid (a host model: 0.94x the makespan at 8 equal causal sequences; not yet timed)", "varlen-bwd-lpt"),
+        "the table in unit order (sequence, head, key block): sorted by work as the dense LPT grid it "
+        "took 1.4-1.7x the time", "varlen-bwd-lpt"),
     Row({"varlen": True, "varlen_tables_fit": False}, dict(varlen=False),
         "the CTA table's int32 entries hold up to 2^18 sequences of up to 2^19 keys: beyond, each "
         "sequence runs as its own dense launch", ""),
@@ -271,6 +277,9 @@ BWD_ROWS = (
 
 # the longest sequence (query or key) the short-sequence forward rows take
 SHORT_SEQLEN = 1024
+# the key length from which the D = 64 backward staggers its warpgroups (p_turns + dq_defer): the
+# stagger's prologue and last deferred dQ are paid once per CTA, its gain once per query block
+STEP_ORDER_MIN_SEQLEN_K = 2048
 # head_loop where its grid (key blocks x KV heads x batch x column chunks) has this many CTAs per SM
 HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
 # kv_sections ("long_rows"): the key length from which sections pay, per (causal, MHA); below it
@@ -297,7 +306,6 @@ class AttnPlan:
     sigmoid_bias: Optional[float]   # sigmoid: the resolved bias (default -ln S_k; packed calls at the
                                     # default: 0, the kernels add each sequence's -ln S_k, score.seq_bias)
     fwd_ctas: int = 0          # the persistent forward's CTA count (runtime; <= fwd.persistent)
-    varlen_lpt: bool = False   # the varlen backward's CTA table sorted by work (host side; bwd.varlen)
 
 
 def _apply(rows, facts, out: dict) -> dict:
@@ -332,6 +340,7 @@ def _facts(call: AttnCall, program) -> dict:
         "varlen_tables_fit": call.varlen and _varlen_tables_fit(call),
         "varlen_ragged": call.varlen and call.varlen_ragged and _varlen_tables_fit(call),
         "short_seq": max(call.seqlen_q, call.seqlen_k) <= SHORT_SEQLEN,
+        "long_keys": call.seqlen_k >= STEP_ORDER_MIN_SEQLEN_K,
         "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,
         "program_dtype": None if program is None else program.dtype,
         "exp2_offload": program is not None and program.is_exp2,
@@ -550,8 +559,9 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         # packed calls: on the per-KV-head loop only, the varlen build that was timed and GPU-tested
         # with the halves (tests/test_varlen_gpu.py BWD_BUILDS)
         bwd["dq_halves"] = bool(bwd["dq_async"] and (bwd["head_loop"] or not bwd["varlen"]))
+    if bwd["dq_defer"] == "with_dq_halves":   # the deferred dQ goes to this warpgroup's own staged half
+        bwd["dq_defer"] = bool(bwd["dq_halves"])
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
-    varlen_lpt = bool(bwd.pop("varlen_lpt", False)) and bwd["varlen"]   # host side: the table's order
     if bwd["exp2_fma"] and score_bwd.kind in ("softmax", "softcap") and score_bwd.evaluator == "native":
         score_bwd = _with_exp2_program(score_bwd)   # elsewhere check_bwd names what the offload needs
     try:
@@ -568,7 +578,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     window = window_sizes(call.window, call.causal, call.seqlen_q, call.seqlen_k)
     return AttnPlan(call=call, score=score, score_bwd=score_bwd, fwd=fwd_cfg, bwd=bwd_cfg,
                     window=window, zero_dq_in_pre=zero_dq, softmax_scale=call.softmax_scale,
-                    softcap=call.softcap, sigmoid_bias=bias, varlen_lpt=varlen_lpt,
+                    softcap=call.softcap, sigmoid_bias=bias,
                     fwd_ctas=_fwd_ctas(call, fwd_cfg, window, balance_ctas, overrides.get("fwd_ctas")))
 
 

@@ -144,8 +144,6 @@ class AttnBwdSm90(BwdReductions):
         # GEMMs instead of both sharing MUFU while only dP^T is in flight (warpgroup 0 first; P_TURN + w
         # opens warpgroup w's turn: its 128 threads wait, the other's 128 arrive)
         self.p_turns = cfg.p_turns
-        # mask_fsel: scores masked by a select per score before the exp in every step (mask_scores)
-        self.mask_fsel = cfg.mask_fsel
         # dq_defer: warpgroup w's dQ of step j is issued in step j + 1, after its dK, so nothing makes
         # the two warpgroups meet at the end of a step (the DS_READY barrier): the whole dS tile that
         # dQ reads is behind sdS buffer b's mbarriers, DS_FULL[b] (both warpgroups' STSM done) and
@@ -878,8 +876,6 @@ class AttnBwdSm90(BwdReductions):
         rows = cute.size(c_mn, mode=[0])
         coords = sc.Coords(c_mn, m_block * self.tile_m, n_block * self.tile_n, batch, head,
                            sc.SeqlenInfo(seqlen_q, seqlen_k), self._aux, transposed=True)
-        if const_expr(self.mask_fsel):
-            self.mask_scores(acc_S, tScS, n_block, m_block, seqlen_q, seqlen_k, args)
         if const_expr(self._static_rows()):
             self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, tuple(range(rows)), coords=coords, rF32=rF32)
         else:
@@ -890,29 +886,10 @@ class AttnBwdSm90(BwdReductions):
                     self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), True, coords, rF32)
                 else:
                     self.probs_rows(acc_S, rP32, c_mn, sLSE, idx, args, (r,), False, coords, rF32)
-        if const_expr((self.is_causal or self.has_left or self.has_right) and not self.mask_fsel):
+        if const_expr(self.is_causal or self.has_left or self.has_right):
             self.mask_causal(acc_S, rP32, tScS, n_block, m_block, seqlen_q, seqlen_k, args, rF32)
-        if const_expr(not self.is_causal and not self.mask_fsel):   # causal hides every key >= S_k already
+        if const_expr(not self.is_causal):   # causal hides every key >= S_k already
             self.mask_key_tail(acc_S, rP32, tScS, n_block, seqlen_k, rF32)
-
-    @cute.jit
-    def mask_scores(self, acc_S, tScS, n_block, m_block, seqlen_q, seqlen_k, args):
-        """mask_fsel (softmax): every hidden score -> -inf before the exp, in every step and without a
-        branch (a select per score), so P = 2^(-inf - LSE) = 0 there (the backward's LSE is finite or
-        +inf) and nothing ends the basic block between the P block and the dS math."""
-        shift = seqlen_k - seqlen_q
-        n0 = n_block * self.tile_n
-        m0 = m_block * self.tile_m
-        win = (self.is_causal, self.has_left, self.has_right, args[3], args[4])
-        for i in cutlass.range_constexpr(cute.size(acc_S)):
-            key = n0 + tScS[i][0]
-            hidden = key >= seqlen_k
-            if const_expr(self.is_causal or self.has_left or self.has_right):
-                hidden = mask_mod.key_hidden(key, m0 + tScS[i][1] + shift, *win)
-                if const_expr(not self.is_causal):
-                    hidden = hidden or key >= seqlen_k
-            if hidden:
-                acc_S[i] = -Float32.inf
 
     def _static_rows(self) -> bool:
         """Is the evaluator of every row known at compile time?  Rows r of the C fragment are

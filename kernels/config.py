@@ -82,8 +82,6 @@ class BwdConfig:
     p_turns: bool             # the two MMA warpgroups run their P blocks in turns (named barriers P_TURN + w)
     dq_defer: bool            # each warpgroup's dQ of a query block issued in the next step, after its dK: no
                               # DS_READY barrier; sdS buffers behind mbarriers (full / free), the warpgroups unlocked
-    mask_fsel: bool           # softmax: hidden scores -> -inf by a select in every step, before the exp (no branch
-                              # between the P block and the dS math)
 
 
 def check_fwd(c: FwdConfig) -> None:
@@ -184,9 +182,6 @@ def check_bwd(c: BwdConfig) -> None:
     if c.p_turns and (c.swap or c.deterministic):
         raise ValueError(f"p_turns: the unswapped, non-deterministic build's two MMA warpgroups take turns, got "
                          f"swap={c.swap}, deterministic={c.deterministic}")
-    if c.mask_fsel and (c.swap or c.score.kind != "softmax"):
-        raise ValueError(f"mask_fsel: hidden scores -> -inf before the exp gives P = 0 for softmax only (the "
-                         f"unswapped build), got score {c.score.kind!r}, swap={c.swap}")
     if c.dq_defer and not c.dq_halves:
         # the warpgroups meet only at the sdS buffers' mbarriers: one shared staged dQ tile (its
         # 256-thread named barriers) would put them back in step

@@ -207,11 +207,9 @@ def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
 # blocks); CTAs past the table's count exit.  Order: sequences longest first (the short ones
 # fill the tail), then head, then key block ascending, so the key blocks of one (sequence,
 # head) run together (they read the same Q, dO from L2, as the dense launch order's key blocks
-# do) and the query heads of a KV head follow one another (its K, V stay in L2).  AttnPlan.varlen_lpt
-# re-sorts the live entries by their work (the query blocks that see the key block), longest
-# first, as the dense LPT grid runs: on equal causal lengths the unit order ends on a tail of
-# light key blocks (a host model: bench/tools/varlen_balance.py --bwd, docs/MEASURED.md
-# varlen-bwd-lpt).
+# do) and the query heads of a KV head follow one another (its K, V stay in L2).  Sorting the
+# entries by their work instead (LPT, as the dense grid) took 1.4-1.7x the time: docs/MEASURED.md
+# varlen-bwd-lpt.
 BWD_TABLE_WORDS = 2            # an entry is ((key block << 18) | sequence, head)
 
 
@@ -222,16 +220,12 @@ def varlen_bwd_ctas(total_k: int, batch: int, max_seqlen_k: int, tile_n: int, he
     return min(levels * batch, total_k // tile_n + batch) * heads
 
 
-def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int, lpt=None):
+def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int):
     """The varlen backward's CTA table (int32, on the offsets' device): [count, entries...], entry
     j (BWD_TABLE_WORDS words) = ((n << COMPACT_SEQ_BITS) | b, h) for the j-th live triple (key
     block n of sequence b, head h of `heads`) in the order above, varlen_bwd_ctas(...) entries (the
     grid; those past count are unread).  O(grid + sequences x heads) work, no host sync: CTA j
-    finds its (sequence, head) unit by a search over the units' cumulative key blocks.
-    lpt = (cu_seqlens_q, tile_m, causal, window_left): the live entries re-sorted by their work,
-    descending (stable: the unit order among equal work), as the dense backward's LPT grid runs
-    (BwdConfig.varlen_lpt); the work of key block n is the number of query blocks that see it
-    (varlen_bwd_work)."""
+    finds its (sequence, head) unit by a search over the units' cumulative key blocks."""
     import torch
     b = cu_seqlens_k.shape[0] - 1
     _table_levels(b, max_seqlen_k, tile_n, "varlen backward")
@@ -247,36 +241,8 @@ def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, t
     u = torch.searchsorted(ends, j, right=True).clamp_(max=max(b * heads - 1, 0))   # past the count: unread
     n = j - (ends[u] - blocks[u])
     count = blocks.sum()
-    if lpt is not None:
-        cu_q, tile_m, causal, window_left = lpt
-        seq = unit_seq[u]
-        work = varlen_bwd_work(n, (cu_q[1:] - cu_q[:-1]).to(torch.int64)[seq], lens[seq], tile_m, tile_n, causal,
-                               window_left)
-        work = torch.where(j < count, work, torch.full_like(work, -1))             # unread entries stay last
-        perm = torch.sort(work, descending=True, stable=True).indices
-        n, u = n[perm], u[perm]
     ent = torch.stack([(n << COMPACT_SEQ_BITS) | unit_seq[u], unit_head[u]], dim=1).flatten().to(torch.int32)
     return torch.cat([count.to(torch.int32).view(1), ent])
-
-
-def varlen_bwd_work(n, len_q, len_k, tile_m: int, tile_n: int, causal: bool, window_left: int):
-    """Query blocks (of tile_m rows) that see key block n (tile_n keys) of a sequence of len_q
-    queries and len_k keys (tensors, elementwise): all of them without a causal mask; causal
-    (bottom-right, query m sees key j <= m + len_k - len_q) from the first block whose last row
-    reaches the block's first key; a left window (j >= m + shift - window_left) ends them where
-    the block's last key falls out of reach.  The varlen backward's LPT key (an estimate where
-    a right window also applies: only the order depends on it)."""
-    import torch
-    blocks_q = -(-len_q // tile_m)
-    shift = len_k - len_q
-    lo = torch.zeros_like(n)
-    if causal:
-        lo = torch.clamp(torch.div(n * tile_n - shift, tile_m, rounding_mode="floor"), min=0)
-    hi = blocks_q
-    if window_left >= 0:
-        hi = torch.minimum(blocks_q, torch.div(n * tile_n + tile_n - 1 + window_left - shift, tile_m,
-                                               rounding_mode="floor") + 1)
-    return torch.clamp(hi - lo, min=0)
 
 
 def varlen_bwd_tile(j: int, table) -> tuple[int, int, int]:

@@ -1,6 +1,6 @@
 """GPU helper of the backward tests that compare a plan knob's build with another build of the
 same call (tests/test_bwd_step_order_gpu.py, test_bwd_dq_halves_gpu.py): knobs that change only the
-order in time or the path of the same sums (p_turns, dq_defer, mask_fsel, dq_halves), so dK / dV are bitwise
+order in time or the path of the same sums (p_turns, dq_defer, dq_halves), so dK / dV are bitwise
 equal where each CTA stores its own sums and dQ equals to FP32 reordering across CTAs.
 
 A shape is (mode, evaluator, dtype, B, S_q, S_k, H_q, H_kv, causal, D).

@@ -176,7 +176,8 @@ def test_d64_bwd_tile_64x128_no_spills(mode, evaluator):
     K = 128 keys, B = K^T in the 64-byte swizzle); no spills and the wgmma groups pipelined (a
     handful of WARPGROUP.DEPBAR, as at D = 128).  The 128 x 128 tile spilled 14-161 words here
     and ptxas serialised all 32 of its HGMMA (one DEPBAR each; CPU SASS 2026-12-01)."""
-    p = B.plan(mode, evaluator, d=64, overrides={"bwd.tile_m": 64, "bwd.head_loop": True})
+    p = B.plan(mode, evaluator, d=64, overrides={"bwd.tile_m": 64, "bwd.head_loop": True, "bwd.p_turns": False,
+                                                 "bwd.dq_defer": False})   # as those builds: in step
     assert (p.bwd.tile_m, p.bwd.tile_n) == (64, 128) and p.bwd.dq_async and p.bwd.head_loop, p.bwd
     b = B.bwd(p.bwd)
     n = b.counts()
@@ -213,9 +214,11 @@ def test_bwd_exp2_offload_moves_p_off_mufu():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("mode,head_loop,stl", [("softmax", False, 0), ("softcap", False, 1), ("sigmoid", False, 0),
-                                               ("softmax", True, 0), ("softcap", True, 13), ("sigmoid", True, 0)])
-def test_d64_bwd_tile_128(mode, head_loop, stl):
+@pytest.mark.parametrize("stagger", [False, True], ids=["in_step", "stagger"])
+@pytest.mark.parametrize("mode,head_loop,stl", [("softmax", False, (0, 0)), ("softcap", False, (1, 6)),
+                                               ("sigmoid", False, (0, 0)), ("softmax", True, (0, 0)),
+                                               ("softcap", True, (13, 5)), ("sigmoid", True, (0, 0))])
+def test_d64_bwd_tile_128(mode, head_loop, stl, stagger):
     """D = 64, override bwd.tile_m=128 without head_loop: dQ split by rows (8 HGMMA.64x64x16
     per warpgroup, each its own 64 dS rows) and pipelined wgmma (a handful of DEPBAR, not one
     per HGMMA).  Softmax: dV issued after the dS math, packed P^T / dS^T written pair by pair in
@@ -225,13 +228,18 @@ def test_d64_bwd_tile_128(mode, head_loop, stl):
     (before: 12 / 16 STL, every wgmma serialised; now softcap 1 word stored once per query
     block, sigmoid none).  head_loop builds store dK / dV in each branch of the query-block
     check (store_in_branch): with one store after it ptxas kept the dK / dV accumulators in local
-    memory (160 STL, every wgmma serialised); softcap's 13 words are its bookkeeping's."""
-    p = B.plan(mode, "native", d=64, overrides={"bwd.tile_m": 128, "bwd.head_loop": head_loop})
+    memory (160 STL, every wgmma serialised); softcap's 13 words are its bookkeeping's.
+    stagger (p_turns + dq_defer, the plan's D = 64 row from 2k keys): one dQ group more (the last
+    step's, after the loop), softcap's spills 6 / 5 words (timed with them: docs/MEASURED.md
+    bwd-step-order)."""
+    p = B.plan(mode, "native", d=64, overrides={"bwd.tile_m": 128, "bwd.head_loop": head_loop,
+                                                "bwd.p_turns": stagger, "bwd.dq_defer": stagger})
     b = B.bwd(p.bwd)
     n = b.counts()
-    assert _hgmma_shapes(b.sass) == {"64x128x16": 8, "64x64x16": 24} and n["HGMMA"] == 32, n
-    assert n["STL"] <= stl and n["LDL"] <= stl, n
-    assert b.depbar() <= 5, b.depbar()
+    dq = 8 if stagger else 0
+    assert _hgmma_shapes(b.sass) == {"64x128x16": 8, "64x64x16": 24 + dq} and n["HGMMA"] == 32 + dq, n
+    assert n["STL"] <= stl[stagger] and n["LDL"] <= stl[stagger], n
+    assert b.depbar() <= 5 + stagger, b.depbar()
 
 
 def test_bwd_tile_is_checked():
@@ -605,8 +613,9 @@ def test_dq_halves_hands_each_warpgroup_its_own_rows(mode, evaluator):
     exponentials are the default's and nothing new spills."""
     import re
     fams = dict(sass.FAMILIES, **TURN_OPS)
-    base_b = B.bwd(B.plan(mode, evaluator, d=64, overrides={"bwd.dq_halves": False}).bwd)
-    halves_b = B.bwd(B.plan(mode, evaluator, d=64).bwd)      # the default
+    in_step = {"bwd.p_turns": False, "bwd.dq_defer": False}   # the halves' own barriers, not the stagger's
+    base_b = B.bwd(B.plan(mode, evaluator, d=64, overrides=dict(in_step, **{"bwd.dq_halves": False})).bwd)
+    halves_b = B.bwd(B.plan(mode, evaluator, d=64, overrides=in_step).bwd)
     assert B.plan(mode, evaluator, d=64).bwd.dq_halves
     base, halves = base_b.counts(fams), halves_b.counts(fams)
     assert base["UBLKRED"] == 1 and halves["UBLKRED"] == 2, (base, halves)
@@ -669,8 +678,8 @@ def test_bwd_p_turns_takes_the_p_blocks_in_turns(mode, evaluator, d):
     warpgroup 0's closing wait) and BAR.ARV (the hand-over, warpgroup 1's opening one) than the
     default, the HGMMA / MUFU counts the default's, no spills; check_bwd refuses it where the
     warpgroups do not run the same step (swapped, deterministic builds)."""
-    base = B.plan(mode, evaluator, d=d)
-    p = B.plan(mode, evaluator, d=d, overrides={"bwd.p_turns": True})
+    base = B.plan(mode, evaluator, d=d, overrides={"bwd.p_turns": False, "bwd.dq_defer": False})
+    p = B.plan(mode, evaluator, d=d, overrides={"bwd.p_turns": True, "bwd.dq_defer": False})
     assert not base.bwd.p_turns and p.bwd.p_turns
     b0, b1 = B.bwd(base.bwd), B.bwd(p.bwd)
     c0, c1 = b0.counts(), b1.counts()
@@ -688,6 +697,7 @@ def test_bwd_p_turns_takes_the_p_blocks_in_turns(mode, evaluator, d):
     assert body[turn[0] + 1].startswith("WARPGROUP.DEPBAR"), body[turn[0] + 1]
     with pytest.raises(ValueError, match="p_turns"):
         B.plan(mode, evaluator, d=d, deterministic=True, overrides={"bwd.p_turns": True})
+    assert not B.plan(mode, evaluator, d=d, deterministic=True).bwd.p_turns   # the rows skip it
     with pytest.raises(ValueError, match="p_turns"):
         B.plan("softmax", d=256, overrides={"bwd.p_turns": True})   # the swapped D = 256 build
 
@@ -695,7 +705,7 @@ def test_bwd_p_turns_takes_the_p_blocks_in_turns(mode, evaluator, d):
 @pytest.mark.compile
 @pytest.mark.parametrize("mode,evaluator,d", [("softmax", "native", 64), ("softcap", "poly", 128)])
 def test_bwd_dq_defer_issues_dq_a_step_late_behind_the_ds_mbarriers(mode, evaluator, d):
-    """bwd.dq_defer (with p_turns, the order the two-stream replay favours): the mask-free step has no
+    """bwd.dq_defer (with p_turns: the plan's D = 64 and D = 128 softcap rows): the mask-free step has no
     DS_READY barrier; after the P block's hand-over it waits for the dS buffer's last readers
     (DS_FREE), writes dS (STSM), arrives at DS_FULL (every thread, unpredicated: the pipelines'
     releases are one predicated arrival per warp), issues dK, waits for the previous step's whole dS
@@ -704,9 +714,10 @@ def test_bwd_dq_defer_issues_dq_a_step_late_behind_the_ds_mbarriers(mode, evalua
     last step's, after the loop), the default's MUFU count, no spills; check_bwd refuses it without
     the staged halves (dq_halves: one shared staged tile would put the warpgroups back in step)."""
     pipe_model = _pipe_model()
-    base = B.plan(mode, evaluator, d=d)
+    base = B.plan(mode, evaluator, d=d, overrides={"bwd.p_turns": False, "bwd.dq_defer": False})
     p = B.plan(mode, evaluator, d=d, overrides={"bwd.p_turns": True, "bwd.dq_defer": True})
     assert not base.bwd.dq_defer and p.bwd.dq_defer and p.bwd.dq_halves
+    assert B.plan(mode, evaluator, d=d).bwd == p.bwd   # the plan's row at the anchor shape
     c0, c1 = B.bwd(base.bwd).counts(), B.bwd(p.bwd).counts()
     assert c1["STL"] == 0 and c1["LDL"] == 0 and c1["MUFU"] == c0["MUFU"], c1
     dq_group = p.bwd.tile_n // 16   # dQ = dS K: one HGMMA per 16 keys
@@ -728,29 +739,3 @@ def test_bwd_dq_defer_issues_dq_a_step_late_behind_the_ds_mbarriers(mode, evalua
         free_wait, stsm, full_arrive, full_wait, free_arrive, sts)
     with pytest.raises(ValueError, match="dq_defer"):
         B.plan(mode, evaluator, d=d, overrides={"bwd.dq_defer": True, "bwd.dq_halves": False})
-
-
-@pytest.mark.compile
-def test_bwd_mask_fsel_lets_the_p_block_sink_under_the_ds_math():
-    """bwd.mask_fsel (softmax): hidden scores -> -inf by a select per score before the exp in every
-    step, no mask branch after the P block, so the P block and the dS math share a basic block and
-    ptxas moves part of the MUFU work below the dP^T wait (the default: all 64 above it, FA4's
-    causal D = 64 step 23 / 41, bench/results/fa4_bwd_loop.md); the causal select runs in every
-    step (ISETP + FSEL per score), no spills, HGMMA / MUFU counts the default's; refused for the
-    other scores (their masked value is not P = 0)."""
-    base = B.plan("softmax", "native", d=64)
-    p = B.plan("softmax", "native", d=64, overrides={"bwd.mask_fsel": True})
-    c0, c1 = B.bwd(base.bwd).counts(), B.bwd(p.bwd).counts()
-    assert c1["STL"] == 0 and c1["HGMMA"] == c0["HGMMA"] and c1["MUFU"] == c0["MUFU"], c1
-
-    def split(cfg):
-        body = _loop(cfg)
-        dp_wait = [i for i, x in enumerate(body) if x.startswith("WARPGROUP.DEPBAR")][1]
-        mufu = [i for i, x in enumerate(body) if x.startswith("MUFU.EX2")]
-        return sum(i < dp_wait for i in mufu), sum(i > dp_wait for i in mufu), sum(x.startswith("FSEL") for x in body)
-
-    assert split(base.bwd)[:2] == (64, 0)
-    above, below, fsel = split(p.bwd)   # the causal build: its mask in every step
-    assert below >= 16 and above + below == 64 and fsel >= 64, (above, below, fsel)
-    with pytest.raises(ValueError, match="mask_fsel"):
-        B.plan("softcap", "poly", d=64, overrides={"bwd.mask_fsel": True})

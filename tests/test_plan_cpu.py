@@ -432,6 +432,31 @@ def test_d64_backward_tile_m128_stays_off_where_it_was_not_run():
     assert resolve("sigmoid", "native", d=64).bwd == resolve("sigmoid", "poly", d=64).bwd
 
 
+def test_step_order_rows_stagger_d64_from_2k_keys_and_the_d128_softcap():
+    """p_turns + dq_defer (the warpgroups staggered): on for dense D = 64 calls from
+    STEP_ORDER_MIN_SEQLEN_K keys in every mode, causal or not (timed 0.886-0.946x; 0.99x at S = 1k,
+    1.04x at 512: off there), and for the D = 128 softcap at any length; off for D = 128 softmax
+    and sigmoid, D = 256, deterministic, windowed, packed and user-score calls; dq_defer follows the staged
+    halves (an override that drops them drops it)."""
+    on = lambda p: (p.bwd.p_turns, p.bwd.dq_defer)
+    k = P.STEP_ORDER_MIN_SEQLEN_K
+    for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
+        for causal in (True, False):
+            assert on(resolve(mode, ev, d=64, causal=causal, shape=(4, k, 32, 8))) == (True, True), mode
+            assert on(resolve(mode, ev, d=64, causal=causal, shape=(8, k // 2, 32, 8))) == (False, False)
+        assert on(resolve(mode, ev, d=128, shape=SMALL)) == ((True, True) if mode == "softcap" else (False, False))
+        assert on(resolve(mode, ev, d=128)) == ((True, True) if mode == "softcap" else (False, False))
+        assert on(resolve(mode, ev, d=256)) == (False, False)
+    # the key length decides (a short query block over long keys staggers)
+    assert on(resolve("softmax", d=64, shape=(1, 512, 32, 8), seqlen_k=k)) == (True, True)
+    for kw in (dict(deterministic=True), dict(varlen=True), dict(window=(256, 0))):
+        for d, mode in ((64, "softmax"), (128, "softcap")):
+            assert on(resolve(mode, d=d, **kw)) == (False, False), (d, mode, kw)
+    assert on(resolve("softmax", d=64, overrides={"bwd.dq_halves": False})) == (True, False)
+    assert on(resolve("softcap", "poly", d=128, overrides={"bwd.dq_async": False})) == (True, False)
+    assert on(resolve("softmax", d=64, overrides={"bwd.p_turns": False})) == (False, True)
+
+
 def test_deterministic_backward_is_ordered():
     p = resolve("softmax", deterministic=True)
     assert fields(p.bwd, BWD_FIELDS) == dict(tile_m=64, tile_n=128, stages=2, deterministic=True,

@@ -159,60 +159,6 @@ def test_varlen_backward_table_walks_every_live_key_block_once(lens, tile_n, hea
     assert key == sorted(key)
 
 
-@pytest.mark.parametrize("lens_q,lens_k,causal,wl", [([300, 0, 1, 128, 129, 700], [300, 5, 1, 128, 200, 700], True, -1),
-                                                   ([4096] * 3, [4096] * 3, True, -1), ([1] * 40, [1] * 40, True, -1),
-                                                   ([512, 77], [512, 77], False, -1), ([700, 300], [700, 300], True, 100)])
-def test_varlen_backward_table_lpt_order(lens_q, lens_k, causal, wl):
-    """AttnPlan.varlen_lpt: the table's live entries are the unit order's, sorted by their work
-    (query blocks that see the key block) descending, stable among equal work; the count and the
-    unread tail stay; the work is the brute-force count of query blocks with a visible key."""
-    import itertools
-    import torch
-    tile_m, tile_n, heads = 64, 128, 2
-    cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32)
-    cu_k = torch.tensor([0] + list(itertools.accumulate(lens_k)), dtype=torch.int32)
-    mx = max(lens_k)
-    units = T.varlen_bwd_table(cu_k, mx, tile_n, heads, sum(lens_k))
-    lpt = T.varlen_bwd_table(cu_k, mx, tile_n, heads, sum(lens_k), (cu_q, tile_m, causal, wl))
-    count = int(units[0])
-    assert int(lpt[0]) == count and lpt.numel() == units.numel()
-    a = [T.varlen_bwd_tile(j, units) for j in range(count)]
-    b = [T.varlen_bwd_tile(j, lpt) for j in range(count)]
-    assert sorted(a) == sorted(b)
-
-    def brute(n, s):   # query blocks with a key of block n visible (bottom-right causal, left window)
-        sq, sk = lens_q[s], lens_k[s]
-        def sees(m, j):
-            return (not causal or j <= m + sk - sq) and (wl < 0 or j >= m + sk - sq - wl)
-        return sum(any(sees(m, j) for m in range(mb * tile_m, min((mb + 1) * tile_m, sq))
-                       for j in range(n * tile_n, min((n + 1) * tile_n, sk))) for mb in range(-(-sq // tile_m)))
-    work = [int(T.varlen_bwd_work(torch.tensor([n]), torch.tensor([lens_q[s]]), torch.tensor([lens_k[s]]),
-                                  tile_m, tile_n, causal, wl)[0]) for n, _, s in b]
-    if causal and wl < 0:
-        assert work == [brute(n, s) for n, _, s in b]
-    assert work == sorted(work, reverse=True)
-    rank = {t: i for i, t in enumerate(a)}
-    for i in range(count - 1):      # stable: the unit order among equal work
-        if work[i] == work[i + 1]:
-            assert rank[b[i]] < rank[b[i + 1]]
-    tail = lpt[1 + T.BWD_TABLE_WORDS * count:]
-    assert torch.equal(tail, units[1 + T.BWD_TABLE_WORDS * count:])
-
-
-def test_plan_varlen_lpt_is_a_host_choice():
-    """bwd.varlen_lpt is the plan's (AttnPlan.varlen_lpt), never a build field: both orders run the
-    same compiled backward; dense calls never take it."""
-    from flash_attn_poly import plan
-    call = plan.AttnCall(mode="softmax", evaluator="native", dtype="bf16", head_dim=128, batch=8, seqlen_q=4096,
-                         seqlen_k=4096, heads_q=32, heads_kv=8, causal=True, window=(-1, -1), softmax_scale=0.1,
-                         softcap=None, sigmoid_bias=None, varlen=True)
-    off, on = plan.resolve(call, 132), plan.resolve(call, 132, {"bwd.varlen_lpt": True})
-    assert not off.varlen_lpt and on.varlen_lpt and on.bwd == off.bwd
-    import dataclasses
-    dense = plan.resolve(dataclasses.replace(call, varlen=False), 132, {"bwd.varlen_lpt": True})
-    assert not dense.varlen_lpt
-
-
 def _causal_costs(seqlen, tile_m, tile_n):
     nb = -(-seqlen // tile_m)
     return nb, [min(-(-seqlen // tile_n), -(-(m + 1) * tile_m // tile_n)) * tile_n + T.TILE_FIXED_KEYS

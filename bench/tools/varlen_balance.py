@@ -1,7 +1,6 @@
 """CPU: how evenly the varlen forward's persistent orders spread a ragged batch over the CTAs.
 
     python bench/tools/varlen_balance.py            # bench/varlen.py's ragged batches (seeds 0-2) and two equal ones
-    python bench/tools/varlen_balance.py --bwd      # the varlen backward's CTA table: unit order vs LPT
 
 A host model of the persistent grid (min(tiles, SMs) CTAs, tile t of round r to CTA c in snake
 order, kernels/tile_scheduler.persistent_tile): a causal query tile costs its key blocks plus a
@@ -10,12 +9,6 @@ longest sequence's query tiles over (sequence, head) units in L2 sections, the d
 SectionLptScheduler.tile_at) and the compact order (live pairs only, longest first:
 compact_varlen_table) it prints the busiest CTA's work over the mean (1.0 = perfect balance), and
 a greedy list schedule (each tile to the CTA free first) as the bound a dynamic scheduler reaches.
-
---bwd: the varlen backward (a CTA per table entry, one CTA per SM, the hardware handing the next
-entry to the SM that frees first: a list schedule in table order): a key block costs the query
-blocks that see it (tile_scheduler.varlen_bwd_work) plus a fixed cost (--fixed, in query blocks);
-the makespan of the table's unit order (sequence longest first, head, key block) and of its LPT
-order (BwdConfig-side: AttnPlan.varlen_lpt) over the mean per SM.
 """
 from __future__ import annotations
 
@@ -76,46 +69,15 @@ def balance(lens, heads=32, head_dim=128, sms=132, tile_m=128, tile_n=128, fixed
     return out
 
 
-def bwd_balance(lens, heads=8, sms=132, tile_m=64, tile_n=128, fixed=2.0) -> dict:
-    """Makespan / mean of the varlen backward's table orders (causal self-attention, S_q = S_k):
-    {"units": ..., "lpt": ...}; heads = the table's heads (KV heads under the per-KV-head loop)."""
-    import torch
-    from flash_attn_poly.kernels.tile_scheduler import varlen_bwd_table, varlen_bwd_tile, varlen_bwd_work
-    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
-    mx, total = max(max(lens), 1), sum(lens)
-    out = {}
-    for name, lpt in (("units", None), ("lpt", (cu, tile_m, True, -1))):
-        table = varlen_bwd_table(cu, mx, tile_n, heads, total, lpt)
-        costs = []
-        for j in range(int(table[0])):
-            n, _, b = varlen_bwd_tile(j, table)
-            t = torch.tensor([n])
-            costs.append(fixed + float(varlen_bwd_work(t, torch.tensor([lens[b]]), torch.tensor([lens[b]]),
-                                                      tile_m, tile_n, True, -1)[0]))
-        heap = [0.0] * sms
-        for w in costs:
-            heapq.heappush(heap, heapq.heappop(heap) + w)
-        out[name] = max(heap) / (sum(costs) / sms)
-    return out
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--fixed", type=float, default=1.0, help="a live tile's fixed cost, in key blocks")
     p.add_argument("--dead", type=float, default=0.02, help="a skipped slot's cost, in key blocks")
     p.add_argument("--tile-m", type=int, default=128)
-    p.add_argument("--bwd", action="store_true", help="the varlen backward's table orders instead")
     a = p.parse_args(argv)
     from varlen import ragged_lengths
     cases = [(f"ragged 32k seed {s}", ragged_lengths(32768, s)) for s in (0, 1, 2)]
     cases += [("equal 8 x 4096", [4096] * 8), ("equal 16 x 1024", [1024] * 16)]
-    if a.bwd:
-        print("varlen backward, makespan / mean per SM (8 KV heads, per-KV-head loop, tile 64 x 128, causal, "
-              f"fixed cost {a.fixed} query blocks)")
-        for name, lens in cases:
-            r = bwd_balance(lens, fixed=a.fixed)
-            print(f"{name:18s} unit order {r['units']:.3f}  LPT {r['lpt']:.3f}")
-        return 0
     print("busiest CTA's work / mean (H 32/8, D 128, 132 SMs, causal)")
     for name, lens in cases:
         r = balance(lens, tile_m=a.tile_m, fixed=a.fixed, dead=a.dead)
