@@ -207,8 +207,6 @@ BWD_ROWS = (
         "both MMA warpgroups run their P blocks at once and issue a query block's dQ once the whole dS tile "
         "is in smem (the DS_READY barrier keeps them in step); the stagger below pays only where the P "
         "block's MUFU work outweighs its dP^T (D = 64, softcap)", "bwd-step-order"),
-    Row({}, dict(exp2_fma=0), "P = 2^a on MUFU.EX2 in every column: the exp2 offload to the FMA pipe (exp2_fma, "
-        "softmax and native softcap) is not yet timed in the backward", "bwd-exp2-fma"),
     Row({}, dict(head_loop="grid_fills", zero_dq_in_pre=True),
         "a CTA per KV head over its GQA group where that grid has >= 1.5 CTAs per SM; its dQ "
         "accumulator zeroed by the pre kernel", "bwd-head-loop"),
@@ -418,12 +416,6 @@ def _score_specs(call: AttnCall, tile_n: int, facts: dict, overrides: Mapping):
     return spec, spec
 
 
-def _with_exp2_program(spec):
-    """A native softmax / softcap spec with the program softcap's forward exp2 offload runs, for an
-    exp2_fma override of a score that has none (the program in the spec keys its builds)."""
-    return spec if spec.program is not None else dataclasses.replace(spec, program=_program_spec(EXP2_PROGRAM))
-
-
 def resolve_sigmoid_bias(call: AttnCall) -> Optional[float]:
     """The sigmoid bias a call runs with: the user's, else b = -ln S_k (keeps sum_j sigma(x_ij + b)
     near 1); None for the other modes."""
@@ -522,8 +514,6 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     has_l = wl >= 0
     has_r = wr >= 0 and not call.causal
     score, score_bwd = _score_specs(call, fwd["tile_n"], facts, overrides)
-    if fwd["exp2_fma"] and score.kind == "softmax":   # softmax's exp2 offload (an override)
-        score = _with_exp2_program(score)
     try:
         fwd_cfg = FwdConfig(score=score, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,
                             window_left=has_l, window_right=has_r, **fwd)
@@ -562,8 +552,6 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     if bwd["dq_defer"] == "with_dq_halves":   # the deferred dQ goes to this warpgroup's own staged half
         bwd["dq_defer"] = bool(bwd["dq_halves"])
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
-    if bwd["exp2_fma"] and score_bwd.kind in ("softmax", "softcap") and score_bwd.evaluator == "native":
-        score_bwd = _with_exp2_program(score_bwd)   # elsewhere check_bwd names what the offload needs
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,
                             window_left=has_l, window_right=has_r, **bwd)

@@ -139,7 +139,6 @@ class AttnBwdSm90(BwdReductions):
         # sliding window: (has left bound, has right bound) compiled in, sizes are args[3:5]
         self.has_left, self.has_right = cfg.window_left, cfg.window_right and not cfg.causal
         self.stage = scores.device(cfg.score)
-        self.stage.exp2_fma = cfg.exp2_fma   # the backward's exp2 offload (P's column groups on the FMA pipe)
         # the two MMA warpgroups' P blocks in turns: one's MUFU work runs under the other's dS math and
         # GEMMs instead of both sharing MUFU while only dP^T is in flight (warpgroup 0 first; P_TURN + w
         # opens warpgroup w's turn: its 128 threads wait, the other's 128 arrive)

@@ -77,8 +77,6 @@ class BwdConfig:
     varlen: bool              # packed sequences (cu_seqlens; kernels/attn_bwd_sm90.py AttnBwdSm90Varlen)
     swap: bool                # D = 256: dK^T / dV^T with the head dim on M, 64-key tiles (kernels/attn_bwd_swap_sm90.py)
     dp_first: bool            # the red.global dQ path: dP^T before S^T, dO released after dV
-    exp2_fma: int             # n: P's column groups g of 8 with g % 8 >= 8 - n take the score's exp2_f32 program
-                              # on the FMA pipe instead of MUFU.EX2 (score.program; softmax / softcap native)
     p_turns: bool             # the two MMA warpgroups run their P blocks in turns (named barriers P_TURN + w)
     dq_defer: bool            # each warpgroup's dQ of a query block issued in the next step, after its dK: no
                               # DS_READY barrier; sdS buffers behind mbarriers (full / free), the warpgroups unlocked
@@ -115,11 +113,11 @@ def check_fwd(c: FwdConfig) -> None:
     if c.fixed_max and (s.kind != "softcap" or c.dtype != "bf16"):
         raise ValueError(f"fixed_max needs the softcap score and BF16, got {s.kind}/{c.dtype}")
     if not 0 <= c.exp2_fma <= 8 or (c.exp2_fma and not (
-            s.program is not None and s.program.is_exp2 and (c.fixed_max or s.kind == "softmax"))):
-        # softcap under its constant max, or softmax's online step (its mask-free blocks)
+            s.program is not None and s.program.is_exp2 and c.fixed_max)):
+        # softcap under its constant max: a bounded exp2 argument in the mask-free blocks
         raise ValueError(f"exp2_fma (column groups of 8 on the FMA pipe) needs 0..8, an exp2_f32 program and "
-                         f"fixed_max or the softmax score, got {c.exp2_fma} (fixed_max={c.fixed_max}, "
-                         f"score={s.kind}, program={s.program})")
+                         f"fixed_max, got {c.exp2_fma} (fixed_max={c.fixed_max}, score={s.kind}, "
+                         f"program={s.program})")
     if c.varlen and s.kind == "user":
         raise ValueError("varlen: no user score function (its batch index would be the packed tensor's), "
                          f"got score {s.kind!r}")
@@ -193,15 +191,6 @@ def check_bwd(c: BwdConfig) -> None:
                          f"dq_async={c.dq_async}; set dq_halves=False with it")
     if c.dp_first and c.dq_async:
         raise ValueError("dp_first: the red.global dQ path's order (dq_async off), got dq_async=True")
-    if not 0 <= c.exp2_fma <= 8 or (c.exp2_fma and not (
-            c.score.kind in ("softmax", "softcap") and c.score.evaluator == "native" and not c.swap
-            and not c.varlen and c.score.program is not None and c.score.program.is_exp2)):
-        # not packed: the program gives 2^-125, not MUFU's exact 0, for the padding rows past S_q
-        # (LSE +inf), which only dense builds fill with zero Q / dO rows (ScoreBase.p_exp2)
-        raise ValueError(f"exp2_fma (P's column groups of 8 on the FMA pipe) needs 0..8, a native softmax or "
-                         f"softcap score with an exp2_f32 program and the unswapped dense build, got {c.exp2_fma} "
-                         f"({c.score.kind}/{c.score.evaluator}, program={c.score.program}, swap={c.swap}, "
-                         f"varlen={c.varlen})")
     if c.varlen and (c.deterministic or c.lpt or c.score.kind == "user"):
         raise ValueError("varlen backward: a CTA per entry of its (key block, head, sequence) table, without "
                          "deterministic turns, lpt or a user score function (its batch index would be the "

@@ -187,33 +187,6 @@ def test_d64_bwd_tile_64x128_no_spills(mode, evaluator):
 
 
 @pytest.mark.compile
-def test_bwd_exp2_offload_moves_p_off_mufu():
-    """bwd.exp2_fma=2 at D = 64 softmax (the 128-row step): P of 2 column groups in 8 by the
-    exp2_f32 program (FFMA / FADD / IMAD; the input clamped at -125, a NaN one selected back):
-    16 of the 64 MUFU.EX2 per step leave, the HGMMA stay, no spills; the plan hands the backward
-    the forward offload's program; check_bwd refuses it where P is not one exp2 per score."""
-    base = B.plan("softmax", d=64)
-    p = B.plan("softmax", d=64, overrides={"bwd.exp2_fma": 2})
-    assert base.bwd.exp2_fma == 0 and base.score_bwd.program is None
-    assert p.bwd.exp2_fma == 2 and p.score_bwd.program.is_exp2 and p.bwd.score is p.score_bwd
-    ex2 = lambda b: b.sass.count("MUFU.EX2")
-    b0, b2 = B.bwd(base.bwd), B.bwd(p.bwd)
-    n = b2.counts()
-    assert ex2(b0) - ex2(b2) == 16 and n["HGMMA"] == b0.counts()["HGMMA"], (ex2(b0), ex2(b2))
-    assert n["STL"] == 0 and n["LDL"] == 0, n
-    assert b2.sass.count("FMNMX") - b0.sass.count("FMNMX") == 16   # the clamp at -125, one per offloaded P
-    for mode, evaluator, cap in (("sigmoid", "native", None), ("softcap", "poly", 60.0)):   # cap 60: the tanh program
-        with pytest.raises(ValueError, match="exp2_fma"):
-            B.plan(mode, evaluator, softcap=cap, overrides={"bwd.exp2_fma": 2})
-    # BF16 softcap poly at cap <= 50 (the forward's exp2 offload) has native's backward: it takes it
-    assert B.plan("softcap", "poly", overrides={"bwd.exp2_fma": 2}).bwd.exp2_fma == 2
-    with pytest.raises(ValueError, match="exp2_fma"):
-        B.plan("softmax", overrides={"bwd.exp2_fma": 9})
-    with pytest.raises(ValueError, match="exp2_fma"):   # packed: the padding rows hold real Q / dO
-        B.varlen_plan("softmax", "native", 128, True, (-1, -1), None, overrides={"bwd.exp2_fma": 2})
-
-
-@pytest.mark.compile
 @pytest.mark.parametrize("stagger", [False, True], ids=["in_step", "stagger"])
 @pytest.mark.parametrize("mode,head_loop,stl", [("softmax", False, (0, 0)), ("softcap", False, (1, 6)),
                                                ("sigmoid", False, (0, 0)), ("softmax", True, (0, 0)),

@@ -98,15 +98,9 @@ TILE128_RUNS = ([G.run(c, overrides=TILE128, fwd=False)
                              cases.pick(1, where=lambda c: c.seqlen_q >= 1000 and c.hq > c.hkv, window=None,
                                         mode="softcap", evaluator="native", dtype="bf16", head_dim=64)[0])])
 
-# the backward's exp2 offload (bwd.exp2_fma: P's column groups on the FMA pipe by the exp2_f32
-# program, not a default): softmax D 64 (the 128-row step) and 128, native softcap, 2 and 4 groups of 8
-EXP2_FMA_RUNS = [G.run(c, overrides={"bwd.exp2_fma": n}, fwd=False)
-                 for c, n in ((SOFTMAX_D64, 2), (SOFTMAX_GQA, 4), (SOFTMAX_FULL, 2), (SOFTCAP_NATIVE_MHA, 2))]
-
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("r", G.params(DQ_ATOMIC_RUNS + BLOCK_ORDER_RUNS + HEAD_LOOP_RUNS + TILE128_RUNS
-                                       + EXP2_FMA_RUNS))
+@pytest.mark.parametrize("r", G.params(DQ_ATOMIC_RUNS + BLOCK_ORDER_RUNS + HEAD_LOOP_RUNS + TILE128_RUNS))
 def test_attn_bwd_overrides(r):
     G.check(r)
 

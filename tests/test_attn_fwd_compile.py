@@ -420,21 +420,6 @@ def test_softcap_exp2_offload_build(head_dim, causal):
     assert "C7512" not in log and "C7513" not in log, log
 
 
-@pytest.mark.compile
-def test_softmax_exp2_offload_build():
-    """fwd.exp2_fma=2 on softmax (not a default): the online step's mask-free block runs 2 of 8
-    column groups through the exp2_f32 program (the plan hands it the offload's program): 16
-    fewer MUFU.EX2 per thread in that block at D = 64 (192 x 128 tile), the same HGMMA, no spill
-    or wgmma serialisation; masked blocks keep MUFU (their -inf scores need exp2 = 0 exactly)."""
-    p = _plan("softmax", head_dim=64, exp2_fma=2)
-    assert p.fwd.exp2_fma == 2 and p.score.program.name == "exp2_f32_d3" and p.score_bwd.program is None
-    n, nat = _counts("softmax", head_dim=64, exp2_fma=2), _counts("softmax", head_dim=64)
-    assert nat["MUFU.EX2"] - n["MUFU.EX2"] == 16 and n["HGMMA"] == nat["HGMMA"], (n["MUFU.EX2"], nat["MUFU.EX2"])
-    _clean(p)
-    with pytest.raises(ValueError, match="exp2_fma"):
-        _plan("sigmoid", head_dim=64, exp2_fma=2)
-
-
 # ------------------------------------------ the tiles of issue 27's cells (plan rows fwd-d64-tile,
 # fwd-d256-tile-n80): they build without spills or wgmma serialisation, with the GEMMs their tiles
 # imply, beside the tiles they replaced

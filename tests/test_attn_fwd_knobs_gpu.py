@@ -40,25 +40,6 @@ def test_tile_n64_d128_against_reference(case):
     run_case(*case, overrides={"fwd.tile_m": 128, "fwd.tile_n": 64, "fwd.num_stages": 3}, program=_program(case))
 
 
-
-# softmax's exp2 offload in the online step (fwd.exp2_fma: P of n column groups in 8 by the exp2_f32
-# program in mask-free blocks, clamp at -125, NaN kept): D 64 (the 192-row tile) and 128, causal or
-# not, tails; against the reference by the tolerance rule
-EXP2_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 64, True, 2),
-              ("softmax", "native", "bf16", 1, 700, 700, 4, 4, 64, False, 4),
-              ("softmax", "native", "bf16", 1, 517, 600, 8, 2, 128, True, 2)]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", EXP2_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_softmax_exp2_offload_against_reference(case):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    from test_attn_fwd_gpu import run_case
-
-    run_case(*case[:-1], overrides={"fwd.exp2_fma": case[-1]})
-
-
 # three consumer warpgroups (tile_m 192, 160 registers each, no ping-pong): other query tiles,
 # so checked against the reference; the shapes put tails, tiles with no key and GQA in play
 WG3 = {"fwd.tile_m": 192, "fwd.tile_n": 64, "fwd.num_stages": 4, "fwd.pingpong": False}

@@ -196,7 +196,7 @@ def test_softcap_takes_the_exp2_program():
     p16 = _plan(fi.validate(q.half(), k.half(), v.half(), "softcap", "poly", True, 50.0, None, None,
                             program="exp2_f32_d3"))
     assert not p16.fwd.fixed_max and p16.fwd.exp2_fma == 0
-    with pytest.raises(ValueError, match="exp2_f32 program runs in a native softcap or softmax score only"):
+    with pytest.raises(ValueError, match="exp2_f32 program runs in a native softcap score only"):
         ScoreSpec(kind="softcap", evaluator="poly", program=programs.spec("exp2_f32_d3"), poly_split=(1, 8))
 
 

@@ -1,7 +1,7 @@
 """Where a key block's cycles can go, from the SASS of its loop (CPU; no timing of its own).
 
     python bench/tools/pipe_model.py                          # the default builds below
-    python bench/tools/pipe_model.py --only bwd_d64 --knob bwd.exp2_fma=2 --knob bwd.exp2_fma=4
+    python bench/tools/pipe_model.py --only bwd_d64 --knob bwd.p_turns=0+bwd.dq_defer=0
     python bench/tools/pipe_model.py --json bench/results/pipe_model.json
 
 Each build is compiled for sm_90a on the CPU (tests/builds.py, the compile tests' builds) and its

@@ -71,12 +71,12 @@ class ScoreSpec:
         object.__setattr__(self, "poly_split", (j, k))
         if self.evaluator == "poly" and self.program is None and self.kind in ("softcap", "sigmoid"):
             raise ValueError(f"a poly {self.kind} score needs its program")
-        if self.program is not None and self.program.is_exp2 and (self.kind not in ("softcap", "softmax")
+        if self.program is not None and self.program.is_exp2 and (self.kind != "softcap"
                                                                   or self.evaluator != "native"):
-            # the exp2 offload: part of the exp2s by the program (FwdConfig.exp2_fma: softcap, every
-            # tanh on MUFU; BwdConfig.exp2_fma: the backward's P of softmax or native softcap)
-            raise ValueError(f"an exp2_f32 program runs in a native softcap or softmax score only (the exp2 "
-                             f"offload), got {self.kind}/{self.evaluator}")
+            # the exp2 offload: part of the forward's exp2s by the program (FwdConfig.exp2_fma), every
+            # tanh on MUFU
+            raise ValueError(f"an exp2_f32 program runs in a native softcap score only (the exp2 offload), "
+                             f"got {self.kind}/{self.evaluator}")
         if self.kind == "softcap" and self.grad_rule not in SOFTCAP_GRAD_RULES + (None,):
             raise ValueError(f"softcap grad_rule must be one of {SOFTCAP_GRAD_RULES}, got {self.grad_rule!r}")
         if self.kind == "sigmoid" and self.grad_rule not in SIGMOID_GRAD_RULES + (None,):

@@ -70,14 +70,6 @@ def exp2_approx(x: Float32, *, loc=None, ip=None) -> Float32:
                         "ex2.approx.ftz.f32 $0, $1;", "=f,f"))
 
 
-@dsl_user_op
-def nan_or(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
-    """a where a is NaN, else b (testp.notanumber + selp): a NaN input carried past a computation that
-    would lose it (the exp2_f32 program maps NaN to FLT_MAX)."""
-    return Float32(_asm(T.f32(), [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b)],
-                        "{ .reg .pred q; testp.notanumber.f32 q, $1; selp.f32 $0, $1, $2, q; }", "=f,f,f"))
-
-
 @cute.jit
 def exp2_fma(a: Float32, program: cutlass.Constexpr) -> Float32:
     """2^a without MUFU, for finite a in [-125, 127] (normal results): the "exp2" block of an
@@ -86,14 +78,6 @@ def exp2_fma(a: Float32, program: cutlass.Constexpr) -> Float32:
     by one integer multiply-add.  Three FADD, three FFMA, one IMAD: FMA-pipe work instead of one
     MUFU.EX2, relative error 7.5e-5.  -inf (a masked score) is NOT mapped to 0."""
     return b32_as_f32(Int32(run_program(program, "exp2", a)[0]))
-
-
-@cute.jit
-def exp2_fma_clamped(a: Float32, program: cutlass.Constexpr) -> Float32:
-    """exp2_fma for an unbounded a: clamped at -125 (2^-125 where MUFU.EX2 gives 0 or a
-    denormal: the callers' masked or padding entries, which add nothing), a NaN selected back
-    (the program maps it to FLT_MAX).  A plain max and two selects more than exp2_fma."""
-    return nan_or(a, exp2_fma(cute.arch.fmax(a, Float32(-125.0)), program))
 
 
 @dsl_user_op
@@ -296,21 +280,6 @@ class ScoreBase:
         self.poly_split = spec.poly_split
         self.grad_rule = spec.grad_rule
 
-    # the backward's exp2 offload (BwdConfig.exp2_fma, set by the backward kernel): P's column
-    # groups g of 8 with g % 8 >= 8 - exp2_fma take the spec's exp2_f32 program
-    exp2_fma = 0
-
-    def p_exp2(self, a, c: int):
-        """The backward's P = 2^a of mn column c (static): MUFU.EX2, or the exp2_f32 program on the
-        FMA pipe in the offloaded column groups (exp2_fma_clamped: P = 2^-125 where MUFU gives 0
-        or a denormal: scores that underflow, masked ones, zeroed by the mask afterwards, a > 127
-        occurring only there, and the padding rows past S_q (LSE +inf), whose Q and dO rows the
-        dense build's TMA fills with zeros, so they add nothing; check_bwd: not in packed builds,
-        where those rows hold the next sequence's)."""
-        if cutlass.const_expr(self.exp2_fma and (c // 2) % 8 >= 8 - self.exp2_fma):
-            return exp2_fma_clamped(a, self.spec.program)
-        return exp2_approx(a)
-
     def seq_params(self, params, seqlen_k, backward: bool = False):
         """params with the bias of a packed sequence of seqlen_k keys, b = -ln S_k, added to the
         bias slots (spec.seq_bias: the host encoded b = 0); params as they are otherwise.  One
@@ -373,8 +342,7 @@ class OnlineSoftmax:
         self.fixed_lse = fixed_lse
         self.fixed = fixed_lse is not None
         # exp2_fma n: in mask-free blocks, column groups g with g % 8 >= 8 - n take the exp2_f32
-        # program's block (FMA pipe) instead of MUFU.EX2 (FwdConfig.exp2_fma; fixed, or softmax's
-        # online step)
+        # program's block (FMA pipe) instead of MUFU.EX2 (FwdConfig.exp2_fma; the fixed step only)
         self.exp2_fma = int(exp2_fma)
         self.exp2_program = exp2_program if self.exp2_fma else None
         if self.exp2_fma and (exp2_program is None or not exp2_program.is_exp2):
@@ -429,12 +397,7 @@ class OnlineSoftmax:
                 acc = self.row_sum[r] * row_scale[r]
             for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                 a = s_mn[r, c] * scale_log2 + neg_m
-                if cutlass.const_expr(not masked and self.exp2_fma and (c // 2) % 8 >= 8 - self.exp2_fma):
-                    # softmax's exp2 offload: a <= t (the stale-max threshold) in a mask-free
-                    # block, unbounded below
-                    p = exp2_fma_clamped(a, self.exp2_program)
-                else:
-                    p = exp2_approx(a)
+                p = exp2_approx(a)
                 s_mn[r, c] = p
                 acc = acc + p
             if cutlass.const_expr(is_first or self.sum_carry):

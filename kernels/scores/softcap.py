@@ -212,10 +212,7 @@ class Score(ScoreBase):
             else:
                 l0, l1, a0, a1 = self._logit2_mufu(s0, s1, args)
             e0, e1 = l0 * LOG2E, l1 * LOG2E   # poly: softmax over logits (LSE scale 1)
-        if cutlass.const_expr(self.exp2_fma):   # the exp2 offload (native): rc = (row, mn column) of s0
-            p0, p1 = self.p_exp2(e0 - lse0, rc[1]), self.p_exp2(e1 - lse1, rc[1] + 1)
-        else:
-            p0, p1 = _exp2(e0 - lse0), _exp2(e1 - lse1)
+        p0, p1 = _exp2(e0 - lse0), _exp2(e1 - lse1)
         return pack_f32x2(p0, p1, is_bf16), p0 * a0, p1 * a1
 
     @cute.jit

@@ -34,8 +34,5 @@ class Score(ScoreBase):
     def prob2(self, s0, s1, lse0, lse1, args, block: cutlass.Constexpr[bool],
               is_bf16: cutlass.Constexpr[bool], coords=None, rc=None):
         a0, a1 = s0 * args[0] - lse0, s1 * args[0] - lse1
-        if cutlass.const_expr(self.exp2_fma):   # the exp2 offload: rc = (row, mn column) of s0
-            p0, p1 = self.p_exp2(a0, rc[1]), self.p_exp2(a1, rc[1] + 1)
-        else:
-            p0, p1 = _exp2(a0), _exp2(a1)
+        p0, p1 = _exp2(a0), _exp2(a1)
         return pack_f32x2(p0, p1, is_bf16), p0, p1
