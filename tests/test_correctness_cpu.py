@@ -47,15 +47,16 @@ def test_catalogue_covers_flash_attn_grid():
 
 def test_every_case_resolves_and_the_build_budget_holds():
     """36 variants; the plan resolves every case (no combination it refuses); the distinct kernel
-    builds (each ~10-20 s of compile on the GPU machine) stay within the budget: 36 forward and
-    45 backward builds today, with room for a plan that sends some shapes of a variant to
-    another build (a native fallback of a poly score at S_k = 1)."""
+    builds (each ~10-20 s of compile on the GPU machine) stay within the budget: 42 forward and
+    56 backward builds today (packed sigmoid at its default bias on the varlen kernels; the D = 64
+    backward staggered from 2k keys, a second build of its variants), with room for a plan that sends some shapes of a variant to another
+    build (a native fallback of a poly score at S_k = 1)."""
     assert len(cases.VARIANTS) == len(set(cases.VARIANTS)) == 36
     for c in cases.catalogue():
         cases.plan_of(c)
     b = cases.catalogue_builds()
     fwd, bwd = (sum(1 for kind, _ in b if kind == k) for k in ("fwd", "bwd"))
-    assert fwd <= 44 and bwd <= 52, (fwd, bwd)
+    assert fwd <= 44 and bwd <= 62, (fwd, bwd)
 
 
 @pytest.mark.parametrize("n", [1, 3, 8])
