@@ -208,8 +208,8 @@ def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
 # fill the tail), then head, then key block ascending, so the key blocks of one (sequence,
 # head) run together (they read the same Q, dO from L2, as the dense launch order's key blocks
 # do) and the query heads of a KV head follow one another (its K, V stay in L2).  Sorting the
-# entries by their work instead (LPT, as the dense grid) took 1.4-1.7x the time: docs/MEASURED.md
-# varlen-bwd-lpt.
+# entries by their work instead (LPT, as the dense grid) splits each unit's key blocks apart and
+# measured slower (docs/MEASURED.md varlen-bwd-lpt).
 BWD_TABLE_WORDS = 2            # an entry is ((key block << 18) | sequence, head)
 
 
