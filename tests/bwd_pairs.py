@@ -3,7 +3,7 @@ same call (tests/test_bwd_step_order_gpu.py, test_bwd_dq_halves_gpu.py): knobs t
 order in time or the path of the same sums (p_turns, dq_defer, dq_halves), so dK / dV are bitwise
 equal where each CTA stores its own sums and dQ equals to FP32 reordering across CTAs.
 
-A shape is (mode, evaluator, dtype, B, S_q, S_k, H_q, H_kv, causal, D).
+A shape is (mode, evaluator, dtype, B, S_q, S_k, H_q, H_kv, causal, D[, window]).
 """
 from __future__ import annotations
 
@@ -21,14 +21,15 @@ def grads(shape, overrides: dict, seed: int = 0):
     heads add onto the zeroed FP32 accumulator (two adds onto zero commute)."""
     import plan_knobs
     from flash_attn_poly.kernels import dispatch
-    mode, evaluator, dtype, b, sq, sk, hq, hkv, causal, d = shape
+    mode, evaluator, dtype, b, sq, sk, hq, hkv, causal, d, *window = shape
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     g = torch.Generator(device="cuda").manual_seed(seed)
     mk = lambda s, h, a=1.0: (torch.randn(b, s, h, d, device="cuda", generator=g) * a).to(dt)
     q, k, v = mk(sq, hq, 4.0 if mode == "softcap" else 1.0), mk(sk, hkv), mk(sk, hkv)
     do = mk(sq, hq)
     p = plan_knobs.plan_for(q, k, v, mode, evaluator, plan_knobs.Knob("test", overrides=overrides), causal=causal,
-                            softcap=30.0 if mode == "softcap" else None)
+                            softcap=30.0 if mode == "softcap" else None,
+                            window_size=window[0] if window else (-1, -1))
     o, lse = dispatch.forward(p, q, k, v)
     out = dispatch.backward(p, do, q, k, v, o, lse)
     torch.cuda.synchronize()

@@ -10,7 +10,8 @@ barrier phase left open, a turn missed or a wrong mbarrier parity hangs the kern
 timeout catches it) or reads a dS buffer before or after its step (dQ off by a tile: rel L2 ~0.5):
 shapes with key blocks that no query sees (S_q < S_k causal: no step, no turn, no deferred dQ),
 one query block per CTA (only the dQ after the loop), query and key tails, GQA on the per-KV-head
-loop and a CTA per query head, MHA, non-causal, FP16, every score, D 64 (the 128-row step) and 128.
+loop and a CTA per query head, MHA, non-causal, FP16, sliding windows (causal and two-sided, whose
+key blocks start and end their query ranges anywhere), every score, D 64 (the 128-row step) and 128.
 
     python -m pytest -q -p no:cacheprovider -m gpu tests/test_bwd_step_order_gpu.py   (the H200)
 """
@@ -18,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-# (mode, evaluator, dtype, B, S_q, S_k, H_q, H_kv, causal, D)
+# (mode, evaluator, dtype, B, S_q, S_k, H_q, H_kv, causal, D[, window])
 SHAPES = [
     ("softmax", "native", "bf16", 2, 777, 777, 8, 2, True, 64),     # GQA, query and key tails
     ("softmax", "native", "bf16", 8, 1000, 1000, 16, 4, True, 64),  # the per-KV-head loop
@@ -30,6 +31,11 @@ SHAPES = [
     ("softmax", "native", "bf16", 1, 517, 900, 4, 4, True, 128),
     ("softcap", "poly", "bf16", 1, 600, 600, 4, 2, False, 128),
     ("sigmoid", "poly", "bf16", 1, 600, 700, 4, 2, True, 128),
+    # windows: key blocks whose query range starts late and ends early (a local causal window,
+    # S_q < S_k bottom-right, and a two-sided band that leaves whole key blocks without a step)
+    ("softmax", "native", "bf16", 2, 1000, 1000, 8, 2, True, 64, (256, 0)),
+    ("softcap", "poly", "bf16", 1, 517, 900, 4, 4, True, 64, (200, 0)),
+    ("softcap", "poly", "bf16", 1, 900, 900, 4, 2, False, 128, (128, 64)),
 ]
 # dq_defer alone (the replay's worst order, built for the contrast): fewer shapes; one query block
 # per CTA (S = 100: the loop's one step, then the dQ after it)

@@ -263,6 +263,21 @@ def test_varlen_kernel_backward_rule_fuzz(var, lens_q, lens_k, seed, head_loop, 
                              dq_halves=dq_halves))
 
 
+# the backward's step order on packed sequences (p_turns + dq_defer over the staged dQ halves, which
+# dq_defer needs; the dense rows take it for D = 64 from 2k keys and the D = 128 softcap, packed calls
+# keep the warpgroups in step until it is timed there): by the rule, on the per-KV-head loop
+STEP_ORDER = {"bwd.p_turns": True, "bwd.dq_defer": True}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", [c for c in bwd_cases() if c.values[0][3] in (64, 128)])
+def test_varlen_kernel_backward_step_order(var, lens_q, lens_k, seed):
+    """The varlen backward with the warpgroups staggered (tests/test_bwd_step_order_gpu.py has the
+    dense contrast) by the FlashAttention rule, empty and one-token sequences included."""
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel_bwd=True, head_loop=True,
+                             dq_halves=True, bwd_extra=STEP_ORDER))
+
+
 # the swapped D = 256 backward over packed sequences (the plan's packed D = 256 build of the built-in
 # scores, kernels/attn_bwd_swap_sm90.py AttnBwdSm90SwapVarlen; named here so the cases test it whatever
 # the rows pick): every score, a window, the sigmoid dO tail zeroing, empty and one-token sequences,
