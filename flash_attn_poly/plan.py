@@ -245,17 +245,35 @@ BWD_ROWS = (
         "16-row band each: 0.930-0.996x the one buffer (every mode, GQA 4 and MHA, causal or not, "
         "S 512 to 16k; packed ragged batches on the per-KV-head loop 0.956-0.967x)", "bwd-dq-halves"),
     Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False, "window": False,
-         "long_keys": True}, dict(p_turns=True, dq_defer="with_dq_halves"),
+         "long_keys": True}, dict(p_turns="with_dq_defer", dq_defer="with_dq_halves"),
         "D = 64 from STEP_ORDER_MIN_SEQLEN_K keys: the warpgroups staggered, P blocks in turns behind named "
         "barriers and each one's dQ issued a step late behind per-buffer mbarriers: 0.886-0.946x the time "
         "(softmax, softcap poly, sigmoid poly; MHA and GQA, causal or not, S 2k-16k; mask_fsel 0.93x, p_turns "
         "alone 0.98-1.05x); 0.99x at S = 1k, 1.04x at 512", "bwd-step-order"),
     Row({"head_dim": 128, "mode": "softcap", "deterministic": False, "user_score": False, "varlen": False,
-         "window": False}, dict(p_turns=True, dq_defer="with_dq_halves"),
+         "window": False}, dict(p_turns="with_dq_defer", dq_defer="with_dq_halves"),
         "... and the D = 128 softcap (its tanh derivative keeps the dS math long): 0.971-0.980x in 5 of 6 "
         "cells (1.002x once; MHA and GQA, causal or not, S 1k-16k); softmax and sigmoid at D = 128 "
-        "1.00-1.04x; windowed and packed calls keep the order in step (the stagger has not run there)",
+        "1.00-1.04x; windowed calls keep the order in step (correct there, not timed)",
         "bwd-step-order"),
+    # packed calls (the stagger needs the staged dQ halves, which packed calls take on the
+    # per-KV-head loop only: on a CTA per query head the warpgroups stay in step)
+    Row({"varlen": True, "head_dim": 128, "mode": "softmax", "deterministic": False, "user_score": False,
+         "window": False}, dict(p_turns="with_dq_defer", dq_defer="with_dq_halves"),
+        "packed D = 128 softmax: 0.963x the in-step order (8 x 4k equal lengths), 0.981x (24 ragged, "
+        "32k tokens)", "bwd-step-order-packed"),
+    Row({"varlen": True, "head_dim": 128, "mode": "softcap", "deterministic": False, "user_score": False,
+         "window": False}, dict(p_turns="with_dq_defer", dq_defer="with_dq_halves"),
+        "... softcap: 0.935x equal, 0.959x ragged", "bwd-step-order-packed"),
+    Row({"varlen": True, "head_dim": 64, "mode": "softmax", "deterministic": False, "user_score": False,
+         "window": False, "long_keys": True},
+        dict(dq_halves="with_dq_async", p_turns="with_dq_defer", dq_defer="with_dq_halves"),
+        "packed D = 64 (the 64-row step) with its dQ halves: softmax 0.927x equal, 0.957x ragged",
+        "bwd-step-order-packed"),
+    Row({"varlen": True, "head_dim": 64, "mode": "softcap", "deterministic": False, "user_score": False,
+         "window": False, "long_keys": True},
+        dict(dq_halves="with_dq_async", p_turns="with_dq_defer", dq_defer="with_dq_halves"),
+        "... softcap: 0.870x equal, 0.892x ragged (packed sigmoid not timed: in step)", "bwd-step-order-packed"),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
     Row({"deterministic": True, "head_dim": 256}, dict(dp_first=False),
@@ -551,6 +569,8 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         bwd["dq_halves"] = bool(bwd["dq_async"] and (bwd["head_loop"] or not bwd["varlen"]))
     if bwd["dq_defer"] == "with_dq_halves":   # the deferred dQ goes to this warpgroup's own staged half
         bwd["dq_defer"] = bool(bwd["dq_halves"])
+    if bwd["p_turns"] == "with_dq_defer":   # the stagger is both together (p_turns alone: 0.98-1.05x)
+        bwd["p_turns"] = bool(bwd["dq_defer"])
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,

@@ -398,16 +398,18 @@ def test_dq_halves_rides_the_staged_tile_at_d64_and_d128():
     at D = 64 (the 128-row step: the warpgroups' rows) and D = 128 (tile_m 64: their columns),
     dense calls, every mode, causal or not, and packed calls at D = 128 on the per-KV-head loop
     (timed on a ragged batch); off at D = 256 (no staged tile), in the deterministic build and on
-    packed D = 64 calls (the 128-row step is dense-only); an override builds it with any staged
-    tile, not without one."""
+    packed D = 64 calls (the 128-row step is dense-only) but for the packed stagger's (softmax and
+    softcap from STEP_ORDER_MIN_SEQLEN_K keys, test_step_order_rows_on_packed_calls); an override
+    builds it with any staged tile, not without one."""
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
         for causal in (True, False):
             for d, tile_m in ((64, 128), (128, 64)):
                 b = resolve(mode, ev, d=d, causal=causal).bwd
                 assert b.tile_m == tile_m and b.dq_async and b.dq_halves, (d, b)
     for kw in (dict(d=256), dict(d=64, deterministic=True), dict(d=128, deterministic=True),
-               dict(d=64, varlen=True)):
-        assert not resolve("softmax", **kw).bwd.dq_halves, kw
+               dict(d=64, varlen=True, shape=(8, P.STEP_ORDER_MIN_SEQLEN_K // 2, 32, 8)),
+               dict(mode="sigmoid", d=64, varlen=True)):
+        assert not resolve(**{"mode": "softmax", **kw}).bwd.dq_halves, kw
     for mode, ev in (("softmax", "native"), ("softcap", "poly")):
         b = resolve(mode, ev, d=128, varlen=True).bwd
         assert b.varlen and b.head_loop and b.tile_m == 64 and b.dq_async and b.dq_halves, b
@@ -436,8 +438,8 @@ def test_step_order_rows_stagger_d64_from_2k_keys_and_the_d128_softcap():
     """p_turns + dq_defer (the warpgroups staggered): on for dense D = 64 calls from
     STEP_ORDER_MIN_SEQLEN_K keys in every mode, causal or not (timed 0.886-0.946x; 0.99x at S = 1k,
     1.04x at 512: off there), and for the D = 128 softcap at any length; off for D = 128 softmax
-    and sigmoid, D = 256, deterministic, windowed, packed and user-score calls; dq_defer follows the staged
-    halves (an override that drops them drops it)."""
+    and sigmoid, D = 256, deterministic, windowed and user-score calls; dq_defer follows the staged
+    halves and p_turns follows dq_defer (an override that drops the halves drops both)."""
     on = lambda p: (p.bwd.p_turns, p.bwd.dq_defer)
     k = P.STEP_ORDER_MIN_SEQLEN_K
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
@@ -449,12 +451,35 @@ def test_step_order_rows_stagger_d64_from_2k_keys_and_the_d128_softcap():
         assert on(resolve(mode, ev, d=256)) == (False, False)
     # the key length decides (a short query block over long keys staggers)
     assert on(resolve("softmax", d=64, shape=(1, 512, 32, 8), seqlen_k=k)) == (True, True)
-    for kw in (dict(deterministic=True), dict(varlen=True), dict(window=(256, 0))):
+    for kw in (dict(deterministic=True), dict(window=(256, 0))):
         for d, mode in ((64, "softmax"), (128, "softcap")):
             assert on(resolve(mode, d=d, **kw)) == (False, False), (d, mode, kw)
-    assert on(resolve("softmax", d=64, overrides={"bwd.dq_halves": False})) == (True, False)
-    assert on(resolve("softcap", "poly", d=128, overrides={"bwd.dq_async": False})) == (True, False)
+    assert on(resolve("softmax", d=64, overrides={"bwd.dq_halves": False})) == (False, False)
+    assert on(resolve("softcap", "poly", d=128, overrides={"bwd.dq_async": False})) == (False, False)
     assert on(resolve("softmax", d=64, overrides={"bwd.p_turns": False})) == (False, True)
+
+
+def test_step_order_rows_on_packed_calls():
+    """Packed calls stagger where it was timed: softmax and softcap at D = 64 (from
+    STEP_ORDER_MIN_SEQLEN_K keys, with the dQ halves the 64-row step takes for it) and D = 128, on the
+    per-KV-head loop (the halves' packed build); not sigmoid (not timed), windows, D = 256 (the
+    swapped build), nor a CTA per query head (no halves there: both off)."""
+    on = lambda p: (p.bwd.p_turns, p.bwd.dq_defer, p.bwd.dq_halves)
+    k = P.STEP_ORDER_MIN_SEQLEN_K
+    packed = (8, 4096, 32, 8)   # max_seqlen; the grid of 8 sequences takes the per-KV-head loop
+    for d in (64, 128):
+        for mode, ev in (("softmax", "native"), ("softcap", "poly")):
+            for causal in (True, False):
+                p = resolve(mode, ev, d=d, causal=causal, shape=packed, varlen=True)
+                assert p.bwd.varlen and p.bwd.head_loop and p.bwd.tile_m == 64
+                assert on(p) == (True, True, True), (d, mode, causal)
+            assert on(resolve(mode, ev, d=d, shape=packed, varlen=True, window=(256, 0))) == (False, False, d == 128)
+            assert on(resolve(mode, ev, d=d, shape=packed, varlen=True,
+                              overrides={"bwd.head_loop": False})) == (False, False, False)
+        assert on(resolve("sigmoid", "poly", d=d, shape=packed, varlen=True)) == (False, False, d == 128)
+    assert on(resolve("softmax", d=64, shape=(8, k // 2, 32, 8), varlen=True)) == (False, False, False)
+    assert on(resolve("softmax", d=64, shape=(8, k, 32, 8), varlen=True)) == (True, True, True)
+    assert not resolve("softcap", "poly", d=256, shape=packed, varlen=True).bwd.p_turns
 
 
 def test_deterministic_backward_is_ordered():

@@ -86,10 +86,13 @@ def test_varlen_head_loop_backward_builds_without_extra_spills(variant):
     """The per-KV-head varlen build (override bwd.head_loop: AttnBwdSm90VarlenHeadLoop) compiles with
     HGMMA, dK and dV stored in dtype (no RED of them), and no more main-loop spills than the dense
     head_loop build of the same knobs; none at all at D = 64 and 128.  Sigmoid: the score without
-    LSE zeroes the staged dO rows past a sequence's end, on the head loop's path too."""
+    LSE zeroes the staged dO rows past a sequence's end, on the head loop's path too.  Softmax at
+    D = 64 and 128 builds the plan's packed stagger (p_turns + dq_defer over the dQ halves)."""
     from flash_attn_poly.kernels import attn_bwd_sm90
     p = B.varlen_plan(*variant, overrides=_chunked(variant, {"bwd.varlen": True, "bwd.head_loop": True}))
     assert p.bwd.varlen and p.bwd.head_loop and not p.bwd.lpt
+    stagger = variant[0] == "softmax" and variant[2] in (64, 128)
+    assert (p.bwd.p_turns, p.bwd.dq_defer, p.bwd.dq_halves or not stagger) == (stagger, stagger, True), p.bwd
     assert isinstance(attn_bwd_sm90.kernel_for(p.bwd), attn_bwd_sm90.AttnBwdSm90VarlenHeadLoop)
     vb = B.bwd(p.bwd)
     _assert_no_extra_spills(vb, p.bwd, variant[2])

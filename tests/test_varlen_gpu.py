@@ -75,11 +75,11 @@ def varlen_call_of(c, max_q: int, max_k: int):
 
 
 def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kernel_bwd=False, compact=False,
-                  head_loop=False, dq_halves=False, bwd_extra=None):
+                  head_loop=False, dq_halves=False, bwd_extra=None, fwd_extra=None):
     """{tensor name: judge record} of one packed batch.  kernel: the forward only, through the
     varlen forward kernel (plan overrides fwd.varlen and fwd.varlen_compact = compact: the slot
     order or the compact one, whichever the plan would pick for these lengths; sigmoid with
-    KERNEL_SIGMOID_BIAS).
+    KERNEL_SIGMOID_BIAS); fwd_extra: more forward overrides.
     kernel_bwd: the per-sequence forward (the reference on the CPU), then the backward through
     the varlen backward kernels (plan override bwd.varlen, bwd.head_loop = head_loop: the
     per-KV-head loop, and bwd.dq_halves = dq_halves: the staged dQ tile by warpgroup halves;
@@ -114,7 +114,8 @@ def run_and_judge(var, lens_q, lens_k, seed, backend, device, kernel=False, kern
             lse = None
     elif kernel:
         with torch.no_grad():
-            over = {"fwd.varlen": True, "fwd.varlen_compact": compact}   # both orders, whatever the plan picks
+            # both orders, whatever the plan picks
+            over = {"fwd.varlen": True, "fwd.varlen_compact": compact, **(fwd_extra or {})}
             out, lse = fv._forward(q, k, v, cu_q, cu_k, call, True, backend, overrides=over)
         grads = None
     else:

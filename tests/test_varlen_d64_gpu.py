@@ -1,0 +1,84 @@
+"""Packed D = 64 calls on the dense calls' D = 64 tiles, by the FlashAttention rule (the body of
+tests/test_varlen_gpu.py: per-sequence FP64 references, torch at the input precision as the
+yardstick, lengths with 0s and 1s): the varlen forward on the 192-row tile of three consumer
+warpgroups (3 K/V stages, GEMMs in turns, keep-word masks and O staged where the dense rows take
+them) and the varlen backward on the 128-row step with its dQ halves and the stagger (p_turns +
+dq_defer).  The plan's packed D = 64 builds keep the 128-row forward tile and the 64-row
+backward step until these pass and are timed (bench/varlen.py --headdim 64 with --fwd-knob /
+--bwd-knob); both builds compile without spills on the CPU (unwindowed).  Its own file: eight
+builds, compiled in a process beside tests/test_varlen_gpu.py's.
+
+    python -m pytest -q -p no:cacheprovider -m gpu tests/test_varlen_d64_gpu.py   (the H200)
+"""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import test_varlen_gpu as V  # noqa: E402
+
+# (mode, evaluator, dtype, head_dim, causal, window, softcap)
+VARIANTS = [
+    ("softmax", "native", "bf16", 64, True, (-1, -1), None),
+    ("softcap", "poly", "bf16", 64, True, (-1, -1), 30.0),
+    ("sigmoid", "poly", "bf16", 64, False, (-1, -1), None),
+]
+
+
+def fwd_tile(var) -> dict:
+    """The dense D = 64 forward rows' build for the variant (plan FWD_ROWS fwd-d64-tile, fwd-d64-turns):
+    causal: turns, keep words, O staged; non-causal: turns and O staged, but not sigmoid."""
+    over = {"fwd.tile_m": 192, "fwd.num_stages": 3}
+    if var[4]:
+        over.update({"fwd.pingpong": True, "fwd.mask_bits": True, "fwd.o_smem": True})
+    elif var[0] != "sigmoid":
+        over.update({"fwd.pingpong": True, "fwd.o_smem": True})
+    return over
+
+
+BWD_STEP = {"bwd.tile_m": 128, "bwd.p_turns": True, "bwd.dq_defer": True}   # dq_halves: run_and_judge's
+
+
+def cases(count=3):
+    rng = np.random.default_rng(V.FUZZ_SEED + 64)
+    out = [pytest.param(VARIANTS[0], [1, 0, 700, 385, 0, 193], [1, 3, 700, 0, 130, 193], 11, id="softmax-fixed-tiles")]
+    for var in VARIANTS:
+        for _ in range(count):
+            lens_q, lens_k = V.draw_lengths(rng, int(rng.integers(1, 7)), var[4])
+            out.append(pytest.param(var, lens_q, lens_k, int(rng.integers(1 << 30)),
+                                    id=f"{var[0]}-{var[1]}-c{int(var[4])}-q{'_'.join(map(str, lens_q))}-"
+                                       f"k{'_'.join(map(str, lens_k))}"))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
+def test_varlen_d64_forward_192_rows(var, lens_q, lens_k, seed):
+    """The varlen forward (compact order, the ragged batches' pick) on the 192-row tile: O and LSE."""
+    V._assert_ok(V.run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel=True, compact=True,
+                                 fwd_extra=fwd_tile(var)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", cases()[:4])
+def test_varlen_d64_forward_192_rows_slot_order(var, lens_q, lens_k, seed):
+    """... and in the slot order (equal-length batches' pick), softmax."""
+    V._assert_ok(V.run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel=True, compact=False,
+                                 fwd_extra=fwd_tile(var)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", cases())
+def test_varlen_d64_backward_128_rows(var, lens_q, lens_k, seed):
+    """The varlen backward on the 128-row step (P^T / dS^T packed to FP16 pairs, dQ's rows split by
+    warpgroup), staged dQ halves and the stagger, per-KV-head loop: dQ, dK, dV."""
+    V._assert_ok(V.run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel_bwd=True, head_loop=True,
+                                 dq_halves=True, bwd_extra=BWD_STEP))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", cases()[:4])
+def test_varlen_d64_backward_128_rows_per_head(var, lens_q, lens_k, seed):
+    """... on a CTA per query head (small packed grids), softmax."""
+    V._assert_ok(V.run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel_bwd=True, head_loop=False,
+                                 dq_halves=True, bwd_extra=BWD_STEP))
