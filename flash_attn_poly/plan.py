@@ -158,6 +158,9 @@ FWD_ROWS = (
     Row({"head_dim": 64, "varlen": False, "causal": False, "mode": "sigmoid"}, dict(pingpong=False, o_smem=False),
         "... but not sigmoid: its packed program spills 3 words with O staging (CPU SASS) and the turns "
         "alone took 0.98-1.04x the time (the native sigmoid is not timed)", "fwd-d64-turns"),
+    Row({"head_dim": 64, "varlen": False, "causal": False, "window": True}, dict(mask_bits=True),
+        "a non-causal window has masked blocks: with the compare per score the 192-row build spills "
+        "39-97 words (every mode, left or two-sided windows), with keep words none", "fwd-d64-window-keep-words"),
     Row({"head_dim": 64, "varlen": False, "causal": True, "short_seq": True},
         dict(tile_m=128, num_stages=2, pingpong=False, mask_bits=False),
         "short causal D = 64 sequences (S_q, S_k <= SHORT_SEQLEN) on two 64-row warpgroups, 2 stages, "

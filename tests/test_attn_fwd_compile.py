@@ -556,6 +556,17 @@ def test_mask_bits_prefix_rule():
 
 
 @pytest.mark.compile
+def test_d64_noncausal_window_default_takes_keep_words():
+    """The D = 64 forward of a non-causal window (the 192-row tile in turns) takes keep words: with
+    a compare per score against both bounds the build spilled 84 words (CPU SASS; plan row
+    fwd-d64-window-keep-words); with them none."""
+    p = B.plan("softmax", "native", d=64, causal=False, window=(48, 16))
+    assert p.fwd.tile_m == 192 and p.fwd.mask_bits, p.fwd
+    n = B.fwd(p.fwd).counts()
+    assert n["STL"] == n["LDL"] == 0 and n["HGMMA"] > 0, n
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("d,window", [(64, (-1, -1)), (128, (-1, -1)), (128, (200, -1))])
 def test_mask_bits(d, window):
     """FwdConfig.mask_bits: the masked blocks build each row's keep word once and select by

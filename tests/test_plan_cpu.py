@@ -426,6 +426,18 @@ def test_dq_halves_rides_the_staged_tile_at_d64_and_d128():
         resolve("softmax", d=256, overrides={"bwd.dq_halves": True})
 
 
+def test_d64_noncausal_windows_take_keep_words():
+    """Non-causal windowed D = 64 forwards mask by keep words (the compare per score spilled 39-97
+    words on the 192-row tile); causal calls have them by the turns row, non-causal unwindowed calls
+    have no masked blocks and none; packed calls keep the 128-row tile without them."""
+    for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
+        for w in ((48, 16), (200, -1), (-1, 16)):
+            assert resolve(mode, ev, d=64, causal=False, window=w).fwd.mask_bits, (mode, w)
+        assert not resolve(mode, ev, d=64, causal=False).fwd.mask_bits
+        assert not resolve(mode, ev, d=128, causal=False, window=(48, 16)).fwd.mask_bits
+    assert not resolve("softmax", d=64, causal=False, window=(48, 16), varlen=True).fwd.mask_bits
+
+
 def test_d64_backward_tile_m128_stays_off_where_it_was_not_run():
     """The 128-row step is the D = 64 default only where it was timed and GPU-tested: not in
     deterministic builds, not for user score functions (check_bwd refuses them), not varlen."""
