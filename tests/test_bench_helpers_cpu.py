@@ -593,8 +593,27 @@ def test_tuning_tools_non_causal_rows():
         plans = list(plan_knobs.each_plan(q, k, v, "softmax:native", knobs, [], causal=causal))
         assert [p.call.causal for *_, p in plans] == [causal, causal]
         assert plans[0][2].fwd.mask_bits == causal            # the turns row: causal D = 64 only
-    args = types.SimpleNamespace(batch=2, seqlen=8192, hq=32, hkv=8, headdim=64, non_causal=True)
+    args = types.SimpleNamespace(batch=2, seqlen=8192, hq=32, hkv=8, headdim=64, non_causal=True, window=(-1, -1))
     assert ", non-causal, BF16" in plan_knobs.shape_text(args)
+
+
+def test_tuning_tools_window_rows():
+    """--window LEFT,RIGHT resolves every row's plan for that window (a non-causal window at D = 64
+    takes keep words by default, the mask_bits=0 row not); bad values are parser errors."""
+    import argparse
+    import types
+    import plan_knobs
+    q, k, v = _meta_qkv(2, 8192, 32, 8, 64)
+    knobs = {"mask_bits=0": plan_knobs.parse("mask_bits=0", "fwd")}
+    plans = list(plan_knobs.each_plan(q, k, v, "softmax:native", knobs, [], causal=False, window=(48, 16)))
+    assert [p.window for *_, p in plans] == [(48, 16)] * 2
+    assert [p.fwd.mask_bits for *_, p in plans] == [True, False]
+    assert plan_knobs._window("48,16") == (48, 16) and plan_knobs._window("-1,0") == (-1, 0)
+    for bad in ("4", "a,b", "-2,3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            plan_knobs._window(bad)
+    args = types.SimpleNamespace(batch=2, seqlen=8192, hq=32, hkv=8, headdim=64, non_causal=True, window=(48, 16))
+    assert ", non-causal, window (48, 16), BF16" in plan_knobs.shape_text(args)
 
 
 def test_plan_row_names_the_cta_count():

@@ -45,7 +45,8 @@ def compile_only(args) -> int:
     q, k, v = plan_knobs.inputs(args, 3, "meta")
     knobs = {text: parse_knob(text) for text in args.knob}
     refused = []
-    plans = list(plan_knobs.each_plan(q, k, v, args.modes, knobs, refused, causal=not args.non_causal))
+    plans = list(plan_knobs.each_plan(q, k, v, args.modes, knobs, refused,
+                                                causal=not args.non_causal, window=args.window))
     n = plan_knobs.compile_plans(plans, backward=True)
     print(f"{n} builds, {len(refused)} knob rows refused")
     return 0
@@ -57,7 +58,8 @@ def run(args) -> dict:
     knobs = {text: parse_knob(text) for text in args.knob}
     fns, diffs = {}, {}
     refused = []
-    for me, name, plan in plan_knobs.each_plan(q, k, v, args.modes, knobs, refused, causal=not args.non_causal):
+    for me, name, plan in plan_knobs.each_plan(q, k, v, args.modes, knobs, refused,
+                                                causal=not args.non_causal, window=args.window):
         o, lse = dispatch.forward(plan, q, k, v)
         fn = lambda plan=plan, o=o, lse=lse: dispatch.backward(plan, do, q, k, v, o, lse)
         grads = [x.double() for x in fn()]
@@ -74,6 +76,7 @@ def run(args) -> dict:
     rows = [{"row": n, "ms": t} for n, t in times.items()]
     rows += plan_knobs.ratio_rows(times, args.modes.split(","), list(knobs))
     return {**protocol.header(timing), "shape": protocol.shape_of(args), "causal": not args.non_causal,
+            "window": list(args.window),
             "knobs": list(knobs), "max_rel_l2_vs_default": diffs, "rows": rows,
             "refused": [{"mode": me, "knob": n, "reason": r} for me, n, r in refused]}
 

@@ -40,7 +40,8 @@ def rows(args, device: str):
     q, k, v = plan_knobs.inputs(args, 3) if device == "cuda" else plan_knobs.inputs(args, 3, device)
     knobs = {text: plan_knobs.parse(text, "fwd") for text in args.knob}
     refused = []
-    plans = list(plan_knobs.each_plan(q, k, v, args.modes, knobs, refused, causal=not args.non_causal))
+    plans = list(plan_knobs.each_plan(q, k, v, args.modes, knobs, refused,
+                                                causal=not args.non_causal, window=args.window))
     return (q, k, v), knobs, plans, refused
 
 
@@ -85,6 +86,7 @@ def run(args) -> dict:
     rows_ = [{"row": n, "ms": t} for n, t in times.items()]
     rows_ += plan_knobs.ratio_rows(times, [me.replace(":", "/") for me in args.modes.split(",")], list(knobs))
     return {**protocol.header(timing), "shape": protocol.shape_of(args), "causal": not args.non_causal,
+            "window": list(args.window),
             "knob": " | ".join(args.knob),
             "max_abs_diff": diffs, "rows": rows_, "proposed_rows": proposed,
             "refused": [{"mode": me, "knob": n, "reason": r} for me, n, r in refused]}

@@ -23,6 +23,7 @@ combination no kernel builds when the plan is resolved.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -119,6 +120,8 @@ def tuning_args(parser, argv, direction: str, *, modes: str, knob_help: str, exa
     parser.add_argument("--knob", action="append", default=[], help=knob_help)
     parser.add_argument("--modes", default=modes)
     parser.add_argument("--non-causal", action="store_true", help="time non-causal calls (default: causal)")
+    parser.add_argument("--window", type=_window, default=(-1, -1), metavar="LEFT,RIGHT",
+                        help="window_size of the calls, e.g. 48,16 (default -1,-1: none)")
     parser.add_argument("--order", choices=sorted(protocol.ORDERS), default="alternate")
     protocol.add_timing_args(parser, warmup=10, rounds=5, iters=20)
     protocol.add_json_arg(parser, f"{direction}_tuning")
@@ -131,6 +134,17 @@ def tuning_args(parser, argv, direction: str, *, modes: str, knob_help: str, exa
         except ValueError as e:
             parser.error(str(e))
     return args, protocol.output_path(args.json, f"{direction}_tuning")
+
+
+def _window(text: str) -> tuple:
+    """--window LEFT,RIGHT: two integers, -1 for an unbounded side."""
+    try:
+        left, right = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"two integers LEFT,RIGHT (-1: unbounded), got {text!r}") from None
+    if left < -1 or right < -1:
+        raise argparse.ArgumentTypeError(f"sizes are >= -1, got {text!r}")
+    return left, right
 
 
 def applicable(knobs: dict, evaluator: str, label: str) -> dict:
@@ -155,7 +169,7 @@ def inputs(args, n: int, device: str = "cuda"):
     return [torch.randn(shape(h), device=device, dtype=torch.bfloat16, generator=g) for h in heads]
 
 
-def each_plan(q, k, v, modes: str, knobs: dict, refused: list = None, causal: bool = True):
+def each_plan(q, k, v, modes: str, knobs: dict, refused: list = None, causal: bool = True, window=(-1, -1)):
     """(mode:evaluator, row name, plan) of a tuning tool's rows, softcap 50: per entry of
     `modes` ("softmax:native,softcap:poly"), the default plan ("default"), then each applicable knob's.
     refused: a list to collect (mode:evaluator, knob, reason) of the knob rows whose plan no kernel
@@ -163,7 +177,7 @@ def each_plan(q, k, v, modes: str, knobs: dict, refused: list = None, causal: bo
     are then skipped with the reason printed; None: such a knob raises its ValueError."""
     for me in modes.split(","):
         mode, ev = me.split(":")
-        kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None)
+        kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None, window_size=tuple(window))
         for name, knob in [("default", None)] + list(applicable(knobs, ev, me).items()):
             try:
                 p = plan_for(q, k, v, mode, ev, knob, **kw)
@@ -198,7 +212,8 @@ def compile_plans(plans, backward: bool) -> int:
 def shape_text(args, extra: str = "") -> str:
     """The report's shape line of a tuning tool's run."""
     import protocol
-    return f"Shape: {protocol.shape_of(args)}, {'non-causal' if args.non_causal else 'causal'}, BF16{extra}. "
+    win = "" if tuple(args.window) == (-1, -1) else f", window {tuple(args.window)}"
+    return f"Shape: {protocol.shape_of(args)}, {'non-causal' if args.non_causal else 'causal'}{win}, BF16{extra}. "
 
 
 def plan_row(default, plan, direction: str = "fwd") -> dict:
