@@ -239,6 +239,10 @@ BWD_ROWS = (
     Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False}, dict(tile_m=128),
         "D = 64: 128 query rows per step (the dS factor packed to FP16 beside P): 0.93-0.98x the "
         "64-row step", "bwd-d64-tile-m128"),
+    Row({"head_dim": 64, "mode": "softcap", "poly_score": True}, dict(tile_m=64),
+        "... but not under the packed tanh program (caps above 50, or named): its backward's FP16 dS "
+        "factor beside the program's derivative spills 63-87 words on the 128-row step (CPU SASS; never "
+        "timed there), none on the 64-row step", "bwd-d64-softcap-program"),
     Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False}, dict(dq_halves="with_dq_async"),
         "... its staged dQ tile as two warpgroup halves, each behind its own barriers and bulk add: "
         "0.94-0.99x the one buffer (every mode, GQA and MHA, causal or not); it follows the resolved "

@@ -559,6 +559,17 @@ def test_softcap_odd_program_bwd_compiles(d):
 
 
 @pytest.mark.compile
+def test_softcap_program_d64_bwd_takes_the_64_row_step():
+    """The packed tanh program's D = 64 backward (caps above 50) takes the 64-row step: on the
+    128-row step its FP16 dS factor beside the program's derivative spilled 63-87 words (plan
+    row bwd-d64-softcap-program); here none, with the stagger from 2k keys (one dQ group more)."""
+    p = B.plan("softcap", "poly", d=64, softcap=60.0)
+    assert p.score_bwd.program is not None and p.bwd.tile_m == 64 and p.bwd.p_turns and p.bwd.dq_defer, p.bwd
+    n = B.bwd(p.bwd).counts()
+    assert n["STL"] == n["LDL"] == 0 and n["HGMMA"] == 32, n
+
+
+@pytest.mark.compile
 def test_dkv_smem_stores_dkv_as_16_byte_row_chunks():
     """dkv_smem (head_loop's dK / dV staged through the K / V smem tiles): the 64 packed-pair
     stores per thread become 16 STG.128 (a CTA's 2 x 128 keys x 128 columns x 2 bytes over 256

@@ -106,10 +106,12 @@ def test_attn_bwd_overrides(r):
 
 
 # ----------------------------------------------------------------------------- poly programs, forward then backward
-# the FP16 tanh program on BF16 inputs (the default above cap 50), MHA (head_loop) and GQA, D 128/256
+# the FP16 tanh program on BF16 inputs (the default above cap 50), MHA (head_loop) and GQA, D 128/256,
+# and D = 64 (the 64-row step with its staged dQ halves: plan row bwd-d64-softcap-program)
 TANH_RUNS = [G.run(c, program=TANH_PROGRAM) for c in
              (SOFTCAP_POLY_GQA, SOFTCAP_POLY_MHA,
-              pick(None, mode="softcap", evaluator="poly", dtype="bf16", head_dim=256))]
+              pick(None, mode="softcap", evaluator="poly", dtype="bf16", head_dim=256),
+              pick(None, mode="softcap", evaluator="poly", dtype="bf16", head_dim=64))]
 # the seed's BF16 programs: sigmoid's D3 block (B3) with the product rule and with its coupled
 # derivative surrogate; softcap's D4 residual blocks (B2) with the differentiated program
 SEED_PROGRAM_RUNS = ([G.run(c, program="sigmoid_attn_n4096") for c in (SIGMOID_POLY, SIGMOID_POLY_FULL)]

@@ -426,6 +426,21 @@ def test_dq_halves_rides_the_staged_tile_at_d64_and_d128():
         resolve("softmax", d=256, overrides={"bwd.dq_halves": True})
 
 
+def test_d64_softcap_program_backward_takes_the_64_row_step():
+    """The packed tanh program's D = 64 backward (caps above 50) steps 64 query rows (the 128-row step
+    spilled 63-87 words under it), with the staged dQ halves and, from 2k keys, the stagger; caps up
+    to 50 (the exp2 offload, a native backward) keep the 128-row step."""
+    k = P.STEP_ORDER_MIN_SEQLEN_K
+    for causal in (True, False):
+        b = resolve("softcap", "poly", d=64, softcap=60.0, causal=causal).bwd
+        assert (b.tile_m, b.dq_halves, b.p_turns, b.dq_defer) == (64, True, True, True), b
+        b = resolve("softcap", "poly", d=64, softcap=60.0, causal=causal, shape=(8, k // 2, 32, 8)).bwd
+        assert (b.tile_m, b.dq_halves, b.p_turns) == (64, True, False), b
+    assert resolve("softcap", "poly", d=64, softcap=50.0).bwd.tile_m == 128
+    assert resolve("softcap", "native", d=64, softcap=60.0).bwd.tile_m == 128
+    assert resolve("sigmoid", "poly", d=64).bwd.tile_m == 128
+
+
 def test_d64_noncausal_windows_take_keep_words():
     """Non-causal windowed D = 64 forwards mask by keep words (the compare per score spilled 39-97
     words on the 192-row tile); causal calls have them by the turns row, non-causal unwindowed calls
