@@ -5,8 +5,8 @@ warpgroups (3 K/V stages, GEMMs in turns, keep-word masks and O staged where the
 them) and the varlen backward on the 128-row step with its dQ halves and the stagger (p_turns +
 dq_defer).  The plan's packed D = 64 builds keep the 128-row forward tile and the 64-row
 backward step until these pass and are timed (bench/varlen.py --headdim 64 with --fwd-knob /
---bwd-knob); both builds compile without spills on the CPU (unwindowed).  Its own file: eight
-builds, compiled in a process beside tests/test_varlen_gpu.py's.
+--bwd-knob); both builds compile without spills on the CPU (the window with keep words).  Its own
+file: ten builds, compiled in a process beside tests/test_varlen_gpu.py's.
 
     python -m pytest -q -p no:cacheprovider -m gpu tests/test_varlen_d64_gpu.py   (the H200)
 """
@@ -22,17 +22,21 @@ VARIANTS = [
     ("softmax", "native", "bf16", 64, True, (-1, -1), None),
     ("softcap", "poly", "bf16", 64, True, (-1, -1), 30.0),
     ("sigmoid", "poly", "bf16", 64, False, (-1, -1), None),
+    ("softmax", "native", "bf16", 64, False, (48, 16), None),   # a band: keep words for both bounds
 ]
 
 
 def fwd_tile(var) -> dict:
-    """The dense D = 64 forward rows' build for the variant (plan FWD_ROWS fwd-d64-tile, fwd-d64-turns):
-    causal: turns, keep words, O staged; non-causal: turns and O staged, but not sigmoid."""
+    """The dense D = 64 forward rows' build for the variant (plan FWD_ROWS fwd-d64-tile, fwd-d64-turns,
+    fwd-d64-window-keep-words): causal: turns, keep words, O staged; non-causal: turns and O staged,
+    but not sigmoid; keep words under a window (without them the packed 192-row build spills too)."""
     over = {"fwd.tile_m": 192, "fwd.num_stages": 3}
     if var[4]:
         over.update({"fwd.pingpong": True, "fwd.mask_bits": True, "fwd.o_smem": True})
     elif var[0] != "sigmoid":
         over.update({"fwd.pingpong": True, "fwd.o_smem": True})
+    if var[5] != (-1, -1):
+        over["fwd.mask_bits"] = True
     return over
 
 
@@ -46,7 +50,8 @@ def cases(count=3):
         for _ in range(count):
             lens_q, lens_k = V.draw_lengths(rng, int(rng.integers(1, 7)), var[4])
             out.append(pytest.param(var, lens_q, lens_k, int(rng.integers(1 << 30)),
-                                    id=f"{var[0]}-{var[1]}-c{int(var[4])}-q{'_'.join(map(str, lens_q))}-"
+                                    id=f"{var[0]}-{var[1]}-c{int(var[4])}-w{var[5][0]}_{var[5][1]}-"
+                                       f"q{'_'.join(map(str, lens_q))}-"
                                        f"k{'_'.join(map(str, lens_k))}"))
     return out
 
