@@ -881,3 +881,20 @@ def test_pipe_model_reads_the_deferred_dq_step():
     kinds = [e[0] if e[0] != "wait" else f"wait{e[1]}" for e in pm.step_events(body) if e[0] != "work"]
     assert kinds == ["gemm", "wait0", "ds_free", "ds_full", "gemm", "ds_wait_prev", "gemm", "wait1", "wait0",
                      "dq_done"], kinds
+
+
+def test_fa4_pack_gqa_arguments():
+    """bench/tools/fa4_pack_gqa.py: cells are B,S (positive integers), the heads a GQA group; its
+    report's protocol text comes from bench/protocol (nothing runs without CUDA here)."""
+    import argparse
+    import fa4_pack_gqa as T
+    assert T.parse_cell("8,2048") == (8, 2048)
+    for bad in ("8", "a,b", "0,2048", "8,-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            T.parse_cell(bad)
+    args = T.parser().parse_args(["--cell", "2,8192", "--headdim", "64"])
+    assert args.cell == [(2, 8192)] and args.order == "shuffle" and (args.hq, args.hkv) == (32, 8)
+    T.check(args)
+    for hq, hkv in ((32, 32), (32, 5)):
+        with pytest.raises(SystemExit, match="GQA group"):
+            T.check(T.parser().parse_args(["--hq", str(hq), "--hkv", str(hkv)]))
