@@ -46,7 +46,7 @@ def compile_only(args) -> int:
     knobs = {text: parse_knob(text) for text in args.knob}
     refused = []
     plans = list(plan_knobs.each_plan(q, k, v, args.modes, knobs, refused,
-                                                causal=not args.non_causal, window=args.window))
+                                      causal=not args.non_causal, window=args.window))
     n = plan_knobs.compile_plans(plans, backward=True)
     print(f"{n} builds, {len(refused)} knob rows refused")
     return 0
@@ -59,7 +59,7 @@ def run(args) -> dict:
     fns, diffs = {}, {}
     refused = []
     for me, name, plan in plan_knobs.each_plan(q, k, v, args.modes, knobs, refused,
-                                                causal=not args.non_causal, window=args.window):
+                                               causal=not args.non_causal, window=args.window):
         o, lse = dispatch.forward(plan, q, k, v)
         fn = lambda plan=plan, o=o, lse=lse: dispatch.backward(plan, do, q, k, v, o, lse)
         grads = [x.double() for x in fn()]

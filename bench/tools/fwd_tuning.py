@@ -41,7 +41,7 @@ def rows(args, device: str):
     knobs = {text: plan_knobs.parse(text, "fwd") for text in args.knob}
     refused = []
     plans = list(plan_knobs.each_plan(q, k, v, args.modes, knobs, refused,
-                                                causal=not args.non_causal, window=args.window))
+                                      causal=not args.non_causal, window=args.window))
     return (q, k, v), knobs, plans, refused
 
 
