@@ -2,7 +2,8 @@
 warpgroups run their P blocks in turns, named barriers P_TURN + w), dq_defer (each warpgroup's
 dQ of a query block issued in the next step after its dK, the dS buffers behind mbarriers
 DS_FULL / DS_FREE instead of the DS_READY barrier), alone and together, each against the build
-with both off (the plan turns both on for D = 64 from 2k keys and for the D = 128 softcap).  Only the order in time changes: every GEMM, every score and every dQ tile is the same arithmetic in the same order per
+with both off (the plan turns both on for D = 64 from 2k keys and for the D = 128 softcap, and for
+packed softmax / softcap calls: tests/test_varlen_gpu.py test_varlen_kernel_backward_step_order).  Only the order in time changes: every GEMM, every score and every dQ tile is the same arithmetic in the same order per
 warpgroup, and warp 1 adds the staged dQ halves in the same order, so dK / dV equal the default
 build's bitwise where each CTA stores its own sums (head_loop, or at most two query heads adding
 onto zero), and dQ to FP32 reordering across CTAs (rel L2 well under 1e-3; tests/bwd_pairs.py).  A
