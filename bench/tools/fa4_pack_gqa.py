@@ -3,10 +3,10 @@
     python bench/tools/fa4_pack_gqa.py --headdim 64 --cell 8,2048 --cell 4,4096 --cell 2,8192 --cell 1,16384
 
 flash-attn-4's forward packs the query heads of a KV head into its M tile by default when H_q > H_kv
-(`pack_gqa`): a 192-row tile at 32/8 heads is 4 query heads x 48 positions of one KV head, so the
-causal diagonal wastes a quarter of the key-block steps it would on 192 positions
-(bench/results/fa4_fwd_d64_gqa.md: 7.7% / 6.3% / 2.2% / 1.7% / 0.6% fewer steps at S = 2k .. 32k,
-a static count). Ours has no such tiling: its GQA and MHA forward builds are the same. Rows per
+(`pack_gqa`): a 192-row tile at 32/8 heads is 4 query heads x 48 positions of one KV head, whose
+causal range ends closer to a 128-key block boundary than 192 positions' (which end mid block every
+other tile): bench/results/fa4_fwd_d64_gqa.md, 7.7% / 6.3% / 2.2% / 1.7% / 0.6% fewer key-block
+steps at S = 2k .. 32k (a static count; none at 128 x 128 tiles, D = 128: the control). Ours has no such tiling: its GQA and MHA forward builds are the same. Rows per
 cell (B, S): `fa4` (its default, packed), `fa4_nopack` (pack_gqa=False) and `ours` (the plan's
 softmax forward), timed side by side in one process (bench/protocol.py's interleaved rounds); the
 ratios fa4_nopack / fa4 (what the packing saves FA4) and fa4 / ours, fa4_nopack / ours.  If the
