@@ -199,6 +199,11 @@ FWD_ROWS = (
         "varlen-compact"),
 )
 
+# the backward's stagger (p_turns + dq_defer): dq_defer needs the staged dQ halves, p_turns follows
+# dq_defer (resolve); the calls it was timed on: built-in scores, non-deterministic, unwindowed
+STAGGER = dict(p_turns="with_dq_defer", dq_defer="with_dq_halves")
+_STAGGER_CALLS = {"deterministic": False, "user_score": False, "window": False}
+
 BWD_ROWS = (
     Row({}, dict(tile_m=64, tile_n=128, stages=2, deterministic=False, swap=False),
         "64 query x 128 key tiles, 2 Q/dO stages: P^T and dS^T stay at 32 registers per thread", ""),
@@ -251,35 +256,29 @@ BWD_ROWS = (
         "D = 128 (64-row step): the warpgroups' column halves of the staged dQ tile, a bulk add per "
         "16-row band each: 0.930-0.996x the one buffer (every mode, GQA 4 and MHA, causal or not, "
         "S 512 to 16k; packed ragged batches on the per-KV-head loop 0.956-0.967x)", "bwd-dq-halves"),
-    Row({"head_dim": 64, "deterministic": False, "user_score": False, "varlen": False, "window": False,
-         "long_keys": True}, dict(p_turns="with_dq_defer", dq_defer="with_dq_halves"),
+    Row({**_STAGGER_CALLS, "head_dim": 64, "varlen": False, "long_keys": True}, STAGGER,
         "D = 64 from STEP_ORDER_MIN_SEQLEN_K keys: the warpgroups staggered, P blocks in turns behind named "
         "barriers and each one's dQ issued a step late behind per-buffer mbarriers: 0.886-0.946x the time "
         "(softmax, softcap poly, sigmoid poly; MHA and GQA, causal or not, S 2k-16k; mask_fsel 0.93x, p_turns "
         "alone 0.98-1.05x); 0.99x at S = 1k, 1.04x at 512", "bwd-step-order"),
-    Row({"head_dim": 128, "mode": "softcap", "deterministic": False, "user_score": False, "varlen": False,
-         "window": False}, dict(p_turns="with_dq_defer", dq_defer="with_dq_halves"),
+    Row({**_STAGGER_CALLS, "head_dim": 128, "mode": "softcap", "varlen": False}, STAGGER,
         "... and the D = 128 softcap (its tanh derivative keeps the dS math long): 0.971-0.980x in 5 of 6 "
         "cells (1.002x once; MHA and GQA, causal or not, S 1k-16k); softmax and sigmoid at D = 128 "
         "1.00-1.04x; windowed calls keep the order in step (correct there, not timed)",
         "bwd-step-order"),
     # packed calls (the stagger needs the staged dQ halves, which packed calls take on the
     # per-KV-head loop only: on a CTA per query head the warpgroups stay in step)
-    Row({"varlen": True, "head_dim": 128, "mode": "softmax", "deterministic": False, "user_score": False,
-         "window": False}, dict(p_turns="with_dq_defer", dq_defer="with_dq_halves"),
+    Row({**_STAGGER_CALLS, "varlen": True, "head_dim": 128, "mode": "softmax"}, STAGGER,
         "packed D = 128 softmax: 0.963x the in-step order (8 x 4k equal lengths), 0.981x (24 ragged, "
         "32k tokens)", "bwd-step-order-packed"),
-    Row({"varlen": True, "head_dim": 128, "mode": "softcap", "deterministic": False, "user_score": False,
-         "window": False}, dict(p_turns="with_dq_defer", dq_defer="with_dq_halves"),
+    Row({**_STAGGER_CALLS, "varlen": True, "head_dim": 128, "mode": "softcap"}, STAGGER,
         "... softcap: 0.935x equal, 0.959x ragged", "bwd-step-order-packed"),
-    Row({"varlen": True, "head_dim": 64, "mode": "softmax", "deterministic": False, "user_score": False,
-         "window": False, "long_keys": True},
-        dict(dq_halves="with_dq_async", p_turns="with_dq_defer", dq_defer="with_dq_halves"),
+    Row({**_STAGGER_CALLS, "varlen": True, "head_dim": 64, "mode": "softmax", "long_keys": True},
+        dict(STAGGER, dq_halves="with_dq_async"),
         "packed D = 64 (the 64-row step) with its dQ halves: softmax 0.927x equal, 0.957x ragged",
         "bwd-step-order-packed"),
-    Row({"varlen": True, "head_dim": 64, "mode": "softcap", "deterministic": False, "user_score": False,
-         "window": False, "long_keys": True},
-        dict(dq_halves="with_dq_async", p_turns="with_dq_defer", dq_defer="with_dq_halves"),
+    Row({**_STAGGER_CALLS, "varlen": True, "head_dim": 64, "mode": "softcap", "long_keys": True},
+        dict(STAGGER, dq_halves="with_dq_async"),
         "... softcap: 0.870x equal, 0.892x ragged (packed sigmoid not timed: in step)", "bwd-step-order-packed"),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
