@@ -105,6 +105,9 @@ GRAD_ROWS = (
         "sigmoid-grad-rule"),
 )
 
+# the dense causal D = 64 forward's tile and its three mechanisms, as packed calls take them
+D64_PACKED_FWD = dict(tile_m=192, num_stages=3, pingpong=True, mask_bits=True, o_smem=True)
+
 FWD_ROWS = (
     Row({}, dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=True,
                  row_max_chains=1, row_sum_carry=False, rescale_threshold=0.0, fixed_max=False,
@@ -191,8 +194,14 @@ FWD_ROWS = (
         "packed sequences: one persistent launch over (sequence, head) units, tiles past a "
         "sequence's end skipped: 1.04-1.22x a CTA per tile on a ragged batch", "varlen-grid"),
     Row({"varlen": True, "head_dim": 64}, dict(tile_m=128, num_stages=2),
-        "D = 64 varlen keeps 128 rows: the one-CTA varlen build spilled on the 192-row tile; the "
-        "persistent one builds without spills there (CPU) but has not run on a GPU", ""),
+        "D = 64 varlen keeps 128 rows where the dense tile was not timed (sigmoid, non-causal, short "
+        "sequences, softcap under the online max)", "varlen-d64-tiles"),
+    Row({"varlen": True, "head_dim": 64, "causal": True, "short_seq": False, "mode": "softmax"}, D64_PACKED_FWD,
+        "... causal softmax on the dense D = 64 tile (192 rows, 3 stages, turns, keep words, O staged): "
+        "1.080x the 128-row tile's speed on 8 x 4k equal lengths, 1.086x on a ragged batch", "varlen-d64-tiles"),
+    Row({"varlen": True, "head_dim": 64, "causal": True, "short_seq": False, "mode": "softcap",
+         "fixed_max_ok": True}, D64_PACKED_FWD,
+        "... and softcap under the constant row max: 1.147x equal, 1.055x ragged", "varlen-d64-tiles"),
     Row({"varlen_ragged": True}, dict(varlen_compact=True),
         "ragged packed batches walk only the live (query tile, sequence) pairs, longest first: 1.01-1.05x "
         "the slot order there; equal lengths keep the slot order (the compact one took 1.04-1.08x its time)",
@@ -266,6 +275,16 @@ BWD_ROWS = (
         "cells (1.002x once; MHA and GQA, causal or not, S 1k-16k); softmax and sigmoid at D = 128 "
         "1.00-1.04x; windowed calls keep the order in step (correct there, not timed)",
         "bwd-step-order"),
+    Row({**_STAGGER_CALLS, "window": True, "head_dim": 64, "varlen": False, "long_keys": True, "mode": "softmax"},
+        STAGGER, "D = 64 windowed calls stagger too: 0.959x the in-step time (softmax; a causal window of 256 "
+        "keys, GQA 32/8 B=4 S=4k)", "bwd-step-order"),
+    Row({**_STAGGER_CALLS, "window": True, "head_dim": 64, "varlen": False, "long_keys": True, "mode": "softcap"},
+        STAGGER, "... softcap poly 0.947x (at D = 128 0.996-1.001x: windowed D = 128 stays in step)", "bwd-step-order"),
+    Row({**_STAGGER_CALLS, "head_dim": 64, "varlen": False, "long_keys": False, "mode": "softcap", "causal": False,
+         "exp2_offload": True},
+        STAGGER, "D = 64 softcap poly (the exp2 offload) below STEP_ORDER_MIN_SEQLEN_K keys, non-causal: 0.941x "
+        "(S = 512) / 0.900x (1k) the in-step time (MHA 32 heads); the in-step build spills 19 words, the staggered 5",
+        "bwd-step-order"),
     # packed calls (the stagger needs the staged dQ halves, which packed calls take on the
     # per-KV-head loop only: on a CTA per query head the warpgroups stay in step)
     Row({**_STAGGER_CALLS, "varlen": True, "head_dim": 128, "mode": "softmax"}, STAGGER,
@@ -280,6 +299,15 @@ BWD_ROWS = (
     Row({**_STAGGER_CALLS, "varlen": True, "head_dim": 64, "mode": "softcap", "long_keys": True},
         dict(STAGGER, dq_halves="with_dq_async"),
         "... softcap: 0.870x equal, 0.892x ragged (packed sigmoid not timed: in step)", "bwd-step-order-packed"),
+    Row({**_STAGGER_CALLS, "varlen": True, "head_dim": 64, "mode": "softmax", "long_keys": True, "causal": True},
+        dict(tile_m=128),
+        "packed D = 64 on the dense 128-row step (its halves, the stagger): 1.208x the 64-row step's speed "
+        "on 8 x 4k equal lengths, 1.171x ragged", "varlen-d64-tiles"),
+    Row({**_STAGGER_CALLS, "varlen": True, "head_dim": 64, "mode": "softcap", "long_keys": True, "causal": True,
+         "poly_score": False},
+        dict(tile_m=128), "... softcap (not the tanh program: its 128-row step spills): 1.102x equal, 1.102x ragged "
+        "(causal; non-causal packed calls keep the 64-row step, not timed)",
+        "varlen-d64-tiles"),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
     Row({"deterministic": True, "head_dim": 256}, dict(dp_first=False),

@@ -3,10 +3,11 @@ tests/test_varlen_gpu.py: per-sequence FP64 references, torch at the input preci
 yardstick, lengths with 0s and 1s): the varlen forward on the 192-row tile of three consumer
 warpgroups (3 K/V stages, GEMMs in turns, keep-word masks and O staged where the dense rows take
 them) and the varlen backward on the 128-row step with its dQ halves and the stagger (p_turns +
-dq_defer).  The plan's packed D = 64 builds keep the 128-row forward tile and the 64-row
-backward step until these pass and are timed (bench/varlen.py --headdim 64 with --fwd-knob /
---bwd-knob); both builds compile without spills on the CPU (the window with keep words).  Its own
-file: ten builds, compiled in a process beside tests/test_varlen_gpu.py's.
+dq_defer).  The plan picks both for causal packed softmax and softcap (constant max) calls since
+they passed here and were timed (plan rows varlen-d64-tiles: bench/results/varlen_d64_tiles.md); the
+sigmoid, non-causal and windowed variants run them by override; both builds compile without spills
+on the CPU (the window with keep words).  Its own file: ten builds, compiled in a process beside
+tests/test_varlen_gpu.py's.
 
     python -m pytest -q -p no:cacheprovider -m gpu tests/test_varlen_d64_gpu.py   (the H200)
 """
