@@ -112,7 +112,7 @@ FWD_ROWS = (
     Row({}, dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=True,
                  row_max_chains=1, row_sum_carry=False, rescale_threshold=0.0, fixed_max=False,
                  exp2_fma=0, varlen=False, varlen_compact=False, o_smem=False,
-                 mask_bits=False),
+                 mask_bits=False, pack_gqa=False),
         "two consumer warpgroups of 64 rows, 2 K/V stages, a persistent LPT-ordered grid (0.92-0.96x)",
         "fwd-persistent"),
     Row({}, dict(balance_ctas=True),
@@ -554,6 +554,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         fwd["persistent"] = sm_count
     elif fwd["persistent"] is False:
         fwd["persistent"] = 0
+    fwd["pack_gqa"] = _pack_gqa(call, fwd["pack_gqa"])
     if fwd["varlen"]:
         if not call.varlen:
             raise ValueError("fwd.varlen: the varlen forward runs packed calls (flash_attn_poly.varlen)")
@@ -624,6 +625,17 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
                     fwd_ctas=_fwd_ctas(call, fwd_cfg, window, balance_ctas, overrides.get("fwd_ctas")))
 
 
+def _pack_gqa(call: AttnCall, value) -> int:
+    """fwd.pack_gqa as the kernel takes it: the call's GQA group (H_q / H_kv) for True, 1 (off) for
+    False or an MHA call; an integer must be 1 or the call's group."""
+    group = call.heads_q // call.heads_kv
+    if isinstance(value, bool):
+        return group if value else 1
+    if value not in (1, group):
+        raise ValueError(f"fwd.pack_gqa: 1 (off) or the call's GQA group H_q / H_kv = {group}, got {value!r}")
+    return int(value)
+
+
 def _fwd_ctas(call: AttnCall, fwd, window, balance: bool, override: Optional[int]) -> int:
     """The persistent forward's CTA count: with `balance` (the balance_ctas row) on dense calls
     the count (of at most fwd.persistent) whose snake over the sectioned LPT order the host model
@@ -639,14 +651,15 @@ def _fwd_ctas(call: AttnCall, fwd, window, balance: bool, override: Optional[int
         return fwd.persistent
     from .kernels.tile_scheduler import TILE_FIXED_KEYS, heads_per_section, persistent_ctas
     from .kernels.mask import key_block_range
-    tm, tn, s_q, s_k = fwd.tile_m, fwd.tile_n, call.seqlen_q, call.seqlen_k
-    num_blocks = -(-s_q // tm)
+    tm, tn, s_q, s_k, g = fwd.tile_m, fwd.tile_n, call.seqlen_q, call.seqlen_k, fwd.pack_gqa
+    num_blocks = -(-(g * s_q) // tm)   # packed GQA: tiles of tm / g positions of g heads, per KV head
     cost = []
     for m in range(num_blocks):   # key blocks per query block, as the kernel's BlockRange counts them
-        n_min, n_max = key_block_range(m, s_q, s_k, tm, tn, fwd.causal, fwd.window_left, fwd.window_right, *window)
+        n_min, n_max = key_block_range(m, s_q, s_k, tm // g, tn, fwd.causal, fwd.window_left, fwd.window_right,
+                                       *window)
         cost.append(max(n_max - n_min, 0) * tn + TILE_FIXED_KEYS)
-    units = call.heads_q * call.batch
-    group = heads_per_section(units, s_k, call.head_dim * 4, call.heads_q // call.heads_kv)
+    units = call.heads_q // g * call.batch
+    group = heads_per_section(units, s_k, call.head_dim * 4, call.heads_q // call.heads_kv // g)
     return persistent_ctas(fwd.persistent, num_blocks, units, group, cost, fwd.causal)
 
 

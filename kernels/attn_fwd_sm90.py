@@ -100,6 +100,7 @@ class AttnFwdSm90:
         self.causal = cfg.causal
         self.pingpong = cfg.pingpong
         self.num_mma_wg = self.tile_m // 64
+        self.pack = cfg.pack_gqa   # > 1: packed GQA (_pack_rows); the tile holds tile_m / pack positions
         self.num_mma_regs = self.MMA_REGS[self.num_mma_wg]
         self.num_threads = self.num_threads_per_wg * (1 + self.num_mma_wg)
         # o_smem's staging tile: tile_m rows x o_cols columns, O written through it in
@@ -147,6 +148,8 @@ class AttnFwdSm90:
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
                           for t in (mQ, mK, mV, mO)]
         mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+        if cutlass.const_expr(self.pack > 1):
+            mQ, mO, mLSE = (self._pack_rows(t) for t in (mQ, mO, mLSE))
         tiled_mma_qk, tiled_mma_pv = self._tiled_mmas()
         sQ_layout = self._smem_layout(self.tile_m, None)
         sK_layout = self._smem_layout(self.tile_n, self.num_stages)
@@ -170,7 +173,7 @@ class AttnFwdSm90:
             fields["sO"] = cute.struct.Align[
                 cute.struct.MemRange[self.dtype, cute.cosize(self._smem_layout(self.tile_m, None, self.o_cols))], 1024]
         self.shared_storage = cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
-        num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
+        num_m_blocks = cute.ceil_div(cute.size(mQ, mode=[0]), self.tile_m)
         num_batch = mQ.shape[3]
         if cutlass.const_expr(varlen is not None):   # (cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
             num_m_blocks = cute.ceil_div(varlen[2], self.tile_m)
@@ -185,6 +188,27 @@ class AttnFwdSm90:
                     (p0, p1, p2, p3), self._window_param(win_left, win_right), sched, aux, varlen).launch(
             grid=grid,
             block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    def _pack_rows(self, t: cute.Tensor) -> cute.Tensor:
+        """Packed GQA: the (S, ..., H_q, B) view of Q, O or LSE as ((pack, S), ..., H_q / pack, B),
+        the group's heads fastest: row m of a KV head's rows is position m // pack of its query head
+        h_kv * pack + m % pack (flash-attn's pack_gqa).  A 192-row tile then ends its causal range
+        at 192 / pack positions, so fewer of its key blocks are cut by the diagonal.  The rows stay
+        TMA-able: the Q box is (pack, tile_m / pack) positions of one KV head's group."""
+        shape, stride = t.shape, t.layout.stride
+        h = len(shape) - 2   # the head mode (Q / O: (S, D, H, B); LSE: (S, H, B))
+        g = self.pack
+        new_shape = ((g, shape[0]),) + tuple(shape[1:h]) + (shape[h] // g, shape[h + 1])
+        new_stride = ((stride[h], stride[0]),) + tuple(stride[1:h]) + (stride[h] * g, stride[h + 1])
+        return cute.make_tensor(t.iterator, cute.make_layout(new_shape, stride=new_stride))
+
+    def _seqlen_q(self, mQ: cute.Tensor):
+        """Query positions of mQ (packed GQA: its row mode is (pack, S))."""
+        return mQ.shape[0][1] if cutlass.const_expr(self.pack > 1) else mQ.shape[0]
+
+    def _rows_q(self, seqlen_q):
+        """Packed rows of seqlen_q positions (the epilogue's bound)."""
+        return seqlen_q * self.pack if cutlass.const_expr(self.pack > 1) else seqlen_q
 
     def _window_param(self, win_left, win_right):
         """Window sizes reach the kernel only in windowed builds: unused kernel parameters
@@ -217,9 +241,9 @@ class AttnFwdSm90:
             self._sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        blocks = mask_mod.BlockRange(self.tile_m, self.tile_n, self.causal,
+        # positions per tile: packed GQA tiles hold tile_m / pack positions (of pack heads each)
+        blocks = mask_mod.BlockRange(self.tile_m // self.pack, self.tile_n, self.causal,
                                      self.cfg.window_left, self.cfg.window_right)
-        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
         if cutlass.const_expr(self.cfg.persistent > 0):
             self.persistent_roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                                   tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params,
@@ -291,9 +315,9 @@ class AttnFwdSm90:
                           sched: cutlass.Constexpr, blocks, warp_idx, aux):
         """One CTA = one tile (the grid has a CTA per tile, in LPT order); dense calls only (the
         varlen build is persistent: config.check_fwd)."""
-        num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
+        num_m_blocks = cute.ceil_div(cute.size(mQ, mode=[0]), self.tile_m)
         m_block, head, batch = sched.work_tile(num_m_blocks, mQ.shape[2], self._section_group(mQ, mK))
-        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        seqlen_q, seqlen_k = self._seqlen_q(mQ), mK.shape[0]
         n_max, n_cnt = self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.num_producer_regs)
@@ -320,7 +344,7 @@ class AttnFwdSm90:
         tiles (for causal self-attention a tile's cost is its block index, whatever the
         sequence, so the order stays longest first); every role reads the tile's sequence
         offsets (_sequence) and skips a tile past its sequence's end, without a pipeline step."""
-        num_m_blocks = cute.ceil_div(mQ.shape[0], self.tile_m)
+        num_m_blocks = cute.ceil_div(cute.size(mQ, mode=[0]), self.tile_m)
         h_q, num_batch = mQ.shape[2], mQ.shape[3]
         rows = None
         if cutlass.const_expr(varlen is not None):
@@ -334,7 +358,7 @@ class AttnFwdSm90:
         cta = cute.arch.block_idx()[0]
         num_ctas = cute.arch.grid_dim()[0]
         rounds = cute.ceil_div(tiles, num_ctas)
-        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        seqlen_q, seqlen_k = self._seqlen_q(mQ), mK.shape[0]
         q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         q_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -530,7 +554,7 @@ class AttnFwdSm90:
             if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced
                 self.pingpong_sync(0)
         self.epilogue(acc_O, softmax, params, mO, mLSE, tiled_mma_pv, tidx, m_block, head, batch,
-                      seqlen_q, n_max)
+                      self._rows_q(seqlen_q), n_max)
         if cutlass.const_expr(persistent):
             return kv, q_run
 
@@ -569,7 +593,7 @@ class AttnFwdSm90:
             mask_mod.apply_mask(sc.acc_mn_view(acc_S), ctx.tScS_mn, ctx.m_block, n_block,
                                 ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.causal,
                                 self.cfg.window_left, self.cfg.window_right, ctx.window[0], ctx.window[1],
-                                self.cfg.mask_bits)
+                                self.cfg.mask_bits, self.pack)
         self.score.probs(acc_S, tOrP_dst, ctx.softmax, ctx.params, is_first, masked,
                          ctx.row_scale, self.is_bf16)
 
@@ -690,7 +714,8 @@ class AttnFwdSm90:
     @cute.jit
     def epilogue(self, acc_O, softmax, params, mO, mLSE, tiled_mma_pv, tidx: Int32,
                  m_block: Int32, head: Int32, batch: Int32, seqlen_q: Int32, n_max: Int32):
-        """Normalise O (softmax modes), write O (rows < S_q) and LSE straight from registers."""
+        """Normalise O (softmax modes), write O (rows < seqlen_q: the packed rows, pack x S_q, under
+        packed GQA) and LSE straight from registers."""
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         tOcO_mn = sc.acc_mn_view(thr_mma_pv.partition_C(
             cute.make_identity_tensor((self.tile_m, self.head_dim))))

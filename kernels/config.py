@@ -53,6 +53,8 @@ class FwdConfig:
                               # 16-byte row chunks, instead of 4-byte stores from the MMA fragment
     mask_bits: bool           # masked blocks: one keep word per row and 32 columns (kernels/mask.py
                               # apply_mask_bits) instead of an add and a compare per score
+    pack_gqa: int = 1         # > 1: the GQA group's query heads packed into the M tile (row m = position
+                              # m // pack_gqa of query head h_kv * pack_gqa + m % pack_gqa); the group size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +128,14 @@ def check_fwd(c: FwdConfig) -> None:
     if c.varlen and c.persistent <= 0:
         raise ValueError("varlen: the varlen forward is a persistent grid (persistent = the CTA count), "
                          f"got persistent {c.persistent}")
+    if c.pack_gqa < 1 or c.pack_gqa & (c.pack_gqa - 1) or c.pack_gqa > 64:
+        # a tile's rows are whole positions of every head of the group, and so are the epilogue's
+        # 64-row bands (o_smem)
+        raise ValueError(f"pack_gqa (query heads per KV head packed into a tile) must be a power of two "
+                         f"up to 64 (1: off), got {c.pack_gqa}")
+    if c.pack_gqa > 1 and (c.varlen or s.kind == "user"):
+        raise ValueError(f"pack_gqa: dense calls of the built-in scores only (a user score reads the query "
+                         f"head and position of a row), got varlen={c.varlen}, score {s.kind!r}")
     if s.evaluator == "poly" and not split_fits_block(s.poly_split, c.tile_n):
         raise ValueError(f"poly_split {s.poly_split} repeats every {8 * s.poly_split[1]} keys, more than "
                          f"the forward's key block (tile_n {c.tile_n}): the forward could not send the "

@@ -130,20 +130,22 @@ def apply_mask(
     win_left: Int32 = 0,
     win_right: Int32 = 0,
     bits: cutlass.Constexpr[bool] = False,
+    pack: cutlass.Constexpr[int] = 1,
 ):
     """Set masked scores to -inf. acc_S_mn: (rows, cols) view of the S accumulator;
     tScS_mn: the same view of its (row, col) coordinates inside the tile.  Window bounds as
     in the module docstring (has_right is ignored when causal: the causal bound is tighter).
     bits: per row one keep mask of the thread's columns (apply_mask_bits) instead of one
-    integer compare per score."""
+    integer compare per score.  pack: the packed-GQA tile's heads per position (a row's query
+    position is its packed row // pack; 1: rows are positions)."""
     if cutlass.const_expr(bits):
         apply_mask_bits(acc_S_mn, tScS_mn, m_block, n_block, seqlen_q, seqlen_k, tile_m, tile_n, causal,
-                        has_left, has_right, win_left, win_right)
+                        has_left, has_right, win_left, win_right, pack)
         return
     col_base = n_block * tile_n
     for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
         row, col_end = row_key_end(tScS_mn, r, m_block, seqlen_q, seqlen_k, tile_m, causal, has_left,
-                                   has_right, win_right)
+                                   has_right, win_right, pack)
         col_end = col_end - col_base
         if cutlass.const_expr(has_left):
             # first visible column, tile-relative; one more compare per score on masked blocks
@@ -160,13 +162,17 @@ def apply_mask(
 @cute.jit
 def row_key_end(tScS_mn, r: cutlass.Constexpr[int], m_block, seqlen_q, seqlen_k, tile_m: cutlass.Constexpr[int],
                 causal: cutlass.Constexpr[bool], has_left: cutlass.Constexpr[bool],
-                has_right: cutlass.Constexpr[bool], win_right):
+                has_right: cutlass.Constexpr[bool], win_right, pack: cutlass.Constexpr[int] = 1):
     """(query row of the thread's row r, or None where no bound needs it; one past the last key
-    that row sees: S_k without a right bound)."""
+    that row sees: S_k without a right bound).  pack > 1 (packed GQA): the tile holds tile_m / pack
+    positions of pack heads each, row m of the tile is position m // pack."""
     row = None
     end = seqlen_k
     if cutlass.const_expr(causal or has_right or has_left):
-        row = m_block * tile_m + tScS_mn[r, 0][0]
+        if cutlass.const_expr(pack > 1):
+            row = m_block * (tile_m // pack) + tScS_mn[r, 0][0] // pack
+        else:
+            row = m_block * tile_m + tScS_mn[r, 0][0]
     if cutlass.const_expr(causal):
         end = cutlass.min(row + 1 + seqlen_k - seqlen_q, seqlen_k)
     elif cutlass.const_expr(has_right):
@@ -198,7 +204,8 @@ def elements_below(limit: Int32) -> Int32:
 @cute.jit
 def apply_mask_bits(acc_S_mn, tScS_mn, m_block, n_block, seqlen_q, seqlen_k, tile_m: cutlass.Constexpr[int],
                     tile_n: cutlass.Constexpr[int], causal: cutlass.Constexpr[bool],
-                    has_left: cutlass.Constexpr[bool], has_right: cutlass.Constexpr[bool], win_left, win_right):
+                    has_left: cutlass.Constexpr[bool], has_right: cutlass.Constexpr[bool], win_left, win_right,
+                    pack: cutlass.Constexpr[int] = 1):
     """apply_mask with one keep word per row and 32 columns: the row's visible columns, a prefix
     (right bound) and a suffix (left bound) of the thread's elements, become a bit mask; each
     score tests its constant bit (ptxas moves a word's bits into predicates with R2P), so the
@@ -208,7 +215,7 @@ def apply_mask_bits(acc_S_mn, tScS_mn, m_block, n_block, seqlen_q, seqlen_k, til
     col0 = n_block * tile_n + tScS_mn[0, 0][1]   # this thread's first column, in keys
     for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
         row, end = row_key_end(tScS_mn, r, m_block, seqlen_q, seqlen_k, tile_m, causal, has_left, has_right,
-                               win_right)
+                               win_right, pack)
         k_end = elements_below(end - col0)
         if cutlass.const_expr(has_left):
             k_start = elements_below(row + seqlen_k - seqlen_q - win_left - col0)

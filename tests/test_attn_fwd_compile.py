@@ -580,3 +580,29 @@ def test_mask_bits(d, window):
     assert len(re.findall(r"\bR2P\b", b.sass)) > 0 and len(re.findall(r"\bR2P\b", a.sass)) == 0
     assert nb["HGMMA"] == na["HGMMA"] and b.depbar() == a.depbar() and nb["STL"] == 0, (na, nb)
     assert len(b.sass.splitlines()) < len(a.sass.splitlines())
+
+
+# packed GQA (fwd.pack_gqa: the GQA group's heads packed into the M tile): the builds the GPU test
+# (tests/test_pack_gqa_gpu.py) runs, at the group of a 32 / 8 call
+PACK_BUILDS = [("softmax", "native", 64, True, (-1, -1)), ("softcap", "poly", 64, True, (-1, -1)),
+               ("sigmoid", "poly", 64, False, (-1, -1)), ("softmax", "native", 64, False, (100, 37)),
+               ("softmax", "native", 128, True, (-1, -1)), ("softcap", "native", 256, True, (-1, -1))]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator,d,causal,window", PACK_BUILDS, ids=lambda v: str(v))
+def test_pack_gqa_builds(mode, evaluator, d, causal, window):
+    """Q loads as 5-D TMA boxes (group, positions, D, KV head, batch) instead of 4-D ones, O and
+    LSE stores stay as many (16-byte rows where O is staged), HGMMA present, no spills; the mask's
+    position is row // group (a shift), so the main loop grows by a few integer ops at most."""
+    from flash_attn_poly.kernels import sass
+    kw = dict(d=d, causal=causal, window=window, shape=(2, 8192, 32, 8))
+    plain = B.plan(mode, evaluator, **kw)
+    packed = B.plan(mode, evaluator, **kw, overrides={"fwd.pack_gqa": True})
+    assert packed.fwd.pack_gqa == 4 and plain.fwd.pack_gqa == 1
+    fams = sass.families("UTMALDG.4D", "UTMALDG.5D", "STG.E.128", "STG.E", "HGMMA", "STL", "LDL")
+    a, b = (sass.count_opcodes(B.fwd(p.fwd).sass, fams) for p in (plain, packed))
+    # Q's load: one box per 64 columns (the 128-byte swizzle), each 5-D instead of 4-D
+    assert (a["UTMALDG.5D"], b["UTMALDG.5D"], a["UTMALDG.4D"] - b["UTMALDG.4D"]) == (0, d // 64, d // 64), (a, b)
+    assert b["HGMMA"] == a["HGMMA"] > 0 and b["STL"] == b["LDL"] == 0, b
+    assert (b["STG.E.128"], b["STG.E"]) == (a["STG.E.128"], a["STG.E"]), (a, b)

@@ -699,3 +699,43 @@ def test_backward_overrides_are_checked():
         resolve("softmax", overrides={"bwd.kv_sections": True, "bwd.head_loop": False})
     with pytest.raises(ValueError, match="stages must be >= 1"):
         resolve("softmax", overrides={"bwd.stages": 0})
+
+
+def test_pack_gqa_resolves_to_the_call_group_and_is_off_by_default():
+    """fwd.pack_gqa (the GQA group's heads packed into the forward's M tile): off in every default
+    plan (no row yet); True resolves to H_q / H_kv, 1 / False to off, an MHA call to 1; another
+    integer is refused naming the field; packed calls and user scores cannot take it."""
+    for shape in (ANCHOR, (2, 8192, 32, 8), (1, 4096, 16, 16)):
+        for mode in ("softmax", "softcap", "sigmoid"):
+            assert resolve(mode, d=64, shape=shape).fwd.pack_gqa == 1
+    assert resolve("softmax", d=64, shape=(2, 8192, 32, 8), overrides={"fwd.pack_gqa": True}).fwd.pack_gqa == 4
+    assert resolve("softmax", d=64, shape=(2, 8192, 32, 8), overrides={"fwd.pack_gqa": 4}).fwd.pack_gqa == 4
+    assert resolve("softmax", d=64, shape=(2, 8192, 32, 8), overrides={"fwd.pack_gqa": 1}).fwd.pack_gqa == 1
+    assert resolve("softmax", d=64, shape=(1, 4096, 16, 16), overrides={"fwd.pack_gqa": True}).fwd.pack_gqa == 1
+    with pytest.raises(ValueError, match="pack_gqa.*group H_q / H_kv = 4, got 2"):
+        resolve("softmax", d=64, shape=(2, 8192, 32, 8), overrides={"fwd.pack_gqa": 2})
+    with pytest.raises(ValueError, match="pack_gqa.*power of two"):   # a group of 3
+        resolve("softmax", d=64, shape=(2, 8192, 24, 8), overrides={"fwd.pack_gqa": True})
+    with pytest.raises(ValueError, match="pack_gqa: dense calls"):
+        resolve("softmax", d=64, shape=(8, 4096, 32, 8), varlen=True, overrides={"fwd.pack_gqa": True})
+    with pytest.raises(ValueError, match="pack_gqa: dense calls"):
+        resolve("softmax", d=128, score_mod=lambda s, *a: s, overrides={"fwd.pack_gqa": True})
+
+
+def test_pack_gqa_balances_its_own_tiles():
+    """The persistent forward's CTA count under packed GQA models the packed tiles (tile_m / g
+    positions of g heads, units per KV head): at causal MHA-sized grids the count is the model's,
+    not the unpacked plan's, and a packed plan's count stays within the SM count."""
+    for shape in ((4, 4096, 32, 8), (1, 16384, 32, 8), (16, 1024, 32, 4)):
+        p = resolve("softmax", d=128, shape=shape, overrides={"fwd.pack_gqa": True})
+        assert p.fwd.pack_gqa > 1 and 0 < p.fwd_ctas <= SM
+        from flash_attn_poly.kernels.tile_scheduler import persistent_ctas, heads_per_section, TILE_FIXED_KEYS
+        from flash_attn_poly.kernels.mask import key_block_range
+        b, s, hq, hkv = shape
+        g, tm, tn = hq // hkv, p.fwd.tile_m, p.fwd.tile_n
+        blocks = -(-(g * s) // tm)
+        cost = [(lambda r: max(r[1] - r[0], 0))(key_block_range(m, s, s, tm // g, tn, True)) * tn + TILE_FIXED_KEYS
+                for m in range(blocks)]
+        units = hkv * b
+        assert p.fwd_ctas == persistent_ctas(p.fwd.persistent, blocks, units,
+                                             heads_per_section(units, s, 128 * 4, 1), cost, True)
