@@ -169,6 +169,22 @@ FWD_ROWS = (
         "short causal D = 64 sequences (S_q, S_k <= SHORT_SEQLEN) on two 64-row warpgroups, 2 stages, "
         "no turns or keep words (O staged): 0.84-0.97x the 192-row tile (32 heads, GQA 4 and MHA, S "
         "512 and 1k, every mode); at S = 2k 0.99-1.11x, non-causal 0.99-1.09x", "fwd-d64-short"),
+    # packed GQA where it was timed faster (fwd-pack-gqa): the 192-row tiles (48 positions of 4 heads
+    # end fewer tiles mid key block) and a KV head's query heads in one tile (K / V read once for them)
+    Row({"head_dim": 64, "mode": "softmax", "varlen": False, "short_seq": False, "window": False,
+         "pack_gqa_ok": True}, dict(pack_gqa=True),
+        "D = 64 softmax with the GQA group packed into the 192-row tile: 0.915 / 0.950 / 0.974-1.029 / "
+        "0.927-0.969 / 0.984x the time at causal S = 2k / 4k / 8k / 16k / 32k (32/8), non-causal 0.965-0.981x",
+        "fwd-pack-gqa"),
+    Row({"head_dim": 64, "mode": "softcap", "fixed_max_ok": True, "causal": True, "varlen": False,
+         "short_seq": False, "window": False, "pack_gqa_ok": True}, dict(pack_gqa=True),
+        "... and the causal D = 64 softcap under the constant max: 0.921 / 0.935x at S = 2k / 4k, 0.984-1.016x "
+        "from 8k (non-causal 0.932 / 1.019x: not taken)", "fwd-pack-gqa"),
+    Row({"head_dim": 128, "mode": "softcap", "fixed_max_ok": True, "varlen": False, "window": False,
+         "pack_gqa_ok": True}, dict(pack_gqa=True),
+        "D = 128 softcap under the constant max (its 192 x 64 tile): 0.872-0.948x the time (32/8, causal S 1k "
+        "to 16k, non-causal 4k), 1.001x at B = 1 S = 4k; softmax and sigmoid at D = 128, D = 256 and sigmoid at "
+        "D = 64 were mixed (0.93-1.06x): unpacked", "fwd-pack-gqa"),
     Row({"head_dim": 128}, dict(o_smem=True),
         "O staged through smem, 16-byte row stores: 0.84-0.97x the time at S = 1k, 0.98-1.00x at 4k; "
         "0.95-0.96x on a ragged varlen batch", "fwd-o-smem"),
@@ -390,6 +406,9 @@ def _facts(call: AttnCall, program) -> dict:
         "varlen_tables_fit": call.varlen and _varlen_tables_fit(call),
         "varlen_ragged": call.varlen and call.varlen_ragged and _varlen_tables_fit(call),
         "short_seq": max(call.seqlen_q, call.seqlen_k) <= SHORT_SEQLEN,
+        # the forward can pack the GQA group into its M tile (kernels/config.check_fwd: a power of two
+        # up to 64, dense calls of the built-in scores)
+        "pack_gqa_ok": _pack_gqa_ok(call),
         "long_keys": call.seqlen_k >= STEP_ORDER_MIN_SEQLEN_K,
         "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,
         "program_dtype": None if program is None else program.dtype,
@@ -623,6 +642,11 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
                     window=window, zero_dq_in_pre=zero_dq, softmax_scale=call.softmax_scale,
                     softcap=call.softcap, sigmoid_bias=bias,
                     fwd_ctas=_fwd_ctas(call, fwd_cfg, window, balance_ctas, overrides.get("fwd_ctas")))
+
+
+def _pack_gqa_ok(call: AttnCall) -> bool:
+    g = call.heads_q // call.heads_kv
+    return 1 < g <= 64 and not g & (g - 1) and not call.varlen and call.score_mod is None
 
 
 def _pack_gqa(call: AttnCall, value) -> int:

@@ -701,13 +701,33 @@ def test_backward_overrides_are_checked():
         resolve("softmax", overrides={"bwd.stages": 0})
 
 
-def test_pack_gqa_resolves_to_the_call_group_and_is_off_by_default():
-    """fwd.pack_gqa (the GQA group's heads packed into the forward's M tile): off in every default
-    plan (no row yet); True resolves to H_q / H_kv, 1 / False to off, an MHA call to 1; another
-    integer is refused naming the field; packed calls and user scores cannot take it."""
-    for shape in (ANCHOR, (2, 8192, 32, 8), (1, 4096, 16, 16)):
-        for mode in ("softmax", "softcap", "sigmoid"):
-            assert resolve(mode, d=64, shape=shape).fwd.pack_gqa == 1
+def test_pack_gqa_rows():
+    """fwd.pack_gqa (the GQA group's heads packed into the forward's M tile) where it was timed
+    faster: D = 64 softmax (not short, unwindowed), D = 64 causal softcap under the constant max,
+    D = 128 softcap under the constant max; not sigmoid, D = 128 softmax, D = 256, windows, short
+    D = 64 calls, the online-max softcap, MHA, groups that are no power of two, packed sequences."""
+    on = lambda *a, **k: resolve(*a, **k).fwd.pack_gqa
+    gqa = (2, 8192, 32, 8)
+    assert on("softmax", d=64, shape=gqa) == on("softmax", "poly", d=64, shape=gqa, causal=False) == 4
+    assert on("softmax", d=64, shape=(1, 32768, 64, 8)) == 8
+    assert on("softcap", "poly", d=64, shape=gqa) == on("softcap", "native", d=64, shape=gqa) == 4
+    assert on("softcap", "poly", d=128, shape=gqa) == on("softcap", "poly", d=128, causal=False) == 4
+    assert on("softcap", "poly", d=128, shape=(16, 1024, 32, 8)) == 4
+    for kw in (dict(mode="sigmoid", evaluator="poly", d=64), dict(mode="softmax", d=128), dict(mode="softmax", d=256),
+               dict(mode="softcap", evaluator="poly", d=256), dict(mode="softcap", evaluator="poly", d=64, causal=False),
+               dict(mode="softcap", evaluator="poly", d=64, softcap=60.0), dict(mode="softmax", d=64, window=(256, 0)),
+               dict(mode="softmax", d=64, shape=(16, 1024, 32, 8)), dict(mode="softmax", d=64, shape=(2, 8192, 32, 32)),
+               dict(mode="softmax", d=64, shape=(2, 8192, 24, 8)), dict(mode="softcap", d=128, window=(256, 0)),
+               dict(mode="softmax", d=64, shape=(8, 4096, 32, 8), varlen=True)):
+        kw = dict(dict(shape=gqa), **kw)
+        assert on(**kw) == 1, kw
+    # the plan's packed builds pass check_fwd (a group of 3 is not packed)
+    assert on("softmax", d=64, shape=(2, 8192, 24, 8)) == 1
+
+
+def test_pack_gqa_resolves_to_the_call_group():
+    """True resolves to H_q / H_kv, 1 / False to off, an MHA call to 1; another integer is refused
+    naming the field; packed calls and user scores cannot take it."""
     assert resolve("softmax", d=64, shape=(2, 8192, 32, 8), overrides={"fwd.pack_gqa": True}).fwd.pack_gqa == 4
     assert resolve("softmax", d=64, shape=(2, 8192, 32, 8), overrides={"fwd.pack_gqa": 4}).fwd.pack_gqa == 4
     assert resolve("softmax", d=64, shape=(2, 8192, 32, 8), overrides={"fwd.pack_gqa": 1}).fwd.pack_gqa == 1
