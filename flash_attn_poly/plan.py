@@ -574,6 +574,13 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     elif fwd["persistent"] is False:
         fwd["persistent"] = 0
     fwd["pack_gqa"] = _pack_gqa(call, fwd["pack_gqa"])
+    if fwd["pack_gqa"] > 1 and call.varlen and fwd["varlen_compact"]:
+        from .kernels.config import COMPACT_MAX_TILES
+        tiles = -(-call.seqlen_q * fwd["pack_gqa"] // fwd["tile_m"])
+        if tiles > COMPACT_MAX_TILES:   # the compact table's entries hold a query tile in 13 bits
+            raise ValueError(f"fwd.pack_gqa: {tiles} packed query tiles in the longest sequence "
+                             f"({call.seqlen_q} positions x {fwd['pack_gqa']} heads / {fwd['tile_m']} rows), "
+                             f"more than the compact order's {COMPACT_MAX_TILES}")
     if fwd["varlen"]:
         if not call.varlen:
             raise ValueError("fwd.varlen: the varlen forward runs packed calls (flash_attn_poly.varlen)")
@@ -646,6 +653,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
 
 def _pack_gqa_ok(call: AttnCall) -> bool:
     g = call.heads_q // call.heads_kv
+    # packed sequences: the varlen build packs too (by override; not yet timed, so no row takes it)
     return 1 < g <= 64 and not g & (g - 1) and not call.varlen and call.score_mod is None
 
 

@@ -176,7 +176,7 @@ class AttnFwdSm90:
         num_m_blocks = cute.ceil_div(cute.size(mQ, mode=[0]), self.tile_m)
         num_batch = mQ.shape[3]
         if cutlass.const_expr(varlen is not None):   # (cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
-            num_m_blocks = cute.ceil_div(varlen[2], self.tile_m)
+            num_m_blocks = cute.ceil_div(self._rows_q(varlen[2]), self.tile_m)
             num_batch = varlen[0].shape[0] - 1
         sched = SectionLptScheduler(reverse=self.causal)
         grid = SectionLptScheduler.grid(num_m_blocks, mQ.shape[2], num_batch)
@@ -272,9 +272,10 @@ class AttnFwdSm90:
         cu_q, cu_k = varlen[0], varlen[1]
         off_q, off_k = cu_q[batch], cu_k[batch]
         seqlen_q, seqlen_k = cu_q[batch + 1] - off_q, cu_k[batch + 1] - off_k
-        mQ, mO = (cute.domain_offset((off_q, 0, 0, 0), t) for t in (mQ, mO))
+        row_q = (0, off_q) if cutlass.const_expr(self.pack > 1) else off_q   # packed GQA: ((g, S), ...) rows
+        mQ, mO = (cute.domain_offset((row_q, 0, 0, 0), t) for t in (mQ, mO))
         mK, mV = (cute.domain_offset((off_k, 0, 0, 0), t) for t in (mK, mV))
-        mLSE = cute.domain_offset((off_q, 0, 0), mLSE)
+        mLSE = cute.domain_offset((row_q, 0, 0), mLSE)
         return mQ, mK, mV, mO, mLSE, Int32(0), seqlen_q, seqlen_k
 
     def _key_range(self, blocks, m_block, seqlen_q, seqlen_k, window):
@@ -306,7 +307,7 @@ class AttnFwdSm90:
             m_block, head, b = sched.tile_at(t, num_m_blocks, h_q, num_batch, group)
         mQ, mK, mV, mO, mLSE, b, sq, sk = self._sequence(varlen, b, mQ, mK, mV, mO, mLSE)
         n_max, n_cnt = self._key_range(blocks, m_block, sq, sk, window)
-        live = cutlass.min(cutlass.max(sq - m_block * self.tile_m, 0), 1)
+        live = cutlass.min(cutlass.max(self._rows_q(sq) - m_block * self.tile_m, 0), 1)
         return m_block, head, b, (mQ, mK, mV, mO, mLSE), sq, sk, n_max, n_cnt, live
 
     @cute.jit
@@ -348,7 +349,7 @@ class AttnFwdSm90:
         h_q, num_batch = mQ.shape[2], mQ.shape[3]
         rows = None
         if cutlass.const_expr(varlen is not None):
-            num_m_blocks = cute.ceil_div(varlen[2], self.tile_m)
+            num_m_blocks = cute.ceil_div(self._rows_q(varlen[2]), self.tile_m)
             num_batch = varlen[0].shape[0] - 1
             rows = varlen[2]
         group = self._section_group(mQ, mK, h_q * num_batch, rows)

@@ -133,9 +133,9 @@ def check_fwd(c: FwdConfig) -> None:
         # 64-row bands (o_smem)
         raise ValueError(f"pack_gqa (query heads per KV head packed into a tile) must be a power of two "
                          f"up to 64 (1: off), got {c.pack_gqa}")
-    if c.pack_gqa > 1 and (c.varlen or s.kind == "user"):
-        raise ValueError(f"pack_gqa: dense calls of the built-in scores only (a user score reads the query "
-                         f"head and position of a row), got varlen={c.varlen}, score {s.kind!r}")
+    if c.pack_gqa > 1 and s.kind == "user":
+        raise ValueError("pack_gqa: built-in scores only (a user score reads the query head and position of "
+                         f"a row), got score {s.kind!r}")
     if s.evaluator == "poly" and not split_fits_block(s.poly_split, c.tile_n):
         raise ValueError(f"poly_split {s.poly_split} repeats every {8 * s.poly_split[1]} keys, more than "
                          f"the forward's key block (tile_n {c.tile_n}): the forward could not send the "

@@ -69,7 +69,8 @@ def forward_varlen(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     order = ()
     if plan.fwd.varlen_compact:   # the live (query tile, sequence) pairs, built on the device
         from .tile_scheduler import compact_varlen_table
-        order = (compact_varlen_table(cu_seqlens_q, max_seqlen_q, plan.fwd.tile_m),)
+        # query tiles of tile_m / pack_gqa positions (packed GQA: each of pack_gqa heads)
+        order = (compact_varlen_table(cu_seqlens_q, max_seqlen_q, plan.fwd.tile_m // plan.fwd.pack_gqa),)
     fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, *order, *_numbers(plan), *plan.window,
        plan.fwd_ctas)
     return out[0], (None if plan.call.mode == "sigmoid" else lse[0])

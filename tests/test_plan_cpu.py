@@ -727,7 +727,7 @@ def test_pack_gqa_rows():
 
 def test_pack_gqa_resolves_to_the_call_group():
     """True resolves to H_q / H_kv, 1 / False to off, an MHA call to 1; another integer is refused
-    naming the field; packed calls and user scores cannot take it."""
+    naming the field; user scores cannot take it, packed calls within the compact order's table."""
     assert resolve("softmax", d=64, shape=(2, 8192, 32, 8), overrides={"fwd.pack_gqa": True}).fwd.pack_gqa == 4
     assert resolve("softmax", d=64, shape=(2, 8192, 32, 8), overrides={"fwd.pack_gqa": 4}).fwd.pack_gqa == 4
     assert resolve("softmax", d=64, shape=(2, 8192, 32, 8), overrides={"fwd.pack_gqa": 1}).fwd.pack_gqa == 1
@@ -736,9 +736,12 @@ def test_pack_gqa_resolves_to_the_call_group():
         resolve("softmax", d=64, shape=(2, 8192, 32, 8), overrides={"fwd.pack_gqa": 2})
     with pytest.raises(ValueError, match="pack_gqa.*power of two"):   # a group of 3
         resolve("softmax", d=64, shape=(2, 8192, 24, 8), overrides={"fwd.pack_gqa": True})
-    with pytest.raises(ValueError, match="pack_gqa: dense calls"):
-        resolve("softmax", d=64, shape=(8, 4096, 32, 8), varlen=True, overrides={"fwd.pack_gqa": True})
-    with pytest.raises(ValueError, match="pack_gqa: dense calls"):
+    # packed sequences pack by override (no row yet), within the compact table's tile count
+    assert resolve("softmax", d=64, shape=(8, 4096, 32, 8), varlen=True, overrides={"fwd.pack_gqa": True}).fwd.pack_gqa == 4
+    with pytest.raises(ValueError, match="pack_gqa: 8193 packed query tiles"):
+        resolve("softmax", d=128, shape=(2, 131088, 64, 8), varlen=True, varlen_ragged=True,
+                overrides={"fwd.pack_gqa": True})
+    with pytest.raises(ValueError, match="pack_gqa: built-in scores only"):
         resolve("softmax", d=128, score_mod=lambda s, *a: s, overrides={"fwd.pack_gqa": True})
 
 

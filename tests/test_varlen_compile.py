@@ -123,3 +123,16 @@ def test_plan_runs_packed_calls_on_the_varlen_forward():
         dataclasses.replace(p.score, seq_bias=True)          # sigmoid's only
     with pytest.raises(ValueError, match="runs packed calls"):
         plan.resolve(dataclasses.replace(call, varlen=False), 132, {"fwd.varlen": True})
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("variant,compact", [(VARIANTS[6], True), (VARIANTS[2], False)], ids=["d64-compact", "d128-window-slot"])
+def test_varlen_pack_gqa_builds_without_spills(variant, compact):
+    """The varlen forward with the GQA group packed into its tiles (fwd.pack_gqa by override: each
+    sequence's rows ((g, S_b), ...) from its offset): Q by 5-D TMA boxes, HGMMA, no spills (the
+    compact D = 128 softcap build, 192 x 64, spills 2 words: not a plan pick)."""
+    from flash_attn_poly.kernels import sass
+    p = B.varlen_plan(*variant, overrides={"fwd.varlen": True, "fwd.pack_gqa": True, "fwd.varlen_compact": compact})
+    assert p.fwd.pack_gqa == 4 and p.fwd.varlen_compact == compact
+    n = sass.count_opcodes(B.fwd(p.fwd).sass, sass.families("UTMALDG.5D", "HGMMA", "STL", "LDL"))
+    assert n["UTMALDG.5D"] == variant[2] // 64 and n["HGMMA"] > 0 and n["STL"] == n["LDL"] == 0, n
