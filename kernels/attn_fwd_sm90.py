@@ -5,7 +5,8 @@ H_q a multiple of H_kv (GQA/MQA), D in {64, 128, 256}, BF16 or FP16, any S and B
 causal (bottom-right aligned, see kernels/mask.py) or not.  Softmax-type stages also
 write LSE (FP32, (B, H_q, S_q), natural log; -inf for a row that sees no key).
 
-Structure (a tile = one 128-row query tile of one head; by default the grid is persistent,
+Structure (a tile = one tile_m-row query tile of one head, or with packed GQA (FwdConfig.pack_gqa)
+tile_m / g positions of the g query heads of one KV head; by default the grid is persistent,
 one CTA per SM walking tiles in snake order over the LPT order, FwdConfig.persistent):
   * warpgroup 0 is the producer: one warp issues TMA loads of Q (once per tile) and of K, V
     tiles into `num_stages`-deep shared-memory rings (separate K and V mbarrier

@@ -1,4 +1,5 @@
-"""GPU tests of the packed-GQA forward (FwdConfig.pack_gqa, plan override "fwd.pack_gqa": True):
+"""GPU tests of the packed-GQA forward (FwdConfig.pack_gqa; the plan's rows fwd-pack-gqa pick it for
+D = 64 softmax and the constant-max softcap at D = 64 / 128; here by override "fwd.pack_gqa": True):
 the query heads of a KV head packed into the M tile, row m = position m // g of query head
 h_kv * g + m % g (kernels/attn_fwd_sm90.py _pack_rows; the mask's position is row // g,
 kernels/mask.py).
