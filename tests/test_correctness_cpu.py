@@ -388,6 +388,21 @@ def test_sanitize_packed_calls_run_on_the_reference(capsys):
     assert capsys.readouterr().out.count(" ok ") == 5
 
 
+def test_sanitize_gqapack_calls_take_the_packed_gqa_forward():
+    """The opt-in gqapack shape (D = 64, 8 / 2 heads, S = 1100: past the short rows) resolves to the
+    packed-GQA forward for softmax and softcap (plan rows fwd-pack-gqa), sigmoid unpacked."""
+    from flash_attn_poly import plan as P
+    S = _sanitize()
+    specs = S.call_specs(shapes=("gqapack",))
+    assert len(specs) == 5
+    for name, mode, ev, p in specs:
+        call = P.AttnCall(mode=mode, evaluator=ev, dtype=p["dtype"], head_dim=p["d"], batch=p["b"],
+                          seqlen_q=p["s_q"], seqlen_k=p["s_k"], heads_q=p["hq"], heads_kv=p["hkv"],
+                          causal=p["causal"], window=(-1, -1), softmax_scale=p["d"] ** -0.5,
+                          softcap=50.0 if mode == "softcap" else None)
+        assert P.resolve(call, 132).fwd.pack_gqa == (1 if mode == "sigmoid" else 4), name
+
+
 @pytest.mark.parametrize("argv,match", [(["--tools", "memcheck,nope"], "--tools"),
                                         (["--shapes", "tail,huge"], "--shapes"),
                                         (["--scores", "softmax/poly"], "--scores")])

@@ -21,6 +21,9 @@ access, so a call costs seconds, not microseconds):
            as d256: the varlen forward and the swapped varlen backward (its CTA table, the sentinel
            entries past the table's count); sigmoid with an explicit bias (one for all sequences:
            the default -ln S_k runs each sequence as a dense launch)
+    gqapack (not in the default set either) B=1 S=1100 H_q=8 H_kv=2 D=64, causal: past the short
+           rows, so the D = 64 softmax and softcap forwards pack the GQA group into their tiles
+           (plan rows fwd-pack-gqa: 48 positions of 4 heads per 192-row tile, Q by 5-D TMA boxes)
 
 First the calls run once without a sanitizer (compiles into the disk cache, checks the
 outputs are finite), then under each tool, the three at the same time (`compute-sanitizer --tool T
@@ -50,6 +53,7 @@ TOOLS = ("memcheck", "racecheck", "synccheck")
 SCORES = ("softmax/native", "softcap/native", "softcap/poly", "sigmoid/native", "sigmoid/poly")
 SHAPES = ("tail", "gqa", "d64", "d256")
 PACKED = "packed"                     # opt-in (--shapes packed): attention_varlen at D = 256
+GQA_PACK = "gqapack"                  # opt-in (--shapes gqapack): the packed-GQA D = 64 forward
 PACKED_LENS = (77, 0, 130, 1)
 PACKED_SIGMOID_BIAS = -4.0
 ERROR_EXIT = 86          # --error-exitcode: the tool found an error
@@ -71,8 +75,8 @@ def call_specs(shapes=SHAPES, scores=SCORES) -> list:
     cases = _cases_module()
     out = []
     for shape in shapes:
-        if shape not in SHAPES + (PACKED,):
-            raise ValueError(f"--shapes: unknown shape {shape!r}; known: {', '.join(SHAPES + (PACKED,))}")
+        if shape not in SHAPES + (PACKED, GQA_PACK):
+            raise ValueError(f"--shapes: unknown shape {shape!r}; known: {', '.join(SHAPES + (PACKED, GQA_PACK))}")
         for score in scores:
             if score not in SCORES:
                 raise ValueError(f"--scores: unknown score {score!r}; known: {', '.join(SCORES)}")
@@ -81,6 +85,8 @@ def call_specs(shapes=SHAPES, scores=SCORES) -> list:
                 p = dict(b=1, s_q=113, s_k=203, hq=2, hkv=2, d=128, causal=False)
             elif shape == "gqa":
                 p = dict(b=1, s_q=200, s_k=200, hq=8, hkv=2, d=128, causal=True)
+            elif shape == GQA_PACK:
+                p = dict(b=1, s_q=1100, s_k=1100, hq=8, hkv=2, d=64, causal=True)
             else:   # the catalogue's D = 64 / 256 BF16 variant of this score: its causal flag and head group
                 d, s = (64, 333) if shape == "d64" else (256, max(PACKED_LENS) if shape == PACKED else 77)
                 i, v = next((i, v) for i, v in enumerate(cases.VARIANTS) if (v.mode, v.evaluator, v.dtype,
