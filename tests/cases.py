@@ -230,6 +230,15 @@ def retarget(case: Case, **fields) -> Case:
 FUZZ_SEED = 20261201
 FUZZ_COUNT = 300
 FUZZ_MAX_SIZE = 4 * 1024 * 1024   # B x H_q x S_q x S_k: keeps a case ~0.1 s
+# Draws of the default seed that found a defect, kept in the default fuzz list: the draw sequence
+# depends on the plan (a draw is redrawn until its builds are the catalogue's, so a new plan row
+# changes which attempt each index keeps) and a defect's draw would silently leave the tier.  Same
+# tag, so the same id and inputs (Case.seed) as when it was drawn.
+FUZZ_PINNED = (
+    # drawn at index 208 until the packed-GQA forward rows changed the catalogue's builds
+    Case(Variant("softcap", "poly", "bf16", 128, True, None), 1, 1, 4, 4, 4, (-1, -1), "padded3", 21.0,
+         tier="fuzz", tag=f"fuzz{FUZZ_SEED}_208"),
+)
 
 
 def fuzz_seed() -> int:
@@ -264,7 +273,8 @@ def _fuzz_draw(rng, variants: list, seed: int, index: int) -> Case:
 def fuzz_cases(seed: Optional[int] = None, count: int = FUZZ_COUNT, sm_count: int = SM_COUNT_DEFAULT) -> list:
     """count random cases drawn by numpy's Generator(seed): variants from the catalogue's, shapes,
     strides, window sizes and caps free, redrawn until small enough and resolved to builds the
-    catalogue compiles (so the fuzz tier adds no compile).  The same list in every process."""
+    catalogue compiles (so the fuzz tier adds no compile).  The same list in every process.  The
+    default seed's list ends with the FUZZ_PINNED draws it no longer makes itself."""
     import numpy as np
     seed = fuzz_seed() if seed is None else seed
     rng = np.random.default_rng(seed)
@@ -279,6 +289,9 @@ def fuzz_cases(seed: Optional[int] = None, count: int = FUZZ_COUNT, sm_count: in
                 break
         else:   # pragma: no cover - the catalogue covers every variant at small shapes
             raise RuntimeError(f"fuzz draw {index}: no case of the catalogue's builds in 1000 tries")
+    if seed == FUZZ_SEED:
+        drawn = {c.id for c in out}
+        out += [c for c in FUZZ_PINNED if c.id not in drawn]
     return out
 
 

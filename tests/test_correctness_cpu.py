@@ -50,13 +50,15 @@ def test_every_case_resolves_and_the_build_budget_holds():
     builds (each ~10-20 s of compile on the GPU machine) stay within the budget: 42 forward and
     56 backward builds today (packed sigmoid at its default bias on the varlen kernels; the D = 64
     backward staggered from 2k keys, a second build of its variants), with room for a plan that sends some shapes of a variant to another
-    build (a native fallback of a poly score at S_k = 1)."""
+    build (a native fallback of a poly score at S_k = 1).  50 forward builds since the packed-GQA rows
+    (fwd.pack_gqa is the group size, so the catalogue's GQA 4 and GQA 8 cases of a packing variant
+    are two builds; the six shards of the catalogue ran in <= 91 s each on the H100 with them)."""
     assert len(cases.VARIANTS) == len(set(cases.VARIANTS)) == 36
     for c in cases.catalogue():
         cases.plan_of(c)
     b = cases.catalogue_builds()
     fwd, bwd = (sum(1 for kind, _ in b if kind == k) for k in ("fwd", "bwd"))
-    assert fwd <= 44 and bwd <= 62, (fwd, bwd)
+    assert fwd <= 52 and bwd <= 62, (fwd, bwd)
 
 
 @pytest.mark.parametrize("n", [1, 3, 8])
@@ -561,6 +563,20 @@ def test_the_catalogue_catches_softcaps_constant_max_normalisation(rounded_row_s
                              rounded_row_sum=rounded_row_sum, **kw)
         verdicts.append(H.judge_case(case, q, k, v, do, out, lse, [torch.zeros_like(t) for t in (q, k, v)])["o"]["ok"])
     assert all(verdicts) if rounded_row_sum else not any(verdicts), verdicts
+
+
+def test_pinned_fuzz_draws_stay_in_the_default_list():
+    """FUZZ_PINNED (a defect's draw the default seed no longer makes itself) ends the default fuzz
+    list, with the id (and so the inputs) it was drawn with, on the catalogue's builds; other seeds
+    draw only."""
+    import cases
+    default = cases.fuzz_cases()
+    ids = [c.id for c in default]
+    for c in cases.FUZZ_PINNED:
+        assert ids.count(c.id) == 1 and c.tag.startswith(f"fuzz{cases.FUZZ_SEED}_")
+        assert cases.builds(c) <= cases.catalogue_builds(), c.id
+    assert len(default) == cases.FUZZ_COUNT + sum(c.id not in ids[:cases.FUZZ_COUNT] for c in cases.FUZZ_PINNED)
+    assert not {c.id for c in cases.FUZZ_PINNED} & {c.id for c in cases.fuzz_cases(seed=7)}
 
 
 def test_known_defects_name_existing_cases():

@@ -344,8 +344,10 @@ def test_dry_run_prints_cells_and_compiles_without_cuda():
     assert est["cells"] == 252 and est["rows"] == 84 * 2 * (3 + 4 + 2)
     # mode x D x mask, plus sigmoid's native build at S = 32k (outside the program's fitted bias
     # span at the default bias: plan.poly_outside_rule), plus the short causal D = 64 tile per mode
-    # (S <= plan.SHORT_SEQLEN: the S = 512 and 1k cells)
-    assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2 + 3 * 2 + 3
+    # (S <= plan.SHORT_SEQLEN: the S = 512 and 1k cells), plus the packed-GQA builds of the 32/8 cells beside the
+    # MHA cells' unpacked ones (plan rows fwd-pack-gqa: D = 64 softmax causal and not, D = 64 causal softcap,
+    # D = 128 softcap causal and not)
+    assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2 + 3 * 2 + 3 + 5
     assert est["flex_compiles"] == 2 * 84
 
 
