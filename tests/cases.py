@@ -295,6 +295,22 @@ def fuzz_cases(seed: Optional[int] = None, count: int = FUZZ_COUNT, sm_count: in
     return out
 
 
+def fuzz_case(spec: str, sm_count: int = SM_COUNT_DEFAULT) -> Case:
+    """One fuzz case by name, for the probing tools: "SEED:INDEX" (the index-th draw of fuzz_cases(SEED)
+    as the plan draws it today) or "pinned:N" (FUZZ_PINNED[N], the draw as it was when it found a
+    defect; its tag names the draw it was then)."""
+    kind, sep, rest = spec.partition(":")
+    try:
+        if kind == "pinned":
+            return FUZZ_PINNED[int(rest)]
+        seed, index = int(kind), int(rest)
+    except (ValueError, IndexError):
+        raise ValueError(f"a fuzz case is SEED:INDEX or pinned:N (N < {len(FUZZ_PINNED)}), got {spec!r}") from None
+    if not sep or index < 0:
+        raise ValueError(f"a fuzz case is SEED:INDEX or pinned:N, got {spec!r}")
+    return fuzz_cases(seed, count=index + 1, sm_count=sm_count)[index]
+
+
 # ----------------------------------------------------------------------------- builds
 def plan_of(case: Case, sm_count: int = SM_COUNT_DEFAULT):
     """The plan attention() resolves for the case on a GPU with sm_count SMs (meta tensors: no

@@ -579,6 +579,15 @@ def test_pinned_fuzz_draws_stay_in_the_default_list():
     assert not {c.id for c in cases.FUZZ_PINNED} & {c.id for c in cases.fuzz_cases(seed=7)}
 
 
+def test_fuzz_case_names_a_draw_or_a_pinned_one():
+    import cases
+    assert cases.fuzz_case("pinned:0") is cases.FUZZ_PINNED[0]
+    assert cases.fuzz_case("7:3").id == cases.fuzz_cases(seed=7)[3].id
+    for bad in ("7", "pinned:9", "a:b", "7:-1", "pinned"):
+        with pytest.raises(ValueError, match="SEED:INDEX or pinned:N"):
+            cases.fuzz_case(bad)
+
+
 def test_known_defects_name_existing_cases():
     """Every strict xfail of the GPU tiers names a case the catalogue or the default fuzz draw
     holds (a stale entry would silently stop guarding anything)."""

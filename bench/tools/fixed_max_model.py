@@ -66,8 +66,7 @@ def replay(path):
     the kernel's ratios; max |kernel - model| / max |model| of O, LSE and the gradients per variant pair
     (fixed max with the kernel's fixed-max variant: the one without fwd.fixed_max=0)."""
     blob = torch.load(path)
-    fz_seed, fz_index = (int(x) for x in blob["fuzz"].split(":"))
-    c0 = cases.fuzz_cases(fz_seed, count=fz_index + 1, sm_count=132)[fz_index]
+    c0 = cases.fuzz_case(blob["fuzz"], sm_count=132)
     for rec in blob["draws"]:
         c = c0 if rec["draw"] == 0 else cases.retarget(c0, tag=rec["tag"])
         dt = H.DTYPES[rec["dtype"]]
@@ -99,7 +98,7 @@ if len(sys.argv) > 2 and sys.argv[1] == "--inputs":
     sys.exit(0)
 
 APPROX = len(sys.argv) > 2
-c0 = cases.fuzz_cases(20261201, count=209, sm_count=132)[208]
+c0 = cases.FUZZ_PINNED[0]   # the fixed-max softcap draw (once fuzz 20261201:208)
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 60
 stats = {v: {"fail": 0, "dk": [], "dq": []} for v in ("fixed", "corr", "online", "d32")}
 for d in range(N):

@@ -2,9 +2,10 @@
 several input draws, and print each tensor's error / bound ratio (tests/rule_harness.py: the
 FlashAttention rule; > 1 fails): whether a failing case is its build's or the shape's.
 
-    python bench/tools/rule_probe.py --fuzz 20261201:208 --variants poly,native,native+fwd.fixed_max=0 --draws 40
+    python bench/tools/rule_probe.py --fuzz pinned:0 --variants poly,native,native+fwd.fixed_max=0 --draws 40
 
---fuzz SEED:INDEX picks the fuzz tier's draw (tests/cases.fuzz_cases); --draws N adds N input
+--fuzz SEED:INDEX picks the fuzz tier's draw (tests/cases.fuzz_cases), pinned:N a kept defect's draw
+(tests/cases.FUZZ_PINNED: pinned:0 is the fixed-max softcap case once drawn as 20261201:208); --draws N adds N input
 draws of the same case (the tag, hence the seed, changes; the shape and build stay).  --save PATH
 writes (torch.save) the inputs of the case's own draw and of every failing draw, with each variant's
 O, LSE and gradients, on the CPU: bench/tools/fixed_max_model.py --inputs PATH replays the model on
@@ -23,7 +24,7 @@ import protocol  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fuzz", required=True, help="SEED:INDEX of the fuzz tier's draw")
+    ap.add_argument("--fuzz", required=True, help="SEED:INDEX of the fuzz tier's draw, or pinned:N (cases.FUZZ_PINNED)")
     ap.add_argument("--variants", default="poly,native",
                     help="comma-separated EVALUATOR[+fwd.FIELD=V...]: each runs on the same inputs per draw")
     ap.add_argument("--draws", type=int, default=20)
@@ -33,9 +34,8 @@ def main():
     import torch
     import cases
     import rule_harness as H
-    seed, index = (int(x) for x in a.fuzz.split(":"))
     sm = torch.cuda.get_device_properties(0).multi_processor_count
-    case = cases.fuzz_cases(seed, count=index + 1, sm_count=sm)[index]
+    case = cases.fuzz_case(a.fuzz, sm_count=sm)
     print("case", case.id)
     from flash_attn_poly import testing
     from flash_attn_poly.kernels import dispatch
