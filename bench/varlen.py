@@ -10,12 +10,12 @@ separately (backward: `torch.autograd.grad` on a retained graph, forward exclude
 to bench/out/varlen.json and the Markdown beside it; `--json bench/results/varlen.json` commits one.
 
 Rows "ours_varlen" run attention_varlen as the plan picks: the varlen kernels (a persistent forward
-over (sequence, head) units, and a backward with a CTA per key tile, head and sequence) for softmax and softcap;
-one dense launch per sequence for sigmoid at its default bias (-ln S_k differs per sequence).
+over (sequence, head) units, and a backward with a CTA per key tile, head and sequence), every mode (sigmoid at
+its default bias adds each sequence's -ln S_k in the kernels).
 Rows "ours_varlen_nocheck": the same call with check_inputs=False (no device-to-host copy of the
 offsets, as flash-attn's varlen and our transformers integration call it): the kernels' own cost,
 the row to hold against the dense call and FA4.
-Rows "ours_varlen_knob" (forward only; softmax and softcap; only with --fwd-knob NAME=VALUE[+...]): the
+Rows "ours_varlen_knob" (forward only; every mode; only with --fwd-knob NAME=VALUE[+...]): the
 varlen forward with those FwdConfig overrides (e.g. `--fwd-knob o_smem=1`), input check skipped; ratios
 keyed "knob:<baseline>/...", one of them against ours_varlen_nocheck: the candidate for a varlen plan row.
 Rows "ours_varlen_bknob" (backward only; softmax and softcap; only with --bwd-knob NAME=VALUE[+...]): the
@@ -91,8 +91,6 @@ def rows_for(scenario: str, modes, evaluators, knob: bool = False, bknob: bool =
             evs = evaluators if impl.startswith("ours") else ("native",)
             if impl == "fa4_varlen" and mode == "sigmoid":
                 continue   # FA4 has no sigmoid attention
-            if impl.startswith(("ours_varlen_nocheck", "ours_varlen_knob", "ours_varlen_bknob")) and mode == "sigmoid":
-                continue   # sigmoid's default bias runs per-sequence dense launches (they read the offsets)
             out += [(impl, mode, ev) for ev in evs]
     return out
 

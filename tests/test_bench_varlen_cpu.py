@@ -24,10 +24,11 @@ def test_rows_and_ratios():
     assert ("ours_varlen", "sigmoid", "poly") in rows and ("ours_padded", "softmax", "native") in rows
     assert {r[0] for r in bv.rows_for("equal", ["softmax"], ["poly"])} == {"ours_varlen", "ours_varlen_nocheck",
                                                                            "ours_dense"}
-    assert not any(r[0] == "ours_varlen_nocheck" and r[1] == "sigmoid" for r in rows)
+    # sigmoid at its default bias runs on the varlen kernels (each sequence's -ln S_k): every row, knobs too
+    assert ("ours_varlen_nocheck", "sigmoid", "poly") in rows
     knob_rows = bv.rows_for("ragged", ["softmax", "sigmoid"], ["poly"], knob=True, bknob=True)
     for impl in ("ours_varlen_knob", "ours_varlen_bknob"):
-        assert (impl, "softmax", "poly") in knob_rows and (impl, "sigmoid", "poly") not in knob_rows
+        assert (impl, "softmax", "poly") in knob_rows and (impl, "sigmoid", "poly") in knob_rows
     assert bv.parse_knob("o_smem=1+num_stages=3") == {"fwd.o_smem": True, "fwd.num_stages": 3}
     assert bv.parse_knob("dq_halves=1+head_loop=0", "bwd") == {"bwd.dq_halves": True, "bwd.head_loop": False}
     with pytest.raises(ValueError, match="o_smem"):
@@ -61,7 +62,7 @@ def test_bwd_knob_lists_its_row_and_refuses_a_forward_field(capsys):
     bv.main(["--list", "--scenario", "ragged", "--modes", "softmax,sigmoid", "--evaluators", "native",
              "--bwd-knob", "dq_halves=1"])
     out = capsys.readouterr().out
-    assert "ours_varlen_bknob/softmax/native" in out and "ours_varlen_bknob/sigmoid" not in out
+    assert "ours_varlen_bknob/softmax/native" in out and "ours_varlen_bknob/sigmoid/native" in out
     bv.main(["--list", "--scenario", "ragged", "--modes", "softmax", "--fwd-only", "--bwd-knob", "dq_halves=1"])
     assert "bknob" not in capsys.readouterr().out     # --fwd-only times no backward row
     with pytest.raises(ValueError, match="o_smem"):
