@@ -18,7 +18,7 @@ the row to hold against the dense call and FA4.
 Rows "ours_varlen_knob" (forward only; every mode; only with --fwd-knob NAME=VALUE[+...]): the
 varlen forward with those FwdConfig overrides (e.g. `--fwd-knob o_smem=1`), input check skipped; ratios
 keyed "knob:<baseline>/...", one of them against ours_varlen_nocheck: the candidate for a varlen plan row.
-Rows "ours_varlen_bknob" (backward only; softmax and softcap; only with --bwd-knob NAME=VALUE[+...]): the
+Rows "ours_varlen_bknob" (backward only; every mode; only with --bwd-knob NAME=VALUE[+...]): the
 varlen backward with those BwdConfig overrides (e.g. `--bwd-knob dq_halves=1`), the backward alone on
 the plan's forward outputs; ratios "bknob:<baseline>/...", one against ours_varlen_nocheck.
 (The compact forward order and the per-KV-head backward, once rows here, are plan defaults now:
