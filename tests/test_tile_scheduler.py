@@ -236,3 +236,25 @@ def test_key_block_range_is_the_visible_blocks(s_q, s_k, causal, has_left, has_r
             assert (lo, hi) == (min(seen), max(seen) + 1), (m, lo, hi, sorted(seen))
         else:
             assert hi <= lo, (m, lo, hi)
+
+
+@pytest.mark.parametrize("s_q,s_k", [(256, 256), (200, 333), (333, 200), (700, 65)])
+@pytest.mark.parametrize("causal,has_left,has_right,wl,wr", [
+    (True, False, False, 0, 0), (True, True, False, 100, 0), (False, True, True, 50, 7), (False, False, False, 0, 0)])
+@pytest.mark.parametrize("g,tm", [(2, 128), (4, 192), (8, 128), (16, 192)])
+def test_packed_gqa_block_range_counts_positions(s_q, s_k, causal, has_left, has_right, wl, wr, g, tm):
+    """Packed GQA (kernels/attn_fwd_sm90.py builds BlockRange with tile_m / g positions per tile): the
+    range of packed tile m is exactly the key blocks its rows' positions (row // g, rows m tm ..
+    (m + 1) tm - 1 of the g S_q packed rows) see."""
+    from flash_attn_poly.kernels.mask import key_block_range
+    tn = 128
+    for m in range(-(-(g * s_q) // tm)):
+        lo, hi = key_block_range(m, s_q, s_k, tm // g, tn, causal, has_left, has_right, wl, wr)
+        # the packed tile's positions are those of an unpacked tile of tm / g rows
+        seen = _visible_blocks(m, s_q, s_k, tm // g, tn, causal, has_left, has_right, wl, wr)
+        rows = {r // g for r in range(m * tm, (m + 1) * tm)}
+        assert rows == set(range(m * (tm // g), (m + 1) * (tm // g)))
+        if seen:
+            assert (lo, hi) == (min(seen), max(seen) + 1), (m, lo, hi, sorted(seen))
+        else:
+            assert hi <= lo, (m, lo, hi)
