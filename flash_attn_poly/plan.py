@@ -575,12 +575,9 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         fwd["persistent"] = 0
     fwd["pack_gqa"] = _pack_gqa(call, fwd["pack_gqa"])
     if fwd["pack_gqa"] > 1 and call.varlen and fwd["varlen_compact"]:
-        from .kernels.config import COMPACT_MAX_TILES
-        tiles = -(-call.seqlen_q * fwd["pack_gqa"] // fwd["tile_m"])
-        if tiles > COMPACT_MAX_TILES:   # the compact table's entries hold a query tile in 13 bits
-            raise ValueError(f"fwd.pack_gqa: {tiles} packed query tiles in the longest sequence "
-                             f"({call.seqlen_q} positions x {fwd['pack_gqa']} heads / {fwd['tile_m']} rows), "
-                             f"more than the compact order's {COMPACT_MAX_TILES}")
+        # the compact table counts tiles of tile_m / pack_gqa positions: refused here, not at the launch
+        from .kernels.tile_scheduler import table_levels
+        table_levels(call.batch, call.seqlen_q, fwd["tile_m"] // fwd["pack_gqa"], "fwd.pack_gqa (the compact order)")
     if fwd["varlen"]:
         if not call.varlen:
             raise ValueError("fwd.varlen: the varlen forward runs packed calls (flash_attn_poly.varlen)")
@@ -652,9 +649,10 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
 
 
 def _pack_gqa_ok(call: AttnCall) -> bool:
+    from .kernels.config import pack_gqa_fits
     g = call.heads_q // call.heads_kv
     # packed sequences: the varlen build packs too (by override; not yet timed, so no row takes it)
-    return 1 < g <= 64 and not g & (g - 1) and not call.varlen and call.score_mod is None
+    return g > 1 and pack_gqa_fits(g) and not call.varlen and call.score_mod is None
 
 
 def _pack_gqa(call: AttnCall, value) -> int:

@@ -84,6 +84,13 @@ class BwdConfig:
                               # DS_READY barrier; sdS buffers behind mbarriers (full / free), the warpgroups unlocked
 
 
+def pack_gqa_fits(group: int) -> bool:
+    """Can the forward pack a GQA group of this size into its tiles (1: unpacked)?  A power of two up
+    to 64: a tile's rows are whole positions of every head of the group, and so are the epilogue's
+    64-row bands (o_smem)."""
+    return 1 <= group <= 64 and not group & (group - 1)
+
+
 def check_fwd(c: FwdConfig) -> None:
     """ValueError naming the field when the forward kernel cannot build c."""
     if c.dtype not in DTYPES or c.head_dim not in HEAD_DIMS:
@@ -128,9 +135,7 @@ def check_fwd(c: FwdConfig) -> None:
     if c.varlen and c.persistent <= 0:
         raise ValueError("varlen: the varlen forward is a persistent grid (persistent = the CTA count), "
                          f"got persistent {c.persistent}")
-    if c.pack_gqa < 1 or c.pack_gqa & (c.pack_gqa - 1) or c.pack_gqa > 64:
-        # a tile's rows are whole positions of every head of the group, and so are the epilogue's
-        # 64-row bands (o_smem)
+    if not pack_gqa_fits(c.pack_gqa):
         raise ValueError(f"pack_gqa (query heads per KV head packed into a tile) must be a power of two "
                          f"up to 64 (1: off), got {c.pack_gqa}")
     if c.pack_gqa > 1 and s.kind == "user":

@@ -172,7 +172,7 @@ def persistent_tile(round_: int, cta: int, num_ctas: int) -> int:
 # ragged batch: docs/MEASURED.md varlen-compact.)
 
 
-def _table_levels(b: int, max_len: int, tile: int, what: str) -> int:
+def table_levels(b: int, max_len: int, tile: int, what: str) -> int:
     """Blocks per sequence of a varlen table (ceil(max_len / tile)), refused where its int32
     entries cannot hold b sequences of that many blocks."""
     levels = -(-max_len // tile)
@@ -188,7 +188,7 @@ def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
     sequence b) in the order above; 1 + levels x sequences long (the tail past count unread)."""
     import torch
     b = cu_seqlens_q.shape[0] - 1
-    levels = _table_levels(b, max_seqlen_q, tile_m, "varlen_compact")
+    levels = table_levels(b, max_seqlen_q, tile_m, "varlen_compact")
     dev = cu_seqlens_q.device
     lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int32)
     m = torch.arange(levels - 1, -1, -1, dtype=torch.int32, device=dev)           # descending
@@ -228,7 +228,7 @@ def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, t
     finds its (sequence, head) unit by a search over the units' cumulative key blocks."""
     import torch
     b = cu_seqlens_k.shape[0] - 1
-    _table_levels(b, max_seqlen_k, tile_n, "varlen backward")
+    table_levels(b, max_seqlen_k, tile_n, "varlen backward")
     dev = cu_seqlens_k.device
     ctas = varlen_bwd_ctas(total_k, b, max_seqlen_k, tile_n, heads)
     lens = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)

@@ -11,7 +11,6 @@ tests/test_varlen_gpu.py's.
 
     python -m pytest -q -p no:cacheprovider -m gpu tests/test_varlen_d64_gpu.py   (the H200)
 """
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -45,16 +44,9 @@ BWD_STEP = {"bwd.tile_m": 128, "bwd.p_turns": True, "bwd.dq_defer": True}   # dq
 
 
 def cases(count=3):
-    rng = np.random.default_rng(V.FUZZ_SEED + 64)
-    out = [pytest.param(VARIANTS[0], [1, 0, 700, 385, 0, 193], [1, 3, 700, 0, 130, 193], 11, id="softmax-fixed-tiles")]
-    for var in VARIANTS:
-        for _ in range(count):
-            lens_q, lens_k = V.draw_lengths(rng, int(rng.integers(1, 7)), var[4])
-            out.append(pytest.param(var, lens_q, lens_k, int(rng.integers(1 << 30)),
-                                    id=f"{var[0]}-{var[1]}-c{int(var[4])}-w{var[5][0]}_{var[5][1]}-"
-                                       f"q{'_'.join(map(str, lens_q))}-"
-                                       f"k{'_'.join(map(str, lens_k))}"))
-    return out
+    fixed = [pytest.param(VARIANTS[0], [1, 0, 700, 385, 0, 193], [1, 3, 700, 0, 130, 193], 11,
+                          id="softmax-fixed-tiles")]
+    return V.drawn_cases(VARIANTS, V.FUZZ_SEED + 64, count, fixed)
 
 
 @pytest.mark.gpu

@@ -45,17 +45,23 @@ def draw_lengths(rng, n_seq, causal):
     return lens_q, lens_k
 
 
-def cases(count=3):
-    rng = np.random.default_rng(FUZZ_SEED)
-    out = []
-    for vi, var in enumerate(VARIANTS):
-        for i in range(count):
+def drawn_cases(variants, seed: int, count: int, fixed=(), prefix: str = "") -> list:
+    """pytest params (variant, lens_q, lens_k, seed): the `fixed` params first, then `count` length
+    draws per variant from numpy's Generator(seed), ids prefix + the variant + the lengths."""
+    rng = np.random.default_rng(seed)
+    out = list(fixed)
+    for var in variants:
+        for _ in range(count):
             lens_q, lens_k = draw_lengths(rng, int(rng.integers(1, 7)), var[4])
             out.append(pytest.param(var, lens_q, lens_k, int(rng.integers(1 << 30)),
-                                    id=f"{var[0]}-{var[1]}-{var[2]}-d{var[3]}-c{int(var[4])}-"
+                                    id=f"{prefix}{var[0]}-{var[1]}-{var[2]}-d{var[3]}-c{int(var[4])}-"
                                        f"w{var[5][0]}_{var[5][1]}-q{'_'.join(map(str, lens_q))}-"
                                        f"k{'_'.join(map(str, lens_k))}"))
     return out
+
+
+def cases(count=3):
+    return drawn_cases(VARIANTS, FUZZ_SEED, count)
 
 
 def _cu(lens, device):
@@ -293,15 +299,8 @@ SWAP_VARIANTS = [
 
 
 def swap_cases():
-    rng = np.random.default_rng(FUZZ_SEED + 256)
-    out = [pytest.param(SWAP_VARIANTS[0], [1, 0, 200, 65, 0], [1, 3, 200, 0, 130], 7, id="swap-softmax-fixed-0-1")]
-    for var in SWAP_VARIANTS:
-        for _ in range(2):
-            lens_q, lens_k = draw_lengths(rng, int(rng.integers(1, 7)), var[4])
-            out.append(pytest.param(var, lens_q, lens_k, int(rng.integers(1 << 30)),
-                                    id=f"swap-{var[0]}-{var[1]}-c{int(var[4])}-w{var[5][0]}_{var[5][1]}-"
-                                       f"q{'_'.join(map(str, lens_q))}-k{'_'.join(map(str, lens_k))}"))
-    return out
+    fixed = [pytest.param(SWAP_VARIANTS[0], [1, 0, 200, 65, 0], [1, 3, 200, 0, 130], 7, id="swap-softmax-fixed-0-1")]
+    return drawn_cases(SWAP_VARIANTS, FUZZ_SEED + 256, 2, fixed, prefix="swap-")
 
 
 @pytest.mark.gpu

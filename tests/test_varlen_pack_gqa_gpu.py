@@ -8,7 +8,6 @@ No plan row takes it yet (not timed on packed batches: docs/MEASURED.md fwd-pack
 
     python -m pytest -q -p no:cacheprovider -m gpu tests/test_varlen_pack_gqa_gpu.py
 """
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -29,15 +28,8 @@ VARIANTS = [
 
 
 def cases(count=2):
-    rng = np.random.default_rng(V.FUZZ_SEED + 2)
-    out = [pytest.param(VARIANTS[0], [1, 0, 700, 385, 0, 193], [1, 3, 700, 0, 130, 193], 7, id="softmax-fixed")]
-    for var in VARIANTS:
-        for _ in range(count):
-            lens_q, lens_k = V.draw_lengths(rng, int(rng.integers(1, 7)), var[4])
-            out.append(pytest.param(var, lens_q, lens_k, int(rng.integers(1 << 30)),
-                                    id=f"{var[0]}-{var[1]}-d{var[3]}-c{int(var[4])}-w{var[5][0]}_{var[5][1]}-"
-                                       f"q{'_'.join(map(str, lens_q))}-k{'_'.join(map(str, lens_k))}"))
-    return out
+    fixed = [pytest.param(VARIANTS[0], [1, 0, 700, 385, 0, 193], [1, 3, 700, 0, 130, 193], 7, id="softmax-fixed")]
+    return V.drawn_cases(VARIANTS, V.FUZZ_SEED + 2, count, fixed)
 
 
 @pytest.mark.gpu
