@@ -820,6 +820,33 @@ def test_pipe_model_two_streams_share_the_pipes_and_take_turns():
     assert ev[-1][1] == 2 * 64 * 64 * 16 / 4096
 
 
+def test_pipe_model_forward_streams_queue_gemms_and_pass_turns():
+    """fwd_streams: three warpgroups, each a GEMM group of 100 tensor cycles then 100 MUFU cycles
+    of work per block.  In issue order ("fifo") the GEMMs run one after another while the first
+    warpgroup's work overlaps the later GEMMs: 300 cycles per block of the CTA (the pipes' bound);
+    started together and sharing the tensor pipe ("shared": GEMMs issued at once interleave) every
+    GEMM ends at 300 and the MUFU work follows (600); a turn ring (BAR.SYNC / BAR.ARV on register
+    ids) keeps the bound with staggered starts; fwd_events keeps the turn barriers and drops the
+    forward's mbarrier traffic."""
+    import pipe_model as pm
+    work = {"mufu": 100.0, "fma": 0.0, "alu": 0.0, "lsu": 0.0, "issue": 1.0}
+    step = [("gemm", 100.0), ("wait", 0), ("work", work)]
+    fifo = pm.fwd_streams(step, 3, steps=12)
+    assert fifo["cycles_per_block"] == pytest.approx(300, abs=3) and fifo["tensor_busy"] > 0.97, fifo
+    shared = pm.fwd_streams(step, 3, steps=12, tensor="shared")
+    assert shared["cycles_per_block"] == pytest.approx(600, abs=6) and shared["tensor_busy"] < 0.55, shared
+    turns = pm.fwd_streams([("turn_wait",), ("gemm", 100.0), ("turn_pass",)] + step[1:], 3, steps=12, offset=7.0)
+    assert turns["cycles_per_block"] == pytest.approx(300, abs=3), turns   # the order a turn ring keeps
+    best = pm.fwd_model(step, 3, (192, 64))
+    assert best["cycles_per_block"] == pytest.approx(300, abs=3) and best["best"].startswith("fifo"), best
+    assert best["scores_per_kcycle"] == pytest.approx(1000 * 192 * 64 / 300, rel=0.01)
+    ev = pm.fwd_events(["SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR8+0x10], R16", "BAR.SYNC.DEFER_BLOCKING R18, 0x100",
+                        "HGMMA.64x64x16.F32.BF16 R88, gdesc[UR8], RZ, !UPT, gsb0", "BAR.ARV R186, 0x100",
+                        "WARPGROUP.DEPBAR.LE gsb0, 0x0", "MUFU.TANH R19, R19",
+                        "SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR14+0x30], RZ"])
+    assert [e[0] for e in ev] == ["work", "turn_wait", "work", "gemm", "turn_pass", "wait", "work"], ev
+
+
 def test_pipe_model_ds_barrier_holds_the_leader_and_knobs_join():
     """two_streams' DS_READY barrier passes only once both warpgroups arrived: with P blocks in turns
     the first warpgroup reaches it a P block early and waits, so both leave each step together (lag

@@ -41,6 +41,13 @@ Two readings per build (one CTA per SM, its consumer warps all running the loop)
     DS_READY barrier met by both, and p_turns' turn barriers (BAR.SYNC / BAR.ARV on a register id,
     256 threads) honoured: what the warpgroups' order in time costs (`staggered` / `with_turns`
     reorder a step as docs/NOTES_attn_bwd.md's designs, for two_streams(..., stagger=, turns=)).
+  * streams (forward): the key-block step of each consumer warpgroup (2 or 3) replayed as its own
+    stream (fwd_streams), the non-tensor pipes shared cycle by cycle, the GEMM groups on the tensor
+    pipe in issue order ("fifo") or shared between the streams' oldest groups ("shared"), ping-pong
+    turns passed round the warpgroups; over start offsets of 0 to 1/n of a lone step, the best
+    reading (fwd_model).  No latency, no loads: how close the loop's pipes can come to their
+    throughput bound when the warpgroups interleave well; "scores per kcycle" compares builds of
+    different tiles (the forward's per key block, the backward's per step).
 """
 from __future__ import annotations
 
@@ -436,6 +443,112 @@ def two_streams(events: list[tuple], stagger: bool, steps: int = 12, turns: bool
     return {"cycles_per_step": round(per, 1), "tensor_busy": round(tb, 3), "lag": round(lag / per, 2)}
 
 
+def fwd_events(body: list[str]) -> list[tuple]:
+    """One forward consumer warpgroup's key-block step as events (step_events' kinds): its GEMM
+    groups (S = Q K^T of this block, O += P V of the last), the waits, the work between them and
+    the ping-pong turn barriers (BAR.SYNC / BAR.ARV on a register id, 256 threads: this
+    warpgroup's turn to issue, then the next one's).  The forward's other mbarrier traffic (K / V
+    stages, their releases) is taken as ready."""
+    return [e for e in step_events(body) if e[0] in ("work", "gemm", "wait", "turn_wait", "turn_pass")]
+
+
+def fwd_streams(events: list[tuple], n: int, steps: int = 24, offset: float = 0.0,
+                tensor: str = "fifo") -> dict:
+    """The forward's n consumer warpgroups replayed as n streams on one SM (what two_streams does
+    for the backward's two): per cycle each non-tensor pipe's capacity is split among the streams
+    with work left on it; the tensor pipe runs the committed GEMM groups whole in issue order
+    ("fifo": what ping-pong's turns are for, the best case) or shares itself among the streams'
+    oldest groups ("shared": groups issued together interleave instruction by instruction, the
+    worst case without turns); turn barriers pass a token round the n warpgroups (ping-pong: 2 or
+    3 warpgroups issue their GEMMs in turns; the replay's issue takes no time, so turns order the
+    groups but do not space them).  Stream w starts at w x offset
+    cycles (0: all at once).  Returns the steady-state cycles per key block of the CTA (every
+    stream's step; the mean over the second half of the steps), the tensor and MUFU pipes' busy
+    shares over them, and the best case: the largest pipe's cycles per block."""
+    pipes = ("mufu", "fma", "alu", "lsu", "issue")
+    st = [dict(pc=0, step=0, rem=None, pending=[], start=w * offset, done=[]) for w in range(n)]
+    turn, queue = [0], []
+    t, busy, mufu_busy, busy_at, mufu_at = 0.0, 0.0, 0.0, [], []
+    run = steps + 2   # two steps past the measured ones: the window ends with every stream still at work
+    while min(s["step"] for s in st) < run and t < 1e7:
+        for w, s in enumerate(st):
+            while t >= s["start"] and s["step"] < run and s["rem"] is None:
+                e = events[s["pc"]]
+                kind = e[0]
+                if kind == "work":
+                    s["rem"] = dict(e[1])
+                    break
+                if kind == "gemm":
+                    item = [e[1], w]
+                    queue.append(item)
+                    s["pending"].append(item)
+                elif kind == "wait":
+                    s["pending"] = [g for g in s["pending"] if g[0] > 0]
+                    if len(s["pending"]) > e[1]:
+                        break
+                elif kind == "turn_wait":
+                    if turn[0] != w:
+                        break
+                elif kind == "turn_pass":
+                    turn[0] = (w + 1) % n
+                s["pc"] += 1
+                if s["pc"] == len(events):
+                    s["pc"], s["step"] = 0, s["step"] + 1
+                    s["done"].append(t)
+        active = [s for s in st if s["rem"] is not None and t >= s["start"]]
+        used_mufu = False
+        for p in pipes:
+            users = [s for s in active if s["rem"][p] > 1e-9]
+            used_mufu |= p == "mufu" and bool(users)
+            for s in users:
+                s["rem"][p] -= 1.0 / len(users)
+        for s in active:
+            if all(v <= 1e-9 for v in s["rem"].values()):
+                s["rem"] = None
+                s["pc"] += 1
+                if s["pc"] == len(events):
+                    s["pc"], s["step"] = 0, s["step"] + 1
+                    s["done"].append(t + 1)
+        if tensor == "fifo":
+            heads = queue[:1]
+        else:
+            heads = [next(g for g in queue if g[1] == w) for w in range(n) if any(g[1] == w for g in queue)]
+        for g in heads:
+            g[0] -= 1.0 / len(heads)
+            if g[0] <= 1e-9:
+                g[0] = 0.0
+                queue.remove(g)
+        busy += 1.0 if heads else 0.0
+        mufu_busy += 1.0 if used_mufu else 0.0
+        t += 1.0
+        busy_at.append(busy)
+        mufu_at.append(mufu_busy)
+    k = steps // 2
+    ends = [max(s["done"][i] for s in st) for i in range(steps)]
+    a, b = ends[k - 1], ends[steps - 1]
+    per = (b - a) / (steps - k)
+    span = lambda xs: (xs[int(b) - 1] - xs[int(a) - 1]) / (b - a)
+    return {"cycles_per_block": round(per, 1), "tensor_busy": round(span(busy_at), 3),
+            "mufu_busy": round(span(mufu_at), 3)}
+
+
+def fwd_model(events: list[tuple], n: int, tile: tuple) -> dict:
+    """fwd_streams over start offsets (all at once, and staggered by 1/n .. of a lone stream's
+    step): the best (fewest cycles per block) and every reading, with the pipes' bound."""
+    lone = fwd_streams(events, 1, steps=8)["cycles_per_block"]
+    runs = {}
+    for tensor in ("fifo", "shared"):
+        for f in (0.0, 0.25, 0.5, 1.0):
+            runs[f"{tensor} offset {f:g}/n"] = fwd_streams(events, n, offset=f * lone / n, tensor=tensor)
+    best_key = min(runs, key=lambda r: runs[r]["cycles_per_block"])
+    scores = tile[0] * tile[1]
+    best = runs[best_key]
+    return {"streams": n, "lone_step": lone, "best": best_key, "cycles_per_block": best["cycles_per_block"],
+            "tensor_busy": best["tensor_busy"], "mufu_busy": best["mufu_busy"],
+            "scores_per_kcycle": round(1000 * scores / best["cycles_per_block"], 1),
+            "runs": {k: v["cycles_per_block"] for k, v in runs.items()}}
+
+
 def lockstep_cycles(events: list[tuple]) -> float:
     return two_streams(events, stagger=False)["cycles_per_step"]
 
@@ -474,6 +587,8 @@ def model(name, mode, evaluator, d, shape, overrides, timeline: bool = False) ->
            "loop_instructions": len(body),
            "mufu_per_thread": sum(classify(i)[0] == "mufu" for i in body),
            "throughput": throughput(body, warps, tma)}
+    if direction == "fwd":
+        row["streams"] = fwd_model(fwd_events(body), warps // 4, (cfg.tile_m, cfg.tile_n))
     if direction == "bwd":
         trace = [] if timeline else None
         row["lockstep"] = lockstep(body, warps, trace=trace)
@@ -485,18 +600,26 @@ def model(name, mode, evaluator, d, shape, overrides, timeline: bool = False) ->
 
 def markdown(rows) -> str:
     out = ["| build | overrides | tile | warps | loop instrs | MUFU / thread | tensor | mufu | fma | alu | lsu | issue "
-           "| smem | lockstep cycles | lockstep tensor busy | longest stretch (bound) | two streams cycles "
-           "| two streams tensor busy |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| smem | lockstep cycles | lockstep tensor busy | longest stretch (bound) | streams cycles "
+           "| streams tensor busy | scores per kcycle |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tp, ls = r["throughput"], r.get("lockstep")
         ov = " ".join(f"{k}={v}" for k, v in r["overrides"].items()) or "default"
-        out.append(f"| {r['build']} | {ov} | {r['tile'][0]}x{r['tile'][1]} | {r['consumer_warps']} | "
-                   f"{r['loop_instructions']} | {r['mufu_per_thread']} | {tp['tensor']:.0f} | {tp['mufu']:.0f} | "
-                   f"{tp['fma']:.0f} | {tp['alu']:.0f} | {tp['lsu']:.0f} | {tp['issue']:.0f} | {tp['smem']:.0f} | "
-                   + (f"{ls['cycles_per_step']:.0f} | {ls['tensor_busy']:.1%} | {ls['longest_stretch']:.0f} "
-                      f"({ls['longest_stretch_bound']}) | {r['two_streams']['cycles_per_step']:.0f} | "
-                      f"{r['two_streams']['tensor_busy']:.1%} |" if ls else "- | - | - | - | - |"))
+        head = (f"| {r['build']} | {ov} | {r['tile'][0]}x{r['tile'][1]} | {r['consumer_warps']} | "
+                f"{r['loop_instructions']} | {r['mufu_per_thread']} | {tp['tensor']:.0f} | {tp['mufu']:.0f} | "
+                f"{tp['fma']:.0f} | {tp['alu']:.0f} | {tp['lsu']:.0f} | {tp['issue']:.0f} | {tp['smem']:.0f} | ")
+        if ls:   # backward: per step of the CTA's two warpgroups (tile_m x tile_n scores)
+            ts, per = r["two_streams"], ls["cycles_per_step"]
+            out.append(head + f"{per:.0f} | {ls['tensor_busy']:.1%} | {ls['longest_stretch']:.0f} "
+                       f"({ls['longest_stretch_bound']}) | {ts['cycles_per_step']:.0f} | {ts['tensor_busy']:.1%} | "
+                       f"{1000 * r['tile'][0] * r['tile'][1] / ts['cycles_per_step']:.0f} |")
+        else:    # forward: per key block of the CTA's warpgroups (fwd_model's best reading; then its
+                 # GEMMs interleaved with every warpgroup started at once, the worst case without turns)
+            fs = r["streams"]
+            out.append(head + f"- | - | - | {fs['cycles_per_block']:.0f} ({fs['best']}); "
+                       f"{fs['runs']['shared offset 0/n']:.0f} shared, together | {fs['tensor_busy']:.1%} | "
+                       f"{fs['scores_per_kcycle']:.0f} |")
     return "\n".join(out)
 
 
