@@ -330,10 +330,12 @@ BWD_ROWS = (
         "... in S^T-first order: dp_first took 1.001-1.033x the time in the deterministic D = 256 build "
         "(its turns, not the loads, bound the block)", "bwd-d256-dp-first"),
     Row({}, dict(varlen=False), "dense calls: no packed sequences", ""),
-    Row({"varlen": True}, dict(varlen=True),
+    Row({"varlen": True}, dict(varlen=True, varlen_order="unit"),
         "packed sequences: one pre, main and post launch, a CTA per key block, query head and sequence; "
         "the table in unit order (sequence, head, key block): sorted by work as the dense LPT grid it "
-        "took 1.50-1.67x the time on equal lengths, 1.34-1.45x on a ragged batch", "varlen-bwd-lpt"),
+        "took 1.50-1.67x the time on equal lengths, 1.34-1.45x on a ragged batch (the block order, "
+        "bwd.varlen_order=block, the dense grid's order within each sequence, is not yet timed)",
+        "varlen-bwd-lpt"),
     Row({"varlen": True, "varlen_tables_fit": False}, dict(varlen=False),
         "the CTA table's int32 entries hold up to 2^18 sequences of up to 2^19 keys: beyond, each "
         "sequence runs as its own dense launch", ""),
@@ -367,6 +369,8 @@ class AttnPlan:
     bwd: Any                   # kernels.config.BwdConfig
     window: tuple              # runtime (left, right) window sizes (kernels/config.window_sizes)
     zero_dq_in_pre: bool       # the pre kernel zeroes the dQ accumulator (head_loop builds)
+    varlen_bwd_order: Optional[str]   # packed calls: the backward's CTA table order (tile_scheduler.
+                                      # varlen_bwd_table); None for dense calls
     softmax_scale: float
     softcap: Optional[float]
     sigmoid_bias: Optional[float]   # sigmoid: the resolved bias (default -ln S_k; packed calls at the
@@ -535,7 +539,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     "fwd.<field>" / "bwd.<field>" keys, "poly_split", "grad_rule" for the score, "fwd_ctas" for
     the persistent forward's CTA count (timing tools and tests); checked like the defaults
     (kernels.config.check_fwd / check_bwd)."""
-    from .kernels.config import BwdConfig, FwdConfig, check_bwd, check_fwd
+    from .kernels.config import VARLEN_BWD_ORDERS, BwdConfig, FwdConfig, check_bwd, check_fwd
     overrides = dict(overrides or {})
     program = None
     if call.evaluator == "poly" and call.mode in ("softcap", "sigmoid") and call.score_mod is None:
@@ -630,6 +634,9 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     if bwd["p_turns"] == "with_dq_defer":   # the stagger is both together (p_turns alone: 0.98-1.05x)
         bwd["p_turns"] = bool(bwd["dq_defer"])
     zero_dq_rule = bwd.pop("zero_dq_in_pre")
+    varlen_order = bwd.pop("varlen_order", None)   # set by the packed calls' row (dense calls have no table)
+    if varlen_order is not None and varlen_order not in VARLEN_BWD_ORDERS:
+        raise ValueError(f"bwd.varlen_order: one of {VARLEN_BWD_ORDERS}, got {varlen_order!r}")
     try:
         bwd_cfg = BwdConfig(score=score_bwd, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,
                             window_left=has_l, window_right=has_r, **bwd)
@@ -643,7 +650,8 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     zero_dq = bwd_cfg.head_loop and zero_dq_rule
     window = window_sizes(call.window, call.causal, call.seqlen_q, call.seqlen_k)
     return AttnPlan(call=call, score=score, score_bwd=score_bwd, fwd=fwd_cfg, bwd=bwd_cfg,
-                    window=window, zero_dq_in_pre=zero_dq, softmax_scale=call.softmax_scale,
+                    window=window, zero_dq_in_pre=zero_dq, varlen_bwd_order=varlen_order,
+                    softmax_scale=call.softmax_scale,
                     softcap=call.softcap, sigmoid_bias=bias,
                     fwd_ctas=_fwd_ctas(call, fwd_cfg, window, balance_ctas, overrides.get("fwd_ctas")))
 

@@ -19,6 +19,8 @@ DTYPES = ("bf16", "fp16")
 COMPACT_SEQ_BITS = 18
 COMPACT_MAX_SEQS = 1 << COMPACT_SEQ_BITS
 COMPACT_MAX_TILES = 1 << (31 - COMPACT_SEQ_BITS)
+# the packed backward's CTA table orders (plan AttnPlan.varlen_bwd_order, tile_scheduler.varlen_bwd_table)
+VARLEN_BWD_ORDERS = ("unit", "block")
 HEAD_DIMS = (64, 128, 256)
 SMEM_BYTES = 232448          # dynamic shared memory per CTA on sm_90 (227 KB)
 FWD_CONSUMER_WARPGROUPS = (2, 3)

@@ -27,6 +27,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 from .config import COMPACT_MAX_SEQS, COMPACT_MAX_TILES, COMPACT_SEQ_BITS  # noqa: F401 (the kernels import them here)
+from .config import VARLEN_BWD_ORDERS  # noqa: F401 (tests and tools read the orders here)
 
 # Bytes of per-head working set a section may keep in L2 (sm_90 parts have 50 MB of L2).
 L2_SECTION_BYTES = 32 << 20
@@ -204,12 +205,18 @@ def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
 # launch, pipeline setup and offset loads for nothing.  The table lists the live (key block,
 # head, sequence) triples instead (the query head; the KV head in head_loop builds), built on
 # the device from the offsets (no host sync), for a grid of at most (total_k // tile_n + sequences) x H_q CTAs (a host bound on the live key
-# blocks); CTAs past the table's count exit.  Order: sequences longest first (the short ones
-# fill the tail), then head, then key block ascending, so the key blocks of one (sequence,
-# head) run together (they read the same Q, dO from L2, as the dense launch order's key blocks
-# do) and the query heads of a KV head follow one another (its K, V stay in L2).  Sorting the
-# entries by their work instead (LPT, as the dense grid) splits each unit's key blocks apart and
-# measured slower (docs/MEASURED.md varlen-bwd-lpt).
+# blocks); CTAs past the table's count exit.  Sequences go longest first (the short ones fill
+# the tail).  Within a sequence, two orders (the plan's bwd.varlen_order):
+#   "unit"   head, then key block ascending: the key blocks of one (sequence, head) run together
+#            (they read the same Q, dO from L2, as the dense launch order's key blocks do) and the
+#            query heads of a KV head follow one another (its K, V stay in L2);
+#   "block"  key block ascending, then head: the dense LPT grid's order within a batch (one section
+#            over the heads, heads fastest), so causal work falls monotonically over the sequence's
+#            entries instead of once per head (a greedy list schedule of 8 x 4096 at 32/8 heads:
+#            the busiest SM's work 1.069x the mean in unit order, 1.001x in block order).
+# Sorting all entries by their work (LPT across sequences) splits the sequences' key blocks apart
+# and measured slower (docs/MEASURED.md varlen-bwd-lpt).  Every entry is its own CTA's work, so
+# an order is a permutation of the same table: results differ only in the order of dQ's adds.
 BWD_TABLE_WORDS = 2            # an entry is ((key block << 18) | sequence, head)
 
 
@@ -220,28 +227,40 @@ def varlen_bwd_ctas(total_k: int, batch: int, max_seqlen_k: int, tile_n: int, he
     return min(levels * batch, total_k // tile_n + batch) * heads
 
 
-def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int):
+def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int,
+                     order: str = "unit"):
     """The varlen backward's CTA table (int32, on the offsets' device): [count, entries...], entry
     j (BWD_TABLE_WORDS words) = ((n << COMPACT_SEQ_BITS) | b, h) for the j-th live triple (key
-    block n of sequence b, head h of `heads`) in the order above, varlen_bwd_ctas(...) entries (the
-    grid; those past count are unread).  O(grid + sequences x heads) work, no host sync: CTA j
-    finds its (sequence, head) unit by a search over the units' cumulative key blocks."""
+    block n of sequence b, head h of `heads`) in `order` (above), varlen_bwd_ctas(...) entries
+    (the grid; those past count are unread).  O(grid + sequences x heads) work, no host sync: CTA
+    j finds its sequence (block order) or (sequence, head) unit (unit order) by a search over
+    their cumulative entries."""
     import torch
+    if order not in VARLEN_BWD_ORDERS:
+        raise ValueError(f"bwd.varlen_order: one of {VARLEN_BWD_ORDERS}, got {order!r}")
     b = cu_seqlens_k.shape[0] - 1
     table_levels(b, max_seqlen_k, tile_n, "varlen backward")
     dev = cu_seqlens_k.device
     ctas = varlen_bwd_ctas(total_k, b, max_seqlen_k, tile_n, heads)
     lens = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
-    order = torch.sort(lens, descending=True, stable=True).indices                # sequences, longest first
-    blocks = (-(-lens // tile_n))[order].repeat_interleave(heads)                  # per unit (sequence, head)
-    unit_seq = order.repeat_interleave(heads)
-    unit_head = torch.arange(heads, dtype=torch.int64, device=dev).repeat(b)
-    ends = torch.cumsum(blocks, 0)
+    seqs = torch.sort(lens, descending=True, stable=True).indices                 # sequences, longest first
     j = torch.arange(ctas, dtype=torch.int64, device=dev)
-    u = torch.searchsorted(ends, j, right=True).clamp_(max=max(b * heads - 1, 0))   # past the count: unread
-    n = j - (ends[u] - blocks[u])
-    count = blocks.sum()
-    ent = torch.stack([(n << COMPACT_SEQ_BITS) | unit_seq[u], unit_head[u]], dim=1).flatten().to(torch.int32)
+    if order == "unit":   # units (sequence, head), each its key blocks
+        blocks = (-(-lens // tile_n))[seqs].repeat_interleave(heads)
+        unit_seq = seqs.repeat_interleave(heads)
+        unit_head = torch.arange(heads, dtype=torch.int64, device=dev).repeat(b)
+        ends = torch.cumsum(blocks, 0)
+        u = torch.searchsorted(ends, j, right=True).clamp_(max=max(b * heads - 1, 0))   # past the count: unread
+        n = j - (ends[u] - blocks[u])
+        seq, head = unit_seq[u], unit_head[u]
+    else:                 # sequences, each its key blocks x heads, heads fastest
+        per_seq = (-(-lens // tile_n))[seqs] * heads
+        ends = torch.cumsum(per_seq, 0)
+        u = torch.searchsorted(ends, j, right=True).clamp_(max=max(b - 1, 0))
+        within = j - (ends[u] - per_seq[u])
+        n, head, seq = within // heads, within % heads, seqs[u]
+    count = ends[-1] if b else torch.zeros((), dtype=torch.int64, device=dev)
+    ent = torch.stack([(n << COMPACT_SEQ_BITS) | seq, head], dim=1).flatten().to(torch.int32)
     return torch.cat([count.to(torch.int32).view(1), ent])
 
 

@@ -762,3 +762,18 @@ def test_pack_gqa_balances_its_own_tiles():
         units = hkv * b
         assert p.fwd_ctas == persistent_ctas(p.fwd.persistent, blocks, units,
                                              heads_per_section(units, s, 128 * 4, 1), cost, True)
+
+
+def test_varlen_backward_table_order_is_a_plan_choice():
+    """The packed backward's CTA table order (kernels/tile_scheduler.varlen_bwd_table) is the plan's
+    `varlen_bwd_order`: unit order by default, the block order by the bwd.varlen_order override;
+    it is no BwdConfig field (the kernel reads whatever table it is given: the build is the same),
+    and dense calls have none;
+    an unknown order is refused by name."""
+    p = resolve("softmax", varlen=True)
+    assert p.varlen_bwd_order == "unit" and not hasattr(p.bwd, "varlen_order")
+    q = resolve("softmax", varlen=True, overrides={"bwd.varlen_order": "block"})
+    assert q.varlen_bwd_order == "block" and q.bwd == p.bwd
+    assert resolve("softmax").varlen_bwd_order is None   # dense calls have no table
+    with pytest.raises(ValueError, match="bwd.varlen_order"):
+        resolve("softmax", varlen=True, overrides={"bwd.varlen_order": "lpt"})

@@ -285,6 +285,17 @@ def test_varlen_kernel_backward_step_order(var, lens_q, lens_k, seed):
                              dq_halves=True, bwd_extra=STEP_ORDER))
 
 
+# the backward's CTA table in block order (bwd.varlen_order, kernels/tile_scheduler.varlen_bwd_table:
+# each sequence's key blocks ascending, heads fastest): the same entries in another order, so only
+# dQ's add order changes; by the rule, on both loops, empty and one-token sequences included
+@pytest.mark.gpu
+@pytest.mark.parametrize("var, lens_q, lens_k, seed", [c for c in bwd_cases() if c.values[0][3] in (64, 128)])
+@pytest.mark.parametrize("head_loop", [False, True], ids=["per_head", "head_loop"])
+def test_varlen_kernel_backward_block_order(var, lens_q, lens_k, seed, head_loop):
+    _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel_bwd=True, head_loop=head_loop,
+                             bwd_extra={"bwd.varlen_order": "block"}))
+
+
 # the swapped D = 256 backward over packed sequences (the plan's packed D = 256 build of the built-in
 # scores, kernels/attn_bwd_swap_sm90.py AttnBwdSm90SwapVarlen; named here so the cases test it whatever
 # the rows pick): every score, a window, the sigmoid dO tail zeroing, empty and one-token sequences,

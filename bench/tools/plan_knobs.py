@@ -13,7 +13,8 @@ softcap_c50_f16_odd`, `head_loop=0+lpt=1`):
   program=NAME, sigmoid_grad=R,    attention() arguments: the plan resolves from them (deterministic
   deterministic=0/1                turns off dq_async, lpt and head_loop by its row)
                                    (bwd also: zero_dq_in_pre=0/1, who zeroes head_loop's dQ
-                                   accumulator: a plan choice with a "bwd." override)
+                                   accumulator, and varlen_order=unit/block, the packed backward's
+                                   CTA table order: plan choices with a "bwd." override)
 
 Values: bool fields 0 / 1, int fields and persistent (a CTA count; 0 = a CTA per tile) ints,
 float fields floats, the rest strings.  Overrides replace fields after the rows: set every field
@@ -31,7 +32,8 @@ from dataclasses import dataclass, field
 _CALL_FIELDS = ("score", "dtype", "head_dim", "causal", "window_left", "window_right")
 CALL_KNOBS = {"program": str, "sigmoid_grad": str, "deterministic": bool}   # plan_for keywords
 # backward choices of the plan that are no BwdConfig field but take a "bwd." override
-BWD_PLAN_FIELDS = {"zero_dq_in_pre": "bool"}   # who zeroes head_loop's dQ accumulator
+BWD_PLAN_FIELDS = {"zero_dq_in_pre": "bool",   # who zeroes head_loop's dQ accumulator
+                   "varlen_order": "str"}      # packed calls: the backward's CTA table order
 ALIASES = {"split": "poly_split", "softcap_grad": "grad_rule"}
 POLY_ONLY = ("poly_split", "grad_rule", "program", "sigmoid_grad")   # need evaluator="poly"
 

@@ -9,6 +9,12 @@ longest sequence's query tiles over (sequence, head) units in L2 sections, the d
 SectionLptScheduler.tile_at) and the compact order (live pairs only, longest first:
 compact_varlen_table) it prints the busiest CTA's work over the mean (1.0 = perfect balance), and
 a greedy list schedule (each tile to the CTA free first) as the bound a dynamic scheduler reaches.
+
+The backward (bwd_balance): a CTA per entry of the varlen backward's table (kernels/tile_scheduler.
+varlen_bwd_table) in either order (bwd.varlen_order: unit, block), the hardware handing the next
+CTA to the first free SM (a greedy list schedule in table order, one CTA per SM); a causal key
+block costs the query blocks at and after it plus the fixed cost.  Printed for 8 KV heads (the
+per-KV-head loop of 32/8) and 32 query heads.
 """
 from __future__ import annotations
 
@@ -69,6 +75,22 @@ def balance(lens, heads=32, head_dim=128, sms=132, tile_m=128, tile_n=128, fixed
     return out
 
 
+def bwd_balance(lens, heads: int, order: str, sms=132, tile_m=128, tile_n=128, fixed=1.0) -> float:
+    """The busiest SM's work over the mean for the varlen backward's table in `order`."""
+    import torch
+    from flash_attn_poly.kernels.tile_scheduler import varlen_bwd_table, varlen_bwd_tile
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
+    table = varlen_bwd_table(cu, max(lens), tile_n, heads, sum(lens), order)
+    work = []
+    for j in range(int(table[0])):
+        n, _, b = varlen_bwd_tile(j, table)
+        work.append(fixed + -(-(lens[b] - n * tile_n) // tile_m))
+    free = [0.0] * sms
+    for w in work:
+        heapq.heappush(free, heapq.heappop(free) + w)
+    return max(free) / (sum(work) / sms)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--fixed", type=float, default=1.0, help="a live tile's fixed cost, in key blocks")
@@ -83,6 +105,11 @@ def main(argv=None) -> int:
         r = balance(lens, tile_m=a.tile_m, fixed=a.fixed, dead=a.dead)
         print(f"{name:18s} live slots {r['live_fraction']:4.0%}  plan's order {r['slots']:.3f}  "
               f"compact {r['compact']:.3f}  greedy bound {r['greedy']:.3f}")
+    print("backward: busiest SM's work / mean (causal, 128 x 128 blocks, 132 SMs), table order unit / block")
+    for name, lens in cases:
+        cells = "  ".join(f"{h} heads {bwd_balance(lens, h, 'unit'):.3f} / {bwd_balance(lens, h, 'block'):.3f}"
+                          for h in (8, 32))
+        print(f"{name:18s} {cells}")
     return 0
 
 
