@@ -355,25 +355,25 @@ def with_turns(events: list[tuple]) -> list[tuple]:
     return events[:p] + [("turn_wait",), events[p], ("turn_pass",)] + events[p + 1:]
 
 
-def two_streams(events: list[tuple], stagger: bool, steps: int = 12, turns: bool = False) -> dict:
-    """Both MMA warpgroups replayed as two streams on one SM: per cycle each pipe's capacity is
-    split among the streams with work left on it, the tensor pipe likewise between the two streams'
-    oldest unfinished GEMM groups; lockstep: both start together and meet at the DS_READY barrier; stagger: `staggered`
-    order, warpgroup 1 starting half a lockstep step late.  Returns the steady-state cycles per
-    step (the mean over the second half of the steps) and the tensor pipe's busy share."""
-    prog = staggered(events) if stagger else events
-    prog = with_turns(prog) if turns else prog
-    turn = [0]
+def replay(prog: list[tuple], starts: list[float], run: int, tensor: str = "shared") -> dict:
+    """The streams' replay (two_streams, fwd_streams): stream w runs `prog` `run` times from cycle
+    starts[w]; per cycle each non-tensor pipe's capacity is split among the streams with work left
+    on it; the tensor pipe runs the committed GEMM groups whole in issue order ("fifo") or shares
+    itself among the streams' oldest groups ("shared"); turn barriers pass a token round the
+    streams; the DS_READY barrier and dq_defer's mbarriers (the backward's two streams) wait for
+    the other stream.  Returns each stream's step end times and the cumulative tensor / MUFU busy
+    cycles per cycle."""
+    n = len(starts)
     pipes = ("mufu", "fma", "alu", "lsu", "issue")
-    st = [dict(pc=0, step=0, rem=None, pending=[], start=0.0, done=[], full=0, dq=0, bar=0, arrived=0) for _ in range(2)]
-    half = lockstep_cycles(events) / 2 if stagger else 0.0
-    st[1]["start"] = half
-    queue, t, busy, busy_at = [], 0.0, 0.0, []
-    while min(s["step"] for s in st) < steps and t < 1e7:
+    st = [dict(pc=0, step=0, rem=None, pending=[], start=starts[w], done=[], full=0, dq=0, bar=0, arrived=0)
+          for w in range(n)]
+    turn, queue = [0], []
+    t, busy, mufu_busy, busy_at, mufu_at = 0.0, 0.0, 0.0, [], []
+    while min(s["step"] for s in st) < run and t < 1e7:
         # advance each stream through events that take no time
         for w, s in enumerate(st):
-            o = st[1 - w]
-            while t >= s["start"] and s["step"] < steps and s["rem"] is None:
+            o = st[1 - w] if n == 2 else None   # the backward's barriers pair the two warpgroups
+            while t >= s["start"] and s["step"] < run and s["rem"] is None:
                 e = prog[s["pc"]]
                 kind = e[0]
                 if kind == "work":
@@ -406,95 +406,12 @@ def two_streams(events: list[tuple], stagger: bool, steps: int = 12, turns: bool
                     if turn[0] != w:
                         break
                 elif kind == "turn_pass":
-                    turn[0] = 1 - w
+                    turn[0] = (w + 1) % n
                 s["pc"] += 1
                 if s["pc"] == len(prog):
                     s["pc"], s["step"] = 0, s["step"] + 1
                     s["done"].append(t)
         # one cycle of the pipes
-        active = [s for s in st if s["rem"] is not None and t >= s["start"]]
-        for p in pipes:
-            users = [s for s in active if s["rem"][p] > 1e-9]
-            for s in users:
-                s["rem"][p] -= 1.0 / len(users)
-        for s in active:
-            if all(v <= 1e-9 for v in s["rem"].values()):
-                s["rem"] = None
-                s["pc"] += 1
-                if s["pc"] == len(prog):
-                    s["pc"], s["step"] = 0, s["step"] + 1
-                    s["done"].append(t + 1)
-        # the tensor pipe: each stream's groups in order, the two streams' heads sharing it (their
-        # HGMMA instructions interleave in issue order rather than group after group)
-        heads = [next(g for g in queue if g[1] == w) for w in (0, 1) if any(g[1] == w for g in queue)]
-        for g in heads:
-            g[0] -= 1.0 / len(heads)
-            if g[0] <= 1e-9:
-                g[0] = 0.0
-                queue.remove(g)
-        busy += 1.0 if heads else 0.0
-        t += 1.0
-        busy_at.append(busy)
-    k = steps // 2
-    d = st[0]["done"]
-    per = (d[steps - 1] - d[k - 1]) / (steps - k)
-    tb = (busy_at[int(d[steps - 1]) - 1] - busy_at[int(d[k - 1]) - 1]) / (d[steps - 1] - d[k - 1])
-    lag = sum(b - a for a, b in zip(d[k - 1:steps], st[1]["done"][k - 1:steps])) / (steps - k + 1)
-    return {"cycles_per_step": round(per, 1), "tensor_busy": round(tb, 3), "lag": round(lag / per, 2)}
-
-
-def fwd_events(body: list[str]) -> list[tuple]:
-    """One forward consumer warpgroup's key-block step as events (step_events' kinds): its GEMM
-    groups (S = Q K^T of this block, O += P V of the last), the waits, the work between them and
-    the ping-pong turn barriers (BAR.SYNC / BAR.ARV on a register id, 256 threads: this
-    warpgroup's turn to issue, then the next one's).  The forward's other mbarrier traffic (K / V
-    stages, their releases) is taken as ready."""
-    return [e for e in step_events(body) if e[0] in ("work", "gemm", "wait", "turn_wait", "turn_pass")]
-
-
-def fwd_streams(events: list[tuple], n: int, steps: int = 24, offset: float = 0.0,
-                tensor: str = "fifo") -> dict:
-    """The forward's n consumer warpgroups replayed as n streams on one SM (what two_streams does
-    for the backward's two): per cycle each non-tensor pipe's capacity is split among the streams
-    with work left on it; the tensor pipe runs the committed GEMM groups whole in issue order
-    ("fifo": what ping-pong's turns are for, the best case) or shares itself among the streams'
-    oldest groups ("shared": groups issued together interleave instruction by instruction, the
-    worst case without turns); turn barriers pass a token round the n warpgroups (ping-pong: 2 or
-    3 warpgroups issue their GEMMs in turns; the replay's issue takes no time, so turns order the
-    groups but do not space them).  Stream w starts at w x offset
-    cycles (0: all at once).  Returns the steady-state cycles per key block of the CTA (every
-    stream's step; the mean over the second half of the steps), the tensor and MUFU pipes' busy
-    shares over them, and the best case: the largest pipe's cycles per block."""
-    pipes = ("mufu", "fma", "alu", "lsu", "issue")
-    st = [dict(pc=0, step=0, rem=None, pending=[], start=w * offset, done=[]) for w in range(n)]
-    turn, queue = [0], []
-    t, busy, mufu_busy, busy_at, mufu_at = 0.0, 0.0, 0.0, [], []
-    run = steps + 2   # two steps past the measured ones: the window ends with every stream still at work
-    while min(s["step"] for s in st) < run and t < 1e7:
-        for w, s in enumerate(st):
-            while t >= s["start"] and s["step"] < run and s["rem"] is None:
-                e = events[s["pc"]]
-                kind = e[0]
-                if kind == "work":
-                    s["rem"] = dict(e[1])
-                    break
-                if kind == "gemm":
-                    item = [e[1], w]
-                    queue.append(item)
-                    s["pending"].append(item)
-                elif kind == "wait":
-                    s["pending"] = [g for g in s["pending"] if g[0] > 0]
-                    if len(s["pending"]) > e[1]:
-                        break
-                elif kind == "turn_wait":
-                    if turn[0] != w:
-                        break
-                elif kind == "turn_pass":
-                    turn[0] = (w + 1) % n
-                s["pc"] += 1
-                if s["pc"] == len(events):
-                    s["pc"], s["step"] = 0, s["step"] + 1
-                    s["done"].append(t)
         active = [s for s in st if s["rem"] is not None and t >= s["start"]]
         used_mufu = False
         for p in pipes:
@@ -506,9 +423,11 @@ def fwd_streams(events: list[tuple], n: int, steps: int = 24, offset: float = 0.
             if all(v <= 1e-9 for v in s["rem"].values()):
                 s["rem"] = None
                 s["pc"] += 1
-                if s["pc"] == len(events):
+                if s["pc"] == len(prog):
                     s["pc"], s["step"] = 0, s["step"] + 1
                     s["done"].append(t + 1)
+        # the tensor pipe: "shared": each stream's groups in order, the streams' heads sharing it
+        # (their HGMMA instructions interleave in issue order rather than group after group)
         if tensor == "fifo":
             heads = queue[:1]
         else:
@@ -523,13 +442,59 @@ def fwd_streams(events: list[tuple], n: int, steps: int = 24, offset: float = 0.
         t += 1.0
         busy_at.append(busy)
         mufu_at.append(mufu_busy)
+    return {"done": [s["done"] for s in st], "busy_at": busy_at, "mufu_at": mufu_at}
+
+
+def two_streams(events: list[tuple], stagger: bool, steps: int = 12, turns: bool = False) -> dict:
+    """Both MMA warpgroups replayed as two streams on one SM (`replay`, the tensor pipe shared
+    between the two streams' oldest unfinished GEMM groups); lockstep: both start together and
+    meet at the DS_READY barrier; stagger: `staggered` order, warpgroup 1 starting half a lockstep
+    step late.  Returns the steady-state cycles per step (the mean over the second half of the
+    steps) and the tensor pipe's busy share."""
+    prog = staggered(events) if stagger else events
+    prog = with_turns(prog) if turns else prog
+    half = lockstep_cycles(events) / 2 if stagger else 0.0
+    r = replay(prog, [0.0, half], steps)
+    busy_at, (d, d1) = r["busy_at"], r["done"]
     k = steps // 2
-    ends = [max(s["done"][i] for s in st) for i in range(steps)]
+    per = (d[steps - 1] - d[k - 1]) / (steps - k)
+    tb = (busy_at[int(d[steps - 1]) - 1] - busy_at[int(d[k - 1]) - 1]) / (d[steps - 1] - d[k - 1])
+    lag = sum(b - a for a, b in zip(d[k - 1:steps], d1[k - 1:steps])) / (steps - k + 1)
+    return {"cycles_per_step": round(per, 1), "tensor_busy": round(tb, 3), "lag": round(lag / per, 2)}
+
+
+def lockstep_cycles(events: list[tuple]) -> float:
+    return two_streams(events, stagger=False)["cycles_per_step"]
+
+
+def fwd_events(body: list[str]) -> list[tuple]:
+    """One forward consumer warpgroup's key-block step as events (step_events' kinds): its GEMM
+    groups (S = Q K^T of this block, O += P V of the last), the waits, the work between them and
+    the ping-pong turn barriers (BAR.SYNC / BAR.ARV on a register id, 256 threads: this
+    warpgroup's turn to issue, then the next one's).  The forward's other mbarrier traffic (K / V
+    stages, their releases) is taken as ready."""
+    return [e for e in step_events(body) if e[0] in ("work", "gemm", "wait", "turn_wait", "turn_pass")]
+
+
+def fwd_streams(events: list[tuple], n: int, steps: int = 24, offset: float = 0.0,
+                tensor: str = "fifo") -> dict:
+    """The forward's n consumer warpgroups replayed as n streams on one SM (`replay`; what
+    two_streams does for the backward's two), the GEMM groups run whole in issue order ("fifo":
+    what ping-pong's turns are for, the best case) or the streams' oldest groups sharing the
+    tensor pipe ("shared": groups issued together interleave instruction by instruction, the worst
+    case without turns); turn barriers pass a token round the n warpgroups (ping-pong: 2 or 3
+    warpgroups issue their GEMMs in turns; the replay's issue takes no time, so turns order the
+    groups but do not space them).  Stream w starts at w x offset cycles (0: all at once).
+    Returns the steady-state cycles per key block of the CTA (every stream's step; the mean over
+    the second half of the steps) and the tensor and MUFU pipes' busy shares over them."""
+    # two steps past the measured ones: the window ends with every stream still at work
+    r = replay(events, [w * offset for w in range(n)], steps + 2, tensor)
+    k = steps // 2
+    ends = [max(d[i] for d in r["done"]) for i in range(steps)]
     a, b = ends[k - 1], ends[steps - 1]
-    per = (b - a) / (steps - k)
     span = lambda xs: (xs[int(b) - 1] - xs[int(a) - 1]) / (b - a)
-    return {"cycles_per_block": round(per, 1), "tensor_busy": round(span(busy_at), 3),
-            "mufu_busy": round(span(mufu_at), 3)}
+    return {"cycles_per_block": round((b - a) / (steps - k), 1), "tensor_busy": round(span(r["busy_at"]), 3),
+            "mufu_busy": round(span(r["mufu_at"]), 3)}
 
 
 def fwd_model(events: list[tuple], n: int, tile: tuple) -> dict:
@@ -547,10 +512,6 @@ def fwd_model(events: list[tuple], n: int, tile: tuple) -> dict:
             "tensor_busy": best["tensor_busy"], "mufu_busy": best["mufu_busy"],
             "scores_per_kcycle": round(1000 * scores / best["cycles_per_block"], 1),
             "runs": {k: v["cycles_per_block"] for k, v in runs.items()}}
-
-
-def lockstep_cycles(events: list[tuple]) -> float:
-    return two_streams(events, stagger=False)["cycles_per_step"]
 
 
 # (name, mode, evaluator, head dim, shape (B, S, H_q, H_kv), plan overrides)
