@@ -315,11 +315,13 @@ def swap_cases():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("order", ["unit", "block"])
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", swap_cases())
-def test_varlen_swap_backward_rule_fuzz(var, lens_q, lens_k, seed):
-    """The swapped D = 256 backward over packed sequences (per-KV-head loop) by the rule."""
+def test_varlen_swap_backward_rule_fuzz(var, lens_q, lens_k, seed, order):
+    """The swapped D = 256 backward over packed sequences (per-KV-head loop) by the rule, its CTA
+    table in either order (bwd.varlen_order)."""
     _assert_ok(run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel_bwd=True, head_loop=True,
-                             bwd_extra=SWAP_OVERRIDES))
+                             bwd_extra={**SWAP_OVERRIDES, "bwd.varlen_order": order}))
 
 
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", bwd_cases())
