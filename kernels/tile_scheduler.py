@@ -213,7 +213,7 @@ def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
 #   "block"  key block ascending, then head: the dense LPT grid's order within a batch (one section
 #            over the heads, heads fastest), so causal work falls monotonically over the sequence's
 #            entries instead of once per head (a greedy list schedule of 8 x 4096 at 32/8 heads:
-#            the busiest SM's work 1.069x the mean in unit order, 1.001x in block order).
+#            the busiest SM's work 1.068x the mean in unit order, 1.002x in block order: bench/tools/varlen_balance.py).
 # Sorting all entries by their work (LPT across sequences) splits the sequences' key blocks apart
 # and measured slower (docs/MEASURED.md varlen-bwd-lpt).  Every entry is its own CTA's work, so
 # an order is a permutation of the same table: results differ only in the order of dQ's adds.
@@ -227,8 +227,7 @@ def varlen_bwd_ctas(total_k: int, batch: int, max_seqlen_k: int, tile_n: int, he
     return min(levels * batch, total_k // tile_n + batch) * heads
 
 
-def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int,
-                     order: str = "unit"):
+def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int, order: str):
     """The varlen backward's CTA table (int32, on the offsets' device): [count, entries...], entry
     j (BWD_TABLE_WORDS words) = ((n << COMPACT_SEQ_BITS) | b, h) for the j-th live triple (key
     block n of sequence b, head h of `heads`) in `order` (above), varlen_bwd_ctas(...) entries

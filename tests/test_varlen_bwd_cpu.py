@@ -119,14 +119,16 @@ def test_check_bwd_refuses_what_the_varlen_build_lacks():
     check_bwd(dataclasses.replace(cfg, head_loop=True))   # the per-KV-head loop builds for packed calls too
 
 
-def test_backward_varlen_launch_contract(monkeypatch):
+@pytest.mark.parametrize("order", ["unit", "block"])
+def test_backward_varlen_launch_contract(monkeypatch, order):
     """kernels/dispatch.backward_varlen on CPU tensors with the compiled kernels stood in by
     recorders: the pre kernel gets packed (1, total, H, D) / (1, H, total) views, the offsets and
     max_seqlen_q, and its oracle's rows reach the main kernel; the main kernel gets exactly the
     arguments of AttnBwdSm90Varlen.__call__ (count and order: the padded buffers, the (1, total,
     H, D) dK / dV accumulators, the padded (1, H, rows, D) dQ accumulator, the offsets, the CTA
-    table and its grid, the numbers, the window); the post kernels' outputs come back as packed
-    (total, H, D) gradients (dQ read per sequence from its padded offset)."""
+    table in the plan's order (bwd.varlen_order) and its grid, the numbers, the window); the post
+    kernels' outputs come back as packed (total, H, D) gradients (dQ read per sequence from its
+    padded offset)."""
     import inspect
 
     pytest.importorskip("cutlass")
@@ -143,7 +145,7 @@ def test_backward_varlen_launch_contract(monkeypatch):
     call = plan.AttnCall(mode="softmax", evaluator="native", dtype="bf16", head_dim=d, batch=4, seqlen_q=130,
                          seqlen_k=129, heads_q=h_q, heads_kv=h_kv, causal=True, window=(-1, -1),
                          softmax_scale=0.125, varlen=True)
-    vp = plan.resolve(call, 132, {"bwd.varlen": True})
+    vp = plan.resolve(call, 132, {"bwd.varlen": True, "bwd.varlen_order": order})
     calls = {}
 
     def compiled(kind, key, build):
@@ -192,7 +194,8 @@ def test_backward_varlen_launch_contract(monkeypatch):
     assert named["mCuSeqlensQ"] is cu_q and named["mCuSeqlensK"] is cu_k
     # the CTA table of the live (key block, head, sequence) triples and the grid's host bound
     from flash_attn_poly.kernels import tile_scheduler as T
-    assert torch.equal(named["mTable"], T.varlen_bwd_table(cu_k, 129, vp.bwd.tile_n, h_q, cu_k_l[-1]))
+    assert vp.varlen_bwd_order == order
+    assert torch.equal(named["mTable"], T.varlen_bwd_table(cu_k, 129, vp.bwd.tile_n, h_q, cu_k_l[-1], order))
     assert int(named["mTable"][0]) == (1 + 1 + 2 + 0) * h_q <= named["n_ctas"] == (138 // 128 + 4) * h_q
     assert (named["scale"], named["softcap"], named["bias"]) == (0.125, 0.0, 0.0)
     assert (named["win_left"], named["win_right"]) == vp.window
