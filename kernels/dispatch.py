@@ -92,11 +92,12 @@ def backward_varlen(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     needs = plan.call.mode != "sigmoid"   # the LSE and dsum of softmax-like scores
     lse2, dsum = prepost.preprocess_varlen(dout, out, lse, cu_seqlens_q, max_seqlen_q, needs, needs, "e")
     q4, k4, v4, do4 = (t[None] for t in (q, k, v, dout))
-    from .tile_scheduler import varlen_bwd_ctas, varlen_bwd_table
+    from .tile_scheduler import varlen_bwd_ctas, varlen_bwd_section, varlen_bwd_table
     # the live CTAs, a table built on the device, and their host bound (the grid); head_loop
     # builds run a CTA per KV head over its query heads
     heads = k.shape[1] if cfg.head_loop else q.shape[1]
-    table = varlen_bwd_table(cu_seqlens_k, max_seqlen_k, cfg.tile_n, heads, k.shape[0], plan.varlen_bwd_order)
+    table = varlen_bwd_table(cu_seqlens_k, max_seqlen_k, cfg.tile_n, heads, k.shape[0], plan.varlen_bwd_order,
+                             varlen_bwd_section(cfg.head_loop, heads, max_seqlen_q, cfg.head_dim))
     ctas = varlen_bwd_ctas(k.shape[0], cu_seqlens_k.shape[0] - 1, max_seqlen_k, cfg.tile_n, heads)
     fn = compile_cache.compiled("attn_bwd", cfg, functools.partial(_bwd_build, cfg))
     total_q, h_q, d = q.shape

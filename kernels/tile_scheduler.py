@@ -210,9 +210,10 @@ def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
 #   "unit"   head, then key block ascending: the key blocks of one (sequence, head) run together
 #            (they read the same Q, dO from L2, as the dense launch order's key blocks do) and the
 #            query heads of a KV head follow one another (its K, V stay in L2);
-#   "block"  key block ascending, then head: the dense LPT grid's order within a batch (one section
-#            over the heads, heads fastest), so causal work falls monotonically over the sequence's
-#            entries instead of once per head (a greedy list schedule of 8 x 4096 at 32/8 heads:
+#   "block"  key block ascending, then head: the dense LPT grid's order within a batch (heads
+#            fastest, in its sections of heads: one over all KV heads in head_loop builds, L2-sized
+#            ones of query heads otherwise: varlen_bwd_section), so causal work falls monotonically
+#            over a section's entries instead of once per head (a greedy list schedule of 8 x 4096 at 32/8 heads:
 #            the busiest SM's work 1.068x the mean in unit order, 1.002x in block order: bench/tools/varlen_balance.py).
 # Sorting all entries by their work (LPT across sequences) splits the sequences' key blocks apart
 # and measured slower (docs/MEASURED.md varlen-bwd-lpt).  Every entry is its own CTA's work, so
@@ -227,13 +228,15 @@ def varlen_bwd_ctas(total_k: int, batch: int, max_seqlen_k: int, tile_n: int, he
     return min(levels * batch, total_k // tile_n + batch) * heads
 
 
-def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int, order: str):
+def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int, order: str,
+                     section: int = 0):
     """The varlen backward's CTA table (int32, on the offsets' device): [count, entries...], entry
     j (BWD_TABLE_WORDS words) = ((n << COMPACT_SEQ_BITS) | b, h) for the j-th live triple (key
     block n of sequence b, head h of `heads`) in `order` (above), varlen_bwd_ctas(...) entries
-    (the grid; those past count are unread).  O(grid + sequences x heads) work, no host sync: CTA
-    j finds its sequence (block order) or (sequence, head) unit (unit order) by a search over
-    their cumulative entries."""
+    (the grid; those past count are unread).  section (block order): heads per section, as the
+    dense LPT grid cuts them (varlen_bwd_section); 0: all.  O(grid + sequences x heads) work, no
+    host sync: CTA j finds its sequence (block order) or (sequence, head) unit (unit order) by a
+    search over their cumulative entries."""
     import torch
     if order not in VARLEN_BWD_ORDERS:
         raise ValueError(f"bwd.varlen_order: one of {VARLEN_BWD_ORDERS}, got {order!r}")
@@ -252,15 +255,28 @@ def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, t
         u = torch.searchsorted(ends, j, right=True).clamp_(max=max(b * heads - 1, 0))   # past the count: unread
         n = j - (ends[u] - blocks[u])
         seq, head = unit_seq[u], unit_head[u]
-    else:                 # sequences, each its key blocks x heads, heads fastest
-        per_seq = (-(-lens // tile_n))[seqs] * heads
+    else:                 # sequences; in each, sections of heads, each its key blocks x heads, heads fastest
+        w = heads if section <= 0 else min(section, heads)
+        blocks = (-(-lens // tile_n))[seqs]
+        per_seq = blocks * heads
         ends = torch.cumsum(per_seq, 0)
         u = torch.searchsorted(ends, j, right=True).clamp_(max=max(b - 1, 0))
         within = j - (ends[u] - per_seq[u])
-        n, head, seq = within // heads, within % heads, seqs[u]
+        per_section = blocks[u] * w
+        sec = within // per_section.clamp(min=1)
+        width = (heads - sec * w).clamp(max=w)                  # the last section may be narrower
+        rest = within - sec * per_section
+        n, head, seq = rest // width.clamp(min=1), sec * w + rest % width.clamp(min=1), seqs[u]
     count = ends[-1] if b else torch.zeros((), dtype=torch.int64, device=dev)
     ent = torch.stack([(n << COMPACT_SEQ_BITS) | seq, head], dim=1).flatten().to(torch.int32)
     return torch.cat([count.to(torch.int32).view(1), ent])
+
+
+def varlen_bwd_section(head_loop: bool, heads: int, max_seqlen_q: int, head_dim: int) -> int:
+    """Heads per section of the block order, as the dense LPT grid cuts them: head_loop builds one
+    section over all KV heads; a CTA per query head, sections whose rows of Q, dO (16-bit) and the
+    FP32 dQ accumulator fit L2_SECTION_BYTES (of the longest sequence's rows here)."""
+    return heads if head_loop else heads_per_section(heads, max_seqlen_q, head_dim * 8)
 
 
 def varlen_bwd_tile(j: int, table) -> tuple[int, int, int]:

@@ -137,18 +137,19 @@ def test_varlen_balance_model_of_the_two_orders():
 
 @pytest.mark.parametrize("lens,tile_n,heads", [([300, 0, 1, 128, 129, 700], 128, 2), ([4096] * 3, 128, 4),
                                                ([0, 0], 128, 3), ([1] * 40, 128, 1), ([5278, 63, 1191], 128, 8)])
-@pytest.mark.parametrize("order", ["unit", "block"])
-def test_varlen_backward_table_walks_every_live_key_block_once(lens, tile_n, heads, order):
+@pytest.mark.parametrize("order,section", [("unit", 0), ("block", 0), ("block", 3)])
+def test_varlen_backward_table_walks_every_live_key_block_once(lens, tile_n, heads, order, section):
     """The varlen backward's CTA table (AttnBwdSm90Varlen): every (key block, query head,
     sequence) inside a sequence exactly once, none past its end, within the host's grid bound
     (which stays within the table, so the CTAs past the count read in bounds); sequences longest
     first, then (unit order) head, key blocks ascending inside a (sequence, head), or (block
-    order) key block ascending, heads fastest inside a sequence."""
+    order) sections of `section` heads (0: all; the last one narrower), in each key block
+    ascending, heads fastest."""
     import itertools
     import torch
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
     mx = max(max(lens), 1)
-    table = T.varlen_bwd_table(cu, mx, tile_n, heads, sum(lens), order)
+    table = T.varlen_bwd_table(cu, mx, tile_n, heads, sum(lens), order, section)
     ctas = T.varlen_bwd_ctas(sum(lens), len(lens), mx, tile_n, heads)
     count = int(table[0])
     assert table.dtype == torch.int32 and table.numel() == 1 + T.BWD_TABLE_WORDS * ctas
@@ -157,7 +158,8 @@ def test_varlen_backward_table_walks_every_live_key_block_once(lens, tile_n, hea
     want = {(n, h, b) for b, s in enumerate(lens) for n in range(-(-s // tile_n)) for h in range(heads)}
     assert len(tiles) == len(want) and set(tiles) == want
     rank = {b: r for r, b in enumerate(sorted(range(len(lens)), key=lambda b: -lens[b]))}
-    key = [(rank[b], h, n) if order == "unit" else (rank[b], n, h) for n, h, b in tiles]
+    w = heads if section <= 0 else section
+    key = [(rank[b], h, n) if order == "unit" else (rank[b], h // w, n, h) for n, h, b in tiles]
     assert key == sorted(key)
 
 
@@ -183,6 +185,11 @@ def test_varlen_backward_block_order_balances_equal_lengths():
         assert spread["block"] < 1.01 and spread["unit"] > (1.05 if heads == 8 else 1.01), (lens, heads, spread)
     with pytest.raises(ValueError, match="bwd.varlen_order"):
         T.varlen_bwd_table(cu, 4096, 128, 8, sum(lens), "lpt")
+    # the sections the dense LPT grid cuts: all KV heads in head_loop builds; L2-sized groups of query
+    # heads otherwise (Q, dO and the FP32 dQ accumulator rows of the longest sequence)
+    assert T.varlen_bwd_section(True, 8, 16384, 128) == 8
+    assert T.varlen_bwd_section(False, 32, 4096, 128) == T.heads_per_section(32, 4096, 1024) == 8
+    assert T.varlen_bwd_section(False, 32, 512, 64) == 32
 
 
 def _causal_costs(seqlen, tile_m, tile_n):

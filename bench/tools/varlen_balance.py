@@ -14,7 +14,8 @@ The backward (bwd_balance): a CTA per entry of the varlen backward's table (kern
 varlen_bwd_table) in either order (bwd.varlen_order: unit, block), the hardware handing the next
 CTA to the first free SM (a greedy list schedule in table order, one CTA per SM); a causal key
 block costs the query blocks at and after it plus the fixed cost.  Printed for 8 KV heads (the
-per-KV-head loop of 32/8) and 32 query heads.
+per-KV-head loop of 32/8: one section) and 32 query heads (a CTA per query head: L2-sized sections
+at D = 128).
 """
 from __future__ import annotations
 
@@ -75,12 +76,15 @@ def balance(lens, heads=32, head_dim=128, sms=132, tile_m=128, tile_n=128, fixed
     return out
 
 
-def bwd_balance(lens, heads: int, order: str, sms=132, tile_m=128, tile_n=128, fixed=1.0) -> float:
-    """The busiest SM's work over the mean for the varlen backward's table in `order`."""
+def bwd_balance(lens, heads: int, order: str, head_loop: bool, head_dim=128, sms=132, tile_m=128, tile_n=128,
+                fixed=1.0) -> float:
+    """The busiest SM's work over the mean for the varlen backward's table in `order` (its sections
+    as kernels/dispatch.backward_varlen cuts them: varlen_bwd_section)."""
     import torch
-    from flash_attn_poly.kernels.tile_scheduler import varlen_bwd_table, varlen_bwd_tile
+    from flash_attn_poly.kernels.tile_scheduler import varlen_bwd_section, varlen_bwd_table, varlen_bwd_tile
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
-    table = varlen_bwd_table(cu, max(lens), tile_n, heads, sum(lens), order)
+    table = varlen_bwd_table(cu, max(lens), tile_n, heads, sum(lens), order,
+                             varlen_bwd_section(head_loop, heads, max(lens), head_dim))
     work = []
     for j in range(int(table[0])):
         n, _, b = varlen_bwd_tile(j, table)
@@ -105,10 +109,11 @@ def main(argv=None) -> int:
         r = balance(lens, tile_m=a.tile_m, fixed=a.fixed, dead=a.dead)
         print(f"{name:18s} live slots {r['live_fraction']:4.0%}  plan's order {r['slots']:.3f}  "
               f"compact {r['compact']:.3f}  greedy bound {r['greedy']:.3f}")
-    print("backward: busiest SM's work / mean (causal, 128 x 128 blocks, 132 SMs), table order unit / block")
+    print("backward: busiest SM's work / mean (causal, 128 x 128 blocks, 132 SMs, D 128), table order unit / block;"
+          " 8 KV heads (head_loop), 32 query heads (a CTA per query head)")
     for name, lens in cases:
-        cells = "  ".join(f"{h} heads {bwd_balance(lens, h, 'unit'):.3f} / {bwd_balance(lens, h, 'block'):.3f}"
-                          for h in (8, 32))
+        cells = "  ".join(f"{h} heads {bwd_balance(lens, h, 'unit', h == 8):.3f} / "
+                          f"{bwd_balance(lens, h, 'block', h == 8):.3f}" for h in (8, 32))
         print(f"{name:18s} {cells}")
     return 0
 
