@@ -229,14 +229,14 @@ def varlen_bwd_ctas(total_k: int, batch: int, max_seqlen_k: int, tile_n: int, he
 
 
 def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int, order: str,
-                     section: int = 0):
+                     section: int):
     """The varlen backward's CTA table (int32, on the offsets' device): [count, entries...], entry
     j (BWD_TABLE_WORDS words) = ((n << COMPACT_SEQ_BITS) | b, h) for the j-th live triple (key
     block n of sequence b, head h of `heads`) in `order` (above), varlen_bwd_ctas(...) entries
     (the grid; those past count are unread).  section (block order): heads per section, as the
-    dense LPT grid cuts them (varlen_bwd_section); 0: all.  O(grid + sequences x heads) work, no
-    host sync: CTA j finds its sequence (block order) or (sequence, head) unit (unit order) by a
-    search over their cumulative entries."""
+    dense LPT grid cuts them (varlen_bwd_section; 0: all; the unit order ignores it).
+    O(grid + sequences x heads) work, no host sync: CTA j finds its sequence (block order) or
+    (sequence, head) unit (unit order) by a search over their cumulative entries."""
     import torch
     if order not in VARLEN_BWD_ORDERS:
         raise ValueError(f"bwd.varlen_order: one of {VARLEN_BWD_ORDERS}, got {order!r}")

@@ -176,7 +176,7 @@ def test_varlen_backward_block_order_balances_equal_lengths():
         cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
         spread = {}
         for order in T.VARLEN_BWD_ORDERS:
-            table = T.varlen_bwd_table(cu, max(lens), 128, heads, sum(lens), order)
+            table = T.varlen_bwd_table(cu, max(lens), 128, heads, sum(lens), order, heads)
             work = [-(-lens[b] // 128) - n + 1 for n, h, b in (T.varlen_bwd_tile(j, table) for j in range(int(table[0])))]
             sms = [0.0] * 132
             for w in work:
@@ -184,7 +184,7 @@ def test_varlen_backward_block_order_balances_equal_lengths():
             spread[order] = max(sms) / (sum(work) / 132)
         assert spread["block"] < 1.01 and spread["unit"] > (1.05 if heads == 8 else 1.01), (lens, heads, spread)
     with pytest.raises(ValueError, match="bwd.varlen_order"):
-        T.varlen_bwd_table(cu, 4096, 128, 8, sum(lens), "lpt")
+        T.varlen_bwd_table(cu, 4096, 128, 8, sum(lens), "lpt", 8)
     # the sections the dense LPT grid cuts: all KV heads in head_loop builds; L2-sized groups of query
     # heads otherwise (Q, dO and the FP32 dQ accumulator rows of the longest sequence)
     assert T.varlen_bwd_section(True, 8, 16384, 128) == 8
