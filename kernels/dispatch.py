@@ -96,8 +96,8 @@ def backward_varlen(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     # the live CTAs, a table built on the device, and their host bound (the grid); head_loop
     # builds run a CTA per KV head over its query heads
     heads = k.shape[1] if cfg.head_loop else q.shape[1]
-    table = varlen_bwd_table(cu_seqlens_k, max_seqlen_k, cfg.tile_n, heads, k.shape[0], plan.varlen_bwd_order,
-                             varlen_bwd_section(cfg.head_loop, heads, max_seqlen_q, cfg.head_dim))
+    table = varlen_bwd_table(cu_seqlens_k, max_seqlen_k, cfg.tile_n, heads, k.shape[0],
+                             varlen_bwd_section(plan.varlen_bwd_order, cfg.head_loop, heads, max_seqlen_q, cfg.head_dim))
     ctas = varlen_bwd_ctas(k.shape[0], cu_seqlens_k.shape[0] - 1, max_seqlen_k, cfg.tile_n, heads)
     fn = compile_cache.compiled("attn_bwd", cfg, functools.partial(_bwd_build, cfg))
     total_q, h_q, d = q.shape

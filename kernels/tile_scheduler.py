@@ -27,7 +27,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 from .config import COMPACT_MAX_SEQS, COMPACT_MAX_TILES, COMPACT_SEQ_BITS  # noqa: F401 (the kernels import them here)
-from .config import VARLEN_BWD_ORDERS  # noqa: F401 (tests and tools read the orders here)
+from .config import VARLEN_BWD_ORDERS
 
 # Bytes of per-head working set a section may keep in L2 (sm_90 parts have 50 MB of L2).
 L2_SECTION_BYTES = 32 << 20
@@ -97,6 +97,18 @@ class SectionLptScheduler:
         return Int32(block), Int32(head), Int32(batch)
 
 
+def lpt_tiles(lin, num_blocks, num_heads: int, group: int):
+    """lpt_tile over a tensor of linear indices (torch, int64): (block, head) tensors, blocks not
+    reversed.  num_blocks may be a tensor of the same shape (each index's own block count; an
+    index past the count of a sequence with no block decodes to garbage, not a division by 0)."""
+    import torch
+    per_section = torch.clamp(torch.as_tensor(group * num_blocks), min=1)
+    section = lin // per_section
+    within = lin - section * per_section
+    width = (num_heads - section * group).clamp(min=1, max=group)   # the last section may be narrower
+    return within // width, section * group + within % width
+
+
 def persistent_lpt_tile(t: int, num_blocks: int, num_heads: int, num_batch: int, group: int,
                         reverse: bool) -> tuple[int, int, int]:
     """Host mirror of SectionLptScheduler.tile_at: (block, head, batch) of linear tile t."""
@@ -135,12 +147,7 @@ def persistent_ctas(max_ctas: int, num_blocks: int, units: int, group: int, bloc
     tiles = num_blocks * units
     if tiles <= max_ctas or len(set(block_cost)) <= 1:
         return max_ctas
-    t = torch.arange(tiles)
-    per_section = group * num_blocks
-    section = t // per_section
-    within = t - section * per_section
-    width = torch.clamp(units - section * group, max=group)
-    block = within // width
+    block, _ = lpt_tiles(torch.arange(tiles), num_blocks, units, group)
     if reverse:
         block = num_blocks - 1 - block
     costs = torch.tensor(block_cost, dtype=torch.float64)[block]
@@ -212,9 +219,12 @@ def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
 #            query heads of a KV head follow one another (its K, V stay in L2);
 #   "block"  key block ascending, then head: the dense LPT grid's order within a batch (heads
 #            fastest, in its sections of heads: one over all KV heads in head_loop builds, L2-sized
-#            ones of query heads otherwise: varlen_bwd_section), so causal work falls monotonically
-#            over a section's entries instead of once per head (a greedy list schedule of 8 x 4096 at 32/8 heads:
-#            the busiest SM's work 1.068x the mean in unit order, 1.002x in block order: bench/tools/varlen_balance.py).
+#            ones of query heads otherwise), so causal work falls monotonically over a section's
+#            entries instead of once per head (a greedy list schedule of 8 x 4096 at 32/8 heads: the
+#            busiest SM's work 1.068x the mean in unit order, 1.002x in block order:
+#            bench/tools/varlen_balance.py).
+# Both are lpt_tiles over a sequence's entries; the unit order is the one with one head per section
+# (varlen_bwd_section turns the order into that width).
 # Sorting all entries by their work (LPT across sequences) splits the sequences' key blocks apart
 # and measured slower (docs/MEASURED.md varlen-bwd-lpt).  Every entry is its own CTA's work, so
 # an order is a permutation of the same table: results differ only in the order of dQ's adds.
@@ -228,54 +238,42 @@ def varlen_bwd_ctas(total_k: int, batch: int, max_seqlen_k: int, tile_n: int, he
     return min(levels * batch, total_k // tile_n + batch) * heads
 
 
-def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int, order: str,
-                     section: int):
+def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int, section: int):
     """The varlen backward's CTA table (int32, on the offsets' device): [count, entries...], entry
     j (BWD_TABLE_WORDS words) = ((n << COMPACT_SEQ_BITS) | b, h) for the j-th live triple (key
-    block n of sequence b, head h of `heads`) in `order` (above), varlen_bwd_ctas(...) entries
-    (the grid; those past count are unread).  section (block order): heads per section, as the
-    dense LPT grid cuts them (varlen_bwd_section; 0: all; the unit order ignores it).
-    O(grid + sequences x heads) work, no host sync: CTA j finds its sequence (block order) or
-    (sequence, head) unit (unit order) by a search over their cumulative entries."""
+    block n of sequence b, head h of `heads`), varlen_bwd_ctas(...) entries (the grid; those past
+    count are unread).  Order (above): sequences longest first, in each the dense LPT grid's order
+    (lpt_tiles) over sections of `section` heads (varlen_bwd_section: 1 is the unit order).  O(grid
+    + sequences) work, no host sync: CTA j finds its sequence by a search over their cumulative
+    entries."""
     import torch
-    if order not in VARLEN_BWD_ORDERS:
-        raise ValueError(f"bwd.varlen_order: one of {VARLEN_BWD_ORDERS}, got {order!r}")
+    if section < 1:
+        raise ValueError(f"varlen_bwd_table: section (heads per section) must be >= 1, got {section}")
     b = cu_seqlens_k.shape[0] - 1
     table_levels(b, max_seqlen_k, tile_n, "varlen backward")
     dev = cu_seqlens_k.device
     ctas = varlen_bwd_ctas(total_k, b, max_seqlen_k, tile_n, heads)
     lens = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
     seqs = torch.sort(lens, descending=True, stable=True).indices                 # sequences, longest first
+    blocks = (-(-lens // tile_n))[seqs]
+    ends = torch.cumsum(blocks * heads, 0)
     j = torch.arange(ctas, dtype=torch.int64, device=dev)
-    if order == "unit":   # units (sequence, head), each its key blocks
-        blocks = (-(-lens // tile_n))[seqs].repeat_interleave(heads)
-        unit_seq = seqs.repeat_interleave(heads)
-        unit_head = torch.arange(heads, dtype=torch.int64, device=dev).repeat(b)
-        ends = torch.cumsum(blocks, 0)
-        u = torch.searchsorted(ends, j, right=True).clamp_(max=max(b * heads - 1, 0))   # past the count: unread
-        n = j - (ends[u] - blocks[u])
-        seq, head = unit_seq[u], unit_head[u]
-    else:                 # sequences; in each, sections of heads, each its key blocks x heads, heads fastest
-        w = heads if section <= 0 else min(section, heads)
-        blocks = (-(-lens // tile_n))[seqs]
-        per_seq = blocks * heads
-        ends = torch.cumsum(per_seq, 0)
-        u = torch.searchsorted(ends, j, right=True).clamp_(max=max(b - 1, 0))
-        within = j - (ends[u] - per_seq[u])
-        per_section = blocks[u] * w
-        sec = within // per_section.clamp(min=1)
-        width = (heads - sec * w).clamp(max=w)                  # the last section may be narrower
-        rest = within - sec * per_section
-        n, head, seq = rest // width.clamp(min=1), sec * w + rest % width.clamp(min=1), seqs[u]
+    u = torch.searchsorted(ends, j, right=True).clamp_(max=max(b - 1, 0))   # past the count: unread
+    n, head = lpt_tiles(j - (ends[u] - blocks[u] * heads), blocks[u], heads, min(section, heads))
     count = ends[-1] if b else torch.zeros((), dtype=torch.int64, device=dev)
-    ent = torch.stack([(n << COMPACT_SEQ_BITS) | seq, head], dim=1).flatten().to(torch.int32)
+    ent = torch.stack([(n << COMPACT_SEQ_BITS) | seqs[u], head], dim=1).flatten().to(torch.int32)
     return torch.cat([count.to(torch.int32).view(1), ent])
 
 
-def varlen_bwd_section(head_loop: bool, heads: int, max_seqlen_q: int, head_dim: int) -> int:
-    """Heads per section of the block order, as the dense LPT grid cuts them: head_loop builds one
-    section over all KV heads; a CTA per query head, sections whose rows of Q, dO (16-bit) and the
-    FP32 dQ accumulator fit L2_SECTION_BYTES (of the longest sequence's rows here)."""
+def varlen_bwd_section(order: str, head_loop: bool, heads: int, max_seqlen_q: int, head_dim: int) -> int:
+    """Heads per section of the varlen backward's table in `order` (the plan's bwd.varlen_order):
+    "unit" 1 (each head's key blocks together); "block" as the dense LPT grid cuts them: head_loop
+    builds one section over all KV heads, a CTA per query head sections whose rows of Q, dO (16-bit)
+    and the FP32 dQ accumulator fit L2_SECTION_BYTES (of the longest sequence's rows here)."""
+    if order not in VARLEN_BWD_ORDERS:
+        raise ValueError(f"bwd.varlen_order: one of {VARLEN_BWD_ORDERS}, got {order!r}")
+    if order == "unit":
+        return 1
     return heads if head_loop else heads_per_section(heads, max_seqlen_q, head_dim * 8)
 
 

@@ -137,19 +137,20 @@ def test_varlen_balance_model_of_the_two_orders():
 
 @pytest.mark.parametrize("lens,tile_n,heads", [([300, 0, 1, 128, 129, 700], 128, 2), ([4096] * 3, 128, 4),
                                                ([0, 0], 128, 3), ([1] * 40, 128, 1), ([5278, 63, 1191], 128, 8)])
-@pytest.mark.parametrize("order,section", [("unit", 0), ("block", 0), ("block", 3)])
+@pytest.mark.parametrize("order,section", [("unit", 1), ("block", 0), ("block", 3)])
 def test_varlen_backward_table_walks_every_live_key_block_once(lens, tile_n, heads, order, section):
     """The varlen backward's CTA table (AttnBwdSm90Varlen): every (key block, query head,
     sequence) inside a sequence exactly once, none past its end, within the host's grid bound
     (which stays within the table, so the CTAs past the count read in bounds); sequences longest
     first, then (unit order) head, key blocks ascending inside a (sequence, head), or (block
-    order) sections of `section` heads (0: all; the last one narrower), in each key block
-    ascending, heads fastest."""
+    order) sections of `section` heads (0 here: all; the last one narrower), in each key block
+    ascending, heads fastest; the unit order is the block order of one head per section."""
     import itertools
     import torch
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
     mx = max(max(lens), 1)
-    table = T.varlen_bwd_table(cu, mx, tile_n, heads, sum(lens), order, section)
+    w = heads if section <= 0 else min(section, heads)
+    table = T.varlen_bwd_table(cu, mx, tile_n, heads, sum(lens), w)
     ctas = T.varlen_bwd_ctas(sum(lens), len(lens), mx, tile_n, heads)
     count = int(table[0])
     assert table.dtype == torch.int32 and table.numel() == 1 + T.BWD_TABLE_WORDS * ctas
@@ -158,7 +159,6 @@ def test_varlen_backward_table_walks_every_live_key_block_once(lens, tile_n, hea
     want = {(n, h, b) for b, s in enumerate(lens) for n in range(-(-s // tile_n)) for h in range(heads)}
     assert len(tiles) == len(want) and set(tiles) == want
     rank = {b: r for r, b in enumerate(sorted(range(len(lens)), key=lambda b: -lens[b]))}
-    w = heads if section <= 0 else section
     key = [(rank[b], h, n) if order == "unit" else (rank[b], h // w, n, h) for n, h, b in tiles]
     assert key == sorted(key)
 
@@ -176,7 +176,7 @@ def test_varlen_backward_block_order_balances_equal_lengths():
         cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
         spread = {}
         for order in T.VARLEN_BWD_ORDERS:
-            table = T.varlen_bwd_table(cu, max(lens), 128, heads, sum(lens), order, heads)
+            table = T.varlen_bwd_table(cu, max(lens), 128, heads, sum(lens), 1 if order == "unit" else heads)
             work = [-(-lens[b] // 128) - n + 1 for n, h, b in (T.varlen_bwd_tile(j, table) for j in range(int(table[0])))]
             sms = [0.0] * 132
             for w in work:
@@ -184,12 +184,15 @@ def test_varlen_backward_block_order_balances_equal_lengths():
             spread[order] = max(sms) / (sum(work) / 132)
         assert spread["block"] < 1.01 and spread["unit"] > (1.05 if heads == 8 else 1.01), (lens, heads, spread)
     with pytest.raises(ValueError, match="bwd.varlen_order"):
-        T.varlen_bwd_table(cu, 4096, 128, 8, sum(lens), "lpt", 8)
+        T.varlen_bwd_section("lpt", True, 8, 4096, 128)
+    with pytest.raises(ValueError, match="section"):
+        T.varlen_bwd_table(cu, 4096, 128, 8, sum(lens), 0)
     # the sections the dense LPT grid cuts: all KV heads in head_loop builds; L2-sized groups of query
     # heads otherwise (Q, dO and the FP32 dQ accumulator rows of the longest sequence)
-    assert T.varlen_bwd_section(True, 8, 16384, 128) == 8
-    assert T.varlen_bwd_section(False, 32, 4096, 128) == T.heads_per_section(32, 4096, 1024) == 8
-    assert T.varlen_bwd_section(False, 32, 512, 64) == 32
+    assert T.varlen_bwd_section("block", True, 8, 16384, 128) == 8
+    assert T.varlen_bwd_section("block", False, 32, 4096, 128) == T.heads_per_section(32, 4096, 1024) == 8
+    assert T.varlen_bwd_section("block", False, 32, 512, 64) == 32
+    assert T.varlen_bwd_section("unit", True, 8, 16384, 128) == T.varlen_bwd_section("unit", False, 32, 512, 64) == 1
 
 
 def _causal_costs(seqlen, tile_m, tile_n):

@@ -195,8 +195,8 @@ def test_backward_varlen_launch_contract(monkeypatch, order):
     # the CTA table of the live (key block, head, sequence) triples and the grid's host bound
     from flash_attn_poly.kernels import tile_scheduler as T
     assert vp.varlen_bwd_order == order
-    section = T.varlen_bwd_section(vp.bwd.head_loop, h_q, 130, d)
-    assert torch.equal(named["mTable"], T.varlen_bwd_table(cu_k, 129, vp.bwd.tile_n, h_q, cu_k_l[-1], order, section))
+    section = T.varlen_bwd_section(order, vp.bwd.head_loop, h_q, 130, d)
+    assert torch.equal(named["mTable"], T.varlen_bwd_table(cu_k, 129, vp.bwd.tile_n, h_q, cu_k_l[-1], section))
     assert int(named["mTable"][0]) == (1 + 1 + 2 + 0) * h_q <= named["n_ctas"] == (138 // 128 + 4) * h_q
     assert (named["scale"], named["softcap"], named["bias"]) == (0.125, 0.0, 0.0)
     assert (named["win_left"], named["win_right"]) == vp.window

@@ -83,8 +83,8 @@ def bwd_balance(lens, heads: int, order: str, head_loop: bool, head_dim=128, sms
     import torch
     from flash_attn_poly.kernels.tile_scheduler import varlen_bwd_section, varlen_bwd_table, varlen_bwd_tile
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32)
-    table = varlen_bwd_table(cu, max(lens), tile_n, heads, sum(lens), order,
-                             varlen_bwd_section(head_loop, heads, max(lens), head_dim))
+    table = varlen_bwd_table(cu, max(lens), tile_n, heads, sum(lens),
+                             varlen_bwd_section(order, head_loop, heads, max(lens), head_dim))
     work = []
     for j in range(int(table[0])):
         n, _, b = varlen_bwd_tile(j, table)
