@@ -286,8 +286,9 @@ def test_varlen_kernel_backward_step_order(var, lens_q, lens_k, seed):
 
 
 # the backward's CTA table in block order (bwd.varlen_order, kernels/tile_scheduler.varlen_bwd_table:
-# each sequence's key blocks ascending, heads fastest): the same entries in another order, so only
-# dQ's add order changes; by the rule, on both loops, empty and one-token sequences included
+# each sequence's key blocks ascending, heads fastest in the dense grid's sections of heads): the same
+# entries in another order, so only dQ's add order changes; by the rule, on both loops, empty and
+# one-token sequences included
 @pytest.mark.gpu
 @pytest.mark.parametrize("var, lens_q, lens_k, seed", [c for c in bwd_cases() if c.values[0][3] in (64, 128)])
 @pytest.mark.parametrize("head_loop", [False, True], ids=["per_head", "head_loop"])
