@@ -139,6 +139,12 @@ FWD_ROWS = (
         dict(tile_m=192, tile_n=64, num_stages=4, pingpong=False),
         "three consumer warpgroups, tile 192 x 64, 4 stages: 0.95x (poly) / 0.98x (native)",
         "fwd-three-warpgroups"),
+    Row({"mode": "softcap", "fixed_max_ok": True, "head_dim": 128, "varlen": False, "window": False},
+        dict(pingpong=True),
+        "... its three warpgroups issuing their GEMMs in turns: 0.942-0.979x (poly) / 0.982-0.993x (native) "
+        "the time causal (32 heads, GQA 4 packed and MHA, S 2k-16k), 1.000x / 0.990x non-causal (S = 4k); "
+        "keep words on top 0.94-1.01x: not taken; windows and packed sequences not timed",
+        "fwd-three-warpgroups-turns"),
     Row({"mode": "softcap", "fixed_max_ok": True, "head_dim": 128}, dict(balance_ctas=False),
         "the 192-row tile on every SM: the balance model's count took 1.01-1.03x the time (causal MHA)",
         "fwd-persistent-ctas"),
@@ -158,9 +164,10 @@ FWD_ROWS = (
     Row({"head_dim": 64, "varlen": False, "causal": False}, dict(pingpong=True, o_smem=True),
         "non-causal D = 64 (no masked blocks, so no keep words): turns and O staging, 0.95-0.99x the time "
         "(softmax, softcap poly; S 512 to 32k)", "fwd-d64-turns"),
-    Row({"head_dim": 64, "varlen": False, "causal": False, "mode": "sigmoid"}, dict(pingpong=False, o_smem=False),
-        "... but not sigmoid: its packed program spills 3 words with O staging (CPU SASS) and the turns "
-        "alone took 0.98-1.04x the time (the native sigmoid is not timed)", "fwd-d64-turns"),
+    Row({"head_dim": 64, "varlen": False, "causal": False, "mode": "sigmoid"}, dict(pingpong=False),
+        "... but sigmoid without the turns: O staging alone 0.936-0.984x (poly) / 0.984-1.005x (native) the "
+        "time (GQA 4 and MHA, S 1k-16k), with the turns 0.955-0.995x; the poly build's 3 spilled words sit "
+        "in the prologue and the per-tile epilogue, none in a key-block loop", "fwd-d64-sigmoid-osmem"),
     Row({"head_dim": 64, "varlen": False, "causal": False, "window": True}, dict(mask_bits=True),
         "a non-causal window has masked blocks: with the compare per score the 192-row build spills "
         "39-97 words (every mode, left or two-sided windows), with keep words none", "fwd-d64-window-keep-words"),
@@ -218,6 +225,17 @@ FWD_ROWS = (
     Row({"varlen": True, "head_dim": 64, "causal": True, "short_seq": False, "mode": "softcap",
          "fixed_max_ok": True}, D64_PACKED_FWD,
         "... and softcap under the constant row max: 1.147x equal, 1.055x ragged", "varlen-d64-tiles"),
+    Row({"varlen": True, "head_dim": 64, "causal": True, "short_seq": False, "mode": "sigmoid"}, D64_PACKED_FWD,
+        "... and sigmoid: 1.241x equal, 1.176x ragged (at its default bias: the native score adding each "
+        "sequence's -ln S_k)", "varlen-d64-tiles"),
+    Row({"varlen": True, "head_dim": 64, "causal": True, "short_seq": False, "mode": "softmax", "window": False,
+         "pack_gqa_ok": True},
+        dict(pack_gqa=True),
+        "... with the GQA group packed into the 192-row tile: softmax 1.057x the speed on 8 x 4k equal lengths, "
+        "1.003x ragged", "varlen-pack-gqa"),
+    Row({"varlen": True, "head_dim": 64, "causal": True, "short_seq": False, "mode": "softcap", "fixed_max_ok": True,
+         "window": False, "pack_gqa_ok": True}, dict(pack_gqa=True),
+        "... softcap 1.001x equal, 1.051x ragged (D = 128 packed calls: 0.961-1.028x, unpacked)", "varlen-pack-gqa"),
     Row({"varlen_ragged": True}, dict(varlen_compact=True),
         "ragged packed batches walk only the live (query tile, sequence) pairs, longest first: 1.01-1.05x "
         "the slot order there; equal lengths keep the slot order (the compact one took 1.04-1.08x its time)",
@@ -324,6 +342,10 @@ BWD_ROWS = (
         dict(tile_m=128), "... softcap (not the tanh program: its 128-row step spills): 1.102x equal, 1.102x ragged "
         "(causal; non-causal packed calls keep the 64-row step, not timed)",
         "varlen-d64-tiles"),
+    Row({**_STAGGER_CALLS, "varlen": True, "head_dim": 64, "mode": "sigmoid", "long_keys": True, "causal": True},
+        dict(STAGGER, dq_halves="with_dq_async", tile_m=128),
+        "... sigmoid on the same step (its backward score is native's): 1.373x equal, 1.256x ragged",
+        "varlen-d64-tiles"),
     Row({"deterministic": True}, dict(deterministic=True, dq_async=False, lpt=False, head_loop=False),
         "ordered adds need the launch order and the MMA threads' own adds", "bwd-deterministic"),
     Row({"deterministic": True, "head_dim": 256}, dict(dp_first=False),
@@ -333,9 +355,11 @@ BWD_ROWS = (
     Row({"varlen": True}, dict(varlen=True, varlen_order="unit"),
         "packed sequences: one pre, main and post launch, a CTA per key block, query head and sequence; "
         "the table in unit order (sequence, head, key block): sorted by work as the dense LPT grid it "
-        "took 1.50-1.67x the time on equal lengths, 1.34-1.45x on a ragged batch (the block order, "
-        "bwd.varlen_order=block, the dense grid's order within each sequence, is not yet timed)",
-        "varlen-bwd-lpt"),
+        "took 1.50-1.67x the time on equal lengths, 1.34-1.45x on a ragged batch", "varlen-bwd-lpt"),
+    Row({"varlen": True, "varlen_ragged": False}, dict(varlen_order="block"),
+        "... equal lengths in block order (each sequence's key blocks ascending, heads fastest, in the dense "
+        "grid's sections): 1.023-1.076x the unit order's speed (softmax, softcap poly; D 64 and 128, 8 x 4k); "
+        "ragged batches keep the unit order (block 0.970-1.006x there)", "varlen-bwd-block-order"),
     Row({"varlen": True, "varlen_tables_fit": False}, dict(varlen=False),
         "the CTA table's int32 entries hold up to 2^18 sequences of up to 2^19 keys: beyond, each "
         "sequence runs as its own dense launch", ""),
@@ -659,8 +683,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
 def _pack_gqa_ok(call: AttnCall) -> bool:
     from .kernels.config import pack_gqa_fits
     g = call.heads_q // call.heads_kv
-    # packed sequences: the varlen build packs too (by override; not yet timed, so no row takes it)
-    return g > 1 and pack_gqa_fits(g) and not call.varlen and call.score_mod is None
+    return g > 1 and pack_gqa_fits(g) and call.score_mod is None
 
 
 def _pack_gqa(call: AttnCall, value) -> int:

@@ -51,7 +51,8 @@ def builds() -> dict:
     for mode, ev in (("softmax", "native"), ("softcap", "poly")):
         out.append(_call(mode, ev, deterministic=True))
         out.append(_call(mode, ev, shape=SMALL))
-        out.append(_call(mode, ev, d=64, causal=False))   # the D = 64 non-causal forward's own row
+    for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
+        out.append(_call(mode, ev, d=64, causal=False))   # the D = 64 non-causal forward's own rows
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
         out.append(_call(mode, ev, d=64, shape=SMALL))     # the short causal D = 64 forward's own row
     return dict(out)

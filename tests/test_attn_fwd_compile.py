@@ -61,13 +61,20 @@ COMBOS = [(m, e, d, c) for m, e in [("softmax", "native"), ("softcap", "native")
           for d in (64, 128) for c in (True, False)]
 
 
+# default builds that spill, with their bound: the non-causal D = 64 sigmoid poly forward stages O
+# (fwd-d64-sigmoid-osmem: 0.94-0.98x the time) at 3 words stored before the persistent tile loop and
+# reloaded once per tile after the key-block loops, none inside them (fwd-d64-sigmoid-osmem-spill)
+SPILL_BOUND = {("sigmoid", "poly", 64, False): 3}
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("mode,evaluator,head_dim,causal", COMBOS)
 def test_compiles_with_hgmma_and_no_spills(mode, evaluator, head_dim, causal):
     n = _counts(mode, evaluator, head_dim, causal)
     assert n["HGMMA"] > 0
     # the default poly splits do not spill either (pure-poly builds may: docs/NOTES_attn_fwd.md)
-    assert n["STL"] == 0 and n["LDL"] == 0, f"register spills: {n}"
+    bound = SPILL_BOUND.get((mode, evaluator, head_dim, causal), 0)
+    assert n["STL"] <= bound and n["LDL"] <= bound, f"register spills: {n} (bound {bound})"
 
 
 @pytest.mark.compile

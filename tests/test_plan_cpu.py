@@ -223,10 +223,17 @@ FWD_CASES = [
                                                                      fixed_max=True)),
     (dict(mode="softmax", d=128, dtype="fp16"), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
                                                      rescale_threshold=8.0, o_smem=True)),
-    # softcap BF16 cap <= 50 at D = 128: the constant row max on three consumer warpgroups, 192 x 64, 4 stages
-    (dict(mode="softcap", d=128), dict(tile_m=192, tile_n=64, num_stages=4, fixed_max=True, o_smem=True)),
-    (dict(mode="softcap", evaluator="poly", d=128), dict(tile_m=192, tile_n=64, num_stages=4, fixed_max=True,
-                                                         exp2_fma=1, o_smem=True)),
+    # softcap BF16 cap <= 50 at D = 128: the constant row max on three consumer warpgroups, 192 x 64, 4 stages,
+    # in turns (dense unwindowed calls: packed and windowed ones were not timed in turns)
+    (dict(mode="softcap", d=128), dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True, fixed_max=True,
+                                       o_smem=True)),
+    (dict(mode="softcap", evaluator="poly", d=128), dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True,
+                                                         fixed_max=True, exp2_fma=1, o_smem=True)),
+    (dict(mode="softcap", evaluator="poly", d=128, causal=False), dict(tile_m=192, tile_n=64, num_stages=4,
+                                                                       pingpong=True, fixed_max=True, exp2_fma=1,
+                                                                       o_smem=True)),
+    (dict(mode="softcap", evaluator="poly", d=128, window=(256, 0)), dict(tile_m=192, tile_n=64, num_stages=4,
+                                                                          fixed_max=True, exp2_fma=1, o_smem=True)),
     # D = 64: three consumer warpgroups, 192 x 128, 3 stages, in turns, keep-word masks, O through smem
     (dict(mode="softcap", evaluator="poly", d=64), dict(D64, fixed_max=True, exp2_fma=1)),
     (dict(mode="sigmoid", evaluator="poly", d=64), D64),
@@ -234,14 +241,14 @@ FWD_CASES = [
     (dict(mode="softcap", d=64, softcap=60.0), {}),
     (dict(mode="softcap", d=64, dtype="fp16"), {}),
     (dict(mode="softcap", evaluator="poly", d=64, softcap=60.0), dict(pingpong=True)),
-    # non-causal D = 64: turns and O staging (no masked blocks: no keep words); sigmoid keeps its
-    # free-running warpgroups (its packed program spills with O staging; the turns alone were no faster)
+    # non-causal D = 64: turns and O staging (no masked blocks: no keep words); sigmoid stages O with
+    # its warpgroups free-running (the turns on top were slower)
     (dict(mode="softmax", d=64, causal=False), dict(tile_m=192, num_stages=3, pingpong=True, o_smem=True,
                                                     rescale_threshold=8.0)),
     (dict(mode="softcap", evaluator="poly", d=64, causal=False), dict(tile_m=192, num_stages=3, pingpong=True,
                                                                       o_smem=True, fixed_max=True, exp2_fma=1)),
-    (dict(mode="sigmoid", evaluator="poly", d=64, causal=False), dict(tile_m=192, num_stages=3)),
-    (dict(mode="sigmoid", d=64, causal=False), dict(tile_m=192, num_stages=3)),
+    (dict(mode="sigmoid", evaluator="poly", d=64, causal=False), dict(tile_m=192, num_stages=3, o_smem=True)),
+    (dict(mode="sigmoid", d=64, causal=False), dict(tile_m=192, num_stages=3, o_smem=True)),
     # D = 256 stages O through a 128-column tile; the exp2 offload with ping-pong: causal 64-key blocks
     # with O staging, non-causal 80-key blocks (no room for the staging tile); native softcap keeps 64
     (dict(mode="softcap", evaluator="poly", d=256), dict(tile_n=64, pingpong=True, row_sum_carry=True,
@@ -398,8 +405,8 @@ def test_dq_halves_rides_the_staged_tile_at_d64_and_d128():
     at D = 64 (the 128-row step: the warpgroups' rows) and D = 128 (tile_m 64: their columns),
     dense calls, every mode, causal or not, and packed calls at D = 128 on the per-KV-head loop
     (timed on a ragged batch); off at D = 256 (no staged tile), in the deterministic build and on
-    packed D = 64 calls (the 128-row step is dense-only) but for the packed stagger's (softmax and
-    softcap from STEP_ORDER_MIN_SEQLEN_K keys, test_step_order_rows_on_packed_calls); an override
+    packed D = 64 calls (the 128-row step is dense-only) but for the packed stagger's (every mode from
+    STEP_ORDER_MIN_SEQLEN_K keys, sigmoid causal only: test_step_order_rows_on_packed_calls); an override
     builds it with any staged tile, not without one."""
     for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
         for causal in (True, False):
@@ -408,7 +415,7 @@ def test_dq_halves_rides_the_staged_tile_at_d64_and_d128():
                 assert b.tile_m == tile_m and b.dq_async and b.dq_halves, (d, b)
     for kw in (dict(d=256), dict(d=64, deterministic=True), dict(d=128, deterministic=True),
                dict(d=64, varlen=True, shape=(8, P.STEP_ORDER_MIN_SEQLEN_K // 2, 32, 8)),
-               dict(mode="sigmoid", d=64, varlen=True)):
+               dict(mode="sigmoid", d=64, varlen=True, causal=False)):
         assert not resolve(**{"mode": "softmax", **kw}).bwd.dq_halves, kw
     for mode, ev in (("softmax", "native"), ("softcap", "poly")):
         b = resolve(mode, ev, d=128, varlen=True).bwd
@@ -454,17 +461,18 @@ def test_d64_noncausal_windows_take_keep_words():
 
 
 def test_packed_d64_forward_takes_the_dense_tile_where_it_was_timed():
-    """Causal packed D = 64 softmax and softcap (constant max) forwards take the dense causal D = 64
-    build (192 x 128, 3 stages, turns, keep words, O staged: 1.06-1.15x the 128-row tile's speed);
-    sigmoid, non-causal, short and online-max softcap packed calls keep 128 rows, 2 stages."""
+    """Causal packed D = 64 softmax, softcap (constant max) and sigmoid forwards take the dense causal
+    D = 64 build (192 x 128, 3 stages, turns, keep words, O staged: 1.06-1.24x the 128-row tile's speed);
+    non-causal, short and online-max softcap packed calls keep 128 rows, 2 stages."""
     packed = (8, 4096, 32, 8)
     dense_tile = dict(tile_m=192, num_stages=3, pingpong=True, mask_bits=True, o_smem=True)
-    for mode, ev in (("softmax", "native"), ("softmax", "poly"), ("softcap", "poly"), ("softcap", "native")):
+    for mode, ev in (("softmax", "native"), ("softmax", "poly"), ("softcap", "poly"), ("softcap", "native"),
+                     ("sigmoid", "poly"), ("sigmoid", "native")):
         f = resolve(mode, ev, d=64, shape=packed, varlen=True).fwd
         assert f.varlen and fields(f, dense_tile) == dense_tile, (mode, ev)
         b = resolve(mode, ev, d=64, shape=packed, varlen=True).bwd
         assert (b.tile_m, b.dq_halves, b.p_turns, b.dq_defer) == (128, True, True, True), (mode, ev)
-    for kw in (dict(mode="sigmoid", evaluator="poly"), dict(mode="softmax", causal=False),
+    for kw in (dict(mode="sigmoid", evaluator="poly", causal=False), dict(mode="softmax", causal=False),
                dict(mode="softcap", evaluator="poly", softcap=60.0), dict(mode="softmax", shape=(8, 512, 32, 8))):
         kw = dict(dict(shape=packed), **kw)
         assert (resolve(d=64, varlen=True, **kw).fwd.tile_m, resolve(d=64, varlen=True, **kw).fwd.num_stages) == (128, 2), kw
@@ -518,8 +526,9 @@ def test_step_order_rows_stagger_d64_from_2k_keys_and_the_d128_softcap():
 def test_step_order_rows_on_packed_calls():
     """Packed calls stagger where it was timed: softmax and softcap at D = 64 (from
     STEP_ORDER_MIN_SEQLEN_K keys, with the dQ halves the 64-row step takes for it) and D = 128, on the
-    per-KV-head loop (the halves' packed build); not sigmoid (not timed), windows, D = 256 (the
-    swapped build), nor a CTA per query head (no halves there: both off)."""
+    per-KV-head loop (the halves' packed build), causal sigmoid at D = 64 (on the 128-row step); not
+    sigmoid at D = 128 or non-causal (not timed), windows, D = 256 (the swapped build), nor a CTA per
+    query head (no halves there: both off)."""
     on = lambda p: (p.bwd.p_turns, p.bwd.dq_defer, p.bwd.dq_halves)
     k = P.STEP_ORDER_MIN_SEQLEN_K
     packed = (8, 4096, 32, 8)   # max_seqlen; the grid of 8 sequences takes the per-KV-head loop
@@ -533,7 +542,8 @@ def test_step_order_rows_on_packed_calls():
             assert on(resolve(mode, ev, d=d, shape=packed, varlen=True, window=(256, 0))) == (False, False, d == 128)
             assert on(resolve(mode, ev, d=d, shape=packed, varlen=True,
                               overrides={"bwd.head_loop": False})) == (False, False, False)
-        assert on(resolve("sigmoid", "poly", d=d, shape=packed, varlen=True)) == (False, False, d == 128)
+        assert on(resolve("sigmoid", "poly", d=d, shape=packed, varlen=True)) == (d == 64, d == 64, True)
+        assert on(resolve("sigmoid", "poly", d=d, shape=packed, varlen=True, causal=False)) == (False, False, d == 128)
     assert on(resolve("softmax", d=64, shape=(8, k // 2, 32, 8), varlen=True)) == (False, False, False)
     assert on(resolve("softmax", d=64, shape=(8, k, 32, 8), varlen=True)) == (True, True, True)
     assert not resolve("softcap", "poly", d=256, shape=packed, varlen=True).bwd.p_turns
@@ -612,7 +622,7 @@ def test_overrides_replace_fields_after_the_rows():
     p = resolve("softcap", overrides={"fwd.tile_n": 64, "fwd.num_stages": 2})
     assert (p.fwd.tile_m, p.fwd.tile_n, p.fwd.num_stages, p.fwd.fixed_max) == (192, 64, 2, True)
     p = resolve("softcap", overrides={"fwd.tile_m": 128, "fwd.tile_n": 128, "fwd.num_stages": 2})
-    assert (p.fwd.tile_m, p.fwd.tile_n, p.fwd.pingpong, p.fwd.fixed_max) == (128, 128, False, True)
+    assert (p.fwd.tile_m, p.fwd.tile_n, p.fwd.pingpong, p.fwd.fixed_max) == (128, 128, True, True)
     assert resolve("softmax", overrides={"bwd.lpt": False}).fwd == resolve("softmax").fwd
 
 
@@ -705,7 +715,8 @@ def test_pack_gqa_rows():
     """fwd.pack_gqa (the GQA group's heads packed into the forward's M tile) where it was timed
     faster: D = 64 softmax (not short, unwindowed), D = 64 causal softcap under the constant max,
     D = 128 softcap under the constant max; not sigmoid, D = 128 softmax, D = 256, windows, short
-    D = 64 calls, the online-max softcap, MHA, groups that are no power of two, packed sequences."""
+    D = 64 calls, the online-max softcap, MHA, groups that are no power of two; packed sequences where
+    they were timed: causal D = 64 softmax and softcap (constant max), not D = 128, windows or sigmoid."""
     on = lambda *a, **k: resolve(*a, **k).fwd.pack_gqa
     gqa = (2, 8192, 32, 8)
     assert on("softmax", d=64, shape=gqa) == on("softmax", "poly", d=64, shape=gqa, causal=False) == 4
@@ -718,9 +729,16 @@ def test_pack_gqa_rows():
                dict(mode="softcap", evaluator="poly", d=64, softcap=60.0), dict(mode="softmax", d=64, window=(256, 0)),
                dict(mode="softmax", d=64, shape=(16, 1024, 32, 8)), dict(mode="softmax", d=64, shape=(2, 8192, 32, 32)),
                dict(mode="softmax", d=64, shape=(2, 8192, 24, 8)), dict(mode="softcap", d=128, window=(256, 0)),
-               dict(mode="softmax", d=64, shape=(8, 4096, 32, 8), varlen=True)):
+               dict(mode="softmax", d=128, shape=(8, 4096, 32, 8), varlen=True),
+               dict(mode="softcap", evaluator="poly", d=128, shape=(8, 4096, 32, 8), varlen=True),
+               dict(mode="softmax", d=64, shape=(8, 4096, 32, 8), varlen=True, window=(256, 0)),
+               dict(mode="softmax", d=64, shape=(8, 4096, 32, 8), varlen=True, causal=False),
+               dict(mode="sigmoid", evaluator="poly", d=64, shape=(8, 4096, 32, 8), varlen=True)):
         kw = dict(dict(shape=gqa), **kw)
         assert on(**kw) == 1, kw
+    for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("softcap", "native")):
+        for ragged in (False, True):
+            assert on(mode, ev, d=64, shape=(8, 4096, 32, 8), varlen=True, varlen_ragged=ragged) == 4, (mode, ragged)
     # the plan's packed builds pass check_fwd (a group of 3 is not packed)
     assert on("softmax", d=64, shape=(2, 8192, 24, 8)) == 1
 
@@ -766,14 +784,19 @@ def test_pack_gqa_balances_its_own_tiles():
 
 def test_varlen_backward_table_order_is_a_plan_choice():
     """The packed backward's CTA table order (kernels/tile_scheduler.varlen_bwd_table) is the plan's
-    `varlen_bwd_order`: unit order by default, the block order by the bwd.varlen_order override;
+    `varlen_bwd_order`: the block order where the query lengths are equal (total_q = batch x
+    max_seqlen_q), the unit order on ragged batches, either by the bwd.varlen_order override;
     it is no BwdConfig field (the kernel reads whatever table it is given: the build is the same),
     and dense calls have none;
     an unknown order is refused by name."""
-    p = resolve("softmax", varlen=True)
+    p = resolve("softmax", varlen=True, varlen_ragged=True)
     assert p.varlen_bwd_order == "unit" and not hasattr(p.bwd, "varlen_order")
-    q = resolve("softmax", varlen=True, overrides={"bwd.varlen_order": "block"})
+    q = resolve("softmax", varlen=True, varlen_ragged=True, overrides={"bwd.varlen_order": "block"})
     assert q.varlen_bwd_order == "block" and q.bwd == p.bwd
+    for mode, ev, d in (("softmax", "native", 64), ("softcap", "poly", 128), ("sigmoid", "poly", 64)):
+        assert resolve(mode, ev, d=d, varlen=True).varlen_bwd_order == "block", (mode, d)
+        assert resolve(mode, ev, d=d, varlen=True, varlen_ragged=True).varlen_bwd_order == "unit", (mode, d)
+    assert resolve("softmax", varlen=True, overrides={"bwd.varlen_order": "unit"}).varlen_bwd_order == "unit"
     assert resolve("softmax").varlen_bwd_order is None   # dense calls have no table
     with pytest.raises(ValueError, match="bwd.varlen_order"):
         resolve("softmax", varlen=True, overrides={"bwd.varlen_order": "lpt"})

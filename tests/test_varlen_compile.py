@@ -24,6 +24,7 @@ VARIANTS = [   # (mode, evaluator, head_dim, causal, window, softcap, dtype): te
     ("softmax", "native", 64, True, (-1, -1), None, "bf16"),    # the 192 x 128 forward tile, turns, keep words
     ("softcap", "poly", 64, True, (-1, -1), 50.0, "bf16"),      # ... under the constant max (the exp2 offload)
     ("softmax", "native", 256, True, (-1, -1), None, "bf16"),   # O staged through a 128-column tile
+    ("sigmoid", "poly", 64, True, (-1, -1), None, "bf16"),      # the 192 x 128 tile, one bias: the program
 ]
 
 
@@ -46,14 +47,17 @@ def test_varlen_forward_builds_without_spills(variant):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_varlen_sigmoid_default_bias_builds(d):
     """Packed sigmoid at the default bias: each sequence's -ln S_k from one MUFU.LG2 per tile in the
-    forward (D = 128; D = 256 is the same code) and the backward (the D = 256 one is the swapped
-    build: kernels/attn_bwd_swap_sm90.py); HGMMA, no spills; the one-bias builds have no LG2."""
+    forward (D = 64's 192-row tile in turns and D = 128; D = 256 is the same code) and the backward
+    (D = 64's staggered 128-row step; the D = 256 one is the swapped build:
+    kernels/attn_bwd_swap_sm90.py); HGMMA, no spills; the one-bias builds have no LG2."""
     p = B.varlen_plan("sigmoid", "poly", d, True, (-1, -1), None, sigmoid_bias=None)
     assert p.score.seq_bias and p.fwd.varlen and p.bwd.varlen and p.bwd.swap == (d == 256)
-    builds = [B.bwd(p.bwd)] + ([B.fwd(p.fwd)] if d == 128 else [])
+    if d == 64:
+        assert (p.fwd.tile_m, p.fwd.pingpong, p.bwd.tile_m, p.bwd.p_turns) == (192, True, 128, True)
+    builds = [B.bwd(p.bwd)] + ([B.fwd(p.fwd)] if d != 256 else [])
     for b in builds:
         n = b.counts()
         assert n["HGMMA"] > 0 and n["STL"] == 0 and n["LDL"] == 0, n
@@ -128,9 +132,10 @@ def test_plan_runs_packed_calls_on_the_varlen_forward():
 @pytest.mark.compile
 @pytest.mark.parametrize("variant,compact", [(VARIANTS[6], True), (VARIANTS[2], False)], ids=["d64-compact", "d128-window-slot"])
 def test_varlen_pack_gqa_builds_without_spills(variant, compact):
-    """The varlen forward with the GQA group packed into its tiles (fwd.pack_gqa by override: each
-    sequence's rows ((g, S_b), ...) from its offset): Q by 5-D TMA boxes, HGMMA, no spills (the
-    compact D = 128 softcap build, 192 x 64, spills 2 words: not a plan pick)."""
+    """The varlen forward with the GQA group packed into its tiles (each sequence's rows ((g, S_b), ...)
+    from its offset; the plan's pick at causal D = 64 softmax / softcap, by override here at D = 128):
+    Q by 5-D TMA boxes, HGMMA, no spills (the compact D = 128 softcap build, 192 x 64, spills 2 words:
+    not a plan pick)."""
     from flash_attn_poly.kernels import sass
     p = B.varlen_plan(*variant, overrides={"fwd.varlen": True, "fwd.pack_gqa": True, "fwd.varlen_compact": compact})
     assert p.fwd.pack_gqa == 4 and p.fwd.varlen_compact == compact
