@@ -391,14 +391,15 @@ def test_softcap_odd_program_clamps_on_the_fma_pipe(fixed_max):
                                             ("sigmoid", "poly")])
 def test_three_consumer_warpgroups_build_without_spills(mode, evaluator):
     """tile_m 192 = three consumer warpgroups of 160 registers (24 + 3 x 160 = 504 per thread
-    slot), tile_n 64, no ping-pong: HGMMA present, no spills, no wgmma serialisation (C7512 /
-    C7513 / C7514).  At tile_n 128 the same build spills (not a supported combination)."""
+    slot), tile_n 64: HGMMA present, no spills, no wgmma serialisation (C7512 / C7513 / C7514);
+    softcap's default takes its GEMMs in turns (fwd-three-warpgroups-turns), sigmoid's is built
+    free-running.  At tile_n 128 the same build spills (not a supported combination)."""
     if mode == "softcap":   # BF16 cap 50: the default tile (poly: the FP16 tanh program, not the exp2 offload)
         p = _plan(mode, evaluator, softcap=FIXED, program="softcap_c50_f16_odd" if evaluator == "poly" else None)
         assert p.fwd.fixed_max
     else:                   # the plan coarsens the split to the 64-key block
         p = _plan(mode, evaluator, tile_m=192, tile_n=64, pingpong=False, num_stages=4)
-    assert (p.fwd.tile_m, p.fwd.tile_n, p.fwd.num_stages, p.fwd.pingpong) == (192, 64, 4, False)
+    assert (p.fwd.tile_m, p.fwd.tile_n, p.fwd.num_stages, p.fwd.pingpong) == (192, 64, 4, mode == "softcap")
     log, n, _, _ = _ptxas_report(p)
     assert n.get("HGMMA", 0) > 0 and n.get("STL", 0) == 0 and n.get("LDL", 0) == 0, n
     assert "0 bytes spill stores" in log and not any(c in log for c in ("C7512", "C7513", "C7514")), log[-800:]
@@ -611,5 +612,7 @@ def test_pack_gqa_builds(mode, evaluator, d, causal, window):
     a, b = (sass.count_opcodes(B.fwd(p.fwd).sass, fams) for p in (plain, packed))
     # Q's load: one box per 64 columns (the 128-byte swizzle), each 5-D instead of 4-D
     assert (a["UTMALDG.5D"], b["UTMALDG.5D"], a["UTMALDG.4D"] - b["UTMALDG.4D"]) == (0, d // 64, d // 64), (a, b)
-    assert b["HGMMA"] == a["HGMMA"] > 0 and b["STL"] == b["LDL"] == 0, b
+    # packing adds no spill (the non-causal D = 64 sigmoid poly build stages O: SPILL_BOUND's words, both)
+    bound = SPILL_BOUND.get((mode, evaluator, d, causal), 0) if window == (-1, -1) else 0
+    assert b["HGMMA"] == a["HGMMA"] > 0 and b["STL"] <= bound and b["LDL"] <= bound, b
     assert (b["STG.E.128"], b["STG.E"]) == (a["STG.E.128"], a["STG.E"]), (a, b)

@@ -3,9 +3,9 @@ tests/test_varlen_gpu.py: per-sequence FP64 references, torch at the input preci
 yardstick, lengths with 0s and 1s): the varlen forward on the 192-row tile of three consumer
 warpgroups (3 K/V stages, GEMMs in turns, keep-word masks and O staged where the dense rows take
 them) and the varlen backward on the 128-row step with its dQ halves and the stagger (p_turns +
-dq_defer).  The plan picks both for causal packed softmax and softcap (constant max) calls since
-they passed here and were timed (plan rows varlen-d64-tiles: bench/results/varlen_d64_tiles.md); the
-sigmoid, non-causal and windowed variants run them by override; both builds compile without spills
+dq_defer).  The plan picks both for causal packed softmax, softcap (constant max) and sigmoid calls
+since they passed here and were timed (plan rows varlen-d64-tiles: bench/results/varlen_d64_tiles.md,
+varlen_d64_sigmoid_tiles.md); the non-causal and windowed variants run them by override; both builds compile without spills
 on the CPU (the window with keep words).  Its own file: ten builds, compiled in a process beside
 tests/test_varlen_gpu.py's.
 
@@ -23,6 +23,7 @@ VARIANTS = [
     ("softcap", "poly", "bf16", 64, True, (-1, -1), 30.0),
     ("sigmoid", "poly", "bf16", 64, False, (-1, -1), None),
     ("softmax", "native", "bf16", 64, False, (48, 16), None),   # a band: keep words for both bounds
+    ("sigmoid", "poly", "bf16", 64, True, (-1, -1), None),      # one bias: the program on the 192-row tile
 ]
 
 
@@ -80,3 +81,22 @@ def test_varlen_d64_backward_128_rows_per_head(var, lens_q, lens_k, seed):
     """... on a CTA per query head (small packed grids), softmax."""
     V._assert_ok(V.run_and_judge(var, lens_q, lens_k, seed, "cuda", "cuda", kernel_bwd=True, head_loop=False,
                                  dq_halves=True, bwd_extra=BWD_STEP))
+
+
+@pytest.mark.gpu
+def test_varlen_d64_sigmoid_default_bias_on_the_dense_tiles():
+    """The public packed sigmoid call at its default bias (each sequence's -ln S_k added in the kernels)
+    with a sequence past the short rows and STEP_ORDER_MIN_SEQLEN_K keys: the plan's 192-row forward in
+    turns and the staggered 128-row backward step, by the rule against per-sequence references."""
+    from flash_attn_poly import varlen as fv
+    var = ("sigmoid", "poly", "bf16", 64, True, (-1, -1), None)
+    lens_q, lens_k = [37, 0, 1, 2100, 5, 129], [37, 3, 1, 2100, 250, 129]
+    dev = torch.device("cuda")
+    q = torch.empty(sum(lens_q), 4, 64, device=dev, dtype=torch.bfloat16)
+    k = torch.empty(sum(lens_k), 2, 64, device=dev, dtype=torch.bfloat16)
+    call = fv.validate(q, k, k, V._cu(lens_q, dev), V._cu(lens_k, dev), max(lens_q), max(lens_k), "sigmoid", "poly",
+                       True, None, None)
+    vp = fv._varlen_plan(call, dev)
+    assert vp.score.seq_bias and (vp.fwd.tile_m, vp.fwd.pingpong, vp.fwd.o_smem) == (192, True, True)
+    assert (vp.bwd.tile_m, vp.bwd.p_turns, vp.bwd.dq_defer) == (128, True, True)
+    V._assert_ok(V.run_and_judge(var, lens_q, lens_k, 7, "cuda", "cuda"))
