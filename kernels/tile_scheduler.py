@@ -19,6 +19,7 @@ hand some CTAs two of the longest tiles per period and others two of the shortes
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -245,12 +246,31 @@ def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, t
     count are unread).  Order (above): sequences longest first, in each the dense LPT grid's order
     (lpt_tiles) over sections of `section` heads (varlen_bwd_section: 1 is the unit order).  O(grid
     + sequences) work, no host sync: CTA j finds its sequence by a search over their cumulative
-    entries."""
-    import torch
+    entries.  That is some 40 small device ops per call (the sort alone several); where the shapes
+    say every sequence has max_seqlen_k keys (total_k = batch x max_seqlen_k), the table depends on
+    host integers only and is built once per device and shape (equal_bwd_table)."""
     if section < 1:
         raise ValueError(f"varlen_bwd_table: section (heads per section) must be >= 1, got {section}")
     b = cu_seqlens_k.shape[0] - 1
     table_levels(b, max_seqlen_k, tile_n, "varlen backward")
+    if b > 0 and max_seqlen_k > 0 and total_k == b * max_seqlen_k:
+        return equal_bwd_table(cu_seqlens_k.device, b, max_seqlen_k, tile_n, heads, section)
+    return _bwd_table(cu_seqlens_k, max_seqlen_k, tile_n, heads, total_k, section)
+
+
+@functools.lru_cache(maxsize=64)
+def equal_bwd_table(device, batch: int, seqlen_k: int, tile_n: int, heads: int, section: int):
+    """varlen_bwd_table of `batch` sequences of `seqlen_k` keys each, built on the host by the same
+    code and copied to `device` once (cached: read-only to the kernel, reused by every call of that
+    shape on that device)."""
+    import torch
+    cu = torch.arange(batch + 1, dtype=torch.int32) * seqlen_k
+    return _bwd_table(cu, seqlen_k, tile_n, heads, batch * seqlen_k, section).to(device)
+
+
+def _bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int, section: int):
+    import torch
+    b = cu_seqlens_k.shape[0] - 1
     dev = cu_seqlens_k.device
     ctas = varlen_bwd_ctas(total_k, b, max_seqlen_k, tile_n, heads)
     lens = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)

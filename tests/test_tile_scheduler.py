@@ -294,3 +294,23 @@ def test_packed_gqa_block_range_counts_positions(s_q, s_k, causal, has_left, has
             assert (lo, hi) == (min(seen), max(seen) + 1), (m, lo, hi, sorted(seen))
         else:
             assert hi <= lo, (m, lo, hi)
+
+
+def test_varlen_backward_table_of_equal_lengths_is_built_once():
+    """Where the shapes say every sequence has max_seqlen_k keys (total_k = batch x max_seqlen_k),
+    varlen_bwd_table returns one cached table per device and shape (no device ops per call), equal
+    entry for entry to the general build's; any other batch is built per call from its offsets."""
+    import torch
+    T.equal_bwd_table.cache_clear()
+    for b, s, tile_n, heads, w in ((8, 4096, 128, 8, 8), (3, 200, 64, 32, 5), (1, 1, 128, 2, 1)):
+        cu = torch.arange(b + 1, dtype=torch.int32) * s
+        got = T.varlen_bwd_table(cu, s, tile_n, heads, b * s, w)
+        assert torch.equal(got, T._bwd_table(cu, s, tile_n, heads, b * s, w)), (b, s)
+        assert T.varlen_bwd_table(cu, s, tile_n, heads, b * s, w) is got   # cached
+    hits = T.equal_bwd_table.cache_info().hits
+    ragged = torch.tensor([0, 100, 300], dtype=torch.int32)
+    a = T.varlen_bwd_table(ragged, 200, 128, 8, 300, 8)
+    assert a is not T.varlen_bwd_table(ragged, 200, 128, 8, 300, 8)
+    assert T.equal_bwd_table.cache_info().hits == hits
+    # an empty batch and empty sequences take the general build
+    assert int(T.varlen_bwd_table(torch.zeros(3, dtype=torch.int32), 0, 128, 8, 0, 8)[0]) == 0
