@@ -253,9 +253,16 @@ def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, t
         raise ValueError(f"varlen_bwd_table: section (heads per section) must be >= 1, got {section}")
     b = cu_seqlens_k.shape[0] - 1
     table_levels(b, max_seqlen_k, tile_n, "varlen backward")
-    if b > 0 and max_seqlen_k > 0 and total_k == b * max_seqlen_k:
+    if b > 0 and max_seqlen_k > 0 and total_k == b * max_seqlen_k and not _capturing(cu_seqlens_k.device):
         return equal_bwd_table(cu_seqlens_k.device, b, max_seqlen_k, tile_n, heads, section)
     return _bwd_table(cu_seqlens_k, max_seqlen_k, tile_n, heads, total_k, section)
+
+
+def _capturing(device) -> bool:
+    """A CUDA graph capture is under way on the current stream: the cached table's first host-to-device
+    copy is not allowed there, so the table is built from the offsets by device ops (as ragged ones are)."""
+    import torch
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 @functools.lru_cache(maxsize=64)

@@ -314,3 +314,9 @@ def test_varlen_backward_table_of_equal_lengths_is_built_once():
     assert T.equal_bwd_table.cache_info().hits == hits
     # an empty batch and empty sequences take the general build
     assert int(T.varlen_bwd_table(torch.zeros(3, dtype=torch.int32), 0, 128, 8, 0, 8)[0]) == 0
+    # during a CUDA graph capture (no host-to-device copy allowed) equal lengths take the device build too
+    import unittest.mock as mock
+    with mock.patch.object(T, "_capturing", return_value=True):
+        cu = torch.arange(9, dtype=torch.int32) * 4096
+        assert T.varlen_bwd_table(cu, 4096, 128, 8, 8 * 4096, 8) is not T.varlen_bwd_table(cu, 4096, 128, 8, 8 * 4096, 8)
+    assert not T._capturing(torch.device("cpu"))
