@@ -754,7 +754,8 @@ def test_pack_gqa_resolves_to_the_call_group():
         resolve("softmax", d=64, shape=(2, 8192, 32, 8), overrides={"fwd.pack_gqa": 2})
     with pytest.raises(ValueError, match="pack_gqa.*power of two"):   # a group of 3
         resolve("softmax", d=64, shape=(2, 8192, 24, 8), overrides={"fwd.pack_gqa": True})
-    # packed sequences pack by override (no row yet), within the compact table's tile count
+    # packed sequences pack where their rows say (causal D = 64 softmax / softcap) or by override, within
+    # the compact table's tile count
     assert resolve("softmax", d=64, shape=(8, 4096, 32, 8), varlen=True, overrides={"fwd.pack_gqa": True}).fwd.pack_gqa == 4
     with pytest.raises(ValueError, match=r"pack_gqa \(the compact order\): at most .* got 2 and 8193"):
         resolve("softmax", d=128, shape=(2, 131088, 64, 8), varlen=True, varlen_ragged=True,
