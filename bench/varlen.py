@@ -22,7 +22,8 @@ Rows "ours_varlen_bknob" (backward only; every mode; only with --bwd-knob NAME=V
 varlen backward with those BwdConfig overrides (e.g. `--bwd-knob dq_halves=1`), the backward alone on
 the plan's forward outputs; ratios "bknob:<baseline>/...", one against ours_varlen_nocheck.
 (The compact forward order and the per-KV-head backward, once rows here, are plan defaults now:
-`--fwd-knob varlen_compact=0` / `--bwd-knob head_loop=0` time their alternatives.)
+`--fwd-knob varlen_compact=0` / `--bwd-knob head_loop=0` time their alternatives; the backward's table
+order follows the lengths, block on equal ones, unit on ragged ones: `--bwd-knob varlen_order=unit|block`.)
 
 Scenarios.  "equal": B sequences of one length L (default 8 x 4096); rows: ours varlen, ours
 dense on (B, L, H, D) (the same tokens: varlen's overhead, goal <= 3%).  "ragged": lengths
