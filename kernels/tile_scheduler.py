@@ -28,7 +28,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 from .config import COMPACT_MAX_SEQS, COMPACT_MAX_TILES, COMPACT_SEQ_BITS  # noqa: F401 (the kernels import them here)
-from .config import VARLEN_BWD_ORDERS
+from .config import VARLEN_BWD_ORDERS, VARLEN_TABLE_MAX_SEQS
 
 # Bytes of per-head working set a section may keep in L2 (sm_90 parts have 50 MB of L2).
 L2_SECTION_BYTES = 32 << 20
@@ -246,16 +246,48 @@ def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, t
     count are unread).  Order (above): sequences longest first, in each the dense LPT grid's order
     (lpt_tiles) over sections of `section` heads (varlen_bwd_section: 1 is the unit order).  O(grid
     + sequences) work, no host sync: CTA j finds its sequence by a search over their cumulative
-    entries.  That is some 40 small device ops per call (the sort alone several); where the shapes
-    say every sequence has max_seqlen_k keys (total_k = batch x max_seqlen_k), the table depends on
-    host integers only and is built once per device and shape (equal_bwd_table)."""
+    entries.  Where the shapes say every sequence has max_seqlen_k keys (total_k = batch x
+    max_seqlen_k), the table depends on host integers only and is built once per device and shape
+    (equal_bwd_table); on a GPU with at most VARLEN_TABLE_MAX_SEQS sequences one kernel builds it
+    (kernels/varlen_table_sm90.py; its entries past count are left unwritten); otherwise some 40
+    small torch ops (the sort alone several: the CPU reference, and lists too long for one CTA)."""
     if section < 1:
         raise ValueError(f"varlen_bwd_table: section (heads per section) must be >= 1, got {section}")
     b = cu_seqlens_k.shape[0] - 1
     table_levels(b, max_seqlen_k, tile_n, "varlen backward")
-    if b > 0 and max_seqlen_k > 0 and total_k == b * max_seqlen_k and not _capturing(cu_seqlens_k.device):
-        return equal_bwd_table(cu_seqlens_k.device, b, max_seqlen_k, tile_n, heads, section)
+    dev = cu_seqlens_k.device
+    if b > 0 and max_seqlen_k > 0 and total_k == b * max_seqlen_k and not _capturing(dev):
+        return equal_bwd_table(dev, b, max_seqlen_k, tile_n, heads, section)
+    if dev.type == "cuda" and b <= VARLEN_TABLE_MAX_SEQS:
+        return bwd_table_kernel(cu_seqlens_k, max_seqlen_k, tile_n, heads, total_k, section)
     return _bwd_table(cu_seqlens_k, max_seqlen_k, tile_n, heads, total_k, section)
+
+
+@dataclass(frozen=True)
+class TableKey:
+    """The compile-cache key of the one-launch table build (one build serves every shape)."""
+    kind: str = "bwd"
+
+
+def bwd_table_kernel(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int, section: int):
+    """varlen_bwd_table by one kernel launch (kernels/varlen_table_sm90.py): int32 offsets on a GPU,
+    at most VARLEN_TABLE_MAX_SEQS sequences; the words past 1 + BWD_TABLE_WORDS x count unwritten."""
+    import torch
+    from . import compile_cache
+    b = cu_seqlens_k.shape[0] - 1
+    if b > VARLEN_TABLE_MAX_SEQS or cu_seqlens_k.dtype != torch.int32:
+        raise ValueError(f"bwd_table_kernel: int32 offsets of at most {VARLEN_TABLE_MAX_SEQS} sequences, "
+                         f"got {cu_seqlens_k.dtype} offsets of {b}")
+    ctas = varlen_bwd_ctas(total_k, b, max_seqlen_k, tile_n, heads)
+    table = torch.empty(1 + BWD_TABLE_WORDS * ctas, dtype=torch.int32, device=cu_seqlens_k.device)
+    fn = compile_cache.compiled("varlen_table", TableKey(), _table_build)
+    fn(cu_seqlens_k.contiguous(), table, tile_n, heads, min(section, heads))
+    return table
+
+
+def _table_build():
+    from . import varlen_table_sm90
+    return varlen_table_sm90.build(TableKey())
 
 
 def _capturing(device) -> bool:

@@ -146,3 +146,22 @@ def test_pre_key_refuses_zero_dq_with_varlen():
     from flash_attn_poly.kernels import prepost_launch as L
     with pytest.raises(ValueError, match="zero_dq serves the head_loop backward"):
         L.PreKey("bf16", 128, True, True, zero_dq=True, varlen=True)
+
+
+@pytest.mark.compile
+def test_backward_table_kernel_sass():
+    """The one-launch CTA table (kernels/varlen_table_sm90.py) builds for sm_90a: no local
+    memory, the two CTA barriers between its steps, no tensor or transcendental work beyond the
+    reciprocals of its integer divisions; its rank loop reads two shared words per sequence."""
+    import re
+    import cutlass.cute as cute
+    from flash_attn_poly.kernels import sass, varlen_table_sm90 as V
+    k = V.BwdTableKernel()
+    c = sass.compile_sm90(k, *k.fake_args(), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=False))
+    text = sass.disassemble(c.artifacts.CUBIN)
+    n = sass.count_opcodes(text)
+    assert n["STL"] == 0 and n["LDL"] == 0 and n["HGMMA"] == 0, n
+    assert n["MUFU"] == n["MUFU.RCP"], n
+    assert len(re.findall(r"\bBAR\.SYNC", text)) == 2, text.count("BAR")
+    (regs,) = sass.registers(c.artifacts.CUBIN).values()
+    assert regs <= 32, regs       # 1024 threads: at most 64 registers fit; measured 24

@@ -368,3 +368,41 @@ def test_the_draws_hold_empty_and_single_token_sequences():
     lens = [n for _, lq, lk, _ in drawn for n in lq + lk]
     assert 0 in lens and 1 in lens and max(lens) > 128   # a tail longer than one tile
     assert any(lq != lk for _, lq, lk, _ in drawn)
+
+
+@pytest.mark.gpu
+def test_backward_table_kernel_matches_the_torch_build():
+    """The one-launch CTA table (kernels/varlen_table_sm90.py) equals the torch ops' build
+    (tile_scheduler._bwd_table) word for word up to its count, over random length lists with
+    0s, 1s and ties, 1 to VARLEN_TABLE_MAX_SEQS sequences, both orders (sections of one head, of
+    all heads, a narrower last section) and both key tiles; varlen_bwd_table takes it for ragged
+    lists on a GPU and the torch ops past VARLEN_TABLE_MAX_SEQS sequences."""
+    import itertools
+    import unittest.mock as mock
+    from flash_attn_poly.kernels import tile_scheduler as T
+    rng = np.random.default_rng(FUZZ_SEED)
+    lists = [[0], [1], [0, 0, 5], [4096] * 8 + [1], [300, 0, 1, 128, 129, 700, 128, 128], [5278, 63, 1191, 0, 1]]
+    lists += [list(rng.choice([0, 1, 64, 127, 128, 129, 1000], size=int(n))) for n in (17, 100, 1024)]
+    lists += [[int(x) for x in np.minimum(rng.lognormal(7, 1.2, size=int(n)), 16384)] for n in (24, 300, 1024)]
+    checked = 0
+    for lens, tile_n, (heads, section) in itertools.product(lists, (64, 128), ((8, 1), (8, 8), (32, 5), (3, 2))):
+        cu = torch.tensor([0] + list(itertools.accumulate(int(x) for x in lens)), dtype=torch.int32, device="cuda")
+        mx, total = max(max(lens), 1), int(sum(lens))
+        want = T._bwd_table(cu, mx, tile_n, heads, total, section)
+        got = T.bwd_table_kernel(cu, mx, tile_n, heads, total, section)
+        count = int(want[0])
+        assert got.numel() == want.numel() and int(got[0]) == count, (lens[:8], tile_n, heads, section)
+        n = 1 + T.BWD_TABLE_WORDS * count
+        assert torch.equal(got[:n], want[:n]), (len(lens), tile_n, heads, section)
+        checked += 1
+    assert checked == len(lists) * 2 * 4
+    ragged = torch.tensor([0, 100, 300], dtype=torch.int32, device="cuda")
+    with mock.patch.object(T, "_bwd_table", side_effect=AssertionError("torch ops")):
+        T.varlen_bwd_table(ragged, 200, 128, 8, 300, 8)               # the kernel
+    lens = [1, 2] * (T.VARLEN_TABLE_MAX_SEQS // 2) + [1]          # one sequence too many, ragged
+    long = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+    with mock.patch.object(T, "bwd_table_kernel", side_effect=AssertionError("kernel")):
+        table = T.varlen_bwd_table(long, 2, 128, 8, sum(lens), 8)
+    assert int(table[0]) == len(lens) * 8
+    with pytest.raises(ValueError, match=f"at most {T.VARLEN_TABLE_MAX_SEQS} sequences"):
+        T.bwd_table_kernel(long, 2, 128, 8, sum(lens), 8)

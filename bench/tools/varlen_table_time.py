@@ -1,0 +1,88 @@
+"""The varlen backward's CTA table: one kernel launch vs the torch ops, alone and inside the backward.
+
+    python bench/tools/varlen_table_time.py --json $OUT/varlen_table.json     # H200 / H100, ~1 min
+
+Rows, side by side in one process (bench/protocol.py's interleaved rounds, shuffled order):
+  table/<batch>/kernel, table/<batch>/torch   the table build alone (kernels/tile_scheduler.py
+      bwd_table_kernel vs _bwd_table) for ragged batches of 32k and 256k tokens (24 and ~200
+      sequences; bench/varlen.py's lognormal lengths) and 1024 short sequences;
+  bwd/<mode>/d<D>/kernel, .../torch   the packed causal backward (attention_varlen, check_inputs=False,
+      32/8 heads, BF16, the 32k-token ragged batch) with the table from the kernel or from the
+      torch ops (tile_scheduler.VARLEN_TABLE_MAX_SEQS set to -1 around the call).
+Ratios torch / kernel (> 1: the kernel's table is faster).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import protocol  # noqa: E402
+from varlen import ragged_lengths  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    protocol.add_timing_args(p, warmup=10, rounds=9, iters=20)
+    p.add_argument("--order", choices=sorted(protocol.ORDERS), default="shuffle")
+    protocol.add_json_arg(p, "varlen_table")
+    args = p.parse_args(argv)
+    import torch
+    import flash_attn_poly as fap
+    from flash_attn_poly.kernels import tile_scheduler as T
+    timing = protocol.Timing(args.warmup, args.rounds, args.iters, args.order)
+
+    def cu_of(lens):
+        return torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+
+    batches = {"32k": ragged_lengths(32768, 0), "256k": ragged_lengths(262144, 1),
+               "1024x": [1 + (i * 37) % 900 for i in range(1024)]}
+    fns = {}
+    for name, lens in batches.items():
+        cu, mx, total = cu_of(lens), max(lens), sum(lens)
+        fns[f"table/{name}/kernel"] = lambda cu=cu, mx=mx, t=total: T.bwd_table_kernel(cu, mx, 128, 32, t, 8)
+        fns[f"table/{name}/torch"] = lambda cu=cu, mx=mx, t=total: T._bwd_table(cu, mx, 128, 32, t, 8)
+    table = protocol.time_alternating(fns, timing)
+
+    lens = batches["32k"]
+    cu, mx, total = cu_of(lens), max(lens), sum(lens)
+    limit = T.VARLEN_TABLE_MAX_SEQS
+    fns = {}
+    for mode, d in (("softmax", 64), ("softmax", 128), ("softcap", 128)):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+                   for h in (32, 8, 8))
+        kw = {"softcap": 50.0} if mode == "softcap" else {}
+        out = fap.attention_varlen(q, k, v, cu, cu, mx, mx, mode, check_inputs=False, **kw)
+        dout = torch.randn_like(out)
+
+        def grad(kernel, out=out, leaves=(q, k, v), dout=dout):
+            T.VARLEN_TABLE_MAX_SEQS = limit if kernel else -1
+            try:
+                return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+            finally:
+                T.VARLEN_TABLE_MAX_SEQS = limit
+        a, b = grad(True), grad(False)
+        same = all(torch.equal(x, y) for x, y in zip(a, b))   # one order: the same adds in the same order
+        print(f"bwd {mode} d{d}: gradients bit-identical with either table: {same}")
+        fns[f"bwd/{mode}/d{d}/kernel"] = lambda grad=grad: grad(True)
+        fns[f"bwd/{mode}/d{d}/torch"] = lambda grad=grad: grad(False)
+    bwd = protocol.time_alternating(fns, timing)
+    rows = dict(table, **bwd)
+    ratios = {k[:-len("/kernel")]: rows[k[:-len("kernel")] + "torch"] / rows[k]
+              for k in rows if k.endswith("/kernel")}
+    res = {**protocol.header(timing), "batches": {n: {"sequences": len(v), "tokens": sum(v), "max_len": max(v)}
+                                                  for n, v in batches.items()},
+           "rows_ms": rows, "ratios_torch_over_kernel": ratios}
+    lines = ["| row | kernel ms | torch ms | torch / kernel |", "|---|---|---|---|"]
+    for k, r in ratios.items():
+        lines.append(f"| {k} | {rows[k + '/kernel']:.4f} | {rows[k + '/torch']:.4f} | {r:.3f} |")
+    shape = "Batches: " + ", ".join(f"{n} {v['sequences']} sequences, {v['tokens']} tokens, longest {v['max_len']}"
+                                    for n, v in res["batches"].items()) + ". "
+    protocol.report(protocol.output_path(args.json, "varlen_table"), res, "\n".join(lines),
+                    "Varlen backward table: one launch vs torch ops", shape=shape, doc=__doc__)
+
+if __name__ == "__main__":
+    main()
