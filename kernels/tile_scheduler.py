@@ -194,10 +194,23 @@ def table_levels(b: int, max_len: int, tile: int, what: str) -> int:
 def compact_varlen_table(cu_seqlens_q, max_seqlen_q: int, tile_m: int):
     """The compact order's table (int32, on cu_seqlens_q's device): [count, entries...], count
     live pairs, entry j = (m << COMPACT_SEQ_BITS) | b for the j-th pair (m query tile of
-    sequence b) in the order above; 1 + levels x sequences long (the tail past count unread)."""
+    sequence b) in the order above; 1 + levels x sequences long (the tail past count unread).  On a
+    GPU with at most VARLEN_TABLE_MAX_SEQS sequences one kernel builds it (its tail unwritten);
+    otherwise ~18 torch ops (the CPU reference, and longer lists)."""
     import torch
     b = cu_seqlens_q.shape[0] - 1
     levels = table_levels(b, max_seqlen_q, tile_m, "varlen_compact")
+    dev = cu_seqlens_q.device
+    if dev.type == "cuda" and b <= VARLEN_TABLE_MAX_SEQS:   # one launch (kernels/varlen_table_sm90.py)
+        table = torch.empty(1 + levels * b, dtype=torch.int32, device=dev)
+        _table_fn("compact")(cu_seqlens_q.contiguous(), table, tile_m, levels)
+        return table
+    return _compact_table(cu_seqlens_q, levels, tile_m)
+
+
+def _compact_table(cu_seqlens_q, levels: int, tile_m: int):
+    import torch
+    b = cu_seqlens_q.shape[0] - 1
     dev = cu_seqlens_q.device
     lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int32)
     m = torch.arange(levels - 1, -1, -1, dtype=torch.int32, device=dev)           # descending
@@ -265,29 +278,33 @@ def varlen_bwd_table(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, t
 
 @dataclass(frozen=True)
 class TableKey:
-    """The compile-cache key of the one-launch table build (one build serves every shape)."""
-    kind: str = "bwd"
+    """The compile-cache key of a one-launch table build (one build serves every shape): kind
+    "bwd" (the backward's CTA table) or "compact" (the forward's compact order)."""
+    kind: str
+
+
+def _table_fn(kind: str):
+    from . import compile_cache
+    key = TableKey(kind)
+
+    def build():
+        from . import varlen_table_sm90
+        return varlen_table_sm90.build(key)
+    return compile_cache.compiled("varlen_table", key, build)
 
 
 def bwd_table_kernel(cu_seqlens_k, max_seqlen_k: int, tile_n: int, heads: int, total_k: int, section: int):
     """varlen_bwd_table by one kernel launch (kernels/varlen_table_sm90.py): int32 offsets on a GPU,
     at most VARLEN_TABLE_MAX_SEQS sequences; the words past 1 + BWD_TABLE_WORDS x count unwritten."""
     import torch
-    from . import compile_cache
     b = cu_seqlens_k.shape[0] - 1
     if b > VARLEN_TABLE_MAX_SEQS or cu_seqlens_k.dtype != torch.int32:
         raise ValueError(f"bwd_table_kernel: int32 offsets of at most {VARLEN_TABLE_MAX_SEQS} sequences, "
                          f"got {cu_seqlens_k.dtype} offsets of {b}")
     ctas = varlen_bwd_ctas(total_k, b, max_seqlen_k, tile_n, heads)
     table = torch.empty(1 + BWD_TABLE_WORDS * ctas, dtype=torch.int32, device=cu_seqlens_k.device)
-    fn = compile_cache.compiled("varlen_table", TableKey(), _table_build)
-    fn(cu_seqlens_k.contiguous(), table, tile_n, heads, min(section, heads))
+    _table_fn("bwd")(cu_seqlens_k.contiguous(), table, tile_n, heads, min(section, heads))
     return table
-
-
-def _table_build():
-    from . import varlen_table_sm90
-    return varlen_table_sm90.build(TableKey())
 
 
 def _capturing(device) -> bool:

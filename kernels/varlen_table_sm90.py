@@ -1,4 +1,5 @@
-"""The varlen backward's CTA table in one launch (sm_90a CuTe DSL).
+"""The varlen kernels' tile tables in one launch each (sm_90a CuTe DSL): the backward's CTA table
+(BwdTableKernel) and the forward's compact order (CompactTableKernel, its docstring).
 
 tile_scheduler.varlen_bwd_table's contract (the order, the entry words), built by one CTA of
 TABLE_THREADS threads instead of some 40 small torch ops (a sort, a search, the section decode:
@@ -100,7 +101,56 @@ class BwdTableKernel:
         return [vec(), vec(), Int32(128), Int32(1), Int32(1)]
 
 
+class CompactTableKernel:
+    """The varlen forward's compact order (tile_scheduler.compact_varlen_table's contract): mCu
+    (B + 1,) int32 offsets, mTable int32 of >= 1 + levels x B words, tile_m and levels (query
+    tiles of the longest sequence) runtime values.  Thread b < B owns sequence b and its query
+    tiles ceil(S_b / tile_m); level by level, longest first, the CTA compacts the sequences that
+    have a tile at that level in sequence order (a warp ballot and the warps' counts in shared
+    memory: a block-wide prefix per level, two barriers), entry (m << 18) | b."""
+
+    @cute.kernel
+    def kernel(self, mCu: cute.Tensor, mTable: cute.Tensor, tile_m: Int32, levels: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = tidx // 32
+        b = mCu.shape[0] - 1
+        sWarp = SmemAllocator().allocate_tensor(Int32, cute.make_layout(TABLE_THREADS // 32), byte_alignment=16)
+        tiles = Int32(0)
+        if tidx < b:
+            tiles = (mCu[tidx + 1] - mCu[tidx] + tile_m - 1) // tile_m
+        below = cute.arch.lanemask_lt()
+        pos = Int32(0)                 # entries of the levels above this one
+        for level in cutlass.range(levels, unroll=1):
+            m = levels - 1 - level
+            live = tiles > m
+            ballot = cute.arch.vote_ballot_sync(live)
+            if tidx % 32 == 0:
+                sWarp[warp] = cute.arch.popc(ballot)
+            cute.arch.barrier()
+            ahead = Int32(0)
+            total = Int32(0)
+            for w in cutlass.range_constexpr(TABLE_THREADS // 32):
+                n = sWarp[w]
+                total += n
+                if w < warp:
+                    ahead += n
+            if live:
+                mTable[1 + pos + ahead + cute.arch.popc(ballot & below)] = (m << COMPACT_SEQ_BITS) | tidx
+            pos += total
+            cute.arch.barrier()        # every warp has read sWarp before the next level writes it
+        if tidx == 0:
+            mTable[0] = pos
+
+    @cute.jit
+    def __call__(self, mCu: cute.Tensor, mTable: cute.Tensor, tile_m: Int32, levels: Int32, stream):
+        self.kernel(mCu, mTable, tile_m, levels).launch(grid=(1, 1, 1), block=[TABLE_THREADS, 1, 1], stream=stream)
+
+    def fake_args(self):
+        vec = lambda: cute.runtime.make_fake_tensor(Int32, (cute.sym_int(32),), (1,), assumed_align=4)  # noqa: E731
+        return [vec(), vec(), Int32(128), Int32(1)]
+
+
 def build(key):
     """(kernel, compile args) of a TableKey: the compile cache's build."""
-    kern = BwdTableKernel()
+    kern = CompactTableKernel() if key.kind == "compact" else BwdTableKernel()
     return kern, kern.fake_args()

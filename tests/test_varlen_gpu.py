@@ -406,3 +406,31 @@ def test_backward_table_kernel_matches_the_torch_build():
     assert int(table[0]) == len(lens) * 8
     with pytest.raises(ValueError, match=f"at most {T.VARLEN_TABLE_MAX_SEQS} sequences"):
         T.bwd_table_kernel(long, 2, 128, 8, sum(lens), 8)
+
+
+@pytest.mark.gpu
+def test_compact_table_kernel_matches_the_torch_build():
+    """The forward's compact order in one launch (kernels/varlen_table_sm90.py CompactTableKernel)
+    equals the torch ops' build (tile_scheduler._compact_table) up to its count, over length lists
+    with 0s, 1s and ties, 1 to VARLEN_TABLE_MAX_SEQS sequences and three query tiles; lists past
+    VARLEN_TABLE_MAX_SEQS sequences take the torch ops."""
+    import itertools
+    import unittest.mock as mock
+    from flash_attn_poly.kernels import tile_scheduler as T
+    rng = np.random.default_rng(FUZZ_SEED + 1)
+    lists = [[0], [1], [0, 0, 5], [4096] * 8 + [1], [300, 0, 1, 128, 129, 700, 128, 128], [5278, 63, 1191, 0, 1]]
+    lists += [list(rng.choice([0, 1, 64, 127, 128, 129, 1000], size=int(n))) for n in (33, 100, 1024)]
+    lists += [[int(x) for x in np.minimum(rng.lognormal(7, 1.2, size=int(n)), 16384)] for n in (24, 300, 1024)]
+    for lens, tile_m in itertools.product(lists, (64, 128, 192)):
+        cu = torch.tensor([0] + list(itertools.accumulate(int(x) for x in lens)), dtype=torch.int32, device="cuda")
+        mx = max(max(lens), 1)
+        levels = -(-mx // tile_m)
+        want = T._compact_table(cu, levels, tile_m)
+        got = T.compact_varlen_table(cu, mx, tile_m)
+        n = 1 + int(want[0])
+        assert got.numel() == want.numel() and torch.equal(got[:n], want[:n]), (len(lens), tile_m)
+    lens = [1, 2] * (T.VARLEN_TABLE_MAX_SEQS // 2) + [1]
+    long = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+    with mock.patch.object(T, "_table_fn", side_effect=AssertionError("kernel")):
+        table = T.compact_varlen_table(long, 2, 128)
+    assert int(table[0]) == len(lens)

@@ -1,12 +1,13 @@
-"""The varlen backward's CTA table: one kernel launch vs the torch ops, alone and inside the backward.
+"""The varlen tile tables: one kernel launch vs the torch ops, alone and inside the forward / backward.
 
     python bench/tools/varlen_table_time.py --json $OUT/varlen_table.json     # H200 / H100, ~1 min
 
 Rows, side by side in one process (bench/protocol.py's interleaved rounds, shuffled order):
-  table/<batch>/kernel, table/<batch>/torch   the table build alone (kernels/tile_scheduler.py
-      bwd_table_kernel vs _bwd_table) for ragged batches of 32k and 256k tokens (24 and ~200
+  table/<batch>/kernel, table/<batch>/torch   the backward's table build alone (kernels/tile_scheduler.py
+      bwd_table_kernel vs _bwd_table; compact/...: the forward's compact order, compact_varlen_table
+      vs _compact_table) for ragged batches of 32k and 256k tokens (24 and ~200
       sequences; bench/varlen.py's lognormal lengths) and 1024 short sequences;
-  bwd/<mode>/d<D>/kernel, .../torch   the packed causal backward (attention_varlen, check_inputs=False,
+  bwd/<mode>/d<D>/kernel, .../torch (fwd/...: the forward)   the packed causal backward (attention_varlen, check_inputs=False,
       32/8 heads, BF16, the 32k-token ragged batch) with the table from the kernel or from the
       torch ops (tile_scheduler.VARLEN_TABLE_MAX_SEQS set to -1 around the call).
 Ratios torch / kernel (> 1: the kernel's table is faster).
@@ -44,6 +45,8 @@ def main(argv=None):
         cu, mx, total = cu_of(lens), max(lens), sum(lens)
         fns[f"table/{name}/kernel"] = lambda cu=cu, mx=mx, t=total: T.bwd_table_kernel(cu, mx, 128, 32, t, 8)
         fns[f"table/{name}/torch"] = lambda cu=cu, mx=mx, t=total: T._bwd_table(cu, mx, 128, 32, t, 8)
+        fns[f"compact/{name}/kernel"] = lambda cu=cu, mx=mx: T.compact_varlen_table(cu, mx, 128)
+        fns[f"compact/{name}/torch"] = lambda cu=cu, mx=mx: T._compact_table(cu, -(-mx // 128), 128)
     table = protocol.time_alternating(fns, timing)
 
     lens = batches["32k"]
@@ -64,11 +67,22 @@ def main(argv=None):
                 return torch.autograd.grad(out, leaves, dout, retain_graph=True)
             finally:
                 T.VARLEN_TABLE_MAX_SEQS = limit
+
+        def fwd(kernel, q=q, k=k, v=v, kw=kw):
+            T.VARLEN_TABLE_MAX_SEQS = limit if kernel else -1
+            try:
+                with torch.no_grad():
+                    return fap.attention_varlen(q, k, v, cu, cu, mx, mx, mode, check_inputs=False, **kw)
+            finally:
+                T.VARLEN_TABLE_MAX_SEQS = limit
         a, b = grad(True), grad(False)
         same = all(torch.equal(x, y) for x, y in zip(a, b))   # one order: the same adds in the same order
         print(f"bwd {mode} d{d}: gradients bit-identical with either table: {same}")
+        print(f"fwd {mode} d{d}: outputs bit-identical with either table: {torch.equal(fwd(True), fwd(False))}")
         fns[f"bwd/{mode}/d{d}/kernel"] = lambda grad=grad: grad(True)
         fns[f"bwd/{mode}/d{d}/torch"] = lambda grad=grad: grad(False)
+        fns[f"fwd/{mode}/d{d}/kernel"] = lambda fwd=fwd: fwd(True)
+        fns[f"fwd/{mode}/d{d}/torch"] = lambda fwd=fwd: fwd(False)
     bwd = protocol.time_alternating(fns, timing)
     rows = dict(table, **bwd)
     ratios = {k[:-len("/kernel")]: rows[k[:-len("kernel")] + "torch"] / rows[k]
@@ -82,7 +96,7 @@ def main(argv=None):
     shape = "Batches: " + ", ".join(f"{n} {v['sequences']} sequences, {v['tokens']} tokens, longest {v['max_len']}"
                                     for n, v in res["batches"].items()) + ". "
     protocol.report(protocol.output_path(args.json, "varlen_table"), res, "\n".join(lines),
-                    "Varlen backward table: one launch vs torch ops", shape=shape, doc=__doc__)
+                    "Varlen tile tables: one launch vs torch ops", shape=shape, doc=__doc__)
 
 if __name__ == "__main__":
     main()
