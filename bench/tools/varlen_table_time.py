@@ -68,7 +68,7 @@ def main(argv=None):
             finally:
                 T.VARLEN_TABLE_MAX_SEQS = limit
 
-        def fwd(kernel, q=q, k=k, v=v, kw=kw):
+        def fwd(kernel, q=q, k=k, v=v, kw=kw, mode=mode):
             T.VARLEN_TABLE_MAX_SEQS = limit if kernel else -1
             try:
                 with torch.no_grad():
@@ -76,8 +76,9 @@ def main(argv=None):
             finally:
                 T.VARLEN_TABLE_MAX_SEQS = limit
         a, b = grad(True), grad(False)
-        same = all(torch.equal(x, y) for x, y in zip(a, b))   # one order: the same adds in the same order
-        print(f"bwd {mode} d{d}: gradients bit-identical with either table: {same}")
+        # the same table: the gradients differ only by the order of dQ's atomic adds (run to run)
+        diff = max(float((x.float() - y.float()).norm() / y.float().norm()) for x, y in zip(a, b))
+        print(f"bwd {mode} d{d}: gradients with either table, max rel L2 difference {diff:.2e}")
         print(f"fwd {mode} d{d}: outputs bit-identical with either table: {torch.equal(fwd(True), fwd(False))}")
         fns[f"bwd/{mode}/d{d}/kernel"] = lambda grad=grad: grad(True)
         fns[f"bwd/{mode}/d{d}/torch"] = lambda grad=grad: grad(False)
