@@ -8,7 +8,9 @@
 # (FAP_COMMIT as a literal sha: the copied tree has no .git; bench/protocol.commit_id records it.)
 # Phases:
 #   tests        every GPU test file (the files that use pytest.mark.gpu), one process each, in parallel
-#                (TEST_FILES="tests/test_a.py ...": those files only; TEST_K="expr": pytest -k expr in each)
+#                (TEST_FILES="tests/test_a.py ...": those files only; TEST_K="expr": pytest -k expr in each;
+#                ROUND_DEADLINE_S=n: every file stops n - 20 s after the round started, so a call that runs
+#                other steps first still gets the logs and the tarball back inside its 600 s)
 #                (but the correctness and fuzz tiers: phase correctness)
 #   goals        bench/gqa_4096.py --pairs: the issues' goal pairs, each pair timed alone, 2 repeats
 #                (PAIR_NAMES="a,b": those pairs only; PAIR_REPEATS=n)
@@ -61,7 +63,15 @@ t() {   # t NAME SECONDS CMD...: run under a timeout, log to $W/NAME.log, one su
   timeout "$s" "$@" > "$W/$n.log" 2>&1
   echo "$n rc=$? t=$((SECONDS - S))s $(tail -n 1 "$W/$n.log" | cut -c1-120)" >> "$W/summary.txt"
 }
-pt() { local n=$1; shift; t "$n" 500 python3 -m pytest -q -p no:cacheprovider -m gpu ${TEST_K:+-k "$TEST_K"} "$@"; }
+pt() {   # a test file under 500 s, or what is left of ROUND_DEADLINE_S (seconds from the round's start) less 20 s
+  local n=$1 s=500; shift
+  if [ -n "${ROUND_DEADLINE_S:-}" ]; then
+    local left=$((ROUND_DEADLINE_S - (SECONDS - S) - 20))
+    [ "$left" -lt "$s" ] && s=$left
+    [ "$s" -lt 1 ] && { echo "$n not started: ROUND_DEADLINE_S passed" >> "$W/summary.txt"; return; }
+  fi
+  t "$n" "$s" python3 -m pytest -q -p no:cacheprovider -m gpu ${TEST_K:+-k "$TEST_K"} "$@"
+}
 
 # the correctness and fuzz tiers run sharded in their own phase (one process would compile all 36 variants)
 gpu_test_files() { grep -l "pytest.mark.gpu" tests/test_*.py | grep -v -e test_correctness_gpu.py -e test_fuzz_gpu.py; }
