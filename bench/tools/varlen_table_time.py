@@ -10,7 +10,9 @@ Rows, side by side in one process (bench/protocol.py's interleaved rounds, shuff
   bwd/<mode>/d<D>/kernel, .../torch (fwd/...: the forward)   the packed causal backward (attention_varlen, check_inputs=False,
       32/8 heads, BF16, the 32k-token ragged batch) with the table from the kernel or from the
       torch ops (tile_scheduler.VARLEN_TABLE_MAX_SEQS set to -1 around the call).
-Ratios torch / kernel (> 1: the kernel's table is faster).
+Ratios torch / kernel (> 1: the kernel's table is faster).  Host ms per call (the packed calls'
+rows): the Python and launch time of HOST_CALLS back-to-back calls without a sync, per call: where
+it nears the GPU time, the call is host-bound and its GPU time is the host's.
 """
 from __future__ import annotations
 
@@ -18,10 +20,13 @@ import argparse
 import itertools
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import protocol  # noqa: E402
 from varlen import ragged_lengths  # noqa: E402
+
+HOST_CALLS = 20
 
 
 def main(argv=None):
@@ -85,15 +90,24 @@ def main(argv=None):
         fns[f"fwd/{mode}/d{d}/kernel"] = lambda fwd=fwd: fwd(True)
         fns[f"fwd/{mode}/d{d}/torch"] = lambda fwd=fwd: fwd(False)
     bwd = protocol.time_alternating(fns, timing)
+    host = {}    # host time per call: enqueue only (no sync inside; the queue holds the launches)
+    for key, fn in fns.items():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(HOST_CALLS):
+            fn()
+        host[key] = (time.perf_counter() - t0) * 1e3 / HOST_CALLS
+        torch.cuda.synchronize()
     rows = dict(table, **bwd)
     ratios = {k[:-len("/kernel")]: rows[k[:-len("kernel")] + "torch"] / rows[k]
               for k in rows if k.endswith("/kernel")}
     res = {**protocol.header(timing), "batches": {n: {"sequences": len(v), "tokens": sum(v), "max_len": max(v)}
                                                   for n, v in batches.items()},
-           "rows_ms": rows, "ratios_torch_over_kernel": ratios}
-    lines = ["| row | kernel ms | torch ms | torch / kernel |", "|---|---|---|---|"]
+           "rows_ms": rows, "ratios_torch_over_kernel": ratios, "host_ms_per_call": host}
+    lines = ["| row | kernel ms | torch ms | torch / kernel | host ms per call (kernel / torch) |", "|---|---|---|---|---|"]
     for k, r in ratios.items():
-        lines.append(f"| {k} | {rows[k + '/kernel']:.4f} | {rows[k + '/torch']:.4f} | {r:.3f} |")
+        h = f"{host[k + '/kernel']:.4f} / {host[k + '/torch']:.4f}" if k + "/kernel" in host else ""
+        lines.append(f"| {k} | {rows[k + '/kernel']:.4f} | {rows[k + '/torch']:.4f} | {r:.3f} | {h} |")
     shape = "Batches: " + ", ".join(f"{n} {v['sequences']} sequences, {v['tokens']} tokens, longest {v['max_len']}"
                                     for n, v in res["batches"].items()) + ". "
     protocol.report(protocol.output_path(args.json, "varlen_table"), res, "\n".join(lines),
