@@ -21,8 +21,9 @@ COMPACT_MAX_SEQS = 1 << COMPACT_SEQ_BITS
 COMPACT_MAX_TILES = 1 << (31 - COMPACT_SEQ_BITS)
 # the packed backward's CTA table orders (plan AttnPlan.varlen_bwd_order, tile_scheduler.varlen_bwd_table)
 VARLEN_BWD_ORDERS = ("unit", "block")
-# the most sequences whose backward table one CTA builds (kernels/varlen_table_sm90.py: a thread per
-# sequence); longer lists take the torch ops (tile_scheduler.varlen_bwd_table)
+# the most sequences whose tile tables (the backward's CTA table, the forward's compact order) one CTA
+# builds (kernels/varlen_table_sm90.py: a thread per sequence); longer lists take the torch ops
+# (tile_scheduler.varlen_bwd_table, compact_varlen_table)
 VARLEN_TABLE_MAX_SEQS = 1024
 HEAD_DIMS = (64, 128, 256)
 SMEM_BYTES = 232448          # dynamic shared memory per CTA on sm_90 (227 KB)
