@@ -9,8 +9,12 @@ Rows, side by side in one process (bench/protocol.py's interleaved rounds, shuff
       sequences; bench/varlen.py's lognormal lengths) and 1024 short sequences;
   bwd/<mode>/d<D>/kernel, .../torch (fwd/...: the forward)   the packed causal backward (attention_varlen, check_inputs=False,
       32/8 heads, BF16, the 32k-token ragged batch) with the table from the kernel or from the
-      torch ops (tile_scheduler.VARLEN_TABLE_MAX_SEQS set to -1 around the call).
-Ratios torch / kernel (> 1: the kernel's table is faster).  Host ms per call (the packed calls'
+      torch ops (tile_scheduler.VARLEN_TABLE_MAX_SEQS set to -1 around the call);
+  bwd/equal/softmax/d64/kernel, .../cache   the same backward on 8 sequences of 4096 keys, where the
+      table is the cached host build (equal_bwd_table, "cache") or the kernel's (tile_scheduler._capturing
+      forced true around the call, the path a CUDA-graph capture takes): whether equal lengths need
+      their own mechanism.
+Ratios torch / kernel (> 1: the kernel's table is faster; the equal row: cache / kernel).  Host ms per call (the packed calls'
 rows): the Python and launch time of HOST_CALLS back-to-back calls without a sync, per call: where
 it nears the GPU time, the call is host-bound and its GPU time is the host's.
 """
@@ -89,6 +93,26 @@ def main(argv=None):
         fns[f"bwd/{mode}/d{d}/torch"] = lambda grad=grad: grad(False)
         fns[f"fwd/{mode}/d{d}/kernel"] = lambda fwd=fwd: fwd(True)
         fns[f"fwd/{mode}/d{d}/torch"] = lambda fwd=fwd: fwd(False)
+    eq_lens = [4096] * 8
+    cu_eq, total_eq = cu_of(eq_lens), sum(eq_lens)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(total_eq, h, 64, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for h in (32, 8, 8))
+    out = fap.attention_varlen(q, k, v, cu_eq, cu_eq, 4096, 4096, "softmax", check_inputs=False)
+    dout = torch.randn_like(out)
+    capturing = T._capturing
+
+    def grad_eq(kernel, out=out, leaves=(q, k, v), dout=dout):
+        T._capturing = (lambda device: True) if kernel else capturing
+        try:
+            return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+        finally:
+            T._capturing = capturing
+    a, b = grad_eq(True), grad_eq(False)
+    diff = max(float((x.float() - y.float()).norm() / y.float().norm()) for x, y in zip(a, b))
+    print(f"bwd equal softmax d64: gradients with either table, max rel L2 difference {diff:.2e}")
+    fns["bwd/equal/softmax/d64/kernel"] = lambda: grad_eq(True)
+    fns["bwd/equal/softmax/d64/cache"] = lambda: grad_eq(False)
     bwd = protocol.time_alternating(fns, timing)
     host = {}    # host time per call: enqueue only (no sync inside; the queue holds the launches)
     for key, fn in fns.items():
@@ -99,15 +123,19 @@ def main(argv=None):
         host[key] = (time.perf_counter() - t0) * 1e3 / HOST_CALLS
         torch.cuda.synchronize()
     rows = dict(table, **bwd)
-    ratios = {k[:-len("/kernel")]: rows[k[:-len("kernel")] + "torch"] / rows[k]
-              for k in rows if k.endswith("/kernel")}
+    def other(k):   # the row a kernel row is held against: the torch ops, or the cache (equal lengths)
+        base = k[:-len("kernel")]
+        return base + "torch" if base + "torch" in rows else base + "cache"
+    ratios = {k[:-len("/kernel")]: rows[other(k)] / rows[k] for k in rows if k.endswith("/kernel")}
     res = {**protocol.header(timing), "batches": {n: {"sequences": len(v), "tokens": sum(v), "max_len": max(v)}
                                                   for n, v in batches.items()},
            "rows_ms": rows, "ratios_torch_over_kernel": ratios, "host_ms_per_call": host}
-    lines = ["| row | kernel ms | torch ms | torch / kernel | host ms per call (kernel / torch) |", "|---|---|---|---|---|"]
+    lines = ["| row | kernel ms | torch (cache) ms | torch (cache) / kernel | host ms per call (kernel / torch) |",
+             "|---|---|---|---|---|"]
     for k, r in ratios.items():
-        h = f"{host[k + '/kernel']:.4f} / {host[k + '/torch']:.4f}" if k + "/kernel" in host else ""
-        lines.append(f"| {k} | {rows[k + '/kernel']:.4f} | {rows[k + '/torch']:.4f} | {r:.3f} | {h} |")
+        o = other(k + "/kernel")
+        h = f"{host[k + '/kernel']:.4f} / {host[o]:.4f}" if k + "/kernel" in host else ""
+        lines.append(f"| {k} | {rows[k + '/kernel']:.4f} | {rows[o]:.4f} | {r:.3f} | {h} |")
     shape = "Batches: " + ", ".join(f"{n} {v['sequences']} sequences, {v['tokens']} tokens, longest {v['max_len']}"
                                     for n, v in res["batches"].items()) + ". "
     protocol.report(protocol.output_path(args.json, "varlen_table"), res, "\n".join(lines),
