@@ -17,8 +17,9 @@ each a launch of its own between the pre and the main kernel).  Thread i < B own
 Step 2 costs B iterations of ~14 instructions per owner thread, B^2 in all; step 3 ~200-275
 instructions per entry (the search and the section decode's divisions), all on one SM: from a
 hundred or so sequences the walk is most of the launch (docs/MEASURED.md varlen-table-kernel-cost).
-At most TABLE_MAX_SEQS sequences take this kernel (the host builds longer lists with the torch ops).  Entries past count are not written (the main kernel's
-CTAs past count exit before reading theirs).  The table's words are int32: (key block << 18) |
+At most TABLE_MAX_SEQS sequences take this kernel (the host builds longer lists with the torch
+ops).  Entries past count are not written (the main kernel's CTAs past count exit before reading
+theirs).  The table's words are int32: (key block << 18) |
 sequence, then the head.
 """
 import cutlass

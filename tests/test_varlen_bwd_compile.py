@@ -159,6 +159,8 @@ def test_pre_zero_varlen_sass(d):
     assert n["LDG.E.128"] == 2 * P.PRE_CHUNKS, n
     assert n["STG.E.128"] == 8, n      # the CTA's rows x D words of zeros (16 KB at every D): 8 per thread
     assert n["STL"] == 0 and n["LDL"] == 0, n
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("kind", ["bwd", "compact"])
 def test_table_kernel_sass(kind):
