@@ -640,10 +640,11 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
                              "not deterministic")
         # the per-KV-head loop where the grid fills (the head_loop row's rule, measured on packed
         # batches: docs/MEASURED.md varlen-head-loop); dQ's accumulator is zeroed by
-        # backward_varlen's own memset unless an override asks the pre kernel to (PreZeroVarlenKernel,
-        # not timed yet: the dense rule's bwd-zero-dq does not carry over untimed)
-        bwd.update(head_loop=bool(bwd["head_loop"]), lpt=False,
-                   zero_dq_in_pre=bool(overrides.get("bwd.zero_dq_in_pre", False)))
+        # backward_varlen's own memset (the pre kernel zeroing it was timed even: varlen-zero-dq-in-pre)
+        if overrides.get("bwd.zero_dq_in_pre"):
+            raise ValueError("bwd.zero_dq_in_pre: packed calls zero the dQ accumulator by a memset; the "
+                             "varlen pre kernel has no zeroing build")
+        bwd.update(head_loop=bool(bwd["head_loop"]), lpt=False, zero_dq_in_pre=False)
     # the head_loop refinements follow the resolved loop (an override of head_loop or lpt takes
     # them along); kv_sections orders the LPT grid, which packed calls do not have (lpt off above)
     if bwd["kv_sections"] == "long_rows":

@@ -157,28 +157,6 @@ class PreKernel:
                 mLSE2[b, h, row] = v
 
     @cute.jit
-    def _zero_dq(self, mDQacc: cute.Tensor, seq=None):
-        """The CTA's rows of one head are rows x D contiguous words: thread t stores chunks
-        t + 128 k (ZERO_CHUNK words each), so a warp's store fills 512 contiguous bytes.
-        seq: (batch index, rows) of one packed sequence (PreZeroVarlenKernel: the accumulator
-        offset to its padded offset, its padded length); None: the grid's batch, all S_pad rows."""
-        tidx, _, _ = cute.arch.thread_idx()
-        s_blk, h, b = cute.arch.block_idx()
-        rows = mDQacc.shape[2]
-        if cutlass.const_expr(seq is not None):
-            b, rows = seq
-        s0 = s_blk * self.rows
-        n_chunks = self.rows * self.D // ZERO_CHUNK
-        blk = cute.zipped_divide(cute.make_tensor(mDQacc[b, h, s0, None].iterator,
-                                                  cute.make_layout(self.rows * self.D)), (ZERO_CHUNK,))
-        z = cute.make_rmem_tensor((ZERO_CHUNK,), Float32)
-        z.fill(0.0)
-        for k in cutlass.range_constexpr(n_chunks // PRE_THREADS):
-            c = tidx + k * PRE_THREADS
-            if s0 + c * ZERO_CHUNK // self.D < rows:
-                cute.autovec_copy(z, blk[(None, c)])                  # STG.E.128
-
-    @cute.jit
     def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  mLSE2: cute.Tensor, mDsum: cute.Tensor, stream):
         grid = self._grid(mDsum)
@@ -217,6 +195,23 @@ class PreZeroKernel(PreKernel):
         self._zero_dq(mDQacc)
 
     @cute.jit
+    def _zero_dq(self, mDQacc: cute.Tensor):
+        """The CTA's rows of one head are rows x D contiguous words: thread t stores chunks
+        t + 128 k (ZERO_CHUNK words each), so a warp's store fills 512 contiguous bytes."""
+        tidx, _, _ = cute.arch.thread_idx()
+        s_blk, h, b = cute.arch.block_idx()
+        s0 = s_blk * self.rows
+        n_chunks = self.rows * self.D // ZERO_CHUNK
+        blk = cute.zipped_divide(cute.make_tensor(mDQacc[b, h, s0, None].iterator,
+                                                  cute.make_layout(self.rows * self.D)), (ZERO_CHUNK,))
+        z = cute.make_rmem_tensor((ZERO_CHUNK,), Float32)
+        z.fill(0.0)
+        for k in cutlass.range_constexpr(n_chunks // PRE_THREADS):
+            c = tidx + k * PRE_THREADS
+            if s0 + c * ZERO_CHUNK // self.D < mDQacc.shape[2]:
+                cute.autovec_copy(z, blk[(None, c)])                  # STG.E.128
+
+    @cute.jit
     def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  mLSE2: cute.Tensor, mDsum: cute.Tensor, mDQacc: cute.Tensor, stream):
         grid = self._grid(mDsum)
@@ -238,14 +233,6 @@ class PreVarlenKernel(PreKernel):
     @cute.kernel
     def kernel(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                mLSE2: cute.Tensor, mDsum: cute.Tensor, mCuQ: cute.Tensor):
-        self._sequence_rows(mdO, mO, mLSE, mLSE2, mDsum, mCuQ, None)
-
-    @cute.jit
-    def _sequence_rows(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-                       mDsum: cute.Tensor, mCuQ: cute.Tensor, mDQacc):
-        """This CTA's rows of sequence b (the grid's z): the tensors offset to the sequence (dO, O,
-        LSE from row cu_q[b], lse2 / dsum and the dQ accumulator from its padded offset); mDQacc
-        None: no accumulator (PreVarlenKernel)."""
         s_blk, _, b = cute.arch.block_idx()
         off = mCuQ[b]
         s_q = mCuQ[b + 1] - off
@@ -256,44 +243,18 @@ class PreVarlenKernel(PreKernel):
         mLSE2, mDsum = (cute.domain_offset((0, 0, off_pad), t) for t in (mLSE2, mDsum))
         if s_blk * self.rows < s_pad:
             self._rows(mdO, mO, mLSE, mLSE2, mDsum, (Int32(0), s_q, s_pad))
-            if cutlass.const_expr(mDQacc is not None):
-                self._zero_dq(cute.domain_offset((0, 0, off_pad, 0), mDQacc), (Int32(0), s_pad))
 
     @cute.jit
     def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  mLSE2: cute.Tensor, mDsum: cute.Tensor, mCuQ: cute.Tensor, max_seqlen_q: Int32, stream):
-        self.kernel(mdO, mO, mLSE, mLSE2, mDsum, mCuQ).launch(
-            grid=self._varlen_grid(mDsum, mCuQ, max_seqlen_q), block=[PRE_THREADS, 1, 1], stream=stream)
-
-    @cute.jit
-    def _varlen_grid(self, mDsum: cute.Tensor, mCuQ: cute.Tensor, max_seqlen_q: Int32):
         rows = cute.ceil_div(max_seqlen_q, VARLEN_PAD) * VARLEN_PAD
-        return (cute.ceil_div(rows, self.rows), mDsum.shape[1], mCuQ.shape[0] - 1)
+        grid = (cute.ceil_div(rows, self.rows), mDsum.shape[1], mCuQ.shape[0] - 1)
+        self.kernel(mdO, mO, mLSE, mLSE2, mDsum, mCuQ).launch(
+            grid=grid, block=[PRE_THREADS, 1, 1], stream=stream)
 
     def fake_args(self):
         cu = cute.runtime.make_fake_tensor(Int32, (cute.sym_int(32),), (1,), assumed_align=4)
         return super().fake_args() + [cu, Int32(1)]
-
-
-class PreZeroVarlenKernel(PreVarlenKernel):
-    """PreVarlenKernel that also zeroes the packed FP32 dQ accumulator (1, H, padded rows, D) in
-    each sequence's padded block of rows (PreKey zero_dq + varlen: the per-KV-head varlen
-    backward's only accumulator, as PreZeroKernel for dense calls); rows between the sequences'
-    padded blocks are read by no query block and left as they are."""
-
-    @cute.kernel
-    def kernel(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-               mLSE2: cute.Tensor, mDsum: cute.Tensor, mCuQ: cute.Tensor, mDQacc: cute.Tensor):
-        self._sequence_rows(mdO, mO, mLSE, mLSE2, mDsum, mCuQ, mDQacc)
-
-    @cute.jit
-    def __call__(self, mdO: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-                 mDsum: cute.Tensor, mCuQ: cute.Tensor, max_seqlen_q: Int32, mDQacc: cute.Tensor, stream):
-        self.kernel(mdO, mO, mLSE, mLSE2, mDsum, mCuQ, mDQacc).launch(
-            grid=self._varlen_grid(mDsum, mCuQ, max_seqlen_q), block=[PRE_THREADS, 1, 1], stream=stream)
-
-    def fake_args(self):
-        return super().fake_args() + [_fake(Float32, 4, div=4)]   # dQ accumulator (1, H, padded rows, D)
 
 
 # ------------------------------------------------------------------------------ post
@@ -501,9 +462,7 @@ class PostDqVarlenKernel(PostDqKernel):
 def kernel_for(key):
     """The kernel object of a PreKey or PostKey."""
     if isinstance(key, PreKey):
-        if key.varlen:
-            return (PreZeroVarlenKernel if key.zero_dq else PreVarlenKernel)(key)
-        return (PreZeroKernel if key.zero_dq else PreKernel)(key)
+        return (PreZeroKernel if key.zero_dq else PreVarlenKernel if key.varlen else PreKernel)(key)
     if key.part == "dkv":
         return PostKernel(key)
     return (PostDqVarlenKernel if key.varlen else PostDqKernel)(key)

@@ -90,12 +90,7 @@ def backward_varlen(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
     cfg = plan.bwd
     dout, q, k, v = (t.contiguous() for t in (dout, q, k, v))
     needs = plan.call.mode != "sigmoid"   # the LSE and dsum of softmax-like scores
-    total_q, h_q, d = q.shape
-    acc_shape = prepost.dq_acc_shape_varlen(total_q, cu_seqlens_q.shape[0] - 1, h_q, d)
-    # head_loop builds: dQ's only accumulator, zeroed by the pre kernel where the plan says so
-    dq_acc = torch.empty(acc_shape, dtype=torch.float32, device=q.device) if plan.zero_dq_in_pre else None
-    lse2, dsum = prepost.preprocess_varlen(dout, out, lse, cu_seqlens_q, max_seqlen_q, needs, needs, "e",
-                                           dq_acc=dq_acc)
+    lse2, dsum = prepost.preprocess_varlen(dout, out, lse, cu_seqlens_q, max_seqlen_q, needs, needs, "e")
     q4, k4, v4, do4 = (t[None] for t in (q, k, v, dout))
     from .tile_scheduler import varlen_bwd_ctas, varlen_bwd_section, varlen_bwd_table
     # the live CTAs, a table built on the device, and their host bound (the grid); head_loop
@@ -105,9 +100,10 @@ def backward_varlen(plan, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, m
                              varlen_bwd_section(plan.varlen_bwd_order, cfg.head_loop, heads, max_seqlen_q, cfg.head_dim))
     ctas = varlen_bwd_ctas(k.shape[0], cu_seqlens_k.shape[0] - 1, max_seqlen_k, cfg.tile_n, heads)
     fn = compile_cache.compiled("attn_bwd", cfg, functools.partial(_bwd_build, cfg))
+    total_q, h_q, d = q.shape
+    acc_shape = prepost.dq_acc_shape_varlen(total_q, cu_seqlens_q.shape[0] - 1, h_q, d)
     if cfg.head_loop:   # dK, dV leave the kernel in dtype (every live key block stores its rows)
-        if dq_acc is None:
-            dq_acc = torch.zeros(acc_shape, dtype=torch.float32, device=q.device)
+        dq_acc = torch.zeros(acc_shape, dtype=torch.float32, device=q.device)
         dk4, dv4 = torch.empty_like(k4), torch.empty_like(v4)
         fn(q4, k4, v4, do4, lse2, dsum, dq_acc, dk4, dv4, cu_seqlens_q, cu_seqlens_k, table, ctas,
            *_numbers(plan), *plan.window, plan.softmax_scale)

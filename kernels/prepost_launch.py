@@ -26,12 +26,13 @@ class PreKey:
     needs_dsum: bool
     lse_base: str = "e"  # "e": multiply by log2(e); "2": as is
     zero_dq: bool = False  # PreZeroKernel: also zero the rows of the dQ accumulator
-    varlen: bool = False   # PreVarlenKernel: packed sequences into the padded packed buffers (with
-    #                        zero_dq: PreZeroVarlenKernel, each sequence's padded rows of the accumulator)
+    varlen: bool = False   # PreVarlenKernel: packed sequences into the padded packed buffers
 
     def __post_init__(self):
         if self.head_dim not in (64, 128, 256) or self.dtype not in ("bf16", "f16") or self.lse_base not in ("e", "2"):
             raise ValueError(f"unsupported {self}")
+        if self.zero_dq and self.varlen:
+            raise ValueError(f"unsupported {self}: zero_dq serves the head_loop backward, which has no varlen build")
 
 
 @dataclass(frozen=True)
@@ -203,30 +204,22 @@ def preprocess(dout, out, lse, needs_lse: bool, needs_dsum: bool, lse_base: str,
 
 
 def preprocess_varlen(dout, out, lse, cu_seqlens_q, max_seqlen_q: int, needs_lse: bool, needs_dsum: bool,
-                      lse_base: str = "e", dq_acc=None):
+                      lse_base: str = "e"):
     """(lse2, dsum), both (1, H, varlen_padded_rows(total_q, B)) FP32, of packed dout / out
     (total_q, H, D) and lse (H, total_q): sequence b's rows start at its padded offset, their
     tail up to a multiple of VARLEN_PAD rows is +inf (lse2) / 0 (dsum); rows between the
     sequences' padded blocks are left unwritten (no query block reads them).  Unneeded
-    buffers are zeros (sigmoid: one uninitialised placeholder, never read).  dq_acc: the packed FP32
-    dQ accumulator dq_acc_shape_varlen(...) whose sequences' padded rows the same launch zeroes
-    (PreZeroVarlenKernel)."""
+    buffers are zeros (sigmoid: one uninitialised placeholder, never read)."""
     import torch
     total_q, h_q, d = dout.shape
     batch = cu_seqlens_q.shape[0] - 1
     rows = varlen_padded_rows(total_q, batch)
-    if dq_acc is not None and (tuple(dq_acc.shape) != dq_acc_shape_varlen(total_q, batch, h_q, d)
-                               or dq_acc.dtype != torch.float32):
-        raise ValueError(f"dq_acc must be FP32 {dq_acc_shape_varlen(total_q, batch, h_q, d)} (the packed dQ "
-                         f"accumulator of dout {tuple(dout.shape)}), got {dq_acc.dtype} {tuple(dq_acc.shape)}")
-    if not (needs_lse or needs_dsum or dq_acc is not None):
+    if not (needs_lse or needs_dsum):
         buf = torch.empty(1, h_q, rows, dtype=torch.float32, device=dout.device)
         return buf, buf
     lse2 = torch.empty(1, h_q, rows, dtype=torch.float32, device=dout.device)
     dsum = torch.empty_like(lse2)
     if total_q == 0 or max_seqlen_q == 0:
-        if dq_acc is not None:
-            dq_acc.zero_()
         return lse2, dsum
     if needs_dsum and out.dtype != dout.dtype:
         raise ValueError(f"preprocess_varlen: out must have dout's dtype {dout.dtype}, got {out.dtype}")
@@ -235,13 +228,8 @@ def preprocess_varlen(dout, out, lse, cu_seqlens_q, max_seqlen_q: int, needs_lse
     lse = lse.float().contiguous() if needs_lse else lse2[0]
     _check(dout, out)
     _check(lse, align=4)
-    key = PreKey(_dtype_name(dout.dtype), d, bool(needs_lse), bool(needs_dsum), lse_base, dq_acc is not None,
-                 varlen=True)
-    args = (dout[None], out[None], lse[None], lse2, dsum, cu_seqlens_q, int(max_seqlen_q))
-    if dq_acc is not None:
-        _check(dq_acc)
-        args += (dq_acc,)
-    _run(key, args)
+    key = PreKey(_dtype_name(dout.dtype), d, bool(needs_lse), bool(needs_dsum), lse_base, varlen=True)
+    _run(key, (dout[None], out[None], lse[None], lse2, dsum, cu_seqlens_q, int(max_seqlen_q)))
     return lse2, dsum
 
 

@@ -142,23 +142,10 @@ def test_pre_varlen_sass(d):
     assert n["STL"] == 0 and n["LDL"] == 0, n
 
 
-@pytest.mark.compile
-@pytest.mark.parametrize("d", [64, 256])
-def test_pre_zero_varlen_sass(d):
-    """PreZeroVarlenKernel (PreKey zero_dq + varlen): the varlen pre kernel's row loads plus the
-    dense PreZeroKernel's zeroing stores (8 x 16-byte STG per thread), no spills; the kernels
-    it grew out of keep their own classes."""
-    import cutlass.cute as cute
-    from flash_attn_poly.kernels import attn_bwd_prepost_sm90 as P, prepost_launch as L, sass
-    k = P.kernel_for(L.PreKey("bf16", d, True, True, zero_dq=True, varlen=True))
-    assert type(k) is P.PreZeroVarlenKernel
-    assert type(P.kernel_for(L.PreKey("bf16", d, True, True, varlen=True))) is P.PreVarlenKernel
-    assert type(P.kernel_for(L.PreKey("bf16", d, True, True, zero_dq=True))) is P.PreZeroKernel
-    c = sass.compile_sm90(k, *k.fake_args(), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=False))
-    n = sass.count_opcodes(sass.disassemble(c.artifacts.CUBIN))
-    assert n["LDG.E.128"] == 2 * P.PRE_CHUNKS, n
-    assert n["STG.E.128"] == 8, n      # the CTA's rows x D words of zeros (16 KB at every D): 8 per thread
-    assert n["STL"] == 0 and n["LDL"] == 0, n
+def test_pre_key_refuses_zero_dq_with_varlen():
+    from flash_attn_poly.kernels import prepost_launch as L
+    with pytest.raises(ValueError, match="zero_dq serves the head_loop backward"):
+        L.PreKey("bf16", 128, True, True, zero_dq=True, varlen=True)
 
 
 @pytest.mark.compile

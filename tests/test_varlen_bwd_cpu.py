@@ -101,12 +101,11 @@ def test_plan_varlen_backward_rows():
         plan.resolve(_call(varlen=False), 132, {"bwd.varlen": True})
     with pytest.raises(ValueError, match="not deterministic"):
         plan.resolve(_call(deterministic=True), 132, {"bwd.varlen": True})
-    # the per-KV-head loop by override too; dQ's accumulator zeroed by backward_varlen's memset unless
-    # an override asks the pre kernel (PreZeroVarlenKernel), which a CTA per query head never takes
+    # the per-KV-head loop by override too, never the pre kernel's dQ zeroing (backward_varlen's memset)
     hl = plan.resolve(_call(), 132, {"bwd.head_loop": True})
     assert hl.bwd.varlen and hl.bwd.head_loop and not hl.bwd.lpt and not hl.zero_dq_in_pre
-    assert plan.resolve(_call(), 132, {"bwd.head_loop": True, "bwd.zero_dq_in_pre": True}).zero_dq_in_pre
-    assert not plan.resolve(_call(), 132, {"bwd.head_loop": False, "bwd.zero_dq_in_pre": True}).zero_dq_in_pre
+    with pytest.raises(ValueError, match="bwd.zero_dq_in_pre: packed calls zero the dQ accumulator by a memset"):
+        plan.resolve(_call(), 132, {"bwd.head_loop": True, "bwd.zero_dq_in_pre": True})
 
 
 def test_check_bwd_refuses_what_the_varlen_build_lacks():
