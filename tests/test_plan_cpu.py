@@ -217,14 +217,15 @@ FWD_CASES = [
     (dict(mode="softcap", d=256, varlen=True), dict(tile_n=64, row_sum_carry=True, fixed_max=True, o_smem=True)),
     (dict(mode="softmax", d=128, varlen=True), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
                                                     rescale_threshold=8.0, o_smem=True)),
-    (dict(mode="softcap", d=128, varlen=True), dict(tile_m=192, tile_n=64, num_stages=4, fixed_max=True, o_smem=True)),
+    (dict(mode="softcap", d=128, varlen=True), dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True,
+                                                    fixed_max=True, o_smem=True)),
     # ... but the windowed varlen softcap build spills with O staging
     (dict(mode="softcap", d=128, varlen=True, window=(63, -1)), dict(tile_m=192, tile_n=64, num_stages=4,
-                                                                     fixed_max=True)),
+                                                                     pingpong=True, fixed_max=True)),
     (dict(mode="softmax", d=128, dtype="fp16"), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
                                                      rescale_threshold=8.0, o_smem=True)),
     # softcap BF16 cap <= 50 at D = 128: the constant row max on three consumer warpgroups, 192 x 64, 4 stages,
-    # in turns (dense unwindowed calls: packed and windowed ones were not timed in turns)
+    # in turns (dense, packed and windowed calls)
     (dict(mode="softcap", d=128), dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True, fixed_max=True,
                                        o_smem=True)),
     (dict(mode="softcap", evaluator="poly", d=128), dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True,
@@ -233,7 +234,8 @@ FWD_CASES = [
                                                                        pingpong=True, fixed_max=True, exp2_fma=1,
                                                                        o_smem=True)),
     (dict(mode="softcap", evaluator="poly", d=128, window=(256, 0)), dict(tile_m=192, tile_n=64, num_stages=4,
-                                                                          fixed_max=True, exp2_fma=1, o_smem=True)),
+                                                                          pingpong=True, fixed_max=True, exp2_fma=1,
+                                                                          o_smem=True)),
     # D = 64: three consumer warpgroups, 192 x 128, 3 stages, in turns, keep-word masks, O through smem
     (dict(mode="softcap", evaluator="poly", d=64), dict(D64, fixed_max=True, exp2_fma=1)),
     (dict(mode="sigmoid", evaluator="poly", d=64), D64),

@@ -28,6 +28,9 @@ VARIANTS = [
     ("softmax", "native", "bf16", 128, False, (48, 16), None),
     ("sigmoid", "poly", "fp16", 128, True, (-1, -1), None),
     ("softmax", "native", "bf16", 64, True, (-1, -1), None),   # the 192 x 128 forward tile
+    # the softcap D = 128 forward's 192 x 64 tile in turns, packed and windowed (no O staging there)
+    ("softcap", "poly", "bf16", 128, True, (-1, -1), 30.0),
+    ("softcap", "native", "bf16", 128, True, (300, 0), 50.0),
 ]
 
 
