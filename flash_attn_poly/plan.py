@@ -639,7 +639,8 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
                              "not deterministic")
         # the per-KV-head loop where the grid fills (the head_loop row's rule, measured on packed
         # batches: docs/MEASURED.md varlen-head-loop); dQ's accumulator is zeroed by
-        # backward_varlen's own memset (the pre kernel zeroing it was timed even: varlen-zero-dq-in-pre)
+        # backward_varlen's own memset (zeroing it in the varlen pre kernel gained nothing:
+        # docs/MEASURED.md varlen-zero-dq-in-pre)
         if overrides.get("bwd.zero_dq_in_pre"):
             raise ValueError("bwd.zero_dq_in_pre: packed calls zero the dQ accumulator by a memset; the "
                              "varlen pre kernel has no zeroing build")
