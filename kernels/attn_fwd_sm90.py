@@ -496,7 +496,7 @@ class AttnFwdSm90:
         num_rows = cute.size(tScS_mn, mode=[0])
         fixed = self.score.fixed_lse(params) if self.cfg.fixed_max else None
         softmax = sc.OnlineSoftmax(num_rows, self.cfg.row_max_chains, self.cfg.row_sum_carry, fixed,
-                                   self.cfg.rescale_threshold, self.cfg.exp2_fma, self.cfg.score.program)
+                                   self.cfg.rescale_threshold, self.cfg.exp2_fma, self.cfg.exp2_program)
         row_scale = cute.make_rmem_tensor((num_rows,), Float32)
 
         ctx = SimpleNamespace(

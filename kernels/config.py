@@ -61,6 +61,9 @@ class FwdConfig:
                               # apply_mask_bits) instead of an add and a compare per score
     pack_gqa: int = 1         # > 1: the GQA group's query heads packed into the M tile (row m = position
                               # m // pack_gqa of query head h_kv * pack_gqa + m % pack_gqa); the group size
+    exp2_program: object = None   # exp2_fma > 0: the exp2_f32 program (asm.programs.ProgramSpec) whose
+                              # block takes those columns' 2^a; the score's own program in the exp2 offload,
+                              # another program's score (a tanh program) by plan override
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,11 +131,13 @@ def check_fwd(c: FwdConfig) -> None:
     if c.fixed_max and (s.kind != "softcap" or c.dtype != "bf16"):
         raise ValueError(f"fixed_max needs the softcap score and BF16, got {s.kind}/{c.dtype}")
     if not 0 <= c.exp2_fma <= 8 or (c.exp2_fma and not (
-            s.program is not None and s.program.is_exp2 and c.fixed_max)):
+            c.exp2_program is not None and c.exp2_program.is_exp2 and c.fixed_max)):
         # softcap under its constant max: a bounded exp2 argument in the mask-free blocks
         raise ValueError(f"exp2_fma (column groups of 8 on the FMA pipe) needs 0..8, an exp2_f32 program and "
                          f"fixed_max, got {c.exp2_fma} (fixed_max={c.fixed_max}, score={s.kind}, "
-                         f"program={s.program})")
+                         f"exp2_program={c.exp2_program})")
+    if c.exp2_program is not None and not c.exp2_fma:
+        raise ValueError(f"exp2_program is exp2_fma's block: without exp2_fma it must be None, got {c.exp2_program}")
     if c.varlen and s.kind == "user":
         raise ValueError("varlen: no user score function (its batch index would be the packed tensor's), "
                          f"got score {s.kind!r}")
