@@ -448,10 +448,10 @@ def test_varlen_call_captures_in_a_cuda_graph(lens):
     call's bit for bit, its gradients to the order of dQ's atomic adds.
 
     The eager reference runs on clones of the leaves: on torch 2.11 a backward captured after an
-    eager backward on the legacy default stream through the same leaves (its outputs alive) is invalidated
-    (cudaErrorStreamCaptureImplicit, raised in the autograd engine after our last launch; pure
-    torch ops fail the same way, and the capture works without the eager call), so the captured
-    leaves meet autograd first on the side stream, as torch's whole-network capture recipe does."""
+    eager backward on the legacy default stream through the same leaves (its outputs alive) is
+    invalidated (cudaErrorStreamCaptureImplicit, raised in the autograd engine after our last
+    launch; pure torch ops fail the same way, and the capture works without the eager call), so
+    the captured leaves meet autograd first on the side stream, as torch's capture recipe does."""
     import itertools
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
     mx, total = max(lens), sum(lens)
