@@ -351,6 +351,21 @@ def test_ncu_summary_reads_shared_memory_metrics_where_present(tmp_path):
     assert got["smem_bank_reads_pct"] == 81.5 and "smem_lsu_wavefronts" not in got and got["cycles"] == 1000.0
     md = N.markdown(str(tmp_path), [{"build": "bwd_x", **got}], "")
     assert "smem_bank_reads_pct" in md and "smem_bank_writes_pct" not in md
+    assert "device" not in got and "(device not in the report, ncu --set full)" in md
+
+
+def test_ncu_summary_names_the_reports_device(tmp_path):
+    """The Markdown title names the GPU of the reports (ncu's device__attribute_display_name), not
+    a fixed one."""
+    import ncu_summary as N
+    head = list(N.METRICS.values()) + [N.DEVICE_NAME]
+    vals = ["1,000", "75.0", "40.0", "12.0", "20.0", "38.0", "NVIDIA H100 80GB HBM3"]
+    with open(tmp_path / "bwd_x_raw.csv", "w") as f:
+        f.write("\n".join(",".join(f'"{x}"' for x in row) for row in (head, [""] * len(head), vals)) + "\n")
+    got = N.raw_metrics(str(tmp_path), "bwd_x")
+    assert got["device"] == "NVIDIA H100 80GB HBM3"
+    assert N.markdown(str(tmp_path), [{"build": "bwd_x", **got}], "").startswith(
+        "# Nsight Compute: one warm launch per build (NVIDIA H100 80GB HBM3, ncu --set full)")
 
 
 def test_ncu_summary_splits_samples_by_phase(tmp_path):

@@ -51,6 +51,7 @@ OPTIONAL_METRICS = {
     "l1tex_throughput_pct": "l1tex__throughput.avg.pct_of_peak_sustained_elapsed",
 }
 SAMPLES = "Warp Stall Sampling (All Samples)"
+DEVICE_NAME = "device__attribute_display_name"   # the GPU the report was taken on
 PHASE_COLS = ("before_share", "loop_share", "after_share", "before_samples", "loop_samples", "after_samples",
               "loop_lines", "loop_executions")
 
@@ -74,6 +75,8 @@ def raw_metrics(folder: str, name: str) -> dict:
     out = {k: float(vals[m].replace(",", "")) for k, m in METRICS.items()}
     out.update({k: float(vals[m].replace(",", "")) for k, m in OPTIONAL_METRICS.items()
                 if vals.get(m, "").replace(",", "").replace(".", "", 1).isdigit()})
+    if vals.get(DEVICE_NAME):
+        out["device"] = vals[DEVICE_NAME]
     return out
 
 
@@ -203,7 +206,8 @@ def markdown(folder: str, rows: list[dict], note: str) -> str:
     table4 = protocol.markdown_table(ph, ["build"] + list(PHASE_COLS)) if ph else ""
     hot = [f"- {r['build']} {p}: " + "; ".join(f"{a} `{src}` {s:,.0f}" for a, src, s in r["phases"].get(f"{p}_top", []))
            for r in rows if "phases" in r for p in ("before", "after") if r["phases"].get(f"{p}_top")]
-    return (f"# Nsight Compute: one warm launch per build (H200, ncu --set full)\n\n"
+    devices = ", ".join(sorted({r["device"] for r in rows if r.get("device")})) or "device not in the report"
+    return (f"# Nsight Compute: one warm launch per build ({devices}, ncu --set full)\n\n"
             f"{protocol.doc_body(__doc__)}\n\nSource: `{folder}`. {note}\n\n{table}\n"
             + (f"\nConsumer-warp stall samples in the mask-free key-block loop (shares of the loop's "
                f"samples; `loop_share_of_samples` is the loop's share of all samples, producer warp "
