@@ -617,7 +617,8 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     has_l = wl >= 0
     has_r = wr >= 0 and not call.causal
     score, score_bwd = _score_specs(call, fwd["tile_n"], facts, overrides)
-    if fwd["exp2_fma"]:   # the offload's block: the score's exp2 program, else (a tanh program) the table's
+    if fwd["exp2_fma"] and "fwd.exp2_program" not in overrides:
+        # the offload's block: the score's exp2 program, else (a tanh program, native tanh) the table's
         fwd["exp2_program"] = score.program if score.program is not None and score.program.is_exp2 \
             else _program_spec(EXP2_PROGRAM)
     try:

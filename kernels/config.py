@@ -10,6 +10,7 @@ path read it without importing cutlass.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .scores import ScoreSpec, split_fits_block
 
@@ -61,7 +62,7 @@ class FwdConfig:
                               # apply_mask_bits) instead of an add and a compare per score
     pack_gqa: int = 1         # > 1: the GQA group's query heads packed into the M tile (row m = position
                               # m // pack_gqa of query head h_kv * pack_gqa + m % pack_gqa); the group size
-    exp2_program: object = None   # exp2_fma > 0: the exp2_f32 program (asm.programs.ProgramSpec) whose
+    exp2_program: Any = None  # exp2_fma > 0: the exp2_f32 program (asm.programs.ProgramSpec) whose
                               # block takes those columns' 2^a; the score's own program in the exp2 offload,
                               # another program's score (a tanh program) by plan override
 

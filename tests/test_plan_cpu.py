@@ -703,6 +703,9 @@ def test_exp2_fma_needs_the_exp2_program_under_the_constant_max():
             resolve("softcap", "poly", overrides=ov)
     with pytest.raises(ValueError, match="exp2_fma"):   # no constant max, no bounded argument
         resolve("softmax", overrides={"fwd.exp2_fma": 2})
+    with pytest.raises(ValueError, match="exp2_fma .* needs 0..8, an exp2_f32 program"):   # an override is kept
+        resolve("softcap", "native", overrides={"fwd.exp2_fma": 1,
+                                                "fwd.exp2_program": P._program_spec("softcap_c50_f16_odd")})
     with pytest.raises(ValueError, match="exp2_program is exp2_fma's block"):
         resolve("softcap", "native", overrides={"fwd.exp2_program": p.score.program})
 
