@@ -618,9 +618,14 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     has_r = wr >= 0 and not call.causal
     score, score_bwd = _score_specs(call, fwd["tile_n"], facts, overrides)
     if fwd["exp2_fma"] and "fwd.exp2_program" not in overrides:
-        # the offload's block: the score's exp2 program, else (a tanh program, native tanh) the table's
-        fwd["exp2_program"] = score.program if score.program is not None and score.program.is_exp2 \
-            else _program_spec(EXP2_PROGRAM)
+        # the offload's block is the score's exp2 program; beside a tanh program or native tanh it
+        # was slower or less accurate (docs/MEASURED.md fwd-tanh-program-split), so only by name
+        if score.program is None or not score.program.is_exp2:
+            raise ValueError(f"fwd.exp2_fma: its block is the score's exp2 program ({EXP2_PROGRAM!r}, the BF16 "
+                             f"softcap poly default under the constant max); this call's score has "
+                             f"{'no program' if score.program is None else repr(score.program.name)}: "
+                             f"pass 'fwd.exp2_program' too to run an exp2_f32 program beside it")
+        fwd["exp2_program"] = score.program
     try:
         fwd_cfg = FwdConfig(score=score, dtype=call.dtype, head_dim=call.head_dim, causal=call.causal,
                             window_left=has_l, window_right=has_r, **fwd)

@@ -63,8 +63,8 @@ class FwdConfig:
     pack_gqa: int = 1         # > 1: the GQA group's query heads packed into the M tile (row m = position
                               # m // pack_gqa of query head h_kv * pack_gqa + m % pack_gqa); the group size
     exp2_program: Any = None  # exp2_fma > 0: the exp2_f32 program (asm.programs.ProgramSpec) whose
-                              # block takes those columns' 2^a; the score's own program in the exp2 offload,
-                              # another program's score (a tanh program) by plan override
+                              # block takes those columns' 2^a: the score's own program in the exp2 offload
+                              # (beside another score only when a plan override names it)
 
 
 @dataclass(frozen=True, kw_only=True)

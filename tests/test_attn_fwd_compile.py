@@ -428,24 +428,6 @@ def test_softcap_exp2_offload_build(head_dim, causal):
     assert "C7512" not in log and "C7513" not in log, log
 
 
-@pytest.mark.compile
-def test_tanh_program_beside_the_exp2_offload_build():
-    """The packed tanh program on 1/4 of the key columns with the exp2 offload on 1/8 of them
-    (plan overrides program="softcap_c50_f16_odd", poly_split (1, 4), fwd.exp2_fma = 1: the
-    offload's block from plan.EXP2_PROGRAM, FwdConfig.exp2_program): fewer MUFU.TANH than the
-    default exp2 offload build, its MUFU.EX2 count, no spills, no wgmma serialisation."""
-    default = _counts("softcap", "poly", 128, True, softcap=FIXED)
-    p = _plan("softcap", "poly", 128, True, split=(1, 4), program="softcap_c50_f16_odd", softcap=FIXED, exp2_fma=1)
-    assert p.score.program.name == "softcap_c50_f16_odd" and p.fwd.exp2_program.name == "exp2_f32_d3"
-    assert p.fwd.fixed_max and (p.fwd.tile_m, p.fwd.tile_n, p.fwd.pingpong) == (192, 64, True)
-    n = B.fwd(p.fwd).counts()
-    assert 0 < n["MUFU.TANH"] < default["MUFU.TANH"], (n["MUFU.TANH"], default["MUFU.TANH"])
-    assert n["MUFU.EX2"] == default["MUFU.EX2"] and n["HGMMA"] == default["HGMMA"]
-    assert n["STL"] == 0 and n["LDL"] == 0, n
-    log = _ptxas_report(p)[0]
-    assert "C7512" not in log and "C7513" not in log, log
-
-
 # ------------------------------------------ the tiles of issue 27's cells (plan rows fwd-d64-tile,
 # fwd-d256-tile-n80): they build without spills or wgmma serialisation, with the GEMMs their tiles
 # imply, beside the tiles they replaced

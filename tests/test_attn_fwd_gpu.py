@@ -126,20 +126,6 @@ def test_attn_fwd_softcap_fixed_max(r):
     G.check(r)
 
 
-# the exp2 offload beside a score that carries no exp2 program (native tanh, or the tanh program on
-# 1/4 of the columns): plan override fwd.exp2_fma, its block FwdConfig.exp2_program = plan.EXP2_PROGRAM
-TANH_EXP2_RUNS = [G.run(c, program=prog, overrides={"fwd.exp2_fma": 1, **split}, bwd=False)
-                  for c in FIXED_MAX_CASES if c.head_dim == 128
-                  for prog, split in (((TANH_PROGRAM, {"poly_split": (1, 4)}),) if c.evaluator == "poly"
-                                      else ((None, {}),))]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("r", G.params(TANH_EXP2_RUNS))
-def test_attn_fwd_softcap_tanh_beside_exp2_offload(r):
-    G.check(r)
-
-
 # every capped logit of a row at -c or +c: the ends of the constant max's range, caps 50 and 10
 RANGE_END_RUNS = [G.run(cases.retarget(mid(mode="softcap", evaluator=e, dtype="bf16", head_dim=128, causal=True),
                                        softcap=cap),

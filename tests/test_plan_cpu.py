@@ -686,14 +686,17 @@ def test_rescale_threshold_range_is_checked():
 def test_exp2_fma_needs_the_exp2_program_under_the_constant_max():
     """FwdConfig.exp2_fma: 0..8 column groups of 8, only with the fixed max (a bounded exp2
     argument); its block is FwdConfig.exp2_program, an exp2_f32 program: the score's own in the
-    exp2 offload, the table's (plan.EXP2_PROGRAM) beside a score without one (native, a tanh
-    program) by override."""
+    exp2 offload; beside a score without one (native, a tanh program) only when named by
+    override, else a clear error."""
     from flash_attn_poly import plan
     p = resolve("softcap", "poly", overrides={"fwd.exp2_fma": 2})
     assert p.fwd.exp2_fma == 2 and p.fwd.exp2_program is p.score.program and p.score.program.is_exp2
     assert resolve("softcap", "poly").fwd.exp2_program is p.score.program
     for ev, prog in (("native", None), ("poly", "softcap_c50_f16_odd")):
-        q = resolve("softcap", ev, program=prog, overrides={"fwd.exp2_fma": 1})
+        with pytest.raises(ValueError, match="fwd.exp2_fma: its block is the score's exp2 program"):
+            resolve("softcap", ev, program=prog, overrides={"fwd.exp2_fma": 1})
+        q = resolve("softcap", ev, program=prog, overrides={"fwd.exp2_fma": 1,
+                                                           "fwd.exp2_program": P._program_spec(plan.EXP2_PROGRAM)})
         assert q.fwd.exp2_fma == 1 and q.fwd.exp2_program.name == plan.EXP2_PROGRAM, (ev, q.fwd)
         assert (q.score.program and q.score.program.name) == prog
         assert resolve("softcap", ev, program=prog).fwd.exp2_program is None
