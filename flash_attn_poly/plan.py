@@ -212,6 +212,10 @@ FWD_ROWS = (
         "... non-causal in 80-key blocks, 0.915x the 64-key tile (native softcap keeps 64: 80 took "
         "1.016x), which has no room for O staging (64 keys with staging took 1.023x); causal keeps 64 "
         "keys and stages O: 0.72-0.92x the 80-key tile", "fwd-d256-tile-n80"),
+    Row({"exp2_offload": True, "head_dim": 256, "causal": False, "varlen": False, "window": False,
+         "short_keys": True}, dict(tile_n=64, o_smem=True),
+        "... but up to SHORT_KEYS_D256 keys the 64-key tile with O staged: 0.836-0.873x the 80-key tile's "
+        "time at S 512 / 1k, 0.963-0.965x at 2k, 1.029x at 4k (16/8 and 16/16 heads)", "fwd-d256-short-keys"),
     Row({"varlen": True}, dict(varlen=True, persistent=True),
         "packed sequences: one persistent launch over (sequence, head) units, tiles past a "
         "sequence's end skipped: 1.04-1.22x a CTA per tile on a ragged batch", "varlen-grid"),
@@ -368,6 +372,9 @@ BWD_ROWS = (
 
 # the longest sequence (query or key) the short-sequence forward rows take
 SHORT_SEQLEN = 1024
+# the longest key range on which the non-causal D = 256 exp2 offload takes 64-key blocks with O
+# staged instead of 80-key blocks (the per-tile epilogue outweighs the longer blocks' gain)
+SHORT_KEYS_D256 = 2048
 # the key length from which the D = 64 backward staggers its warpgroups (p_turns + dq_defer): the
 # stagger's prologue and last deferred dQ are paid once per CTA, its gain once per query block
 STEP_ORDER_MIN_SEQLEN_K = 2048
@@ -437,6 +444,7 @@ def _facts(call: AttnCall, program) -> dict:
         # up to 64, dense calls of the built-in scores)
         "pack_gqa_ok": _pack_gqa_ok(call),
         "long_keys": call.seqlen_k >= STEP_ORDER_MIN_SEQLEN_K,
+        "short_keys": call.seqlen_k <= SHORT_KEYS_D256,
         "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,
         "program_dtype": None if program is None else program.dtype,
         "exp2_offload": program is not None and program.is_exp2,

@@ -257,6 +257,13 @@ FWD_CASES = [
                                                          fixed_max=True, exp2_fma=1, o_smem=True)),
     (dict(mode="softcap", evaluator="poly", d=256, causal=False), dict(tile_n=80, pingpong=True, row_sum_carry=True,
                                                                        fixed_max=True, exp2_fma=1)),
+    # ... up to 2k keys (SHORT_KEYS_D256) the non-causal offload takes 64-key blocks with O staged; dense only
+    (dict(mode="softcap", evaluator="poly", d=256, causal=False, shape=(8, 2048, 16, 8)),
+     dict(tile_n=64, pingpong=True, row_sum_carry=True, fixed_max=True, exp2_fma=1, o_smem=True)),
+    (dict(mode="softcap", evaluator="poly", d=256, causal=False, shape=(4, 4096, 16, 8)),
+     dict(tile_n=80, pingpong=True, row_sum_carry=True, fixed_max=True, exp2_fma=1)),
+    (dict(mode="softcap", evaluator="poly", d=256, causal=False, shape=(8, 2048, 16, 8), window=(255, 255)),
+     dict(tile_n=80, pingpong=True, row_sum_carry=True, fixed_max=True, exp2_fma=1)),
     (dict(mode="softcap", d=256), dict(tile_n=64, row_sum_carry=True, fixed_max=True, o_smem=True)),
     (dict(mode="softcap", d=256, softcap=60.0), dict(tile_n=64, row_sum_carry=True, o_smem=True)),
     (dict(mode="sigmoid", evaluator="poly", d=256), dict(tile_n=64, pingpong=True, o_smem=True)),
