@@ -112,7 +112,7 @@ FWD_ROWS = (
     Row({}, dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=True,
                  row_max_chains=1, row_sum_carry=False, rescale_threshold=0.0, fixed_max=False,
                  exp2_fma=0, varlen=False, varlen_compact=False, o_smem=False,
-                 mask_bits=False, pack_gqa=False),
+                 mask_bits=False, pack_gqa=False, q_stages=1),
         "two consumer warpgroups of 64 rows, 2 K/V stages, a persistent LPT-ordered grid (0.92-0.96x)",
         "fwd-persistent"),
     Row({}, dict(balance_ctas=True),
@@ -197,6 +197,21 @@ FWD_ROWS = (
     Row({"head_dim": 128, "varlen": True, "mode": "softcap", "window": True}, dict(o_smem=False),
         "... but not the windowed varlen softcap build (192 x 64): it spills 13 words with O staging "
         "(CPU SASS), none without", "fwd-o-smem"),
+    # a second Q buffer: the persistent CTA's next Q loads while the current tile still reads its own
+    # (one buffer is refilled only after the tile's last QK GEMM: docs/MEASURED.md fwd-s512-ncu)
+    Row({"head_dim": 128, "mode": "softmax", "short_seq": True, "varlen": False, "window": False},
+        dict(q_stages=2),
+        "two Q buffers at short S: 0.953 / 0.960 / 0.986 / 0.997x the time (causal MHA S = 512, GQA S = 512, "
+        "MHA S = 1k, GQA S = 1k), non-causal S = 512 0.988x; S = 2k 1.003x, 4k 1.008x", "fwd-q-stages"),
+    Row({"head_dim": 128, "mode": "sigmoid", "short_seq": True, "varlen": False, "window": False},
+        dict(q_stages=2), "... sigmoid poly 0.934-0.990x (same cells); 2k 1.002x, 4k 0.996x", "fwd-q-stages"),
+    Row({"head_dim": 64, "mode": "softmax", "short_keys": True, "varlen": False, "window": False},
+        dict(q_stages=2),
+        "D = 64 up to 2k keys: 0.914-0.972x (causal MHA / GQA S 512-2k, packed GQA at 2k, non-causal S = 512)",
+        "fwd-q-stages"),
+    Row({"head_dim": 64, "mode": "sigmoid", "short_keys": True, "varlen": False, "window": False},
+        dict(q_stages=2), "... sigmoid poly 0.920-0.970x; softcap was mixed (0.962-1.019x): one buffer",
+        "fwd-q-stages"),
     Row({"head_dim": 256}, dict(o_smem=True),
         "O staged through a 128-column smem tile in two passes: 0.74-0.97x the time at D = 256 "
         "(S 512 to 4k, causal or not); 0.85-0.94x on a ragged varlen batch", "fwd-o-smem"),
@@ -214,7 +229,7 @@ FWD_ROWS = (
         "keys and stages O: 0.72-0.92x the 80-key tile", "fwd-d256-tile-n80"),
     Row({"exp2_offload": True, "head_dim": 256, "causal": False, "varlen": False, "window": False,
          "short_keys": True}, dict(tile_n=64, o_smem=True),
-        "... but up to SHORT_KEYS_D256 keys the 64-key tile with O staged: 0.836-0.873x the 80-key tile's "
+        "... but up to SHORT_KEYS keys the 64-key tile with O staged: 0.836-0.873x the 80-key tile's "
         "time at S 512 / 1k, 0.963-0.965x at 2k, 1.029x at 4k (16/8 and 16/16 heads)", "fwd-d256-short-keys"),
     Row({"varlen": True}, dict(varlen=True, persistent=True),
         "packed sequences: one persistent launch over (sequence, head) units, tiles past a "
@@ -372,9 +387,9 @@ BWD_ROWS = (
 
 # the longest sequence (query or key) the short-sequence forward rows take
 SHORT_SEQLEN = 1024
-# the longest key range on which the non-causal D = 256 exp2 offload takes 64-key blocks with O
-# staged instead of 80-key blocks (the per-tile epilogue outweighs the longer blocks' gain)
-SHORT_KEYS_D256 = 2048
+# the longest key range of the short-key forward rows (the non-causal D = 256 exp2 offload's 64-key
+# blocks with O staged; D = 64's second Q buffer): there the per-tile costs outweigh the loop's
+SHORT_KEYS = 2048
 # the key length from which the D = 64 backward staggers its warpgroups (p_turns + dq_defer): the
 # stagger's prologue and last deferred dQ are paid once per CTA, its gain once per query block
 STEP_ORDER_MIN_SEQLEN_K = 2048
@@ -444,7 +459,7 @@ def _facts(call: AttnCall, program) -> dict:
         # up to 64, dense calls of the built-in scores)
         "pack_gqa_ok": _pack_gqa_ok(call),
         "long_keys": call.seqlen_k >= STEP_ORDER_MIN_SEQLEN_K,
-        "short_keys": call.seqlen_k <= SHORT_KEYS_D256,
+        "short_keys": call.seqlen_k <= SHORT_KEYS,
         "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,
         "program_dtype": None if program is None else program.dtype,
         "exp2_offload": program is not None and program.is_exp2,
@@ -570,7 +585,7 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     "fwd.<field>" / "bwd.<field>" keys, "poly_split", "grad_rule" for the score, "fwd_ctas" for
     the persistent forward's CTA count (timing tools and tests); checked like the defaults
     (kernels.config.check_fwd / check_bwd)."""
-    from .kernels.config import VARLEN_BWD_ORDERS, BwdConfig, FwdConfig, check_bwd, check_fwd
+    from .kernels.config import VARLEN_BWD_ORDERS, BwdConfig, FwdConfig, check_bwd, check_fwd, fwd_smem_fits
     overrides = dict(overrides or {})
     program = None
     if call.evaluator == "poly" and call.mode in ("softcap", "sigmoid") and call.score_mod is None:
@@ -608,6 +623,9 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
         fwd["persistent"] = sm_count
     elif fwd["persistent"] is False:
         fwd["persistent"] = 0
+    if fwd["q_stages"] > 1 and "fwd.q_stages" not in overrides and not (fwd["persistent"] and fwd_smem_fits(
+            fwd["tile_m"], fwd["tile_n"], fwd["num_stages"], call.head_dim, fwd["o_smem"], fwd["q_stages"])):
+        fwd["q_stages"] = 1   # the row's second Q buffer: persistent CTAs only, and where it fits (overrides)
     fwd["pack_gqa"] = _pack_gqa(call, fwd["pack_gqa"])
     if fwd["pack_gqa"] > 1 and call.varlen and fwd["varlen_compact"]:
         # the compact table counts tiles of tile_m / pack_gqa positions: refused here, not at the launch

@@ -98,6 +98,7 @@ class AttnFwdSm90:
         self.head_dim = cfg.head_dim
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.num_stages = cfg.num_stages
+        self.q_stages = cfg.q_stages
         self.causal = cfg.causal
         self.pingpong = cfg.pingpong
         self.num_mma_wg = self.tile_m // 64
@@ -152,19 +153,20 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.pack > 1):
             mQ, mO, mLSE = (self._pack_rows(t) for t in (mQ, mO, mLSE))
         tiled_mma_qk, tiled_mma_pv = self._tiled_mmas()
-        sQ_layout = self._smem_layout(self.tile_m, None)
+        sQ_layout = self._smem_layout(self.tile_m, None if self.q_stages == 1 else self.q_stages)
+        sQ_one = sQ_layout if cutlass.const_expr(self.q_stages == 1) else cute.select(sQ_layout, mode=[0, 1])
         sK_layout = self._smem_layout(self.tile_n, self.num_stages)
         sV_layout = self._smem_layout(self.tile_n, self.num_stages)
         load_op = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, mQ_tma = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_layout, (self.tile_m, self.head_dim))
+        tma_q, mQ_tma = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_one, (self.tile_m, self.head_dim))
         sK_one = cute.select(sK_layout, mode=[0, 1])
         tma_k, mK_tma = cpasync.make_tiled_tma_atom(load_op, mK, sK_one, (self.tile_n, self.head_dim))
         tma_v, mV_tma = cpasync.make_tiled_tma_atom(load_op, mV, sK_one, (self.tile_n, self.head_dim))
-        self.bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
+        self.bytes_q = cute.size_in_bytes(self.dtype, sQ_one)
         self.bytes_kv = cute.size_in_bytes(self.dtype, sK_one)
 
         fields = {   # in smem order; cute.struct lays them out from the annotations
-            "mbar_q": cute.struct.MemRange[cutlass.Int64, 2],
+            "mbar_q": cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages],
             "mbar_k": cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages],
             "mbar_v": cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages],
             "sQ": cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024],
@@ -339,8 +341,10 @@ class AttnFwdSm90:
                          sched: cutlass.Constexpr, blocks, warp_idx, aux, varlen=None):
         """Persistent CTAs: every role walks the same tiles (persistent_tile, snake order over
         the LPT order); the pipeline states run on across tiles, so the producer starts the
-        next tile's K/V as stages free up and its Q once the consumers release Q (after
-        their last QK GEMM of a tile), while they finish the last PV and the epilogue.
+        next tile's K/V as stages free up and its Q once a Q buffer is free: with one buffer
+        when the consumers release it (after their last QK GEMM of a tile), while they finish
+        the last PV and the epilogue; with two (q_stages) as soon as the producer has issued
+        the current tile's K/V, so at short sequences the next Q is in smem when the tile starts.
 
         varlen: the order runs over (sequence, head) units with the longest sequence's query
         tiles (for causal self-attention a tile's cost is its block index, whatever the
@@ -361,9 +365,9 @@ class AttnFwdSm90:
         num_ctas = cute.arch.grid_dim()[0]
         rounds = cute.ceil_div(tiles, num_ctas)
         seqlen_q, seqlen_k = self._seqlen_q(mQ), mK.shape[0]
-        q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         kv_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        q_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        q_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         kv_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.num_producer_regs)
@@ -424,7 +428,7 @@ class AttnFwdSm90:
         make = lambda bar, n, nbytes: pipeline.PipelineTmaAsync.create(
             barrier_storage=bar.data_ptr(), num_stages=n, producer_group=producer,
             consumer_group=consumers, tx_count=nbytes, defer_sync=True)
-        return (make(storage.mbar_q, 1, self.bytes_q), make(storage.mbar_k, self.num_stages, self.bytes_kv),
+        return (make(storage.mbar_q, self.q_stages, self.bytes_q), make(storage.mbar_k, self.num_stages, self.bytes_kv),
                 make(storage.mbar_v, self.num_stages, self.bytes_kv))
 
     @cute.jit
@@ -443,7 +447,8 @@ class AttnFwdSm90:
         if cutlass.const_expr(q_state is not None):
             for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):   # `if n_max > 0` that carries the states
                 pipe_q.producer_acquire(q_state)
-                cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                cute.copy(tma_q, tQgQ, tQsQ if cutlass.const_expr(self.q_stages == 1) else tQsQ[None, q_state.index],
+                          tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                 q_state.advance()
                 kv_state = self.load_kv(tma_k, tma_v, tKgK, tKsK, tVgV, tVsV, pipe_k, pipe_v, kv_state, n_max, n_cnt)
             return q_state, kv_state
@@ -486,6 +491,8 @@ class AttnFwdSm90:
         sVt = cute.composition(sV, cute.make_ordered_layout(
             (self.head_dim, self.tile_n, self.num_stages), order=(1, 0, 2)))
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        if cutlass.const_expr(self.q_stages > 1):   # persistent only (check_fwd): this tile's Q buffer
+            tSrQ = tSrQ[None, None, None, q_run.index]
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrV = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sVt))
         acc_O = cute.make_rmem_tensor(wg_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)

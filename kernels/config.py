@@ -62,6 +62,8 @@ class FwdConfig:
                               # apply_mask_bits) instead of an add and a compare per score
     pack_gqa: int = 1         # > 1: the GQA group's query heads packed into the M tile (row m = position
                               # m // pack_gqa of query head h_kv * pack_gqa + m % pack_gqa); the group size
+    q_stages: int = 1         # Q buffers (2: a persistent CTA loads the next tile's Q while the
+                              # current tile still reads its own)
     exp2_program: Any = None  # exp2_fma > 0: the exp2_f32 program (asm.programs.ProgramSpec) whose
                               # block takes those columns' 2^a: the score's own program in the exp2 offload
                               # (beside another score only when a plan override names it)
@@ -101,6 +103,17 @@ def pack_gqa_fits(group: int) -> bool:
     return 1 <= group <= 64 and not group & (group - 1)
 
 
+def fwd_smem_bytes(tile_m: int, tile_n: int, num_stages: int, head_dim: int, o_smem: bool, q_stages: int) -> int:
+    """Shared memory of the forward's tiles (16-bit): q_stages Q tiles, num_stages K and V tiles, and
+    o_smem's staging tile of tile_m rows x min(D, 128) columns (D = 256 writes O in two passes)."""
+    return 2 * ((q_stages * tile_m + 2 * num_stages * tile_n) * head_dim + (tile_m * min(head_dim, 128) if o_smem else 0))
+
+
+def fwd_smem_fits(tile_m: int, tile_n: int, num_stages: int, head_dim: int, o_smem: bool, q_stages: int) -> bool:
+    """Do the forward's tiles fit sm_90's shared memory beside the mbarriers?"""
+    return fwd_smem_bytes(tile_m, tile_n, num_stages, head_dim, o_smem, q_stages) <= SMEM_BYTES - 1024
+
+
 def check_fwd(c: FwdConfig) -> None:
     """ValueError naming the field when the forward kernel cannot build c."""
     if c.dtype not in DTYPES or c.head_dim not in HEAD_DIMS:
@@ -114,9 +127,10 @@ def check_fwd(c: FwdConfig) -> None:
         raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {c.tile_n}")
     if c.num_stages < 1:
         raise ValueError(f"num_stages must be >= 1, got {c.num_stages}")
-    # o_smem's staging tile: tile_m rows x min(D, 128) columns (D = 256 writes O in two passes)
-    tiles = 2 * ((c.tile_m + 2 * c.num_stages * c.tile_n) * c.head_dim
-                 + (c.tile_m * min(c.head_dim, 128) if c.o_smem else 0))
+    if c.q_stages not in (1, 2) or (c.q_stages == 2 and not c.persistent):
+        raise ValueError(f"q_stages must be 1, or 2 with a persistent grid (persistent > 0), got {c.q_stages} "
+                         f"(persistent={c.persistent})")
+    tiles = fwd_smem_bytes(c.tile_m, c.tile_n, c.num_stages, c.head_dim, c.o_smem, c.q_stages)
     if tiles > SMEM_BYTES - 1024:   # room for the mbarriers
         raise ValueError(f"forward config needs {tiles} bytes of shared memory for Q ({c.tile_m} x "
                          f"{c.head_dim}){', its O staging tile' if c.o_smem else ''} and {c.num_stages} K/V "

@@ -17,6 +17,7 @@ What the SASS must show:
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import pytest
 
@@ -616,3 +617,24 @@ def test_pack_gqa_builds(mode, evaluator, d, causal, window):
     bound = SPILL_BOUND.get((mode, evaluator, d, causal), 0) if window == (-1, -1) else 0
     assert b["HGMMA"] == a["HGMMA"] > 0 and b["STL"] <= bound and b["LDL"] <= bound, b
     assert (b["STG.E.128"], b["STG.E"]) == (a["STG.E.128"], a["STG.E"]), (a, b)
+
+
+# --------------------------------------------- the second Q buffer (plan rows fwd-q-stages)
+@pytest.mark.compile
+@pytest.mark.parametrize("mode,evaluator,head_dim", [("softmax", "native", 128), ("softmax", "native", 64),
+                                                     ("sigmoid", "poly", 64)])
+def test_second_q_buffer_builds(mode, evaluator, head_dim):
+    """Short sequences' default builds (the catalogue's SMALL-shape builds, shared compiles) take two Q
+    buffers: no spills, no wgmma serialisation, the loop's GEMMs and MUFU work unchanged; at D = 128
+    beside the one-buffer build of the same tiles (the anchor's: only the shape differs)."""
+    p = B.plan(mode, evaluator, d=head_dim, shape=B.cat.SMALL)
+    assert p.fwd.q_stages == 2 and p.fwd.persistent, p.fwd
+    log, n, depbar, _ = _ptxas_report(p)
+    assert "0 bytes spill stores" in log and n["STL"] == 0 and n["LDL"] == 0, n
+    assert not any(c in log for c in ("C7512", "C7513", "C7514")), log[-800:]
+    assert depbar < n["HGMMA"], (depbar, n)
+    if head_dim == 128:
+        one = B.plan(mode, evaluator, d=head_dim)
+        assert one.fwd == dataclasses.replace(p.fwd, q_stages=1), (one.fwd, p.fwd)
+        m = B.fwd(one.fwd).counts()
+        assert (n["HGMMA"], n["MUFU.EX2"]) == (m["HGMMA"], m["MUFU.EX2"]), (n, m)

@@ -159,3 +159,63 @@ def test_o_smem_varlen_equals_register_epilogue(head_dim):
             outs.append(fv._forward(q, k, v, cu, cu, call, True, "cuda",
                                     overrides={"fwd.varlen": True, "fwd.o_smem": o_smem}))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+# q_stages (two Q buffers: a persistent CTA loads its next tile's Q while the current tile reads its
+# own; plan rows fwd-q-stages): the same arithmetic, so the same O and LSE bit for bit as one buffer,
+# written into NaN-poisoned buffers; a grid of 3 CTAs (fwd_ctas) walks many tiles each, so the two
+# buffers alternate many times.  Tails, causal S_q > S_k (tiles that see no key), GQA, FP16, D = 64's
+# 128- and 192-row tiles, packed GQA (D = 64 softmax past SHORT_SEQLEN), and scores no row gives it.
+Q_STAGES_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
+                  ("softmax", "native", "bf16", 1, 517, 200, 4, 1, 128, True),
+                  ("softmax", "native", "fp16", 1, 200, 517, 8, 8, 64, False),
+                  ("softmax", "native", "bf16", 2, 1300, 1300, 8, 2, 64, True),
+                  ("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 128, True),
+                  ("sigmoid", "poly", "bf16", 2, 333, 517, 8, 2, 64, True),
+                  ("softcap", "poly", "bf16", 1, 300, 411, 4, 4, 64, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctas", [None, 3], ids=["grid", "ctas3"])
+@pytest.mark.parametrize("case", Q_STAGES_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_two_q_buffers_equal_one(case, ctas):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from flash_attn_poly import testing
+    mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal = case
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    g = torch.Generator(device="cuda").manual_seed(s_q * 1000 + s_k)
+    q = torch.randn(b, s_q, h_q, d, device="cuda", dtype=dt, generator=g)
+    k, v = (torch.randn(b, s_k, h_kv, d, device="cuda", dtype=dt, generator=g) for _ in range(2))
+    kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None)
+    grid = {} if ctas is None else {"fwd_ctas": ctas}
+    o_ref, lse_ref, p_ref = testing.run_forward(q, k, v, mode, evaluator, {**grid, "fwd.q_stages": 1},
+                                                poison=True, **kw)
+    o, lse, p = testing.run_forward(q, k, v, mode, evaluator, {**grid, "fwd.q_stages": 2}, poison=True, **kw)
+    assert p.fwd.q_stages == 2 and p_ref.fwd.q_stages == 1 and p.fwd.persistent
+    assert torch.equal(o, o_ref), (o.float() - o_ref.float()).abs().nan_to_num(1e9).max()
+    assert not o.isnan().any()
+    if lse_ref is not None:
+        assert torch.equal(lse, lse_ref)
+
+
+@pytest.mark.gpu
+def test_two_q_buffers_varlen_equal_one():
+    """The varlen build (persistent, tiles past a sequence's end skipped without a pipeline step):
+    two Q buffers give one buffer's O and LSE bit for bit on a ragged batch with empty sequences."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from flash_attn_poly import varlen as fv
+    lens = [300, 1, 0, 517, 129, 1024]
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    total = int(cu[-1])
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(total, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(total, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    call = fv.validate(q, k, v, cu, cu, max(lens), max(lens), "softmax", "native", True, None, None, None, (-1, -1))
+    outs = []
+    for stages in (1, 2):
+        with torch.no_grad():
+            outs.append(fv._forward(q, k, v, cu, cu, call, True, "cuda",
+                                    overrides={"fwd.varlen": True, "fwd.q_stages": stages, "fwd_ctas": 3}))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

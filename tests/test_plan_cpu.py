@@ -197,9 +197,10 @@ def test_grad_rules():
 
 # ----------------------------------------------------------------------- forward rows
 FWD_FIELDS = ("tile_m", "tile_n", "num_stages", "pingpong", "persistent", "row_max_chains",
-              "row_sum_carry", "rescale_threshold", "fixed_max", "exp2_fma", "o_smem", "mask_bits")
+              "row_sum_carry", "rescale_threshold", "fixed_max", "exp2_fma", "o_smem", "mask_bits", "q_stages")
 BASE = dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=SM, row_max_chains=1,
-            row_sum_carry=False, rescale_threshold=0.0, fixed_max=False, exp2_fma=0, o_smem=False, mask_bits=False)
+            row_sum_carry=False, rescale_threshold=0.0, fixed_max=False, exp2_fma=0, o_smem=False, mask_bits=False,
+            q_stages=1)
 D64 = dict(tile_m=192, num_stages=3, pingpong=True, mask_bits=True, o_smem=True)   # three warpgroups in turns
 FWD_CASES = [
     # softmax: the stale-max threshold everywhere; at D = 128 ping-pong, carried row sum, 4 max chains;
@@ -257,7 +258,7 @@ FWD_CASES = [
                                                          fixed_max=True, exp2_fma=1, o_smem=True)),
     (dict(mode="softcap", evaluator="poly", d=256, causal=False), dict(tile_n=80, pingpong=True, row_sum_carry=True,
                                                                        fixed_max=True, exp2_fma=1)),
-    # ... up to 2k keys (SHORT_KEYS_D256) the non-causal offload takes 64-key blocks with O staged; dense only
+    # ... up to 2k keys (SHORT_KEYS) the non-causal offload takes 64-key blocks with O staged; dense only
     (dict(mode="softcap", evaluator="poly", d=256, causal=False, shape=(8, 2048, 16, 8)),
      dict(tile_n=64, pingpong=True, row_sum_carry=True, fixed_max=True, exp2_fma=1, o_smem=True)),
     (dict(mode="softcap", evaluator="poly", d=256, causal=False, shape=(4, 4096, 16, 8)),
@@ -268,19 +269,33 @@ FWD_CASES = [
     (dict(mode="softcap", d=256, softcap=60.0), dict(tile_n=64, row_sum_carry=True, o_smem=True)),
     (dict(mode="sigmoid", evaluator="poly", d=256), dict(tile_n=64, pingpong=True, o_smem=True)),
     # the persistent grid at every length (its (batch, head) order keeps short causal tiles balanced)
+    # ... and at S <= SHORT_SEQLEN softmax and sigmoid take a second Q buffer (dense, unwindowed)
     (dict(mode="softmax", d=128, shape=SMALL), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
-                                                    rescale_threshold=8.0, o_smem=True)),
-    (dict(mode="sigmoid", evaluator="poly", d=128, shape=SMALL), dict(pingpong=True, o_smem=True)),
+                                                    rescale_threshold=8.0, o_smem=True, q_stages=2)),
+    (dict(mode="sigmoid", evaluator="poly", d=128, shape=SMALL), dict(pingpong=True, o_smem=True, q_stages=2)),
+    (dict(mode="softmax", d=128, shape=(8, 2048, 32, 8)), dict(pingpong=True, row_sum_carry=True, row_max_chains=4,
+                                                               rescale_threshold=8.0, o_smem=True)),
+    (dict(mode="softmax", d=128, shape=SMALL, window=(255, -1)), dict(pingpong=True, row_sum_carry=True,
+                                                                      row_max_chains=4, rescale_threshold=8.0,
+                                                                      o_smem=True)),
+    (dict(mode="softcap", evaluator="poly", d=128, shape=SMALL), dict(tile_m=192, tile_n=64, num_stages=4,
+                                                                      pingpong=True, fixed_max=True, exp2_fma=1,
+                                                                      o_smem=True)),
     # short causal D = 64 (S_q, S_k <= SHORT_SEQLEN): two 64-row warpgroups, 2 stages, no turns or
     # keep words, O still staged; not at 2k, not non-causal, not with a longer key side
-    (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, o_smem=True, rescale_threshold=8.0)),
+    (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, o_smem=True, rescale_threshold=8.0,
+                                                               q_stages=2)),
     (dict(mode="softcap", evaluator="poly", d=64, shape=(32, 512, 32, 32)), dict(tile_m=128, o_smem=True,
                                                                                  fixed_max=True, exp2_fma=1)),
-    (dict(mode="sigmoid", evaluator="poly", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, o_smem=True)),
-    (dict(mode="softmax", d=64, shape=(8, 2048, 32, 8)), dict(D64, rescale_threshold=8.0)),
-    (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8), seqlen_k=2048), dict(D64, rescale_threshold=8.0)),
+    (dict(mode="sigmoid", evaluator="poly", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, o_smem=True, q_stages=2)),
+    # D = 64 softmax / sigmoid: two Q buffers up to SHORT_KEYS keys (softcap keeps one)
+    (dict(mode="softmax", d=64, shape=(8, 2048, 32, 8)), dict(D64, rescale_threshold=8.0, q_stages=2)),
+    (dict(mode="softmax", d=64, shape=(4, 4096, 32, 8)), dict(D64, rescale_threshold=8.0)),
+    (dict(mode="softcap", evaluator="poly", d=64, shape=(8, 2048, 32, 8)), dict(D64, fixed_max=True, exp2_fma=1)),
+    (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8), seqlen_k=2048), dict(D64, rescale_threshold=8.0,
+                                                                               q_stages=2)),
     (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8), causal=False),
-     dict(tile_m=192, num_stages=3, pingpong=True, o_smem=True, rescale_threshold=8.0)),
+     dict(tile_m=192, num_stages=3, pingpong=True, o_smem=True, rescale_threshold=8.0, q_stages=2)),
     (dict(mode="softcap", d=64, softcap=60.0, shape=(16, 1024, 32, 8)), {}),
 ]
 
@@ -291,6 +306,26 @@ def test_forward_rows(kw, want):
     mode = kw.pop("mode")
     p = resolve(mode, kw.pop("evaluator", "native"), **kw)
     assert fields(p.fwd, FWD_FIELDS) == dict(BASE, **want)
+
+
+def test_second_q_buffer_only_where_it_builds():
+    """The fwd-q-stages rows' second Q buffer: persistent CTAs only (one CTA per tile loads one Q) and
+    only where the tiles fit beside it (an override of the tiles drops it); by override it is checked,
+    not dropped."""
+    short = dict(shape=SMALL)
+    assert resolve("softmax", **short).fwd.q_stages == 2
+    assert resolve("softmax", **short, overrides={"fwd.persistent": 0}).fwd.q_stages == 1
+    assert resolve("softmax", **short, overrides={"fwd.o_smem": False}).fwd.q_stages == 2
+    assert resolve("softmax", **short, overrides={"fwd.num_stages": 3, "fwd.o_smem": False}).fwd.q_stages == 1
+    assert resolve("softmax", **short, overrides={"fwd.tile_m": 192, "fwd.tile_n": 64,
+                                                  "fwd.num_stages": 4}).fwd.q_stages == 1   # 256 KB with two
+    assert resolve("softmax", overrides={"fwd.q_stages": 2}).fwd.q_stages == 2   # the anchor, by override
+    with pytest.raises(ValueError, match="q_stages must be 1, or 2 with a persistent grid"):
+        resolve("softmax", **short, overrides={"fwd.persistent": 0, "fwd.q_stages": 2})
+    with pytest.raises(ValueError, match="q_stages must be 1, or 2"):
+        resolve("softmax", overrides={"fwd.q_stages": 3})
+    with pytest.raises(ValueError, match="shared memory"):
+        resolve("softcap", "poly", overrides={"fwd.q_stages": 2})   # 192 x 64, 4 stages, O staged: 272 KB
 
 
 def test_forward_grid_is_the_devices_sm_count():
