@@ -110,6 +110,10 @@ class AttnFwdSm90:
         # whole 64 KB one does not fit beside Q and two K / V stages)
         self.o_cols = min(self.head_dim, 128)
 
+    # o_tma's store box: 64 rows (a warpgroup's) x 64 columns (the 128-byte swizzle atom's width: a
+    # 64-column block of the staging tile is one contiguous swizzled 8 KB tile)
+    O_TMA_COLS = 64
+
     # ------------------------------------------------------------------ host side
     def _smem_layout(self, rows: int, stages_: Optional[int], cols: Optional[int] = None):
         """A K-major tile of rows x cols (default head_dim), staged or not, with the swizzle atom
@@ -186,9 +190,13 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.cfg.persistent > 0):
             tiles = num_m_blocks * mQ.shape[2] * num_batch
             grid = (cutlass.min(tiles, ctas), 1, 1)
+        o_store = None
+        if cutlass.const_expr(self.cfg.o_tma):   # (atom, coordinate tensor) of a 64-row x 64-column TMA store
+            o_store = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
+                                                  self._smem_layout(64, None, self.O_TMA_COLS), (64, self.O_TMA_COLS))
         self.kernel(mQ_tma, mK_tma, mV_tma, mO, mLSE, tma_q, tma_k, tma_v,
                     tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
-                    (p0, p1, p2, p3), self._window_param(win_left, win_right), sched, aux, varlen).launch(
+                    (p0, p1, p2, p3), self._window_param(win_left, win_right), sched, aux, varlen, o_store).launch(
             grid=grid,
             block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
@@ -226,8 +234,10 @@ class AttnFwdSm90:
                mLSE: cute.Tensor, tma_q: cute.CopyAtom, tma_k: cute.CopyAtom, tma_v: cute.CopyAtom,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout, params, window, sched: cutlass.Constexpr, aux, varlen):
+               sV_layout: cute.ComposedLayout, params, window, sched: cutlass.Constexpr, aux, varlen,
+               o_store=None):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        self._o_store = o_store   # o_tma's (TMA store atom, O coordinate tensor), set while the kernel is traced
         if warp_idx == 0:
             for atom in (tma_q, tma_k, tma_v):
                 cpasync.prefetch_descriptor(atom)
@@ -334,6 +344,8 @@ class AttnFwdSm90:
             self.mma(mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
                      params, blocks, m_block, head, batch, n_max, seqlen_q, seqlen_k, window, n_cnt,
                      aux=aux)
+            if cutlass.const_expr(self.cfg.o_tma):   # O's TMA store has read the staging tile
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def persistent_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
@@ -420,6 +432,8 @@ class AttnFwdSm90:
             if cutlass.const_expr(self.pingpong):
                 if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced
                     self.pingpong_sync(0)
+            if cutlass.const_expr(self.cfg.o_tma):   # the last tile's O store has read the staging tile
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     def _make_pipelines(self, storage):
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
@@ -747,7 +761,7 @@ class AttnFwdSm90:
                     gLSE[row] = lse[r]
         gO = mO[None, None, head, batch]
         if cutlass.const_expr(self.cfg.o_smem):
-            self.store_o_staged(acc_O, gO, tiled_mma_pv, tidx, m_block, seqlen_q)
+            self.store_o_staged(acc_O, gO, tiled_mma_pv, tidx, m_block, seqlen_q, head, batch)
         else:
             for r in cutlass.range_constexpr(num_rows):
                 row = m_block * self.tile_m + tOcO_mn[r, 0][0]
@@ -756,7 +770,8 @@ class AttnFwdSm90:
                         gO[row, tOcO_mn[0, c][1]] = o_mn[r, c].to(self.dtype)
 
     @cute.jit
-    def store_o_staged(self, acc_O, gO, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32):
+    def store_o_staged(self, acc_O, gO, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32,
+                       head: Int32, batch: Int32):
         """o_smem: each consumer warpgroup writes its 64 rows of O (cast) into the staging tile with
         stmatrix, then stores them as 16-byte row chunks (a warp covers whole rows: full sectors),
         rows >= S_q skipped.  A named barrier per warpgroup before the writes (its threads have read
@@ -776,10 +791,34 @@ class AttnFwdSm90:
                                     self.dtype),
                 tiled_mma_pv)
             thr_r2s = r2s.get_slice(tidx)
+            if cutlass.const_expr(self.cfg.o_tma):   # the previous tile's TMA store has read the rows
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
             bar.arrive_and_wait()
             cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
-            bar.arrive_and_wait()
-            self.store_o_rows(gO, sO, wg, tidx, m_block, seqlen_q, 0)
+            if cutlass.const_expr(self.cfg.o_tma):
+                cute.arch.fence_view_async_shared()   # stmatrix's writes visible to the TMA (async proxy)
+                bar.arrive_and_wait()
+                self.store_o_tma(sO, wg, tidx, m_block, head, batch)
+            else:
+                bar.arrive_and_wait()
+                self.store_o_rows(gO, sO, wg, tidx, m_block, seqlen_q, 0)
+
+    @cute.jit
+    def store_o_tma(self, sO, wg, tidx: Int32, m_block: Int32, head: Int32, batch: Int32):
+        """o_tma: warp 0 of warpgroup wg stores its 64 staged rows by TMA, one 64 x 64 box per 64
+        columns, and commits them as one bulk group; rows at or past S_q fall outside O's row extent
+        and are clipped.  The group is waited for (read) before the staging rows are written again
+        (the next tile's epilogue) and before the kernel exits."""
+        tma_o, mO_tma = self._o_store
+        if (tidx % self.num_threads_per_wg) // 32 == 0:
+            gO = mO_tma[None, None, head, batch]
+            for cb in cutlass.range_constexpr(self.head_dim // self.O_TMA_COLS):
+                box = (64, self.O_TMA_COLS)
+                tOsO, tOgO = cpasync.tma_partition(
+                    tma_o, 0, cute.make_layout(1), cute.group_modes(cute.local_tile(sO, box, (wg, cb)), 0, 2),
+                    cute.group_modes(cute.local_tile(gO, box, (m_block * (self.tile_m // 64) + wg, cb)), 0, 2))
+                cute.copy(tma_o, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
     def store_o_rows(self, gO, sO, wg, tidx: Int32, m_block: Int32, seqlen_q: Int32, col_block: cutlass.Constexpr):

@@ -62,6 +62,8 @@ class FwdConfig:
                               # apply_mask_bits) instead of an add and a compare per score
     pack_gqa: int = 1         # > 1: the GQA group's query heads packed into the M tile (row m = position
                               # m // pack_gqa of query head h_kv * pack_gqa + m % pack_gqa); the group size
+    o_tma: bool = False       # o_smem: each warpgroup's staged rows leave by a TMA store (rows past S_q
+                              # clipped by the tensor bounds) instead of 16-byte stores from registers
     q_stages: int = 1         # Q buffers (2: a persistent CTA loads the next tile's Q while the
                               # current tile still reads its own)
     exp2_program: Any = None  # exp2_fma > 0: the exp2_f32 program (asm.programs.ProgramSpec) whose
@@ -127,6 +129,11 @@ def check_fwd(c: FwdConfig) -> None:
         raise ValueError(f"tile_n must be a multiple of 16 in [16, 256], got {c.tile_n}")
     if c.num_stages < 1:
         raise ValueError(f"num_stages must be >= 1, got {c.num_stages}")
+    if c.o_tma and not (c.o_smem and not c.varlen and c.pack_gqa == 1 and c.head_dim <= 128):
+        # TMA's bounds clip only the tensor's last rows: packed sequences and packed GQA rows need the
+        # per-row bound; D = 256 stages O in two passes through one 128-column tile
+        raise ValueError(f"o_tma (O by TMA store) needs o_smem, a dense unpacked call and head_dim <= 128, got "
+                         f"o_smem={c.o_smem}, varlen={c.varlen}, pack_gqa={c.pack_gqa}, head_dim={c.head_dim}")
     if c.q_stages not in (1, 2) or (c.q_stages == 2 and not c.persistent):
         raise ValueError(f"q_stages must be 1, or 2 with a persistent grid (persistent > 0), got {c.q_stages} "
                          f"(persistent={c.persistent})")

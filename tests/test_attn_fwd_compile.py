@@ -638,3 +638,18 @@ def test_second_q_buffer_builds(mode, evaluator, head_dim):
         assert one.fwd == dataclasses.replace(p.fwd, q_stages=1), (one.fwd, p.fwd)
         m = B.fwd(one.fwd).counts()
         assert (n["HGMMA"], n["MUFU.EX2"]) == (m["HGMMA"], m["MUFU.EX2"]), (n, m)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_o_tma_build(head_dim):
+    """fwd.o_tma at the short-S default (two Q buffers, O staged): the staged rows leave by one
+    UTMASTG per 64 columns instead of 16-byte STGs; the loop's GEMMs unchanged, no spills."""
+    base = B.plan("softmax", "native", d=head_dim, shape=B.cat.SMALL)
+    p = B.plan("softmax", "native", d=head_dim, shape=B.cat.SMALL, overrides={"fwd.o_tma": True})
+    assert p.fwd == dataclasses.replace(base.fwd, o_tma=True)
+    log, n, _, sass = _ptxas_report(p)
+    m = B.fwd(base.fwd).counts()
+    assert "0 bytes spill stores" in log and n["STL"] == 0 and n["LDL"] == 0, n
+    assert n["HGMMA"] == m["HGMMA"] and m.get("STG.E.128", 0) > 0 and n.get("STG.E.128", 0) == 0, (n, m)
+    assert sum("UTMASTG" in line for line in sass.splitlines()) == head_dim // 64

@@ -219,3 +219,26 @@ def test_two_q_buffers_varlen_equal_one():
             outs.append(fv._forward(q, k, v, cu, cu, call, True, "cuda",
                                     overrides={"fwd.varlen": True, "fwd.q_stages": stages, "fwd_ctas": 3}))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+# o_tma (each warpgroup's staged O rows leave by TMA stores; rows past S_q are clipped by O's
+# tensor bounds): the same bytes as the 16-byte row stores, bit for bit into NaN-poisoned buffers.
+# Tails (S_q not a multiple of 64), causal S_q > S_k (tiles that see no key write zeros), GQA, FP16,
+# D = 64 on its 128- and 192-row tiles, one and two Q buffers, the persistent grid, 3 CTAs and one
+# CTA per tile (the last store waited for before the CTA exits).
+O_TMA_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
+               ("softmax", "native", "bf16", 1, 517, 200, 4, 1, 128, True),
+               ("softmax", "native", "fp16", 1, 200, 517, 8, 8, 64, False),
+               ("softmax", "native", "bf16", 2, 1300, 1300, 8, 8, 64, True),
+               ("softcap", "poly", "bf16", 1, 300, 411, 4, 4, 128, True),
+               ("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 64, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grid", ["plan", "ctas3", "single_tile"])
+@pytest.mark.parametrize("case", O_TMA_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_o_tma_equals_row_stores(case, grid):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    extra = {"plan": {}, "ctas3": {"fwd_ctas": 3}, "single_tile": {"fwd.persistent": 0}}[grid]
+    _bitwise_as_default(case, "o_tma", extra)

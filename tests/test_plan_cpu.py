@@ -328,6 +328,21 @@ def test_second_q_buffer_only_where_it_builds():
         resolve("softcap", "poly", overrides={"fwd.q_stages": 2})   # 192 x 64, 4 stages, O staged: 272 KB
 
 
+def test_o_tma_only_where_tma_bounds_clip_the_rows():
+    """fwd.o_tma (O by TMA store from the staging tile): an override of dense unpacked calls with O
+    staged at D <= 128; refused with the field named where TMA's tensor bounds would not clip a
+    tile's rows (packed sequences, packed GQA rows) or O is not staged in one tile."""
+    assert resolve("softmax", overrides={"fwd.o_tma": True}).fwd.o_tma
+    assert resolve("softmax", d=64, shape=SMALL, overrides={"fwd.o_tma": True}).fwd.o_tma
+    assert not resolve("softmax").fwd.o_tma
+    for kw in (dict(overrides={"fwd.o_tma": True, "fwd.o_smem": False}),
+               dict(d=256, overrides={"fwd.o_tma": True}),
+               dict(d=64, overrides={"fwd.o_tma": True}),   # the anchor packs its GQA group at D = 64
+               dict(varlen=True, overrides={"fwd.o_tma": True})):
+        with pytest.raises(ValueError, match="o_tma"):
+            resolve("softmax", **kw)
+
+
 def test_forward_grid_is_the_devices_sm_count():
     """The persistent grid is as large as the GPU (resolve's sm_count); a plan override of 0
     is one CTA per tile, n > 0 a grid of n CTAs."""
