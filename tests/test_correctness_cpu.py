@@ -52,13 +52,15 @@ def test_every_case_resolves_and_the_build_budget_holds():
     backward staggered from 2k keys, a second build of its variants), with room for a plan that sends some shapes of a variant to another
     build (a native fallback of a poly score at S_k = 1).  50 forward builds since the packed-GQA rows
     (fwd.pack_gqa is the group size, so the catalogue's GQA 4 and GQA 8 cases of a packing variant
-    are two builds; the six shards of the catalogue ran in <= 91 s each on the H100 with them)."""
+    are two builds; the six shards of the catalogue ran in <= 91 s each on the H100 with them).  62 since
+    the two-Q-buffer rows (fwd-q-stages: a softmax / sigmoid variant's short cases build apart from its
+    long ones) and the non-causal D = 256 short-key row."""
     assert len(cases.VARIANTS) == len(set(cases.VARIANTS)) == 36
     for c in cases.catalogue():
         cases.plan_of(c)
     b = cases.catalogue_builds()
     fwd, bwd = (sum(1 for kind, _ in b if kind == k) for k in ("fwd", "bwd"))
-    assert fwd <= 52 and bwd <= 62, (fwd, bwd)
+    assert fwd <= 64 and bwd <= 62, (fwd, bwd)
 
 
 @pytest.mark.parametrize("n", [1, 3, 8])
