@@ -347,8 +347,10 @@ def test_dry_run_prints_cells_and_compiles_without_cuda():
     # span at the default bias: plan.poly_outside_rule), plus the short causal D = 64 tile per mode
     # (S <= plan.SHORT_SEQLEN: the S = 512 and 1k cells), plus the packed-GQA builds of the 32/8 cells beside the
     # MHA cells' unpacked ones (plan rows fwd-pack-gqa: D = 64 softmax causal and not, D = 64 causal softcap,
-    # D = 128 softcap causal and not)
-    assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2 + 3 * 2 + 3 + 5
+    # D = 128 softcap causal and not), plus the two-Q-buffer builds of the short softmax / sigmoid cells
+    # (fwd-q-stages: 12 builds, 2 of which replace the short D = 64 tile's one-buffer builds) and the
+    # non-causal D = 256 softcap 64-key build at S <= 2k (fwd-d256-short-keys)
+    assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2 + 3 * 2 + 3 + 5 + (12 - 2) + 1
     assert est["flex_compiles"] == 2 * 84
 
 
