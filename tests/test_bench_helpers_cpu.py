@@ -338,6 +338,23 @@ def test_ncu_summary_on_a_synthetic_round(tmp_path):
     assert (tmp_path / "ncu.md").read_text().count("| softcap_poly |") == 4   # pipes, loop, stalls, phases
 
 
+def test_ncu_summary_names_a_build_whose_run_failed(tmp_path):
+    """A build whose profiled run failed (ncu -i of a report that was never written puts its error
+    in the raw CSV) is named in the Markdown and the JSON's "failed", and the other builds are
+    still summarised; with no build left the tool exits naming them."""
+    import ncu_summary as N
+    _ncu_round(tmp_path, ["softmax_native"])
+    (tmp_path / "cudnn_x_raw.csv").write_text("==ERROR== cannot open file cudnn_x.ncu-rep\n")
+    out = tmp_path / "ncu.json"
+    assert N.main([str(tmp_path), "--json", str(out)]) == 0
+    res = json.load(open(out))
+    assert [r["build"] for r in res["rows"]] == ["softmax_native"]
+    assert len(res["failed"]) == 1 and "cudnn_x: no metrics" in res["failed"][0] and "ERROR" in res["failed"][0]
+    assert "Not summarised: cudnn_x: no metrics" in (tmp_path / "ncu.md").read_text()
+    with pytest.raises(SystemExit):
+        N.main([str(tmp_path), "--builds", "cudnn_x", "--json", str(out)])
+
+
 def test_ncu_summary_reads_shared_memory_metrics_where_present(tmp_path):
     """The optional shared-memory metrics come through where the raw page has them (a value that
     is not a number, or a missing column, leaves the key out) and get their table columns."""

@@ -71,6 +71,10 @@ def _find(folder: str, stem: str) -> str:
 
 def raw_metrics(folder: str, name: str) -> dict:
     rows = _rows(_find(folder, f"{name}_raw"))
+    if len(rows) < 3 or not set(METRICS.values()) <= set(rows[0]):
+        # ncu -i on a report that was never written prints its error here instead of the page
+        raise ValueError(f"{name}: no metrics in {name}_raw.csv (the profiled run failed? its first line: "
+                         f"{','.join(rows[0])[:160] if rows else '(empty)'})")
     vals = dict(zip(rows[0], rows[2]))
     out = {k: float(vals[m].replace(",", "")) for k, m in METRICS.items()}
     out.update({k: float(vals[m].replace(",", "")) for k, m in OPTIONAL_METRICS.items()
@@ -233,10 +237,21 @@ def main(argv=None) -> int:
     if not builds:
         p.error(f"no <build>_raw.csv[.gz] in {args.folder}")
     path = protocol.output_path(args.json, "attn_ncu")
+    failed = []
+    for name in list(builds):   # a build whose profiled run failed is named, not a crash of the whole round
+        try:
+            raw_metrics(args.folder, name)
+        except (ValueError, FileNotFoundError) as e:
+            failed.append(str(e))
+            builds.remove(name)
+    if not builds:
+        p.error("no build with metrics: " + "; ".join(failed))
     rows = summarise(args.folder, builds)
-    md = markdown(args.folder, rows, args.note)
+    note = args.note + ("" if not failed else " Not summarised: " + "; ".join(failed) + ".")
+    md = markdown(args.folder, rows, note)
     print(md)
-    protocol.write_results(path, {"source": args.folder, "generated_by": "bench/tools/ncu_summary.py", "rows": rows}, md)
+    protocol.write_results(path, {"source": args.folder, "generated_by": "bench/tools/ncu_summary.py", "rows": rows,
+                                  "failed": failed}, md)
     return 0
 
 
