@@ -84,10 +84,10 @@ O_SMEM_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
                 ("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 256, False)]
 
 
-def _bitwise_as_default(case, knob: str, extra: dict, window=(-1, -1)):
-    """O and LSE of the plan with fwd.<knob> = True equal those with fwd.<knob> = False bit for
-    bit (the plan's default may be either), both written into NaN-poisoned buffers (a row a build
-    skips stays NaN)."""
+def _bitwise_as_default(case, knob: str, extra: dict, window=(-1, -1), values=(False, True)):
+    """O and LSE of the plan with fwd.<knob> = values[1] equal those with fwd.<knob> = values[0] bit
+    for bit (the plan's default may be either), both written into NaN-poisoned buffers (a row a build
+    skips stays NaN); returns the values[1] plan."""
     from flash_attn_poly import testing
     mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal = case
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
@@ -95,14 +95,34 @@ def _bitwise_as_default(case, knob: str, extra: dict, window=(-1, -1)):
     q = torch.randn(b, s_q, h_q, d, device="cuda", dtype=dt, generator=g)
     k, v = (torch.randn(b, s_k, h_kv, d, device="cuda", dtype=dt, generator=g) for _ in range(2))
     kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None, window_size=window)
-    o_ref, lse_ref, p_ref = testing.run_forward(q, k, v, mode, evaluator, {**extra, f"fwd.{knob}": False},
+    off, on = values
+    o_ref, lse_ref, p_ref = testing.run_forward(q, k, v, mode, evaluator, {**extra, f"fwd.{knob}": off},
                                                 poison=True, **kw)
-    o, lse, p = testing.run_forward(q, k, v, mode, evaluator, {**extra, f"fwd.{knob}": True}, poison=True, **kw)
-    assert getattr(p.fwd, knob) and not getattr(p_ref.fwd, knob)
+    o, lse, p = testing.run_forward(q, k, v, mode, evaluator, {**extra, f"fwd.{knob}": on}, poison=True, **kw)
+    assert getattr(p.fwd, knob) == on and getattr(p_ref.fwd, knob) == off
     assert torch.equal(o, o_ref), (o.float() - o_ref.float()).abs().nan_to_num(1e9).max()
     assert not o.isnan().any()
     if lse_ref is not None:
         assert torch.equal(lse, lse_ref)
+    return p
+
+
+def _varlen_outputs_equal(head_dim: int, lens: list, seed: int, overrides: tuple):
+    """The varlen softmax forward (causal, 8 / 2 heads, BF16) on a packed batch of these lengths gives
+    the same O and LSE bit for bit under each plan override set of `overrides`."""
+    from flash_attn_poly import varlen as fv
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    total = int(cu[-1])
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(total, 8, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(total, 2, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    call = fv.validate(q, k, v, cu, cu, max(lens), max(lens), "softmax", "native", True, None, None, None, (-1, -1))
+    outs = []
+    for ov in overrides:
+        with torch.no_grad():
+            outs.append(fv._forward(q, k, v, cu, cu, call, True, "cuda", overrides=ov))
+    for o, lse in outs[1:]:
+        assert torch.equal(outs[0][0], o) and torch.equal(outs[0][1], lse)
 
 
 @pytest.mark.gpu
@@ -145,20 +165,8 @@ def test_o_smem_varlen_equals_register_epilogue(head_dim):
     written (the row bound is the sequence's); at D = 256 O leaves in two 128-column passes."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from flash_attn_poly import varlen as fv
-    lens = [300, 1, 0, 517, 129]
-    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
-    total = int(cu[-1])
-    g = torch.Generator(device="cuda").manual_seed(7)
-    q = torch.randn(total, 8, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
-    k, v = (torch.randn(total, 2, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    call = fv.validate(q, k, v, cu, cu, max(lens), max(lens), "softmax", "native", True, None, None, None, (-1, -1))
-    outs = []
-    for o_smem in (False, True):
-        with torch.no_grad():
-            outs.append(fv._forward(q, k, v, cu, cu, call, True, "cuda",
-                                    overrides={"fwd.varlen": True, "fwd.o_smem": o_smem}))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    _varlen_outputs_equal(head_dim, [300, 1, 0, 517, 129], 7,
+                          tuple({"fwd.varlen": True, "fwd.o_smem": o_smem} for o_smem in (False, True)))
 
 
 # q_stages (two Q buffers: a persistent CTA loads its next tile's Q while the current tile reads its
@@ -181,22 +189,8 @@ Q_STAGES_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
 def test_two_q_buffers_equal_one(case, ctas):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from flash_attn_poly import testing
-    mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal = case
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    g = torch.Generator(device="cuda").manual_seed(s_q * 1000 + s_k)
-    q = torch.randn(b, s_q, h_q, d, device="cuda", dtype=dt, generator=g)
-    k, v = (torch.randn(b, s_k, h_kv, d, device="cuda", dtype=dt, generator=g) for _ in range(2))
-    kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None)
-    grid = {} if ctas is None else {"fwd_ctas": ctas}
-    o_ref, lse_ref, p_ref = testing.run_forward(q, k, v, mode, evaluator, {**grid, "fwd.q_stages": 1},
-                                                poison=True, **kw)
-    o, lse, p = testing.run_forward(q, k, v, mode, evaluator, {**grid, "fwd.q_stages": 2}, poison=True, **kw)
-    assert p.fwd.q_stages == 2 and p_ref.fwd.q_stages == 1 and p.fwd.persistent
-    assert torch.equal(o, o_ref), (o.float() - o_ref.float()).abs().nan_to_num(1e9).max()
-    assert not o.isnan().any()
-    if lse_ref is not None:
-        assert torch.equal(lse, lse_ref)
+    p = _bitwise_as_default(case, "q_stages", {} if ctas is None else {"fwd_ctas": ctas}, values=(1, 2))
+    assert p.fwd.persistent
 
 
 @pytest.mark.gpu
@@ -205,20 +199,8 @@ def test_two_q_buffers_varlen_equal_one():
     two Q buffers give one buffer's O and LSE bit for bit on a ragged batch with empty sequences."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from flash_attn_poly import varlen as fv
-    lens = [300, 1, 0, 517, 129, 1024]
-    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
-    total = int(cu[-1])
-    g = torch.Generator(device="cuda").manual_seed(11)
-    q = torch.randn(total, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-    k, v = (torch.randn(total, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    call = fv.validate(q, k, v, cu, cu, max(lens), max(lens), "softmax", "native", True, None, None, None, (-1, -1))
-    outs = []
-    for stages in (1, 2):
-        with torch.no_grad():
-            outs.append(fv._forward(q, k, v, cu, cu, call, True, "cuda",
-                                    overrides={"fwd.varlen": True, "fwd.q_stages": stages, "fwd_ctas": 3}))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    _varlen_outputs_equal(128, [300, 1, 0, 517, 129, 1024], 11,
+                          tuple({"fwd.varlen": True, "fwd.q_stages": n, "fwd_ctas": 3} for n in (1, 2)))
 
 
 # o_tma (each warpgroup's staged O rows leave by TMA stores; rows past S_q are clipped by O's
