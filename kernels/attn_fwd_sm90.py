@@ -273,7 +273,7 @@ class AttnFwdSm90:
         per unit (default mK's; the varlen build passes the longest sequence's)."""
         h_q = mQ.shape[2]
         return section_heads(h_q if units is None else units, mK.shape[0] if rows is None else rows,
-                             self.head_dim * 4, h_q // mK.shape[2])
+                             self.head_dim * 4, h_q // mK.shape[2], self.cfg.l2_section_mb << 20)
 
     @cute.jit
     def _sequence(self, varlen, batch, mQ, mK, mV, mO, mLSE):

@@ -34,19 +34,20 @@ from .config import VARLEN_BWD_ORDERS, VARLEN_TABLE_MAX_SEQS
 L2_SECTION_BYTES = 32 << 20
 
 
-def heads_per_section(num_heads: int, rows: int, bytes_per_row: int, heads_per_unit: int = 1) -> int:
+def heads_per_section(num_heads: int, rows: int, bytes_per_row: int, heads_per_unit: int = 1,
+                      section_bytes: int = L2_SECTION_BYTES) -> int:
     """Host mirror of section_heads (tests, notes)."""
-    g = (L2_SECTION_BYTES // bytes_per_row) // max(rows, 1) * heads_per_unit
+    g = (section_bytes // bytes_per_row) // max(rows, 1) * heads_per_unit
     return max(1, min(num_heads, g))
 
 
 @cute.jit
 def section_heads(num_heads: Int32, rows: Int32, bytes_per_row: cutlass.Constexpr[int],
-                  heads_per_unit: Int32) -> Int32:
+                  heads_per_unit: Int32, section_bytes: cutlass.Constexpr[int] = L2_SECTION_BYTES) -> Int32:
     """Heads per section: units of `heads_per_unit` heads whose `rows` rows of
-    `bytes_per_row` bytes fit L2_SECTION_BYTES, at least 1 head, at most all (no 32-bit
+    `bytes_per_row` bytes fit section_bytes, at least 1 head, at most all (no 32-bit
     overflow: the constant is divided first)."""
-    g = Int32(L2_SECTION_BYTES // bytes_per_row) // cutlass.max(rows, Int32(1)) * heads_per_unit
+    g = Int32(section_bytes // bytes_per_row) // cutlass.max(rows, Int32(1)) * heads_per_unit
     return cutlass.min(cutlass.max(g, Int32(1)), num_heads)
 
 
