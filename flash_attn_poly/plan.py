@@ -210,8 +210,20 @@ FWD_ROWS = (
         "D = 64 up to 2k keys: 0.914-0.972x (causal MHA / GQA S 512-2k, packed GQA at 2k, non-causal S = 512)",
         "fwd-q-stages"),
     Row({"head_dim": 64, "mode": "sigmoid", "short_keys": True, "varlen": False, "window": False},
-        dict(q_stages=2), "... sigmoid poly 0.920-0.970x; softcap was mixed (0.962-1.019x): one buffer",
+        dict(q_stages=2), "... sigmoid poly 0.920-0.970x", "fwd-q-stages"),
+    Row({"head_dim": 64, "mode": "softcap", "fixed_max_ok": True, "mha": True, "short_keys": True,
+         "varlen": False, "window": False},
+        dict(q_stages=2),
+        "... softcap under the constant max with a KV head per query head: 0.915-0.960x (S = 512, causal and "
+        "not), 0.969-1.004x (1k), 0.972-0.989x (2k); GQA 4 at 1k took 1.016-1.019x (poly): one buffer",
         "fwd-q-stages"),
+    Row({"head_dim": 64, "mode": "softmax", "causal": True, "short_seq": True, "varlen": False, "window": False},
+        dict(num_stages=3),
+        "... and 3 K / V stages beside the two Q buffers at causal S <= 1k: 0.982-0.992x (MHA S = 512 / 1k, "
+        "GQA 1k; two runs); non-causal S = 512 1.001x, causal 2k 0.999x", "fwd-d64-short-stages"),
+    Row({"head_dim": 64, "mode": "sigmoid", "causal": True, "short_seq": True, "varlen": False, "window": False},
+        dict(num_stages=3),
+        "... sigmoid poly 0.955-0.992x (same cells); causal 2k 1.048x", "fwd-d64-short-stages"),
     Row({"head_dim": 256}, dict(o_smem=True),
         "O staged through a 128-column smem tile in two passes: 0.74-0.97x the time at D = 256 "
         "(S 512 to 4k, causal or not); 0.85-0.94x on a ragged varlen batch", "fwd-o-smem"),
@@ -460,6 +472,8 @@ def _facts(call: AttnCall, program) -> dict:
         "pack_gqa_ok": _pack_gqa_ok(call),
         "long_keys": call.seqlen_k >= STEP_ORDER_MIN_SEQLEN_K,
         "short_keys": call.seqlen_k <= SHORT_KEYS,
+        # a K / V head per query head: the K / V bytes a query tile reads are its head's alone
+        "mha": call.heads_q == call.heads_kv,
         "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,
         "program_dtype": None if program is None else program.dtype,
         "exp2_offload": program is not None and program.is_exp2,

@@ -283,15 +283,23 @@ FWD_CASES = [
                                                                       o_smem=True)),
     # short causal D = 64 (S_q, S_k <= SHORT_SEQLEN): two 64-row warpgroups, 2 stages, no turns or
     # keep words, O still staged; not at 2k, not non-causal, not with a longer key side
-    (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, o_smem=True, rescale_threshold=8.0,
-                                                               q_stages=2)),
+    # ... softmax and sigmoid there with 3 K / V stages (beside two Q buffers)
+    (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, num_stages=3, o_smem=True,
+                                                               rescale_threshold=8.0, q_stages=2)),
     (dict(mode="softcap", evaluator="poly", d=64, shape=(32, 512, 32, 32)), dict(tile_m=128, o_smem=True,
-                                                                                 fixed_max=True, exp2_fma=1)),
-    (dict(mode="sigmoid", evaluator="poly", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, o_smem=True, q_stages=2)),
-    # D = 64 softmax / sigmoid: two Q buffers up to SHORT_KEYS keys (softcap keeps one)
+                                                                                 fixed_max=True, exp2_fma=1,
+                                                                                 q_stages=2)),
+    (dict(mode="softcap", evaluator="poly", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, o_smem=True,
+                                                                                fixed_max=True, exp2_fma=1)),
+    (dict(mode="sigmoid", evaluator="poly", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, num_stages=3,
+                                                                                o_smem=True, q_stages=2)),
+    # D = 64 softmax / sigmoid: two Q buffers up to SHORT_KEYS keys (softcap: with MHA heads only)
     (dict(mode="softmax", d=64, shape=(8, 2048, 32, 8)), dict(D64, rescale_threshold=8.0, q_stages=2)),
     (dict(mode="softmax", d=64, shape=(4, 4096, 32, 8)), dict(D64, rescale_threshold=8.0)),
     (dict(mode="softcap", evaluator="poly", d=64, shape=(8, 2048, 32, 8)), dict(D64, fixed_max=True, exp2_fma=1)),
+    (dict(mode="softcap", evaluator="poly", d=64, shape=(8, 2048, 32, 32)), dict(D64, fixed_max=True, exp2_fma=1,
+                                                                                q_stages=2)),
+    (dict(mode="softcap", evaluator="poly", d=64, shape=(4, 4096, 32, 32)), dict(D64, fixed_max=True, exp2_fma=1)),
     (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8), seqlen_k=2048), dict(D64, rescale_threshold=8.0,
                                                                                q_stages=2)),
     (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8), causal=False),
