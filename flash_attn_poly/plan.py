@@ -194,6 +194,11 @@ FWD_ROWS = (
     Row({"head_dim": 128}, dict(o_smem=True),
         "O staged through smem, 16-byte row stores: 0.84-0.97x the time at S = 1k, 0.98-1.00x at 4k; "
         "0.95-0.96x on a ragged varlen batch", "fwd-o-smem"),
+    Row({"head_dim": 128, "mode": "softcap", "fixed_max_ok": True, "mha": True, "short_keys": True,
+         "varlen": False, "window": False}, dict(o_tma=True),
+        "... and the softcap D = 128 forward's staged rows leave by TMA stores with a KV head per query head "
+        "(GQA packs its group, which TMA's bounds do not clip): 0.961-0.997x the time (poly, S 512-2k, two "
+        "runs); softmax and sigmoid were mixed (0.971-1.017x): row stores", "fwd-o-tma"),
     Row({"head_dim": 128, "varlen": True, "mode": "softcap", "window": True}, dict(o_smem=False),
         "... but not the windowed varlen softcap build (192 x 64): it spills 13 words with O staging "
         "(CPU SASS), none without", "fwd-o-smem"),

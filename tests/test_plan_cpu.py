@@ -197,10 +197,10 @@ def test_grad_rules():
 
 # ----------------------------------------------------------------------- forward rows
 FWD_FIELDS = ("tile_m", "tile_n", "num_stages", "pingpong", "persistent", "row_max_chains",
-              "row_sum_carry", "rescale_threshold", "fixed_max", "exp2_fma", "o_smem", "mask_bits", "q_stages")
+              "row_sum_carry", "rescale_threshold", "fixed_max", "exp2_fma", "o_smem", "mask_bits", "q_stages", "o_tma")
 BASE = dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=SM, row_max_chains=1,
             row_sum_carry=False, rescale_threshold=0.0, fixed_max=False, exp2_fma=0, o_smem=False, mask_bits=False,
-            q_stages=1)
+            q_stages=1, o_tma=False)
 D64 = dict(tile_m=192, num_stages=3, pingpong=True, mask_bits=True, o_smem=True)   # three warpgroups in turns
 FWD_CASES = [
     # softmax: the stale-max threshold everywhere; at D = 128 ping-pong, carried row sum, 4 max chains;
@@ -281,6 +281,15 @@ FWD_CASES = [
     (dict(mode="softcap", evaluator="poly", d=128, shape=SMALL), dict(tile_m=192, tile_n=64, num_stages=4,
                                                                       pingpong=True, fixed_max=True, exp2_fma=1,
                                                                       o_smem=True)),
+    # ... with a KV head per query head up to SHORT_KEYS keys its staged O rows leave by TMA stores
+    (dict(mode="softcap", evaluator="poly", d=128, shape=(16, 1024, 32, 32)),
+     dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True, fixed_max=True, exp2_fma=1, o_smem=True, o_tma=True)),
+    (dict(mode="softcap", d=128, shape=(8, 2048, 32, 32), causal=False),
+     dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True, fixed_max=True, o_smem=True, o_tma=True)),
+    (dict(mode="softcap", evaluator="poly", d=128, shape=(4, 4096, 32, 32)),
+     dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True, fixed_max=True, exp2_fma=1, o_smem=True)),
+    (dict(mode="softcap", evaluator="poly", d=128, shape=(16, 1024, 32, 32), window=(255, -1)),
+     dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True, fixed_max=True, exp2_fma=1, o_smem=True)),
     # short causal D = 64 (S_q, S_k <= SHORT_SEQLEN): two 64-row warpgroups, 2 stages, no turns or
     # keep words, O still staged; not at 2k, not non-causal, not with a longer key side
     # ... softmax and sigmoid there with 3 K / V stages (beside two Q buffers)
