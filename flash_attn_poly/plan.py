@@ -229,6 +229,15 @@ FWD_ROWS = (
     Row({"head_dim": 64, "mode": "sigmoid", "causal": True, "short_seq": True, "varlen": False, "window": False},
         dict(num_stages=3),
         "... sigmoid poly 0.955-0.992x (same cells); causal 2k 1.048x", "fwd-d64-short-stages"),
+    # the LPT order's L2 sections: a smaller one where each head's K / V would otherwise be re-read from DRAM
+    Row({"head_dim": 128, "mode": "softmax", "mha": True, "causal": False, "l2_section_keys": True,
+         "varlen": False}, dict(l2_section_mb=16),
+        "non-causal MHA up to 512 keys in 16 MB sections: 0.910x the time (4 / 8 MB 0.908 / 0.913x; the 32/8 "
+        "call 0.996-1.001x, MHA at 1k keys 0.992-1.002x); causal was mixed (0.876-1.251x with the CTA count)",
+        "fwd-l2-section"),
+    Row({"head_dim": 64, "mode": "softmax", "mha": True, "causal": False, "l2_section_keys": True,
+         "varlen": False}, dict(l2_section_mb=16),
+        "... D = 64: 0.959x (4 / 8 MB 0.949 / 0.953x); other modes not timed", "fwd-l2-section"),
     Row({"head_dim": 256}, dict(o_smem=True),
         "O staged through a 128-column smem tile in two passes: 0.74-0.97x the time at D = 256 "
         "(S 512 to 4k, causal or not); 0.85-0.94x on a ragged varlen batch", "fwd-o-smem"),
@@ -407,6 +416,11 @@ SHORT_SEQLEN = 1024
 # the longest key range of the short-key forward rows (the non-causal D = 256 exp2 offload's 64-key
 # blocks with O staged; D = 64's second Q buffer): there the per-tile costs outweigh the loop's
 SHORT_KEYS = 2048
+# the longest key range of the non-causal MHA forward's 16 MB L2 sections (fwd-l2-section): at 512
+# keys a 128-row tile reads its head's whole K / V for 4 key blocks of work, and with the 32 MB
+# sections each head's K / V is back in use only after ~32 MB of other heads' (one tile per head and
+# round: re-read from DRAM, more bytes per second than HBM gives); at 1k keys the same order was no slower
+L2_SECTION_MAX_KEYS = 512
 # the key length from which the D = 64 backward staggers its warpgroups (p_turns + dq_defer): the
 # stagger's prologue and last deferred dQ are paid once per CTA, its gain once per query block
 STEP_ORDER_MIN_SEQLEN_K = 2048
@@ -477,6 +491,7 @@ def _facts(call: AttnCall, program) -> dict:
         "pack_gqa_ok": _pack_gqa_ok(call),
         "long_keys": call.seqlen_k >= STEP_ORDER_MIN_SEQLEN_K,
         "short_keys": call.seqlen_k <= SHORT_KEYS,
+        "l2_section_keys": call.seqlen_k <= L2_SECTION_MAX_KEYS,
         # a K / V head per query head: the K / V bytes a query tile reads are its head's alone
         "mha": call.heads_q == call.heads_kv,
         "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,

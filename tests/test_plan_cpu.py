@@ -895,3 +895,29 @@ def test_varlen_backward_table_order_is_a_plan_choice():
     assert resolve("softmax").varlen_bwd_order is None   # dense calls have no table
     with pytest.raises(ValueError, match="bwd.varlen_order"):
         resolve("softmax", varlen=True, overrides={"bwd.varlen_order": "lpt"})
+
+
+def test_l2_section_row_and_its_balance_model():
+    """Non-causal softmax MHA calls up to L2_SECTION_MAX_KEYS keys take 16 MB sections (D = 64 and
+    128, dense); causal, GQA, longer keys, other modes and packed sequences keep 32 MB; the CTA count
+    model sections the order as the kernel does (an override of the field reaches it), and a section
+    size outside [1, 1024] MB is refused naming the field."""
+    from flash_attn_poly.plan import L2_SECTION_MAX_KEYS
+    from flash_attn_poly.kernels.tile_scheduler import heads_per_section
+    for d in (64, 128):
+        assert resolve("softmax", d=d, shape=(32, 512, 32, 32), causal=False).fwd.l2_section_mb == 16
+        assert resolve("softmax", d=d, shape=(32, 512, 32, 32), causal=False,
+                       seqlen_k=L2_SECTION_MAX_KEYS + 128).fwd.l2_section_mb == 32
+    for kw in (dict(causal=True), dict(shape=(32, 512, 32, 8), causal=False),
+               dict(shape=(16, 1024, 32, 32), causal=False), dict(d=256, shape=(32, 512, 16, 16), causal=False)):
+        kw = dict(dict(d=128, shape=(32, 512, 32, 32)), **kw)
+        assert resolve("softmax", **kw).fwd.l2_section_mb == 32, kw
+    assert resolve("sigmoid", "poly", d=128, shape=(32, 512, 32, 32), causal=False).fwd.l2_section_mb == 32
+    assert resolve("softmax", d=128, shape=(32, 512, 32, 32), causal=False, varlen=True).fwd.l2_section_mb == 32
+    # the host model's section: 16 MB of K / V rows (512 B per row at D = 128) over 512 rows = 64 heads
+    assert heads_per_section(32 * 32, 512, 128 * 4, 1, 16 << 20) == 64
+    p8 = resolve("softmax", d=128, shape=(32, 512, 32, 32), overrides={"fwd.l2_section_mb": 8})
+    p32 = resolve("softmax", d=128, shape=(32, 512, 32, 32))
+    assert (p8.fwd.l2_section_mb, p8.fwd_ctas, p32.fwd_ctas) == (8, SM, 128)   # 128-tile sections: every SM
+    with pytest.raises(ValueError, match="l2_section_mb"):
+        resolve("softmax", d=128, overrides={"fwd.l2_section_mb": 0})
