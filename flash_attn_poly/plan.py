@@ -229,15 +229,34 @@ FWD_ROWS = (
     Row({"head_dim": 64, "mode": "sigmoid", "causal": True, "short_seq": True, "varlen": False, "window": False},
         dict(num_stages=3),
         "... sigmoid poly 0.955-0.992x (same cells); causal 2k 1.048x", "fwd-d64-short-stages"),
-    # the LPT order's L2 sections: a smaller one where each head's K / V would otherwise be re-read from DRAM
+    # the LPT order's L2 sections: smaller ones where each head's K / V would otherwise be re-read from DRAM
+    # (non-causal: equal tiles, every SM; causal: a CTA count that walks whole sections per round)
     Row({"head_dim": 128, "mode": "softmax", "mha": True, "causal": False, "l2_section_keys": True,
          "varlen": False}, dict(l2_section_mb=16),
         "non-causal MHA up to 512 keys in 16 MB sections: 0.910x the time (4 / 8 MB 0.908 / 0.913x; the 32/8 "
-        "call 0.996-1.001x, MHA at 1k keys 0.992-1.002x); causal was mixed (0.876-1.251x with the CTA count)",
-        "fwd-l2-section"),
+        "call 0.996-1.001x)", "fwd-l2-section"),
+    Row({"head_dim": 128, "mode": "sigmoid", "mha": True, "causal": False, "l2_section_keys": True,
+         "varlen": False}, dict(l2_section_mb=16), "... sigmoid poly 0.906x", "fwd-l2-section"),
     Row({"head_dim": 64, "mode": "softmax", "mha": True, "causal": False, "l2_section_keys": True,
          "varlen": False}, dict(l2_section_mb=16),
-        "... D = 64: 0.959x (4 / 8 MB 0.949 / 0.953x); other modes not timed", "fwd-l2-section"),
+        "... D = 64: 0.959x (4 / 8 MB 0.949 / 0.953x)", "fwd-l2-section"),
+    Row({"head_dim": 64, "mode": "sigmoid", "mha": True, "causal": False, "l2_section_keys": True,
+         "varlen": False}, dict(l2_section_mb=16), "... D = 64 sigmoid poly 0.976x", "fwd-l2-section"),
+    Row({"head_dim": 128, "mode": "softmax", "mha": True, "causal": True, "short_seq": True, "varlen": False,
+         "window": False}, dict(l2_section_mb=8, balance_ctas="sections"),
+        "causal MHA at S <= 1k: 8 MB sections on 128 CTAs (whole sections per round): 0.862x (S = 512) / "
+        "0.986x (1k); 16 MB on 128 CTAs 0.876-0.884x at 512, on 132 CTAs 1.28x; at 2k 1.022x, GQA 1.017x",
+        "fwd-l2-section"),
+    Row({"head_dim": 128, "mode": "sigmoid", "mha": True, "causal": True, "short_seq": True, "varlen": False,
+         "window": False}, dict(l2_section_mb=8, balance_ctas="sections"),
+        "... sigmoid poly 0.849x / 0.955x (2k 0.996x)", "fwd-l2-section"),
+    Row({"head_dim": 64, "mode": "softmax", "mha": True, "causal": True, "short_seq": True, "varlen": False,
+         "window": False}, dict(l2_section_mb=8, balance_ctas="sections"),
+        "... D = 64 (its short 128-row tile, 132 CTAs before): 0.985x (S = 512) / 0.966x (1k); 2k 1.015x",
+        "fwd-l2-section"),
+    Row({"head_dim": 64, "mode": "sigmoid", "mha": True, "causal": True, "short_seq": True, "varlen": False,
+         "window": False}, dict(l2_section_mb=8, balance_ctas="sections"),
+        "... D = 64 sigmoid poly 0.909x / 0.957x (2k 1.005x)", "fwd-l2-section"),
     Row({"head_dim": 256}, dict(o_smem=True),
         "O staged through a 128-column smem tile in two passes: 0.74-0.97x the time at D = 256 "
         "(S 512 to 4k, causal or not); 0.85-0.94x on a ragged varlen batch", "fwd-o-smem"),
@@ -773,6 +792,8 @@ def _fwd_ctas(call: AttnCall, fwd, window, balance: bool, override: Optional[int
     """The persistent forward's CTA count: with `balance` (the balance_ctas row) on dense calls
     the count (of at most fwd.persistent) whose snake over the sectioned LPT order the host model
     balances best (kernels/tile_scheduler.persistent_ctas; docs/MEASURED.md fwd-persistent-ctas);
+    balance "sections": a count that divides every section's tiles, so each round of the snake
+    walks whole sections (tile_scheduler.section_ctas; fwd-l2-section), else the model's;
     else, and on varlen calls (which walk their own order), fwd.persistent.  override: the count
     itself (timing tools, tests)."""
     if override is not None:
@@ -782,7 +803,7 @@ def _fwd_ctas(call: AttnCall, fwd, window, balance: bool, override: Optional[int
         return int(override)
     if fwd.persistent <= 0 or call.varlen or not balance:
         return fwd.persistent
-    from .kernels.tile_scheduler import TILE_FIXED_KEYS, heads_per_section, persistent_ctas
+    from .kernels.tile_scheduler import TILE_FIXED_KEYS, heads_per_section, persistent_ctas, section_ctas
     from .kernels.mask import key_block_range
     tm, tn, s_q, s_k, g = fwd.tile_m, fwd.tile_n, call.seqlen_q, call.seqlen_k, fwd.pack_gqa
     num_blocks = -(-(g * s_q) // tm)   # packed GQA: tiles of tm / g positions of g heads, per KV head
@@ -794,6 +815,10 @@ def _fwd_ctas(call: AttnCall, fwd, window, balance: bool, override: Optional[int
     units = call.heads_q // g * call.batch
     group = heads_per_section(units, s_k, call.head_dim * 4, call.heads_q // call.heads_kv // g,
                               fwd.l2_section_mb << 20)
+    if balance == "sections":
+        aligned = section_ctas(fwd.persistent, num_blocks, units, group)
+        if aligned:
+            return aligned
     return persistent_ctas(fwd.persistent, num_blocks, units, group, cost, fwd.causal)
 
 

@@ -161,6 +161,23 @@ def persistent_ctas(max_ctas: int, num_blocks: int, units: int, group: int, bloc
     return best
 
 
+def section_ctas(max_ctas: int, num_blocks: int, units: int, group: int) -> int:
+    """The largest CTA count in [PERSISTENT_MIN_SHARE * max_ctas, max_ctas] that divides every
+    section's tile count (group units of num_blocks tiles; the last section's too), so that the
+    snake's rounds walk whole sections: the CTAs of a round then read the K / V of the section's
+    heads only, and a head's query tiles run in the same or the next rounds while its K / V is in
+    L2 (a count that cuts sections across rounds took 1.13-1.28x the time at causal MHA S = 512:
+    docs/MEASURED.md fwd-l2-section).  0 where no count in the range does."""
+    sizes = {group * num_blocks}
+    if units % group:
+        sizes.add(units % group * num_blocks)
+    lo = max(1, math.ceil(PERSISTENT_MIN_SHARE * max_ctas))
+    for c in range(max_ctas, lo - 1, -1):
+        if all(n % c == 0 for n in sizes):
+            return c
+    return 0
+
+
 def persistent_tile(round_: int, cta: int, num_ctas: int) -> int:
     """Linear tile of a persistent CTA in a round: snake order (rounds alternate direction),
     so over LPT-sorted tiles every CTA's total stays near the mean (a plain round-robin hands

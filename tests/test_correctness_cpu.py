@@ -56,13 +56,14 @@ def test_every_case_resolves_and_the_build_budget_holds():
     the two-Q-buffer rows (fwd-q-stages: a softmax / sigmoid variant's short cases build apart from its
     long ones) and the non-causal D = 256 short-key row.  72 since the rows that split a variant by head
     layout or key length once more (softcap D = 64 / 128 MHA at <= 2k keys, 3 K / V stages at short causal
-    D = 64, the 16 MB L2 sections of short non-causal MHA softmax): 69 today."""
+    D = 64), 80 since the L2 section rows (short MHA softmax / sigmoid: the section size is a build
+    constant): 76 today."""
     assert len(cases.VARIANTS) == len(set(cases.VARIANTS)) == 36
     for c in cases.catalogue():
         cases.plan_of(c)
     b = cases.catalogue_builds()
     fwd, bwd = (sum(1 for kind, _ in b if kind == k) for k in ("fwd", "bwd"))
-    assert fwd <= 72 and bwd <= 62, (fwd, bwd)
+    assert fwd <= 80 and bwd <= 62, (fwd, bwd)
 
 
 @pytest.mark.parametrize("n", [1, 3, 8])

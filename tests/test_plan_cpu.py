@@ -897,27 +897,36 @@ def test_varlen_backward_table_order_is_a_plan_choice():
         resolve("softmax", varlen=True, overrides={"bwd.varlen_order": "lpt"})
 
 
-def test_l2_section_row_and_its_balance_model():
-    """Non-causal softmax MHA calls up to L2_SECTION_MAX_KEYS keys take 16 MB sections (D = 64 and
-    128, dense); causal, GQA, longer keys, other modes and packed sequences keep 32 MB; the CTA count
-    model sections the order as the kernel does (an override of the field reaches it), and a section
-    size outside [1, 1024] MB is refused naming the field."""
+def test_l2_section_rows_and_their_cta_counts():
+    """Short MHA softmax / sigmoid calls take smaller L2 sections: non-causal up to L2_SECTION_MAX_KEYS
+    keys 16 MB on every SM; causal at S <= SHORT_SEQLEN 8 MB on a CTA count that divides every
+    section's tiles (128 here: 32 heads x 4 blocks at D = 128 S = 512, 64 x 4 at D = 64).  Causal
+    at 2k, GQA, softcap, packed sequences and windows keep 32 MB; an override of the field reaches
+    the CTA model, and a size outside [1, 1024] MB is refused naming the field."""
     from flash_attn_poly.plan import L2_SECTION_MAX_KEYS
-    from flash_attn_poly.kernels.tile_scheduler import heads_per_section
-    for d in (64, 128):
-        assert resolve("softmax", d=d, shape=(32, 512, 32, 32), causal=False).fwd.l2_section_mb == 16
-        assert resolve("softmax", d=d, shape=(32, 512, 32, 32), causal=False,
-                       seqlen_k=L2_SECTION_MAX_KEYS + 128).fwd.l2_section_mb == 32
-    for kw in (dict(causal=True), dict(shape=(32, 512, 32, 8), causal=False),
-               dict(shape=(16, 1024, 32, 32), causal=False), dict(d=256, shape=(32, 512, 16, 16), causal=False)):
-        kw = dict(dict(d=128, shape=(32, 512, 32, 32)), **kw)
-        assert resolve("softmax", **kw).fwd.l2_section_mb == 32, kw
-    assert resolve("sigmoid", "poly", d=128, shape=(32, 512, 32, 32), causal=False).fwd.l2_section_mb == 32
-    assert resolve("softmax", d=128, shape=(32, 512, 32, 32), causal=False, varlen=True).fwd.l2_section_mb == 32
-    # the host model's section: 16 MB of K / V rows (512 B per row at D = 128) over 512 rows = 64 heads
-    assert heads_per_section(32 * 32, 512, 128 * 4, 1, 16 << 20) == 64
-    p8 = resolve("softmax", d=128, shape=(32, 512, 32, 32), overrides={"fwd.l2_section_mb": 8})
-    p32 = resolve("softmax", d=128, shape=(32, 512, 32, 32))
-    assert (p8.fwd.l2_section_mb, p8.fwd_ctas, p32.fwd_ctas) == (8, SM, 128)   # 128-tile sections: every SM
+    from flash_attn_poly.kernels.tile_scheduler import heads_per_section, section_ctas
+    for mode, ev in (("softmax", "native"), ("sigmoid", "poly")):
+        for d in (64, 128):
+            p = resolve(mode, ev, d=d, shape=(32, 512, 32, 32), causal=False)
+            assert (p.fwd.l2_section_mb, p.fwd_ctas) == (16, SM)
+            assert resolve(mode, ev, d=d, shape=(32, 512, 32, 32), causal=False,
+                           seqlen_k=L2_SECTION_MAX_KEYS + 128).fwd.l2_section_mb == 32
+            for shape in ((32, 512, 32, 32), (16, 1024, 32, 32)):
+                p = resolve(mode, ev, d=d, shape=shape)
+                assert (p.fwd.l2_section_mb, p.fwd_ctas) == (8, 128), (mode, d, shape)
+            for kw in (dict(shape=(8, 2048, 32, 32)), dict(shape=(32, 512, 32, 8)),
+                       dict(shape=(32, 512, 32, 32), window=(255, -1)), dict(shape=(32, 512, 32, 32), varlen=True)):
+                assert resolve(mode, ev, d=d, **kw).fwd.l2_section_mb == 32, (mode, d, kw)
+    assert resolve("softcap", "poly", d=128, shape=(32, 512, 32, 32)).fwd.l2_section_mb == 32
+    assert resolve("softmax", d=256, shape=(32, 512, 16, 16), causal=False).fwd.l2_section_mb == 32
+    # the aligned count: 8 MB over 512 rows of 512 B (D = 128) = 32 heads, 4 blocks each: 128 tiles a section
+    assert heads_per_section(32 * 32, 512, 128 * 4, 1, 8 << 20) == 32
+    assert section_ctas(SM, 4, 32 * 32, 32) == 128 and section_ctas(SM, 4, 32 * 32 + 8, 32) == 0   # a last section of 32 tiles
+    # an override reaches the balance model (GQA rows keep the model's count, not the aligned one)
+    from flash_attn_poly.kernels.tile_scheduler import persistent_ctas, TILE_FIXED_KEYS
+    p8 = resolve("softmax", d=128, shape=(32, 512, 32, 8), overrides={"fwd.l2_section_mb": 8})
+    cost = [(m + 1) * 128 + TILE_FIXED_KEYS for m in range(4)]
+    assert p8.fwd.l2_section_mb == 8 and p8.fwd_ctas == persistent_ctas(
+        SM, 4, 32 * 32, heads_per_section(32 * 32, 512, 128 * 4, 4, 8 << 20), cost, True)
     with pytest.raises(ValueError, match="l2_section_mb"):
         resolve("softmax", d=128, overrides={"fwd.l2_section_mb": 0})
