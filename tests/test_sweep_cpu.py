@@ -349,8 +349,11 @@ def test_dry_run_prints_cells_and_compiles_without_cuda():
     # MHA cells' unpacked ones (plan rows fwd-pack-gqa: D = 64 softmax causal and not, D = 64 causal softcap,
     # D = 128 softcap causal and not), plus the two-Q-buffer builds of the short softmax / sigmoid cells
     # (fwd-q-stages: 12 builds, 2 of which replace the short D = 64 tile's one-buffer builds) and the
-    # non-causal D = 256 softcap 64-key build at S <= 2k (fwd-d256-short-keys)
-    assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2 + 3 * 2 + 3 + 5 + (12 - 2) + 1
+    # non-causal D = 256 softcap 64-key build at S <= 2k (fwd-d256-short-keys), plus the softcap MHA cells'
+    # own builds (D = 64 two Q buffers: the short causal tile, causal 2k and non-causal; D = 128 O by TMA
+    # store, causal and not: fwd-q-stages-softcap-d64, fwd-o-tma) and the L2-section builds of the short MHA
+    # softmax / sigmoid cells (D = 64 and 128, causal 8 MB and non-causal 16 MB: fwd-l2-section)
+    assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2 + 3 * 2 + 3 + 5 + (12 - 2) + 1 + 5 + 8
     assert est["flex_compiles"] == 2 * 84
 
 
