@@ -166,8 +166,9 @@ def section_ctas(max_ctas: int, num_blocks: int, units: int, group: int) -> int:
     section's tile count (group units of num_blocks tiles; the last section's too), so that the
     snake's rounds walk whole sections: the CTAs of a round then read the K / V of the section's
     heads only, and a head's query tiles run in the same or the next rounds while its K / V is in
-    L2 (a count that cuts sections across rounds took 1.13-1.28x the time at causal MHA S = 512:
-    docs/MEASURED.md fwd-l2-section).  0 where no count in the range does."""
+    L2.  A count that cuts sections across rounds re-reads K / V that a whole round would have
+    shared, which the balance model (persistent_ctas) does not see (docs/MEASURED.md
+    fwd-l2-section).  0 where no count in the range does."""
     sizes = {group * num_blocks}
     if units % group:
         sizes.add(units % group * num_blocks)
