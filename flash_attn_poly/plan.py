@@ -438,7 +438,8 @@ SHORT_KEYS = 2048
 # the longest key range of the non-causal MHA forward's 16 MB L2 sections (fwd-l2-section): at 512
 # keys a 128-row tile reads its head's whole K / V for 4 key blocks of work, and with the 32 MB
 # sections each head's K / V is back in use only after ~32 MB of other heads' (one tile per head and
-# round: re-read from DRAM, more bytes per second than HBM gives); at 1k keys the same order was no slower
+# round: re-read from DRAM, more bytes per second than HBM gives: bench/tools/l2_order.py); at 1k keys the
+# same order was no slower in one run of two
 L2_SECTION_MAX_KEYS = 512
 # the key length from which the D = 64 backward staggers its warpgroups (p_turns + dq_defer): the
 # stagger's prologue and last deferred dQ are paid once per CTA, its gain once per query block

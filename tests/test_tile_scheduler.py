@@ -1,4 +1,6 @@
 """CPU tier: the CTA orders of kernels/tile_scheduler.py (host mirrors of the device code)."""
+import os
+
 import pytest
 
 pytest.importorskip("cutlass")
@@ -320,3 +322,21 @@ def test_varlen_backward_table_of_equal_lengths_is_built_once():
         cu = torch.arange(9, dtype=torch.int32) * 4096
         assert T.varlen_bwd_table(cu, 4096, 128, 8, 8 * 4096, 8) is not T.varlen_bwd_table(cu, 4096, 128, 8, 8 * 4096, 8)
     assert not T._capturing(torch.device("cpu"))
+
+
+def test_l2_order_counts_the_sharing_the_sections_give():
+    """bench/tools/l2_order.py (the count behind docs/MEASURED.md fwd-l2-section): at MHA S = 512,
+    D = 128 on 132 CTAs a 32 MB section reads each head's K / V by ~1 CTA a round and reuses it after
+    32 MB; 8 MB shares it among >2 CTAs and halves the distance; GQA 32/8 shares among 4 whatever
+    the section."""
+    import importlib.util
+    ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("l2_order", os.path.join(ROOT, "bench", "tools", "l2_order.py"))
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    s32 = m.order_stats(32, 512, 32, 32, 128, 32, 132)
+    s8 = m.order_stats(32, 512, 32, 32, 128, 8, 132)
+    gqa = m.order_stats(32, 512, 32, 8, 128, 32, 132)
+    assert s32["section_heads"] == 128 and 1.0 < s32["sharers"] < 1.1 and s32["reuse_mb"] == 32.0
+    assert s8["sharers"] > 2 and s8["reuse_mb"] == 16.0 and s8["kv_mb_if_missed"] < s32["kv_mb_if_missed"] / 2
+    assert 4.0 < gqa["sharers"] < 4.2
