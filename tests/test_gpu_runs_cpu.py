@@ -23,8 +23,9 @@ FILES = ("test_attn_fwd_gpu", "test_attn_bwd_gpu", "test_api_gpu", "test_window_
 BUILDS_BEFORE = {"test_attn_fwd_gpu": 63, "test_attn_bwd_gpu": 76, "test_api_gpu": 58, "test_window_gpu": 53}
 BUILDS_BEFORE_UNION = 211
 BUILDS_BEFORE_OUTSIDE_CATALOGUE = 157
-# the budget now (the count today plus a little room for a plan that moves a case to another build)
-BUILDS_BUDGET_UNION = 105
+# the budget now (the count today plus a little room for a plan that moves a case to another build;
+# 106 since the L2-section rows give short MHA softmax / sigmoid cases their own section constant)
+BUILDS_BUDGET_UNION = 110
 
 
 def _modules():
