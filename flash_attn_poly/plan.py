@@ -167,6 +167,10 @@ FWD_ROWS = (
         "... but sigmoid without the turns: O staging alone 0.936-0.984x (poly) / 0.984-1.005x (native) the "
         "time (GQA 4 and MHA, S 1k-16k), with the turns 0.955-0.995x; the poly build's 3 spilled words sit "
         "in the prologue and the per-tile epilogue, none in a key-block loop", "fwd-d64-sigmoid-osmem"),
+    Row({"head_dim": 64, "varlen": False, "causal": False, "mode": "sigmoid", "short_keys": True, "window": False},
+        dict(pingpong=True),
+        "... up to 2k keys with the turns after all: 0.975-0.985x (poly) / 0.948-0.985x (native) the time "
+        "(MHA S 512-2k, GQA 4 at 1k; two runs at S <= 1k); 4k 1.007x (poly)", "fwd-d64-sigmoid-turns-short"),
     Row({"head_dim": 64, "varlen": False, "causal": False, "window": True}, dict(mask_bits=True),
         "a non-causal window has masked blocks: with the compare per score the 192-row build spills "
         "39-97 words (every mode, left or two-sided windows), with keep words none", "fwd-d64-window-keep-words"),
@@ -229,6 +233,10 @@ FWD_ROWS = (
     Row({"head_dim": 64, "mode": "sigmoid", "causal": True, "short_seq": True, "varlen": False, "window": False},
         dict(num_stages=3),
         "... sigmoid poly 0.955-0.992x (same cells); causal 2k 1.048x", "fwd-d64-short-stages"),
+    Row({"head_dim": 64, "mode": "softmax", "causal": True, "short_seq": True, "varlen": False, "window": False},
+        dict(mask_bits=True),
+        "... with the masked blocks by keep words: 0.942 / 0.995 / 0.980x the time (MHA S = 512, MHA 1k, GQA "
+        "1k); sigmoid poly 1.028 / 1.000 / 0.993x: not taken", "fwd-d64-short-keep-words"),
     # the LPT order's L2 sections: smaller ones where each head's K / V would otherwise be re-read from DRAM
     # (non-causal: equal tiles, every SM; causal: a CTA count that walks whole sections per round)
     Row({"head_dim": 128, "mode": "softmax", "mha": True, "causal": False, "l2_section_keys": True,
@@ -257,6 +265,16 @@ FWD_ROWS = (
     Row({"head_dim": 64, "mode": "sigmoid", "mha": True, "causal": True, "short_seq": True, "varlen": False,
          "window": False}, dict(l2_section_mb=8, balance_ctas="sections"),
         "... D = 64 sigmoid poly 0.909x / 0.957x (2k 1.005x)", "fwd-l2-section"),
+    Row({"head_dim": 128, "mode": "softcap", "fixed_max_ok": True, "short_keys": True, "varlen": False,
+         "window": False}, dict(l2_section_mb=16),
+        "softcap D = 128 (192 x 64 tile, every SM) up to 2k keys in 16 MB sections: 0.944-0.994x the time "
+        "(MHA causal and not, S 512-2k, GQA 32/8 causal 1k and non-causal 512, poly and native; two runs)",
+        "fwd-l2-section-softcap"),
+    Row({"head_dim": 64, "mode": "softcap", "fixed_max_ok": True, "mha": True, "causal": True, "short_seq": True,
+         "l2_section_keys": False, "varlen": False, "window": False}, dict(balance_ctas="sections"),
+        "softcap D = 64 causal MHA from 513 keys to SHORT_SEQLEN (its short 128-row tile) on 128 CTAs "
+        "(whole sections per round): 0.956-0.966x at S = 1k (two runs); S = 512 1.009-1.016x, 2k 1.023x, "
+        "GQA 1k 1.009x: not taken", "fwd-l2-section-softcap"),
     Row({"head_dim": 256}, dict(o_smem=True),
         "O staged through a 128-column smem tile in two passes: 0.74-0.97x the time at D = 256 "
         "(S 512 to 4k, causal or not); 0.85-0.94x on a ragged varlen batch", "fwd-o-smem"),

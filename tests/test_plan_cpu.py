@@ -293,8 +293,10 @@ FWD_CASES = [
     # short causal D = 64 (S_q, S_k <= SHORT_SEQLEN): two 64-row warpgroups, 2 stages, no turns or
     # keep words, O still staged; not at 2k, not non-causal, not with a longer key side
     # ... softmax and sigmoid there with 3 K / V stages (beside two Q buffers)
+    # (softmax's masked blocks by keep words)
     (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, num_stages=3, o_smem=True,
-                                                               rescale_threshold=8.0, q_stages=2)),
+                                                               rescale_threshold=8.0, q_stages=2,
+                                                               mask_bits=True)),
     (dict(mode="softcap", evaluator="poly", d=64, shape=(32, 512, 32, 32)), dict(tile_m=128, o_smem=True,
                                                                                  fixed_max=True, exp2_fma=1,
                                                                                  q_stages=2)),
@@ -313,6 +315,13 @@ FWD_CASES = [
                                                                                q_stages=2)),
     (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8), causal=False),
      dict(tile_m=192, num_stages=3, pingpong=True, o_smem=True, rescale_threshold=8.0, q_stages=2)),
+    # non-causal D = 64 sigmoid: O staged, the turns up to SHORT_KEYS keys only
+    (dict(mode="sigmoid", evaluator="poly", d=64, shape=(16, 1024, 32, 8), causal=False),
+     dict(tile_m=192, num_stages=3, pingpong=True, o_smem=True, q_stages=2)),
+    (dict(mode="sigmoid", evaluator="poly", d=64, shape=(4, 4096, 32, 8), causal=False),
+     dict(tile_m=192, num_stages=3, o_smem=True)),
+    (dict(mode="sigmoid", evaluator="poly", d=64, shape=(16, 1024, 32, 8), causal=False, window=(255, 255)),
+     dict(tile_m=192, num_stages=3, o_smem=True, mask_bits=True)),
     (dict(mode="softcap", d=64, softcap=60.0, shape=(16, 1024, 32, 8)), {}),
 ]
 
@@ -917,7 +926,20 @@ def test_l2_section_rows_and_their_cta_counts():
             for kw in (dict(shape=(8, 2048, 32, 32)), dict(shape=(32, 512, 32, 8)),
                        dict(shape=(32, 512, 32, 32), window=(255, -1)), dict(shape=(32, 512, 32, 32), varlen=True)):
                 assert resolve(mode, ev, d=d, **kw).fwd.l2_section_mb == 32, (mode, d, kw)
-    assert resolve("softcap", "poly", d=128, shape=(32, 512, 32, 32)).fwd.l2_section_mb == 32
+    # softcap D = 128 (192 x 64 tile, every SM): 16 MB up to SHORT_KEYS keys, MHA or GQA, causal or not
+    for shape, causal in (((32, 512, 32, 32), True), ((16, 1024, 32, 8), True), ((8, 2048, 32, 32), False)):
+        for ev in ("poly", "native"):
+            p = resolve("softcap", ev, d=128, shape=shape, causal=causal)
+            assert (p.fwd.l2_section_mb, p.fwd_ctas) == (16, SM), (ev, shape, causal)
+    for kw in (dict(shape=(4, 4096, 32, 32)), dict(shape=(16, 1024, 32, 32), window=(255, -1)),
+               dict(shape=(16, 1024, 32, 32), varlen=True), dict(shape=(16, 1024, 32, 32), softcap=60.0)):
+        assert resolve("softcap", "poly", d=128, **kw).fwd.l2_section_mb == 32, kw
+    # softcap D = 64 causal MHA from 513 keys to SHORT_SEQLEN: 32 MB sections walked whole on 128 CTAs
+    p = resolve("softcap", "poly", d=64, shape=(16, 1024, 32, 32))
+    assert (p.fwd.tile_m, p.fwd.l2_section_mb, p.fwd_ctas) == (128, 32, 128)
+    for kw in (dict(shape=(32, 512, 32, 32)), dict(shape=(16, 1024, 32, 8)), dict(shape=(8, 2048, 32, 32)),
+               dict(shape=(16, 1024, 32, 32), causal=False)):
+        assert resolve("softcap", "poly", d=64, **kw).fwd_ctas == SM, kw
     assert resolve("softmax", d=256, shape=(32, 512, 16, 16), causal=False).fwd.l2_section_mb == 32
     # the aligned count: 8 MB over 512 rows of 512 B (D = 128) = 32 heads, 4 blocks each: 128 tiles a section
     assert heads_per_section(32 * 32, 512, 128 * 4, 1, 8 << 20) == 32
