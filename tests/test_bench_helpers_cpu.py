@@ -416,6 +416,24 @@ def test_ncu_summary_splits_samples_by_phase(tmp_path):
     assert ph["loop_lines"] == 5 and ph["loop_samples"] == 40 + 60 + 1 + 7 + 30
 
 
+def test_ncu_summary_loop_lines_run_as_often_as_the_hgmmas(tmp_path):
+    """loop_samples: the key-block loop is the lines executed as often as its HGMMAs (within 10%),
+    not the most executed lines, which at short S can be a warp's mbarrier poll outside the loop
+    (the D = 64 S = 512 profile's hottest lines were two BSYNCs run 2x as often as any HGMMA)."""
+    import ncu_summary as N
+    _ncu_round(tmp_path, ["k"])
+    page = [("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R2", 4096, 300), ("BSYNC B0", 4096, 20),
+            ("HGMMA.64x128x16.F32 R0, gdesc[UR4], RZ", 1024, 40), ("MUFU.EX2 R1, R2", 1024, 60),
+            ("DEPBAR.LE SB0, 0x1", 1000, 25), ("FSEL R1, R2, RZ, P0", 64, 7), ("STG.E.128 [R2], R4", 128, 50)]
+    rows = [["# source page"], ["Address", "Source", "Instructions Executed", N.SAMPLES]]
+    rows += [[f"0x{0x7f00 + 16 * i:x}", src, f"{e:,}", str(smp)] for i, (src, e, smp) in enumerate(page)]
+    (tmp_path / "k_sass.csv").write_text("\n".join(",".join(f'"{x}"' for x in r) for r in rows) + "\n")
+    loop = N.loop_samples(str(tmp_path), "k")
+    assert loop["loop_share_of_samples"] == pytest.approx(125 / 502)
+    assert loop["MUFU"] == pytest.approx(60 / 125) and loop["wait S (DEPBAR 0x1)"] == pytest.approx(25 / 125)
+    assert "mbarrier wait" not in loop and "rest of the stage" not in loop
+
+
 def test_commit_is_recorded_outside_a_checkout(tmp_path, monkeypatch):
     """protocol.commit_id: FAP_COMMIT wins; in the checkout, HEAD's short sha (+ -dirty);
     in a copy without .git, the package version + "unknown"."""

@@ -7,8 +7,8 @@ Reads `<name>_raw.csv(.gz)` (ncu --page raw) and `<name>_sass.csv(.gz)` (ncu --p
 --print-source sass) of every profiled build in DIR (or those of --builds; a name starting
 with bwd_ is a backward build) and writes one row per build: kernel cycles, the
 tensor / MUFU (XU) / FMA / ALU pipes' busy share, issue-active share, and where the consumer
-warps' stall samples fall in the mask-free key-block loop (the SASS lines executed as often as
-the most executed one): MUFU instructions, the two wgmma waits (DEPBAR gsb0 0x1 = S landed,
+warps' stall samples fall in the mask-free key-block loop (the SASS lines executed as often,
+within 10%, as the most executed HGMMA): MUFU instructions, the two wgmma waits (DEPBAR gsb0 0x1 = S landed,
 0x0 = PV landed), HGMMA issue, mbarrier waits, the rest of the stage (forward builds only:
 a backward's most executed lines are not one loop), and every warp's stall samples by ncu's
 reason.
@@ -109,8 +109,12 @@ def loop_samples(folder: str, name: str) -> dict:
     ix = {h: i for i, h in enumerate(hdr)}
     num = lambda r, h: float(r[ix[h]].replace(",", "") or 0) if ix[h] < len(r) else 0.0
     total = sum(num(r, SAMPLES) for r in data)
-    top = max(num(r, "Instructions Executed") for r in data)
-    loop = [r for r in data if num(r, "Instructions Executed") >= 0.9 * top]
+    # the key-block loop's lines run as often as its HGMMAs (the most executed lines can be a spin wait
+    # elsewhere, e.g. a warp's mbarrier poll at short S); without HGMMA lines, the most executed lines
+    src_op = lambda r: re.sub(r"^@!?U?P\w+\s+", "", r[1].strip()).split()[0] if len(r) > 1 and r[1].strip() else "?"
+    mma = [num(r, "Instructions Executed") for r in data if src_op(r).startswith("HGMMA")]
+    top = max(mma) if mma else max(num(r, "Instructions Executed") for r in data)
+    loop = [r for r in data if 0.9 * top <= num(r, "Instructions Executed") <= 1.1 * top]
     cats: dict[str, float] = {}
     for r in loop:
         src = r[1].strip()
