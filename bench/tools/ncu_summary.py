@@ -111,14 +111,13 @@ def loop_samples(folder: str, name: str) -> dict:
     total = sum(num(r, SAMPLES) for r in data)
     # the key-block loop's lines run as often as its HGMMAs (the most executed lines can be a spin wait
     # elsewhere, e.g. a warp's mbarrier poll at short S); without HGMMA lines, the most executed lines
-    src_op = lambda r: re.sub(r"^@!?U?P\w+\s+", "", r[1].strip()).split()[0] if len(r) > 1 and r[1].strip() else "?"
-    mma = [num(r, "Instructions Executed") for r in data if src_op(r).startswith("HGMMA")]
+    mma = [num(r, "Instructions Executed") for r in data if len(r) > 1 and _op(r[1].strip()).startswith("HGMMA")]
     top = max(mma) if mma else max(num(r, "Instructions Executed") for r in data)
     loop = [r for r in data if 0.9 * top <= num(r, "Instructions Executed") <= 1.1 * top]
     cats: dict[str, float] = {}
     for r in loop:
         src = r[1].strip()
-        op = re.sub(r"^@!?U?P\w+\s+", "", src).split()[0] if src else "?"
+        op = _op(src)
         cat = ("wait S (DEPBAR 0x1)" if "DEPBAR" in src and src.endswith("0x1") else
                "wait PV (DEPBAR 0x0)" if "DEPBAR" in src else
                "mbarrier wait" if op == "BRA" else "HGMMA issue" if op.startswith("HGMMA") else
