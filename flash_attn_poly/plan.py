@@ -490,6 +490,8 @@ class AttnPlan:
     sigmoid_bias: Optional[float]   # sigmoid: the resolved bias (default -ln S_k; packed calls at the
                                     # default: 0, the kernels add each sequence's -ln S_k, score.seq_bias)
     fwd_ctas: int = 0          # the persistent forward's CTA count (runtime; <= fwd.persistent)
+    l2_section_mb: int = 32    # the forward's LPT sections: query heads whose K and V rows fit this many
+                               # MB of L2 (runtime: kernels/tile_scheduler.py section_heads)
 
 
 def _apply(rows, facts, out: dict) -> dict:
@@ -655,7 +657,8 @@ def poly_outside_rule(call: AttnCall, program) -> Optional[str]:
 def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) -> AttnPlan:
     """The plan of a call on a GPU with sm_count SMs.  overrides: FwdConfig / BwdConfig fields as
     "fwd.<field>" / "bwd.<field>" keys, "poly_split", "grad_rule" for the score, "fwd_ctas" for
-    the persistent forward's CTA count (timing tools and tests); checked like the defaults
+    the persistent forward's CTA count and "l2_section_mb" for its LPT sections' size (runtime
+    values; timing tools and tests); checked like the defaults
     (kernels.config.check_fwd / check_bwd)."""
     from .kernels.config import VARLEN_BWD_ORDERS, BwdConfig, FwdConfig, check_bwd, check_fwd, fwd_smem_fits
     overrides = dict(overrides or {})
@@ -674,10 +677,14 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
     facts["program"] = program
     facts["swap_grid_small"] = _swap_grid_small(call, sm_count)
     unknown = sorted(k for k in overrides
-                     if not (k.startswith(("fwd.", "bwd.")) or k in ("poly_split", "grad_rule", "fwd_ctas")))
+                     if not (k.startswith(("fwd.", "bwd.")) or k in ("poly_split", "grad_rule", "fwd_ctas",
+                                                                     "l2_section_mb")))
+    if "fwd.l2_section_mb" in overrides:
+        raise ValueError("fwd.l2_section_mb: the LPT sections' size is a runtime plan value, no FwdConfig "
+                         "field: override 'l2_section_mb'")
     if unknown:
         raise ValueError(f"unknown plan overrides {unknown}: use 'fwd.<FwdConfig field>', "
-                         "'bwd.<BwdConfig field>', 'poly_split', 'grad_rule' or 'fwd_ctas'")
+                         "'bwd.<BwdConfig field>', 'poly_split', 'grad_rule', 'fwd_ctas' or 'l2_section_mb'")
 
     # ---- forward
     fwd = _apply(FWD_ROWS, facts, {})
@@ -711,6 +718,10 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
                          f"0 < softcap <= {FIXED_MAX_CAP} (beyond, P leaves FP32's normal range), got "
                          f"mode={call.mode!r}, {call.dtype}, softcap={call.softcap}")
     balance_ctas = fwd.pop("balance_ctas")
+    l2_mb = overrides.get("l2_section_mb", fwd.pop("l2_section_mb"))
+    if isinstance(l2_mb, bool) or not isinstance(l2_mb, int) or not 1 <= l2_mb <= 1024:
+        raise ValueError(f"l2_section_mb (MB of K and V per LPT section) must be an integer in [1, 1024], "
+                         f"got {l2_mb!r}")
     wl, wr = call.window
     has_l = wl >= 0
     has_r = wr >= 0 and not call.causal
@@ -787,7 +798,8 @@ def resolve(call: AttnCall, sm_count: int, overrides: Optional[Mapping] = None) 
                     window=window, zero_dq_in_pre=zero_dq, varlen_bwd_order=varlen_order,
                     softmax_scale=call.softmax_scale,
                     softcap=call.softcap, sigmoid_bias=bias,
-                    fwd_ctas=_fwd_ctas(call, fwd_cfg, window, balance_ctas, overrides.get("fwd_ctas")))
+                    fwd_ctas=_fwd_ctas(call, fwd_cfg, window, balance_ctas, l2_mb, overrides.get("fwd_ctas")),
+                    l2_section_mb=l2_mb)
 
 
 def _pack_gqa_ok(call: AttnCall) -> bool:
@@ -807,7 +819,7 @@ def _pack_gqa(call: AttnCall, value) -> int:
     return int(value)
 
 
-def _fwd_ctas(call: AttnCall, fwd, window, balance: bool, override: Optional[int]) -> int:
+def _fwd_ctas(call: AttnCall, fwd, window, balance: bool, l2_mb: int, override: Optional[int]) -> int:
     """The persistent forward's CTA count: with `balance` (the balance_ctas row) on dense calls
     the count (of at most fwd.persistent) whose snake over the sectioned LPT order the host model
     balances best (kernels/tile_scheduler.persistent_ctas; docs/MEASURED.md fwd-persistent-ctas);
@@ -833,7 +845,7 @@ def _fwd_ctas(call: AttnCall, fwd, window, balance: bool, override: Optional[int
         cost.append(max(n_max - n_min, 0) * tn + TILE_FIXED_KEYS)
     units = call.heads_q // g * call.batch
     group = heads_per_section(units, s_k, call.head_dim * 4, call.heads_q // call.heads_kv // g,
-                              fwd.l2_section_mb << 20)
+                              l2_mb << 20)
     if balance == "sections":
         aligned = section_ctas(fwd.persistent, num_blocks, units, group)
         if aligned:

@@ -137,18 +137,21 @@ class AttnFwdSm90:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
-                 win_left: Int32, win_right: Int32, ctas: Int32, stream):
-        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, ctas, None, stream)
+                 win_left: Int32, win_right: Int32, ctas: Int32, l2_bytes: Int32, stream):
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, ctas, l2_bytes, None, stream)
 
     @cute.jit
     def _launch(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                 mLSE: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
-                win_left: Int32, win_right: Int32, ctas: Int32, aux, stream, varlen=None):
+                win_left: Int32, win_right: Int32, ctas: Int32, l2_bytes: Int32, aux, stream, varlen=None):
         """Host side.  The entry takes the call's own numbers (softmax scale, softcap, sigmoid
         bias; FP64, unused ones 0) and the score function encodes its four FP32 kernel arguments
         from them here, in FP64 then rounded once, as Python would (scores/*.fwd_scalars).
         ctas: the persistent grid's CTA count (the plan's AttnPlan.fwd_ctas, a runtime value so
-        that balancing the snake for a shape compiles nothing new; unused by a CTA-per-tile build)."""
+        that balancing the snake for a shape compiles nothing new; unused by a CTA-per-tile build).
+        l2_bytes: the LPT order's section size (AttnPlan.l2_section_mb in bytes, runtime for the same
+        reason): the host turns it into the section width in (batch, head) units (_section_group),
+        which the kernel takes as an argument."""
         p0, p1, p2, p3 = (Float32(p) for p in self.score.fwd_scalars(scale, softcap, bias))
         # torch (B, S, H, D) -> (S, D, H, B); LSE (B, H, S) -> (S, H, B)
         mQ, mK, mV, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
@@ -190,13 +193,19 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.cfg.persistent > 0):
             tiles = num_m_blocks * mQ.shape[2] * num_batch
             grid = (cutlass.min(tiles, ctas), 1, 1)
+            # the persistent order's sections run over (batch, head) units
+            rows = None if cutlass.const_expr(varlen is None) else varlen[2]
+            group = self._section_group(mQ, mK, l2_bytes, mQ.shape[2] * num_batch, rows)
+        else:
+            group = self._section_group(mQ, mK, l2_bytes)
         o_store = None
         if cutlass.const_expr(self.cfg.o_tma):   # (atom, coordinate tensor) of a 64-row x 64-column TMA store
             o_store = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), mO,
                                                   self._smem_layout(64, None, self.O_TMA_COLS), (64, self.O_TMA_COLS))
         self.kernel(mQ_tma, mK_tma, mV_tma, mO, mLSE, tma_q, tma_k, tma_v,
                     tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout,
-                    (p0, p1, p2, p3), self._window_param(win_left, win_right), sched, aux, varlen, o_store).launch(
+                    (p0, p1, p2, p3), self._window_param(win_left, win_right), sched, group, aux, varlen,
+                    o_store).launch(
             grid=grid,
             block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
@@ -234,8 +243,8 @@ class AttnFwdSm90:
                mLSE: cute.Tensor, tma_q: cute.CopyAtom, tma_k: cute.CopyAtom, tma_v: cute.CopyAtom,
                tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sV_layout: cute.ComposedLayout, params, window, sched: cutlass.Constexpr, aux, varlen,
-               o_store=None):
+               sV_layout: cute.ComposedLayout, params, window, sched: cutlass.Constexpr, group: Int32, aux,
+               varlen, o_store=None):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         self._o_store = o_store   # o_tma's (TMA store atom, O coordinate tensor), set while the kernel is traced
         if warp_idx == 0:
@@ -260,20 +269,21 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.cfg.persistent > 0):
             self.persistent_roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                                   tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params,
-                                  window, sched, blocks, warp_idx, aux, varlen)
+                                  window, sched, group, blocks, warp_idx, aux, varlen)
         else:
             self.single_tile_roles(mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                                    tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params,
-                                   window, sched, blocks, warp_idx, aux)
+                                   window, sched, group, blocks, warp_idx, aux)
 
-    def _section_group(self, mQ, mK, units=None, rows=None):
+    def _section_group(self, mQ, mK, l2_bytes, units=None, rows=None):
         """LPT section width in query heads (units: of the persistent order's (batch, head)
         units, default the heads): the K and V rows of its KV heads (reused by the group's
-        query heads and by every query tile) fit L2; Q and O stream through once.  rows: K rows
-        per unit (default mK's; the varlen build passes the longest sequence's)."""
+        query heads and by every query tile) fit l2_bytes of L2; Q and O stream through once.
+        rows: K rows per unit (default mK's; the varlen build passes the longest sequence's).
+        Host side, once per launch: the kernel takes the width as an argument."""
         h_q = mQ.shape[2]
         return section_heads(h_q if units is None else units, mK.shape[0] if rows is None else rows,
-                             self.head_dim * 4, h_q // mK.shape[2], self.cfg.l2_section_mb << 20)
+                             self.head_dim * 4, h_q // mK.shape[2], l2_bytes)
 
     @cute.jit
     def _sequence(self, varlen, batch, mQ, mK, mV, mO, mLSE):
@@ -326,11 +336,11 @@ class AttnFwdSm90:
     @cute.jit
     def single_tile_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                           tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params, window,
-                          sched: cutlass.Constexpr, blocks, warp_idx, aux):
+                          sched: cutlass.Constexpr, group, blocks, warp_idx, aux):
         """One CTA = one tile (the grid has a CTA per tile, in LPT order); dense calls only (the
         varlen build is persistent: config.check_fwd)."""
         num_m_blocks = cute.ceil_div(cute.size(mQ, mode=[0]), self.tile_m)
-        m_block, head, batch = sched.work_tile(num_m_blocks, mQ.shape[2], self._section_group(mQ, mK))
+        m_block, head, batch = sched.work_tile(num_m_blocks, mQ.shape[2], group)
         seqlen_q, seqlen_k = self._seqlen_q(mQ), mK.shape[0]
         n_max, n_cnt = self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
         if warp_idx < 4:
@@ -350,7 +360,7 @@ class AttnFwdSm90:
     @cute.jit
     def persistent_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
                          tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v, params, window,
-                         sched: cutlass.Constexpr, blocks, warp_idx, aux, varlen=None):
+                         sched: cutlass.Constexpr, group, blocks, warp_idx, aux, varlen=None):
         """Persistent CTAs: every role walks the same tiles (persistent_tile, snake order over
         the LPT order); the pipeline states run on across tiles, so the producer starts the
         next tile's K/V as stages free up and its Q once a Q buffer is free: with one buffer
@@ -364,12 +374,9 @@ class AttnFwdSm90:
         offsets (_sequence) and skips a tile past its sequence's end, without a pipeline step."""
         num_m_blocks = cute.ceil_div(cute.size(mQ, mode=[0]), self.tile_m)
         h_q, num_batch = mQ.shape[2], mQ.shape[3]
-        rows = None
         if cutlass.const_expr(varlen is not None):
             num_m_blocks = cute.ceil_div(self._rows_q(varlen[2]), self.tile_m)
             num_batch = varlen[0].shape[0] - 1
-            rows = varlen[2]
-        group = self._section_group(mQ, mK, h_q * num_batch, rows)
         tiles = num_m_blocks * h_q * num_batch
         if cutlass.const_expr(self.cfg.varlen_compact):
             tiles = varlen[3][0] * h_q        # the live pairs' tiles
@@ -879,8 +886,8 @@ class AttnFwdSm90Aux(AttnFwdSm90):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64,
-                 win_left: Int32, win_right: Int32, ctas: Int32, aux: list, stream):
-        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, ctas, aux, stream)
+                 win_left: Int32, win_right: Int32, ctas: Int32, l2_bytes: Int32, aux: list, stream):
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, ctas, l2_bytes, aux, stream)
 
 
 class AttnFwdSm90Varlen(AttnFwdSm90):
@@ -892,8 +899,8 @@ class AttnFwdSm90Varlen(AttnFwdSm90):
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_q: Int32,
                  scale: Float64, softcap: Float64, bias: Float64, win_left: Int32, win_right: Int32, ctas: Int32,
-                 stream):
-        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, ctas, None, stream,
+                 l2_bytes: Int32, stream):
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, ctas, l2_bytes, None, stream,
                      (mCuSeqlensQ, mCuSeqlensK, max_seqlen_q))
 
 
@@ -905,8 +912,8 @@ class AttnFwdSm90VarlenCompact(AttnFwdSm90):
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_q: Int32,
                  mTiles: cute.Tensor, scale: Float64, softcap: Float64, bias: Float64, win_left: Int32,
-                 win_right: Int32, ctas: Int32, stream):
-        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, ctas, None, stream,
+                 win_right: Int32, ctas: Int32, l2_bytes: Int32, stream):
+        self._launch(mQ, mK, mV, mO, mLSE, scale, softcap, bias, win_left, win_right, ctas, l2_bytes, None, stream,
                      (mCuSeqlensQ, mCuSeqlensK, max_seqlen_q, mTiles))
 
 
@@ -934,7 +941,8 @@ def _fake_args(cfg: FwdConfig):
             args += (cu(),)
     args += (Float64(1.0), Float64(1.0), Float64(0.0),   # scale, softcap, bias
              Int32(0), Int32(0),   # window (left, right) sizes
-             Int32(0))             # the persistent grid's CTA count (AttnPlan.fwd_ctas)
+             Int32(0),             # the persistent grid's CTA count (AttnPlan.fwd_ctas)
+             Int32(0))             # the LPT sections' bytes (AttnPlan.l2_section_mb << 20)
     if cfg.score.aux:
         args += (aux_fake_tensors(cfg.score.aux),)
     return args

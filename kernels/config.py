@@ -66,8 +66,6 @@ class FwdConfig:
                               # clipped by the tensor bounds) instead of 16-byte stores from registers
     q_stages: int = 1         # Q buffers (2: a persistent CTA loads the next tile's Q while the
                               # current tile still reads its own)
-    l2_section_mb: int = 32   # the LPT order's sections: query heads whose K and V rows fit this many MB
-                              # of L2 (kernels/tile_scheduler.py section_heads)
     exp2_program: Any = None  # exp2_fma > 0: the exp2_f32 program (asm.programs.ProgramSpec) whose
                               # block takes those columns' 2^a: the score's own program in the exp2 offload
                               # (beside another score only when a plan override names it)
@@ -151,8 +149,6 @@ def check_fwd(c: FwdConfig) -> None:
         raise ValueError(f"rescale_threshold must be in [0, 16] (log2 units), got {c.rescale_threshold!r}")
     if c.persistent < 0:
         raise ValueError(f"persistent must be >= 0 CTAs, got {c.persistent}")
-    if not 1 <= c.l2_section_mb <= 1024:
-        raise ValueError(f"l2_section_mb (MB of K and V per LPT section) must be in [1, 1024], got {c.l2_section_mb}")
     s = c.score
     if c.fixed_max and (s.kind != "softcap" or c.dtype != "bf16"):
         raise ValueError(f"fixed_max needs the softcap score and BF16, got {s.kind}/{c.dtype}")

@@ -52,7 +52,8 @@ def forward(plan, q, k, v, aux=(), out=None, lse=None):
     out = torch.empty_like(q) if out is None else out
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device) if lse is None else lse
     fn = compile_cache.compiled("attn_fwd", plan.fwd, functools.partial(_fwd_build, plan.fwd))
-    fn(q, k, v, out, lse, *_numbers(plan), *plan.window, plan.fwd_ctas, *_aux_args(plan.fwd.score, aux))
+    fn(q, k, v, out, lse, *_numbers(plan), *plan.window, plan.fwd_ctas, plan.l2_section_mb << 20,
+       *_aux_args(plan.fwd.score, aux))
     return out, (None if plan.call.mode == "sigmoid" else lse)
 
 
@@ -72,7 +73,7 @@ def forward_varlen(plan, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         # query tiles of tile_m / pack_gqa positions (packed GQA: each of pack_gqa heads)
         order = (compact_varlen_table(cu_seqlens_q, max_seqlen_q, plan.fwd.tile_m // plan.fwd.pack_gqa),)
     fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, *order, *_numbers(plan), *plan.window,
-       plan.fwd_ctas)
+       plan.fwd_ctas, plan.l2_section_mb << 20)
     return out[0], (None if plan.call.mode == "sigmoid" else lse[0])
 
 

@@ -43,11 +43,13 @@ def heads_per_section(num_heads: int, rows: int, bytes_per_row: int, heads_per_u
 
 @cute.jit
 def section_heads(num_heads: Int32, rows: Int32, bytes_per_row: cutlass.Constexpr[int],
-                  heads_per_unit: Int32, section_bytes: cutlass.Constexpr[int] = L2_SECTION_BYTES) -> Int32:
+                  heads_per_unit: Int32, section_bytes=L2_SECTION_BYTES) -> Int32:
     """Heads per section: units of `heads_per_unit` heads whose `rows` rows of
-    `bytes_per_row` bytes fit section_bytes, at least 1 head, at most all (no 32-bit
-    overflow: the constant is divided first)."""
-    g = Int32(section_bytes // bytes_per_row) // cutlass.max(rows, Int32(1)) * heads_per_unit
+    `bytes_per_row` bytes fit section_bytes (a constant, or the forward's runtime Int32 below
+    2^31), at least 1 head, at most all (no 32-bit overflow: the bytes are divided first)."""
+    budget = Int32(section_bytes // bytes_per_row) if cutlass.const_expr(isinstance(section_bytes, int)) \
+        else section_bytes // bytes_per_row   # rows of the section
+    g = budget // cutlass.max(rows, Int32(1)) * heads_per_unit
     return cutlass.min(cutlass.max(g, Int32(1)), num_heads)
 
 

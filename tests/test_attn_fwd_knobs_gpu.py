@@ -224,3 +224,45 @@ def test_o_tma_equals_row_stores(case, grid):
         pytest.skip("needs CUDA")
     extra = {"plan": {}, "ctas3": {"fwd_ctas": 3}, "single_tile": {"fwd.persistent": 0}}[grid]
     _bitwise_as_default(case, "o_tma", extra)
+
+
+# l2_section_mb (the LPT order's section size, a launch argument: the host entry turns it into the
+# section width the kernel takes): the order only, so the same O and LSE bit for bit at 1 MB (a few
+# heads per section, a partial last one), the default and 1024 MB (one section), from one compiled
+# forward; the persistent grid, 3 CTAs and one CTA per tile, GQA with tails, MHA, D = 64 / 128.
+L2_SECTION_CASES = [("softmax", "native", "bf16", 2, 517, 517, 8, 2, 128, True),
+                    ("softcap", "poly", "bf16", 3, 300, 411, 4, 4, 64, False),
+                    ("sigmoid", "poly", "bf16", 2, 333, 517, 8, 8, 128, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grid", ["plan", "ctas3", "single_tile"])
+@pytest.mark.parametrize("case", L2_SECTION_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_l2_section_size_keeps_outputs(case, grid):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from flash_attn_poly import testing
+    mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal = case
+    g = torch.Generator(device="cuda").manual_seed(s_q * 7 + s_k)
+    q = torch.randn(b, s_q, h_q, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(b, s_k, h_kv, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    extra = {"plan": {}, "ctas3": {"fwd_ctas": 3}, "single_tile": {"fwd.persistent": 0}}[grid]
+    runs = [testing.run_forward(q, k, v, mode, evaluator, {**extra, "l2_section_mb": mb}, poison=True,
+                                causal=causal, softcap=50.0 if mode == "softcap" else None)
+            for mb in (1, 32, 1024)]
+    (o_ref, lse_ref, p_ref) = runs[1]
+    assert not o_ref.isnan().any()
+    for o, lse, p in (runs[0], runs[2]):
+        assert p.fwd == p_ref.fwd and p.l2_section_mb != p_ref.l2_section_mb   # one build, another order
+        assert torch.equal(o, o_ref), (o.float() - o_ref.float()).abs().nan_to_num(1e9).max()
+        if lse_ref is not None:
+            assert torch.equal(lse, lse_ref)
+
+
+@pytest.mark.gpu
+def test_l2_section_size_varlen_keeps_outputs():
+    """The varlen build's sections over (sequence, head) units of the longest sequence's rows."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _varlen_outputs_equal(128, [300, 1, 0, 517, 129, 1024], 13,
+                          tuple({"fwd.varlen": True, "l2_section_mb": mb} for mb in (1, 32, 1024)))

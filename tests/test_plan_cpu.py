@@ -917,38 +917,43 @@ def test_l2_section_rows_and_their_cta_counts():
     for mode, ev in (("softmax", "native"), ("sigmoid", "poly")):
         for d in (64, 128):
             p = resolve(mode, ev, d=d, shape=(32, 512, 32, 32), causal=False)
-            assert (p.fwd.l2_section_mb, p.fwd_ctas) == (16, SM)
+            assert (p.l2_section_mb, p.fwd_ctas) == (16, SM)
             assert resolve(mode, ev, d=d, shape=(32, 512, 32, 32), causal=False,
-                           seqlen_k=L2_SECTION_MAX_KEYS + 128).fwd.l2_section_mb == 32
+                           seqlen_k=L2_SECTION_MAX_KEYS + 128).l2_section_mb == 32
             for shape in ((32, 512, 32, 32), (16, 1024, 32, 32)):
                 p = resolve(mode, ev, d=d, shape=shape)
-                assert (p.fwd.l2_section_mb, p.fwd_ctas) == (8, 128), (mode, d, shape)
+                assert (p.l2_section_mb, p.fwd_ctas) == (8, 128), (mode, d, shape)
             for kw in (dict(shape=(8, 2048, 32, 32)), dict(shape=(32, 512, 32, 8)),
                        dict(shape=(32, 512, 32, 32), window=(255, -1)), dict(shape=(32, 512, 32, 32), varlen=True)):
-                assert resolve(mode, ev, d=d, **kw).fwd.l2_section_mb == 32, (mode, d, kw)
+                assert resolve(mode, ev, d=d, **kw).l2_section_mb == 32, (mode, d, kw)
     # softcap D = 128 (192 x 64 tile, every SM): 16 MB up to SHORT_KEYS keys, MHA or GQA, causal or not
     for shape, causal in (((32, 512, 32, 32), True), ((16, 1024, 32, 8), True), ((8, 2048, 32, 32), False)):
         for ev in ("poly", "native"):
             p = resolve("softcap", ev, d=128, shape=shape, causal=causal)
-            assert (p.fwd.l2_section_mb, p.fwd_ctas) == (16, SM), (ev, shape, causal)
+            assert (p.l2_section_mb, p.fwd_ctas) == (16, SM), (ev, shape, causal)
     for kw in (dict(shape=(4, 4096, 32, 32)), dict(shape=(16, 1024, 32, 32), window=(255, -1)),
                dict(shape=(16, 1024, 32, 32), varlen=True), dict(shape=(16, 1024, 32, 32), softcap=60.0)):
-        assert resolve("softcap", "poly", d=128, **kw).fwd.l2_section_mb == 32, kw
+        assert resolve("softcap", "poly", d=128, **kw).l2_section_mb == 32, kw
     # softcap D = 64 causal MHA from 513 keys to SHORT_SEQLEN: 32 MB sections walked whole on 128 CTAs
     p = resolve("softcap", "poly", d=64, shape=(16, 1024, 32, 32))
-    assert (p.fwd.tile_m, p.fwd.l2_section_mb, p.fwd_ctas) == (128, 32, 128)
+    assert (p.fwd.tile_m, p.l2_section_mb, p.fwd_ctas) == (128, 32, 128)
     for kw in (dict(shape=(32, 512, 32, 32)), dict(shape=(16, 1024, 32, 8)), dict(shape=(8, 2048, 32, 32)),
                dict(shape=(16, 1024, 32, 32), causal=False)):
         assert resolve("softcap", "poly", d=64, **kw).fwd_ctas == SM, kw
-    assert resolve("softmax", d=256, shape=(32, 512, 16, 16), causal=False).fwd.l2_section_mb == 32
+    assert resolve("softmax", d=256, shape=(32, 512, 16, 16), causal=False).l2_section_mb == 32
     # the aligned count: 8 MB over 512 rows of 512 B (D = 128) = 32 heads, 4 blocks each: 128 tiles a section
     assert heads_per_section(32 * 32, 512, 128 * 4, 1, 8 << 20) == 32
     assert section_ctas(SM, 4, 32 * 32, 32) == 128 and section_ctas(SM, 4, 32 * 32 + 8, 32) == 0   # a last section of 32 tiles
     # an override reaches the balance model (GQA rows keep the model's count, not the aligned one)
     from flash_attn_poly.kernels.tile_scheduler import persistent_ctas, TILE_FIXED_KEYS
-    p8 = resolve("softmax", d=128, shape=(32, 512, 32, 8), overrides={"fwd.l2_section_mb": 8})
+    p8 = resolve("softmax", d=128, shape=(32, 512, 32, 8), overrides={"l2_section_mb": 8})
     cost = [(m + 1) * 128 + TILE_FIXED_KEYS for m in range(4)]
-    assert p8.fwd.l2_section_mb == 8 and p8.fwd_ctas == persistent_ctas(
+    assert p8.l2_section_mb == 8 and p8.fwd_ctas == persistent_ctas(
         SM, 4, 32 * 32, heads_per_section(32 * 32, 512, 128 * 4, 4, 8 << 20), cost, True)
     with pytest.raises(ValueError, match="l2_section_mb"):
-        resolve("softmax", d=128, overrides={"fwd.l2_section_mb": 0})
+        resolve("softmax", d=128, overrides={"l2_section_mb": 0})
+    with pytest.raises(ValueError, match="override 'l2_section_mb'"):
+        resolve("softmax", d=128, overrides={"fwd.l2_section_mb": 8})
+    # the section size is a launch argument: a 16 MB row and the 32 MB default share one compiled forward
+    short, long_ = (resolve("softcap", "poly", d=128, shape=(16384 // s, s, 32, 8)) for s in (1024, 4096))
+    assert (short.l2_section_mb, long_.l2_section_mb) == (16, 32) and short.fwd == long_.fwd

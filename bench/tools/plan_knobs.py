@@ -96,7 +96,7 @@ def parse(text: str, direction: str = "fwd") -> Knob:
             overrides[key] = _split(name, value)
         elif key == "grad_rule":
             overrides[key] = value
-        elif key == "fwd_ctas":
+        elif key in ("fwd_ctas", "l2_section_mb"):   # the forward's runtime plan values
             overrides[key] = _value(name, int, value)
         elif key in CALL_KNOBS:
             call[key] = _value(name, CALL_KNOBS[key], value)
@@ -228,8 +228,9 @@ def plan_row(default, plan, direction: str = "fwd") -> dict:
             if f.name not in _CALL_FIELDS and getattr(a, f.name) != getattr(b, f.name)}
     if plan.score != default.score:
         sets["score"] = f"{plan.score.program.name if plan.score.program else plan.score.kind} {plan.score.poly_split}"
-    if direction == "fwd" and plan.fwd_ctas != default.fwd_ctas:   # a runtime plan value, no config field
-        sets["fwd_ctas"] = plan.fwd_ctas
+    for name in ("fwd_ctas", "l2_section_mb") if direction == "fwd" else ():   # runtime plan values, no config field
+        if getattr(plan, name) != getattr(default, name):
+            sets[name] = getattr(plan, name)
     c = plan.call
     when = {"mode": c.mode, "evaluator": c.evaluator, "head_dim": c.head_dim,
             "cell": f"B={c.batch} S={c.seqlen_q} H={c.heads_q}/{c.heads_kv}"}
