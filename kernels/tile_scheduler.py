@@ -165,18 +165,20 @@ def persistent_ctas(max_ctas: int, num_blocks: int, units: int, group: int, bloc
 
 def section_ctas(max_ctas: int, num_blocks: int, units: int, group: int) -> int:
     """The largest CTA count in [PERSISTENT_MIN_SHARE * max_ctas, max_ctas] that divides every
-    section's tile count (group units of num_blocks tiles; the last section's too), so that the
-    snake's rounds walk whole sections: the CTAs of a round then read the K / V of the section's
-    heads only, and a head's query tiles run in the same or the next rounds while its K / V is in
-    L2.  A count that cuts sections across rounds re-reads K / V that a whole round would have
-    shared, which the balance model (persistent_ctas) does not see (docs/MEASURED.md
+    section's tile count (group units of num_blocks tiles; the last section's too) or is a
+    multiple of a whole section's (the last, partial section ends the order), so that the
+    snake's rounds walk whole sections: the CTAs of a round then read the K / V of the round's
+    sections' heads only, and a head's query tiles run in the same or the next rounds while its
+    K / V is in L2.  A count that cuts sections across rounds re-reads K / V that a whole round
+    would have shared, which the balance model (persistent_ctas) does not see (docs/MEASURED.md
     fwd-l2-section).  0 where no count in the range does."""
-    sizes = {group * num_blocks}
+    full = group * num_blocks
+    sizes = {full}
     if units % group:
         sizes.add(units % group * num_blocks)
     lo = max(1, math.ceil(PERSISTENT_MIN_SHARE * max_ctas))
     for c in range(max_ctas, lo - 1, -1):
-        if all(n % c == 0 for n in sizes):
+        if all(n % c == 0 for n in sizes) or c % full == 0:
             return c
     return 0
 

@@ -940,10 +940,24 @@ def test_l2_section_rows_and_their_cta_counts():
     for kw in (dict(shape=(32, 512, 32, 32)), dict(shape=(16, 1024, 32, 8)), dict(shape=(8, 2048, 32, 32)),
                dict(shape=(16, 1024, 32, 32), causal=False)):
         assert resolve("softcap", "poly", d=64, **kw).fwd_ctas == SM, kw
-    assert resolve("softmax", d=256, shape=(32, 512, 16, 16), causal=False).l2_section_mb == 32
+    # D = 256 MHA at S <= 1k (softmax, fixed-max softcap), causal and not: 8 MB sections of 16 heads x 4
+    # blocks (S = 512) or 8 x 8 (1k) = 64 tiles, two whole sections per round on 128 CTAs
+    for mode, ev in (("softmax", "native"), ("softcap", "poly")):
+        for shape in ((32, 512, 16, 16), (16, 1024, 16, 16)):
+            for causal in (True, False):
+                p = resolve(mode, ev, d=256, shape=shape, causal=causal)
+                assert (p.l2_section_mb, p.fwd_ctas) == (8, 128), (mode, shape, causal)
+        for kw in (dict(shape=(8, 2048, 16, 16)), dict(shape=(32, 512, 16, 8)),
+                   dict(shape=(32, 512, 16, 16), window=(255, -1)), dict(shape=(32, 512, 16, 16), varlen=True)):
+            assert resolve(mode, ev, d=256, **kw).l2_section_mb == 32, (mode, kw)
+    assert heads_per_section(32 * 16, 512, 256 * 4, 1, 8 << 20) == 16
+    assert section_ctas(SM, 4, 32 * 16, 16) == 128 and section_ctas(SM, 4, 32 * 16 + 4, 16) == 128   # a multiple
+    assert section_ctas(SM, 4, 32 * 16, 40) == 0   # 160 tiles a section: neither divisor nor multiple in [PERSISTENT_MIN_SHARE * SM, SM]
     # the aligned count: 8 MB over 512 rows of 512 B (D = 128) = 32 heads, 4 blocks each: 128 tiles a section
     assert heads_per_section(32 * 32, 512, 128 * 4, 1, 8 << 20) == 32
-    assert section_ctas(SM, 4, 32 * 32, 32) == 128 and section_ctas(SM, 4, 32 * 32 + 8, 32) == 0   # a last section of 32 tiles
+    assert section_ctas(SM, 4, 32 * 32, 32) == 128
+    # a last section of 32 tiles: 128 still walks every whole section in its own round (the partial one is last)
+    assert section_ctas(SM, 4, 32 * 32 + 8, 32) == 128 and section_ctas(SM, 2, 32 * 32 + 8, 33) == 132
     # an override reaches the balance model (GQA rows keep the model's count, not the aligned one)
     from flash_attn_poly.kernels.tile_scheduler import persistent_ctas, TILE_FIXED_KEYS
     p8 = resolve("softmax", d=128, shape=(32, 512, 32, 8), overrides={"l2_section_mb": 8})
