@@ -240,16 +240,16 @@ FWD_ROWS = (
     # the LPT order's L2 sections: smaller ones where each head's K / V would otherwise be re-read from DRAM
     # (non-causal: equal tiles, every SM; causal: a CTA count that walks whole sections per round)
     Row({"head_dim": 128, "mode": "softmax", "mha": True, "causal": False, "l2_section_keys": True,
-         "varlen": False}, dict(l2_section_mb=16),
+         "varlen": False, "window": False}, dict(l2_section_mb=16),
         "non-causal MHA up to 512 keys in 16 MB sections: 0.910x the time (4 / 8 MB 0.908 / 0.913x; the 32/8 "
         "call 0.996-1.001x)", "fwd-l2-section"),
     Row({"head_dim": 128, "mode": "sigmoid", "mha": True, "causal": False, "l2_section_keys": True,
-         "varlen": False}, dict(l2_section_mb=16), "... sigmoid poly 0.906x", "fwd-l2-section"),
+         "varlen": False, "window": False}, dict(l2_section_mb=16), "... sigmoid poly 0.906x", "fwd-l2-section"),
     Row({"head_dim": 64, "mode": "softmax", "mha": True, "causal": False, "l2_section_keys": True,
-         "varlen": False}, dict(l2_section_mb=16),
+         "varlen": False, "window": False}, dict(l2_section_mb=16),
         "... D = 64: 0.959x (4 / 8 MB 0.949 / 0.953x)", "fwd-l2-section"),
     Row({"head_dim": 64, "mode": "sigmoid", "mha": True, "causal": False, "l2_section_keys": True,
-         "varlen": False}, dict(l2_section_mb=16), "... D = 64 sigmoid poly 0.976x", "fwd-l2-section"),
+         "varlen": False, "window": False}, dict(l2_section_mb=16), "... D = 64 sigmoid poly 0.976x", "fwd-l2-section"),
     Row({"head_dim": 128, "mode": "softmax", "mha": True, "causal": True, "short_seq": True, "varlen": False,
          "window": False}, dict(l2_section_mb=8, balance_ctas="sections"),
         "causal MHA at S <= 1k: 8 MB sections on 128 CTAs (whole sections per round): 0.862x (S = 512) / "

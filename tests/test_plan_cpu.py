@@ -920,6 +920,8 @@ def test_l2_section_rows_and_their_cta_counts():
             assert (p.l2_section_mb, p.fwd_ctas) == (16, SM)
             assert resolve(mode, ev, d=d, shape=(32, 512, 32, 32), causal=False,
                            seqlen_k=L2_SECTION_MAX_KEYS + 128).l2_section_mb == 32
+            assert resolve(mode, ev, d=d, shape=(32, 512, 32, 32), causal=False,
+                           window=(255, 255)).l2_section_mb == 32   # windows: untimed, the default
             for shape in ((32, 512, 32, 32), (16, 1024, 32, 32)):
                 p = resolve(mode, ev, d=d, shape=shape)
                 assert (p.l2_section_mb, p.fwd_ctas) == (8, 128), (mode, d, shape)
