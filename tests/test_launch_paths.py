@@ -27,8 +27,8 @@ def test_attn_fwd_signature(fresh_cache):
     q = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16)
     # the call's own numbers (scale, softcap, sigmoid bias: FP64; the score function encodes its
     # FP32 kernel arguments on the device side), then the window (left, right) sizes and the
-    # persistent grid's CTA count as Int32
-    _rejects_cpu_tensor(fn, q, q, q, q, torch.zeros(1, 4, 256), 0.125, 0.0, 0.0, 0, 0, 0)
+    # persistent grid's CTA count and the LPT sections' bytes as Int32
+    _rejects_cpu_tensor(fn, q, q, q, q, torch.zeros(1, 4, 256), 0.125, 0.0, 0.0, 0, 0, 0, 32 << 20)
 
 
 @pytest.mark.compile
