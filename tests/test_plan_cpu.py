@@ -299,9 +299,10 @@ FWD_CASES = [
                                                                mask_bits=True)),
     (dict(mode="softcap", evaluator="poly", d=64, shape=(32, 512, 32, 32)), dict(tile_m=128, o_smem=True,
                                                                                  fixed_max=True, exp2_fma=1,
-                                                                                 q_stages=2)),
+                                                                                 q_stages=2, mask_bits=True)),
     (dict(mode="softcap", evaluator="poly", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, o_smem=True,
-                                                                                fixed_max=True, exp2_fma=1)),
+                                                                                fixed_max=True, exp2_fma=1,
+                                                                                mask_bits=False)),
     (dict(mode="sigmoid", evaluator="poly", d=64, shape=(16, 1024, 32, 8)), dict(tile_m=128, num_stages=3,
                                                                                 o_smem=True, q_stages=2)),
     # D = 64 softmax / sigmoid: two Q buffers up to SHORT_KEYS keys (softcap: with MHA heads only)
