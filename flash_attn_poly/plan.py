@@ -112,7 +112,7 @@ FWD_ROWS = (
     Row({}, dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=True,
                  row_max_chains=1, row_sum_carry=False, rescale_threshold=0.0, fixed_max=False,
                  exp2_fma=0, varlen=False, varlen_compact=False, o_smem=False,
-                 mask_bits=False, pack_gqa=False, q_stages=1, o_tma=False, l2_section_mb=32),
+                 mask_bits=False, pack_gqa=False, q_stages=1, o_tma=False, wg_skip=False, l2_section_mb=32),
         "two consumer warpgroups of 64 rows, 2 K/V stages, a persistent LPT-ordered grid (0.92-0.96x)",
         "fwd-persistent"),
     Row({}, dict(balance_ctas=True),

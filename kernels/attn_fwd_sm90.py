@@ -533,7 +533,14 @@ class AttnFwdSm90:
             row_scale=row_scale, params=params, pipe_k=pipe_k, pipe_v=pipe_v, m_block=m_block,
             seqlen_q=seqlen_q, seqlen_k=seqlen_k, wg=wg, n_max=n_max, window=window, head=head,
             batch=batch, aux=aux)
-        n_unmasked = cutlass.min(blocks.n_unmasked_end(m_block, seqlen_q, seqlen_k, window[1]), n_max)
+        n_max_tile = n_max
+        if cutlass.const_expr(self.cfg.wg_skip):
+            n_skip, n_unmasked = self._wg_range(blocks, wg, m_block, seqlen_q, seqlen_k, window, n_max, n_cnt)
+            n_cnt = n_cnt - n_skip
+            n_max = n_max - n_skip if n_cnt > 0 else 0   # no block left: the tile's no-key path
+            n_unmasked = cutlass.min(n_unmasked, n_max)
+        else:
+            n_unmasked = cutlass.min(blocks.n_unmasked_end(m_block, seqlen_q, seqlen_k, window[1]), n_max)
         # key blocks: first = n_max-1 (tail + diagonal, masked); then the ones crossing the
         # causal diagonal / right window edge (masked; none when not bounded); then the
         # interior [n_lo, ..) (mask-free); then the left window edge [n_min, n_lo) (masked).
@@ -552,10 +559,21 @@ class AttnFwdSm90:
                 self.pingpong_arrive(0)
         # dynamic `for` loops of 0 or 1 trips stand in for `if` (a tile that sees no key
         # skips all work and still writes O = 0, LSE = -inf)
-        for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
-            pipe_q.consumer_wait(q_run if cutlass.const_expr(persistent)
-                                 else pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-            kv = self.first_block(ctx, kv, n_max - 1)
+        if cutlass.const_expr(self.cfg.wg_skip):
+            # Q is waited for (and released below) by every warpgroup of a tile with keys; the
+            # blocks above this warpgroup's own range pass without a GEMM
+            for _ in cutlass.range(cutlass.min(n_max_tile, 1), unroll=1):
+                pipe_q.consumer_wait(q_run if cutlass.const_expr(persistent)
+                                     else pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+            for _ in cutlass.range(n_skip, unroll=1):
+                kv = self.skip_block(ctx, kv)
+            for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
+                kv = self.first_block(ctx, kv, n_max - 1)
+        else:
+            for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
+                pipe_q.consumer_wait(q_run if cutlass.const_expr(persistent)
+                                     else pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+                kv = self.first_block(ctx, kv, n_max - 1)
         # The first PV product must overwrite O (zero-init is a compile-time flag: a
         # runtime one puts a predicate move inside the wgmma stage and ptxas then
         # serialises every wgmma, C7513), so the second block is peeled (kept masked).
@@ -573,7 +591,7 @@ class AttnFwdSm90:
                 kv = self.next_block(ctx, kv, n_left_top - 1 - i, True)
         if cutlass.const_expr(persistent):
             # every QK GEMM of the tile has completed (the loops end on wait_group 0): Q may be refilled
-            for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
+            for _ in cutlass.range(cutlass.min(n_max_tile, 1), unroll=1):
                 pipe_q.consumer_release(q_run)
                 q_run.advance()
         for _ in cutlass.range(cutlass.min(n_cnt, 1) - cutlass.min(cutlass.max(n_cnt - 1, 0), 1), unroll=1):
@@ -587,6 +605,37 @@ class AttnFwdSm90:
                       self._rows_q(seqlen_q), n_max)
         if cutlass.const_expr(persistent):
             return kv, q_run
+
+    @cute.jit
+    def _wg_range(self, blocks, wg, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, window,
+                  n_max: Int32, n_cnt: Int32):
+        """wg_skip: (n_skip, n_unmasked) of this warpgroup's rows.  The tile's top n_skip key blocks
+        are past its rows' causal / right-window bound (all n_cnt when its rows are past S_q: a
+        192-row tile ends mid-sequence at S = 512 or 1k); n_unmasked counts from its first row.
+        Rows are positions under packed GQA (row r holds position r // pack)."""
+        rows = self.tile_m // self.num_mma_wg
+        row_lo = m_block * self.tile_m + wg * rows
+        if cutlass.const_expr(self.pack > 1):
+            pos_lo, pos_end = row_lo // self.pack, (row_lo + rows - 1) // self.pack + 1
+        else:
+            pos_lo, pos_end = row_lo, row_lo + rows
+        n_skip = n_max - cutlass.min(n_max, cutlass.max(blocks.n_block_end(pos_end, seqlen_q, seqlen_k, window[1]), 0))
+        n_skip = cutlass.min(n_skip, n_cnt) if row_lo < self._rows_q(seqlen_q) else n_cnt
+        return n_skip, blocks.n_unmasked_from(pos_lo, seqlen_q, seqlen_k, window[1])
+
+    @cute.jit
+    def skip_block(self, ctx, kv):
+        """wg_skip: a key block of the tile that this warpgroup's rows do not see: its K and V stages
+        are waited for (a release must follow the fill it frees) and released, and its turn passed on."""
+        ctx.pipe_k.consumer_wait(kv)
+        if cutlass.const_expr(self.pingpong):
+            self.pingpong_sync(ctx.wg)
+            self.pingpong_arrive(self.pingpong_next(ctx.wg))
+        ctx.pipe_k.consumer_release(kv)
+        ctx.pipe_v.consumer_wait(kv)
+        ctx.pipe_v.consumer_release(kv)
+        kv.advance()
+        return kv
 
     # ---- warpgroup ping-pong: the consumer warpgroups take turns issuing GEMMs (round robin:
     # 0, 1[, 2]), so one runs its score stage (MUFU/FMA) while another's wgmma keep the tensor

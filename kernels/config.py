@@ -64,6 +64,9 @@ class FwdConfig:
                               # m // pack_gqa of query head h_kv * pack_gqa + m % pack_gqa); the group size
     o_tma: bool = False       # o_smem: each warpgroup's staged rows leave by a TMA store (rows past S_q
                               # clipped by the tensor bounds) instead of 16-byte stores from registers
+    wg_skip: bool = False     # each consumer warpgroup runs only the key blocks its own rows see (its causal /
+                              # right-window bound), none when its rows are past S_q; the tile's other blocks
+                              # it waits for and releases without a GEMM (the producer loads the tile's range)
     q_stages: int = 1         # Q buffers (2: a persistent CTA loads the next tile's Q while the
                               # current tile still reads its own)
     exp2_program: Any = None  # exp2_fma > 0: the exp2_f32 program (asm.programs.ProgramSpec) whose

@@ -47,10 +47,16 @@ class BlockRange:
     def n_block_max(self, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32,
                     win_right: Int32 = 0) -> Int32:
         """One past the last key block that any row of m_block may see (can be <= 0)."""
+        return self.n_block_end((m_block + 1) * self.tile_m, seqlen_q, seqlen_k, win_right)
+
+    @cute.jit
+    def n_block_end(self, row_end: Int32, seqlen_q: Int32, seqlen_k: Int32, win_right: Int32 = 0) -> Int32:
+        """One past the last key block that any row below row_end may see (the rows of a tile, or of
+        one consumer warpgroup: the bound is their last row's)."""
         n_max = cute.ceil_div(seqlen_k, self.tile_n)
         if cutlass.const_expr(self.bounds_right):
-            # last visible column of the tile's last row, + 1
-            col_end = (m_block + 1) * self.tile_m + seqlen_k - seqlen_q
+            # last visible column of the last row, + 1
+            col_end = row_end + seqlen_k - seqlen_q
             if cutlass.const_expr(self.has_right):
                 col_end = col_end + win_right
             n_max = cutlass.min(n_max, cute.ceil_div(cutlass.max(col_end, 0), self.tile_n))
@@ -64,9 +70,14 @@ class BlockRange:
         Block n is mask-free iff its last column (n+1)*tile_n - 1 is visible to the tile's
         first row m_block*tile_m, i.e. n < (m_block*tile_m + S_k - S_q + right + 1) / tile_n.
         """
+        return self.n_unmasked_from(m_block * self.tile_m, seqlen_q, seqlen_k, win_right)
+
+    @cute.jit
+    def n_unmasked_from(self, row_lo: Int32, seqlen_q: Int32, seqlen_k: Int32, win_right: Int32 = 0) -> Int32:
+        """n_unmasked_end for the rows from row_lo on (a tile's, or one consumer warpgroup's)."""
         n_end = cute.ceil_div(seqlen_k, self.tile_n)
         if cutlass.const_expr(self.bounds_right):
-            first_row_end = m_block * self.tile_m + seqlen_k - seqlen_q + 1
+            first_row_end = row_lo + seqlen_k - seqlen_q + 1
             if cutlass.const_expr(self.has_right):
                 first_row_end = first_row_end + win_right
             n_end = cutlass.max(first_row_end, 0) // self.tile_n

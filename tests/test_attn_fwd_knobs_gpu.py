@@ -266,3 +266,63 @@ def test_l2_section_size_varlen_keeps_outputs():
         pytest.skip("needs CUDA")
     _varlen_outputs_equal(128, [300, 1, 0, 517, 129, 1024], 13,
                           tuple({"fwd.varlen": True, "l2_section_mb": mb} for mb in (1, 32, 1024)))
+
+
+# wg_skip (each consumer warpgroup runs only the key blocks its own rows see; a warpgroup whose rows
+# are all past S_q runs none): the blocks it passes are fully masked for its rows, so the same O and LSE
+# bit for bit where the masked blocks' arithmetic does not depend on the tile: 192-row tiles ending past
+# S_q (300 / 1000 rows), causal S_q > S_k (rows with no key), packed GQA, a right window, FP16, D = 64 /
+# 128 / 256, turns and free-running warpgroups, the persistent grid, 3 CTAs and one CTA per tile.
+WG_SKIP_CASES = [(("softmax", "native", "bf16", 2, 300, 517, 8, 2, 128, True), {}),
+                 (("softmax", "native", "bf16", 1, 300, 411, 8, 2, 128, True), WG3),
+                 (("softmax", "native", "bf16", 1, 517, 200, 4, 1, 128, True), WG3),
+                 (("softmax", "native", "fp16", 2, 1000, 1000, 8, 8, 64, True), {}),
+                 (("softcap", "native", "bf16", 2, 1000, 1000, 4, 4, 128, True), {}),
+                 (("softcap", "native", "bf16", 1, 1000, 1000, 8, 2, 128, True), {}),
+                 (("softcap", "native", "bf16", 2, 300, 411, 4, 4, 128, False), {}),
+                 (("sigmoid", "poly", "bf16", 1, 1300, 1300, 8, 8, 64, True), {}),
+                 (("softmax", "native", "bf16", 1, 300, 300, 4, 4, 256, True), {})]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grid", ["plan", "ctas3", "single_tile"])
+@pytest.mark.parametrize("case", WG_SKIP_CASES, ids=lambda c: "-".join(map(str, c[0])) + ("-wg3" if c[1] else ""))
+def test_wg_skip_equals_tile_range(case, grid):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    shape, over = case
+    extra = {"plan": {}, "ctas3": {"fwd_ctas": 3}, "single_tile": {"fwd.persistent": 0}}[grid]
+    _bitwise_as_default(shape, "wg_skip", {**over, **extra})
+
+
+@pytest.mark.gpu
+def test_wg_skip_right_window_equals_tile_range():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _bitwise_as_default(("softmax", "native", "bf16", 1, 300, 411, 8, 2, 128, False), "wg_skip", WG3,
+                        window=(100, 37))
+
+
+@pytest.mark.gpu
+def test_wg_skip_varlen_equals_tile_range():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _varlen_outputs_equal(128, [300, 1, 0, 517, 129, 1024], 17,
+                          ({"fwd.varlen": True}, {"fwd.varlen": True, "fwd.wg_skip": True}))
+    _varlen_outputs_equal(128, [300, 1, 0, 517, 129, 1024], 19,
+                          ({"fwd.varlen": True, **WG3}, {"fwd.varlen": True, "fwd.wg_skip": True, **WG3}))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [("softcap", "poly", "bf16", 2, 1000, 1000, 4, 4, 128, True),
+                                  ("softcap", "poly", "bf16", 1, 1000, 1000, 8, 2, 128, True),
+                                  ("softcap", "poly", "bf16", 1, 300, 411, 4, 4, 64, True)],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_wg_skip_exp2_offload_against_reference(case):
+    """softcap poly at BF16 cap 50 (the exp2 offload on the FMA pipe in mask-free blocks only): a
+    warpgroup's own mask-free range is longer than its tile's, so other blocks take the FMA 2^a (1 BF16
+    ulp apart): judged by the rule against the reference."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from test_attn_fwd_gpu import run_case
+    run_case(*case, overrides={"fwd.wg_skip": True})
