@@ -279,14 +279,20 @@ FWD_ROWS = (
         "softcap D = 64 causal MHA from 513 keys to SHORT_SEQLEN (its short 128-row tile) on 128 CTAs "
         "(whole sections per round): 0.956-0.966x at S = 1k (two runs); S = 512 1.009-1.016x, 2k 1.023x, "
         "GQA 1k 1.009x: not taken", "fwd-l2-section-softcap"),
-    Row({"head_dim": 256, "mode": "softmax", "mha": True, "short_seq": True, "varlen": False, "window": False},
-        dict(l2_section_mb=8, balance_ctas="sections"),
-        "D = 256 MHA at S <= 1k, causal and not: 8 MB sections on a CTA count that walks whole sections "
-        "per round: non-causal 0.848x (S = 512) / 0.932x (1k) the time, causal 0.987x / 0.985x (8 MB on "
-        "132 CTAs 0.88-1.25x, 16 MB 0.97-1.05x)", "fwd-l2-section-d256"),
-    Row({"head_dim": 256, "mode": "softcap", "fixed_max_ok": True, "mha": True, "short_seq": True,
+    Row({"head_dim": 256, "mode": "softmax", "small_group": True, "short_seq": True, "varlen": False,
+         "window": False}, dict(l2_section_mb=8, balance_ctas="sections"),
+        "D = 256 at S <= 1k, causal and not: 8 MB sections on a CTA count that walks whole sections "
+        "per round: MHA non-causal 0.848x (S = 512) / 0.932x (1k) the time, causal 0.987x / 0.985x (8 MB on "
+        "132 CTAs 0.88-1.25x, 16 MB 0.97-1.05x; second run 0.853 / 0.921x, 1.029 / 0.957x); GQA 16/8 "
+        "non-causal 0.875 / 0.938x, causal 0.933 / 0.963x (one run)", "fwd-l2-section-d256"),
+    Row({"head_dim": 256, "mode": "softcap", "fixed_max_ok": True, "small_group": True, "short_seq": True,
          "varlen": False, "window": False}, dict(l2_section_mb=8, balance_ctas="sections"),
-        "... softcap poly: non-causal 0.871x / 0.960x, causal 0.982x / 0.974x", "fwd-l2-section-d256"),
+        "... softcap poly: MHA non-causal 0.871x / 0.960x, causal 0.982x / 0.974x (second run 0.868 / "
+        "0.938x, 1.024 / 0.958x); GQA 16/8 non-causal 0.910 / 0.950x, causal 0.935 / 0.909x", "fwd-l2-section-d256"),
+    Row({"head_dim": 256, "mode": "sigmoid", "mha": True, "causal": False, "short_seq": True,
+         "varlen": False, "window": False}, dict(l2_section_mb=8, balance_ctas="sections"),
+        "... sigmoid poly MHA non-causal 0.843x / 0.907x (one run; causal 1.051 / 0.968x: not taken)",
+        "fwd-l2-section-d256"),
     Row({"head_dim": 256}, dict(o_smem=True),
         "O staged through a 128-column smem tile in two passes: 0.74-0.97x the time at D = 256 "
         "(S 512 to 4k, causal or not); 0.85-0.94x on a ragged varlen batch", "fwd-o-smem"),
@@ -546,6 +552,7 @@ def _facts(call: AttnCall, program) -> dict:
         "l2_section_keys": call.seqlen_k <= L2_SECTION_MAX_KEYS,
         # a K / V head per query head: the K / V bytes a query tile reads are its head's alone
         "mha": call.heads_q == call.heads_kv,
+        "small_group": call.heads_q <= 2 * call.heads_kv,   # MHA or a KV head per two query heads
         "fixed_max_ok": call.mode == "softcap" and call.dtype == "bf16" and 0.0 < cap <= FIXED_MAX_CAP,
         "program_dtype": None if program is None else program.dtype,
         "exp2_offload": program is not None and program.is_exp2,

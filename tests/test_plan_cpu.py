@@ -943,14 +943,18 @@ def test_l2_section_rows_and_their_cta_counts():
     for kw in (dict(shape=(32, 512, 32, 32)), dict(shape=(16, 1024, 32, 8)), dict(shape=(8, 2048, 32, 32)),
                dict(shape=(16, 1024, 32, 32), causal=False)):
         assert resolve("softcap", "poly", d=64, **kw).fwd_ctas == SM, kw
-    # D = 256 MHA at S <= 1k (softmax, fixed-max softcap), causal and not: 8 MB sections of 16 heads x 4
-    # blocks (S = 512) or 8 x 8 (1k) = 64 tiles, two whole sections per round on 128 CTAs
-    for mode, ev in (("softmax", "native"), ("softcap", "poly")):
-        for shape in ((32, 512, 16, 16), (16, 1024, 16, 16)):
+    # D = 256 MHA and GQA 2 at S <= 1k (softmax, fixed-max softcap), causal and not: 8 MB sections of 16
+    # heads x 4 blocks (S = 512) or 8 x 8 (1k) = 64 tiles, two whole sections per round on 128 CTAs;
+    # sigmoid non-causal MHA only
+    for mode, ev in (("softmax", "native"), ("softcap", "poly"), ("sigmoid", "poly")):
+        for shape in ((32, 512, 16, 16), (16, 1024, 16, 16), (32, 512, 16, 8), (16, 1024, 16, 8)):
             for causal in (True, False):
                 p = resolve(mode, ev, d=256, shape=shape, causal=causal)
-                assert (p.l2_section_mb, p.fwd_ctas) == (8, 128), (mode, shape, causal)
-        for kw in (dict(shape=(8, 2048, 16, 16)), dict(shape=(32, 512, 16, 8)),
+                taken = mode != "sigmoid" or (shape[2] == shape[3] and not causal)
+                assert (p.l2_section_mb == 8) == taken, (mode, shape, causal)
+                if taken:
+                    assert p.fwd_ctas == 128, (mode, shape, causal)
+        for kw in (dict(shape=(8, 2048, 16, 16)), dict(shape=(32, 512, 16, 4)),
                    dict(shape=(32, 512, 16, 16), window=(255, -1)), dict(shape=(32, 512, 16, 16), varlen=True)):
             assert resolve(mode, ev, d=256, **kw).l2_section_mb == 32, (mode, kw)
     assert heads_per_section(32 * 16, 512, 256 * 4, 1, 8 << 20) == 16
