@@ -312,6 +312,27 @@ FWD_ROWS = (
          "short_keys": True}, dict(tile_n=64, o_smem=True),
         "... but up to SHORT_KEYS keys the 64-key tile with O staged: 0.836-0.931x the 80-key tile's "
         "time at S 512 / 1k, 0.963-0.965x at 2k, 1.029x at 4k (16/8 and 16/16 heads)", "fwd-d256-short-keys"),
+    # each consumer warpgroup on its own rows' key range (wg_skip): where a tile's warpgroup has blocks to
+    # pass, i.e. 192-row tiles ending mid-sequence or cut by the causal diagonal, and 64-key blocks at D = 256
+    Row({"head_dim": 128, "mode": "softcap", "fixed_max_ok": True, "mha": True, "short_keys": True,
+         "varlen": False, "window": False}, dict(wg_skip=True),
+        "each consumer warpgroup runs only the key blocks its own rows see (host count: the 192 x 64 tile's "
+        "warpgroups ran 1.42 / 1.35x the blocks their rows need at causal S = 512 / 1k): causal MHA S = 512 / "
+        "1k / 2k 0.854 / 0.854 / 0.976x the time (poly), 0.846 / 0.849 / 0.966x (native), non-causal S = 512 / "
+        "1k 0.931 / 0.972x, 0.914 / 0.983x (H200, one run); packed GQA 4 at 1k 1.012 / 0.994x: not taken",
+        "fwd-wg-skip"),
+    Row({"head_dim": 64, "mode": "softmax", "mha": True, "short_keys": True, "varlen": False, "window": False},
+        dict(wg_skip=True), "... D = 64 on the 192 x 128 tile: causal S = 2k 0.984x, non-causal S = 512 0.964x",
+        "fwd-wg-skip"),
+    Row({"head_dim": 64, "mode": "softcap", "fixed_max_ok": True, "mha": True, "short_keys": True, "varlen": False,
+         "window": False}, dict(wg_skip=True), "... softcap poly 0.937x / 0.918x", "fwd-wg-skip"),
+    Row({"head_dim": 64, "causal": True, "short_seq": True}, dict(wg_skip=False),
+        "... but not on the short causal 128 x 128 tile, which has no block to pass (D = 128's 128 x 128 tile "
+        "with the skip's prologue alone: 1.006-1.011x)", "fwd-wg-skip"),
+    Row({"head_dim": 256, "mode": "softmax", "causal": True, "mha": True, "short_seq": True, "varlen": False,
+         "window": False}, dict(wg_skip=True),
+        "... causal D = 256 softmax (128 x 64: the first warpgroup passes the diagonal's top block): S = 512 / "
+        "1k 0.977 / 0.973x; softcap poly 1.029 / 1.064x: not taken", "fwd-wg-skip"),
     Row({"varlen": True}, dict(varlen=True, persistent=True),
         "packed sequences: one persistent launch over (sequence, head) units, tiles past a "
         "sequence's end skipped: 1.04-1.22x a CTA per tile on a ragged batch", "varlen-grid"),

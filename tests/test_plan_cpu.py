@@ -197,10 +197,11 @@ def test_grad_rules():
 
 # ----------------------------------------------------------------------- forward rows
 FWD_FIELDS = ("tile_m", "tile_n", "num_stages", "pingpong", "persistent", "row_max_chains",
-              "row_sum_carry", "rescale_threshold", "fixed_max", "exp2_fma", "o_smem", "mask_bits", "q_stages", "o_tma")
+              "row_sum_carry", "rescale_threshold", "fixed_max", "exp2_fma", "o_smem", "mask_bits", "q_stages", "o_tma",
+              "wg_skip")
 BASE = dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=SM, row_max_chains=1,
             row_sum_carry=False, rescale_threshold=0.0, fixed_max=False, exp2_fma=0, o_smem=False, mask_bits=False,
-            q_stages=1, o_tma=False)
+            q_stages=1, o_tma=False, wg_skip=False)
 D64 = dict(tile_m=192, num_stages=3, pingpong=True, mask_bits=True, o_smem=True)   # three warpgroups in turns
 FWD_CASES = [
     # softmax: the stale-max threshold everywhere; at D = 128 ping-pong, carried row sum, 4 max chains;
@@ -281,11 +282,13 @@ FWD_CASES = [
     (dict(mode="softcap", evaluator="poly", d=128, shape=SMALL), dict(tile_m=192, tile_n=64, num_stages=4,
                                                                       pingpong=True, fixed_max=True, exp2_fma=1,
                                                                       o_smem=True)),
-    # ... with a KV head per query head up to SHORT_KEYS keys its staged O rows leave by TMA stores
+    # ... with a KV head per query head up to SHORT_KEYS keys its staged O rows leave by TMA stores, and
+    # each warpgroup runs its own rows' key range (not at 4k, not windowed)
     (dict(mode="softcap", evaluator="poly", d=128, shape=(16, 1024, 32, 32)),
-     dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True, fixed_max=True, exp2_fma=1, o_smem=True, o_tma=True)),
+     dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True, fixed_max=True, exp2_fma=1, o_smem=True, o_tma=True,
+          wg_skip=True)),
     (dict(mode="softcap", d=128, shape=(8, 2048, 32, 32), causal=False),
-     dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True, fixed_max=True, o_smem=True, o_tma=True)),
+     dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True, fixed_max=True, o_smem=True, o_tma=True, wg_skip=True)),
     (dict(mode="softcap", evaluator="poly", d=128, shape=(4, 4096, 32, 32)),
      dict(tile_m=192, tile_n=64, num_stages=4, pingpong=True, fixed_max=True, exp2_fma=1, o_smem=True)),
     (dict(mode="softcap", evaluator="poly", d=128, shape=(16, 1024, 32, 32), window=(255, -1)),
@@ -310,7 +313,7 @@ FWD_CASES = [
     (dict(mode="softmax", d=64, shape=(4, 4096, 32, 8)), dict(D64, rescale_threshold=8.0)),
     (dict(mode="softcap", evaluator="poly", d=64, shape=(8, 2048, 32, 8)), dict(D64, fixed_max=True, exp2_fma=1)),
     (dict(mode="softcap", evaluator="poly", d=64, shape=(8, 2048, 32, 32)), dict(D64, fixed_max=True, exp2_fma=1,
-                                                                                q_stages=2)),
+                                                                                q_stages=2, wg_skip=True)),
     (dict(mode="softcap", evaluator="poly", d=64, shape=(4, 4096, 32, 32)), dict(D64, fixed_max=True, exp2_fma=1)),
     (dict(mode="softmax", d=64, shape=(16, 1024, 32, 8), seqlen_k=2048), dict(D64, rescale_threshold=8.0,
                                                                                q_stages=2)),
@@ -978,3 +981,26 @@ def test_l2_section_rows_and_their_cta_counts():
     # the section size is a launch argument: a 16 MB row and the 32 MB default share one compiled forward
     short, long_ = (resolve("softcap", "poly", d=128, shape=(16384 // s, s, 32, 8)) for s in (1024, 4096))
     assert (short.l2_section_mb, long_.l2_section_mb) == (16, 32) and short.fwd == long_.fwd
+
+
+def test_wg_skip_rows():
+    """fwd.wg_skip (each consumer warpgroup on its own rows' key range) where it was timed faster: softcap
+    D = 128 under the constant max and D = 64 softmax / fixed-max softcap, MHA up to SHORT_KEYS keys, but not
+    the short causal D = 64 128 x 128 tile (nothing to pass); causal D = 256 softmax MHA at S <= SHORT_SEQLEN;
+    dense unwindowed calls."""
+    on = [("softcap", "poly", 128, (32, 512, 32, 32), True), ("softcap", "native", 128, (8, 2048, 32, 32), True),
+          ("softcap", "poly", 128, (32, 512, 32, 32), False), ("softmax", "native", 64, (8, 2048, 32, 32), True),
+          ("softmax", "native", 64, (32, 512, 32, 32), False), ("softcap", "poly", 64, (32, 512, 32, 32), False),
+          ("softmax", "native", 256, (32, 512, 16, 16), True), ("softmax", "native", 256, (16, 1024, 16, 16), True)]
+    off = [("softcap", "poly", 128, (4, 4096, 32, 32), True), ("softcap", "poly", 128, (16, 1024, 32, 8), True),
+           ("softmax", "native", 128, (32, 512, 32, 32), True), ("sigmoid", "poly", 64, (32, 512, 32, 32), False),
+           ("softmax", "native", 64, (32, 512, 32, 32), True), ("softcap", "poly", 64, (16, 1024, 32, 32), True),
+           ("softmax", "native", 64, (8, 2048, 32, 8), True), ("softmax", "native", 64, (4, 4096, 32, 32), True),
+           ("softcap", "poly", 256, (32, 512, 16, 16), True), ("softmax", "native", 256, (32, 512, 16, 16), False),
+           ("softmax", "native", 256, (8, 2048, 16, 16), True)]
+    for mode, ev, d, shape, causal in on:
+        assert resolve(mode, ev, d=d, shape=shape, causal=causal).fwd.wg_skip, (mode, ev, d, shape, causal)
+    for mode, ev, d, shape, causal in off:
+        assert not resolve(mode, ev, d=d, shape=shape, causal=causal).fwd.wg_skip, (mode, ev, d, shape, causal)
+    for kw in (dict(varlen=True), dict(window=(255, -1))):
+        assert not resolve("softcap", "poly", d=128, shape=(32, 512, 32, 32), **kw).fwd.wg_skip, kw
