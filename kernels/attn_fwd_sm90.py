@@ -619,7 +619,7 @@ class AttnFwdSm90:
             pos_lo, pos_end = row_lo // self.pack, (row_lo + rows - 1) // self.pack + 1
         else:
             pos_lo, pos_end = row_lo, row_lo + rows
-        n_skip = n_max - cutlass.min(n_max, cutlass.max(blocks.n_block_end(pos_end, seqlen_q, seqlen_k, window[1]), 0))
+        n_skip = n_max - cutlass.min(n_max, blocks.n_block_end(pos_end, seqlen_q, seqlen_k, window[1]))   # end >= 0
         n_skip = cutlass.min(n_skip, n_cnt) if row_lo < self._rows_q(seqlen_q) else n_cnt
         return n_skip, blocks.n_unmasked_from(pos_lo, seqlen_q, seqlen_k, window[1])
 
