@@ -112,7 +112,8 @@ FWD_ROWS = (
     Row({}, dict(tile_m=128, tile_n=128, num_stages=2, pingpong=False, persistent=True,
                  row_max_chains=1, row_sum_carry=False, rescale_threshold=0.0, fixed_max=False,
                  exp2_fma=0, varlen=False, varlen_compact=False, o_smem=False,
-                 mask_bits=False, pack_gqa=False, q_stages=1, o_tma=False, wg_skip=False, l2_section_mb=32),
+                 mask_bits=False, pack_gqa=False, q_stages=1, o_tma=False, wg_skip=False, q_bottom=False,
+                 l2_section_mb=32),
         "two consumer warpgroups of 64 rows, 2 K/V stages, a persistent LPT-ordered grid (0.92-0.96x)",
         "fwd-persistent"),
     Row({}, dict(balance_ctas=True),
@@ -879,8 +880,9 @@ def _fwd_ctas(call: AttnCall, fwd, window, balance: bool, l2_mb: int, override: 
     tm, tn, s_q, s_k, g = fwd.tile_m, fwd.tile_n, call.seqlen_q, call.seqlen_k, fwd.pack_gqa
     num_blocks = -(-(g * s_q) // tm)   # packed GQA: tiles of tm / g positions of g heads, per KV head
     cost = []
+    s_qv = s_q + (-s_q) % (tm // g) if fwd.q_bottom else s_q   # q_bottom: the positions in front of the first tile
     for m in range(num_blocks):   # key blocks per query block, as the kernel's BlockRange counts them
-        n_min, n_max = key_block_range(m, s_q, s_k, tm // g, tn, fwd.causal, fwd.window_left, fwd.window_right,
+        n_min, n_max = key_block_range(m, s_qv, s_k, tm // g, tn, fwd.causal, fwd.window_left, fwd.window_right,
                                        *window)
         cost.append(max(n_max - n_min, 0) * tn + TILE_FIXED_KEYS)
     units = call.heads_q // g * call.batch

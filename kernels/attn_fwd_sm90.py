@@ -230,6 +230,34 @@ class AttnFwdSm90:
         """Packed rows of seqlen_q positions (the epilogue's bound)."""
         return seqlen_q * self.pack if cutlass.const_expr(self.pack > 1) else seqlen_q
 
+    def _q_shift(self, seqlen_q):
+        """q_bottom: the positions in front of the first tile's first row, (-S_q) mod (tile_m / pack),
+        so the tiles end at S_q's end and the partial tile is the first (under the causal bound the one
+        with the fewest key blocks); the Python int 0 otherwise (the top-aligned code as is).
+
+        The shifted tiles are the top-aligned tiles of a query sequence with q_shift positions in front:
+        the Q, O and LSE views are offset back by q_shift rows (_shift_rows) and the block ranges and
+        masks take S_q + q_shift, which leaves every real row's causal bound (row - S_q + S_k) as it
+        was.  Only the score hooks' query index and the epilogue's first stored row see the shift."""
+        if not self.cfg.q_bottom:
+            return 0
+        tile_pos = self.tile_m // self.pack
+        return (tile_pos - seqlen_q % tile_pos) % tile_pos
+
+    def _shift_rows(self, q_shift, *tensors):
+        """Q, O (S, D, H, B) and LSE (S, H, B) views whose row 0 is q_shift positions before the sequence's
+        first (packed GQA: rows ((g, S), ...), offset in positions); as is when q_shift is the literal 0."""
+        if isinstance(q_shift, int) and q_shift == 0:
+            return tensors
+        row = (0, -q_shift) if cutlass.const_expr(self.pack > 1) else -q_shift
+        return tuple(cute.domain_offset((row,) + (0,) * (cute.rank(t) - 1), t) for t in tensors)
+
+    def _shift_o_store(self, q_shift):
+        """o_tma's O coordinates offset like O's view (_shift_rows): the boxes of rows before the
+        sequence's first fall outside O's row extent, which TMA's bounds clip as it clips those past S_q."""
+        if self._o_store is not None:
+            self._o_store = (self._o_store[0], self._shift_rows(q_shift, self._o_store[1])[0])
+
     def _window_param(self, win_left, win_right):
         """Window sizes reach the kernel only in windowed builds: unused kernel parameters
         still shift the parameter block and changed the unwindowed SASS (+1 LDC, reordering)."""
@@ -299,27 +327,31 @@ class AttnFwdSm90:
         mQ, mO = (cute.domain_offset((row_q, 0, 0, 0), t) for t in (mQ, mO))
         mK, mV = (cute.domain_offset((off_k, 0, 0, 0), t) for t in (mK, mV))
         mLSE = cute.domain_offset((row_q, 0, 0), mLSE)
-        return mQ, mK, mV, mO, mLSE, Int32(0), seqlen_q, seqlen_k
+        # q_bottom: the sequence's own shift (its rows in front are the previous sequence's, or zeros)
+        q_shift = self._q_shift(seqlen_q)
+        mQ, mO, mLSE = self._shift_rows(q_shift, mQ, mO, mLSE)
+        return mQ, mK, mV, mO, mLSE, Int32(0), seqlen_q, seqlen_k, q_shift
 
-    def _key_range(self, blocks, m_block, seqlen_q, seqlen_k, window):
+    def _key_range(self, blocks, m_block, seqlen_q, seqlen_k, window, q_shift=0):
         """(n_max, n_cnt): key blocks [n_max - n_cnt, n_max) are visited (n_cnt is n_max
-        itself without a left window)."""
+        itself without a left window).  q_shift: q_bottom's positions in front (_q_shift)."""
+        seqlen_q = mask_mod.add0(q_shift, seqlen_q)
         n_max = blocks.n_block_max(m_block, seqlen_q, seqlen_k, window[1])
         n_cnt = mask_mod.sub0(n_max, blocks.n_block_min(m_block, seqlen_q, seqlen_k, window[0]))
         return n_max, n_cnt
 
-    def _tile(self, sched, t, num_m_blocks, h_q, num_batch, group, blocks, seqlen_q, seqlen_k, window):
+    def _tile(self, sched, t, num_m_blocks, h_q, num_batch, group, blocks, seqlen_q, seqlen_k, window, q_shift=0):
         """(m_block, head, batch, n_max, n_cnt) of linear tile t (persistent CTAs; every role
         decodes the tiles it walks itself)."""
         m_block, head, batch = sched.tile_at(t, num_m_blocks, h_q, num_batch, group)
-        return (m_block, head, batch) + self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
+        return (m_block, head, batch) + self._key_range(blocks, m_block, seqlen_q, seqlen_k, window, q_shift)
 
     @cute.jit
     def _varlen_tile(self, sched, t, num_m_blocks, h_q, num_batch, group, blocks, window, varlen,
                      mQ, mK, mV, mO, mLSE):
         """_tile of the varlen build: (m_block, head, batch 0, the tensors offset to the tile's
-        sequence (_sequence), its lengths, n_max, n_cnt, live); live is 1 for a query tile inside
-        its sequence, 0 past its end (the roles skip it; the compact order has only live tiles)."""
+        sequence (_sequence), its lengths, n_max, n_cnt, live, q_shift); live is 1 for a query tile
+        inside its sequence, 0 past its end (the roles skip it; the compact order has only live tiles)."""
         if cutlass.const_expr(self.cfg.varlen_compact):   # pair t // H_q of the table, head t % H_q
             pair = t // h_q
             head = t - pair * h_q
@@ -328,10 +360,10 @@ class AttnFwdSm90:
             b = e & (COMPACT_MAX_SEQS - 1)
         else:
             m_block, head, b = sched.tile_at(t, num_m_blocks, h_q, num_batch, group)
-        mQ, mK, mV, mO, mLSE, b, sq, sk = self._sequence(varlen, b, mQ, mK, mV, mO, mLSE)
-        n_max, n_cnt = self._key_range(blocks, m_block, sq, sk, window)
-        live = cutlass.min(cutlass.max(self._rows_q(sq) - m_block * self.tile_m, 0), 1)
-        return m_block, head, b, (mQ, mK, mV, mO, mLSE), sq, sk, n_max, n_cnt, live
+        mQ, mK, mV, mO, mLSE, b, sq, sk, q_shift = self._sequence(varlen, b, mQ, mK, mV, mO, mLSE)
+        n_max, n_cnt = self._key_range(blocks, m_block, sq, sk, window, q_shift)
+        live = cutlass.min(cutlass.max(self._rows_q(mask_mod.add0(q_shift, sq)) - m_block * self.tile_m, 0), 1)
+        return m_block, head, b, (mQ, mK, mV, mO, mLSE), sq, sk, n_max, n_cnt, live, q_shift
 
     @cute.jit
     def single_tile_roles(self, mQ, mK, mV, mO, mLSE, sQ, sK, sV, tma_q, tma_k, tma_v,
@@ -342,7 +374,10 @@ class AttnFwdSm90:
         num_m_blocks = cute.ceil_div(cute.size(mQ, mode=[0]), self.tile_m)
         m_block, head, batch = sched.work_tile(num_m_blocks, mQ.shape[2], group)
         seqlen_q, seqlen_k = self._seqlen_q(mQ), mK.shape[0]
-        n_max, n_cnt = self._key_range(blocks, m_block, seqlen_q, seqlen_k, window)
+        q_shift = self._q_shift(seqlen_q)
+        mQ, mO, mLSE = self._shift_rows(q_shift, mQ, mO, mLSE)
+        self._shift_o_store(q_shift)
+        n_max, n_cnt = self._key_range(blocks, m_block, seqlen_q, seqlen_k, window, q_shift)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.num_producer_regs)
             if warp_idx == 0:
@@ -353,7 +388,7 @@ class AttnFwdSm90:
             cute.arch.setmaxregister_increase(self.num_mma_regs)
             self.mma(mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
                      params, blocks, m_block, head, batch, n_max, seqlen_q, seqlen_k, window, n_cnt,
-                     aux=aux)
+                     aux=aux, q_shift=q_shift)
             if cutlass.const_expr(self.cfg.o_tma):   # O's TMA store has read the staging tile
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -384,6 +419,11 @@ class AttnFwdSm90:
         num_ctas = cute.arch.grid_dim()[0]
         rounds = cute.ceil_div(tiles, num_ctas)
         seqlen_q, seqlen_k = self._seqlen_q(mQ), mK.shape[0]
+        q_shift = 0
+        if cutlass.const_expr(varlen is None):   # dense: one shift for every tile (varlen: per sequence)
+            q_shift = self._q_shift(seqlen_q)
+            mQ, mO, mLSE = self._shift_rows(q_shift, mQ, mO, mLSE)
+            self._shift_o_store(q_shift)
         q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         kv_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         q_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
@@ -396,13 +436,14 @@ class AttnFwdSm90:
                     for _ in cutlass.range(cutlass.min(cutlass.max(tiles - t, 0), 1), unroll=1):
                         if cutlass.const_expr(varlen is None):
                             m_block, head, batch, n_max, n_cnt = self._tile(
-                                sched, t, num_m_blocks, h_q, num_batch, group, blocks, seqlen_q, seqlen_k, window)
+                                sched, t, num_m_blocks, h_q, num_batch, group, blocks, seqlen_q, seqlen_k, window,
+                                q_shift)
                             head_kv = head // (h_q // mK.shape[2])
                             q_prod, kv_prod = self.load(mQ, mK, mV, sQ, sK, sV, tma_q, tma_k, tma_v,
                                                         pipe_q, pipe_k, pipe_v, m_block, head, head_kv,
                                                         batch, n_max, n_cnt, q_prod, kv_prod)
                         else:
-                            m_block, head, b, (mQt, mKt, mVt, _, _), _, _, n_max, n_cnt, live = self._varlen_tile(
+                            m_block, head, b, (mQt, mKt, mVt, _, _), _, _, n_max, n_cnt, live, _ = self._varlen_tile(
                                 sched, t, num_m_blocks, h_q, num_batch, group, blocks, window, varlen,
                                 mQ, mK, mV, mO, mLSE)
                             for _ in cutlass.range(live, unroll=1):
@@ -423,19 +464,21 @@ class AttnFwdSm90:
                 for _ in cutlass.range(cutlass.min(cutlass.max(tiles - t, 0), 1), unroll=1):
                     if cutlass.const_expr(varlen is None):
                         m_block, head, batch, n_max, n_cnt = self._tile(
-                            sched, t, num_m_blocks, h_q, num_batch, group, blocks, seqlen_q, seqlen_k, window)
+                            sched, t, num_m_blocks, h_q, num_batch, group, blocks, seqlen_q, seqlen_k, window,
+                            q_shift)
                         kv_cons, q_cons = self.mma(mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q,
                                                    pipe_k, pipe_v, params, blocks, m_block, head, batch, n_max,
-                                                   seqlen_q, seqlen_k, window, n_cnt, kv_cons, q_cons, aux)
+                                                   seqlen_q, seqlen_k, window, n_cnt, kv_cons, q_cons, aux,
+                                                   q_shift)
                     else:
-                        m_block, head, b, (_, _, _, mOt, mLSEt), sq, sk, n_max, n_cnt, live = self._varlen_tile(
+                        m_block, head, b, (_, _, _, mOt, mLSEt), sq, sk, n_max, n_cnt, live, qs = self._varlen_tile(
                             sched, t, num_m_blocks, h_q, num_batch, group, blocks, window, varlen,
                             mQ, mK, mV, mO, mLSE)
                         for _ in cutlass.range(live, unroll=1):
                             kv_cons, q_cons = self.mma(mOt, mLSEt, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv,
                                                        pipe_q, pipe_k, pipe_v, self.score.seq_params(params, sk),
                                                        blocks, m_block, head, b,
-                                                       n_max, sq, sk, window, n_cnt, kv_cons, q_cons, aux)
+                                                       n_max, sq, sk, window, n_cnt, kv_cons, q_cons, aux, qs)
             if cutlass.const_expr(self.pingpong):
                 if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced
                     self.pingpong_sync(0)
@@ -497,11 +540,14 @@ class AttnFwdSm90:
     @cute.jit
     def mma(self, mO, mLSE, sQ, sK, sV, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k, pipe_v,
             params, blocks, m_block: Int32, head: Int32, batch: Int32, n_max: Int32,
-            seqlen_q: Int32, seqlen_k: Int32, window, n_cnt: Int32, kv_run=None, q_run=None, aux=None):
+            seqlen_q: Int32, seqlen_k: Int32, window, n_cnt: Int32, kv_run=None, q_run=None, aux=None,
+            q_shift=0):
         """Consumer warpgroups: the main loop over key blocks, then the epilogue.  Persistent
         CTAs pass their running K/V and Q consumer states (kv_run, q_run) and get them back:
         Q is released after the tile's last QK GEMM, and the ping-pong turns are set up once
-        per CTA by the caller instead of once per tile."""
+        per CTA by the caller instead of once per tile.  q_shift: q_bottom's positions in front of
+        the sequence (_q_shift; mO and mLSE come offset by it): the block ranges and masks take
+        S_q + q_shift, the score hooks and the epilogue the real rows."""
         persistent = q_run is not None
         tidx = cute.arch.thread_idx()[0] - self.num_threads_per_wg
         wg = cute.arch.make_warp_uniform(tidx // self.num_threads_per_wg)
@@ -532,10 +578,13 @@ class AttnFwdSm90:
             tOrP=tOrP, acc_O=acc_O, s_shape=s_shape, tScS_mn=tScS_mn, softmax=softmax,
             row_scale=row_scale, params=params, pipe_k=pipe_k, pipe_v=pipe_v, m_block=m_block,
             seqlen_q=seqlen_q, seqlen_k=seqlen_k, wg=wg, n_max=n_max, window=window, head=head,
-            batch=batch, aux=aux)
+            batch=batch, aux=aux, seqlen_qv=mask_mod.add0(q_shift, seqlen_q),
+            q0=mask_mod.sub0(m_block * self.tile_m, self._rows_q(q_shift)))
+        seqlen_q = ctx.seqlen_qv   # below: the shifted sequence's (block ranges, masks, stored rows)
         n_max_tile = n_max
         if cutlass.const_expr(self.cfg.wg_skip):
-            n_skip, n_unmasked = self._wg_range(blocks, wg, m_block, seqlen_q, seqlen_k, window, n_max, n_cnt)
+            n_skip, n_unmasked = self._wg_range(blocks, wg, m_block, seqlen_q, seqlen_k, window, n_max, n_cnt,
+                                                self._rows_q(q_shift))
             n_cnt = n_cnt - n_skip
             n_max = n_max - n_skip if n_cnt > 0 else 0   # no block left: the tile's no-key path
             n_unmasked = cutlass.min(n_unmasked, n_max)
@@ -602,17 +651,18 @@ class AttnFwdSm90:
             if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced
                 self.pingpong_sync(0)
         self.epilogue(acc_O, softmax, params, mO, mLSE, tiled_mma_pv, tidx, m_block, head, batch,
-                      self._rows_q(seqlen_q), n_max)
+                      self._rows_q(seqlen_q), n_max, self._rows_q(q_shift))
         if cutlass.const_expr(persistent):
             return kv, q_run
 
     @cute.jit
     def _wg_range(self, blocks, wg, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, window,
-                  n_max: Int32, n_cnt: Int32):
+                  n_max: Int32, n_cnt: Int32, row_first=0):
         """wg_skip: (n_skip, n_unmasked) of this warpgroup's rows.  The tile's top n_skip key blocks
         are past its rows' causal / right-window bound (all n_cnt when its rows are past S_q: a
-        192-row tile ends mid-sequence at S = 512 or 1k); n_unmasked counts from its first row.
-        Rows are positions under packed GQA (row r holds position r // pack)."""
+        192-row tile ends mid-sequence at S = 512 or 1k; or, q_bottom, all before the sequence's first
+        row, row_first); n_unmasked counts from its first row.  Rows are positions under packed GQA
+        (row r holds position r // pack)."""
         rows = self.tile_m // self.num_mma_wg
         row_lo = m_block * self.tile_m + wg * rows
         if cutlass.const_expr(self.pack > 1):
@@ -621,6 +671,8 @@ class AttnFwdSm90:
             pos_lo, pos_end = row_lo, row_lo + rows
         n_skip = n_max - cutlass.min(n_max, blocks.n_block_end(pos_end, seqlen_q, seqlen_k, window[1]))   # end >= 0
         n_skip = cutlass.min(n_skip, n_cnt) if row_lo < self._rows_q(seqlen_q) else n_cnt
+        if cutlass.const_expr(self.cfg.q_bottom):
+            n_skip = n_skip if row_lo + rows > row_first else n_cnt
         return n_skip, blocks.n_unmasked_from(pos_lo, seqlen_q, seqlen_k, window[1])
 
     @cute.jit
@@ -662,7 +714,7 @@ class AttnFwdSm90:
                     masked: cutlass.Constexpr[bool], tOrP_dst):
         """Score stage on S: transform, mask (diagonal/tail blocks only), P into tOrP_dst
         (None: P stays in acc_S for the stage's write_p after the PV wait)."""
-        coords = sc.Coords(ctx.tScS_mn, ctx.m_block * self.tile_m, n_block * self.tile_n, ctx.batch,
+        coords = sc.Coords(ctx.tScS_mn, ctx.q0, n_block * self.tile_n, ctx.batch,
                            ctx.head, sc.SeqlenInfo(ctx.seqlen_q, ctx.seqlen_k), ctx.aux)
         if cutlass.const_expr(self.cfg.fixed_max):
             self.score.transform_fixed(acc_S, ctx.params, coords)   # exp2 arguments against a constant max
@@ -670,7 +722,7 @@ class AttnFwdSm90:
             self.score.transform(acc_S, ctx.params, coords)
         if cutlass.const_expr(masked):
             mask_mod.apply_mask(sc.acc_mn_view(acc_S), ctx.tScS_mn, ctx.m_block, n_block,
-                                ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.causal,
+                                ctx.seqlen_qv, ctx.seqlen_k, self.tile_m, self.tile_n, self.causal,
                                 self.cfg.window_left, self.cfg.window_right, ctx.window[0], ctx.window[1],
                                 self.cfg.mask_bits, self.pack)
         self.score.probs(acc_S, tOrP_dst, ctx.softmax, ctx.params, is_first, masked,
@@ -792,9 +844,10 @@ class AttnFwdSm90:
 
     @cute.jit
     def epilogue(self, acc_O, softmax, params, mO, mLSE, tiled_mma_pv, tidx: Int32,
-                 m_block: Int32, head: Int32, batch: Int32, seqlen_q: Int32, n_max: Int32):
+                 m_block: Int32, head: Int32, batch: Int32, seqlen_q: Int32, n_max: Int32, row_first=0):
         """Normalise O (softmax modes), write O (rows < seqlen_q: the packed rows, pack x S_q, under
-        packed GQA) and LSE straight from registers."""
+        packed GQA; and, q_bottom, rows >= row_first, the shift's rows in front) and LSE straight from
+        registers."""
         thr_mma_pv = tiled_mma_pv.get_slice(tidx)
         tOcO_mn = sc.acc_mn_view(thr_mma_pv.partition_C(
             cute.make_identity_tensor((self.tile_m, self.head_dim))))
@@ -814,27 +867,36 @@ class AttnFwdSm90:
             for r in cutlass.range_constexpr(num_rows):
                 row = m_block * self.tile_m + tOcO_mn[r, 0][0]
                 if tOcO_mn[0, 0][1] == 0 and row < seqlen_q:
-                    gLSE[row] = lse[r]
+                    if self._stored(row, row_first):
+                        gLSE[row] = lse[r]
         gO = mO[None, None, head, batch]
         if cutlass.const_expr(self.cfg.o_smem):
-            self.store_o_staged(acc_O, gO, tiled_mma_pv, tidx, m_block, seqlen_q, head, batch)
+            self.store_o_staged(acc_O, gO, tiled_mma_pv, tidx, m_block, seqlen_q, head, batch, row_first)
         else:
             for r in cutlass.range_constexpr(num_rows):
                 row = m_block * self.tile_m + tOcO_mn[r, 0][0]
                 if row < seqlen_q:
-                    for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                        gO[row, tOcO_mn[0, c][1]] = o_mn[r, c].to(self.dtype)
+                    if self._stored(row, row_first):
+                        for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                            gO[row, tOcO_mn[0, c][1]] = o_mn[r, c].to(self.dtype)
+
+    def _stored(self, row, row_first):
+        """Is the tile's row (below S_q) a row of the sequence: q_bottom's rows in front are not (the
+        literal True without the shift: the top-aligned code as is)."""
+        if isinstance(row_first, int) and row_first == 0:
+            return True
+        return row >= row_first
 
     @cute.jit
     def store_o_staged(self, acc_O, gO, tiled_mma_pv, tidx: Int32, m_block: Int32, seqlen_q: Int32,
-                       head: Int32, batch: Int32):
+                       head: Int32, batch: Int32, row_first=0):
         """o_smem: each consumer warpgroup writes its 64 rows of O (cast) into the staging tile with
         stmatrix, then stores them as 16-byte row chunks (a warp covers whole rows: full sectors),
         rows >= S_q skipped.  A named barrier per warpgroup before the writes (its threads have read
         the previous tile's rows) and before the reads (the rows are complete).  D = 256 goes
         through a 128-column tile in two passes (store_o_staged_passes)."""
         if cutlass.const_expr(self.o_cols != self.head_dim):
-            self.store_o_staged_passes(acc_O, gO, tidx, m_block, seqlen_q)
+            self.store_o_staged_passes(acc_O, gO, tidx, m_block, seqlen_q, row_first)
         else:
             sO = self._sO
             wg = tidx // self.num_threads_per_wg
@@ -857,7 +919,7 @@ class AttnFwdSm90:
                 self.store_o_tma(sO, wg, tidx, m_block, head, batch)
             else:
                 bar.arrive_and_wait()
-                self.store_o_rows(gO, sO, wg, tidx, m_block, seqlen_q, 0)
+                self.store_o_rows(gO, sO, wg, tidx, m_block, seqlen_q, 0, row_first)
 
     @cute.jit
     def store_o_tma(self, sO, wg, tidx: Int32, m_block: Int32, head: Int32, batch: Int32):
@@ -877,7 +939,8 @@ class AttnFwdSm90:
             cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
-    def store_o_rows(self, gO, sO, wg, tidx: Int32, m_block: Int32, seqlen_q: Int32, col_block: cutlass.Constexpr):
+    def store_o_rows(self, gO, sO, wg, tidx: Int32, m_block: Int32, seqlen_q: Int32, col_block: cutlass.Constexpr,
+                     row_first=0):
         """Warpgroup wg's 64 staged rows (o_cols columns) to O's column block col_block, as
         16-byte chunks: o_cols / 8 threads per row, 128 / (o_cols / 8) rows per pass."""
         chunks = self.o_cols // 8
@@ -895,10 +958,11 @@ class AttnFwdSm90:
         row0 = m_block * self.tile_m + wg * 64
         for i in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
             if row0 + tOcO[0, i, 0][0] < seqlen_q:
-                cute.copy(s2g, tOrO[None, i, None], tOgO[None, i, None])
+                if self._stored(row0 + tOcO[0, i, 0][0], row_first):
+                    cute.copy(s2g, tOrO[None, i, None], tOgO[None, i, None])
 
     @cute.jit
-    def store_o_staged_passes(self, acc_O, gO, tidx: Int32, m_block: Int32, seqlen_q: Int32):
+    def store_o_staged_passes(self, acc_O, gO, tidx: Int32, m_block: Int32, seqlen_q: Int32, row_first=0):
         """o_smem at D = 256: the staging tile holds o_cols = 128 columns (a whole 64 KB tile does
         not fit beside Q and two K / V stages), so O goes through it in two passes.  The registers
         of pass p are the PV fragment's values 64p .. 64p + 63: the wgmma C layout is the same for
@@ -925,7 +989,7 @@ class AttnFwdSm90:
             bar.arrive_and_wait()   # the previous pass's (or tile's) rows have been read
             cute.copy(r2s, thr_r2s.retile(rO_p), thr_r2s.partition_D(sO))
             bar.arrive_and_wait()
-            self.store_o_rows(gO, sO, wg, tidx, m_block, seqlen_q, p)
+            self.store_o_rows(gO, sO, wg, tidx, m_block, seqlen_q, p, row_first)
 
 
 class AttnFwdSm90Aux(AttnFwdSm90):

@@ -326,3 +326,62 @@ def test_wg_skip_exp2_offload_against_reference(case):
         pytest.skip("needs CUDA")
     from test_attn_fwd_gpu import run_case
     run_case(*case, overrides={"fwd.wg_skip": True})
+
+
+# q_bottom (causal query tiles aligned to S_q's end: the partial tile is the first): every row sees
+# the same keys and its key blocks run in the same order, only the fully masked ones a row skips or
+# passes change, so O and LSE equal the top-aligned tiles' bit for bit, written into NaN-poisoned
+# buffers: a row before a sequence's first that a build stored would land in the previous batch
+# entry's (or sequence's) rows and break the equality.  192-row tiles (S_q = 300, 1000: shifts of
+# 84 and 152 rows; 1152: none), the 128 x 128 tile (1000: 24), S_q != S_k (rows with no key, keys
+# before the first row), wg_skip
+# on and off, O by TMA store, O from registers, FP16, packed GQA (shift in positions), D = 64's
+# 192 x 128 tile, the persistent grid, 3 CTAs and one CTA per tile.
+Q_BOTTOM_CASES = [(("softmax", "native", "bf16", 2, 300, 517, 8, 2, 128, True), {**WG3, "fwd.o_smem": False}),
+                  (("softmax", "native", "bf16", 2, 1000, 1000, 4, 4, 128, True), {**WG3, "fwd.wg_skip": True}),
+                  (("softmax", "native", "bf16", 1, 517, 200, 4, 1, 128, True), {**WG3, "fwd.wg_skip": True}),
+                  (("softmax", "native", "fp16", 2, 1300, 1300, 8, 8, 64, True), {}),
+                  (("softmax", "native", "bf16", 2, 1000, 1000, 8, 2, 128, True), {}),
+                  (("softmax", "native", "bf16", 2, 1152, 1152, 8, 8, 64, True), {}),
+                  (("softcap", "native", "bf16", 2, 1000, 1000, 4, 4, 128, True), {}),
+                  (("softcap", "native", "bf16", 2, 300, 300, 4, 4, 128, True), {"fwd.o_tma": False}),
+                  (("softcap", "native", "bf16", 2, 1000, 1000, 8, 2, 128, True), {}),
+                  (("sigmoid", "poly", "bf16", 2, 1300, 1300, 8, 8, 64, True), {"fwd.wg_skip": True})]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grid", ["plan", "ctas3", "single_tile"])
+@pytest.mark.parametrize("case", Q_BOTTOM_CASES, ids=lambda c: "-".join(map(str, c[0])) + ("-over" if c[1] else ""))
+def test_q_bottom_equals_top_aligned(case, grid):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    shape, over = case
+    extra = {"plan": {}, "ctas3": {"fwd_ctas": 3}, "single_tile": {"fwd.persistent": 0}}[grid]
+    _bitwise_as_default(shape, "q_bottom", {**over, **extra})
+
+
+@pytest.mark.gpu
+def test_q_bottom_varlen_equals_top_aligned():
+    """Each packed sequence its own shift; the rows in front of a sequence are the previous one's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    lens = [300, 1, 0, 517, 129, 1024, 191, 193]
+    _varlen_outputs_equal(128, lens, 23, ({"fwd.varlen": True, **WG3},
+                                          {"fwd.varlen": True, "fwd.q_bottom": True, **WG3},
+                                          {"fwd.varlen": True, "fwd.q_bottom": True, "fwd.wg_skip": True, **WG3}))
+    _varlen_outputs_equal(64, lens, 29, ({"fwd.varlen": True, **WG3},
+                                         {"fwd.varlen": True, "fwd.q_bottom": True, **WG3}))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [("softcap", "poly", "bf16", 2, 1000, 1000, 4, 4, 128, True),
+                                  ("softcap", "poly", "bf16", 1, 1000, 1000, 8, 2, 128, True),
+                                  ("softcap", "poly", "bf16", 2, 300, 411, 4, 4, 64, True)],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_q_bottom_exp2_offload_against_reference(case):
+    """softcap poly at BF16 cap 50: a tile's mask-free range moves with its rows, so blocks switch
+    between the FMA and MUFU 2^a (1 BF16 ulp apart): judged by the rule against the reference."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from test_attn_fwd_gpu import run_case
+    run_case(*case, overrides={"fwd.q_bottom": True})
