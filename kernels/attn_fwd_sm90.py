@@ -916,7 +916,15 @@ class AttnFwdSm90:
             if cutlass.const_expr(self.cfg.o_tma):
                 cute.arch.fence_view_async_shared()   # stmatrix's writes visible to the TMA (async proxy)
                 bar.arrive_and_wait()
-                self.store_o_tma(sO, wg, tidx, m_block, head, batch)
+                if cutlass.const_expr(isinstance(row_first, int) and row_first == 0):
+                    self.store_o_tma(sO, wg, tidx, m_block, head, batch)
+                else:
+                    # q_bottom: a box that starts before the sequence's first row goes by row stores (a TMA
+                    # store at a negative row coordinate stopped the kernel with an illegal instruction)
+                    if m_block * self.tile_m + wg * 64 >= row_first:
+                        self.store_o_tma(sO, wg, tidx, m_block, head, batch)
+                    else:
+                        self.store_o_rows(gO, sO, wg, tidx, m_block, seqlen_q, 0, row_first)
             else:
                 bar.arrive_and_wait()
                 self.store_o_rows(gO, sO, wg, tidx, m_block, seqlen_q, 0, row_first)
