@@ -334,6 +334,23 @@ FWD_ROWS = (
          "window": False}, dict(wg_skip=True),
         "... causal D = 256 softmax (128 x 64: the first warpgroup passes the diagonal's top block): S = 512 / "
         "1k 0.977 / 0.973x; softcap poly 1.029 / 1.064x: not taken", "fwd-wg-skip"),
+    # causal query tiles aligned to S_q's end (q_bottom): the partial tile is the first, the one with the
+    # fewest key blocks, instead of the last; it changes what a 192-row tile costs where S_q is no multiple of it
+    Row({"head_dim": 128, "mode": "softcap", "fixed_max_ok": True, "causal": True, "window": False},
+        dict(q_bottom=True),
+        "causal query tiles aligned to S_q's end (host count: the 192 x 64 tile's warpgroup-blocks 0.836 / 0.945x "
+        "at S = 1k / 4k): softcap D = 128 MHA S = 1k / 2k / 4k 0.979 / 0.949-0.967 / 0.932-0.954x the time "
+        "(H100), 4k / 8k 0.939-0.949 / 0.974-0.985x (H200); packed GQA 4 1k / 4k 0.948-0.977 / 0.982-0.998x; "
+        "ragged varlen 0.939 / 0.962x (poly / native, H100); S = 512 1.011x (no block saved)", "fwd-q-bottom"),
+    Row({"head_dim": 64, "causal": True, "short_seq": False, "varlen": False, "window": False},
+        dict(q_bottom=True),
+        "... D = 64's 192 x 128 tile: MHA S = 2k / 4k softmax 0.982 / 0.954-0.957x, softcap poly 0.975 / "
+        "0.910-0.941x, sigmoid 0.954 / 0.945-0.949x; 8k 1.002-1.005 / 0.902-0.923 / 1.025-1.040x; GQA 32/8 4k "
+        "softmax 0.961-0.992x, sigmoid 0.924-0.931x", "fwd-q-bottom"),
+    Row({"head_dim": 64, "mode": "softcap", "mha": False}, dict(q_bottom=False),
+        "... but not D = 64 softcap with its GQA group packed: 1.015 / 1.049x at 4k", "fwd-q-bottom"),
+    Row({"head_dim": 64, "mode": "sigmoid", "q_bottom_keys": False}, dict(q_bottom=False),
+        "... nor D = 64 sigmoid past Q_BOTTOM_MAX_KEYS keys: 1.025 / 1.040x at 8k", "fwd-q-bottom"),
     Row({"varlen": True}, dict(varlen=True, persistent=True),
         "packed sequences: one persistent launch over (sequence, head) units, tiles past a "
         "sequence's end skipped: 1.04-1.22x a CTA per tile on a ragged batch", "varlen-grid"),
@@ -502,6 +519,8 @@ L2_SECTION_MAX_KEYS = 512
 # the key length from which the D = 64 backward staggers its warpgroups (p_turns + dq_defer): the
 # stagger's prologue and last deferred dQ are paid once per CTA, its gain once per query block
 STEP_ORDER_MIN_SEQLEN_K = 2048
+# the longest keys at which D = 64 sigmoid took fwd.q_bottom (faster at 2k and 4k, slower at 8k: fwd-q-bottom)
+Q_BOTTOM_MAX_KEYS = 4096
 # head_loop where its grid (key blocks x KV heads x batch x column chunks) has this many CTAs per SM
 HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
 # kv_sections ("long_rows"): the key length from which sections pay, per (causal, MHA); below it
@@ -571,6 +590,7 @@ def _facts(call: AttnCall, program) -> dict:
         "pack_gqa_ok": _pack_gqa_ok(call),
         "long_keys": call.seqlen_k >= STEP_ORDER_MIN_SEQLEN_K,
         "short_keys": call.seqlen_k <= SHORT_KEYS,
+        "q_bottom_keys": call.seqlen_k <= Q_BOTTOM_MAX_KEYS,
         "l2_section_keys": call.seqlen_k <= L2_SECTION_MAX_KEYS,
         # a K / V head per query head: the K / V bytes a query tile reads are its head's alone
         "mha": call.heads_q == call.heads_kv,
