@@ -355,8 +355,9 @@ def test_dry_run_prints_cells_and_compiles_without_cuda():
     # store, causal and not: fwd-q-stages-softcap-d64, fwd-o-tma); the L2-section rows (fwd-l2-section,
     # fwd-l2-section-softcap) set the section size and CTA count, launch arguments that build nothing; each
     # warpgroup on its own key range (fwd-wg-skip) splits two builds: D = 64 non-causal softmax MHA up to 2k
-    # (GQA 32/8 at S <= 1k shared it) and causal D = 256 softmax MHA at S <= 1k (the other D = 256 causal cells)
-    assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2 + 3 * 2 + 3 + 5 + (12 - 2) + 1 + 5 + 2
+    # (GQA 32/8 at S <= 1k shared it) and causal D = 256 softmax MHA at S <= 1k (the other D = 256 causal cells);
+    # tiles aligned to S_q's end (fwd-q-bottom) split one: causal D = 64 sigmoid at 2k / 4k from 8k and longer
+    assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2 + 3 * 2 + 3 + 5 + (12 - 2) + 1 + 5 + 2 + 1
     assert est["flex_compiles"] == 2 * 84
 
 
