@@ -253,8 +253,8 @@ class AttnFwdSm90:
         return tuple(cute.domain_offset((row,) + (0,) * (cute.rank(t) - 1), t) for t in tensors)
 
     def _shift_o_store(self, q_shift):
-        """o_tma's O coordinates offset like O's view (_shift_rows): the boxes of rows before the
-        sequence's first fall outside O's row extent, which TMA's bounds clip as it clips those past S_q."""
+        """o_tma's O coordinates offset like O's view (_shift_rows), so a warpgroup's box lands on its rows;
+        a box that starts before the sequence's first row is not stored by TMA (store_o_staged)."""
         if self._o_store is not None:
             self._o_store = (self._o_store[0], self._shift_rows(q_shift, self._o_store[1])[0])
 
@@ -919,8 +919,9 @@ class AttnFwdSm90:
                 if cutlass.const_expr(isinstance(row_first, int) and row_first == 0):
                     self.store_o_tma(sO, wg, tidx, m_block, head, batch)
                 else:
-                    # q_bottom: a box that starts before the sequence's first row goes by row stores (a TMA
-                    # store at a negative row coordinate stopped the kernel with an illegal instruction)
+                    # q_bottom: a box that starts before the sequence's first row goes by row stores (with
+                    # such boxes stored by TMA, at negative row coordinates, the kernel stopped with an illegal
+                    # instruction; with row stores it passes)
                     if m_block * self.tile_m + wg * 64 >= row_first:
                         self.store_o_tma(sO, wg, tidx, m_block, head, batch)
                     else:
