@@ -896,11 +896,11 @@ def _fwd_ctas(call: AttnCall, fwd, window, balance: bool, l2_mb: int, override: 
     if fwd.persistent <= 0 or call.varlen or not balance:
         return fwd.persistent
     from .kernels.tile_scheduler import TILE_FIXED_KEYS, heads_per_section, persistent_ctas, section_ctas
-    from .kernels.mask import key_block_range
+    from .kernels.mask import key_block_range, q_bottom_shift
     tm, tn, s_q, s_k, g = fwd.tile_m, fwd.tile_n, call.seqlen_q, call.seqlen_k, fwd.pack_gqa
     num_blocks = -(-(g * s_q) // tm)   # packed GQA: tiles of tm / g positions of g heads, per KV head
     cost = []
-    s_qv = s_q + (-s_q) % (tm // g) if fwd.q_bottom else s_q   # q_bottom: the positions in front of the first tile
+    s_qv = s_q + q_bottom_shift(s_q, tm // g) if fwd.q_bottom else s_q   # q_bottom: positions in front of the first tile
     for m in range(num_blocks):   # key blocks per query block, as the kernel's BlockRange counts them
         n_min, n_max = key_block_range(m, s_qv, s_k, tm // g, tn, fwd.causal, fwd.window_left, fwd.window_right,
                                        *window)

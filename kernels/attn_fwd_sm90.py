@@ -247,7 +247,7 @@ class AttnFwdSm90:
     def _shift_rows(self, q_shift, *tensors):
         """Q, O (S, D, H, B) and LSE (S, H, B) views whose row 0 is q_shift positions before the sequence's
         first (packed GQA: rows ((g, S), ...), offset in positions); as is when q_shift is the literal 0."""
-        if isinstance(q_shift, int) and q_shift == 0:
+        if mask_mod.is_zero(q_shift):
             return tensors
         row = (0, -q_shift) if cutlass.const_expr(self.pack > 1) else -q_shift
         return tuple(cute.domain_offset((row,) + (0,) * (cute.rank(t) - 1), t) for t in tensors)
@@ -883,7 +883,7 @@ class AttnFwdSm90:
     def _stored(self, row, row_first):
         """Is the tile's row (below S_q) a row of the sequence: q_bottom's rows in front are not (the
         literal True without the shift: the top-aligned code as is)."""
-        if isinstance(row_first, int) and row_first == 0:
+        if mask_mod.is_zero(row_first):
             return True
         return row >= row_first
 
@@ -916,7 +916,7 @@ class AttnFwdSm90:
             if cutlass.const_expr(self.cfg.o_tma):
                 cute.arch.fence_view_async_shared()   # stmatrix's writes visible to the TMA (async proxy)
                 bar.arrive_and_wait()
-                if cutlass.const_expr(isinstance(row_first, int) and row_first == 0):
+                if cutlass.const_expr(mask_mod.is_zero(row_first)):
                     self.store_o_tma(sO, wg, tidx, m_block, head, batch)
                 else:
                     # q_bottom: a box that starts before the sequence's first row goes by row stores (with

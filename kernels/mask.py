@@ -115,14 +115,26 @@ def key_block_range(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, til
     return n_min, n_max
 
 
+def is_zero(x) -> bool:
+    """Is x the Python literal 0 that a build without the bound or shift passes (unwindowed, top-aligned
+    tiles), so that an offset by it folds away at trace time and leaves the code as is?"""
+    return isinstance(x, int) and x == 0
+
+
 def sub0(a, b):
     """a - b, and just a when b is the literal 0 of an unwindowed build (keeps its code as is)."""
-    return a if isinstance(b, int) and b == 0 else a - b
+    return a if is_zero(b) else a - b
 
 
 def add0(a, b):
     """a + b, and just b when a is the literal 0 of an unwindowed build."""
-    return b if isinstance(a, int) and a == 0 else a + b
+    return b if is_zero(a) else a + b
+
+
+def q_bottom_shift(seqlen_q: int, tile_pos: int) -> int:
+    """Host mirror of the forward's fwd.q_bottom shift (AttnFwdSm90._q_shift): the positions in front of
+    the first tile's first row when tiles of tile_pos positions end at S_q's end."""
+    return -seqlen_q % tile_pos
 
 
 @cute.jit

@@ -84,6 +84,11 @@ O_SMEM_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
                 ("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 256, False)]
 
 
+# the launch grids the bit-for-bit knob tests run: the plan's persistent grid, 3 persistent CTAs (each walks
+# many tiles: the pipeline states run on across them) and one CTA per tile
+GRIDS = {"plan": {}, "ctas3": {"fwd_ctas": 3}, "single_tile": {"fwd.persistent": 0}}
+
+
 def _bitwise_as_default(case, knob: str, extra: dict, window=(-1, -1), values=(False, True)):
     """O and LSE of the plan with fwd.<knob> = values[1] equal those with fwd.<knob> = values[0] bit
     for bit (the plan's default may be either), both written into NaN-poisoned buffers (a row a build
@@ -217,12 +222,12 @@ O_TMA_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("grid", ["plan", "ctas3", "single_tile"])
+@pytest.mark.parametrize("grid", list(GRIDS))
 @pytest.mark.parametrize("case", O_TMA_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_o_tma_equals_row_stores(case, grid):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    extra = {"plan": {}, "ctas3": {"fwd_ctas": 3}, "single_tile": {"fwd.persistent": 0}}[grid]
+    extra = GRIDS[grid]
     _bitwise_as_default(case, "o_tma", extra)
 
 
@@ -236,7 +241,7 @@ L2_SECTION_CASES = [("softmax", "native", "bf16", 2, 517, 517, 8, 2, 128, True),
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("grid", ["plan", "ctas3", "single_tile"])
+@pytest.mark.parametrize("grid", list(GRIDS))
 @pytest.mark.parametrize("case", L2_SECTION_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_l2_section_size_keeps_outputs(case, grid):
     if not torch.cuda.is_available():
@@ -246,7 +251,7 @@ def test_l2_section_size_keeps_outputs(case, grid):
     g = torch.Generator(device="cuda").manual_seed(s_q * 7 + s_k)
     q = torch.randn(b, s_q, h_q, d, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(b, s_k, h_kv, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    extra = {"plan": {}, "ctas3": {"fwd_ctas": 3}, "single_tile": {"fwd.persistent": 0}}[grid]
+    extra = GRIDS[grid]
     runs = [testing.run_forward(q, k, v, mode, evaluator, {**extra, "l2_section_mb": mb}, poison=True,
                                 causal=causal, softcap=50.0 if mode == "softcap" else None)
             for mb in (1, 32, 1024)]
@@ -285,13 +290,13 @@ WG_SKIP_CASES = [(("softmax", "native", "bf16", 2, 300, 517, 8, 2, 128, True), {
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("grid", ["plan", "ctas3", "single_tile"])
+@pytest.mark.parametrize("grid", list(GRIDS))
 @pytest.mark.parametrize("case", WG_SKIP_CASES, ids=lambda c: "-".join(map(str, c[0])) + ("-wg3" if c[1] else ""))
 def test_wg_skip_equals_tile_range(case, grid):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     shape, over = case
-    extra = {"plan": {}, "ctas3": {"fwd_ctas": 3}, "single_tile": {"fwd.persistent": 0}}[grid]
+    extra = GRIDS[grid]
     _bitwise_as_default(shape, "wg_skip", {**over, **extra})
 
 
@@ -350,13 +355,13 @@ Q_BOTTOM_CASES = [(("softmax", "native", "bf16", 2, 300, 517, 8, 2, 128, True), 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("grid", ["plan", "ctas3", "single_tile"])
+@pytest.mark.parametrize("grid", list(GRIDS))
 @pytest.mark.parametrize("case", Q_BOTTOM_CASES, ids=lambda c: "-".join(map(str, c[0])) + ("-over" if c[1] else ""))
 def test_q_bottom_equals_top_aligned(case, grid):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     shape, over = case
-    extra = {"plan": {}, "ctas3": {"fwd_ctas": 3}, "single_tile": {"fwd.persistent": 0}}[grid]
+    extra = GRIDS[grid]
     _bitwise_as_default(shape, "q_bottom", {**over, **extra})
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from flash_attn_poly.kernels.mask import key_block_range
+from flash_attn_poly.kernels.mask import key_block_range, q_bottom_shift
 
 ROWS_PER_WG = 64
 
@@ -22,7 +22,7 @@ def count(seqlen: int, tile_m: int, tile_n: int, causal: bool, pack: int = 1, bo
     pack > 1: packed GQA (row r holds position r // pack of the group's query heads); bottom: q_bottom's
     tiles (the kernel's: a query sequence of shift more positions in front, whose rows are never run)."""
     tile_pos = tile_m // pack
-    shift = (-seqlen) % tile_pos if bottom else 0
+    shift = q_bottom_shift(seqlen, tile_pos) if bottom else 0
     seq_v = seqlen + shift
     rows = seq_v * pack
     tile = own = 0
