@@ -916,16 +916,13 @@ class AttnFwdSm90:
             if cutlass.const_expr(self.cfg.o_tma):
                 cute.arch.fence_view_async_shared()   # stmatrix's writes visible to the TMA (async proxy)
                 bar.arrive_and_wait()
-                if cutlass.const_expr(mask_mod.is_zero(row_first)):
+                # q_bottom: a box that starts before the sequence's first row goes by row stores (with
+                # such boxes stored by TMA, at negative row coordinates, the kernel stopped with an illegal
+                # instruction; with row stores it passes); without the shift _stored is the literal True
+                if self._stored(m_block * self.tile_m + wg * 64, row_first):
                     self.store_o_tma(sO, wg, tidx, m_block, head, batch)
                 else:
-                    # q_bottom: a box that starts before the sequence's first row goes by row stores (with
-                    # such boxes stored by TMA, at negative row coordinates, the kernel stopped with an illegal
-                    # instruction; with row stores it passes)
-                    if m_block * self.tile_m + wg * 64 >= row_first:
-                        self.store_o_tma(sO, wg, tidx, m_block, head, batch)
-                    else:
-                        self.store_o_rows(gO, sO, wg, tidx, m_block, seqlen_q, 0, row_first)
+                    self.store_o_rows(gO, sO, wg, tidx, m_block, seqlen_q, 0, row_first)
             else:
                 bar.arrive_and_wait()
                 self.store_o_rows(gO, sO, wg, tidx, m_block, seqlen_q, 0, row_first)
