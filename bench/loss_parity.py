@@ -31,8 +31,10 @@ SwiGLU, no softcaps).  Runs (a pair shares its seed, so initialisation and data 
                        alone leaves after 2,000 steps; not in the default set
   B3_poly_seed1        B3_poly with seed 1 (its pair is noise_sigmoid_seed1: pair B3_seed1)
   noise_seed2, noise_seed3, noise_llama_seed2, noise_llama_seed3   B2_native / B1_native with seeds 2
-                       and 3: with three or more native seeds of a model the noise is the largest gap
-                       between any two of them (SEED_SETS), not one pair's; not in the default set
+                       and 3 (noise_sigmoid_seed2_4k, noise_llama_seed2_4k: seed 2 of the 4,000-step
+                       pairs): with three or more native seeds of a model and length the noise is the
+                       largest gap between any two of them (SEED_SETS), not one pair's; not in the
+                       default set
   B3_eager / B3_clamp8 / B3_clampall / B3_floor8   B3 diagnosis (the poly runs reach a lower loss than every
                        native run): torch's FP32 sigmoid attention; the same with the default
                        program's clamps (P at its input range's ends) on 8 of each 128 key columns
@@ -114,10 +116,13 @@ RUNS = {
     "noise_seed3": ("gemma2", "softcap", "native", "native", 3),
     "noise_llama_seed2": ("llama", "softmax", "native", "native", 2),
     "noise_llama_seed3": ("llama", "softmax", "native", "native", 3),
+    "noise_sigmoid_seed2_4k": ("llama", "sigmoid", "native", "native", 2),
+    "noise_llama_seed2_4k": ("llama", "softmax", "native", "native", 2),
 }
 # runs whose step count is their own, not --steps (the schedule follows it)
 RUN_STEPS = {name: 4000 for name in ("B3_native_4k", "B3_poly_4k", "noise_sigmoid_seed1_4k", "B1_native_4k",
-                                       "B1_poly_4k", "noise_llama_seed1_4k")}
+                                       "B1_poly_4k", "noise_llama_seed1_4k", "noise_sigmoid_seed2_4k",
+                                       "noise_llama_seed2_4k")}
 
 DEFAULT_RUNS = ("B1_native", "B1_poly", "B2_native", "B2_poly", "B3_native", "B3_poly", "noise_seed1")
 PAIRS = {"B1": ("B1_native", "B1_poly"), "B2": ("B2_native", "B2_poly"),
@@ -134,9 +139,12 @@ OWN_NOISE_MORE = {("llama", "sigmoid"): [("B3_native_4k", "noise_sigmoid_seed1_4
                   ("llama", "softmax"): [("B1_native_4k", "noise_llama_seed1_4k")]}
 # The native runs of one model and length that differ only in their seed: with three or more
 # present, their largest pairwise gaps are the noise a pair of that model is judged against.
+# (The 2,000- and 4,000-step runs are collected from separate directories: one set per key is present.)
 SEED_SETS = {("gemma2", "softcap"): [("B2_native", "noise_seed1", "noise_seed2", "noise_seed3")],
-             ("llama", "softmax"): [("B1_native", "noise_llama_seed1", "noise_llama_seed2", "noise_llama_seed3")],
-             ("llama", "sigmoid"): [("B3_native", "noise_sigmoid_seed1")]}
+             ("llama", "softmax"): [("B1_native", "noise_llama_seed1", "noise_llama_seed2", "noise_llama_seed3"),
+                                    ("B1_native_4k", "noise_llama_seed1_4k", "noise_llama_seed2_4k")],
+             ("llama", "sigmoid"): [("B3_native", "noise_sigmoid_seed1"),
+                                    ("B3_native_4k", "noise_sigmoid_seed1_4k", "noise_sigmoid_seed2_4k")]}
 SEED_SET_MIN = 3
 # Same seed, same evaluator, run twice: the gap that the backward's non-deterministic dQ
 # accumulation alone leaves after 2,000 steps (optional).

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -69,6 +70,26 @@ def test_seed_spread_judges_a_pair_against_every_native_seed():
     assert out["seed_spread"] == {} and out["arms"]["B2"]["noise_from"] == "gemma2/softcap"
     assert "inside_seed_range" not in out["arms"]["B2"]
     assert out["arms"]["B2"]["within_noise"] is False
+
+
+def test_seed_spread_of_the_4000_step_pairs():
+    """The 4,000-step B1 / B3 pairs are judged against their own length's three native seeds."""
+    def run(name, level):
+        fam, score = lp.RUNS[name][:2]
+        return {"run": name, "family": fam, "score": score, "tokens_per_step": 8,
+                "losses": [level + 2.0 * 0.9 ** i for i in range(200)], "heldout": level, "corpus": {"sha256": "x"}}
+    for kind, pair, nat, pol, seeds in (
+            ("sigmoid", "B3_4k", "B3_native_4k", "B3_poly_4k", ("noise_sigmoid_seed1_4k", "noise_sigmoid_seed2_4k")),
+            ("softmax", "B1_4k", "B1_native_4k", "B1_poly_4k", ("noise_llama_seed1_4k", "noise_llama_seed2_4k"))):
+        assert all(lp.run_steps(n, SimpleNamespace(dry_run=False, steps=2000)) == 4000 for n in (nat, pol) + seeds)
+        runs = {nat: run(nat, 1.000), seeds[0]: run(seeds[0], 1.0005), seeds[1]: run(seeds[1], 0.995),
+                pol: run(pol, 1.003)}
+        out = lp.collect(runs, 16.0)
+        sp = out["seed_spread"][f"llama/{kind}"]
+        assert sp["runs"] == [nat, *seeds] and sp["final_gap"] == pytest.approx(0.0055)
+        arm = out["arms"][pair]
+        assert arm["noise_from"] == f"llama/{kind}, 3 seeds"
+        assert arm["within_noise"] is True and arm["inside_seed_range"] is False
 
 
 def test_dry_run_pair_and_noise_then_collect(tmp_path):
