@@ -342,11 +342,12 @@ FWD_ROWS = (
         "at S = 1k / 4k): softcap D = 128 MHA S = 1k / 2k / 4k 0.979 / 0.949-0.967 / 0.932-0.954x the time "
         "(H100), 4k / 8k 0.939-0.949 / 0.974-0.985x (H200); packed GQA 4 1k / 4k 0.948-0.977 / 0.982-0.998x; "
         "ragged varlen 0.939 / 0.962x (poly / native, H100); S = 512 1.011x (no block saved)", "fwd-q-bottom"),
-    Row({"head_dim": 64, "causal": True, "short_seq": False, "varlen": False, "window": False},
+    Row({"head_dim": 64, "causal": True, "short_seq": False, "varlen": False, "window": False, "user_score": False},
         dict(q_bottom=True),
         "... D = 64's 192 x 128 tile: MHA S = 2k / 4k softmax 0.982 / 0.954-0.957x, softcap poly 0.975 / "
         "0.910-0.941x, sigmoid 0.954 / 0.945-0.949x; 8k 1.002-1.005 / 0.902-0.923 / 1.025-1.040x; GQA 32/8 4k "
-        "softmax 0.961-0.992x, sigmoid 0.924-0.931x", "fwd-q-bottom"),
+        "softmax 0.961-0.992x, sigmoid 0.924-0.931x (not for a user score function: its hooks' shifted q index "
+        "was not run on a GPU)", "fwd-q-bottom"),
     Row({"head_dim": 64, "mode": "softcap", "mha": False}, dict(q_bottom=False),
         "... but not D = 64 softcap with its GQA group packed: 1.015 / 1.049x at 4k", "fwd-q-bottom"),
     Row({"head_dim": 64, "mode": "sigmoid", "q_bottom_keys": False}, dict(q_bottom=False),
