@@ -146,3 +146,36 @@ def test_alibi_matters_on_the_gpu():
     plain = flash_attn_poly.attention(q, k, v)
     biased = flash_attn_poly.attention(q, k, v, score_mod=sm.alibi(), aux_tensors=aux)
     assert (plain.float() - biased.float()).abs().max().item() > 0.05
+
+
+@pytest.mark.parametrize("shape", [(2, 1300, 1300, 8, 2, 64), (1, 1000, 1100, 4, 4, 64)],
+                         ids=lambda s: "-".join(map(str, s)))
+def test_alibi_with_q_bottom_equals_top_aligned(shape, monkeypatch):
+    """fwd.q_bottom with a user score function (no default row takes it there): ALiBi reads q_idx -
+    kv_idx, so a hook fed the shifted tile row instead of the sequence's would change O.  The plan
+    with the override against the default (top-aligned) one, O and LSE bit for bit (D = 64's 192 x 128
+    tile: S_q = 1300 / 1000 shift by 52 / 152 rows; S_q < S_k in the second)."""
+    from flash_attn_poly import interface, plan as plan_mod
+    b, s_q, s_k, h_q, h_kv, d = shape
+    g = torch.Generator(device="cuda").manual_seed(s_q + d)
+    q = torch.randn(b, s_q, h_q, d, device="cuda", generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(b, s_k, h_kv, d, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    aux = [sm.alibi_slopes(h_q).cuda()]
+    run = lambda: flash_attn_poly.attention(q, k, v, causal=True, score_mod=sm.alibi(), aux_tensors=aux,
+                                            return_lse=True)
+    over = {"fwd.tile_m": 192, "fwd.tile_n": 128, "fwd.num_stages": 3, "fwd.pingpong": True}
+    seen = []
+
+    def plan(call, sms, overrides=None):
+        p = plan_mod.resolve(call, sms, {**over, "fwd.q_bottom": bool(overrides)})
+        seen.append(p.fwd.q_bottom)
+        return p
+    with torch.no_grad():
+        monkeypatch.setattr(interface, "_plan", lambda call, sms: plan(call, sms))
+        o_ref, lse_ref = run()
+        monkeypatch.setattr(interface, "_plan", lambda call, sms: plan(call, sms, True))
+        o, lse = run()
+    assert seen == [False, True]
+    assert torch.isfinite(o).all()
+    assert torch.equal(o, o_ref), (o.float() - o_ref.float()).abs().max()
+    assert torch.equal(lse, lse_ref)
