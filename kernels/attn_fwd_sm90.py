@@ -580,22 +580,22 @@ class AttnFwdSm90:
             seqlen_q=seqlen_q, seqlen_k=seqlen_k, wg=wg, n_max=n_max, window=window, head=head,
             batch=batch, aux=aux, seqlen_qv=mask_mod.add0(q_shift, seqlen_q),
             q0=mask_mod.sub0(m_block * self.tile_m, self._rows_q(q_shift)))
-        seqlen_q = ctx.seqlen_qv   # below: the shifted sequence's (block ranges, masks, stored rows)
+        seqlen_qv = ctx.seqlen_qv   # the shifted sequence's length: block ranges, masks, stored rows
         n_max_tile = n_max
         if cutlass.const_expr(self.cfg.wg_skip):
-            n_skip, n_unmasked = self._wg_range(blocks, wg, m_block, seqlen_q, seqlen_k, window, n_max, n_cnt,
+            n_skip, n_unmasked = self._wg_range(blocks, wg, m_block, seqlen_qv, seqlen_k, window, n_max, n_cnt,
                                                 self._rows_q(q_shift))
             n_cnt = n_cnt - n_skip
             n_max = n_max - n_skip if n_cnt > 0 else 0   # no block left: the tile's no-key path
             n_unmasked = cutlass.min(n_unmasked, n_max)
         else:
-            n_unmasked = cutlass.min(blocks.n_unmasked_end(m_block, seqlen_q, seqlen_k, window[1]), n_max)
+            n_unmasked = cutlass.min(blocks.n_unmasked_end(m_block, seqlen_qv, seqlen_k, window[1]), n_max)
         # key blocks: first = n_max-1 (tail + diagonal, masked); then the ones crossing the
         # causal diagonal / right window edge (masked; none when not bounded); then the
         # interior [n_lo, ..) (mask-free); then the left window edge [n_min, n_lo) (masked).
         # Without a left window n_min = n_lo = 0 (Python ints: the unwindowed code as is).
-        n_min = blocks.n_block_min(m_block, seqlen_q, seqlen_k, window[0])
-        n_lo = blocks.n_left_clean(m_block, seqlen_q, seqlen_k, window[0])
+        n_min = blocks.n_block_min(m_block, seqlen_qv, seqlen_k, window[0])
+        n_lo = blocks.n_left_clean(m_block, seqlen_qv, seqlen_k, window[0])
         n_diag = n_max - 1 - cutlass.max(n_unmasked, n_min)
         n_diag_lo = cutlass.max(n_unmasked, n_min) if cutlass.const_expr(blocks.has_left) else n_unmasked
         n_inner = mask_mod.sub0(cutlass.min(n_unmasked, n_max - 1), n_lo)
@@ -651,7 +651,7 @@ class AttnFwdSm90:
             if wg == 0:  # take the extra arrive of the start so barrier 0 ends balanced
                 self.pingpong_sync(0)
         self.epilogue(acc_O, softmax, params, mO, mLSE, tiled_mma_pv, tidx, m_block, head, batch,
-                      self._rows_q(seqlen_q), n_max, self._rows_q(q_shift))
+                      self._rows_q(seqlen_qv), n_max, self._rows_q(q_shift))
         if cutlass.const_expr(persistent):
             return kv, q_run
 
