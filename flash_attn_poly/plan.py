@@ -341,13 +341,16 @@ FWD_ROWS = (
         "causal query tiles aligned to S_q's end (host count: the 192 x 64 tile's warpgroup-blocks 0.836 / 0.945x "
         "at S = 1k / 4k): softcap D = 128 MHA S = 1k / 2k / 4k 0.979 / 0.949-0.967 / 0.932-0.954x the time "
         "(H100), 4k / 8k 0.939-0.949 / 0.974-0.985x (H200); packed GQA 4 1k / 4k 0.948-0.977 / 0.982-0.998x; "
-        "ragged varlen 0.939 / 0.962x (poly / native, H100); S = 512 1.011x (no block saved)", "fwd-q-bottom"),
-    Row({"head_dim": 64, "causal": True, "short_seq": False, "varlen": False, "window": False, "user_score": False},
+        "ragged varlen 0.939 / 0.962x (poly / native, H100)", "fwd-q-bottom"),
+    Row({"head_dim": 128, "mode": "softcap", "q_bottom_rows": False}, dict(q_bottom=False),
+        "... but not at S_q <= Q_BOTTOM_MIN_SEQLEN_Q: MHA S = 512 1.011-1.026x (poly), 1.011-1.014x (native), "
+        "two H100 runs (no warpgroup-block saved there)", "fwd-q-bottom"),
+    Row({"head_dim": 64, "causal": True, "short_seq": False, "varlen": False, "window": False},
         dict(q_bottom=True),
         "... D = 64's 192 x 128 tile: MHA S = 2k / 4k softmax 0.982 / 0.954-0.957x, softcap poly 0.975 / "
         "0.910-0.941x, sigmoid 0.954 / 0.945-0.949x; 8k 1.002-1.005 / 0.902-0.923 / 1.025-1.040x; GQA 32/8 4k "
-        "softmax 0.961-0.992x, sigmoid 0.924-0.931x (not for a user score function: its hooks' shifted q index "
-        "was not run on a GPU)", "fwd-q-bottom"),
+        "softmax 0.961-0.992x, sigmoid 0.924-0.931x (a user score function's hooks see the real rows: ALiBi bit for "
+        "bit with and without the shift)", "fwd-q-bottom"),
     Row({"head_dim": 64, "mode": "softcap", "mha": False}, dict(q_bottom=False),
         "... but not D = 64 softcap with its GQA group packed: 1.015 / 1.049x at 4k", "fwd-q-bottom"),
     Row({"head_dim": 64, "mode": "sigmoid", "q_bottom_keys": False}, dict(q_bottom=False),
@@ -522,6 +525,9 @@ L2_SECTION_MAX_KEYS = 512
 STEP_ORDER_MIN_SEQLEN_K = 2048
 # the longest keys at which D = 64 sigmoid took fwd.q_bottom (faster at 2k and 4k, slower at 8k: fwd-q-bottom)
 Q_BOTTOM_MAX_KEYS = 4096
+# the longest query length at which the softcap D = 128 forward keeps its tiles aligned to S_q's start:
+# at 512 rows the shift saves no warpgroup-block (host count) and took 1.011-1.026x the time (fwd-q-bottom)
+Q_BOTTOM_MIN_SEQLEN_Q = 512
 # head_loop where its grid (key blocks x KV heads x batch x column chunks) has this many CTAs per SM
 HEAD_LOOP_MIN_CTAS_PER_SM = 1.5
 # kv_sections ("long_rows"): the key length from which sections pay, per (causal, MHA); below it
@@ -592,6 +598,7 @@ def _facts(call: AttnCall, program) -> dict:
         "long_keys": call.seqlen_k >= STEP_ORDER_MIN_SEQLEN_K,
         "short_keys": call.seqlen_k <= SHORT_KEYS,
         "q_bottom_keys": call.seqlen_k <= Q_BOTTOM_MAX_KEYS,
+        "q_bottom_rows": call.seqlen_q > Q_BOTTOM_MIN_SEQLEN_Q,
         "l2_section_keys": call.seqlen_k <= L2_SECTION_MAX_KEYS,
         # a K / V head per query head: the K / V bytes a query tile reads are its head's alone
         "mha": call.heads_q == call.heads_kv,
