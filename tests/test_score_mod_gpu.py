@@ -166,14 +166,16 @@ def test_alibi_with_q_bottom_equals_top_aligned(shape, monkeypatch):
     over = {"fwd.tile_m": 192, "fwd.tile_n": 128, "fwd.num_stages": 3, "fwd.pingpong": True}
     seen = []
 
-    def plan(call, sms, overrides=None):
-        p = plan_mod.resolve(call, sms, {**over, "fwd.q_bottom": bool(overrides)})
-        seen.append(p.fwd.q_bottom)
-        return p
+    def plan_with(q_bottom):   # interface._plan(call, sms) with the tile and q_bottom overridden
+        def plan(call, sms):
+            p = plan_mod.resolve(call, sms, {**over, "fwd.q_bottom": q_bottom})
+            seen.append(p.fwd.q_bottom)
+            return p
+        return plan
     with torch.no_grad():
-        monkeypatch.setattr(interface, "_plan", lambda call, sms: plan(call, sms))
+        monkeypatch.setattr(interface, "_plan", plan_with(False))
         o_ref, lse_ref = run()
-        monkeypatch.setattr(interface, "_plan", lambda call, sms: plan(call, sms, True))
+        monkeypatch.setattr(interface, "_plan", plan_with(True))
         o, lse = run()
     assert seen == [False, True]
     assert torch.isfinite(o).all()
