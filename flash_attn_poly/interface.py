@@ -119,6 +119,24 @@ def _window(window_size) -> tuple:
     return (int(pair[0]), int(pair[1]))
 
 
+def _canonical_window(window: tuple, causal: bool, s_q: int, s_k: int) -> tuple:
+    """(window, causal) in flash-attn's canonical form (FA2 and FA4 normalise the same way): a
+    bound that masks no key is no bound (left >= S_k - 1: the last query, aligned to the
+    bottom-right corner, already sees key 0; right >= S_q - 1: the first query sees key S_k - 1),
+    a causal call's right bound is the diagonal itself, and a non-causal call whose only bound
+    is right = 0 is causal.  Same keys, same scores: such a call runs the kernels and plan rows of
+    the call it equals instead of a windowed build that compares every score with bounds that
+    never bite.  Varlen calls pass their max_seqlen (a bound past every sequence's length)."""
+    left, right = window
+    if left >= max(s_k - 1, 0):
+        left = -1
+    if causal or right >= max(s_q - 1, 0):
+        right = -1
+    if not causal and left == -1 and right == 0:
+        causal, right = True, -1
+    return (left, right), causal
+
+
 def _check_program(mode, evaluator, program) -> None:
     """program: a forward (non-derivative) program that mode's kernels run, poly only: a name
     of the committed table or a ProgramSpec (asm.programs.spec(name, table=...), any table)."""
@@ -210,6 +228,7 @@ def validate(q, k, v, mode="softmax", evaluator="poly", causal=True, softcap=Non
     if not scale > 0:
         raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale!r}")
     b, s_q, h_q, d = q.shape
+    window, causal = _canonical_window(window, causal, s_q, k.shape[1])
     return AttnCall(mode=mode, evaluator=evaluator, dtype=_DTYPE_NAMES[q.dtype], head_dim=d, batch=b,
                     seqlen_q=s_q, seqlen_k=k.shape[1], heads_q=h_q, heads_kv=k.shape[2], causal=causal,
                     window=window, softmax_scale=scale, softcap=cap, sigmoid_bias=bias, program=program,

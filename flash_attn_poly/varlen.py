@@ -138,6 +138,7 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mo
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else _fi._number("softmax_scale", softmax_scale)
     if not scale > 0:
         raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale!r}")
+    window, causal = _fi._canonical_window(window, causal, max_q, max_k)
     return VarlenCall(mode=mode, evaluator=evaluator, dtype=_DTYPE_NAMES[q.dtype], head_dim=q.shape[2],
                       batch=batch, max_seqlen_q=max_q, max_seqlen_k=max_k, heads_q=q.shape[1],
                       heads_kv=k.shape[1], causal=causal, window=window, softmax_scale=scale, softcap=cap,

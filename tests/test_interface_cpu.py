@@ -328,3 +328,71 @@ def test_cuda_bodies_skip_the_launch_without_queries(shape, mode, monkeypatch):
     dq, dk, dv = fi._backward(torch.zeros_like(q), q, k, v, out, lse, call, None, "cuda", ())
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     assert not dk.any() and not dv.any()
+
+
+# ------------------------------------------------------------------ windows in flash-attn's canonical form
+@pytest.mark.parametrize("causal,window,s_q,s_k,want", [
+    (True, (15, 0), 16, 16, ((-1, -1), True)),      # the last query already sees key 0
+    (True, (14, 0), 16, 16, ((14, -1), True)),      # one key masked: stays
+    (True, (-1, 5), 16, 16, ((-1, -1), True)),      # causal: the right bound is the diagonal
+    (False, (-1, 0), 16, 16, ((-1, -1), True)),     # right = 0 alone is causal
+    (False, (15, 0), 16, 16, ((-1, -1), True)),
+    (False, (15, 15), 16, 16, ((-1, -1), False)),
+    (False, (15, 14), 16, 16, ((-1, 14), False)),
+    (False, (3, 0), 16, 16, ((3, 0), False)),
+    (False, (-1, 7), 8, 32, ((-1, -1), False)),     # S_q < S_k: the first query sees the last key
+    (False, (-1, 6), 8, 32, ((-1, 6), False)),
+    (True, (7, 0), 32, 8, ((-1, -1), True)),        # S_q > S_k: left against S_k
+    (True, (6, 0), 32, 8, ((6, -1), True)),
+])
+def test_window_canonical_form(causal, window, s_q, s_k, want):
+    q = torch.empty(1, s_q, 2, 64, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, s_k, 2, 64, dtype=torch.bfloat16, device="meta")
+    call = fi.validate(q, k, k, causal=causal, window_size=window)
+    assert (call.window, call.causal) == want
+
+
+def test_window_canonical_form_masks_the_same_keys():
+    """Every (causal, left, right) at S_q, S_k in 1..6: the canonical call's mask (reference.
+    window_mask and the causal mask) equals the one asked for."""
+    from flash_attn_poly.reference import causal_mask, window_mask
+    changed = 0
+    for s_q in range(1, 7):
+        for s_k in range(1, 7):
+            for causal in (False, True):
+                for left in range(-1, 8):
+                    for right in range(-1, 8):
+                        (l2, r2), c2 = fi._canonical_window((left, right), causal, s_q, s_k)
+                        mask = lambda lr, c: window_mask(s_q, s_k, *lr) & (causal_mask(s_q, s_k) if c
+                                                                            else True)
+                        assert torch.equal(mask((left, right), causal), mask((l2, r2), c2)), \
+                            (s_q, s_k, causal, left, right)
+                        changed += ((l2, r2), c2) != ((left, right), causal)
+    assert changed > 1000   # the rule fires on most of the grid's windows, not on none
+
+
+def test_window_that_masks_nothing_gets_the_unwindowed_plan():
+    """A sliding window at least as long as the sequence (Mistral / Gemma-2 callers at S <= window)
+    resolves to the plan of the call without it: the unwindowed kernels and their rows."""
+    from flash_attn_poly import plan as plan_mod
+    q = torch.empty(2, 4096, 32, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(2, 4096, 8, 128, dtype=torch.bfloat16, device="meta")
+    for mode, kw in (("softcap", dict(softcap=50.0)), ("softmax", {})):
+        plain = plan_mod.resolve(fi.validate(q, k, k, mode, **kw), 132)
+        for window in ((4095, 0), (8191, -1), (5000, 7)):
+            got = plan_mod.resolve(fi.validate(q, k, k, mode, window_size=window, **kw), 132)
+            assert got == plain, (mode, window)
+        windowed = plan_mod.resolve(fi.validate(q, k, k, mode, window_size=(4094, 0), **kw), 132)
+        assert windowed.fwd.window_left and windowed != plain
+
+
+def test_varlen_window_canonical_form_uses_max_seqlen():
+    import flash_attn_poly.varlen as fv
+    q = torch.empty(30, 4, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 10, 30], dtype=torch.int32)
+    v = lambda w, causal=True: fv.validate(q, q, q, cu, cu, 20, 20, "softmax", "poly", causal, None, None,
+                                           None, w)
+    assert v((19, 0)).window == (-1, -1)                        # every sequence's last query sees key 0
+    assert v((18, 0)).window == (18, -1)                        # the 20-token sequence's last query does not
+    assert (v((-1, 0), False).window, v((-1, 0), False).causal) == ((-1, -1), True)
+    assert v((5, 19), False).window == (5, -1)
