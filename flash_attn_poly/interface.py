@@ -369,7 +369,9 @@ def attention(q, k, v, mode: str = "softmax", *, causal: bool = True, softcap: O
     slow, any device, dtype and head_dim).
     return_lse: also return the FP32 natural-log LSE (B, H_q, S_q) (softmax modes only).
     window_size: (left, right) sliding window like flash-attn (-1 = unbounded): query i sees
-    keys j with i + S_k - S_q - left <= j <= i + S_k - S_q + right; causal sets right = 0.
+    keys j with i + S_k - S_q - left <= j <= i + S_k - S_q + right; causal sets right = 0.  A bound
+    that masks no key (left >= S_k - 1, right >= S_q - 1) is dropped and window_size=(-1, 0) without
+    causal is causal, as flash-attn does: such calls run the unwindowed (causal) kernels.
     head_dim: 64, 128 or 256 on the CUDA backend, forward and backward.
     deterministic: the CUDA backward adds its FP32 partial sums in a fixed order, so the
     gradients are bitwise reproducible run to run (a separate kernel build).
