@@ -85,6 +85,12 @@ PROGRAM_ROWS = (
 # b + ln n the plan takes the native sigmoid instead (poly_outside_rule): at the
 # default bias b = -ln S_k the span is S_k in about [n / 33, 4 n].
 SIGMOID_FIT_SPAN = (-1.4, 3.5)
+# The sigmoid block's P is up to 0.4% off (relative) for block inputs x' = x + b + ln n in [2, 4] and
+# ~1% above (the default program), 2-5x a BF16 rounding of P: one large score on one of its columns
+# could put O past the FlashAttention rule (a fuzz draw at S_k = 162: 1.08x).  Above this x' a
+# thread's block pairs of that key block take sigma on MUFU (the forward's _above_clamp branch),
+# where P >= sigma(4 - ln 4096) = 0.013 (docs/MEASURED.md sigmoid-program-tail).
+SIGMOID_MUFU_ABOVE = 4.0
 
 SPLIT_ROWS = (
     Row({"mode": "softcap"}, {"poly_split": (1, 8)},
@@ -671,7 +677,9 @@ def _score_specs(call: AttnCall, tile_n: int, facts: dict, overrides: Mapping):
         raise ValueError(f"sigmoid_grad='surrogate' needs a sigmoid program with a coupled value / derivative "
                          f"block (a <name>_grad entry); the program {program.name!r} has none: pass "
                          f"program= one of {have}, or sigmoid_grad='product'")
-    spec = ScoreSpec(kind=call.mode, evaluator="poly", program=program, poly_split=split, grad_rule=rule, **seq)
+    mufu = dict(mufu_above=SIGMOID_MUFU_ABOVE) if call.mode == "sigmoid" else {}
+    spec = ScoreSpec(kind=call.mode, evaluator="poly", program=program, poly_split=split, grad_rule=rule, **seq,
+                     **mufu)
     if call.mode == "sigmoid" and rule == "product":
         # sigma' = p (1 - p) of P recomputed on MUFU (the native build): the program's P error
         # reached dV past the rule (docs/MEASURED.md sigmoid-bwd-native-p); the surrogate's

@@ -36,7 +36,7 @@ def _apply(fn: Callable[[np.ndarray], np.ndarray], x: torch.Tensor) -> torch.Ten
 
 
 def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, program: str = None,
-                io_dtype: str = "bf16", forward: bool = True):
+                io_dtype: str = "bf16", forward: bool = True, mufu_above: float = None):
     """(score_fn, score_grad_fn): the program's forward block on x' = x + bias + ln n, and the
     backward's sigma': p (1 - p) of that block's BF16 p ("product", the plan's default,
     ScoreSpec.grad_rule; kernels/scores/sigmoid.py) or the coupled block's derivative
@@ -46,7 +46,8 @@ def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, 
     keeps the block's f16 P, as the kernels do for FP16 inputs), and its sigma' is p (1 - p)
     of the FP16 p (product rule only).
     forward: the forward kernel's P around the program's clamp [params.lo, params.hi]
-    (kernels/scores/sigmoid.py): the exact sigmoid where the block input passes hi (the kernel's
+    (kernels/scores/sigmoid.py): the exact sigmoid where the block input passes hi, or
+    mufu_above where that is lower (ScoreSpec.mufu_above, the plan's threshold) (the kernel's
     MUFU fix-up, there for every block pair of a thread's key block once one passes; those
     pairs' inputs below hi differ from this model by the program's error), +0 at or below lo;
     False: the block's P, capped at P(hi) and floored at P(lo), which the surrogate backward's
@@ -70,6 +71,8 @@ def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, 
         return p - p * p
 
     lo, hi = float(spec.param("lo")), float(spec.param("hi"))
+    if mufu_above is not None:
+        hi = min(hi, float(mufu_above))
 
     def value(a):
         xs = shifted(a)
@@ -131,7 +134,8 @@ def split_fns(mode: str, score, s_k: int, softcap: float = 50.0, sigmoid_bias=No
     else:
         b = -math.log(s_k) if sigmoid_bias is None else float(sigmoid_bias)
         poly, poly_grad = sigmoid_fns(b, score.program.n, sigmoid_grad or score.grad_rule, score.program, io_dtype,
-                                      forward=side == "fwd")
+                                      forward=side == "fwd",
+                                      mufu_above=score.mufu_above if side == "fwd" else None)
         exact = lambda x: torch.sigmoid(x + b)
         exact_grad = lambda x: torch.sigmoid(x + b) * (1 - torch.sigmoid(x + b))
     cols = torch.tensor([bool(poly_pair(score.poly_split, n // 8)) for n in range(s_k)])

@@ -1028,3 +1028,16 @@ def test_q_bottom_rows():
         assert resolve(mode, ev, d=d, shape=shape, **kw).fwd.q_bottom, (mode, ev, d, shape, kw)
     for mode, ev, d, shape, kw in off:
         assert not resolve(mode, ev, d=d, shape=shape, **kw).fwd.q_bottom, (mode, ev, d, shape, kw)
+
+
+def test_sigmoid_poly_forward_takes_the_mufu_threshold():
+    """The sigmoid block runs only below x' = SIGMOID_MUFU_ABOVE (the forward's MUFU branch above it);
+    the product rule's backward and the other scores carry no threshold, and ScoreSpec refuses one."""
+    from flash_attn_poly.kernels.scores import ScoreSpec
+    p = resolve("sigmoid", "poly")
+    assert p.score.mufu_above == P.SIGMOID_MUFU_ABOVE < float(p.score.program.param("hi"))
+    assert p.score_bwd.mufu_above is None
+    for mode, ev in (("sigmoid", "native"), ("softcap", "poly"), ("softmax", "native")):
+        assert resolve(mode, ev).score.mufu_above is None
+    with pytest.raises(ValueError, match="mufu_above"):
+        ScoreSpec(kind="sigmoid", evaluator="native", mufu_above=4.0)

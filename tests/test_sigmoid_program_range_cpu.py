@@ -81,3 +81,37 @@ def test_the_capped_block_misses_the_rule_at_score_std_16():
     """The control: the same draws with the block's capped P miss the rule (ratio up to 1.13)."""
     _, capped = _default_sigmoid("bwd")
     assert _worst_ratio(capped, 16.0) > 1.0
+
+
+def _tail_case_ratio(mufu_above) -> float:
+    """O's rule ratio on one draw at the fuzz tier's sigmoid tail shape (S_q = 28, S_k = 130, D = 128,
+    2 heads, causal, default bias: b + ln 4096 = 3.45), with the forward's P as split_fns models it:
+    the plan's default score, its MUFU threshold replaced by mufu_above (None: the program's clamp)."""
+    import dataclasses
+    from flash_attn_poly import plan as P
+    from flash_attn_poly import reference as R
+    from flash_attn_poly.kernels import scores
+    from flash_attn_poly.testing import judge
+    s_q, s_k, d = 28, 130, 128
+    call = P.AttnCall(mode="sigmoid", evaluator="poly", dtype="bf16", head_dim=d, batch=1, seqlen_q=s_q,
+                      seqlen_k=s_k, heads_q=HEADS, heads_kv=HEADS, causal=True, window=(-1, -1),
+                      softmax_scale=d ** -0.5, softcap=None, sigmoid_bias=None)
+    pl = P.resolve(call, 132)
+    assert pl.score.evaluator == "poly" and pl.score.mufu_above == P.SIGMOID_MUFU_ABOVE
+    spec = scores.device(dataclasses.replace(pl.score, mufu_above=mufu_above))
+    fwd, _ = PR.split_fns("sigmoid", spec, s_k, 50.0, sigmoid_bias=pl.sigmoid_bias, io_dtype="bf16", side="fwd")
+    g = torch.Generator().manual_seed(130024)   # a draw whose largest score sits on a block column
+    q, k, v = (torch.randn(1, s, HEADS, d, generator=g).to(torch.bfloat16) for s in (s_q, s_k, s_k))
+    ref, _ = R.attention_ref(q, k, v, "sigmoid")
+    low, _ = R.attention_ref_lowprec(q, k, v, "sigmoid")
+    got, _ = R.attention_ref_lowprec(q, k, v, "sigmoid", score_fn=fwd)
+    mag = H.magnitudes(None, q, k, v, ref, "sigmoid", o_only=True, causal=True)
+    return judge("o", got.to(torch.bfloat16), ref, low, torch.bfloat16, mag["o"])["ratio"]
+
+
+def test_the_block_runs_only_where_its_error_is_below_a_bf16_rounding():
+    """The default program is up to 1% off (relative) above x' = 4, 2-5x a BF16 rounding of P: with
+    the MUFU branch at the program's clamp (x' > 12) this draw's O misses the rule; with the plan's
+    threshold (plan.SIGMOID_MUFU_ABOVE) it holds it (docs/MEASURED.md sigmoid-program-tail)."""
+    assert _tail_case_ratio(None) > 1.0
+    assert _tail_case_ratio(4.0) < 0.8

@@ -59,6 +59,9 @@ class ScoreSpec:
     aux: tuple = ()                   # kind "user": (dtype name, ndim) of each aux tensor it reads
     seq_bias: bool = False            # sigmoid, packed sequences: the kernels add b = -ln S_k of each
                                       # sequence to the params' bias slots (the host's bias is 0)
+    mufu_above: Optional[float] = None  # sigmoid poly forward: the block input x' = x + b + ln n above
+                                      # which a thread's block pairs of that key block take sigma on MUFU
+                                      # (None: the program's upper clamp)
 
     def __post_init__(self):
         if self.kind not in REGISTRY:
@@ -83,6 +86,9 @@ class ScoreSpec:
             raise ValueError(f"sigmoid grad_rule must be one of {SIGMOID_GRAD_RULES}, got {self.grad_rule!r}")
         if self.seq_bias and self.kind != "sigmoid":
             raise ValueError(f"seq_bias (the per-sequence default bias -ln S_k) is sigmoid's only, got {self.kind!r}")
+        if self.mufu_above is not None and (self.kind != "sigmoid" or self.evaluator != "poly"):
+            raise ValueError(f"mufu_above (the sigmoid block's MUFU threshold) is sigmoid poly's only, got "
+                             f"{self.kind}/{self.evaluator}")
         if (self.kind == "user") != (self.user is not None):
             raise ValueError("a user score function (kind 'user') and only it carries user=")
 

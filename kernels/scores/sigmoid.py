@@ -83,8 +83,11 @@ class Score(ScoreBase):
                                     "piecewise2_factored" if self.grad_rule == "surrogate" else ""))
             self.program_n = prog.n
             self.p_f16 = prog.f16
-            self.clamp_hi = float(prog.param("hi"))
             self.clamp_lo = float(prog.param("lo"))
+            # above this block input the pairs run on MUFU: the program's clamp, or lower where the
+            # plan keeps the block to the inputs it is accurate on (ScoreSpec.mufu_above)
+            hi = float(prog.param("hi"))
+            self.mufu_above = hi if spec.mufu_above is None else min(float(spec.mufu_above), hi)
 
     def check_dtype(self, is_bf16: bool) -> None:
         check_dtype(self.spec, is_bf16)
@@ -149,14 +152,15 @@ class Score(ScoreBase):
     @cute.jit
     def _above_clamp(self, src, dst, saved, mx, params, is_bf16: cutlass.Constexpr[bool]):
         """One branch per thread and key block: when the largest block-pair score's input passes
-        the program's clamp, every block pair of the thread takes q = sigma(z)^(1/2) =
+        mufu_above (the program's clamp, or the plan's lower threshold where the block's error
+        exceeds a BF16 rounding of P), every block pair of the thread takes q = sigma(z)^(1/2) =
         (1 + 2^(-z log2 e))^(-1/2), z = x + b = 2 (s params[2] + params[3]), on MUFU (EX2 and RSQ,
         families the rest of a sigmoid build does not use, so the compile tests count the branch
         apart); the raw scores were kept, the head overwrote the even registers.  Head (dst None):
         q in the program's 16-bit type, the tail squares it (near P = 1 an FP16 q keeps P within
         a BF16 step); otherwise the PV operand's packed P = q * q.  Masked -inf gives +0 and NaN
         stays NaN, as on the MUFU columns."""
-        if mx * params[0] + params[1] > Float32(self.clamp_hi):
+        if mx * params[0] + params[1] > Float32(self.mufu_above):
             k = params[2] * Float32(-2.0 * math.log2(math.e))
             c = params[3] * Float32(-2.0 * math.log2(math.e))
             for i, s0, s1 in saved:
