@@ -975,3 +975,26 @@ def test_fa4_pack_gqa_arguments():
     for hq, hkv in ((32, 32), (32, 5)):
         with pytest.raises(SystemExit, match="GQA group"):
             T.check(T.parser().parse_args(["--hq", str(hq), "--hkv", str(hkv)]))
+
+
+def test_window_noop_cells_and_modes():
+    import argparse
+    import window_noop as W
+    assert W.parse_cell("4,4096") == (4, 4096)
+    for bad in ("4", "4,2", "0,512", "a,b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            W.parse_cell(bad)
+    with pytest.raises(SystemExit, match="unknown"):
+        W.main(["--modes", "softmax,gelu"])
+
+
+def test_sigmoid_tail_model_separates_the_thresholds(capsys):
+    """The model's known draw (S_k = 130, draw 24 of its seeds): the program's clamp as the MUFU
+    threshold misses the rule, the plan's threshold and native hold it."""
+    import sigmoid_tail_model as M
+    from flash_attn_poly import plan
+    from flash_attn_poly.asm import programs
+    r = M.one(28, 130, 130024, [12.0, plan.SIGMOID_MUFU_ABOVE], programs.entry("sigmoid_attn_n4096_f16"))
+    assert r["T=12"] > 1.0 > 0.8 > r[f"T={plan.SIGMOID_MUFU_ABOVE:g}"] and r["native"] < 0.8
+    M.main(["--sk", "130", "--draws", "1", "--threshold", "4"])
+    assert "S_k   130 S_q 28 T=4" in capsys.readouterr().out
