@@ -148,7 +148,8 @@ MASK_BITS_CASES = [(("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
                    (("softmax", "native", "bf16", 1, 300, 411, 4, 2, 128, False), (100, 37)),
                    (("softmax", "native", "bf16", 1, 300, 411, 4, 2, 64, True), (200, -1)),
                    (("softcap", "poly", "bf16", 1, 300, 411, 4, 4, 256, True), (-1, -1)),
-                   (("softcap", "native", "bf16", 1, 411, 300, 4, 2, 128, False), (-1, 0)),
+                   # right-only ((-1, 0) alone is causal since the canonical windows)
+                   (("softcap", "native", "bf16", 1, 411, 300, 4, 2, 128, False), (-1, 7)),
                    (("sigmoid", "poly", "bf16", 1, 300, 411, 4, 2, 64, True), (-1, -1)),
                    # non-causal windows at D = 64 (keep words the default there: plan fwd-d64-window-keep-words)
                    (("softmax", "native", "bf16", 1, 300, 411, 4, 2, 64, False), (100, 37)),

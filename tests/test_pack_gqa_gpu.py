@@ -65,7 +65,7 @@ BITWISE_CASES = [
     (("softmax", "native", "bf16", 2, 333, 517, 8, 2, 64, True), (-1, -1), "dense"),
     (("softmax", "native", "bf16", 1, 300, 411, 8, 2, 64, False), (100, 37), "dense"),
     (("softmax", "native", "bf16", 1, 411, 300, 8, 2, 128, True), (200, -1), "dense"),
-    (("softmax", "native", "bf16", 1, 300, 411, 16, 4, 64, False), (-1, 0), "dense"),
+    (("softmax", "native", "bf16", 1, 300, 411, 16, 4, 64, False), (-1, 7), "dense"),   # right-only ((-1, 0) is causal)
     (("softcap", "poly", "bf16", 1, 517, 517, 8, 2, 64, True), (-1, -1), "dense"),
     (("sigmoid", "poly", "bf16", 1, 300, 411, 8, 2, 64, True), (-1, -1), "dense"),
     (("softmax", "native", "bf16", 1, 333, 517, 8, 2, 64, True), (-1, -1), "padded"),
