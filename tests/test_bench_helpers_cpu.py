@@ -998,3 +998,10 @@ def test_sigmoid_tail_model_separates_the_thresholds(capsys):
     assert r["T=12"] > 1.0 > 0.8 > r[f"T={plan.SIGMOID_MUFU_ABOVE:g}"] and r["native"] < 0.8
     M.main(["--sk", "130", "--draws", "1", "--threshold", "4"])
     assert "S_k   130 S_q 28 T=4" in capsys.readouterr().out
+
+
+def test_sigmoid_tail_gpu_harness_on_the_reference_backend(capsys):
+    import sigmoid_tail_gpu as T
+    T.main(["--sk", "20", "--draws", "1", "--evaluators", "poly", "--backend", "reference"])
+    out = capsys.readouterr()
+    assert "S_k 20 S_q 28 poly: fail 0 / 1" in out.err + out.out
