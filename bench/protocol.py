@@ -23,6 +23,7 @@ version + "unknown").
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -282,6 +283,17 @@ def add_shape_args(p, batch=1, seqlen=4096, hq=32, hkv=8, headdim=128) -> None:
     """--batch --seqlen --hq --hkv --headdim on an argparse parser (attention benchmarks)."""
     for name, default in (("batch", batch), ("seqlen", seqlen), ("hq", hq), ("hkv", hkv), ("headdim", headdim)):
         p.add_argument(f"--{name}", type=int, default=default)
+
+
+def parse_cell(text: str, min_seqlen: int = 1) -> tuple:
+    """A --cell B,S option (argparse type): batch >= 1 and sequence length >= min_seqlen."""
+    try:
+        b, s = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a cell is B,S (two integers), got {text!r}") from None
+    if b < 1 or s < min_seqlen:
+        raise argparse.ArgumentTypeError(f"B >= 1 and S >= {min_seqlen}, got {text!r}")
+    return b, s
 
 
 def add_timing_args(p, warmup: int, rounds: int | None, iters: int) -> None:

@@ -26,15 +26,7 @@ import protocol  # noqa: E402
 IMPLS = ("fa4", "fa4_nopack", "ours")
 
 
-def parse_cell(text: str) -> tuple:
-    """--cell B,S: batch and sequence length, positive integers."""
-    try:
-        b, s = (int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a cell is B,S (two integers), got {text!r}") from None
-    if b < 1 or s < 1:
-        raise argparse.ArgumentTypeError(f"B and S are positive, got {text!r}")
-    return b, s
+parse_cell = protocol.parse_cell   # --cell B,S
 
 
 def parser() -> argparse.ArgumentParser:

@@ -25,14 +25,8 @@ MODES = {"softmax": {}, "softcap": dict(softcap=50.0), "sigmoid": {}}
 
 
 def parse_cell(text: str) -> tuple:
-    """--cell B,S: batch and sequence length, positive integers (S >= 3: (S - 2, 0) must mask a key)."""
-    try:
-        b, s = (int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a cell is B,S (two integers), got {text!r}") from None
-    if b < 1 or s < 3:
-        raise argparse.ArgumentTypeError(f"B >= 1 and S >= 3, got {text!r}")
-    return b, s
+    """--cell B,S (S >= 3: (S - 2, 0) must mask a key)."""
+    return protocol.parse_cell(text, min_seqlen=3)
 
 
 def parser() -> argparse.ArgumentParser:
