@@ -229,6 +229,20 @@ def test_fwd_tuning_knobs_build_valid_configs(knob, modes):
         A.AttnFwdSm90(plan.fwd)
 
 
+def test_plan_knobs_inputs_scale_q_only():
+    """plan_knobs.inputs: --q-std scales q (the scores' spread) and leaves k, v and dO as the
+    default draw; a tool without the option draws as before."""
+    import argparse
+    import torch
+    import plan_knobs
+    base = argparse.Namespace(batch=1, seqlen=8, hq=2, hkv=1, headdim=64)
+    ref = plan_knobs.inputs(base, 4, "cpu")
+    out = plan_knobs.inputs(argparse.Namespace(**vars(base), q_std=4.0), 4, "cpu")
+    assert torch.equal(out[0].float(), ref[0].float() * 4)
+    assert all(torch.equal(a, b) for a, b in zip(out[1:], ref[1:]))
+    assert torch.equal(plan_knobs.inputs(argparse.Namespace(**vars(base), q_std=1.0), 4, "cpu")[0], ref[0])
+
+
 def test_plan_knobs_parse_and_name_bad_ones():
     """bench/tools/plan_knobs.py: bare names are the tool's direction's config fields, fwd./bwd.
     name either, split / softcap_grad are the score's overrides, program / deterministic /

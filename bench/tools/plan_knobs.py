@@ -125,6 +125,10 @@ def tuning_args(parser, argv, direction: str, *, modes: str, knob_help: str, exa
     parser.add_argument("--window", type=_window, default=(-1, -1), metavar="LEFT,RIGHT",
                         help="window_size of the calls, e.g. 48,16 (default -1,-1: none)")
     parser.add_argument("--order", choices=sorted(protocol.ORDERS), default="alternate")
+    parser.add_argument("--q-std", type=float, default=1.0,
+                        help="standard deviation of q (default 1): the scores' spread scales with it, so a "
+                             "data-dependent branch (the sigmoid block's MUFU branch) fires as it would on "
+                             "trained activations")
     protocol.add_timing_args(parser, warmup=10, rounds=5, iters=20)
     protocol.add_json_arg(parser, f"{direction}_tuning")
     args = parser.parse_args(argv)
@@ -161,14 +165,19 @@ def applicable(knobs: dict, evaluator: str, label: str) -> dict:
 def inputs(args, n: int, device: str = "cuda"):
     """q, k, v (n = 3), and dO (n = 4): seeded standard-normal BF16 tensors of the tool's shape
     options (protocol.add_shape_args), [batch, seqlen, heads, headdim], on `device` ("meta": shapes
-    only, for resolving plans and compiling without a GPU)."""
+    only, for resolving plans and compiling without a GPU); q scaled by args.q_std (1 where the tool
+    has no such option)."""
     import torch
     heads = (args.hq, args.hkv, args.hkv, args.hq)[:n]
     shape = lambda h: (args.batch, args.seqlen, h, args.headdim)
     if device == "meta":
         return [torch.empty(shape(h), device="meta", dtype=torch.bfloat16) for h in heads]
     g = torch.Generator(device=device).manual_seed(0)
-    return [torch.randn(shape(h), device=device, dtype=torch.bfloat16, generator=g) for h in heads]
+    out = [torch.randn(shape(h), device=device, dtype=torch.bfloat16, generator=g) for h in heads]
+    q_std = getattr(args, "q_std", 1.0)
+    if q_std != 1.0:
+        out[0] = (out[0].float() * q_std).to(torch.bfloat16)
+    return out
 
 
 def each_plan(q, k, v, modes: str, knobs: dict, refused: list = None, causal: bool = True, window=(-1, -1)):
