@@ -67,7 +67,7 @@ class FwdConfig:
     wg_skip: bool = False     # each consumer warpgroup runs only the key blocks its own rows see (its causal /
                               # right-window bound), none when its rows are past S_q; the tile's other blocks
                               # it waits for and releases without a GEMM (the producer loads the tile's range)
-    q_bottom: bool = False    # causal: query tiles aligned to S_q's end, so the partial tile is the first (the
+    q_bottom: bool = False    # causal (a left window or none): query tiles aligned to S_q's end, so the partial tile is the first (the
                               # one with the fewest key blocks) instead of the last (the most); its rows before
                               # position 0 load as zeros (or the previous sequence's rows) and are never stored
     q_stages: int = 1         # Q buffers (2: a persistent CTA loads the next tile's Q while the
@@ -169,10 +169,11 @@ def check_fwd(c: FwdConfig) -> None:
     if c.varlen and s.kind == "user":
         raise ValueError("varlen: no user score function (its batch index would be the packed tensor's), "
                          f"got score {s.kind!r}")
-    if c.q_bottom and not (c.causal and not c.window_left and not c.window_right):
-        # only the causal bound makes a tile's cost depend on where its rows start
-        raise ValueError(f"q_bottom (query tiles aligned to S_q's end) needs a causal call without a window, got "
-                         f"causal={c.causal}, window_left={c.window_left}, window_right={c.window_right}")
+    if c.q_bottom and not (c.causal and not c.window_right):
+        # only the causal bound makes a tile's cost depend on where its rows start; a left window keeps its
+        # bounds on the shifted rows as the causal bound does (row - S_q + S_k, with S_q + q_shift on both sides)
+        raise ValueError(f"q_bottom (query tiles aligned to S_q's end) needs a causal call (a left window allowed), "
+                         f"got causal={c.causal}, window_right={c.window_right}")
     if c.varlen_compact and not c.varlen:
         raise ValueError("varlen_compact: the compact order is the varlen forward's (varlen = True)")
     if c.varlen and c.persistent <= 0:

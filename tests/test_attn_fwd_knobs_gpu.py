@@ -366,6 +366,27 @@ def test_q_bottom_equals_top_aligned(case, grid):
     _bitwise_as_default(shape, "q_bottom", {**over, **extra})
 
 
+# causal calls with a left window: the window's bound (row - S_q + S_k - left) moves with the shifted rows
+# as the causal bound does; tiles whose first blocks are the left edge's (masked), S_q < S_k and S_q > S_k,
+# a window narrower than a key block, D = 64's 192 x 128 tile, packed GQA
+Q_BOTTOM_WINDOW_CASES = [(("softcap", "native", "bf16", 2, 1000, 1000, 4, 4, 128, True), (300, 0), {}),
+                         (("softcap", "native", "bf16", 1, 1000, 1000, 8, 2, 128, True), (47, 0), {}),
+                         (("softmax", "native", "bf16", 2, 300, 517, 8, 2, 128, True), (129, 0), WG3),
+                         (("softmax", "native", "bf16", 1, 1300, 700, 4, 4, 64, True), (200, 0), {}),
+                         (("sigmoid", "poly", "bf16", 2, 1300, 1300, 8, 8, 64, True), (511, 0), {})]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", Q_BOTTOM_WINDOW_CASES,
+                         ids=lambda c: "-".join(map(str, c[0])) + f"-w{c[1][0]}")
+def test_q_bottom_causal_window_equals_top_aligned(case):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    shape, window, over = case
+    p = _bitwise_as_default(shape, "q_bottom", over, window=window)
+    assert p.fwd.window_left and p.fwd.causal
+
+
 @pytest.mark.gpu
 def test_q_bottom_varlen_equals_top_aligned():
     """Each packed sequence its own shift; the rows in front of a sequence are the previous one's."""

@@ -1030,6 +1030,18 @@ def test_q_bottom_rows():
         assert not resolve(mode, ev, d=d, shape=shape, **kw).fwd.q_bottom, (mode, ev, d, shape, kw)
 
 
+def test_q_bottom_override_takes_causal_windows_only():
+    """fwd.q_bottom by override: a causal call with a left window builds (the window's bounds move with
+    the shifted rows as the causal bound does); a non-causal call, windowed or not, is refused by
+    check_fwd, naming q_bottom."""
+    p = resolve("softcap", "native", d=128, shape=(1, 8192, 32, 16), window=(4095, 0),
+                overrides={"fwd.q_bottom": True})
+    assert p.fwd.q_bottom and p.fwd.causal and p.fwd.window_left and not p.fwd.window_right
+    for kw in (dict(causal=False), dict(causal=False, window=(255, 127))):
+        with pytest.raises(ValueError, match="q_bottom"):
+            resolve("softcap", "native", d=128, shape=(1, 8192, 32, 16), overrides={"fwd.q_bottom": True}, **kw)
+
+
 def test_sigmoid_poly_forward_takes_the_mufu_threshold():
     """The sigmoid block runs only below x' = SIGMOID_MUFU_ABOVE (the forward's MUFU branch above it);
     the product rule's backward and the other scores carry no threshold, and ScoreSpec refuses one."""
