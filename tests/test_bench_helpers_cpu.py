@@ -229,6 +229,26 @@ def test_fwd_tuning_knobs_build_valid_configs(knob, modes):
         A.AttnFwdSm90(plan.fwd)
 
 
+def test_wg_blocks_counts_windows_against_rows():
+    """bench/tools/wg_blocks.count's tile range, with a left window and top- or bottom-aligned tiles,
+    equals the key blocks the union of each tile's real rows sees (row r: keys [r - left, r]), counted
+    row by row."""
+    import wg_blocks as W
+    def brute(S, tm, tn, left, bottom):
+        shift = (-S) % tm if bottom else 0
+        total = 0
+        for m in range(-(-(S + shift) // tm)):
+            rows = [r for r in range(m * tm - shift, (m + 1) * tm - shift) if 0 <= r < S]
+            lo = min(max(r - left, 0) if left >= 0 else 0 for r in rows)
+            hi = max(rows) + 1
+            total += (tm // W.ROWS_PER_WG) * (-(-hi // tn) - lo // tn)
+        return total
+    for S, tm, tn, left in [(1000, 192, 64, 300), (1000, 192, 64, 47), (1300, 192, 128, 200), (777, 128, 64, -1),
+                            (8192, 192, 64, 4095)]:
+        for bottom in (False, True):
+            assert W.count(S, tm, tn, True, 1, bottom, left)[0] == brute(S, tm, tn, left, bottom), (S, tm, tn, left, bottom)
+
+
 def test_plan_knobs_inputs_scale_q_only():
     """plan_knobs.inputs: --q-std scales q (the scores' spread) and leaves k, v and dO as the
     default draw; a tool without the option draws as before."""

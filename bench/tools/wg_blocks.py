@@ -6,7 +6,7 @@ bound; the score stage's latency does not shrink with it).  --bottom: the tiles 
 (q_bottom), so the partial tile is the first.
 
     python bench/tools/wg_blocks.py                 # the table of bench/results/fwd_wg_skip.md
-    python bench/tools/wg_blocks.py --seqlen 1024 --tile 192x64 --causal --pack 1 [--bottom]
+    python bench/tools/wg_blocks.py --seqlen 1024 --tile 192x64 --causal --pack 1 [--bottom] [--left 255]
 """
 from __future__ import annotations
 
@@ -17,17 +17,19 @@ from flash_attn_poly.kernels.mask import key_block_range, q_bottom_shift
 ROWS_PER_WG = 64
 
 
-def count(seqlen: int, tile_m: int, tile_n: int, causal: bool, pack: int = 1, bottom: bool = False) -> tuple[int, int]:
+def count(seqlen: int, tile_m: int, tile_n: int, causal: bool, pack: int = 1, bottom: bool = False,
+          left: int = -1) -> tuple[int, int]:
     """(tile range, own range) warpgroup-blocks over one (KV) head's query tiles, S_q = S_k = seqlen;
     pack > 1: packed GQA (row r holds position r // pack of the group's query heads); bottom: q_bottom's
-    tiles (the kernel's: a query sequence of shift more positions in front, whose rows are never run)."""
+    tiles (the kernel's: a query sequence of shift more positions in front, whose rows are never run);
+    left >= 0: a left window (keys >= row - left; the tile's first block, the own range keeps it)."""
     tile_pos = tile_m // pack
     shift = q_bottom_shift(seqlen, tile_pos) if bottom else 0
     seq_v = seqlen + shift
     rows = seq_v * pack
     tile = own = 0
     for m in range(-(-rows // tile_m)):
-        lo, hi = key_block_range(m, seq_v, seqlen, tile_pos, tile_n, causal)
+        lo, hi = key_block_range(m, seq_v, seqlen, tile_pos, tile_n, causal, has_left=left >= 0, win_left=max(left, 0))
         n_tile = max(hi - lo, 0)
         tile += (tile_m // ROWS_PER_WG) * n_tile
         for w in range(tile_m // ROWS_PER_WG):
@@ -60,6 +62,7 @@ def main():
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--pack", type=int, default=1)
     ap.add_argument("--bottom", action="store_true", help="q_bottom's tiles (aligned to S_q's end)")
+    ap.add_argument("--left", type=int, default=-1, help="a left window (window_size's left; -1: none)")
     a = ap.parse_args()
     cells = CELLS
     if a.seqlen:
@@ -70,7 +73,7 @@ def main():
     print("| build | S | tile | causal | pack | tile range | own range | own / tile |")
     print("|---|---|---|---|---|---|---|---|")
     for label, s, tm, tn, causal, pack in cells:
-        t, o = count(s, tm, tn, causal, pack, a.bottom)
+        t, o = count(s, tm, tn, causal, pack, a.bottom, a.left)
         print(f"| {label} | {s} | {tm} x {tn} | {causal} | {pack} | {t} | {o} | {o / t:.3f} |")
 
 
