@@ -88,7 +88,7 @@ SIGMOID_FIT_SPAN = (-1.4, 3.5)
 # The sigmoid block's P is up to 0.4% off (relative) for block inputs x' = x + b + ln n in [2, 4] and
 # ~1% above (the default program), 2-5x a BF16 rounding of P: one large score on one of its columns
 # could put O past the FlashAttention rule (a fuzz draw at S_k = 162: 1.08x).  Above this x' a
-# thread's block pairs of that key block take sigma on MUFU (the forward's _above_clamp branch),
+# thread row's block pairs of that key block take sigma on MUFU (the forward's _above_clamp branch),
 # where P >= sigma(4 - ln 4096) = 0.013 (docs/MEASURED.md sigmoid-program-tail).
 SIGMOID_MUFU_ABOVE = 4.0
 

@@ -6,9 +6,9 @@ The kernel's P (kernels/scores/sigmoid.py): on the key columns of the plan's 1/1
 0-7 of every 128) the default FP16 program `sigmoid_attn_n4096_f16` at x' = x + b + ln 4096
 (replayed bit for bit by flash_attn_poly.fit.runtime, 0 below its lower clamp), rounded to BF16;
 the other columns sigma(x + b) in FP32 rounded to BF16; a pair whose x' passes the MUFU
-threshold (the kernel's `_above_clamp`, today the program's upper clamp 12) takes the exact
-sigmoid too (modelled per score; the kernel switches all of a thread's block pairs of that key
-block, which only adds exact columns).  O = P V in FP32, rounded to BF16.  The rule's bound as
+threshold (the kernel's `_above_clamp` at plan.SIGMOID_MUFU_ABOVE; the program's clamp 12 before) takes the exact
+sigmoid too (modelled per score; the kernel switches all of a thread row's block pairs of that
+key block, which only adds exact columns).  O = P V in FP32, rounded to BF16.  The rule's bound as
 tests/rule_harness.py has it for O: 2 x max |O_torch - O_FP64| + eps(BF16) / 8 x max |O_FP64|,
 O_torch the same math with exact P rounded to BF16 (reference.attention_ref_lowprec).
 Inputs as the fuzz tier draws them (q, k, v ~ N(0, 1) in BF16, D = 128, 2 heads, causal,

@@ -60,7 +60,7 @@ class ScoreSpec:
     seq_bias: bool = False            # sigmoid, packed sequences: the kernels add b = -ln S_k of each
                                       # sequence to the params' bias slots (the host's bias is 0)
     mufu_above: Optional[float] = None  # sigmoid poly forward: the block input x' = x + b + ln n above
-                                      # which a thread's block pairs of that key block take sigma on MUFU
+                                      # which a thread row's block pairs of that key block take sigma on MUFU
                                       # (None: the program's upper clamp)
 
     def __post_init__(self):

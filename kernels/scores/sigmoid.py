@@ -32,7 +32,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .common import (ScoreBase, acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_as_b32, frag_a_col_group,
+from .common import (ScoreBase, acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_as_b32, frag_a_col_group, frag_a_row,
                      exp2_approx, pack_f32x2, pin_f32, run_program, rsqrt_approx, tanh_approx, unpack_bf16x2,
                      write_p_native, write_p_pinned)
 
@@ -128,12 +128,13 @@ class Score(ScoreBase):
         dst = None
         if cutlass.const_expr(tOrP is not None):
             dst = cute.recast_tensor(tOrP, Int32)
-        saved, mx = [], None
+        saved, mx = {}, {}   # per thread row: its block pairs (i, s0, s1) and their largest score
         for i in cutlass.range_constexpr(cute.size(src) // 2):
             if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
-                saved.append((i, src[2 * i], src[2 * i + 1]))
+                row = frag_a_row(src.shape, 2 * i)
+                saved.setdefault(row, []).append((i, src[2 * i], src[2 * i + 1]))
                 pair_max = cutlass.max(src[2 * i], src[2 * i + 1])
-                mx = pair_max if cutlass.const_expr(mx is None) else cutlass.max(mx, pair_max)
+                mx[row] = pair_max if cutlass.const_expr(row not in mx) else cutlass.max(mx[row], pair_max)
                 if cutlass.const_expr(tOrP is None):
                     src[2 * i] = b32_as_f32(self._pair_poly(src[2 * i], src[2 * i + 1], params, "head", is_bf16))
                 else:
@@ -146,20 +147,22 @@ class Score(ScoreBase):
                     src[2 * i], src[2 * i + 1] = p0, p1
                 else:
                     dst[i] = pack_f32x2(p0, p1, is_bf16)
-        if cutlass.const_expr(len(saved) > 0):
-            self._above_clamp(src, dst, saved, mx, params, is_bf16)
+        for row in saved:
+            self._above_clamp(src, dst, saved[row], mx[row], params, is_bf16)
 
     @cute.jit
     def _above_clamp(self, src, dst, saved, mx, params, is_bf16: cutlass.Constexpr[bool]):
-        """One branch per thread and key block: when the largest block-pair score's input passes
-        mufu_above (the program's clamp, or the plan's lower threshold where the block's error
-        exceeds a BF16 rounding of P), every block pair of the thread takes q = sigma(z)^(1/2) =
+        """One branch per thread row and key block: when the largest input among the row's block
+        pairs in this thread passes mufu_above (the program's clamp, or the plan's lower threshold
+        where the block's error exceeds a BF16 rounding of P), those pairs take q = sigma(z)^(1/2) =
         (1 + 2^(-z log2 e))^(-1/2), z = x + b = 2 (s params[2] + params[3]), on MUFU (EX2 and RSQ,
         families the rest of a sigmoid build does not use, so the compile tests count the branch
         apart); the raw scores were kept, the head overwrote the even registers.  Head (dst None):
         q in the program's 16-bit type, the tail squares it (near P = 1 an FP16 q keeps P within
         a BF16 step); otherwise the PV operand's packed P = q * q.  Masked -inf gives +0 and NaN
-        stays NaN, as on the MUFU columns."""
+        stays NaN, as on the MUFU columns.  Per row, not per thread: a row's P then depends on its own
+        scores at this thread's key columns alone, not on the row it shares the thread with (which
+        the tile's alignment, q_bottom, and packed GQA change), so those layouts give the same bits."""
         if mx * params[0] + params[1] > Float32(self.mufu_above):
             k = params[2] * Float32(-2.0 * math.log2(math.e))
             c = params[3] * Float32(-2.0 * math.log2(math.e))
