@@ -148,6 +148,20 @@ def test_frag_a_col_group():
     assert [frag_a_col_group(shape, e) for e in (0, 2, 4, 6, 8, 12, 60)] == [0, 0, 1, 1, 2, 3, 15]
 
 
+def test_frag_a_row():
+    """The thread row of a PV A-fragment element (the sigmoid MUFU branch's unit): rows r and r + 8
+    alternate every two elements; a second 64-row atom (M = 2) adds two rows."""
+    pytest.importorskip("cutlass")
+    from flash_attn_poly.kernels.scores.common import frag_a_col_group, frag_a_row
+    shape = ((2, 2, 2), 1, (8, 1))
+    assert [frag_a_row(shape, e) for e in (0, 1, 2, 3, 4, 6, 8, 62)] == [0, 0, 1, 1, 0, 1, 0, 1]
+    shape2 = ((2, 2, 2), 2, (8, 1))
+    assert [frag_a_row(shape2, e) for e in (0, 2, 8, 10, 16)] == [0, 1, 2, 3, 0]
+    # the 64 pairs are the 4 rows x 16 column groups, each once
+    pairs = [(frag_a_row(shape2, e), frag_a_col_group(shape2, e)) for e in range(0, 2 * 2 * 2 * 2 * 8, 2)]
+    assert len(set(pairs)) == len(pairs) == 4 * 16
+
+
 def split_score_fn(mode, score, s_k, softcap=50.0):
     """Per-key-column reference of a poly score (poly_reference.split_fns; score: the plan's
     ScoreSpec): key columns n whose group n // 8 the spec's poly_split sends through the block
