@@ -1,7 +1,8 @@
 """Two source trees side by side: a change that is no plan knob (a layout, a kernel's code) timed
 against the tree before it, in alternating processes of one device call.
 
-    git archive <old sha> flash_attn_poly kernels asm bench | gzip > bench/out/old.tgz    # CPU, carried
+    git archive <old sha> flash_attn_poly kernels asm bench ':(exclude)bench/results' | gzip > bench/out/old.tgz  # CPU
+    # (carried: bench/results left out, ~6 MB that would push the carry past 64 MiB beside the payload)
     python bench/tools/ab_trees.py --old bench/out/old.tgz --tool bwd --budget-s 400 --out $OUT/ab \\
         --args "--modes softmax:native,softcap:poly --knob lpt=1" \\
         --cell "--headdim 128 --hq 32 --hkv 32 --batch 1 --seqlen 16384"                 # H200
