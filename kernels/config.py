@@ -67,9 +67,10 @@ class FwdConfig:
     wg_skip: bool = False     # each consumer warpgroup runs only the key blocks its own rows see (its causal /
                               # right-window bound), none when its rows are past S_q; the tile's other blocks
                               # it waits for and releases without a GEMM (the producer loads the tile's range)
-    q_bottom: bool = False    # causal (a left window or none): query tiles aligned to S_q's end, so the partial tile is the first (the
-                              # one with the fewest key blocks) instead of the last (the most); its rows before
-                              # position 0 load as zeros (or the previous sequence's rows) and are never stored
+    q_bottom: bool = False    # causal (a left window or none): query tiles aligned to S_q's end, so the partial
+                              # tile is the first (the one with the fewest key blocks) instead of the last (the
+                              # most); its rows before position 0 load as zeros (or the previous sequence's rows)
+                              # and are never stored
     q_stages: int = 1         # Q buffers (2: a persistent CTA loads the next tile's Q while the
                               # current tile still reads its own)
     exp2_program: Any = None  # exp2_fma > 0: the exp2_f32 program (asm.programs.ProgramSpec) whose

@@ -32,9 +32,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .common import (ScoreBase, acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_as_b32, frag_a_col_group, frag_a_row,
-                     exp2_approx, pack_f32x2, pin_f32, run_program, rsqrt_approx, tanh_approx, unpack_bf16x2,
-                     write_p_native, write_p_pinned)
+from .common import (ScoreBase, acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_as_b32, frag_a_col_group,
+                     frag_a_row, exp2_approx, pack_f32x2, pin_f32, run_program, rsqrt_approx, tanh_approx,
+                     unpack_bf16x2, write_p_native, write_p_pinned)
 
 
 @cute.jit
