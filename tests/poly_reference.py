@@ -48,7 +48,7 @@ def sigmoid_fns(bias: float, n: int = SIGMOID_PROGRAM_N, grad_rule: str = None, 
     forward: the forward kernel's P around the program's clamp [params.lo, params.hi]
     (kernels/scores/sigmoid.py): the exact sigmoid where the block input passes hi, or
     mufu_above where that is lower (ScoreSpec.mufu_above, the plan's threshold) (the kernel's
-    MUFU fix-up, there for every block pair of a thread's key block once one passes; those
+    MUFU fix-up, there for every block pair of a thread row's key block once one passes; those
     pairs' inputs below hi differ from this model by the program's error), +0 at or below lo;
     False: the block's P, capped at P(hi) and floored at P(lo), which the surrogate backward's
     coupled block keeps."""
