@@ -159,7 +159,7 @@ class Score(ScoreBase):
         families the rest of a sigmoid build does not use, so the compile tests count the branch
         apart); the raw scores were kept, the head overwrote the even registers.  Head (dst None):
         q in the program's 16-bit type, the tail squares it (near P = 1 an FP16 q keeps P within
-        a BF16 step); otherwise the PV operand's packed P = q * q.  Masked -inf gives +0 and NaN
+        a BF16 step); otherwise the same q through the tail into the PV operand.  Masked -inf gives +0 and NaN
         stays NaN, as on the MUFU columns.  Per row, not per thread: a row's P then depends on its own
         scores at this thread's key columns alone, not on the row it shares the thread with (which
         the tile's alignment, q_bottom, and packed GQA change), so those layouts give the same bits."""
@@ -169,10 +169,15 @@ class Score(ScoreBase):
             for i, s0, s1 in saved:
                 q0 = rsqrt_approx(exp2_approx(s0 * k + c) + 1.0)
                 q1 = rsqrt_approx(exp2_approx(s1 * k + c) + 1.0)
+                q = pack_f32x2(q0, q1, not self.p_f16)
                 if cutlass.const_expr(dst is None):
-                    src[2 * i] = b32_as_f32(pack_f32x2(q0, q1, not self.p_f16))
+                    src[2 * i] = b32_as_f32(q)
                 else:
-                    dst[i] = pack_f32x2(q0 * q0, q1 * q1, is_bf16)
+                    # the tail's own square, as the head's q gets after the PV wait: a row's block
+                    # is a masked block (here) under one tile alignment and an overlapped one
+                    # (head, then tail) under another, so one route gives both the same bits
+                    p = Int32(run_program(self.program, "tail", q)[0])
+                    dst[i] = f16x2_to_bf16x2(p) if cutlass.const_expr(self.p_f16 and is_bf16) else p
 
     @cute.jit
     def _pair_poly(self, s0, s1, params, role: cutlass.Constexpr[str], is_bf16: cutlass.Constexpr[bool] = True):
