@@ -89,15 +89,15 @@ O_SMEM_CASES = [("softmax", "native", "bf16", 2, 333, 517, 8, 2, 128, True),
 GRIDS = {"plan": {}, "ctas3": {"fwd_ctas": 3}, "single_tile": {"fwd.persistent": 0}}
 
 
-def _bitwise_as_default(case, knob: str, extra: dict, window=(-1, -1), values=(False, True)):
+def _bitwise_as_default(case, knob: str, extra: dict, window=(-1, -1), values=(False, True), q_scale=1.0):
     """O and LSE of the plan with fwd.<knob> = values[1] equal those with fwd.<knob> = values[0] bit
     for bit (the plan's default may be either), both written into NaN-poisoned buffers (a row a build
-    skips stays NaN); returns the values[1] plan."""
+    skips stays NaN); returns the values[1] plan.  q_scale multiplies q (the scores' spread)."""
     from flash_attn_poly import testing
     mode, evaluator, dtype, b, s_q, s_k, h_q, h_kv, d, causal = case
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     g = torch.Generator(device="cuda").manual_seed(s_q * 1000 + s_k)
-    q = torch.randn(b, s_q, h_q, d, device="cuda", dtype=dt, generator=g)
+    q = torch.randn(b, s_q, h_q, d, device="cuda", dtype=dt, generator=g) * q_scale
     k, v = (torch.randn(b, s_k, h_kv, d, device="cuda", dtype=dt, generator=g) for _ in range(2))
     kw = dict(causal=causal, softcap=50.0 if mode == "softcap" else None, window_size=window)
     off, on = values
@@ -364,6 +364,21 @@ def test_q_bottom_equals_top_aligned(case, grid):
     shape, over = case
     extra = GRIDS[grid]
     _bitwise_as_default(shape, "q_bottom", {**over, **extra})
+
+
+# sigmoid poly with scores spread 4x (q * 4): most thread rows' key blocks take the forward's MUFU branch
+# (kernels/scores/sigmoid.py _above_clamp), in masked and unmasked blocks alike, so a row's P must not depend
+# on the row sharing its thread nor on which route (masked block or overlapped loop) its block takes; at the
+# default spread the branch fires in a handful of rows
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [(("sigmoid", "poly", "bf16", 2, 1300, 1300, 8, 2, 64, True), {}),
+                                  (("sigmoid", "poly", "bf16", 2, 1000, 1000, 8, 8, 128, True), WG3)],
+                         ids=["d64", "d128_wg3"])
+def test_q_bottom_equals_top_aligned_sigmoid_branch_hot(case):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    shape, over = case
+    _bitwise_as_default(shape, "q_bottom", over, q_scale=4.0)
 
 
 # causal calls with a left window: the window's bound (row - S_q + S_k - left) moves with the shifted rows

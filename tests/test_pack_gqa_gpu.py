@@ -60,7 +60,7 @@ def test_pack_gqa_against_reference(case, persistent):
 
 
 # (case, window, layout): layout "dense" (contiguous), "padded" (head dim padded by 8 elements)
-# or "bhsd" (a (B, H, S, D) tensor transposed to (B, S, H, D))
+# or "bhsd" (a (B, H, S, D) tensor transposed to (B, S, H, D)), "hot" (dense, q * 4: scores spread 4x)
 BITWISE_CASES = [
     (("softmax", "native", "bf16", 2, 333, 517, 8, 2, 64, True), (-1, -1), "dense"),
     (("softmax", "native", "bf16", 1, 300, 411, 8, 2, 64, False), (100, 37), "dense"),
@@ -73,6 +73,8 @@ BITWISE_CASES = [
     (("softcap", "native", "bf16", 1, 333, 333, 16, 8, 256, False), (64, 64), "dense"),
     (("softcap", "native", "bf16", 1, 411, 300, 8, 2, 128, True), (-1, -1), "dense"),   # the 192 x 64 tile
     (("softcap", "native", "bf16", 1, 300, 411, 8, 2, 128, False), (100, 37), "dense"),
+    # q * 4: most rows' key blocks take the sigmoid block's MUFU branch (per thread row, one route)
+    (("sigmoid", "poly", "bf16", 2, 517, 517, 8, 2, 64, True), (-1, -1), "hot"),
 ]
 
 
@@ -87,7 +89,7 @@ def _inputs(case, layout):
         if layout == "bhsd":
             return torch.randn(b, h, s, d, device="cuda", dtype=dt, generator=g).transpose(1, 2)
         return torch.randn(b, s, h, d, device="cuda", dtype=dt, generator=g)
-    return make(s_q, h_q), make(s_k, h_kv), make(s_k, h_kv)
+    return make(s_q, h_q) * (4.0 if layout == "hot" else 1.0), make(s_k, h_kv), make(s_k, h_kv)
 
 
 @pytest.mark.gpu
