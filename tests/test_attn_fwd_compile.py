@@ -221,8 +221,10 @@ def test_sigmoid_poly_overlapped_loop_has_no_c7513(split):
     # branch: one EX2 and one RSQ per block-pair score of each stage
     assert n["MUFU.TANH"] * k == nat["MUFU.TANH"] * (k - j), (n, nat)
     assert n["MUFU.EX2"] == n["MUFU.RSQ"] > 0 and n["MUFU.EX2"] * k == nat["MUFU.TANH"] * j, (n, nat)
-    # two squarings per block pair (head's first, tail's last), as in the whole block
-    assert n["HMUL2"] == 2 * n["HFMA2.BF16"] // 3, n
+    # two squarings per block pair (head's first, tail's last), as in the whole block, plus the tail's
+    # squaring on each fix-up pair of the one stage that writes P itself (the first block: its MUFU q goes
+    # through the tail as the overlapped stages' does after the PV wait): a quarter of the EX2, two per pair
+    assert n["HMUL2"] == 2 * n["HFMA2.BF16"] // 3 + n["MUFU.EX2"] // 8, n
     spill = {(1, 4): 0, (1, 2): 17, (1, 1): 5}[split]
     assert n["STL"] <= spill, n
     if spill == 0:
