@@ -608,20 +608,20 @@ class AttnFwdSm90:
                 self.pingpong_arrive(0)
         # dynamic `for` loops of 0 or 1 trips stand in for `if` (a tile that sees no key
         # skips all work and still writes O = 0, LSE = -inf)
+        q_state = q_run if cutlass.const_expr(persistent) else \
+            pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         if cutlass.const_expr(self.cfg.wg_skip):
             # Q is waited for (and released below) by every warpgroup of a tile with keys; the
             # blocks above this warpgroup's own range pass without a GEMM
             for _ in cutlass.range(cutlass.min(n_max_tile, 1), unroll=1):
-                pipe_q.consumer_wait(q_run if cutlass.const_expr(persistent)
-                                     else pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+                pipe_q.consumer_wait(q_state)
             for _ in cutlass.range(n_skip, unroll=1):
                 kv = self.skip_block(ctx, kv)
             for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
                 kv = self.first_block(ctx, kv, n_max - 1)
         else:
             for _ in cutlass.range(cutlass.min(n_max, 1), unroll=1):
-                pipe_q.consumer_wait(q_run if cutlass.const_expr(persistent)
-                                     else pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+                pipe_q.consumer_wait(q_state)
                 kv = self.first_block(ctx, kv, n_max - 1)
         # The first PV product must overwrite O (zero-init is a compile-time flag: a
         # runtime one puts a predicate move inside the wgmma stage and ptxas then
