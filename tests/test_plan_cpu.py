@@ -1009,9 +1009,10 @@ def test_wg_skip_rows():
 def test_q_bottom_rows():
     """fwd.q_bottom (causal query tiles aligned to S_q's end) where it was timed faster: softcap D = 128 under
     the constant max, causal unwindowed (dense MHA, packed GQA and varlen) or with a left window (dense, a KV
-    head per several query heads), past Q_BOTTOM_MIN_SEQLEN_Q query rows; D = 64 causal dense past SHORT_SEQLEN (user score functions too), but not softcap with its group
-    packed nor sigmoid past Q_BOTTOM_MAX_KEYS; never non-causal (check_fwd refuses it) nor on the 128 x 128
-    tiles (no run took it there)."""
+    head per several query heads), past Q_BOTTOM_MIN_SEQLEN_Q query rows; D = 64 causal dense past
+    SHORT_SEQLEN (user score functions too), but not softcap with its group packed nor sigmoid past
+    Q_BOTTOM_MAX_KEYS; never non-causal (check_fwd refuses it) nor on the 128 x 128 tiles (no run took it
+    there)."""
     on = [("softcap", "poly", 128, (16, 1024, 32, 32), {}), ("softcap", "native", 128, (4, 4096, 32, 8), {}),
           ("softcap", "poly", 128, (16, 1024, 32, 32), dict(varlen=True)),
           ("softmax", "native", 64, (4, 4096, 32, 32), {}), ("softmax", "native", 64, (2, 8192, 32, 8), {}),
@@ -1022,7 +1023,8 @@ def test_q_bottom_rows():
     off = [("softcap", "poly", 128, (1, 8192, 32, 32), dict(window=(4095, 0))),
            ("softcap", "poly", 128, (1, 8192, 32, 16), dict(window=(4095, 0), varlen=True)),
            ("softcap", "poly", 128, (1, 8192, 32, 16), dict(window=(4095, 0), causal=False)),
-           ("softcap", "poly", 128, (1, 512, 32, 16), dict(window=(255, 0))),("softcap", "poly", 128, (16, 1024, 32, 32), dict(causal=False)),
+           ("softcap", "poly", 128, (1, 512, 32, 16), dict(window=(255, 0))),
+           ("softcap", "poly", 128, (16, 1024, 32, 32), dict(causal=False)),
            ("softcap", "poly", 128, (16, 1024, 32, 32), dict(window=(255, -1))),
            ("softmax", "native", 128, (16, 1024, 32, 8), {}), ("sigmoid", "poly", 128, (4, 4096, 32, 32), {}),
            ("softmax", "native", 64, (16, 1024, 32, 32), {}), ("softmax", "native", 64, (4, 4096, 32, 32), dict(varlen=True)),
