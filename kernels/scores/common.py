@@ -464,26 +464,28 @@ class OnlineSoftmax:
 
 
 
-def frag_a_col_group(shape, e: int) -> int:
-    """Key column group (within the block) of element e of the PV A-fragment view
-    ((2 cols, 2 rows, 2 groups), M, (N/16, N')) of acc_S (see acc_as_frag_a)."""
+def _frag_a_coord(shape, e: int) -> list:
+    """Element e's coordinate in the PV A-fragment view ((2 cols, 2 rows, 2 groups), M, (N/16, N')) of
+    acc_S (see acc_as_frag_a), flattened: [col, row half, group, M, N/16, N']."""
     flat = [shape[0][0], shape[0][1], shape[0][2], shape[1], shape[2][0], shape[2][1]]
     crd = []
     for n in flat:
         crd.append(e % n)
         e //= n
-    return crd[2] + 2 * (crd[4] + flat[4] * crd[5])
+    return crd
+
+
+def frag_a_col_group(shape, e: int) -> int:
+    """Key column group (within the block) of element e of the PV A-fragment view of acc_S."""
+    crd = _frag_a_coord(shape, e)
+    return crd[2] + 2 * (crd[4] + shape[2][0] * crd[5])
 
 
 def frag_a_row(shape, e: int) -> int:
     """The thread's row (0 .. 2 * MMA_M - 1: rows r and r + 8 of each 64-row atom) of element e of the
-    PV A-fragment view ((2 cols, 2 rows, 2 groups), M, (N/16, N')) of acc_S (see acc_as_frag_a)."""
-    flat = [shape[0][0], shape[0][1], shape[0][2], shape[1], shape[2][0], shape[2][1]]
-    crd = []
-    for n in flat:
-        crd.append(e % n)
-        e //= n
-    return crd[1] + flat[1] * crd[3]
+    PV A-fragment view of acc_S."""
+    crd = _frag_a_coord(shape, e)
+    return crd[1] + shape[0][1] * crd[3]
 
 
 

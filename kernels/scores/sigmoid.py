@@ -159,10 +159,12 @@ class Score(ScoreBase):
         families the rest of a sigmoid build does not use, so the compile tests count the branch
         apart); the raw scores were kept, the head overwrote the even registers.  Head (dst None):
         q in the program's 16-bit type, the tail squares it (near P = 1 an FP16 q keeps P within
-        a BF16 step); otherwise the same q through the tail into the PV operand.  Masked -inf gives +0 and NaN
-        stays NaN, as on the MUFU columns.  Per row, not per thread: a row's P then depends on its own
-        scores at this thread's key columns alone, not on the row it shares the thread with (which
-        the tile's alignment, q_bottom, and packed GQA change), so those layouts give the same bits."""
+        a BF16 step); otherwise (the first block, which writes P itself) the same q through the tail
+        here.  Masked -inf gives +0 and NaN stays NaN, as on the MUFU columns.  Per row, not per
+        thread, and one route: a row's P then depends on its own scores at this thread's key columns
+        alone, not on the row it shares the thread with nor on whether its block is the first (both
+        of which the tile's alignment, q_bottom, and packed GQA change), so those layouts give the
+        same bits."""
         if mx * params[0] + params[1] > Float32(self.mufu_above):
             k = params[2] * Float32(-2.0 * math.log2(math.e))
             c = params[3] * Float32(-2.0 * math.log2(math.e))
@@ -173,11 +175,7 @@ class Score(ScoreBase):
                 if cutlass.const_expr(dst is None):
                     src[2 * i] = b32_as_f32(q)
                 else:
-                    # the tail's own square, as the head's q gets after the PV wait: a row's block
-                    # is a masked block (here) under one tile alignment and an overlapped one
-                    # (head, then tail) under another, so one route gives both the same bits
-                    p = Int32(run_program(self.program, "tail", q)[0])
-                    dst[i] = f16x2_to_bf16x2(p) if cutlass.const_expr(self.p_f16 and is_bf16) else p
+                    dst[i] = self._tail(q, is_bf16)
 
     @cute.jit
     def _pair_poly(self, s0, s1, params, role: cutlass.Constexpr[str], is_bf16: cutlass.Constexpr[bool] = True):
@@ -222,10 +220,17 @@ class Score(ScoreBase):
                 src[2 * i + 1] = pin_f32(src[2 * i + 1])
         for i in cutlass.range_constexpr(cute.size(dst)):
             if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
-                p = Int32(run_program(self.program, "tail", f32_as_b32(src[2 * i]))[0])
-                dst[i] = f16x2_to_bf16x2(p) if cutlass.const_expr(self.p_f16 and is_bf16) else p
+                dst[i] = self._tail(f32_as_b32(src[2 * i]), is_bf16)
             else:
                 dst[i] = pack_f32x2(src[2 * i], src[2 * i + 1], is_bf16)
+
+    @cute.jit
+    def _tail(self, q, is_bf16: cutlass.Constexpr[bool]):
+        """The program's tail (P = q * q) on a packed q, into the PV operand's type."""
+        p = Int32(run_program(self.program, "tail", q)[0])
+        if cutlass.const_expr(self.p_f16 and is_bf16):
+            p = f16x2_to_bf16x2(p)
+        return p
 
     def lse_scale(self, params):
         return None
