@@ -194,3 +194,31 @@ def test_backward(backend, mode, evaluator, dtype, d, kind, shape):
             assert torch.isfinite(sl).all()
         torch.testing.assert_close(got[0], want[0], atol=1e-2, rtol=1e-2)
         torch.testing.assert_close(got[B0][:, heads], want[B0][:, heads], atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("j0", [60, 124])
+def test_forward_nan_key_in_exp2_offload_column(j0):
+    """The exp2 offload (softcap poly, BF16, cap <= 50) computes P = 2^a on the FMA pipe for the
+    key columns c with (c // 8) % 8 >= 8 - exp2_fma of mask-free blocks.  Its block adds the
+    integer exponent to the polynomial's bits, so a NaN a (a NaN key) leaves there not a NaN but
+    FLT_MAX on the GPU (the canonical NaN 0x7FFFFFFF times 2^23 plus itself wraps to 0x7F7FFFFF),
+    +inf once rounded to BF16.  O is NaN all the same (the +inf over the rounded-P sum +inf) and the
+    LSE non-finite, as attention() states; rows that do not see the key keep their bits.  A key on
+    such a column in block 0: mask-free for the query tiles past the first."""
+    from flash_attn_poly import interface, plan as plan_mod
+    shp = (1, 512, 512, 4, 2)
+    q, k, v = _inputs(shp, 128, torch.bfloat16, "cuda")
+    call = interface.validate(q, k, v, "softcap", "poly", True, SOFTCAP, None, None, (-1, -1))
+    fwd = plan_mod.resolve(call, torch.cuda.get_device_properties(0).multi_processor_count).fwd
+    assert fwd.exp2_fma > 0 and ((j0 % fwd.tile_n) // 8) % 8 >= 8 - fwd.exp2_fma, fwd
+    kp = k.clone()
+    kp[B0, j0, G0, 5] = float("nan")
+    clean, clean_lse, _ = _run(q, k, v, "softcap", "poly", "cuda")
+    out, lse, _ = _run(q, kp, v, "softcap", "poly", "cuda")
+    touched = torch.zeros(1, 512, 4, dtype=torch.bool)
+    touched[B0, j0:, HEADS0] = True
+    assert out[touched].isnan().all(), f"{int((~out[touched].isnan()).sum())} entries of rows that see it are not NaN"
+    assert (~torch.isfinite(lse.transpose(1, 2)[touched])).all()
+    assert torch.equal(out[~touched], clean[~touched])
+    assert torch.equal(lse.transpose(1, 2)[~touched], clean_lse.transpose(1, 2)[~touched])
