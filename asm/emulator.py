@@ -282,7 +282,10 @@ def _arith_f32(m, opcode, mods, ops):
             val = fb.round_to_format(srcs[0] * srcs[1], 0.0, fb.F32)
         else:
             val = fb.round_to_format(*fb.two_sum(srcs[0], srcs[1] if name == "add" else -srcs[1]), fb.F32)
-    m.write(ops[0], val.astype(np.float32).view(np.uint32))
+    # a NaN result is the GPU's one canonical FP32 NaN, 0x7FFFFFFF (no payload, no sign), not
+    # numpy's 0x7FC00000: the bits matter where a block reads a float as an integer (the exp2
+    # block's exponent add turns it into FLT_MAX)
+    m.write(ops[0], np.where(np.isnan(val), np.uint32(0x7FFFFFFF), val.astype(np.float32).view(np.uint32)))
 
 
 def _mad(m, opcode, mods, ops):

@@ -115,6 +115,21 @@ def test_fma_specials():
     assert v[3] == 0                          # underflow below half the smallest subnormal
 
 
+def test_f32_nan_results_are_the_canonical_nan():
+    """FP32 add / sub / mul / fma return the GPU's one FP32 NaN,
+    0x7FFFFFFF, whatever the input NaN's bits (numpy's would be 0x7FC00000).  A block that reads
+    a float's bits as an integer depends on it: the exp2_f32 block's exponent add (mad.lo.s32 of
+    j = a + 1.5 * 2^23 into the polynomial) turns a NaN argument into FLT_MAX, 0x7F7FFFFF, as on
+    the GPU (tests/test_nonfinite.py's offload-column case is its device side)."""
+    nan = np.array([0x7FC00000, 0xFFC00001, 0x7F800001], np.uint32).view(np.float32)
+    for text in ("add.rn.f32 $0, $1, 0f3F800000;", "mul.rn.f32 $0, $1, 0f40000000;",
+                 "fma.rn.f32 $0, $1, 0f40000000, 0f3F800000;", "sub.rn.f32 $0, 0f3F800000, $1;"):
+        assert (em.execute(text, [nan], 1)[0] == 0x7FFFFFFF).all(), text
+    exp2 = B.block_for(PG.spec("exp2_f32_d3"), "exp2")
+    got = em.run_block(exp2, np.array([np.nan, 0.0, 1.0], np.float32))[0]
+    assert got[0] == 0x7F7FFFFF and got[1:].view(np.float32).tolist() == pytest.approx([1.0, 2.0], rel=1e-4)
+
+
 @pytest.mark.parametrize("ptype,fmt", [("bf16x2", fb.BF16), ("f16x2", fb.F16)])
 def test_cvt_pack_matches_reference(ptype, fmt):
     import torch

@@ -201,9 +201,9 @@ def test_backward(backend, mode, evaluator, dtype, d, kind, shape):
 def test_forward_nan_key_in_exp2_offload_column(j0):
     """The exp2 offload (softcap poly, BF16, cap <= 50) computes P = 2^a on the FMA pipe for the
     key columns c with (c // 8) % 8 >= 8 - exp2_fma of mask-free blocks.  Its block adds the
-    integer exponent to the polynomial's bits, so a NaN a (a NaN key) can leave there not a NaN
-    but FLT_MAX (if the FP32 ops return the canonical NaN 0x7FFFFFFF: times 2^23 plus itself wraps
-    to 0x7F7FFFFF), +inf once rounded to BF16.  O must be NaN all the same (+inf over the
+    integer exponent to the polynomial's bits, so a NaN a (a NaN key) leaves there not a NaN but
+    FLT_MAX (the FP32 ops' canonical NaN 0x7FFFFFFF times 2^23 plus itself wraps to 0x7F7FFFFF:
+    tests/test_asm_emulator.py's canonical-NaN case), +inf once rounded to BF16.  O must be NaN all the same (+inf over the
     rounded-P sum +inf) and the LSE non-finite, as attention() states; rows that do not see the key
     keep their bits.  A key on
     such a column in block 0: mask-free for the query tiles past the first."""
