@@ -713,7 +713,8 @@ class AttnFwdSm90:
     def scores_to_p(self, ctx, acc_S, n_block: Int32, is_first: cutlass.Constexpr[bool],
                     masked: cutlass.Constexpr[bool], tOrP_dst):
         """Score stage on S: transform, mask (diagonal/tail blocks only), P into tOrP_dst
-        (None: P stays in acc_S for the stage's write_p after the PV wait)."""
+        (None: P stays in acc_S for the stage's write_p after the PV wait); returns the score's
+        carry for that write_p."""
         coords = sc.Coords(ctx.tScS_mn, ctx.q0, n_block * self.tile_n, ctx.batch,
                            ctx.head, sc.SeqlenInfo(ctx.seqlen_q, ctx.seqlen_k), ctx.aux)
         if cutlass.const_expr(self.cfg.fixed_max):
@@ -725,8 +726,8 @@ class AttnFwdSm90:
                                 ctx.seqlen_qv, ctx.seqlen_k, self.tile_m, self.tile_n, self.causal,
                                 self.cfg.window_left, self.cfg.window_right, ctx.window[0], ctx.window[1],
                                 self.cfg.mask_bits, self.pack)
-        self.score.probs(acc_S, tOrP_dst, ctx.softmax, ctx.params, is_first, masked,
-                         ctx.row_scale, self.is_bf16)
+        return self.score.probs(acc_S, tOrP_dst, ctx.softmax, ctx.params, is_first, masked,
+                                ctx.row_scale, self.is_bf16)
 
     @cute.jit
     def rescale_o(self, ctx):
@@ -803,7 +804,7 @@ class AttnFwdSm90:
         warpgroup.wait_group(1)   # S_n has landed (P_{n-1} V may still run)
         fence_fragment(acc_S)   # the score stage must not rise above wait_group(1); no PTX
         ctx.pipe_k.consumer_release(kv)
-        self.scores_to_p(ctx, acc_S, n_block, False, masked, None)
+        carry = self.scores_to_p(ctx, acc_S, n_block, False, masked, None)
         warpgroup.wait_group(0)
         fence_fragment(ctx.acc_O)
         ctx.pipe_v.consumer_release(kv_prev)
@@ -814,7 +815,7 @@ class AttnFwdSm90:
         if cutlass.const_expr(self.cfg.fixed_max):
             sc.write_p_fixed(acc_S, ctx.tOrP, ctx.softmax)
         else:
-            self.score.write_p(acc_S, ctx.tOrP, self.is_bf16)
+            self.score.write_p(acc_S, ctx.tOrP, self.is_bf16, carry)
         self.rescale_o(ctx)
         return kv
 

@@ -51,12 +51,6 @@ def tanh_approx(x: Float32, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
-def rsqrt_approx(x: Float32, *, loc=None, ip=None) -> Float32:
-    """rsqrt.approx.ftz.f32: MUFU.RSQ, relative error ~2^-22.9; +inf gives +0."""
-    return Float32(_asm(T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], "rsqrt.approx.ftz.f32 $0, $1;", "=f,f"))
-
-
-@dsl_user_op
 def fma_sat(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
     """fma.rn.sat.f32: a*b + c clamped to [0, 1] on the FMA pipe (NaN -> +0)."""
     return Float32(_asm(T.f32(), [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c)],
@@ -305,11 +299,15 @@ class ScoreBase:
     @cute.jit
     def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
               masked: cutlass.Constexpr[bool], row_scale, is_bf16: cutlass.Constexpr[bool]):
+        """P of the score stage, into tOrP, or (tOrP None: the overlapped loop) left in acc_S for
+        write_p after the PV wait.  Returns what that write_p needs besides acc_S (its `carry`;
+        None here)."""
         online_softmax_probs(acc_S, tOrP, state, params[self.EXP2_SCALE], is_first, row_scale, is_bf16,
                              masked)
+        return None
 
     @cute.jit
-    def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
+    def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool], carry=None):
         write_p_pinned(acc_S, tOrP, is_bf16)
 
     @cute.jit

@@ -15,9 +15,10 @@ Forward.
           bits as the block.  An FP16 program's f16x2 P is converted to bf16x2 for BF16 inputs.
           The block clamps its input at the program's params.hi, where its P stops at P(hi) < 1
           (0.975 for the default: O missed the FlashAttention rule at score std 16).  So each
-          thread keeps its block pairs' raw scores and their running max, and one branch per
-          key block (taken only when that max's block input passes hi) recomputes all of them
-          on MUFU (EX2, RSQ); typical scores pay the max chain, one FFMA and the branch.
+          thread keeps its block pairs' raw scores and their running max per row, and one branch
+          per thread row and key block (taken only when that max's block input passes the plan's
+          threshold) recomputes all of them as the MUFU columns do (one TANH per score); typical
+          scores pay the max chain, one FFMA and the branch.
           The surrogate backward's coupled block keeps both clamps (tests/poly_reference).
 Backward: g = dP sigma'(x + b) (no LSE, no D).  MUFU columns: the forward's p and sigma' =
 p (1 - p).  The product rule's backward is the native score (the plan hands it the native spec:
@@ -33,7 +34,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .common import (ScoreBase, acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_as_b32, frag_a_col_group,
-                     frag_a_row, exp2_approx, pack_f32x2, pin_f32, run_program, rsqrt_approx, tanh_approx,
+                     frag_a_row, pack_f32x2, pin_f32, run_program, tanh_approx,
                      unpack_bf16x2, write_p_native, write_p_pinned)
 
 
@@ -111,13 +112,15 @@ class Score(ScoreBase):
     @cute.jit
     def probs(self, acc_S, tOrP, state, params, is_first: cutlass.Constexpr[bool],
               masked: cutlass.Constexpr[bool], row_scale, is_bf16: cutlass.Constexpr[bool]):
+        carry = None
         if cutlass.const_expr(self.evaluator == "native"):
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 acc_S[i] = tanh_approx(acc_S[i] * params[0] + params[1]) * 0.5 + 0.5
             if cutlass.const_expr(tOrP is not None):
                 write_p_native(acc_S, tOrP, is_bf16)
         else:
-            self._probs_poly(acc_S, tOrP, params, is_bf16)   # masked -inf: below the clamp, P = +0
+            carry = self._probs_poly(acc_S, tOrP, params, is_bf16)   # masked -inf: below the clamp, P = +0
+        return carry
 
     @cute.jit
     def _probs_poly(self, acc_S, tOrP, params, is_bf16: cutlass.Constexpr[bool]):
@@ -147,35 +150,35 @@ class Score(ScoreBase):
                     src[2 * i], src[2 * i + 1] = p0, p1
                 else:
                     dst[i] = pack_f32x2(p0, p1, is_bf16)
-        for row in saved:
-            self._above_clamp(src, dst, saved[row], mx[row], params, is_bf16)
+        # per thread row: whether its block pairs took the MUFU branch (write_p's carry)
+        return {row: self._above_clamp(src, dst, saved[row], mx[row], params, is_bf16) for row in saved}
 
     @cute.jit
     def _above_clamp(self, src, dst, saved, mx, params, is_bf16: cutlass.Constexpr[bool]):
         """One branch per thread row and key block: when the largest input among the row's block
         pairs in this thread passes mufu_above (the program's clamp, or the plan's lower threshold
-        where the block's error exceeds a BF16 rounding of P), those pairs take q = sigma(z)^(1/2) =
-        (1 + 2^(-z log2 e))^(-1/2), z = x + b = 2 (s params[2] + params[3]), on MUFU (EX2 and RSQ,
-        families the rest of a sigmoid build does not use, so the compile tests count the branch
-        apart); the raw scores were kept, the head overwrote the even registers.  Head (dst None):
-        q in the program's 16-bit type, the tail squares it (near P = 1 an FP16 q keeps P within
-        a BF16 step); otherwise (the first block, which writes P itself) the same q through the tail
-        here.  Masked -inf gives +0 and NaN stays NaN, as on the MUFU columns.  Per row, not per
-        thread, and one route: a row's P then depends on its own scores at this thread's key columns
-        alone, not on the row it shares the thread with nor on whether its block is the first (both
-        of which the tile's alignment, q_bottom, and packed GQA change), so those layouts give the
+        where the block's error exceeds a BF16 rounding of P), those pairs take P = 0.5 tanh(z / 2)
+        + 0.5, z = x + b = 2 (s params[2] + params[3]), as the MUFU columns do (one TANH per score;
+        the raw scores were kept, the head overwrote the even registers), packed in the program's
+        16-bit type.  Head (dst None): P in the even register, where the head leaves q; the
+        row's predicate is returned and write_p selects that P over the tail's q * q.  The first
+        block (which writes P itself): the same P, converted here as write_p converts it.  Masked
+        -inf gives +0 and NaN stays NaN, as on the MUFU columns.  Per row, not per thread, and
+        one route: a row's P then depends on its own scores at this thread's key columns alone,
+        not on the row it shares the thread with nor on whether its block is the first (both of
+        which the tile's alignment, q_bottom, and packed GQA change), so those layouts give the
         same bits."""
-        if mx * params[0] + params[1] > Float32(self.mufu_above):
-            k = params[2] * Float32(-2.0 * math.log2(math.e))
-            c = params[3] * Float32(-2.0 * math.log2(math.e))
+        hot = mx * params[0] + params[1] > Float32(self.mufu_above)
+        if hot:
             for i, s0, s1 in saved:
-                q0 = rsqrt_approx(exp2_approx(s0 * k + c) + 1.0)
-                q1 = rsqrt_approx(exp2_approx(s1 * k + c) + 1.0)
-                q = pack_f32x2(q0, q1, not self.p_f16)
+                p0 = tanh_approx(s0 * params[2] + params[3]) * 0.5 + 0.5
+                p1 = tanh_approx(s1 * params[2] + params[3]) * 0.5 + 0.5
+                p = pack_f32x2(p0, p1, not self.p_f16)
                 if cutlass.const_expr(dst is None):
-                    src[2 * i] = b32_as_f32(q)
+                    src[2 * i] = b32_as_f32(p)
                 else:
-                    dst[i] = self._tail(q, is_bf16)
+                    dst[i] = self._to_operand(p, is_bf16)
+        return hot
 
     @cute.jit
     def _pair_poly(self, s0, s1, params, role: cutlass.Constexpr[str], is_bf16: cutlass.Constexpr[bool] = True):
@@ -200,16 +203,18 @@ class Score(ScoreBase):
         return nan_through(p, s0, s1, False if self.p_f16 and is_bf16 and role == "fwd" else self.p_f16)
 
     @cute.jit
-    def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
-        """After the PV wait: P into tOrP from what probs(tOrP=None) left."""
+    def write_p(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool], carry=None):
+        """After the PV wait: P into tOrP from what probs(tOrP=None) left (carry: its per-row
+        branch predicates)."""
         if cutlass.const_expr(self.evaluator == "native"):
             write_p_pinned(acc_S, tOrP, is_bf16)
         else:
-            self._write_p_poly(acc_S, tOrP, is_bf16)
+            self._write_p_poly(acc_S, tOrP, is_bf16, carry)
 
     @cute.jit
-    def _write_p_poly(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool]):
-        """Block pairs: the tail (one mul) on the head's q; MUFU pairs: the pack.  Only the
+    def _write_p_poly(self, acc_S, tOrP, is_bf16: cutlass.Constexpr[bool], hot):
+        """Block pairs: the tail (one mul) on the head's q, or, in a row that took the branch
+        (hot[row]), the branch's P as it is (one select); MUFU pairs: the pack.  Only the
         registers read are pinned: an odd register of a block pair holds a dead score, and
         pinning it would keep it live through the stage (+1 reg per block pair)."""
         src = acc_as_frag_a(acc_S)
@@ -220,14 +225,16 @@ class Score(ScoreBase):
                 src[2 * i + 1] = pin_f32(src[2 * i + 1])
         for i in cutlass.range_constexpr(cute.size(dst)):
             if cutlass.const_expr(self.poly_pair(frag_a_col_group(src.shape, 2 * i))):
-                dst[i] = self._tail(f32_as_b32(src[2 * i]), is_bf16)
+                held = f32_as_b32(src[2 * i])
+                p = cutlass.select_(hot[frag_a_row(src.shape, 2 * i)], held,
+                                    Int32(run_program(self.program, "tail", held)[0]))
+                dst[i] = self._to_operand(p, is_bf16)
             else:
                 dst[i] = pack_f32x2(src[2 * i], src[2 * i + 1], is_bf16)
 
     @cute.jit
-    def _tail(self, q, is_bf16: cutlass.Constexpr[bool]):
-        """The program's tail (P = q * q) on a packed q, into the PV operand's type."""
-        p = Int32(run_program(self.program, "tail", q)[0])
+    def _to_operand(self, p, is_bf16: cutlass.Constexpr[bool]):
+        """A packed P in the program's 16-bit type -> the PV operand's type."""
         if cutlass.const_expr(self.p_f16 and is_bf16):
             p = f16x2_to_bf16x2(p)
         return p
