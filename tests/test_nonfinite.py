@@ -208,7 +208,7 @@ def test_forward_nan_key_in_exp2_offload_column(j0):
     keep their bits.  A key on
     such a column in block 0: mask-free for the query tiles past the first."""
     from flash_attn_poly import interface, plan as plan_mod
-    shp = (1, 512, 512, 4, 2)
+    shp = (2, 512, 512, 4, 2)
     q, k, v = _inputs(shp, 128, torch.bfloat16, "cuda")
     call = interface.validate(q, k, v, "softcap", "poly", True, SOFTCAP, None, None, (-1, -1))
     fwd = plan_mod.resolve(call, torch.cuda.get_device_properties(0).multi_processor_count).fwd
@@ -217,7 +217,7 @@ def test_forward_nan_key_in_exp2_offload_column(j0):
     kp[B0, j0, G0, 5] = float("nan")
     clean, clean_lse, _ = _run(q, k, v, "softcap", "poly", "cuda")
     out, lse, _ = _run(q, kp, v, "softcap", "poly", "cuda")
-    touched = torch.zeros(1, 512, 4, dtype=torch.bool)
+    touched = torch.zeros(2, 512, 4, dtype=torch.bool)
     touched[B0, j0:, HEADS0] = True
     assert out[touched].isnan().all(), f"{int((~out[touched].isnan()).sum())} entries of rows that see it are not NaN"
     assert (~torch.isfinite(lse.transpose(1, 2)[touched])).all()
