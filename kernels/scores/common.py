@@ -457,6 +457,11 @@ class OnlineSoftmax:
                 s_o = quad_allreduce(self.row_sum_p[r], "sum")
             o_scale[r] = Float32(0.0) if empty else cute.arch.rcp_approx(s_o)
             m = self.fixed_lse if cutlass.const_expr(self.fixed) else self.row_max[r] * lse_scale
+            if cutlass.const_expr(self.exp2_fma > 0):
+                # a NaN score on an exp2_fma column leaves P = FLT_MAX there (the block's integer
+                # exponent add on the canonical NaN), +inf once rounded: O is NaN by the division,
+                # but ln of the FP32 sum would be finite; s_o - s_o is NaN for that row, +0 else
+                m = m + (s_o - s_o)
             lse[r] = -Float32.inf if empty else m + cute.math.log2(s, fastmath=True) * LN2
 
 
