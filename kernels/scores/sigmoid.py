@@ -27,8 +27,6 @@ the coupled "fwd_bwd" block's P and its factored D4 derivative surrogate (seed B
 """
 from __future__ import annotations
 
-import math
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
