@@ -211,11 +211,11 @@ def test_sigmoid_poly_overlapped_loop_has_no_c7513(split):
     """sigmoid/poly (BF16 D3 program) in the overlapped loop: the stage runs sigmoid_fwd_head,
     write_p the last squaring (sigmoid_fwd_tail) and the MUFU pairs' packs after wait_group(0).
 
-    Measured here (D=128 causal BF16, 168 regs, HGMMA 72, DEPBAR 9, no C7513): 1/4: TANH 192
-    (native 256), no spills; 1/2: TANH 128; 1/1: no TANH.  The clamp fix-up (its EX2 and RSQ
-    count apart) keeps the block pairs' raw scores through the stage: 1/2 spills 17 words
-    (none before it), 1/1 5 (11 before it; 4 while the fix-up branched once per thread, not per thread
-    row); the default splits (1/16, 1/8 at D = 256) do not."""
+    Measured here (D=128 causal BF16, 168 regs, HGMMA 72, DEPBAR 9, no C7513): TANH 256 (native's)
+    at every split: 1/4 192 on the MUFU columns and 64 in the MUFU branch, 1/2 128 + 128, 1/1 all in
+    the branch.  The branch keeps the block pairs' raw scores through the stage: 1/4 no spills, 1/2
+    15 words (17 with the EX2 + RSQ branch; none before the branch), 1/1 5 (11 before it; 4 while it
+    branched once per thread, not per thread row); the default splits (1/16, 1/8 at D = 256) none."""
     log, n, depbar, _ = _ptxas_report(_loop_cfg("sigmoid", "poly", split=split, program=BF16["sigmoid"]))
     assert "C7513" not in log, log[-600:]
     assert n["HGMMA"] > 0 and depbar < n["HGMMA"], (depbar, n)
