@@ -37,6 +37,13 @@ from .common import (ScoreBase, acc_as_frag_a, b32_as_f32, f16x2_to_bf16x2, f32_
 
 
 @cute.jit
+def sigma_tanh(s: Float32, k: Float32, c: Float32) -> Float32:
+    """The MUFU route's sigma: 0.5 tanh(s k + c) + 0.5 (k, c = half the scale and half the shift:
+    sigma(z) = 0.5 tanh(z / 2) + 0.5); a masked -inf gives +0 exactly, NaN stays NaN."""
+    return tanh_approx(s * k + c) * 0.5 + 0.5
+
+
+@cute.jit
 def nan_through(p: Int32, s0: Float32, s1: Float32, f16: cutlass.Constexpr[bool]) -> Int32:
     """A NaN score gives a NaN P half, as torch's sigmoid does: the blocks clamp their inputs
     with min/max, which return the non-NaN operand, so a NaN in q or k would otherwise leave a
@@ -113,7 +120,7 @@ class Score(ScoreBase):
         carry = None
         if cutlass.const_expr(self.evaluator == "native"):
             for i in cutlass.range_constexpr(cute.size(acc_S)):
-                acc_S[i] = tanh_approx(acc_S[i] * params[0] + params[1]) * 0.5 + 0.5
+                acc_S[i] = sigma_tanh(acc_S[i], params[0], params[1])
             if cutlass.const_expr(tOrP is not None):
                 write_p_native(acc_S, tOrP, is_bf16)
         else:
@@ -141,9 +148,8 @@ class Score(ScoreBase):
                 else:
                     dst[i] = self._pair_poly(src[2 * i], src[2 * i + 1], params, "fwd", is_bf16)
             else:
-                # native sigma = 0.5 tanh(0.5 x + 0.5 b) + 0.5; masked -inf gives +0 exactly
-                p0 = tanh_approx(src[2 * i] * params[2] + params[3]) * 0.5 + 0.5
-                p1 = tanh_approx(src[2 * i + 1] * params[2] + params[3]) * 0.5 + 0.5
+                p0 = sigma_tanh(src[2 * i], params[2], params[3])
+                p1 = sigma_tanh(src[2 * i + 1], params[2], params[3])
                 if cutlass.const_expr(tOrP is None):
                     src[2 * i], src[2 * i + 1] = p0, p1
                 else:
@@ -169,8 +175,8 @@ class Score(ScoreBase):
         hot = mx * params[0] + params[1] > Float32(self.mufu_above)
         if hot:
             for i, s0, s1 in saved:
-                p0 = tanh_approx(s0 * params[2] + params[3]) * 0.5 + 0.5
-                p1 = tanh_approx(s1 * params[2] + params[3]) * 0.5 + 0.5
+                p0 = sigma_tanh(s0, params[2], params[3])
+                p1 = sigma_tanh(s1, params[2], params[3])
                 p = pack_f32x2(p0, p1, not self.p_f16)
                 if cutlass.const_expr(dst is None):
                     src[2 * i] = b32_as_f32(p)
@@ -187,8 +193,8 @@ class Score(ScoreBase):
         x0 = s0 * params[0] + params[1]
         x1 = s1 * params[0] + params[1]
         p = Int32(run_program(self.program, role, x0, x1)[0])
-        if cutlass.const_expr(self.p_f16 and is_bf16 and role == "fwd"):
-            p = f16x2_to_bf16x2(p)   # the full f16 block's P -> the PV operand's bf16x2
+        if cutlass.const_expr(role == "fwd"):
+            p = self._to_operand(p, is_bf16)   # the full block's P -> the PV operand's type
         # zeros whatever the block returns (on q the tail's 0 * 0 = +0 gives the same P bits:
         # tests/test_asm_emulator.py)
         keep = Int32(0)
@@ -251,8 +257,8 @@ class Score(ScoreBase):
         k0, k1 = args[0], args[1]
         if cutlass.const_expr(self.evaluator == "poly"):
             k0, k1 = args[0] * 0.5, args[2]
-        p0 = tanh_approx(s0 * k0 + k1) * 0.5 + 0.5
-        p1 = tanh_approx(s1 * k0 + k1) * 0.5 + 0.5
+        p0 = sigma_tanh(s0, k0, k1)
+        p1 = sigma_tanh(s1, k0, k1)
         # sigma' = p (1 - p) as p - p * p: one FFMA (rounded once) where p * (1 - p) took an FADD
         # and an FMUL
         return pack_f32x2(p0, p1, is_bf16), p0 - p0 * p0, p1 - p1 * p1
