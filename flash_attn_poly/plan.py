@@ -197,6 +197,10 @@ FWD_ROWS = (
          "short_seq": False, "window": False, "pack_gqa_ok": True}, dict(pack_gqa=True),
         "... and the causal D = 64 softcap under the constant max: 0.921 / 0.935x at S = 2k / 4k, 0.984-1.016x "
         "from 8k (non-causal 0.932 / 1.019x: not taken)", "fwd-pack-gqa"),
+    Row({"head_dim": 64, "mode": "sigmoid", "causal": True, "varlen": False, "short_seq": False, "window": False,
+         "pack_gqa_ok": True, "pack_gqa_keys": True}, dict(pack_gqa=True),
+        "... and the causal D = 64 sigmoid up to PACK_GQA_MAX_KEYS keys: poly 0.921 / 0.932 / 0.943x, native "
+        "0.944 / 0.978 / 0.978x the time at S = 2k / 4k / 8k (32/8); 16k / 32k were mixed", "fwd-pack-gqa"),
     Row({"head_dim": 128, "mode": "softcap", "fixed_max_ok": True, "varlen": False, "window": False,
          "pack_gqa_ok": True}, dict(pack_gqa=True),
         "D = 128 softcap under the constant max (its 192 x 64 tile): 0.872-0.948x the time (32/8, causal S 1k "
@@ -534,6 +538,9 @@ L2_SECTION_MAX_KEYS = 512
 # the key length from which the D = 64 backward staggers its warpgroups (p_turns + dq_defer): the
 # stagger's prologue and last deferred dQ are paid once per CTA, its gain once per query block
 STEP_ORDER_MIN_SEQLEN_K = 2048
+# the longest keys at which the causal D = 64 sigmoid forward packs its GQA group (fwd-pack-gqa: faster
+# at 2k-8k, mixed at 16k and 32k)
+PACK_GQA_MAX_KEYS = 8192
 # the longest keys at which D = 64 sigmoid took fwd.q_bottom (faster at 2k and 4k, slower at 8k: fwd-q-bottom)
 Q_BOTTOM_MAX_KEYS = 4096
 # the longest query length at which the softcap D = 128 forward keeps its tiles aligned to S_q's start:
@@ -606,6 +613,7 @@ def _facts(call: AttnCall, program) -> dict:
         # the forward can pack the GQA group into its M tile (kernels/config.check_fwd: a power of two
         # up to 64, dense calls of the built-in scores)
         "pack_gqa_ok": _pack_gqa_ok(call),
+        "pack_gqa_keys": call.seqlen_k <= PACK_GQA_MAX_KEYS,
         "long_keys": call.seqlen_k >= STEP_ORDER_MIN_SEQLEN_K,
         "short_keys": call.seqlen_k <= SHORT_KEYS,
         "q_bottom_keys": call.seqlen_k <= Q_BOTTOM_MAX_KEYS,

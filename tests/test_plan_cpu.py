@@ -821,9 +821,10 @@ def test_backward_overrides_are_checked():
 def test_pack_gqa_rows():
     """fwd.pack_gqa (the GQA group's heads packed into the forward's M tile) where it was timed
     faster: D = 64 softmax (not short, unwindowed), D = 64 causal softcap under the constant max,
-    D = 128 softcap under the constant max; not sigmoid, D = 128 softmax, D = 256, windows, short
-    D = 64 calls, the online-max softcap, MHA, groups that are no power of two; packed sequences where
-    they were timed: causal D = 64 softmax and softcap (constant max), not D = 128, windows or sigmoid."""
+    D = 128 softcap under the constant max, causal D = 64 sigmoid up to PACK_GQA_MAX_KEYS keys; not the
+    non-causal or longer sigmoid, D = 128 softmax, D = 256, windows, short D = 64 calls, the online-max
+    softcap, MHA, groups that are no power of two; packed sequences where they were timed: causal D = 64
+    softmax and softcap (constant max), not D = 128, windows or sigmoid."""
     on = lambda *a, **k: resolve(*a, **k).fwd.pack_gqa
     gqa = (2, 8192, 32, 8)
     assert on("softmax", d=64, shape=gqa) == on("softmax", "poly", d=64, shape=gqa, causal=False) == 4
@@ -831,7 +832,9 @@ def test_pack_gqa_rows():
     assert on("softcap", "poly", d=64, shape=gqa) == on("softcap", "native", d=64, shape=gqa) == 4
     assert on("softcap", "poly", d=128, shape=gqa) == on("softcap", "poly", d=128, causal=False) == 4
     assert on("softcap", "poly", d=128, shape=(16, 1024, 32, 8)) == 4
-    for kw in (dict(mode="sigmoid", evaluator="poly", d=64), dict(mode="softmax", d=128), dict(mode="softmax", d=256),
+    assert on("sigmoid", "poly", d=64, shape=gqa) == on("sigmoid", "native", d=64, shape=(8, 2048, 32, 8)) == 4
+    for kw in (dict(mode="sigmoid", evaluator="poly", d=64, shape=(1, 16384, 32, 8)),
+               dict(mode="sigmoid", evaluator="poly", d=64, causal=False), dict(mode="softmax", d=128), dict(mode="softmax", d=256),
                dict(mode="softcap", evaluator="poly", d=256), dict(mode="softcap", evaluator="poly", d=64, causal=False),
                dict(mode="softcap", evaluator="poly", d=64, softcap=60.0), dict(mode="softmax", d=64, window=(256, 0)),
                dict(mode="softmax", d=64, shape=(16, 1024, 32, 8)), dict(mode="softmax", d=64, shape=(2, 8192, 32, 32)),
