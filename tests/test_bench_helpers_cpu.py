@@ -723,11 +723,16 @@ def test_tuning_cells_builds_every_cell_then_times_each_and_tables_their_ratios(
     assert build[0][2:] == ["--headdim", "64", "--knob", "pingpong=0", "--batch", "32", "--seqlen", "512",
                             "--compile-only"]
     assert timed[1][-4:] == ["--batch", "4", "--json", str(tmp_path / "cell_1.json")]
-    (tmp_path / "cell_0.json").write_text(json.dumps({"rows": [
+    (tmp_path / "cell_0.json").write_text(json.dumps({"device": "GPU X", "date": "2026-12-07", "commit": "abc1234",
+                                                      "protocol": "5 rounds", "rows": [
         {"row": "softmax/native default", "ms": 0.2}, {"row": "softmax/native pingpong=0", "ms": 0.18},
         {"row": "softmax/native pingpong=0 / default", "ms": 0.9}]}))
     md = TC.markdown("fwd", "--headdim 64", ["--batch 32 --seqlen 512", "--batch 4"], ["ok", "not started (budget)"],
                      str(tmp_path))
+    # the table says where and how it ran (the cells' own JSON provenance)
+    assert md.startswith("# fwd_tuning cells (GPU X, 2026-12-07, commit abc1234)") and "bench/protocol.py: 5 rounds" in md
+    assert TC.provenance(str(tmp_path), 2) == {"device": "GPU X", "date": "2026-12-07", "commit": "abc1234",
+                                               "protocol": "5 rounds"}
     assert "| --batch 32 --seqlen 512 | ok | softmax/native pingpong=0 | 0.900 |" in md
     assert "| --batch 4 | not started (budget) | — | — |" in md
     out = subprocess.run([sys.executable, os.path.join(BENCH, "tools", "tuning_cells.py"), "--tool", "bwd",

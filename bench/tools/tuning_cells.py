@@ -47,9 +47,28 @@ def ratios(path: str) -> list:
     return [r for r in res.get("rows", []) if r["row"].endswith(" / default")]
 
 
+PROVENANCE = ("device", "date", "commit", "torch", "protocol")
+
+
+def provenance(out: str, n: int) -> dict:
+    """Device, date, commit, torch and timing protocol of the first cell that wrote its JSON (the
+    cells of one call share them): the table's header, so that a committed table says where it ran."""
+    for i in range(n):
+        try:
+            with open(os.path.join(out, f"cell_{i}.json")) as f:
+                res = json.load(f)
+        except (OSError, ValueError):
+            continue
+        return {k: res[k] for k in PROVENANCE if k in res}
+    return {}
+
+
 def markdown(tool: str, args: str, cells: list, status: list, out: str) -> str:
-    lines = [f"# {tool}_tuning cells", "", f"Common options: `{args}`; one process per cell, timed one after another "
-             "(each cell's ratios come from its own side-by-side run: bench/protocol.py).", "",
+    prov = provenance(out, len(cells))
+    head = f" ({prov.get('device', '?')}, {prov.get('date', '?')}, commit {prov.get('commit', '?')})" if prov else ""
+    lines = [f"# {tool}_tuning cells{head}", "", f"Common options: `{args}`; one process per cell, timed one after another "
+             "(each cell's ratios come from its own side-by-side run: bench/protocol.py"
+             + (f": {prov['protocol']}" if "protocol" in prov else "") + ").", "",
              "| cell | status | row | knob / default |", "|---|---|---|---|"]
     for i, (cell, st) in enumerate(zip(cells, status)):
         rows = ratios(os.path.join(out, f"cell_{i}.json"))
@@ -101,7 +120,7 @@ def main(argv=None) -> int:
     with open(os.path.join(a.out, "cells.md"), "w") as f:
         f.write(md)
     with open(os.path.join(a.out, "cells.json"), "w") as f:
-        json.dump({"tool": a.tool, "args": a.args, "cells": [
+        json.dump({**provenance(a.out, len(a.cell)), "tool": a.tool, "args": a.args, "cells": [
             {"cell": c, "status": s, "ratios": ratios(os.path.join(a.out, f"cell_{i}.json"))}
             for i, (c, s) in enumerate(zip(a.cell, status))]}, f, indent=1)
     print(md)
