@@ -396,8 +396,8 @@ def test_sanitize_packed_calls_run_on_the_reference(capsys):
 
 
 def test_sanitize_gqapack_calls_take_the_packed_gqa_forward():
-    """The opt-in gqapack shape (D = 64, 8 / 2 heads, S = 1100: past the short rows) resolves to the
-    packed-GQA forward for softmax and softcap (plan rows fwd-pack-gqa), sigmoid unpacked."""
+    """The opt-in gqapack shape (D = 64, 8 / 2 heads, causal S = 1100: past the short rows) resolves to the
+    packed-GQA forward for every score (plan rows fwd-pack-gqa; sigmoid's up to PACK_GQA_MAX_KEYS keys)."""
     from flash_attn_poly import plan as P
     S = _sanitize()
     specs = S.call_specs(shapes=("gqapack",))
@@ -407,7 +407,7 @@ def test_sanitize_gqapack_calls_take_the_packed_gqa_forward():
                           seqlen_q=p["s_q"], seqlen_k=p["s_k"], heads_q=p["hq"], heads_kv=p["hkv"],
                           causal=p["causal"], window=(-1, -1), softmax_scale=p["d"] ** -0.5,
                           softcap=50.0 if mode == "softcap" else None)
-        assert P.resolve(call, 132).fwd.pack_gqa == (1 if mode == "sigmoid" else 4), name
+        assert p["causal"] and P.resolve(call, 132).fwd.pack_gqa == 4, name
 
 
 @pytest.mark.parametrize("argv,match", [(["--tools", "memcheck,nope"], "--tools"),

@@ -357,8 +357,10 @@ def test_dry_run_prints_cells_and_compiles_without_cuda():
     # warpgroup on its own key range (fwd-wg-skip) splits two builds: D = 64 non-causal softmax MHA up to 2k
     # (GQA 32/8 at S <= 1k shared it) and causal D = 256 softmax MHA at S <= 1k (the other D = 256 causal cells);
     # tiles aligned to S_q's end (fwd-q-bottom) split one: causal D = 64 sigmoid at 2k / 4k from 8k and longer;
-    # and two more at S = 512, where causal softcap D = 128 keeps its tiles aligned to S_q's start (MHA, packed GQA)
-    assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2 + 3 * 2 + 3 + 5 + (12 - 2) + 1 + 5 + 2 + 1 + 2
+    # and two more at S = 512, where causal softcap D = 128 keeps its tiles aligned to S_q's start (MHA, packed GQA);
+    # and three where the causal D = 64 sigmoid GQA cells pack their group up to 8k keys (fwd-pack-gqa: S = 2k with
+    # two Q buffers, 4k, 8k; the MHA cells keep their unpacked builds)
+    assert est["ours_by_family"]["attn_fwd"] == 3 * 3 * 2 + 3 * 2 + 3 + 5 + (12 - 2) + 1 + 5 + 2 + 1 + 2 + 3
     assert est["flex_compiles"] == 2 * 84
 
 
