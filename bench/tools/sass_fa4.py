@@ -200,9 +200,11 @@ def main(md_path: str, json_path: str) -> dict:
             rows.append(row)
             print(direction, name, row["ours"]["per_pair_x1000"], row["fa4"]["per_pair_x1000"], flush=True)
     from importlib import metadata
+    sys.path.insert(0, os.path.dirname(HERE))   # bench/ (protocol: the commit a result was measured at)
+    import protocol
     out = {"what": "sm_90a softmax forward and backward SASS, ours vs FA4, CPU compile (no GPU)",
            "flash_attn_4": metadata.version("flash-attn-4"), "cutlass_dsl": metadata.version("nvidia-cutlass-dsl"),
-           "commit": os.environ.get("FAP_COMMIT", "unknown"), "batch": B, "seqlen": S, "rows": rows}
+           "commit": protocol.commit_id(), "batch": B, "seqlen": S, "rows": rows}
     with open(json_path, "w") as f:
         json.dump(out, f, indent=1)
     with open(md_path, "w") as f:

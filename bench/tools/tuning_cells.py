@@ -47,6 +47,7 @@ def ratios(path: str) -> list:
     return [r for r in res.get("rows", []) if r["row"].endswith(" / default")]
 
 
+# the keys bench/protocol.header writes into every tuning tool's JSON
 PROVENANCE = ("device", "date", "commit", "torch", "protocol")
 
 
